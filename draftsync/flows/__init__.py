@@ -1,0 +1,1 @@
+"""Prefect flows, the demo story and the draftsync CLI."""

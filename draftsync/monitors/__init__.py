@@ -1,0 +1,1 @@
+"""Acceptance metrics: parsing, the SQL store, trends, staleness rules, the report e-mail."""

@@ -1,0 +1,1 @@
+"""MLflow: target and drafter versions, lineage tags and aliases."""

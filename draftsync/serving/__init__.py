@@ -1,0 +1,1 @@
+"""Serving: the CPU reference server, process management, vLLM launch arguments."""

@@ -1,0 +1,85 @@
+"""Settings (env prefix DRAFTSYNC_) and the embedded defaults that live under the work dir."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Everything configurable; standard MLFLOW_TRACKING_URI and PREFECT_* variables win when set."""
+
+    model_config = SettingsConfigDict(env_prefix="DRAFTSYNC_", extra="ignore")
+
+    workdir: Path = Path(".draftsync")
+    monitor_db_url: str | None = None  # default: SQLite file under the work dir
+
+    smtp_host: str | None = None
+    smtp_port: int | None = None
+    smtp_user: str | None = None
+    smtp_password: SecretStr | None = None
+    smtp_security: Literal["none", "starttls", "ssl"] = "none"
+    alert_from: str = "draftsync@localhost"
+    alert_to: str = "ml-platform@localhost"  # comma-separated
+
+    mismatch_threshold: float = 0.60  # live acceptance below this: drafter/target mismatch suspected
+    stale_threshold: float = 0.50  # sustained below this: stale -> fallback and retrain
+    trust_remote_code: bool = False
+
+    @property
+    def root(self) -> Path:
+        return self.workdir.expanduser().resolve()
+
+    @property
+    def mlflow_tracking_uri(self) -> str:
+        return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{self.root / 'mlflow.db'}"
+
+    @property
+    def mlflow_artifacts_dir(self) -> Path:
+        return self.root / "mlartifacts"
+
+    @property
+    def monitor_url(self) -> str:
+        return self.monitor_db_url or f"sqlite:///{self.root / 'monitor.db'}"
+
+    @property
+    def prefect_home(self) -> Path:
+        return self.root / "prefect"
+
+    @property
+    def outbox_dir(self) -> Path:
+        return self.root / "outbox"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.root / "cache"
+
+    @property
+    def alert_recipients(self) -> list[str]:
+        return [a.strip() for a in self.alert_to.split(",") if a.strip()]
+
+
+def apply_environment(settings: Settings) -> None:
+    """Point MLflow and Prefect at the work dir and keep every library offline and quiet.
+
+    Must run before prefect or mlflow is imported: both read their settings at import time.
+    """
+    settings.root.mkdir(parents=True, exist_ok=True)
+    defaults = {
+        "DO_NOT_TRACK": "true",
+        "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
+        "PREFECT_HOME": str(settings.prefect_home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "GIT_PYTHON_REFRESH": "quiet",
+    }
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)

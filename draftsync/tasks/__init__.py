@@ -1,0 +1,1 @@
+"""Prefect tasks: thin wrappers adding retries, artifacts and progress over the packages below."""
