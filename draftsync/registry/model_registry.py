@@ -1,0 +1,509 @@
+"""Target and drafter versions in the MLflow model registry: artifacts, lineage tags, aliases.
+
+Stages are deprecated in MLflow, so state lives in version tags and aliases: a drafter version
+carries the target version it was trained for, and the aliases `candidate` (registered, not
+serving), `production` (serving) and `previous` (what `production` pointed at before the last flip).
+Checkpoints are logged as plain files (safetensors + config), never as pickled models.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from draftsync.errors import DraftsyncError
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+EXPERIMENT_NAME = "draftsync"
+CHECKPOINT_ARTIFACT_PATH = "checkpoint"
+REPORTS_ARTIFACT_PATH = "reports"
+
+KIND_TAG = "draftsync.kind"
+TARGET_TAGS = (
+    "draftsync.task_mix",
+    "draftsync.architecture",
+    "draftsync.hidden_size",
+    "draftsync.num_hidden_layers",
+    "draftsync.vocab_size",
+    "draftsync.num_parameters",
+)
+TARGET_NAME_TAG = "draftsync.target.name"
+TARGET_VERSION_TAG = "draftsync.target.version"
+METHOD_TAG = "draftsync.method"
+GAMMA_TAG = "draftsync.gamma"
+VALIDATION_PREFIX = "draftsync.validation."
+VALIDATION_PASSED_TAG = "draftsync.validation.passed"
+SYNC_KEY_TAG = "draftsync.sync_key"
+
+CANDIDATE = "candidate"
+PRODUCTION = "production"
+PREVIOUS = "previous"
+
+DRAFTER_METHODS = ("eagle3", "eagle3.1", "eagle", "medusa")
+_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class ModelVersionInfo:
+    """One registered version as plain data, so callers never handle MLflow entities."""
+
+    name: str
+    version: int
+    source: str
+    run_id: str | None
+    tags: dict[str, str] = field(default_factory=dict)
+    aliases: list[str] = field(default_factory=list)
+    created_ms: int = 0
+
+
+def drafter_model_name(target_name: str) -> str:
+    """Each target gets one drafter registered model; its versions say which target version they fit."""
+    return f"{target_name}-drafter"
+
+
+def target_tags(checkpoint_dir: Path, task_mix: Mapping[str, float]) -> dict[str, str]:
+    """The tags `register_target` requires, read from an HF checkpoint without loading its weights.
+
+    The parameter count comes from the safetensors headers (shapes only), so no torch is needed.
+    """
+    checkpoint_dir = Path(checkpoint_dir)
+    config_path = checkpoint_dir / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as error:
+        raise DraftsyncError(
+            f"target checkpoint {checkpoint_dir}: config.json is missing or unreadable ({error})",
+            "point at a Hugging Face checkpoint directory (config.json + *.safetensors)",
+        ) from error
+    weight_files = sorted(checkpoint_dir.glob("*.safetensors"))
+    if not weight_files:
+        raise DraftsyncError(
+            f"target checkpoint {checkpoint_dir}: no *.safetensors weights",
+            "save the model with save_pretrained(..., safe_serialization=True)",
+        )
+    return {
+        "draftsync.task_mix": json.dumps(dict(task_mix), sort_keys=True),
+        "draftsync.architecture": ",".join(config.get("architectures") or [config.get("model_type", "?")]),
+        "draftsync.hidden_size": str(config.get("hidden_size")),
+        "draftsync.num_hidden_layers": str(config.get("num_hidden_layers")),
+        "draftsync.vocab_size": str(config.get("vocab_size")),
+        "draftsync.num_parameters": str(sum(_safetensors_parameter_count(p) for p in weight_files)),
+    }
+
+
+def _safetensors_parameter_count(path: Path) -> int:
+    """Count elements from the header: 8-byte little-endian length, then a JSON table of shapes."""
+    try:
+        with path.open("rb") as handle:
+            header_length = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(header_length))
+    except (OSError, ValueError) as error:
+        raise DraftsyncError(
+            f"weights file {path} is not a readable safetensors file ({error})",
+            "re-save the checkpoint; the file is truncated or corrupt",
+        ) from error
+    count = 0
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        elements = 1
+        for dim in entry["shape"]:
+            elements *= dim
+        count += elements
+    return count
+
+
+class Registry:
+    """The draftsync view of an MLflow tracking server and model registry.
+
+    `artifacts_dir` is where runs store their files when the tracking store is local (sqlite or a
+    file path): without it MLflow would write ./mlruns in the current directory. Downloads are
+    cached under `artifacts_dir/downloads` (or a temp folder when no artifacts_dir is given).
+    """
+
+    def __init__(self, tracking_uri: str, artifacts_dir: Path | None = None):
+        self.tracking_uri = tracking_uri
+        self.artifacts_dir = Path(artifacts_dir).resolve() if artifacts_dir is not None else None
+        self._client_instance: MlflowClient | None = None
+        self._experiment_id: str | None = None
+        if tracking_uri.startswith("sqlite:///"):
+            Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+
+    # -- connection ---------------------------------------------------------------------------
+
+    @property
+    def _client(self) -> MlflowClient:
+        if self._client_instance is None:
+            from mlflow import MlflowClient
+
+            self._client_instance = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
+        return self._client_instance
+
+    def ping(self) -> None:
+        """Fail fast, with the fix, when the tracking server cannot be reached (no retry storm)."""
+        with _quick_http():
+            try:
+                self._client.search_experiments(max_results=1)
+            except Exception as error:  # any transport or store failure means "not usable"
+                raise DraftsyncError(
+                    f"MLflow at {self.tracking_uri} is not reachable ({_first_line(error)})",
+                    "start `mlflow server` there or set MLFLOW_TRACKING_URI to a reachable server "
+                    "(or unset it to use the embedded sqlite store under the work dir)",
+                ) from error
+
+    def _experiment(self) -> str:
+        """The draftsync experiment, created with its artifact root under the work dir if needed."""
+        if self._experiment_id is not None:
+            return self._experiment_id
+        from mlflow.exceptions import MlflowException
+
+        existing = self._client.get_experiment_by_name(EXPERIMENT_NAME)
+        if existing is not None:
+            self._experiment_id = existing.experiment_id
+            return self._experiment_id
+        location = None
+        if self.artifacts_dir is not None and not self.tracking_uri.startswith(("http://", "https://")):
+            self.artifacts_dir.mkdir(parents=True, exist_ok=True)
+            location = self.artifacts_dir.as_uri()
+        try:
+            self._experiment_id = self._client.create_experiment(EXPERIMENT_NAME, artifact_location=location)
+        except MlflowException:  # created concurrently by another process
+            self._experiment_id = self._client.get_experiment_by_name(EXPERIMENT_NAME).experiment_id
+        return self._experiment_id
+
+    # -- targets ------------------------------------------------------------------------------
+
+    def register_target(self, name: str, checkpoint_dir: Path, tags: Mapping[str, str]) -> int:
+        """Log a target checkpoint as run artifacts and register it as a new version of `name`.
+
+        The version is created only after every file is stored, so a failure leaves no version.
+        """
+        _check_name(name)
+        checkpoint_dir = _check_checkpoint_dir(checkpoint_dir, "target")
+        missing = [key for key in TARGET_TAGS if not str(tags.get(key, "")).strip()]
+        if missing:
+            raise DraftsyncError(
+                f"target {name}: required tags missing: {', '.join(missing)}",
+                "pass them all; draftsync.registry.target_tags(checkpoint_dir, task_mix) computes them",
+            )
+        try:
+            json.loads(tags["draftsync.task_mix"])
+        except ValueError as error:
+            raise DraftsyncError(
+                f"target {name}: tag draftsync.task_mix is not JSON ({tags['draftsync.task_mix']!r})",
+                'pass the task mix as a JSON object, e.g. {"code": 0.5, "math": 0.5}',
+            ) from error
+        version_tags = {**{k: str(v) for k, v in tags.items()}, KIND_TAG: "target"}
+        run_id = self._log_run(f"target {name}", checkpoint_dir, version_tags, metrics={}, reports_dir=None)
+        return self._create_version(name, run_id, version_tags)
+
+    def target_versions_after(self, name: str, version: int) -> list[ModelVersionInfo]:
+        """Versions of `name` newer than the watermark `version`, oldest first."""
+        _check_name(name)
+        found = self._client.search_model_versions(f"name='{name}' and version_number > {int(version)}")
+        return sorted((self._info(mv) for mv in found), key=lambda info: info.version)
+
+    def set_target_alias(self, name: str, alias: str, version: int) -> None:
+        self._client.set_registered_model_alias(name, alias, str(version))
+
+    # -- drafters -----------------------------------------------------------------------------
+
+    def register_drafter(
+        self,
+        target_name: str,
+        target_version: int,
+        drafter_dir: Path,
+        method: str,
+        gamma: int,
+        metrics: Mapping[str, float],
+        extra_tags: Mapping[str, str] | None = None,
+        *,
+        validation_passed: bool,
+        sync_key: str | None = None,
+        reports_dir: Path | None = None,
+    ) -> int:
+        """Register a drafter trained for `target_name` version `target_version`; alias it `candidate`.
+
+        Metrics go to the run and, as `draftsync.validation.<name>` tags, onto the version, so the
+        registry alone tells whether a version passed. With `sync_key`, a retried sync that already
+        registered this drafter gets the same version back instead of a duplicate.
+        """
+        _check_name(target_name)
+        if method not in DRAFTER_METHODS:
+            raise DraftsyncError(
+                f"drafter method {method!r} is not one of {', '.join(DRAFTER_METHODS)}",
+                "pass one of the supported methods",
+            )
+        if int(gamma) < 1:
+            raise DraftsyncError(f"drafter gamma {gamma} is below 1", "pass the number of speculative tokens (>= 1)")
+        drafter_dir = _check_checkpoint_dir(drafter_dir, "drafter")
+        model_name = drafter_model_name(target_name)
+        if sync_key is not None:
+            existing = self._drafter_with_sync_key(model_name, target_version, method, sync_key)
+            if existing is not None:
+                return existing
+        tags = {
+            KIND_TAG: "drafter",
+            TARGET_NAME_TAG: target_name,
+            TARGET_VERSION_TAG: str(int(target_version)),
+            METHOD_TAG: method,
+            GAMMA_TAG: str(int(gamma)),
+            VALIDATION_PASSED_TAG: "true" if validation_passed else "false",
+            **{f"{VALIDATION_PREFIX}{key}": _format_metric(value) for key, value in metrics.items()},
+            **{k: str(v) for k, v in (extra_tags or {}).items()},
+        }
+        if sync_key is not None:
+            tags[SYNC_KEY_TAG] = sync_key
+        run_id = self._log_run(
+            f"drafter {model_name} for {target_name} v{target_version}", drafter_dir, tags, metrics, reports_dir
+        )
+        version = self._create_version(model_name, run_id, tags)
+        self._client.set_registered_model_alias(model_name, CANDIDATE, str(version))
+        return version
+
+    def _drafter_with_sync_key(self, model_name: str, target_version: int, method: str, sync_key: str) -> int | None:
+        for info in self._versions(model_name):
+            tags = info.tags
+            if (
+                tags.get(SYNC_KEY_TAG) == sync_key
+                and tags.get(TARGET_VERSION_TAG) == str(int(target_version))
+                and tags.get(METHOD_TAG) == method
+            ):
+                return info.version
+        return None
+
+    def drafter_for_target_version(
+        self, target_name: str, target_version: int, validated_only: bool = True
+    ) -> int | None:
+        """The newest drafter version trained for this target version (validated ones only by default)."""
+        matches = [
+            info.version
+            for info in self._versions(drafter_model_name(target_name))
+            if info.tags.get(TARGET_VERSION_TAG) == str(int(target_version))
+            and (not validated_only or info.tags.get(VALIDATION_PASSED_TAG) == "true")
+        ]
+        return max(matches, default=None)
+
+    def promote(self, target_name: str, drafter_version: int) -> None:
+        """Make a validated drafter version `production`; the old one becomes `previous`.
+
+        Order matters for a crash half-way: `previous` is written first (harmless on its own), then
+        `production` flips in one call, then `candidate` is cleared.
+        """
+        model_name = drafter_model_name(target_name)
+        tags = self.version_tags(model_name, drafter_version)
+        if tags.get(VALIDATION_PASSED_TAG) != "true":
+            raise DraftsyncError(
+                f"drafter {model_name} version {drafter_version} has not passed validation "
+                f"({VALIDATION_PASSED_TAG}={tags.get(VALIDATION_PASSED_TAG, 'absent')})",
+                "validate it first (draftsync sync), or promote a version that passed",
+            )
+        current = self.alias_version(model_name, PRODUCTION)
+        if current is not None and current != int(drafter_version):
+            self._client.set_registered_model_alias(model_name, PREVIOUS, str(current))
+        self._client.set_registered_model_alias(model_name, PRODUCTION, str(drafter_version))
+        if self.alias_version(model_name, CANDIDATE) == int(drafter_version):
+            self._client.delete_registered_model_alias(model_name, CANDIDATE)
+
+    def rollback(self, target_name: str) -> int:
+        """Point `production` back at `previous` (and `previous` at the version rolled back from)."""
+        model_name = drafter_model_name(target_name)
+        previous = self.alias_version(model_name, PREVIOUS)
+        if previous is None:
+            raise DraftsyncError(
+                f"drafter {model_name} has no `previous` alias to roll back to",
+                "promote a specific validated version instead",
+            )
+        current = self.alias_version(model_name, PRODUCTION)
+        self._client.set_registered_model_alias(model_name, PRODUCTION, str(previous))
+        if current is not None:
+            self._client.set_registered_model_alias(model_name, PREVIOUS, str(current))
+        return previous
+
+    # -- any registered model -----------------------------------------------------------------
+
+    def alias_version(self, model_name: str, alias: str) -> int | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return int(self._client.get_model_version_by_alias(model_name, alias).version)
+        except MlflowException as error:
+            if error.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                return None
+            raise
+
+    def aliases_of(self, model_name: str, version: int) -> list[str]:
+        return sorted(self._get_version(model_name, version).aliases)
+
+    def version_tags(self, model_name: str, version: int) -> dict[str, str]:
+        return dict(self._get_version(model_name, version).tags)
+
+    def version_info(self, model_name: str, version: int) -> ModelVersionInfo:
+        return self._info(self._get_version(model_name, version))
+
+    def download(self, name: str, version: int) -> Path:
+        """A local copy of the version's checkpoint, downloaded once and then reused.
+
+        The copy is assembled in a temp folder and renamed into place, so an interrupted download
+        never looks complete.
+        """
+        import mlflow.artifacts
+
+        source = self._get_version(name, version).source
+        cache_root = (
+            self.artifacts_dir / "downloads"
+            if self.artifacts_dir is not None
+            else Path(tempfile.gettempdir()) / "draftsync-downloads"
+        )
+        destination = cache_root / name / str(int(version))
+        if destination.is_dir():
+            return destination
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=destination.parent))
+        try:
+            local = Path(
+                mlflow.artifacts.download_artifacts(
+                    artifact_uri=source, dst_path=str(staging), tracking_uri=self.tracking_uri
+                )
+            )
+            try:
+                local.rename(destination)
+            except OSError:  # another process finished first
+                if not destination.is_dir():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return destination
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _log_run(
+        self,
+        run_name: str,
+        checkpoint_dir: Path,
+        tags: Mapping[str, str],
+        metrics: Mapping[str, float],
+        reports_dir: Path | None,
+    ) -> str:
+        """One run per registration: its artifacts are the checkpoint; marked FAILED if logging breaks."""
+        run = self._client.create_run(self._experiment(), run_name=run_name, tags=dict(tags))
+        run_id = run.info.run_id
+        try:
+            self._client.log_artifacts(run_id, str(checkpoint_dir), CHECKPOINT_ARTIFACT_PATH)
+            if reports_dir is not None:
+                self._client.log_artifacts(run_id, str(reports_dir), REPORTS_ARTIFACT_PATH)
+            for key, value in metrics.items():
+                self._client.log_metric(run_id, key, float(value))
+        except BaseException:
+            self._client.set_terminated(run_id, "FAILED")
+            raise
+        self._client.set_terminated(run_id, "FINISHED")
+        return run_id
+
+    def _create_version(self, model_name: str, run_id: str, tags: Mapping[str, str]) -> int:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self._client.create_registered_model(model_name)
+        except MlflowException as error:
+            if error.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        source = f"{self._client.get_run(run_id).info.artifact_uri}/{CHECKPOINT_ARTIFACT_PATH}"
+        version = self._client.create_model_version(model_name, source, run_id=run_id, tags=dict(tags))
+        return int(version.version)
+
+    def _versions(self, model_name: str) -> list[ModelVersionInfo]:
+        _check_name(model_name)
+        found = self._client.search_model_versions(f"name='{model_name}'")
+        return sorted((self._info(mv, with_aliases=False) for mv in found), key=lambda info: info.version)
+
+    def _get_version(self, model_name: str, version: int) -> Any:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self._client.get_model_version(model_name, str(int(version)))
+        except MlflowException as error:
+            if error.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                raise DraftsyncError(
+                    f"registered model {model_name} has no version {version} in {self.tracking_uri}",
+                    "list the versions in the MLflow UI or check the name and MLFLOW_TRACKING_URI",
+                ) from error
+            raise
+
+    def _info(self, model_version: Any, with_aliases: bool = True) -> ModelVersionInfo:
+        """Plain data; aliases are looked up one by one because SQL stores' searches leave them empty."""
+        aliases = list(model_version.aliases or [])
+        if with_aliases and not aliases:
+            aliases = list(self._get_version(model_version.name, model_version.version).aliases)
+        return ModelVersionInfo(
+            name=model_version.name,
+            version=int(model_version.version),
+            source=model_version.source,
+            run_id=model_version.run_id,
+            tags=dict(model_version.tags),
+            aliases=sorted(aliases),
+            created_ms=int(model_version.creation_timestamp or 0),
+        )
+
+
+@contextmanager
+def _quick_http() -> Iterator[None]:
+    """MLflow retries HTTP for minutes by default; a reachability check must answer in seconds."""
+    quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+    saved = {key: os.environ.get(key) for key in quick}
+    os.environ.update(quick)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _check_name(name: str) -> None:
+    """Names end up inside registry filter strings: allow only characters that need no quoting."""
+    if not _NAME_PATTERN.match(name or ""):
+        raise DraftsyncError(
+            f"model name {name!r} has characters the registry filters cannot quote",
+            "use letters, digits, '.', '_' and '-' only",
+        )
+
+
+def _check_checkpoint_dir(path: Path, what: str) -> Path:
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise DraftsyncError(
+            f"{what} checkpoint {path} has no config.json",
+            f"point at the {what}'s saved checkpoint directory (config.json + *.safetensors)",
+        )
+    if not any(path.glob("*.safetensors")):
+        raise DraftsyncError(
+            f"{what} checkpoint {path} has no *.safetensors weights",
+            "save it again; weights must be stored as safetensors",
+        )
+    return path
+
+
+def _format_metric(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else type(error).__name__
