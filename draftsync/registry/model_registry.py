@@ -71,56 +71,24 @@ def drafter_model_name(target_name: str) -> str:
     return f"{target_name}-drafter"
 
 
-def target_tags(checkpoint_dir: Path, task_mix: Mapping[str, float]) -> dict[str, str]:
-    """The tags `register_target` requires, read from an HF checkpoint without loading its weights.
-
-    The parameter count comes from the safetensors headers (shapes only), so no torch is needed.
-    """
-    checkpoint_dir = Path(checkpoint_dir)
-    config_path = checkpoint_dir / "config.json"
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as error:
-        raise DraftsyncError(
-            f"target checkpoint {checkpoint_dir}: config.json is missing or unreadable ({error})",
-            "point at a Hugging Face checkpoint directory (config.json + *.safetensors)",
-        ) from error
-    weight_files = sorted(checkpoint_dir.glob("*.safetensors"))
-    if not weight_files:
-        raise DraftsyncError(
-            f"target checkpoint {checkpoint_dir}: no *.safetensors weights",
-            "save the model with save_pretrained(..., safe_serialization=True)",
-        )
+def target_tags(
+    *,
+    architecture: str,
+    hidden_size: int,
+    num_layers: int,
+    vocab_size: int,
+    parameter_count: int,
+    task_mix: Mapping[str, float],
+) -> dict[str, str]:
+    """The tags `register_target` requires, as strings; `target_tags(**describe_target(dir))` fits."""
     return {
         "draftsync.task_mix": json.dumps(dict(task_mix), sort_keys=True),
-        "draftsync.architecture": ",".join(config.get("architectures") or [config.get("model_type", "?")]),
-        "draftsync.hidden_size": str(config.get("hidden_size")),
-        "draftsync.num_hidden_layers": str(config.get("num_hidden_layers")),
-        "draftsync.vocab_size": str(config.get("vocab_size")),
-        "draftsync.num_parameters": str(sum(_safetensors_parameter_count(p) for p in weight_files)),
+        "draftsync.architecture": str(architecture),
+        "draftsync.hidden_size": str(int(hidden_size)),
+        "draftsync.num_hidden_layers": str(int(num_layers)),
+        "draftsync.vocab_size": str(int(vocab_size)),
+        "draftsync.num_parameters": str(int(parameter_count)),
     }
-
-
-def _safetensors_parameter_count(path: Path) -> int:
-    """Count elements from the header: 8-byte little-endian length, then a JSON table of shapes."""
-    try:
-        with path.open("rb") as handle:
-            header_length = int.from_bytes(handle.read(8), "little")
-            header = json.loads(handle.read(header_length))
-    except (OSError, ValueError) as error:
-        raise DraftsyncError(
-            f"weights file {path} is not a readable safetensors file ({error})",
-            "re-save the checkpoint; the file is truncated or corrupt",
-        ) from error
-    count = 0
-    for key, entry in header.items():
-        if key == "__metadata__":
-            continue
-        elements = 1
-        for dim in entry["shape"]:
-            elements *= dim
-        count += elements
-    return count
 
 
 class Registry:
@@ -194,7 +162,7 @@ class Registry:
         if missing:
             raise DraftsyncError(
                 f"target {name}: required tags missing: {', '.join(missing)}",
-                "pass them all; draftsync.registry.target_tags(checkpoint_dir, task_mix) computes them",
+                "pass them all; draftsync.registry.target_tags(...) builds them from the checkpoint's facts",
             )
         try:
             json.loads(tags["draftsync.task_mix"])

@@ -43,25 +43,35 @@ def target_dir(tmp_path) -> Path:
     return make_checkpoint(tmp_path / "target")
 
 
+def tags_for(task_mix: dict[str, float]) -> dict[str, str]:
+    return target_tags(
+        architecture="LlamaForCausalLM", hidden_size=8, num_layers=2, vocab_size=32, parameter_count=264,
+        task_mix=task_mix,
+    )
+
+
 def register_two_targets(registry: Registry, name: str, target_dir: Path) -> tuple[int, int]:
-    tags = target_tags(target_dir, {"code": 0.5, "math": 0.5})
+    tags = tags_for({"code": 0.5, "math": 0.5})
     return registry.register_target(name, target_dir, tags), registry.register_target(name, target_dir, tags)
 
 
-def test_target_tags_are_read_from_config_and_safetensors_header(target_dir):
-    tags = target_tags(target_dir, {"math": 0.3, "code": 0.7})
+def test_target_tags_are_strings_with_the_task_mix_as_json():
+    tags = target_tags(
+        architecture="LlamaForCausalLM", hidden_size=8, num_layers=2, vocab_size=32, parameter_count=264,
+        task_mix={"math": 0.3, "code": 0.7},
+    )
     assert tags == {
         "draftsync.task_mix": '{"code": 0.7, "math": 0.3}',
         "draftsync.architecture": "LlamaForCausalLM",
         "draftsync.hidden_size": "8",
         "draftsync.num_hidden_layers": "2",
         "draftsync.vocab_size": "32",
-        "draftsync.num_parameters": str(32 * 8 + 8),
+        "draftsync.num_parameters": "264",
     }
 
 
 def test_register_target_stores_artifacts_under_artifacts_dir_and_tags_the_version(registry, target_dir):
-    version = registry.register_target("tgt-a", target_dir, target_tags(target_dir, {"code": 1.0}))
+    version = registry.register_target("tgt-a", target_dir, tags_for({"code": 1.0}))
     info = registry.version_info("tgt-a", version)
     assert info.tags["draftsync.kind"] == "target"
     assert info.tags["draftsync.vocab_size"] == "32"
@@ -73,7 +83,7 @@ def test_register_target_stores_artifacts_under_artifacts_dir_and_tags_the_versi
 
 
 def test_register_target_names_missing_tags_and_registers_nothing(registry, target_dir):
-    tags = target_tags(target_dir, {"code": 1.0})
+    tags = tags_for({"code": 1.0})
     del tags["draftsync.vocab_size"], tags["draftsync.num_parameters"]
     with pytest.raises(DraftsyncError, match="draftsync.vocab_size, draftsync.num_parameters"):
         registry.register_target("tgt-missing", target_dir, tags)
@@ -88,7 +98,7 @@ def test_register_target_rejects_a_directory_without_a_checkpoint(registry, tmp_
 
 def test_target_versions_after_watermark_are_ascending_with_aliases(registry, target_dir):
     first, second = register_two_targets(registry, "tgt-b", target_dir)
-    third = registry.register_target("tgt-b", target_dir, target_tags(target_dir, {"code": 1.0}))
+    third = registry.register_target("tgt-b", target_dir, tags_for({"code": 1.0}))
     registry.set_target_alias("tgt-b", "production", second)
     newer = registry.target_versions_after("tgt-b", first)
     assert [info.version for info in newer] == [second, third]
@@ -122,7 +132,7 @@ def test_drafter_lineage_tags_metrics_and_candidate_alias(registry, target_dir, 
 
 
 def test_register_drafter_with_the_same_sync_key_returns_the_existing_version(registry, target_dir, tmp_path):
-    target_version = registry.register_target("tgt-d", target_dir, target_tags(target_dir, {"code": 1.0}))
+    target_version = registry.register_target("tgt-d", target_dir, tags_for({"code": 1.0}))
     drafter_dir = make_checkpoint(tmp_path / "drafter")
     register = lambda key, method="eagle3": registry.register_drafter(  # noqa: E731
         "tgt-d", target_version, drafter_dir, method, 2, {}, validation_passed=True, sync_key=key
@@ -134,7 +144,7 @@ def test_register_drafter_with_the_same_sync_key_returns_the_existing_version(re
 
 
 def test_promote_flips_production_and_previous_and_clears_candidate(registry, target_dir, tmp_path):
-    target_version = registry.register_target("tgt-e", target_dir, target_tags(target_dir, {"code": 1.0}))
+    target_version = registry.register_target("tgt-e", target_dir, tags_for({"code": 1.0}))
     drafter_dir = make_checkpoint(tmp_path / "drafter")
     name = drafter_model_name("tgt-e")
     first = registry.register_drafter("tgt-e", target_version, drafter_dir, "eagle3", 2, {}, validation_passed=True)
@@ -155,7 +165,7 @@ def test_promote_flips_production_and_previous_and_clears_candidate(registry, ta
 
 
 def test_promote_refuses_an_unvalidated_drafter_and_moves_no_alias(registry, target_dir, tmp_path):
-    target_version = registry.register_target("tgt-f", target_dir, target_tags(target_dir, {"code": 1.0}))
+    target_version = registry.register_target("tgt-f", target_dir, tags_for({"code": 1.0}))
     drafter_dir = make_checkpoint(tmp_path / "drafter")
     name = drafter_model_name("tgt-f")
     good = registry.register_drafter("tgt-f", target_version, drafter_dir, "eagle3", 2, {}, validation_passed=True)
