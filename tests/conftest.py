@@ -1,0 +1,172 @@
+"""Shared fixtures: a throwaway Postgres 15 cluster and a real SMTP server (aiosmtpd), both on loopback."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from email import message_from_bytes
+from email.message import EmailMessage
+from email.policy import default as default_policy
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# --- Postgres -----------------------------------------------------------------------------------
+def _postgres_bin() -> Path | None:
+    candidates = [os.environ.get("DRAFTSYNC_PG_BIN", "")] + sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "initdb").exists():
+            return Path(candidate)
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+@dataclass
+class PostgresServer:
+    host: str
+    port: int
+    user: str
+
+    def url(self, database: str) -> str:
+        return f"postgresql+psycopg://{self.user}@{self.host}:{self.port}/{database}"
+
+    def create_database(self) -> str:
+        """A fresh, empty database; returns its SQLAlchemy URL."""
+        import psycopg
+
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(
+            host=self.host, port=self.port, user=self.user, dbname="postgres", autocommit=True
+        ) as connection:
+            connection.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A Postgres cluster in a temp dir (trust auth, loopback only), stopped and removed at the end.
+
+    initdb refuses to run as root, so under root the cluster belongs to the `postgres` user
+    (or `nobody`) and every server command runs through `runuser`.
+    """
+    bin_dir = _postgres_bin()
+    if bin_dir is None:
+        pytest.skip("Postgres server binaries (initdb, pg_ctl) not found; set DRAFTSYNC_PG_BIN to their folder")
+    root = Path(tempfile.mkdtemp(prefix="draftsync-pg-"))
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        owner = next((u for u in ("postgres", "nobody") if _user_exists(u)), None)
+        if owner is None or shutil.which("runuser") is None:
+            shutil.rmtree(root, ignore_errors=True)
+            pytest.skip("running as root without a `postgres`/`nobody` user and runuser: cannot run initdb")
+        record = pwd.getpwnam(owner)
+        os.chown(root, record.pw_uid, record.pw_gid)
+        prefix = ["runuser", "-u", owner, "--"]
+    data, log = root / "data", root / "server.log"
+    port = free_port()
+
+    def run(*args: str) -> None:
+        subprocess.run(prefix + list(args), check=True, capture_output=True, text=True, timeout=120)
+
+    try:
+        run(str(bin_dir / "initdb"), "-D", str(data), "-U", "draftsync", "-A", "trust", "-E", "UTF8",
+            "--locale=C", "--no-sync")
+        options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
+        run(str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(log), "-w", "-t", "60", "start")
+    except subprocess.CalledProcessError as exc:
+        detail = exc.stderr + (log.read_text() if log.exists() else "")
+        shutil.rmtree(root, ignore_errors=True)
+        raise RuntimeError(f"throwaway Postgres did not start: {detail}") from exc
+    try:
+        yield PostgresServer(host="127.0.0.1", port=port, user="draftsync")
+    finally:
+        subprocess.run(prefix + [str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
+                       capture_output=True, timeout=120)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """SQLAlchemy URL of a fresh database on the session's Postgres cluster."""
+    return postgres_server.create_database()
+
+
+# --- SMTP ---------------------------------------------------------------------------------------
+@dataclass
+class SmtpServer:
+    """A running aiosmtpd server that keeps every message it receives."""
+
+    host: str
+    port: int
+    messages: list[EmailMessage] = field(default_factory=list)
+    envelopes: list[tuple[str, list[str]]] = field(default_factory=list)
+    controller: object = None
+
+    def stop(self) -> None:
+        if self.controller is not None:
+            self.controller.stop()
+            self.controller = None
+
+
+class _Collector:
+    def __init__(self, server: SmtpServer):
+        self.server = server
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's hook name
+        self.server.envelopes.append((envelope.mail_from, list(envelope.rcpt_tos)))
+        self.server.messages.append(message_from_bytes(envelope.original_content, policy=default_policy))
+        return "250 Message accepted for delivery"
+
+
+@pytest.fixture
+def smtp_server_factory() -> Iterator[Callable[..., SmtpServer]]:
+    """Start SMTP servers on loopback: `factory(port=None, **controller_kwargs)`; all stopped at the end.
+
+    Extra keyword arguments go to aiosmtpd's Controller (tls_context, require_starttls,
+    ssl_context, authenticator, auth_require_tls, ...).
+    """
+    from aiosmtpd.controller import Controller
+
+    started: list[SmtpServer] = []
+
+    def start(port: int | None = None, **kwargs) -> SmtpServer:
+        server = SmtpServer(host="127.0.0.1", port=port or free_port())
+        controller = Controller(_Collector(server), hostname=server.host, port=server.port, **kwargs)
+        controller.start()
+        server.controller = controller
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def smtp_server(smtp_server_factory) -> SmtpServer:
+    """A plain SMTP server (no TLS, no auth) collecting messages."""
+    return smtp_server_factory()
