@@ -1,0 +1,192 @@
+"""Staleness rules: turn a deployment's acceptance summary and lineage into findings and actions.
+
+Live acceptance below `mismatch` suggests the drafter no longer fits the traffic or the target
+(fall back to plain decoding); below `stale` for the last `sustained_intervals` intervals it is
+stale (fall back and retrain). A drafter trained for another target version is never right to serve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from draftsync.monitors.trends import DeploymentSummary
+
+if TYPE_CHECKING:
+    from draftsync.settings import Settings
+
+Severity = Literal["info", "warning", "critical"]
+Action = Literal["none", "fallback", "retrain", "fallback+retrain"]
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Rule parameters; `from_settings` takes the two acceptance thresholds from Settings."""
+
+    mismatch: float = 0.60
+    stale: float = 0.50
+    min_draft_tokens: int = 200  # below this the week says nothing about acceptance
+    sustained_intervals: int = 3  # "sustained" = this many most recent intervals with traffic
+    min_position_rate: float = 0.10  # a draft position accepted less often than this is wasted work
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Thresholds:
+        return cls(mismatch=settings.mismatch_threshold, stale=settings.stale_threshold)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing the weekly review found about a deployment, and what should be done about it."""
+
+    deployment: str
+    rule: str  # 'stale' | 'mismatch' | 'lineage' | 'gamma' | 'no_data'
+    severity: Severity
+    value: float
+    message: str
+    action: Action
+    higher_is_worse: bool = False
+
+    @property
+    def key(self) -> str:
+        """What alerts are deduplicated on: the same rule firing again for the same deployment."""
+        return f"{self.deployment}:{self.rule}"
+
+
+def recent_acceptance(summary: DeploymentSummary, intervals: int) -> tuple[float | None, list[float]]:
+    """Pooled acceptance of the last `intervals` intervals with traffic, and their own rates."""
+    recent = summary.points[-intervals:] if intervals > 0 else []
+    tokens = sum(p.draft_tokens for p in recent)
+    pooled = sum(p.accepted for p in recent) / tokens if tokens else None
+    return pooled, [p.rate for p in recent]
+
+
+def suggested_gamma(per_position_rate: list[float], min_rate: float) -> int:
+    """Draft only as far as positions still get accepted at least `min_rate` of the time (at least 1)."""
+    useful = 0
+    for rate in per_position_rate:
+        if rate < min_rate:
+            break
+        useful += 1
+    return max(1, useful)
+
+
+def evaluate(
+    summary: DeploymentSummary,
+    served_target_version: int | None,
+    drafter_trained_for_version: int | None,
+    thresholds: Thresholds = Thresholds(),
+) -> list[Finding]:
+    """Apply the rules; the most severe finding comes first. No finding means healthy."""
+    name = summary.deployment
+    findings: list[Finding] = []
+
+    if (
+        served_target_version is not None
+        and drafter_trained_for_version is not None
+        and int(served_target_version) != int(drafter_trained_for_version)
+    ):
+        gap = abs(int(served_target_version) - int(drafter_trained_for_version))
+        findings.append(
+            Finding(
+                name,
+                "lineage",
+                "critical",
+                float(gap),
+                f"{name}: lineage mismatch: the drafter was trained for target version "
+                f"{drafter_trained_for_version} but version {served_target_version} is served; "
+                "train a drafter for the served version",
+                "retrain",
+                higher_is_worse=True,
+            )
+        )
+
+    if summary.acceptance_rate is None or summary.draft_tokens < thresholds.min_draft_tokens:
+        findings.append(
+            Finding(
+                name,
+                "no_data",
+                "info",
+                float(summary.draft_tokens),
+                f"{name}: only {summary.draft_tokens} draft tokens between {summary.start:%Y-%m-%d %H:%M} and "
+                f"{summary.end:%Y-%m-%d %H:%M} UTC (need {thresholds.min_draft_tokens}); acceptance not judged",
+                "none",
+            )
+        )
+        return _ordered(findings)
+
+    week = summary.acceptance_rate
+    recent, recent_rates = recent_acceptance(summary, thresholds.sustained_intervals)
+    sustained = len(recent_rates) >= thresholds.sustained_intervals and all(r < thresholds.stale for r in recent_rates)
+    trend = _trend_text(summary)
+    if sustained and recent is not None:
+        findings.append(
+            Finding(
+                name,
+                "stale",
+                "critical",
+                recent,
+                f"{name}: drafter stale: acceptance {recent:.2f} over the last {len(recent_rates)} intervals, "
+                f"all below the stale threshold {thresholds.stale:.2f} (week {week:.2f}; {trend}); "
+                "fall back to plain decoding and retrain the drafter",
+                "fallback+retrain",
+            )
+        )
+    else:
+        live = min(week, recent) if recent is not None else week
+        if live < thresholds.mismatch:
+            findings.append(
+                Finding(
+                    name,
+                    "mismatch",
+                    "warning",
+                    live,
+                    f"{name}: mismatch suspected: acceptance {live:.2f} is below {thresholds.mismatch:.2f} "
+                    f"(week {week:.2f}, last intervals {_fmt(recent)}; {trend}); "
+                    "speculation is falling back to plain decoding",
+                    "fallback",
+                )
+            )
+
+    gamma = summary.gamma or len(summary.per_position_rate)
+    rates = summary.per_position_rate[:gamma]
+    if rates:
+        best = suggested_gamma(rates, thresholds.min_position_rate)
+        if best < len(rates):
+            findings.append(
+                Finding(
+                    name,
+                    "gamma",
+                    "info",
+                    rates[-1],
+                    f"{name}: gamma {len(rates)} too large: positions {best + 1}..{len(rates)} are accepted in "
+                    f"{_rates_text(rates[best:])} of drafts (under {thresholds.min_position_rate:.2f}); "
+                    f"suggested gamma {best}",
+                    "none",
+                )
+            )
+    return _ordered(findings)
+
+
+def worst(findings: list[Finding]) -> Finding | None:
+    """The finding that names a report's state."""
+    return max(findings, key=lambda f: SEVERITY_RANK[f.severity], default=None)
+
+
+def _ordered(findings: list[Finding]) -> list[Finding]:
+    return sorted(findings, key=lambda f: -SEVERITY_RANK[f.severity])
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _rates_text(rates: list[float]) -> str:
+    return ", ".join(f"{r:.2f}" for r in rates)
+
+
+def _trend_text(summary: DeploymentSummary) -> str:
+    if summary.start_rate is None or summary.end_rate is None:
+        return "no daily trend"
+    slope = "" if summary.slope_per_day is None else f", {summary.slope_per_day:+.3f}/day"
+    return f"daily {summary.start_rate:.2f} -> {summary.end_rate:.2f}{slope}"

@@ -1,0 +1,183 @@
+"""The weekly acceptance summary of one deployment: pure functions over stored sample rows.
+
+acceptance rate = accepted / draft_tokens; mean acceptance length = 1 + accepted / drafts;
+per-position rate = accepted_per_position[i] / drafts (vLLM's definitions).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Protocol
+
+DAY = timedelta(days=1)
+
+
+class SampleRow(Protocol):
+    """What a summary needs from a sample; `store.Sample` rows fit."""
+
+    deployment: str
+    ts: datetime
+    interval_start: datetime
+    target_name: str
+    target_version: int
+    drafter_version: int | None
+    gamma: int
+    drafts: int
+    draft_tokens: int
+    accepted: int
+    accepted_per_position: list[int]
+    tpot_sum: float | None
+    tpot_count: int | None
+    reset: bool
+
+
+@dataclass(frozen=True)
+class IntervalPoint:
+    """Acceptance over one scrape interval that saw draft tokens."""
+
+    start: datetime
+    end: datetime
+    drafts: int
+    draft_tokens: int
+    accepted: int
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.draft_tokens
+
+    @property
+    def midpoint(self) -> datetime:
+        return self.start + (self.end - self.start) / 2
+
+
+@dataclass(frozen=True)
+class DeploymentSummary:
+    """Acceptance of one deployment over [start, end]; rates are None when no draft token was seen."""
+
+    deployment: str
+    start: datetime
+    end: datetime
+    intervals: int
+    drafts: int
+    draft_tokens: int
+    accepted: int
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    per_position_rate: list[float]
+    interval_p5: float | None
+    interval_p50: float | None
+    slope_per_day: float | None
+    daily: list[tuple[datetime, float]]
+    points: list[IntervalPoint] = field(repr=False)
+    resets: int = 0
+    mean_tpot_s: float | None = None
+    target_name: str | None = None
+    target_version: int | None = None
+    drafter_version: int | None = None
+    gamma: int | None = None
+
+    @property
+    def start_rate(self) -> float | None:
+        """Acceptance of the first day with traffic: where the week's trend starts."""
+        return self.daily[0][1] if self.daily else None
+
+    @property
+    def end_rate(self) -> float | None:
+        """Acceptance of the last day with traffic: where the week's trend ends."""
+        return self.daily[-1][1] if self.daily else None
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation between ranks; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def slope_per_day(points: Sequence[tuple[datetime, float]]) -> float | None:
+    """Least-squares slope of value against time, in value per day; None with fewer than two times."""
+    if len(points) < 2:
+        return None
+    origin = points[0][0]
+    xs = [(t - origin) / DAY for t, _ in points]
+    ys = [v for _, v in points]
+    mean_x = sum(xs) / len(xs)
+    mean_y = sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    if spread == 0:
+        return None
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread
+
+
+def _daily(points: Sequence[IntervalPoint], start: datetime, bucket: timedelta) -> list[tuple[datetime, float]]:
+    """Pooled acceptance per bucket counted from `start` (so a week starting at noon has 7 full days)."""
+    sums: dict[int, list[int]] = {}
+    for point in points:
+        index = max(0, math.floor((point.end - start) / bucket - 1e-9))
+        acc = sums.setdefault(index, [0, 0])
+        acc[0] += point.accepted
+        acc[1] += point.draft_tokens
+    return [(start + index * bucket, acc[0] / acc[1]) for index, acc in sorted(sums.items())]
+
+
+def summarize(
+    samples: Sequence[SampleRow],
+    start: datetime,
+    end: datetime,
+    *,
+    deployment: str | None = None,
+    bucket: timedelta = DAY,
+) -> DeploymentSummary:
+    """Summarize the samples of one deployment over [start, end] (`bucket` sizes the daily series)."""
+    rows = sorted(samples, key=lambda s: s.ts)
+    names = {s.deployment for s in rows}
+    if len(names) > 1:
+        raise ValueError(f"summarize() takes the samples of one deployment, got {sorted(names)}")
+    name = deployment or (rows[0].deployment if rows else "")
+
+    drafts = sum(s.drafts for s in rows)
+    draft_tokens = sum(s.draft_tokens for s in rows)
+    accepted = sum(s.accepted for s in rows)
+    width = max((len(s.accepted_per_position or []) for s in rows), default=0)
+    per_position = [0] * width
+    for s in rows:
+        for i, count in enumerate(s.accepted_per_position or []):
+            per_position[i] += count
+
+    points = [
+        IntervalPoint(s.interval_start, s.ts, s.drafts, s.draft_tokens, s.accepted) for s in rows if s.draft_tokens > 0
+    ]
+    rates = [p.rate for p in points]
+    tpot_sum = sum(s.tpot_sum or 0.0 for s in rows)
+    tpot_count = sum(s.tpot_count or 0 for s in rows)
+    last = rows[-1] if rows else None
+    return DeploymentSummary(
+        deployment=name,
+        start=start,
+        end=end,
+        intervals=len(rows),
+        drafts=drafts,
+        draft_tokens=draft_tokens,
+        accepted=accepted,
+        acceptance_rate=accepted / draft_tokens if draft_tokens else None,
+        mean_acceptance_length=1 + accepted / drafts if drafts else None,
+        per_position_rate=[count / drafts for count in per_position] if drafts else [],
+        interval_p5=percentile(rates, 5),
+        interval_p50=percentile(rates, 50),
+        slope_per_day=slope_per_day([(p.midpoint, p.rate) for p in points]),
+        daily=_daily(points, start, bucket),
+        points=points,
+        resets=sum(1 for s in rows if s.reset),
+        mean_tpot_s=tpot_sum / tpot_count if tpot_count else None,
+        target_name=last.target_name if last else None,
+        target_version=last.target_version if last else None,
+        drafter_version=last.drafter_version if last else None,
+        gamma=last.gamma if last else None,
+    )
