@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from draftsync.errors import DraftsyncError
 from draftsync.serving.process import ServerProcess, free_port
 from draftsync.serving.reference_server import reference_server_command
+from tiny_models import build_tiny_drafter, build_tiny_target
 
 MODEL = "tiny"
 SPEC_COUNTERS = (
@@ -163,3 +164,63 @@ def test_a_server_whose_target_is_missing_fails_with_the_reason_from_its_log(tmp
             server.wait_healthy(timeout=120)
     assert "exited with code 2" in str(raised.value)
     assert "no-such-target does not exist" in str(raised.value)
+
+
+GAMMA = 3
+
+
+@pytest.fixture(scope="module")
+def with_drafter(tiny_target, tiny_drafter, tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("server"), tiny_target, tiny_drafter, GAMMA)
+    yield server
+    server.stop()
+
+
+def test_speculative_greedy_output_is_lossless_and_spec_counters_match_the_requests(with_drafter, target_model):
+    from draftsync.speculative.engine import greedy_reference
+
+    model, tokenizer = target_model
+    models = httpx.get(f"{with_drafter.url}/v1/models").json()["data"][0]
+    assert models["draftsync"]["gamma"] == GAMMA
+    before = samples(httpx.get(f"{with_drafter.url}/metrics").text)
+    for position in range(GAMMA):  # per-position series exist from the start, as in vLLM
+        assert ("vllm:spec_decode_num_accepted_tokens_per_pos_total", labels(position=str(position))) in before
+
+    totals = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_position": [0] * GAMMA}
+    for prompt in ["def add(a, b):", "The sum of 12 and 30", "Permission is hereby"]:
+        body = complete(with_drafter, prompt=prompt, max_tokens=16, temperature=0).json()
+        expected = greedy_reference(model, tokenizer(prompt)["input_ids"], 16)
+        if tokenizer.eos_token_id in expected:
+            expected = expected[: expected.index(tokenizer.eos_token_id) + 1]
+        assert body["choices"][0]["text"] == tokenizer.decode(expected, skip_special_tokens=True)
+        stats = body["draftsync"]
+        assert stats["speculative"] is True and stats["drafts"] > 0
+        totals["drafts"] += stats["drafts"]
+        totals["draft_tokens"] += stats["draft_tokens"]
+        totals["accepted"] += stats["accepted"]
+        totals["per_position"] = [a + b for a, b in zip(totals["per_position"], stats["accepted_per_position"])]
+
+    after = samples(httpx.get(f"{with_drafter.url}/metrics").text)
+
+    def advanced(name: str, **extra: str) -> float:
+        key = (name, labels(**extra))
+        return after[key] - before[key]
+
+    assert advanced("vllm:spec_decode_num_drafts_total") == totals["drafts"] > 0
+    assert advanced("vllm:spec_decode_num_draft_tokens_total") == totals["draft_tokens"]
+    assert advanced("vllm:spec_decode_num_accepted_tokens_total") == totals["accepted"]
+    assert [
+        advanced("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(p)) for p in range(GAMMA)
+    ] == totals["per_position"]
+    assert sum(totals["per_position"]) == totals["accepted"]
+
+
+def test_a_drafter_for_another_target_is_refused_at_start(tmp_path, tiny_target):
+    wider = tmp_path / "wider-target"
+    build_tiny_target(wider, seed=1, hidden_size=48)
+    drafter = build_tiny_drafter(wider, tmp_path / "wider-drafter", gamma=2)
+    port = free_port()
+    argv = reference_server_command(tiny_target, drafter, 2, "127.0.0.1", port, MODEL)
+    with ServerProcess(argv, "127.0.0.1", port, tmp_path / "server.log") as server:
+        with pytest.raises(DraftsyncError, match="drafter expects a target with hidden size 48"):
+            server.wait_healthy(timeout=120)
