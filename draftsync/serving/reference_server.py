@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,7 +247,11 @@ def create_app(service: CompletionService) -> Starlette:
             parsed, prompt_ids = service.parse(body)
         except BadRequest as bad:
             return _error(bad.status, bad.message, bad.param, bad.kind)
-        return JSONResponse(await run_in_threadpool(service.complete, parsed, prompt_ids))
+        try:
+            return JSONResponse(await run_in_threadpool(service.complete, parsed, prompt_ids))
+        except Exception as error:  # the server keeps serving; the log keeps the traceback
+            traceback.print_exc(file=sys.stderr)
+            return _error(500, f"generation failed: {type(error).__name__}: {error}", kind="InternalServerError")
 
     async def metrics(_: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest

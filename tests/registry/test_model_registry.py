@@ -202,3 +202,16 @@ def test_ping_fails_fast_with_the_fix_when_mlflow_is_unreachable():
         Registry(f"http://127.0.0.1:{port}").ping()
     assert f"MLflow at http://127.0.0.1:{port} is not reachable" in str(raised.value)
     assert "mlflow server" in raised.value.fix
+
+
+def test_register_drafter_refuses_bad_input_before_writing_anything(registry, target_dir, tmp_path):
+    target_version = registry.register_target("tgt-g", target_dir, tags_for({"code": 1.0}))
+    drafter_dir = make_checkpoint(tmp_path / "drafter")
+    with pytest.raises(DraftsyncError, match="method 'lookahead'"):
+        registry.register_drafter("tgt-g", target_version, drafter_dir, "lookahead", 2, {}, validation_passed=True)
+    with pytest.raises(DraftsyncError, match="gamma 0"):
+        registry.register_drafter("tgt-g", target_version, drafter_dir, "eagle3", 0, {}, validation_passed=True)
+    with pytest.raises(DraftsyncError, match="no config.json"):
+        registry.register_drafter("tgt-g", target_version, tmp_path, "eagle3", 2, {}, validation_passed=True)
+    assert registry.drafter_for_target_version("tgt-g", target_version, validated_only=False) is None
+    assert registry.alias_version(drafter_model_name("tgt-g"), CANDIDATE) is None
