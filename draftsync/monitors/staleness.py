@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from draftsync.monitors.trends import DeploymentSummary
+from draftsync.monitors.trends import DeploymentSummary, slope_text
 
 if TYPE_CHECKING:
     from draftsync.settings import Settings
@@ -188,5 +188,5 @@ def _rates_text(rates: list[float]) -> str:
 def _trend_text(summary: DeploymentSummary) -> str:
     if summary.start_rate is None or summary.end_rate is None:
         return "no daily trend"
-    slope = "" if summary.slope_per_day is None else f", {summary.slope_per_day:+.3f}/day"
+    slope = "" if summary.slope_per_day is None else f", {slope_text(summary.slope_per_day)}"
     return f"daily {summary.start_rate:.2f} -> {summary.end_rate:.2f}{slope}"

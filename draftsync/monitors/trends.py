@@ -78,6 +78,7 @@ class DeploymentSummary:
     target_version: int | None = None
     drafter_version: int | None = None
     gamma: int | None = None
+    bucket: timedelta = DAY
 
     @property
     def start_rate(self) -> float | None:
@@ -114,6 +115,13 @@ def slope_per_day(points: Sequence[tuple[datetime, float]]) -> float | None:
     if spread == 0:
         return None
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread
+
+
+def slope_text(value: float | None) -> str:
+    """A slope for people: signed, three decimals, and no "-0.000"."""
+    if value is None:
+        return "n/a"
+    return f"{0.0 if abs(value) < 0.0005 else value:+.3f}/day"
 
 
 def _daily(points: Sequence[IntervalPoint], start: datetime, bucket: timedelta) -> list[tuple[datetime, float]]:
@@ -180,4 +188,5 @@ def summarize(
         target_version=last.target_version if last else None,
         drafter_version=last.drafter_version if last else None,
         gamma=last.gamma if last else None,
+        bucket=bucket,
     )
