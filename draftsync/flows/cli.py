@@ -1,0 +1,108 @@
+"""The `draftsync` command line. Heavy imports (prefect, mlflow, torch) happen inside commands, after the
+work dir's environment is set, so `draftsync --help` is fast and every library points at the work dir."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from draftsync.errors import DraftsyncError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split(".")[0] + ".")
+
+JsonOption = Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON to this path.")]
+
+
+@app.callback()
+def main_options(
+    workdir: Annotated[
+        Optional[Path],
+        typer.Option("--workdir", envvar="DRAFTSYNC_WORKDIR", help="Holds MLflow, the monitor store, Prefect's home, the outbox."),
+    ] = None,
+) -> None:
+    """Keep speculative-decoding drafters in sync with their target LLMs."""
+    import os
+
+    from draftsync.settings import Settings, apply_environment
+
+    if workdir is not None:
+        os.environ["DRAFTSYNC_WORKDIR"] = str(workdir)
+    apply_environment(Settings())
+
+
+def _emit(result: dict, json_path: Path | None) -> None:
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=2, default=str))
+
+
+@app.command()
+def demo(
+    json_path: JsonOption = None,
+    size: Annotated[str, typer.Option(help="Model sizes: 'demo' (a few minutes on 2 cores) or 'test' (smaller).")] = "demo",
+) -> None:
+    """Run the whole loop on this machine: targets v1 and v2, drafters, serving, monitoring, a stale e-mail."""
+    from draftsync.flows.demo import run_demo
+
+    result = run_demo(size=size)
+    _emit(result, json_path)
+
+
+@app.command()
+def watch(
+    target: Annotated[str, typer.Argument(help="Registered model name of the target.")],
+    deployment: Annotated[Optional[str], typer.Option(help="Roll new drafters out to this deployment.")] = None,
+    json_path: JsonOption = None,
+) -> None:
+    """Find target versions newer than the watermark and sync a drafter for each."""
+    from draftsync.flows.watch import watch as watch_flow
+
+    result = watch_flow(target_name=target, deployment=deployment)
+    typer.echo(json.dumps(result, indent=2, default=str))
+    _emit(result, json_path)
+
+
+@app.command()
+def sync(
+    target: Annotated[str, typer.Argument(help="Registered model name of the target.")],
+    version: Annotated[int, typer.Argument(help="Target version to train a drafter for.")],
+    json_path: JsonOption = None,
+) -> None:
+    """Train, validate, register and (when it passes) promote a drafter for one target version."""
+    from draftsync.flows.sync import sync as sync_flow
+
+    result = sync_flow(target_name=target, target_version=version)
+    typer.echo(json.dumps(result, indent=2, default=str))
+    _emit(result, json_path)
+
+
+@app.command()
+def scrape(json_path: JsonOption = None) -> None:
+    """Scrape acceptance counters from every serving deployment into the monitor store."""
+    from draftsync.flows.scrape import scrape as scrape_flow
+
+    result = scrape_flow()
+    typer.echo(json.dumps(result, indent=2, default=str))
+    _emit(result, json_path)
+
+
+@app.command()
+def report(json_path: JsonOption = None) -> None:
+    """Summarise the last week per deployment, apply the staleness rules and send the e-mail."""
+    from draftsync.flows.weekly_report import weekly_report
+
+    result = weekly_report()
+    typer.echo(json.dumps(result, indent=2, default=str))
+    _emit(result, json_path)
+
+
+def main() -> None:
+    try:
+        app()
+    except DraftsyncError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        sys.exit(2)

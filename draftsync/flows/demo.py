@@ -1,0 +1,209 @@
+"""`draftsync demo`: the whole loop on one machine, with real MLflow, Prefect, servers and e-mail.
+
+The story: target v1 appears -> drafter v1 -> served; code and math traffic; traffic drifts to prose and
+acceptance falls; the weekly review flags the drafter stale, falls back and mails the team; target v2
+appears -> drafter v2 (warm start) -> the v2 pair serves and acceptance recovers. The monitor's clock is
+a parameter: the demo moves it 12 simulated hours per scrape, so a week passes in a few minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from rich.console import Console
+
+from draftsync.serving.deployment import ServingDeployment
+from draftsync.tasks import context
+
+TARGET_NAME = "demo-llm"
+DEPLOYMENT = "demo-assistant"
+TEMPERATURE = 0.0
+STEP = timedelta(hours=12)
+STORY_STATE = ("mlflow.db", "mlartifacts", "monitor.db", "outbox", "serving", "drafters", "demo.json")
+
+
+class DemoClock:
+    """The monitor's clock for the demo: starts now and advances only when told."""
+
+    def __init__(self, start: datetime):
+        self.now = start
+
+    def advance(self, by: timedelta = STEP) -> datetime:
+        self.now += by
+        return self.now
+
+
+def _archive_previous_story(root: Path) -> Path | None:
+    """A rerun starts a fresh story; the previous one is moved aside, not deleted. Built targets stay cached."""
+    present = [root / name for name in STORY_STATE if (root / name).exists()]
+    if not present:
+        return None
+    archive = root / "archive" / datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    archive.mkdir(parents=True, exist_ok=True)
+    for path in present:
+        shutil.move(str(path), archive / path.name)
+    return archive
+
+
+def _phase(name: str, prompts_by_task: dict[str, int], intervals: int, requests_per_interval: int, clock: DemoClock,
+           deployment: ServingDeployment, max_tokens: int, seed: int) -> dict:
+    """Send traffic interval by interval, scraping after each; acceptance is read back from the store."""
+    from draftsync.flows.scrape import scrape
+    from draftsync.monitors.trends import summarize
+    from draftsync.speculative.corpora import prompts
+    from draftsync.tasks.traffic import send_traffic
+
+    store = context.store()
+    start = clock.now
+    pool = [p for task, n in prompts_by_task.items() for p in prompts(task, n, seed=seed)]
+    for i in range(intervals):
+        batch = [pool[(i * requests_per_interval + j) % len(pool)] for j in range(requests_per_interval)]
+        endpoint = store.serving_pair(deployment.name).endpoint
+        send_traffic(endpoint, deployment.name, batch, deployment.temperature, max_tokens, seed + i * 100)
+        scrape(now=clock.advance())
+    summary = summarize(store.samples(deployment.name, start, clock.now), start, clock.now, deployment=deployment.name)
+    return {
+        "name": name,
+        "traffic": sorted(prompts_by_task),
+        "start": start.isoformat(),
+        "end": clock.now.isoformat(),
+        "acceptance_rate": summary.acceptance_rate,
+        "mean_acceptance_length": summary.mean_acceptance_length,
+        "draft_tokens": summary.draft_tokens,
+    }
+
+
+def run_demo(size: str = "demo") -> dict:
+    """Run the story; print a summary and write it to <workdir>/demo.json."""
+    from draftsync.flows.rollout import rollout  # noqa: F401  (imported here so Prefect starts after the env is set)
+    from draftsync.flows.watch import watch
+    from draftsync.flows.weekly_report import weekly_report
+    from draftsync.registry.model_registry import drafter_model_name
+    from draftsync.speculative.targets import build_target, builtin_recipe
+    from draftsync.tasks.profile import profile
+    from draftsync.tasks.registration import publish_target
+    from draftsync.tasks.serving import stop_all
+
+    console = Console()
+    settings = context.settings()
+    archived = _archive_previous_story(settings.root)
+    context.reset()
+    settings, registry = context.settings(), context.registry()
+    registry.ping()
+    sync_profile = profile("demo" if size == "demo" else "test")
+    sync_profile.temperature = TEMPERATURE
+    max_tokens = sync_profile.validation_max_tokens
+    requests = 3 if size == "demo" else 2
+    deployment = ServingDeployment(name=DEPLOYMENT, target_name=TARGET_NAME, temperature=TEMPERATURE, task_mix={"code": 0.5, "math": 0.5})
+    clock = DemoClock(datetime.now(UTC).replace(minute=0, second=0, microsecond=0))
+    timings: dict[str, float] = {}
+    phases, targets = [], []
+    started = time.perf_counter()
+
+    def mark(name: str, since: float) -> None:
+        timings[name] = round(time.perf_counter() - since, 1)
+
+    console.rule("draftsync demo")
+    console.print(f"work dir: {settings.root}" + (f" (previous story moved to {archived})" if archived else ""))
+    console.print("The monitor's clock is simulated: each scrape advances it 12 hours, so a week passes in minutes.")
+    try:
+        # (a) target v1 appears; the watch syncs a drafter for it and rolls the pair out.
+        t = time.perf_counter()
+        console.print("[bold](a)[/] building target v1 (code + math; cached after the first run) ...")
+        v1_recipe = builtin_recipe(1, size)
+        v1_dir = build_target(v1_recipe, settings.cache_dir)
+        mark("target_v1_build", t)
+        t = time.perf_counter()
+        v1 = publish_target(TARGET_NAME, str(v1_dir), v1_recipe.task_mix)
+        targets.append({"name": TARGET_NAME, "version": v1, "task_mix": v1_recipe.task_mix})
+        watch(TARGET_NAME, deployment, sync_profile)
+        mark("sync_and_rollout_v1", t)
+
+        # (b) normal traffic: code and math.
+        t = time.perf_counter()
+        console.print("[bold](b)[/] code and math traffic ...")
+        phases.append(_phase("b: code+math traffic", {"code": 6, "math": 6}, 6, requests, clock, deployment, max_tokens, seed=1))
+        mark("phase_b", t)
+
+        # (c) traffic drifts to prose; the weekly review finds the drafter stale.
+        t = time.perf_counter()
+        console.print("[bold](c)[/] traffic drifts to prose ...")
+        phases.append(_phase("c: drift to prose", {"prose": 12}, 8, requests, clock, deployment, max_tokens, seed=2))
+        report = weekly_report(
+            now=clock.now, deployments=[deployment],
+            notes=["This is the draftsync demo: the monitor's clock was compressed, a simulated week took a few minutes."],
+        )
+        mark("phase_c_and_report", t)
+
+        # (d) target v2 (fine-tuned on a mix with prose) appears; its drafter is trained and rolled out.
+        t = time.perf_counter()
+        console.print("[bold](d)[/] building target v2 (v1 fine-tuned with prose) ...")
+        v2_recipe = builtin_recipe(2, size)
+        v2_dir = build_target(v2_recipe, settings.cache_dir)
+        v2 = publish_target(TARGET_NAME, str(v2_dir), v2_recipe.task_mix)
+        targets.append({"name": TARGET_NAME, "version": v2, "task_mix": v2_recipe.task_mix})
+        watch(TARGET_NAME, deployment, sync_profile)
+        phases.append(_phase("d: prose traffic on the v2 pair", {"prose": 12}, 4, requests, clock, deployment, max_tokens, seed=3))
+        mark("phase_d", t)
+    finally:
+        stop_all()
+    timings["total"] = round(time.perf_counter() - started, 1)
+
+    drafter_name = drafter_model_name(TARGET_NAME)
+    drafters = []
+    for info in registry.target_versions_after(drafter_name, 0):
+        tags = info.tags
+        drafters.append({
+            "name": drafter_name,
+            "version": info.version,
+            "target_version": int(tags["draftsync.target.version"]),
+            "method": tags["draftsync.method"],
+            "gamma": int(tags["draftsync.gamma"]),
+            "validation_passed": tags.get("draftsync.validation.passed") == "true",
+            "aliases": registry.aliases_of(drafter_name, info.version),
+            "path": str(registry.download(drafter_name, info.version)),
+        })
+    store = context.store()
+    result = {
+        "targets": targets,
+        "drafters": drafters,
+        "deployments": [
+            {"name": p.deployment, "target_version": p.target_version, "drafter_version": p.drafter_version, "state": p.state, "gamma": p.gamma}
+            for p in store.serving_pairs()
+        ],
+        "phases": phases,
+        "alerts": [
+            {"subject": report["subject"], "deployment": f["deployment"], "rule": f["rule"], "file": report["eml_path"]}
+            for f in report["findings"] if f["severity"] != "info"
+        ],
+        "weekly_report": {"subject": report["subject"], "file": report["eml_path"], "actions": report["actions"]},
+        "timings_s": timings,
+        "simulated_clock": {"start": phases[0]["start"], "end": clock.now.isoformat()},
+        "workdir": str(settings.root),
+    }
+    (settings.root / "demo.json").write_text(json.dumps(result, indent=2, default=str))
+    _print_summary(console, result, settings)
+    return result
+
+
+def _print_summary(console: Console, result: dict, settings) -> None:
+    from rich.table import Table
+
+    table = Table(title="phases (acceptance from the scraped /metrics counters)")
+    for column in ("phase", "acceptance", "draft tokens"):
+        table.add_column(column)
+    for phase in result["phases"]:
+        rate = phase["acceptance_rate"]
+        table.add_row(phase["name"], "-" if rate is None else f"{rate:.3f}", str(phase["draft_tokens"]))
+    console.print(table)
+    for d in result["drafters"]:
+        console.print(f"drafter {d['name']} v{d['version']} for target v{d['target_version']} ({d['method']}, gamma {d['gamma']}): aliases {d['aliases']}")
+    console.print(f"weekly report: {result['weekly_report']['subject']}\n  {result['weekly_report']['file']}")
+    console.print(f"timings (s): {result['timings_s']}")
+    console.print(f"summary: {settings.root / 'demo.json'}")
+    console.print(f"MLflow UI:  mlflow ui --backend-store-uri {settings.mlflow_tracking_uri} --default-artifact-root {settings.mlflow_artifacts_dir}")
+    console.print(f"Prefect UI: PREFECT_HOME={settings.prefect_home} prefect server start")

@@ -1,0 +1,295 @@
+"""Built-in tiny targets (HF Llama checkpoints trained on local text) and the checked loader for any target.
+
+Recipes are hashed; a built checkpoint is cached under that hash, so reruns reuse it. Version 2 of a
+target is version 1 fine-tuned at a low rate on a shifted mix (a high rate makes it forget the old tasks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftsync.errors import DraftsyncError
+from draftsync.speculative import corpora
+
+CORPUS_VERSION = 2  # bump when corpora change, so cached targets are rebuilt
+TARGET_INFO_FILE = "draftsync_target.json"
+
+
+@dataclass(frozen=True)
+class TargetRecipe:
+    """Everything that determines a built-in target's weights."""
+
+    task_mix: dict[str, float]
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 704
+    vocab_size: int = 2048
+    max_position_embeddings: int = 1024
+    seq_len: int = 128
+    batch_size: int = 16
+    steps: int = 400
+    lr: float = 3e-3
+    seed: int = 0
+    parent: TargetRecipe | None = None  # fine-tune this recipe's checkpoint instead of starting fresh
+    tokenizer_texts: int = 3000
+
+    def key(self) -> str:
+        payload = dataclasses.asdict(self)
+        payload["parent"] = self.parent.key() if self.parent else None
+        payload["corpus_version"] = CORPUS_VERSION
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# Sizes: "demo" learns enough in a few minutes on 2 cores; "test" is for the test suite's end-to-end run.
+_SIZES = {
+    "demo": dict(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=704, vocab_size=2048),
+    "test": dict(hidden_size=96, num_layers=3, num_heads=4, intermediate_size=256, vocab_size=768, seq_len=96,
+                 batch_size=12, tokenizer_texts=1200),
+}
+_STEPS = {"demo": (500, 200), "test": (120, 60)}
+
+
+def builtin_recipe(version: int, size: str = "demo") -> TargetRecipe:
+    """v1: code + math. v2: v1 fine-tuned at a low rate on a mix that adds prose."""
+    if size not in _SIZES:
+        raise DraftsyncError(f"unknown target size {size!r}", f"use one of {', '.join(_SIZES)}")
+    v1_steps, v2_steps = _STEPS[size]
+    v1 = TargetRecipe(task_mix={"code": 0.5, "math": 0.5}, steps=v1_steps, **_SIZES[size])
+    if version == 1:
+        return v1
+    if version == 2:
+        return dataclasses.replace(
+            v1, task_mix={"code": 0.25, "math": 0.25, "prose": 0.5}, steps=v2_steps, lr=1e-3, parent=v1
+        )
+    raise DraftsyncError(f"no built-in target version {version}", "built-in targets have versions 1 and 2")
+
+
+def _tokenizer(recipe: TargetRecipe, cache_dir: Path):
+    from transformers import PreTrainedTokenizerFast
+
+    from draftsync.speculative.tokenizer import train_tokenizer
+
+    key = hashlib.sha256(f"{recipe.vocab_size}-{recipe.tokenizer_texts}-{CORPUS_VERSION}".encode()).hexdigest()[:12]
+    out = cache_dir / f"tokenizer-{key}"
+    if (out / "tokenizer.json").exists():
+        return PreTrainedTokenizerFast.from_pretrained(out)
+    # The tokenizer sees all three tasks, so every version of a target shares it.
+    per_task = recipe.tokenizer_texts // len(corpora.TASKS)
+    texts = [t for _, t in corpora.mixed_texts({t: 1.0 for t in corpora.TASKS}, per_task * 3, seed=7)]
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    train_tokenizer(texts, recipe.vocab_size, tmp)
+    tmp.rename(out)
+    return PreTrainedTokenizerFast.from_pretrained(out)
+
+
+class TokenStreams:
+    """Per-task token streams (documents joined by EOS) with seeded window sampling by task mix."""
+
+    def __init__(self, tokenizer, task_mix: dict[str, float], split: str = "train", max_docs: int = 3000, seed: int = 0):
+        self.task_mix = {t: s for t, s in task_mix.items() if s > 0}
+        self.streams = {}
+        eos = tokenizer.eos_token_id
+        rng = random.Random(seed)
+        for task in self.task_mix:
+            docs = corpora.documents(task, split, seed=seed)
+            docs = rng.sample(docs, min(max_docs, len(docs)))
+            ids: list[int] = []
+            for enc in tokenizer([d.text for d in docs])["input_ids"]:
+                ids.extend(enc)
+                ids.append(eos)
+            self.streams[task] = ids
+
+    def batch(self, rng: random.Random, batch_size: int, seq_len: int):
+        import torch
+
+        tasks = sorted(self.task_mix)
+        weights = [self.task_mix[t] for t in tasks]
+        rows = []
+        for _ in range(batch_size):
+            stream = self.streams[rng.choices(tasks, weights)[0]]
+            start = rng.randrange(0, len(stream) - seq_len - 1)
+            rows.append(stream[start : start + seq_len + 1])
+        return torch.tensor(rows, dtype=torch.long)
+
+
+def build_target(
+    recipe: TargetRecipe,
+    cache_dir: Path,
+    on_progress: Callable[[int, int, float], None] | None = None,
+) -> Path:
+    """Return the checkpoint dir for `recipe`, training it (and its parent) only if not cached."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cache_dir = Path(cache_dir)
+    out = cache_dir / f"target-{recipe.key()}"
+    if (out / TARGET_INFO_FILE).exists():
+        return out
+    tokenizer = _tokenizer(recipe, cache_dir)
+    torch.manual_seed(recipe.seed)
+    if recipe.parent is not None:
+        parent_dir = build_target(recipe.parent, cache_dir, on_progress)
+        model = LlamaForCausalLM.from_pretrained(parent_dir, dtype=torch.float32)
+    else:
+        config = LlamaConfig(
+            vocab_size=recipe.vocab_size,
+            hidden_size=recipe.hidden_size,
+            intermediate_size=recipe.intermediate_size,
+            num_hidden_layers=recipe.num_layers,
+            num_attention_heads=recipe.num_heads,
+            num_key_value_heads=recipe.num_heads,
+            max_position_embeddings=recipe.max_position_embeddings,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            bos_token_id=tokenizer.eos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.eos_token_id,
+        )
+        model = LlamaForCausalLM(config)
+    streams = TokenStreams(tokenizer, recipe.task_mix, seed=recipe.seed)
+    rng = random.Random(recipe.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    warmup = max(1, recipe.steps // 20)
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, recipe.steps - warmup)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    model.train()
+    started = time.perf_counter()
+    loss_value = float("nan")
+    for step in range(recipe.steps):
+        batch = streams.batch(rng, recipe.batch_size, recipe.seq_len)
+        loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        loss_value = loss.item()
+        if on_progress:
+            on_progress(step + 1, recipe.steps, loss_value)
+    seconds = time.perf_counter() - started
+    model.eval()
+    val_loss = evaluate_loss(model, tokenizer, list(corpora.TASKS), recipe.seq_len)
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    info = {
+        "recipe_key": recipe.key(),
+        "task_mix": recipe.task_mix,
+        "parent_recipe_key": recipe.parent.key() if recipe.parent else None,
+        "train_steps": recipe.steps,
+        "train_seconds": round(seconds, 1),
+        "train_tokens_per_s": round(recipe.steps * recipe.batch_size * recipe.seq_len / max(seconds, 1e-9)),
+        "final_train_loss": round(loss_value, 4),
+        "heldout_loss": {t: round(v, 4) for t, v in val_loss.items()},
+    }
+    (tmp / TARGET_INFO_FILE).write_text(json.dumps(info, indent=2))
+    tmp.rename(out)
+    return out
+
+
+def evaluate_loss(model, tokenizer, tasks: list[str], seq_len: int, batches: int = 4) -> dict[str, float]:
+    """Held-out next-token loss per task: how well the target knows each part of the traffic."""
+    import torch
+
+    out = {}
+    for task in tasks:
+        streams = TokenStreams(tokenizer, {task: 1.0}, split="heldout", max_docs=400, seed=1)
+        rng = random.Random(1)
+        with torch.no_grad():
+            losses = [float(model(input_ids=(b := streams.batch(rng, 8, seq_len)), labels=b).loss) for _ in range(batches)]
+        out[task] = sum(losses) / len(losses)
+    return out
+
+
+def _read_config(path: Path) -> dict:
+    config_file = path / "config.json"
+    if not path.is_dir():
+        raise DraftsyncError(
+            f"target checkpoint {path} does not exist",
+            "point at a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files)",
+        )
+    if not config_file.exists():
+        raise DraftsyncError(
+            f"target checkpoint {path} has no config.json",
+            "point at a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files)",
+        )
+    try:
+        return json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise DraftsyncError(f"target config {config_file} is not valid JSON ({exc})", "restore or re-export the checkpoint") from exc
+
+
+def describe_target(path: Path) -> dict:
+    """Architecture facts for registry tags, read from config and safetensors headers without loading weights."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    config = _read_config(path)
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise DraftsyncError(f"target checkpoint {path} has no *.safetensors weights", "save it with save_pretrained (safetensors)")
+    params = 0
+    for shard in shards:
+        try:
+            with safe_open(str(shard), framework="pt") as f:
+                params += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+        except Exception as exc:  # safetensors raises its own error types for corrupt headers
+            raise DraftsyncError(f"target weights {shard} are corrupt ({exc})", "re-export or re-download the checkpoint") from exc
+    info_file = path / TARGET_INFO_FILE
+    info = json.loads(info_file.read_text()) if info_file.exists() else {}
+    return {
+        "architecture": (config.get("architectures") or [config.get("model_type", "unknown")])[0],
+        "hidden_size": config.get("hidden_size"),
+        "num_layers": config.get("num_hidden_layers"),
+        "vocab_size": config.get("vocab_size"),
+        "parameter_count": params,
+        "task_mix": info.get("task_mix", {}),
+    }
+
+
+def load_target(path: Path, trust_remote_code: bool = False):
+    """Load (model, tokenizer) in eval mode, failing with a clear error on anything a sync cannot use."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    config = _read_config(path)
+    if config.get("auto_map") and not trust_remote_code:
+        raise DraftsyncError(
+            f"target {path} needs trust_remote_code (its config has auto_map)",
+            "review its code, then set DRAFTSYNC_TRUST_REMOTE_CODE=true",
+        )
+    describe_target(path)  # checks the weight headers before a long load
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise DraftsyncError(f"target {path} could not be loaded ({type(exc).__name__}: {exc})", "re-export the checkpoint") from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise DraftsyncError(f"tokenizer of target {path} could not be loaded ({exc})", "save the tokenizer files beside the weights") from exc
+    if len(tokenizer) > model.config.vocab_size:
+        raise DraftsyncError(
+            f"tokenizer of target {path} has {len(tokenizer)} tokens but the model's vocabulary is {model.config.vocab_size}",
+            "use the tokenizer the target was trained with",
+        )
+    model.eval()
+    return model, tokenizer

@@ -1,0 +1,35 @@
+"""Where tasks find the settings, the registry and the monitor store (built once per process)."""
+
+from __future__ import annotations
+
+import functools
+
+from draftsync.settings import Settings, apply_environment
+
+
+@functools.lru_cache(maxsize=1)
+def settings() -> Settings:
+    current = Settings()
+    apply_environment(current)
+    return current
+
+
+@functools.lru_cache(maxsize=1)
+def registry():
+    from draftsync.registry.model_registry import Registry
+
+    current = settings()
+    return Registry(current.mlflow_tracking_uri, current.mlflow_artifacts_dir)
+
+
+@functools.lru_cache(maxsize=1)
+def store():
+    from draftsync.monitors.store import Store
+
+    return Store(settings().monitor_url)
+
+
+def reset() -> None:
+    """Forget cached objects (tests switch work dirs within one process)."""
+    for cached in (settings, registry, store):
+        cached.cache_clear()

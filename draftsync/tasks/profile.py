@@ -1,0 +1,50 @@
+"""Sync profiles: how hard a sync trains and how much it measures, sized for the machine it runs on."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class SyncProfile(BaseModel):
+    """Knobs of one sync. `demo` fits a 2-core CPU in minutes; `test` is smaller still."""
+
+    name: str = "demo"
+    method: str = "eagle3"
+    gamma: int = Field(3, ge=1, le=16)
+    draft_vocab_size: int = Field(768, ge=16)
+    train_steps: int = Field(300, ge=1)
+    warm_start_steps: int = Field(150, ge=1)  # a warm start from the previous drafter needs fewer steps
+    batch_size: int = Field(8, ge=1)
+    seq_len: int = Field(128, ge=8)
+    lr: float = 2e-3
+    ttt_steps: int = Field(1, ge=1)
+    training_texts: int = Field(1500, ge=10)
+    validation_requests: int = Field(12, ge=1)
+    validation_max_tokens: int = Field(48, ge=1)
+    temperature: float = Field(0.0, ge=0.0)  # the deployment's sampling temperature: validate as you serve
+    min_acceptance: float = Field(0.70, ge=0.0, le=1.0)  # gate: validation acceptance must exceed this
+    seed: int = 0
+
+
+PROFILES = {
+    "demo": SyncProfile(),
+    "test": SyncProfile(
+        name="test",
+        draft_vocab_size=256,
+        train_steps=120,
+        warm_start_steps=60,
+        batch_size=8,
+        seq_len=64,
+        training_texts=400,
+        validation_requests=4,
+        validation_max_tokens=24,
+    ),
+}
+
+
+def profile(name: str) -> SyncProfile:
+    from draftsync.errors import DraftsyncError
+
+    if name not in PROFILES:
+        raise DraftsyncError(f"unknown sync profile {name!r}", f"use one of {', '.join(PROFILES)}")
+    return PROFILES[name].model_copy()

@@ -1,0 +1,27 @@
+"""Client traffic for the demo and smoke checks: real completions sent to a deployment's endpoint."""
+
+from __future__ import annotations
+
+import httpx
+from prefect import task
+from prefect.cache_policies import NONE
+
+from draftsync.errors import DraftsyncError
+
+
+@task(name="send-traffic", cache_policy=NONE)
+def send_traffic(endpoint: str, model: str, prompts: list[str], temperature: float, max_tokens: int, seed: int) -> dict:
+    """POST each prompt to /v1/completions; returns token counts and the server's per-request stats."""
+    completion_tokens, accepted, draft_tokens = 0, 0, 0
+    with httpx.Client(base_url=endpoint, timeout=120) as client:
+        for i, prompt in enumerate(prompts):
+            body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed + i}
+            response = client.post("/v1/completions", json=body)
+            if response.status_code != 200:
+                raise DraftsyncError(f"{endpoint} answered {response.status_code}: {response.text[:200]}", "see the server log under <workdir>/serving")
+            data = response.json()
+            completion_tokens += data["usage"]["completion_tokens"]
+            stats = data.get("draftsync") or {}
+            accepted += stats.get("accepted", 0)
+            draft_tokens += stats.get("draft_tokens", 0)
+    return {"requests": len(prompts), "completion_tokens": completion_tokens, "accepted": accepted, "draft_tokens": draft_tokens}
