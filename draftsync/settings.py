@@ -79,6 +79,10 @@ def apply_environment(settings: Settings) -> None:
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+        "MLFLOW_LOGGING_LEVEL": "WARNING",
         "GIT_PYTHON_REFRESH": "quiet",
     }
     for key, value in defaults.items():

@@ -106,3 +106,7 @@ def main() -> None:
     except DraftsyncError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -81,7 +81,7 @@ def stop_server(deployment: str) -> None:
         pid = json.loads(path.read_text()).get("pid")
         if server is None and pid:
             try:
-                os.kill(int(pid), signal.SIGTERM)
+                os.killpg(int(pid), signal.SIGTERM)  # the server leads its own process group
             except ProcessLookupError:
                 pass
         path.unlink()
