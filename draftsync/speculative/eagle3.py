@@ -1,0 +1,385 @@
+"""The EAGLE-3 drafter: one decoder layer over (token embedding ++ fused target hidden state).
+
+Parameter and buffer names are those of the speculators `eagle3` checkpoint format, which vLLM loads
+(`Eagle3LlamaForCausalLM`), so a state dict saved from here is served there as is. The computation
+follows the same definition: `fc` fuses the three aux states of the target; the decoder layer normalises
+the token embedding (`input_layernorm`) and the hidden state (`hidden_norm`), concatenates them (2H) for
+the rotary attention, adds the residual (the hidden state, normalised first when `norm_before_residual`),
+then a post-attention norm and a SwiGLU MLP; `norm` and `lm_head` give logits over the draft vocabulary.
+The state fed back for the next draft step is the pre-norm output (post-norm when `norm_output`, EAGLE 3.1).
+
+Alignment (the EAGLE shift): position t pairs the embedding of token t+1 with the target's state at t,
+and predicts token t+2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftsync.errors import DraftsyncError
+
+
+@dataclass
+class Eagle3Config:
+    """Shapes and flags of an EAGLE-3 drafter; `vocab_size` is the target's, `draft_vocab_size` the head's."""
+
+    hidden_size: int
+    target_hidden_size: int
+    vocab_size: int
+    draft_vocab_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    aux_layer_ids: tuple[int, ...] = field(default=(1, 2, 3))
+    norm_before_residual: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+    norm_before_fc: bool = False
+
+    def __post_init__(self) -> None:
+        self.aux_layer_ids = tuple(int(k) for k in self.aux_layer_ids)
+        if len(self.aux_layer_ids) != 3 or len(set(self.aux_layer_ids)) != 3:
+            raise DraftsyncError(
+                f"EAGLE-3 aux layer ids {list(self.aux_layer_ids)} are not three distinct ids",
+                "give exactly three distinct target layer ids (vLLM sizes the fusion layer for three)",
+            )
+        if self.fc_norm and self.norm_before_fc:
+            raise DraftsyncError(
+                "fc_norm and norm_before_fc are both set on the EAGLE-3 config",
+                "choose one: fc_norm (EAGLE 3.1, one norm per aux state) or norm_before_fc (one norm over all)",
+            )
+        if not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise DraftsyncError(
+                f"draft vocabulary size {self.draft_vocab_size} is not within 1..{self.vocab_size} (the target's)",
+                "choose a draft vocabulary no larger than the target vocabulary",
+            )
+
+    @classmethod
+    def for_target(
+        cls,
+        target_config: Any,
+        draft_vocab_size: int | None = None,
+        aux_layer_ids: tuple[int, ...] | list[int] | None = None,
+        **flags: bool,
+    ) -> "Eagle3Config":
+        """A drafter shaped like one decoder layer of `target_config` (a transformers Llama config)."""
+        from draftsync.speculative.hidden_states import default_aux_layer_ids, validate_aux_layer_ids
+
+        num_layers = target_config.num_hidden_layers
+        ids = (
+            default_aux_layer_ids(num_layers)
+            if aux_layer_ids is None
+            else validate_aux_layer_ids(aux_layer_ids, num_layers)
+        )
+        heads = target_config.num_attention_heads
+        head_dim = getattr(target_config, "head_dim", None) or target_config.hidden_size // heads
+        return cls(
+            hidden_size=target_config.hidden_size,
+            target_hidden_size=target_config.hidden_size,
+            vocab_size=target_config.vocab_size,
+            draft_vocab_size=draft_vocab_size or target_config.vocab_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(target_config, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            intermediate_size=target_config.intermediate_size,
+            rms_norm_eps=target_config.rms_norm_eps,
+            rope_theta=rope_theta_of(target_config),
+            max_position_embeddings=target_config.max_position_embeddings,
+            aux_layer_ids=ids,
+            **flags,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["aux_layer_ids"] = list(self.aux_layer_ids)
+        return data
+
+
+def rope_theta_of(config: Any) -> float:
+    """RoPE base of a transformers config: `rope_parameters` in transformers 5, `rope_theta` before."""
+    parameters = getattr(config, "rope_parameters", None)
+    if isinstance(parameters, dict) and "rope_theta" in parameters:
+        return float(parameters["rope_theta"])
+    return float(getattr(config, "rope_theta", 10000.0))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Eagle3Attention(nn.Module):
+    """Rotary attention whose q/k/v projections read 2H inputs (embedding ++ hidden)."""
+
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        inputs = 2 * config.hidden_size
+        self.q_proj = nn.Linear(inputs, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(inputs, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(inputs, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        past: tuple[torch.Tensor, torch.Tensor] | None,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Attend from x's rows to `past` keys followed by x's own keys, as `mask` [T, S] allows.
+
+        Returns the output and x's own rotated keys and values, for the caller to keep.
+        """
+        batch, length, _ = x.shape
+        q = self.q_proj(x).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = rope
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+        if self.kv_heads != self.heads:
+            repeat = self.heads // self.kv_heads
+            keys = keys.repeat_interleave(repeat, dim=1)
+            values = values.repeat_interleave(repeat, dim=1)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        out = out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim)
+        return self.o_proj(out), k, v
+
+
+class Eagle3MLP(nn.Module):
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Eagle3DecoderLayer(nn.Module):
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.norm_before_residual = config.norm_before_residual
+        self.self_attn = Eagle3Attention(config)
+        self.mlp = Eagle3MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, embeds, hidden, rope, past, mask):
+        residual = hidden
+        hidden = self.hidden_norm(hidden)
+        if self.norm_before_residual:
+            residual = hidden
+        x = torch.cat([self.input_layernorm(embeds), hidden], dim=-1)
+        attn, k, v = self.self_attn(x, rope, past, mask)
+        hidden = residual + attn
+        hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
+        return hidden, k, v
+
+
+class DrafterKVCache:
+    """The drafter's own KV cache (one layer); `crop(n)` keeps the first n positions."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def past(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None if self.keys is None else (self.keys, self.values)
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = torch.cat([self.keys, keys], 2)
+            self.values = torch.cat([self.values, values], 2)
+
+    def crop(self, length: int) -> None:
+        if self.keys is not None and length < self.length:
+            self.keys = self.keys[:, :, :length]
+            self.values = self.values[:, :, :length]
+
+
+class Eagle3Drafter(nn.Module):
+    """EAGLE-3 draft head; see the module docstring for the computation and the names."""
+
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.config = config
+        hidden = config.hidden_size
+        aux_width = len(config.aux_layer_ids) * config.target_hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
+        if config.norm_before_fc:
+            self.input_norm = RMSNorm(aux_width, config.rms_norm_eps)
+        if config.fc_norm:
+            self.fc_norm = nn.ModuleList(
+                RMSNorm(config.target_hidden_size, config.rms_norm_eps) for _ in config.aux_layer_ids
+            )
+        self.fc = nn.Linear(aux_width, hidden, bias=False)
+        self.layers = nn.ModuleList([Eagle3DecoderLayer(config)])
+        self.norm = RMSNorm(hidden, config.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
+        if config.draft_vocab_size < config.vocab_size:
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        else:
+            self.d2t = None
+            self.t2d = None
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_dim, 2).float() / config.head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+
+    # ---- vocabulary -------------------------------------------------------------------------------
+    def set_draft_vocab(self, d2t: torch.Tensor | None, t2d: torch.Tensor | None) -> None:
+        if self.d2t is None:
+            if d2t is not None:
+                raise DraftsyncError(
+                    "a draft vocabulary mapping was given to a drafter whose head covers the whole vocabulary",
+                    "build the drafter with draft_vocab_size equal to the mapping's length",
+                )
+            return
+        if d2t is None or t2d is None or d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
+            raise DraftsyncError(
+                f"draft vocabulary mapping does not fit the drafter (d2t [{self.config.draft_vocab_size}], "
+                f"t2d [{self.config.vocab_size}] expected)",
+                "build d2t/t2d with build_draft_vocab for this drafter's draft_vocab_size",
+            )
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    @property
+    def draft_token_ids(self) -> torch.Tensor:
+        """Target id of each draft-vocabulary entry, ascending: i + d2t[i]."""
+        base = torch.arange(self.config.draft_vocab_size, device=self.lm_head.weight.device)
+        return base if self.d2t is None else base + self.d2t
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
+
+    # ---- initialisation from the target -----------------------------------------------------------
+    def initialise_from_target(self, target: Any, freeze_embeddings: bool = True) -> None:
+        """Copy the target's embeddings, final norm and (draft-vocabulary rows of) lm_head where shapes allow."""
+        with torch.no_grad():
+            embed = target.get_input_embeddings().weight
+            if embed.shape == self.embed_tokens.weight.shape:
+                self.embed_tokens.weight.copy_(embed)
+                self.embed_tokens.weight.requires_grad_(not freeze_embeddings)
+            head = target.get_output_embeddings().weight
+            if head.shape[1] == self.config.hidden_size:
+                self.lm_head.weight.copy_(head[self.draft_token_ids.to(head.device)])
+            final_norm = target.model.norm.weight
+            if final_norm.shape == self.norm.weight.shape:
+                self.norm.weight.copy_(final_norm)
+
+    # ---- forward ----------------------------------------------------------------------------------
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """[B,T,3*Ht] concatenated aux states of the target -> [B,T,H] drafter hidden state."""
+        if self.config.norm_before_fc:
+            aux = self.input_norm(aux)
+        if self.config.fc_norm:
+            chunks = aux.chunk(len(self.fc_norm), dim=-1)
+            aux = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(aux)
+
+    def _rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids.float()[:, None] * self.inv_freq.float()[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def _head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        normed = self.norm(hidden)
+        return self.lm_head(normed), (normed if self.config.norm_output else hidden)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: DrafterKVCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One causal pass over new positions; with `cache`, after the positions it holds (and appended to it).
+
+        `hidden` is the fused target state (`fuse(aux)`) or the drafter's own fed-back state.
+        Returns draft-vocabulary logits [B,T,Dv] and the state to feed back [B,T,H].
+        """
+        length = input_ids.shape[1]
+        past = None if cache is None else cache.past()
+        held = 0 if past is None else past[0].shape[2]
+        rows = torch.arange(length, device=input_ids.device)[:, None]
+        cols = torch.arange(held + length, device=input_ids.device)[None, :]
+        mask = cols <= rows + held
+        out, k, v = self.layers[0](
+            self.embed_tokens(input_ids), hidden, self._rope(position_ids, hidden.dtype), past, mask
+        )
+        if cache is not None:
+            cache.append(k, v)
+        return self._head(out)
+
+    def unroll(self, input_ids: torch.Tensor, aux: torch.Tensor, ttt_steps: int) -> list[torch.Tensor]:
+        """Training-time test: `ttt_steps` chained draft steps over whole sequences, logits of each step.
+
+        Step 0 is the ordinary pass (row t: token t+1, target state t). Step s >= 1 feeds row t the
+        drafter's own previous prediction and state, at position t+s; it attends to the real context
+        (step-0 keys up to t) and to its own chain (row t of steps 1..s), as the draft chain does at
+        inference. Step s's logits are compared with the target's distribution at t+s+1.
+        """
+        length = input_ids.shape[1]
+        device = input_ids.device
+        hidden = self.fuse(aux)
+        positions = torch.arange(length, device=device)
+        rows = positions[:, None]
+        causal = positions[None, :] <= rows
+        diagonal = positions[None, :] == rows
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        logits_per_step = []
+        ids = input_ids
+        for step in range(ttt_steps):
+            past = None if step == 0 else (torch.cat(keys, 2), torch.cat(values, 2))
+            mask = torch.cat([causal] + [diagonal] * step, dim=1)
+            out, k, v = self.layers[0](
+                self.embed_tokens(ids), hidden, self._rope(positions + step, hidden.dtype), past, mask
+            )
+            keys.append(k)
+            values.append(v)
+            logits, hidden = self._head(out)
+            logits_per_step.append(logits)
+            ids = self.to_target_ids(logits.argmax(-1)).detach()
+        return logits_per_step

@@ -1,0 +1,126 @@
+"""Hidden states of a target LLM at chosen depths: what EAGLE drafters are trained on and fed with.
+
+Layer id k is the residual stream after k decoder layers, i.e. the input of decoder layer k; k == L (the
+number of layers) is the last layer's output before the final norm. This is what vLLM captures as an
+auxiliary hidden state. States are taken with forward hooks on `model.model.layers` rather than
+`output_hidden_states`, whose last entry is post-norm in some transformers versions.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from draftsync.errors import DraftsyncError
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class CapturedStates:
+    """One forward pass of the target: aux [B,T,len(ids)*H], last [B,T,H] (pre-norm), logits [B,T,V]."""
+
+    aux: "torch.Tensor"
+    last: "torch.Tensor"
+    logits: "torch.Tensor"
+
+
+def num_decoder_layers(model: Any) -> int:
+    return len(model.model.layers)
+
+
+def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """Three distinct ids (low, mid, high) in [0, num_layers]; vLLM's (2, L//2, L-3) when that is distinct."""
+    if num_layers < 2:
+        raise DraftsyncError(
+            f"a target with {num_layers} decoder layer(s) has fewer than three distinct hidden-state depths",
+            "use a target with at least 2 decoder layers for an EAGLE-3 drafter",
+        )
+    half = num_layers // 2
+    for candidate in ((2, half, num_layers - 3), (1, half, num_layers - 1), (0, half, num_layers - 1)):
+        if candidate[0] < candidate[1] < candidate[2] and candidate[0] >= 0:
+            return candidate
+    return (0, 1, 2)
+
+
+def validate_aux_layer_ids(layer_ids: tuple[int, ...] | list[int], num_layers: int) -> tuple[int, ...]:
+    ids = tuple(int(k) for k in layer_ids)
+    if len(set(ids)) != len(ids) or any(k < 0 or k > num_layers for k in ids):
+        raise DraftsyncError(
+            f"aux hidden-state layer ids {list(ids)} are not distinct ids in [0, {num_layers}]",
+            f"pick distinct ids between 0 and {num_layers}, e.g. {list(default_aux_layer_ids(num_layers))}",
+        )
+    return ids
+
+
+def cache_keyword(model: Any) -> str:
+    """The forward keyword for the KV cache: `cache` in transformers 5.2x, `past_key_values` before."""
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def new_kv_cache(model: Any) -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def crop_kv_cache(cache: Any, tokens_to_remove: int) -> None:
+    """Drop the last n cached positions; `crop(-n)` means that in every transformers version since 4.36."""
+    if tokens_to_remove > 0:
+        cache.crop(-tokens_to_remove)
+
+
+def _layer_output(output: Any) -> "torch.Tensor":
+    # Decoder layers return a tensor in transformers 5 and a tuple before.
+    return output[0] if isinstance(output, tuple) else output
+
+
+def _layer_input(args: tuple, kwargs: dict) -> "torch.Tensor":
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def capture(model: Any, input_ids: "torch.Tensor", layer_ids: tuple[int, ...] | list[int], cache: Any = None) -> CapturedStates:
+    """Run the target once and return its aux states at `layer_ids`, its last pre-norm state and its logits.
+
+    With a `cache` (a transformers KV cache) only the new tokens in `input_ids` are run, at the positions
+    that follow what the cache holds: the engine uses this to get the states of freshly verified tokens.
+    """
+    import torch
+
+    layers = model.model.layers
+    num_layers = len(layers)
+    ids = validate_aux_layer_ids(layer_ids, num_layers)
+    captured: dict[int, torch.Tensor] = {}
+    handles = []
+
+    def keep_input(index: int):
+        def hook(_module, args, kwargs):
+            captured[index] = _layer_input(args, kwargs)
+
+        return hook
+
+    def keep_output(index: int):
+        def hook(_module, _args, output):
+            captured[index] = _layer_output(output)
+
+        return hook
+
+    wanted = set(ids) | {num_layers}
+    try:
+        if 0 in wanted:
+            handles.append(layers[0].register_forward_pre_hook(keep_input(0), with_kwargs=True))
+        for k in sorted(wanted - {0}):
+            handles.append(layers[k - 1].register_forward_hook(keep_output(k)))
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "use_cache": cache is not None}
+        if cache is not None:
+            kwargs[cache_keyword(model)] = cache
+        with torch.no_grad():
+            out = model(**kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    aux = torch.cat([captured[k] for k in ids], dim=-1)
+    return CapturedStates(aux=aux, last=captured[num_layers], logits=out.logits)

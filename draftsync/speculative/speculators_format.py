@@ -1,0 +1,194 @@
+"""EAGLE-3 drafters on disk in the speculators format, which vLLM recognises without extra flags.
+
+A directory holds `config.json` (speculators_model_type "eagle3", the speculators_config with the
+verifier, the draft layer's Llama config, draft vocabulary size, aux layer ids and norm flags) and
+`model.safetensors` (bf16 weights under the speculators/vLLM names; d2t int64 and t2d bool as they are).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from draftsync.errors import DraftsyncError
+
+if TYPE_CHECKING:
+    import torch
+
+    from draftsync.speculative.eagle3 import Eagle3Drafter
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+SPECULATORS_VERSION = "0.9.0"  # the speculators release whose eagle3 config schema this file follows
+ARCHITECTURE = "Eagle3DraftModel"
+
+
+def transformer_layer_config(drafter: "Eagle3Drafter") -> dict[str, Any]:
+    """The draft decoder layer as a Llama config; `vocab_size` is the target's vocabulary."""
+    config = drafter.config
+    return {
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_position_embeddings,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def speculators_config(drafter: "Eagle3Drafter", verifier_name_or_path: str, verifier_architectures: list[str],
+                       speculative_tokens: int) -> dict[str, Any]:
+    """The whole config.json of a drafter directory."""
+    import transformers
+
+    config = drafter.config
+    return {
+        "architectures": [ARCHITECTURE],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": speculative_tokens,
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier_name_or_path, "architectures": list(verifier_architectures)},
+        },
+        "transformer_layer_config": transformer_layer_config(drafter),
+        "draft_vocab_size": config.draft_vocab_size,
+        "target_hidden_size": config.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(config.aux_layer_ids),
+        "norm_before_residual": config.norm_before_residual,
+        "norm_before_fc": config.norm_before_fc,
+        "fc_norm": config.fc_norm,
+        "norm_output": config.norm_output,
+        "embed_requires_grad": False,
+        "torch_dtype": "bfloat16",
+        "transformers_version": transformers.__version__,
+    }
+
+
+def save_eagle3(drafter: "Eagle3Drafter", out_dir: str | Path, verifier_name_or_path: str,
+                verifier_architectures: list[str], speculative_tokens: int) -> Path:
+    """Write the drafter to `out_dir` (created; files replaced atomically) and return the directory."""
+    import torch
+    from safetensors.torch import save_file
+
+    if speculative_tokens < 1:
+        raise DraftsyncError(f"speculative_tokens={speculative_tokens} is below 1",
+                             "record the gamma the drafter is meant to run with (>= 1)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, tensor in drafter.state_dict().items():
+        tensor = tensor.detach().cpu()
+        tensors[name] = (tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor).contiguous()
+    config = speculators_config(drafter, verifier_name_or_path, verifier_architectures, speculative_tokens)
+    weights_tmp = out / (WEIGHTS_FILE + ".tmp")
+    config_tmp = out / (CONFIG_FILE + ".tmp")
+    save_file(tensors, str(weights_tmp), metadata={"format": "pt"})
+    config_tmp.write_text(json.dumps(config, indent=2) + "\n")
+    weights_tmp.replace(out / WEIGHTS_FILE)
+    config_tmp.replace(out / CONFIG_FILE)
+    return out
+
+
+def read_config(directory: str | Path) -> dict[str, Any]:
+    """config.json of a drafter directory, checked to be a speculators eagle3 config."""
+    path = Path(directory)
+    if not path.is_dir():
+        raise DraftsyncError(f"drafter directory {path} does not exist",
+                             "pass the directory written by save_eagle3 (or re-train the drafter)")
+    config_path = path / CONFIG_FILE
+    if not config_path.is_file():
+        raise DraftsyncError(f"{config_path} is missing", "the drafter directory is incomplete: re-save or re-train it")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as error:
+        raise DraftsyncError(f"{config_path} is not valid JSON ({error})",
+                             "the drafter directory is damaged: re-save or re-train it") from error
+    if not isinstance(config, dict) or config.get("speculators_model_type") != "eagle3":
+        found = config.get("speculators_model_type") if isinstance(config, dict) else None
+        raise DraftsyncError(f"{config_path} has speculators_model_type {found!r}, not 'eagle3'",
+                             "load an EAGLE-3 drafter saved in the speculators format")
+    return config
+
+
+def _drafter_config(config: dict[str, Any], config_path: Path):
+    from draftsync.speculative.eagle3 import Eagle3Config
+
+    try:
+        layer = config["transformer_layer_config"]
+        rope = layer.get("rope_parameters") or {}
+        return Eagle3Config(
+            hidden_size=layer["hidden_size"],
+            target_hidden_size=config.get("target_hidden_size") or layer["hidden_size"],
+            vocab_size=layer["vocab_size"],
+            draft_vocab_size=config.get("draft_vocab_size") or layer["vocab_size"],
+            num_attention_heads=layer["num_attention_heads"],
+            num_key_value_heads=layer.get("num_key_value_heads") or layer["num_attention_heads"],
+            head_dim=layer.get("head_dim") or layer["hidden_size"] // layer["num_attention_heads"],
+            intermediate_size=layer["intermediate_size"],
+            rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", layer.get("rope_theta", 10000.0)),
+            max_position_embeddings=layer.get("max_position_embeddings", 2048),
+            aux_layer_ids=tuple(config["eagle_aux_hidden_state_layer_ids"]),
+            # vLLM reads a missing norm_before_residual as True.
+            norm_before_residual=bool(config.get("norm_before_residual", True)),
+            fc_norm=bool(config.get("fc_norm", False)),
+            norm_output=bool(config.get("norm_output", False)),
+            norm_before_fc=bool(config.get("norm_before_fc", False)),
+        )
+    except (KeyError, TypeError, AttributeError) as error:
+        raise DraftsyncError(f"{config_path} lacks a field an EAGLE-3 drafter needs ({error})",
+                             "re-save the drafter with save_eagle3") from error
+
+
+def load_eagle3(directory: str | Path, dtype: "torch.dtype | None" = None) -> "Eagle3Drafter":
+    """Read a drafter written by save_eagle3 (or by speculators) into an Eagle3Drafter (float32 default)."""
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from draftsync.speculative.eagle3 import Eagle3Drafter
+
+    path = Path(directory)
+    config = read_config(path)
+    drafter = Eagle3Drafter(_drafter_config(config, path / CONFIG_FILE))
+    weights_path = path / WEIGHTS_FILE
+    if not weights_path.is_file():
+        raise DraftsyncError(f"{weights_path} is missing", "the drafter directory is incomplete: re-save or re-train it")
+    try:
+        tensors = load_file(str(weights_path))
+    except (SafetensorError, OSError, ValueError) as error:
+        raise DraftsyncError(f"{weights_path} is not a readable safetensors file ({error})",
+                             "the drafter weights are damaged: re-save or re-train the drafter") from error
+    expected = drafter.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    wrong = sorted(name for name in set(expected) & set(tensors) if tensors[name].shape != expected[name].shape)
+    if missing or wrong:
+        raise DraftsyncError(
+            f"{weights_path} does not match its config: missing {missing or 'none'}, wrong shape {wrong or 'none'}",
+            "re-save the drafter with save_eagle3 (config and weights must come from the same drafter)",
+        )
+    drafter.load_state_dict({name: tensors[name] for name in expected}, strict=True)
+    return drafter.to(dtype or torch.float32).eval()

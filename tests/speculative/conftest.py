@@ -1,0 +1,133 @@
+"""Tiny seeded Llama targets and EAGLE-3 drafters for the speculative-decoding tests."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import pytest
+
+VOCAB = 384
+CHAIN_TOKENS = 256  # the ids the synthetic chains walk over; the rest of the vocabulary is rare
+
+
+def tiny_llama(seed: int = 0):
+    """A random-init 4-layer Llama (hidden 64, vocab 384)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+        intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+def successor_table() -> list[int]:
+    import torch
+
+    return torch.randperm(CHAIN_TOKENS, generator=torch.Generator().manual_seed(1234)).tolist()
+
+
+def chain_target(seed: int = 1, sharpness: float = 8.0):
+    """A tiny Llama that mostly predicts successor[x] after x (p ~ 0.8 for it): a structured target in no time.
+
+    Its output head is set to read the token embedding back out of the residual stream through a fixed
+    permutation, instead of training the target by gradient descent (minutes on a shared CPU).
+    """
+    import torch
+
+    model = tiny_llama(seed)
+    successor = torch.tensor(successor_table())
+    with torch.no_grad():
+        embed = model.model.embed_tokens.weight
+        embed.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(seed))
+        head = model.lm_head.weight
+        head.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(seed + 1))
+        head[successor] = sharpness * embed[:CHAIN_TOKENS] / embed.shape[1]
+    return model
+
+
+def chain_sequences(count: int, length: int, seed: int, jump: float = 0.1) -> list[list[int]]:
+    """Walks along the successor permutation, jumping to a random id with probability `jump`."""
+    import torch
+
+    successor = successor_table()
+    generator = torch.Generator().manual_seed(seed)
+    sequences = []
+    for _ in range(count):
+        token = int(torch.randint(CHAIN_TOKENS, (), generator=generator))
+        sequence = [token]
+        for _ in range(length - 1):
+            if float(torch.rand((), generator=generator)) < jump:
+                token = int(torch.randint(CHAIN_TOKENS, (), generator=generator))
+            else:
+                token = successor[token]
+            sequence.append(token)
+        sequences.append(sequence)
+    return sequences
+
+
+@contextmanager
+def one_torch_thread():
+    """Tiny models run fastest on one thread; with busy cores, two spin-wait on each other (10x slower)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_threaded_module():
+    with one_torch_thread():
+        yield
+
+
+@pytest.fixture(scope="session")
+def make_chains():
+    """chain_sequences(count, length, seed, jump=0.1), for tests that need fresh chains."""
+    return chain_sequences
+
+
+@pytest.fixture(scope="session")
+def random_target():
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="session")
+def target():
+    return chain_target()
+
+
+@pytest.fixture(scope="session")
+def chain_data():
+    return chain_sequences(count=256, length=64, seed=1)
+
+
+@pytest.fixture(scope="session")
+def random_drafter(target):
+    import torch
+
+    from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
+
+    torch.manual_seed(5)
+    return Eagle3Drafter(Eagle3Config.for_target(target.config)).eval()
+
+
+@pytest.fixture(scope="session")
+def trained(target, chain_data):
+    """(drafter, report) after a short training with a draft vocabulary and two training-time-test steps."""
+    from draftsync.speculative.training import TrainConfig, train_eagle3
+
+    config = TrainConfig(draft_vocab_size=256, steps=100, batch_size=8, seq_len=32, ttt_steps=2, seed=0)
+    with one_torch_thread():
+        return train_eagle3(target, chain_data, None, config)
+
+
+@pytest.fixture(scope="session")
+def trained_drafter(trained):
+    return trained[0]
