@@ -19,6 +19,17 @@ from pathlib import Path
 
 import pytest
 
+# Offline and quiet, whatever the shell exported: no telemetry, no hub lookups (as `make test` sets them).
+for _key, _value in {
+    "DO_NOT_TRACK": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+}.items():
+    os.environ.setdefault(_key, _value)
+
 
 def free_port() -> int:
     """A loopback TCP port nobody listens on right now."""

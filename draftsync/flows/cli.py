@@ -34,6 +34,13 @@ def main_options(
     apply_environment(Settings())
 
 
+def _check_registry() -> None:
+    """Fail fast, before Prefect starts, when MLflow cannot be reached."""
+    from draftsync.tasks import context
+
+    context.registry().ping()
+
+
 def _emit(result: dict, json_path: Path | None) -> None:
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -61,6 +68,7 @@ def watch(
     """Find target versions newer than the watermark and sync a drafter for each."""
     from draftsync.flows.watch import watch as watch_flow
 
+    _check_registry()
     result = watch_flow(target_name=target, deployment=deployment)
     typer.echo(json.dumps(result, indent=2, default=str))
     _emit(result, json_path)
@@ -75,6 +83,7 @@ def sync(
     """Train, validate, register and (when it passes) promote a drafter for one target version."""
     from draftsync.flows.sync import sync as sync_flow
 
+    _check_registry()
     result = sync_flow(target_name=target, target_version=version)
     typer.echo(json.dumps(result, indent=2, default=str))
     _emit(result, json_path)

@@ -33,3 +33,16 @@ def reset() -> None:
     """Forget cached objects (tests switch work dirs within one process)."""
     for cached in (settings, registry, store):
         cached.cache_clear()
+
+
+def logger():
+    """The Prefect run logger inside a run (logs show in the UI), a plain logger when called directly."""
+    import logging
+
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("draftsync")

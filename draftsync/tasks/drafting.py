@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NONE
 
+from draftsync.tasks import context
 from draftsync.tasks.profile import SyncProfile
 
 
@@ -27,7 +28,7 @@ def train_drafter(
     from draftsync.speculative.targets import load_target
     from draftsync.speculative.training import TrainConfig, train_eagle3
 
-    logger = get_run_logger()
+    logger = context.logger()
     target, _ = load_target(Path(target_dir))
     init_from = None
     if warm_start_dir is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.tasks import context

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.registry.model_registry import drafter_model_name
@@ -23,7 +23,7 @@ def publish_target(name: str, checkpoint_dir: str, task_mix: dict[str, float], a
     facts = {**describe_target(Path(checkpoint_dir)), "task_mix": task_mix}
     version = registry.register_target(name, Path(checkpoint_dir), target_tags(**facts))
     registry.set_target_alias(name, alias, version)
-    get_run_logger().info("target %s version %d registered, alias %s", name, version, alias)
+    context.logger().info("target %s version %d registered, alias %s", name, version, alias)
     return version
 
 
@@ -60,7 +60,7 @@ def register_drafter(
         validation_passed=validation["passed"],
         sync_key=f"{target_name}:{target_version}:{method}",
     )
-    get_run_logger().info("drafter version %d registered for %s v%d", version, target_name, target_version)
+    context.logger().info("drafter version %d registered for %s v%d", version, target_name, target_version)
     return version
 
 

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 import httpx
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.errors import DraftsyncError
@@ -31,7 +31,7 @@ def launch_server(
     from draftsync.serving.reference_server import reference_server_command
     from draftsync.serving.vllm_args import render_vllm_command
 
-    logger = get_run_logger()
+    logger = context.logger()
     port = deployment.port or free_port(deployment.host)
     vllm = render_vllm_command(
         target_dir, drafter_dir, method, gamma, deployment.host, port, deployment.name, deployment.tensor_parallel_size

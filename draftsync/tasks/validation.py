@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NONE
 
+from draftsync.tasks import context
 from draftsync.tasks.profile import SyncProfile
 
 
@@ -30,7 +31,7 @@ def validate_drafter(target_dir: str, drafter_dir: str, task_mix: dict[str, floa
     from draftsync.speculative.speculators_format import load_eagle3
     from draftsync.speculative.targets import load_target
 
-    logger = get_run_logger()
+    logger = context.logger()
     target, tokenizer = load_target(Path(target_dir))
     drafter = load_eagle3(Path(drafter_dir))
     if drafter.config.vocab_size != target.config.vocab_size:

@@ -1,0 +1,92 @@
+"""Bad input stops a sync with one clear error, and nothing half-written reaches the registry."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftsync.errors import DraftsyncError
+
+
+def _register(name: str, checkpoint: Path) -> int:
+    from draftsync.tasks.registration import publish_target
+
+    return publish_target(name, str(checkpoint), {"code": 0.5, "math": 0.5})
+
+
+def test_unreachable_mlflow_is_one_clear_error_from_the_cli(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "DRAFTSYNC_"))}
+    env["MLFLOW_TRACKING_URI"] = "http://127.0.0.1:9"
+    result = subprocess.run(
+        [sys.executable, "-m", "draftsync.flows.cli", "--workdir", str(tmp_path), "watch", "demo-llm"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    assert "http://127.0.0.1:9" in result.stderr and "not reachable" in result.stderr
+    assert "fix:" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_a_broken_target_checkpoint_names_itself(tmp_path, built_targets, damage):
+    from draftsync.speculative.targets import load_target
+
+    broken = tmp_path / "target"
+    shutil.copytree(built_targets[1], broken)
+    if damage == "missing":
+        shutil.rmtree(broken)
+    else:
+        (broken / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not a header")
+    with pytest.raises(DraftsyncError) as error:
+        load_target(broken)
+    assert str(broken) in str(error.value)
+    assert error.value.fix
+
+
+def test_sync_of_a_corrupt_registered_target_registers_no_drafter(workdir, built_targets):
+    from draftsync.flows.sync import sync
+    from draftsync.tasks import context
+
+    version = _register("broken-llm", built_targets[1])
+    stored = context.registry().download("broken-llm", version)
+    (stored / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not a header")
+    with pytest.raises(DraftsyncError, match="corrupt"):
+        sync("broken-llm", version, "test")
+    registry = context.registry()
+    assert registry.drafter_for_target_version("broken-llm", version, validated_only=False) is None
+    assert registry.alias_version("broken-llm-drafter", "production") is None
+
+
+def test_a_drafter_for_another_vocabulary_is_refused_and_never_promoted(workdir, built_targets, tmp_path):
+    """A drafter trained for a target with another vocabulary fails validation loudly; no alias moves."""
+    from draftsync.tasks.profile import profile
+    from draftsync.tasks.validation import validate_drafter
+    from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
+
+    other_target = build_tiny_target(tmp_path / "other-target")
+    other_drafter = build_tiny_drafter(other_target, tmp_path / "other-drafter", gamma=2)
+    with pytest.raises(DraftsyncError) as error:
+        validate_drafter.fn(str(built_targets[1]), str(other_drafter), {"code": 0.5, "math": 0.5}, profile("test"))
+    assert "vocabulary" in str(error.value)
+    assert "draftsync sync" in error.value.fix
+
+
+def test_promote_refuses_a_drafter_that_failed_validation(workdir, built_targets, tmp_path):
+    from draftsync.tasks import context
+    from tests.serving.tiny_models import build_tiny_drafter
+
+    registry = context.registry()
+    version = _register("gate-llm", built_targets[1])
+    drafter_dir = build_tiny_drafter(built_targets[1], tmp_path / "drafter", gamma=2)
+    drafter_version = registry.register_drafter(
+        "gate-llm", version, drafter_dir, "eagle3", 2, {"acceptance_rate": 0.1}, validation_passed=False
+    )
+    with pytest.raises(DraftsyncError, match="has not passed validation"):
+        registry.promote("gate-llm", drafter_version)
+    assert registry.alias_version("gate-llm-drafter", "production") is None
+    assert registry.aliases_of("gate-llm-drafter", drafter_version) == ["candidate"]
