@@ -37,13 +37,13 @@ def sync(target_name: str, target_version: int, profile: str | SyncProfile = "de
     settings = context.settings()
     target = fetch_target(target_name, target_version)
     task_mix = target_task_mix(target["path"], target["tags"])
-    data = build_training_set(target["path"], task_mix, chosen.training_texts, chosen.seed)
+    data = build_training_set(target["path"], task_mix, chosen)
 
     drafter_model = drafter_model_name(target_name)
     previous = registry.alias_version(drafter_model, "production")
     warm_start_dir = str(registry.download(drafter_model, previous)) if previous is not None else None
     out_dir = settings.root / "drafters" / target_name / f"target-v{target_version}-{chosen.method}"
-    training = train_drafter(target["path"], data["sequences"], chosen, str(out_dir), warm_start_dir)
+    training = train_drafter(target["path"], data["sequences"], data["loss_masks"], chosen, str(out_dir), warm_start_dir)
     validation = validate_drafter(target["path"], str(out_dir), task_mix, chosen)
     version = register_drafter(target_name, target_version, str(out_dir), chosen.method, chosen.gamma, validation, training)
     if validation["passed"]:

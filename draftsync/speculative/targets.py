@@ -56,7 +56,7 @@ _SIZES = {
     "test": dict(hidden_size=96, num_layers=3, num_heads=4, intermediate_size=256, vocab_size=768, seq_len=96,
                  batch_size=12, tokenizer_texts=1200),
 }
-_STEPS = {"demo": (500, 200), "test": (120, 60)}
+_STEPS = {"demo": (300, 120), "test": (120, 60)}
 
 
 def builtin_recipe(version: int, size: str = "demo") -> TargetRecipe:

@@ -10,6 +10,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.errors import DraftsyncError
+from draftsync.tasks.profile import SyncProfile
 
 COVERAGE_TOLERANCE = 0.05  # each task's share within 5 points of the declared mix (the seed's checklist)
 
@@ -51,18 +52,40 @@ def check_coverage(tasks: list[str], task_mix: dict[str, float]) -> dict[str, di
 
 
 @task(name="build-training-set", cache_policy=NONE)
-def build_training_set(target_dir: str, task_mix: dict[str, float], count: int, seed: int) -> dict:
-    """Token sequences of the task mix (teacher-forced texts), plus the coverage report."""
-    from transformers import AutoTokenizer
+def build_training_set(target_dir: str, task_mix: dict[str, float], profile: SyncProfile) -> dict:
+    """Texts of the task mix (teacher-forced) plus responses the target writes to prompts of that mix.
 
-    from draftsync.speculative.corpora import mixed_texts
+    Loss masks cover whole texts and only the response part of generated samples.
+    """
+    from draftsync.speculative.corpora import mixed_texts, prompts
+    from draftsync.speculative.responses import generate_responses
+    from draftsync.speculative.targets import load_target
 
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    pairs = mixed_texts(task_mix, count, seed=seed)
+    model, tokenizer = load_target(Path(target_dir))
+    pairs = mixed_texts(task_mix, profile.training_texts, seed=profile.seed)
     coverage = check_coverage([t for t, _ in pairs], task_mix)
     eos = tokenizer.eos_token_id
     sequences = [ids + [eos] for ids in tokenizer([text for _, text in pairs])["input_ids"]]
-    sequences = [s for s in sequences if len(s) > 1]
+    masks = [[1] * len(s) for s in sequences]
+    total = sum(task_mix.values())
+    prompt_texts = [
+        p
+        for task_name, share in sorted(task_mix.items())
+        if share > 0
+        for p in prompts(task_name, max(1, round(profile.generated_samples * share / total)), seed=profile.seed + 100, split="train")
+    ]
+    generated, generated_masks = generate_responses(
+        model, tokenizer, prompt_texts, profile.generated_max_tokens, seed=profile.seed
+    )
+    keep = [i for i, s in enumerate(sequences + generated) if len(s) > 1]
+    sequences, masks = [(sequences + generated)[i] for i in keep], [(masks + generated_masks)[i] for i in keep]
     if not sequences:
         raise DraftsyncError(f"the training set for {target_dir} is empty", "declare a task mix with texts")
-    return {"sequences": sequences, "coverage": coverage, "tokens": sum(len(s) for s in sequences)}
+    return {
+        "sequences": sequences,
+        "loss_masks": masks,
+        "coverage": coverage,
+        "texts": len(pairs),
+        "generated": len(generated),
+        "tokens": sum(len(s) for s in sequences),
+    }

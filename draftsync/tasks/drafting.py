@@ -16,6 +16,7 @@ from draftsync.tasks.profile import SyncProfile
 def train_drafter(
     target_dir: str,
     sequences: list[list[int]],
+    loss_masks: list[list[int]],
     profile: SyncProfile,
     out_dir: str,
     warm_start_dir: str | None = None,
@@ -56,7 +57,7 @@ def train_drafter(
             logger.info("drafter training step %d/%s loss %.3f", step, total, metrics.get("loss", float("nan")))
 
     torch.manual_seed(profile.seed)
-    drafter, report = train_eagle3(target, sequences, None, config, init_from=init_from, on_progress=progress)
+    drafter, report = train_eagle3(target, sequences, loss_masks, config, init_from=init_from, on_progress=progress)
     out = Path(out_dir)
     save_eagle3(
         drafter,
