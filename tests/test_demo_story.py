@@ -1,4 +1,4 @@
-"""The whole loop end to end, as a user runs it: `draftsync demo` in a fresh work dir (smaller models)."""
+"""The whole loop end to end, exactly as a user runs it: `draftsync demo` in a fresh work dir."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def story(tmp_path_factory) -> dict:
     out = workdir / "out.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "DRAFTSYNC_"))}
     result = subprocess.run(
-        [sys.executable, "-m", "draftsync.flows.cli", "--workdir", str(workdir), "demo", "--size", "test", "--json", str(out)],
+        [sys.executable, "-m", "draftsync.flows.cli", "--workdir", str(workdir), "demo", "--json", str(out)],
         env=env, capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

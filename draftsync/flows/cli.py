@@ -48,14 +48,11 @@ def _emit(result: dict, json_path: Path | None) -> None:
 
 
 @app.command()
-def demo(
-    json_path: JsonOption = None,
-    size: Annotated[str, typer.Option(help="Model sizes: 'demo' (a few minutes on 2 cores) or 'test' (smaller).")] = "demo",
-) -> None:
+def demo(json_path: JsonOption = None) -> None:
     """Run the whole loop on this machine: targets v1 and v2, drafters, serving, monitoring, a stale e-mail."""
     from draftsync.flows.demo import run_demo
 
-    result = run_demo(size=size)
+    result = run_demo()
     _emit(result, json_path)
 
 

@@ -22,6 +22,9 @@ from draftsync.tasks import context
 TARGET_NAME = "demo-llm"
 DEPLOYMENT = "demo-assistant"
 TEMPERATURE = 0.0
+# Short completions (chat turns, code completions). Tiny targets fall into loops after a few dozen greedy
+# tokens, and loops are easy to draft whatever the domain; short outputs keep the drift visible.
+MAX_TOKENS = 24
 STEP = timedelta(hours=12)
 STORY_STATE = ("mlflow.db", "mlartifacts", "monitor.db", "outbox", "serving", "drafters", "demo.json")
 
@@ -77,7 +80,7 @@ def _phase(name: str, prompts_by_task: dict[str, int], intervals: int, requests_
     }
 
 
-def run_demo(size: str = "demo") -> dict:
+def run_demo() -> dict:
     """Run the story; print a summary and write it to <workdir>/demo.json."""
     from draftsync.flows.rollout import rollout  # noqa: F401  (imported here so Prefect starts after the env is set)
     from draftsync.flows.watch import watch
@@ -86,7 +89,7 @@ def run_demo(size: str = "demo") -> dict:
     from draftsync.speculative.targets import build_target, builtin_recipe
     from draftsync.tasks.profile import profile
     from draftsync.tasks.registration import publish_target
-    from draftsync.tasks.serving import stop_all
+    from draftsync.tasks.serving import serving_record, stop_all
 
     console = Console()
     settings = context.settings()
@@ -94,10 +97,10 @@ def run_demo(size: str = "demo") -> dict:
     context.reset()
     settings, registry = context.settings(), context.registry()
     registry.ping()
-    sync_profile = profile("demo" if size == "demo" else "test")
+    sync_profile = profile("demo")
     sync_profile.temperature = TEMPERATURE
-    max_tokens = sync_profile.validation_max_tokens
-    requests = 3 if size == "demo" else 2
+    max_tokens = MAX_TOKENS
+    requests = 4
     deployment = ServingDeployment(name=DEPLOYMENT, target_name=TARGET_NAME, temperature=TEMPERATURE, task_mix={"code": 0.5, "math": 0.5})
     clock = DemoClock(datetime.now(UTC).replace(minute=0, second=0, microsecond=0))
     timings: dict[str, float] = {}
@@ -110,11 +113,12 @@ def run_demo(size: str = "demo") -> dict:
     console.rule("draftsync demo")
     console.print(f"work dir: {settings.root}" + (f" (previous story moved to {archived})" if archived else ""))
     console.print("The monitor's clock is simulated: each scrape advances it 12 hours, so a week passes in minutes.")
+    vllm_launches = {}
     try:
         # (a) target v1 appears; the watch syncs a drafter for it and rolls the pair out.
         t = time.perf_counter()
         console.print("[bold](a)[/] building target v1 (code + math; cached after the first run) ...")
-        v1_recipe = builtin_recipe(1, size)
+        v1_recipe = builtin_recipe(1)
         v1_dir = build_target(v1_recipe, settings.cache_dir)
         mark("target_v1_build", t)
         t = time.perf_counter()
@@ -142,13 +146,14 @@ def run_demo(size: str = "demo") -> dict:
         # (d) target v2 (fine-tuned on a mix with prose) appears; its drafter is trained and rolled out.
         t = time.perf_counter()
         console.print("[bold](d)[/] building target v2 (v1 fine-tuned with prose) ...")
-        v2_recipe = builtin_recipe(2, size)
+        v2_recipe = builtin_recipe(2)
         v2_dir = build_target(v2_recipe, settings.cache_dir)
         v2 = publish_target(TARGET_NAME, str(v2_dir), v2_recipe.task_mix)
         targets.append({"name": TARGET_NAME, "version": v2, "task_mix": v2_recipe.task_mix})
         watch(TARGET_NAME, deployment, sync_profile)
         phases.append(_phase("d: prose traffic on the v2 pair", {"prose": 12}, 4, requests, clock, deployment, max_tokens, seed=3))
         mark("phase_d", t)
+        vllm_launches[deployment.name] = serving_record(deployment.name)["vllm"]
     finally:
         stop_all()
     timings["total"] = round(time.perf_counter() - started, 1)
@@ -172,7 +177,10 @@ def run_demo(size: str = "demo") -> dict:
         "targets": targets,
         "drafters": drafters,
         "deployments": [
-            {"name": p.deployment, "target_version": p.target_version, "drafter_version": p.drafter_version, "state": p.state, "gamma": p.gamma}
+            {
+                "name": p.deployment, "target_version": p.target_version, "drafter_version": p.drafter_version,
+                "state": p.state, "gamma": p.gamma, "vllm": vllm_launches.get(p.deployment),
+            }
             for p in store.serving_pairs()
         ],
         "phases": phases,

@@ -44,6 +44,7 @@ def rollout(deployment: ServingDeployment, speculation: bool = True, reason: str
     launched = launch_server(deployment, str(target_dir), drafter_dir, gamma, method)
     smoke_request(launched["endpoint"], deployment.name, "def add(a, b):\n")
     adopt_server(deployment.name, launched)
+    store.forget_scrape_baseline(deployment.name)  # the new instance's counters start from zero
     state = "serving" if drafter_version is not None else "fallback"
     store.set_serving_pair(
         deployment.name,

@@ -44,14 +44,15 @@ def weekly_report(
         targets.add(pair.target_name)
         taken = []
         wanted = {f.action for f in review["findings"]}
-        if any("fallback" in a for a in wanted) and pair.state == "serving":
-            if pair.deployment in specs:
-                rollout(specs[pair.deployment], speculation=False, reason="weekly review: drafter stale")
-                taken.append("fell back to plain decoding (speculation off)")
+        if any("fallback" in a for a in wanted) and pair.state == "serving" and pair.deployment in specs:
+            rollout(specs[pair.deployment], speculation=False, reason="weekly review: acceptance below the fallback threshold")
+            taken.append("fell back to plain decoding (speculation off)")
+        if any(f.rule == "stale" for f in review["findings"]):
+            current = store.serving_pair(pair.deployment)
             store.set_serving_pair(
-                pair.deployment, target_name=pair.target_name, target_version=pair.target_version,
-                drafter_name=None, drafter_version=None, gamma=0,
-                endpoint=store.serving_pair(pair.deployment).endpoint, state="stale", now=now,
+                pair.deployment, target_name=current.target_name, target_version=current.target_version,
+                drafter_name=current.drafter_name, drafter_version=current.drafter_version, gamma=current.gamma,
+                endpoint=current.endpoint, state="stale", now=now,
             )
             taken.append("marked stale")
         if any("retrain" in a for a in wanted):

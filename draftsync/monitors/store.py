@@ -23,6 +23,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     create_engine,
+    delete,
     make_url,
     select,
     update,
@@ -356,6 +357,11 @@ class Store:
                 for name, value in values.items():
                     setattr(row, name, value)
             return row
+
+    def forget_scrape_baseline(self, deployment: str) -> None:
+        """A new server instance counts from zero: its first scrape must not be diffed against the old one's."""
+        with self._session() as session:
+            session.execute(delete(ScrapeState).where(ScrapeState.deployment == deployment))
 
     def serving_pair(self, deployment: str) -> ServingPair | None:
         with self._session() as session:

@@ -53,10 +53,10 @@ class TargetRecipe:
 # Sizes: "demo" learns enough in a few minutes on 2 cores; "test" is for the test suite's end-to-end run.
 _SIZES = {
     "demo": dict(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=704, vocab_size=2048),
-    "test": dict(hidden_size=96, num_layers=3, num_heads=4, intermediate_size=256, vocab_size=768, seq_len=96,
-                 batch_size=12, tokenizer_texts=1200),
+    "test": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=352, vocab_size=1024, seq_len=96,
+                 batch_size=12, tokenizer_texts=1500),
 }
-_STEPS = {"demo": (300, 120), "test": (120, 60)}
+_STEPS = {"demo": (300, 120), "test": (250, 100)}
 
 
 def builtin_recipe(version: int, size: str = "demo") -> TargetRecipe:

@@ -11,7 +11,7 @@ class SyncProfile(BaseModel):
     name: str = "demo"
     method: str = "eagle3"
     gamma: int = Field(2, ge=1, le=16)
-    draft_vocab_size: int = Field(512, ge=16)
+    draft_vocab_size: int = Field(256, ge=16)
     train_steps: int = Field(300, ge=1)
     warm_start_steps: int = Field(150, ge=1)  # a warm start from the previous drafter needs fewer steps
     batch_size: int = Field(8, ge=1)
@@ -35,16 +35,16 @@ PROFILES = {
     "test": SyncProfile(
         name="test",
         draft_vocab_size=256,
-        train_steps=120,
-        warm_start_steps=60,
+        train_steps=600,
+        warm_start_steps=300,
         batch_size=8,
-        seq_len=64,
-        training_texts=300,
-        generated_samples=80,
+        seq_len=96,
+        training_texts=400,
+        generated_samples=160,
         generated_max_tokens=48,
         min_acceptance=0.55,
-        validation_requests=4,
-        validation_max_tokens=24,
+        validation_requests=6,
+        validation_max_tokens=32,
     ),
 }
 

@@ -68,7 +68,14 @@ def adopt_server(deployment: str, launched: dict) -> None:
     stop_server(deployment)
     _RUNNING[deployment] = launched["server"]
     path = _state_file(deployment)
-    path.write_text(json.dumps({"pid": launched["pid"], "endpoint": launched["endpoint"], "argv": launched["argv"]}, indent=2))
+    record = {key: launched[key] for key in ("pid", "endpoint", "argv", "vllm")}
+    path.write_text(json.dumps(record, indent=2))
+
+
+def serving_record(deployment: str) -> dict | None:
+    """What the deployment runs now: pid, endpoint, argv, and the vLLM launch a GPU worker would use."""
+    path = _state_file(deployment)
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def stop_server(deployment: str) -> None:

@@ -133,3 +133,20 @@ def test_unreachable_database_is_a_clear_error():
         Store(f"postgresql+psycopg://user:s3cret@127.0.0.1:{free_port()}/monitor")
     assert "s3cret" not in str(info.value)
     assert "DRAFTSYNC_MONITOR_DB_URL" in info.value.fix
+
+
+def test_a_new_instance_is_not_diffed_against_the_one_it_replaced(tmp_path):
+    """After a rollout the old server's counters must not be subtracted from the new one's."""
+    from datetime import UTC, datetime, timedelta
+
+    from draftsync.monitors.metrics import SpecDecodeCounters
+    from draftsync.monitors.store import ServedPair, Store
+
+    store = Store(f"sqlite:///{tmp_path / 'm.db'}")
+    pair = ServedPair("t", 1, 1, 2)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    store.record_scrape("d", t0, SpecDecodeCounters(10, 20, 12, (8, 4)), pair)
+    store.forget_scrape_baseline("d")
+    sample = store.record_scrape("d", t0 + timedelta(minutes=1), SpecDecodeCounters(30, 60, 40, (20, 20)), pair, count_first=True)
+    assert (sample.drafts, sample.draft_tokens, sample.accepted) == (30, 60, 40)
+    assert not sample.reset
