@@ -6,7 +6,6 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from draftsync.serving.process import free_port
+
 # Offline and quiet, whatever the shell exported: no telemetry, no hub lookups (as `make test` sets them).
 for _key, _value in {
     "DO_NOT_TRACK": "true",
@@ -29,13 +30,6 @@ for _key, _value in {
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
 }.items():
     os.environ.setdefault(_key, _value)
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --- Postgres -----------------------------------------------------------------------------------

@@ -62,8 +62,9 @@ def test_a_stale_email_names_the_deployment_the_trend_and_the_action(story):
     text = message.get_body(preferencelist=("plain",)).get_content()
     assert "demo-assistant" in text
     assert "fell back to plain decoding" in text and "retrain requested" in text
-    html = message.get_body(preferencelist=("html",))
-    assert any(part.get_content_type() == "image/png" for part in html.iter_parts())
+    html = message.get_body(preferencelist=("html",)).get_content()
+    charts = [part for part in message.walk() if part.get_content_type() == "image/png"]
+    assert charts and all(f"cid:{part['Content-ID'].strip('<>')}" in html for part in charts)
 
 
 def test_the_drafter_directory_is_in_the_speculators_eagle3_layout(story):

@@ -12,9 +12,10 @@ import typer
 
 from draftsync.errors import DraftsyncError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split(".")[0] + ".")
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Keep speculative-decoding drafters in sync with their target LLMs.")
 
 JsonOption = Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON to this path.")]
+ProfileOption = Annotated[str, typer.Option("--profile", help="Sync profile: 'demo' (2-core CPU) or 'test' (smaller).")]
 
 
 @app.callback()
@@ -59,14 +60,14 @@ def demo(json_path: JsonOption = None) -> None:
 @app.command()
 def watch(
     target: Annotated[str, typer.Argument(help="Registered model name of the target.")],
-    deployment: Annotated[Optional[str], typer.Option(help="Roll new drafters out to this deployment.")] = None,
+    profile: ProfileOption = "demo",
     json_path: JsonOption = None,
 ) -> None:
     """Find target versions newer than the watermark and sync a drafter for each."""
     from draftsync.flows.watch import watch as watch_flow
 
     _check_registry()
-    result = watch_flow(target_name=target, deployment=deployment)
+    result = watch_flow(target_name=target, profile=profile)
     typer.echo(json.dumps(result, indent=2, default=str))
     _emit(result, json_path)
 
@@ -75,13 +76,14 @@ def watch(
 def sync(
     target: Annotated[str, typer.Argument(help="Registered model name of the target.")],
     version: Annotated[int, typer.Argument(help="Target version to train a drafter for.")],
+    profile: ProfileOption = "demo",
     json_path: JsonOption = None,
 ) -> None:
     """Train, validate, register and (when it passes) promote a drafter for one target version."""
     from draftsync.flows.sync import sync as sync_flow
 
     _check_registry()
-    result = sync_flow(target_name=target, target_version=version)
+    result = sync_flow(target_name=target, target_version=version, profile=profile)
     typer.echo(json.dumps(result, indent=2, default=str))
     _emit(result, json_path)
 

@@ -82,7 +82,6 @@ def _phase(name: str, prompts_by_task: dict[str, int], intervals: int, requests_
 
 def run_demo() -> dict:
     """Run the story; print a summary and write it to <workdir>/demo.json."""
-    from draftsync.flows.rollout import rollout  # noqa: F401  (imported here so Prefect starts after the env is set)
     from draftsync.flows.watch import watch
     from draftsync.flows.weekly_report import weekly_report
     from draftsync.registry.model_registry import drafter_model_name

@@ -14,7 +14,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from draftsync.errors import DraftsyncError

@@ -48,7 +48,8 @@ def register_drafter(
     """Register the drafter with its lineage; a retried sync gets the same version back (sync key)."""
     registry = context.registry()
     metrics = {k: float(v) for k, v in validation["metrics"].items()}
-    metrics.update({f"train_{k}": float(v) for k, v in training.items() if isinstance(v, (int, float))})
+    tags = {f"draftsync.gate.{g['name']}": "pass" if g["passed"] else "fail" for g in validation["gates"]}
+    tags.update({f"draftsync.training.{k}": str(v) for k, v in training.items()})
     version = registry.register_drafter(
         target_name,
         target_version,
@@ -56,7 +57,7 @@ def register_drafter(
         method,
         gamma,
         metrics,
-        extra_tags={f"draftsync.gate.{g['name']}": "pass" if g["passed"] else "fail" for g in validation["gates"]},
+        extra_tags=tags,
         validation_passed=validation["passed"],
         sync_key=f"{target_name}:{target_version}:{method}",
     )

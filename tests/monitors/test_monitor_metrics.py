@@ -109,7 +109,7 @@ def test_scrape_over_http(metrics_server):
 def test_scrape_wrong_path_and_unreachable_endpoint(metrics_server):
     with pytest.raises(DraftsyncError, match="HTTP 404"):
         scrape(f"{metrics_server}/nope")
-    from conftest import free_port
+    from draftsync.serving.process import free_port
 
     with pytest.raises(DraftsyncError, match="unreachable"):
         scrape(f"http://127.0.0.1:{free_port()}/metrics", timeout=2)

@@ -122,7 +122,7 @@ def test_delivered_to_a_real_smtp_server(tmp_path, smtp_server):
 
 
 def test_smtp_down_then_retry_delivers_exactly_once(tmp_path, smtp_server_factory):
-    from conftest import free_port
+    from draftsync.serving.process import free_port
 
     port = free_port()
     mailer, store = make_mailer(tmp_path, smtp_host="127.0.0.1", smtp_port=port)
@@ -142,7 +142,7 @@ def test_smtp_down_then_retry_delivers_exactly_once(tmp_path, smtp_server_factor
 
 
 def test_gives_up_after_max_attempts(tmp_path):
-    from conftest import free_port
+    from draftsync.serving.process import free_port
 
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
     settings = Settings(workdir=tmp_path, smtp_host="127.0.0.1", smtp_port=free_port())

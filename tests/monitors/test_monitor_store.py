@@ -127,7 +127,7 @@ def test_outbox_claim_is_exclusive(store):
 
 
 def test_unreachable_database_is_a_clear_error():
-    from conftest import free_port
+    from draftsync.serving.process import free_port
 
     with pytest.raises(DraftsyncError) as info:
         Store(f"postgresql+psycopg://user:s3cret@127.0.0.1:{free_port()}/monitor")
