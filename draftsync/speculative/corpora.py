@@ -152,17 +152,31 @@ def prompts(task: str, count: int, seed: int = 0, split: str = "heldout") -> lis
     return out
 
 
-def mixed_texts(task_mix: dict[str, float], count: int, seed: int, split: str = "train") -> list[tuple[str, str]]:
-    """`count` (task, text) pairs drawn according to `task_mix` (shares are normalised)."""
+def _check_mix(task_mix: dict[str, float]) -> float:
     total = sum(task_mix.values())
     if total <= 0 or any(t not in TASKS for t in task_mix):
         from draftsync.errors import DraftsyncError
 
         raise DraftsyncError(f"task mix {task_mix!r} is not usable", f"give positive shares for tasks among {TASKS}")
+    return total
+
+
+def _quotas(task_mix: dict[str, float], count: int, minimum: int = 0) -> dict[str, int]:
+    """Stratified: each task gets its exact share of `count`, so the mix holds even for small sets."""
+    total = _check_mix(task_mix)
+    return {t: max(minimum, int(round(count * task_mix[t] / total))) for t in sorted(task_mix) if task_mix[t] > 0}
+
+
+def mixed_texts(task_mix: dict[str, float], count: int, seed: int, split: str = "train") -> list[tuple[str, str]]:
+    """`count` (task, text) pairs drawn according to `task_mix` (shares are normalised)."""
     rng = random.Random(seed)
-    pools = {t: documents(t, split, seed=seed) for t in task_mix if task_mix[t] > 0}
-    # Stratified: each task gets its exact share of the count, so the mix holds even for small sets.
-    quotas = {t: int(round(count * task_mix[t] / total)) for t in sorted(pools)}
-    out = [(t, pools[t][rng.randrange(len(pools[t]))].text) for t in sorted(quotas) for _ in range(quotas[t])]
+    quotas = _quotas(task_mix, count)
+    pools = {t: documents(t, split, seed=seed) for t in quotas}
+    out = [(t, pools[t][rng.randrange(len(pools[t]))].text) for t in quotas for _ in range(quotas[t])]
     rng.shuffle(out)
     return out
+
+
+def prompts_for_mix(task_mix: dict[str, float], count: int, seed: int, split: str = "heldout") -> list[str]:
+    """About `count` prompts in the proportions of the task mix, at least one per task."""
+    return [p for task, n in _quotas(task_mix, count, minimum=1).items() for p in prompts(task, n, seed=seed, split=split)]

@@ -57,7 +57,7 @@ def build_training_set(target_dir: str, task_mix: dict[str, float], profile: Syn
 
     Loss masks cover whole texts and only the response part of generated samples.
     """
-    from draftsync.speculative.corpora import mixed_texts, prompts
+    from draftsync.speculative.corpora import mixed_texts, prompts_for_mix
     from draftsync.speculative.responses import generate_responses
     from draftsync.speculative.targets import load_target
 
@@ -67,18 +67,12 @@ def build_training_set(target_dir: str, task_mix: dict[str, float], profile: Syn
     eos = tokenizer.eos_token_id
     sequences = [ids + [eos] for ids in tokenizer([text for _, text in pairs])["input_ids"]]
     masks = [[1] * len(s) for s in sequences]
-    total = sum(task_mix.values())
-    prompt_texts = [
-        p
-        for task_name, share in sorted(task_mix.items())
-        if share > 0
-        for p in prompts(task_name, max(1, round(profile.generated_samples * share / total)), seed=profile.seed + 100, split="train")
-    ]
+    prompt_texts = prompts_for_mix(task_mix, profile.generated_samples, seed=profile.seed + 100, split="train")
     generated, generated_masks = generate_responses(
         model, tokenizer, prompt_texts, profile.generated_max_tokens, seed=profile.seed
     )
-    keep = [i for i, s in enumerate(sequences + generated) if len(s) > 1]
-    sequences, masks = [(sequences + generated)[i] for i in keep], [(masks + generated_masks)[i] for i in keep]
+    samples = [(s, m) for s, m in zip(sequences + generated, masks + generated_masks) if len(s) > 1]
+    sequences, masks = [s for s, _ in samples], [m for _, m in samples]
     if not sequences:
         raise DraftsyncError(f"the training set for {target_dir} is empty", "declare a task mix with texts")
     return {

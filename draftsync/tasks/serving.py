@@ -11,9 +11,9 @@ import httpx
 from prefect import task
 from prefect.cache_policies import NONE
 
-from draftsync.errors import DraftsyncError
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context
+from draftsync.tasks.traffic import complete
 
 _RUNNING: dict[str, object] = {}  # deployment -> ServerProcess started by this process
 
@@ -55,12 +55,8 @@ def launch_server(
 @task(name="smoke-request", retries=2, retry_delay_seconds=2, cache_policy=NONE)
 def smoke_request(endpoint: str, model: str, prompt: str) -> dict:
     """One real completion: the new instance must answer before traffic moves to it."""
-    response = httpx.post(
-        f"{endpoint}/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0}, timeout=60
-    )
-    if response.status_code != 200:
-        raise DraftsyncError(f"smoke request to {endpoint} failed: {response.status_code} {response.text[:200]}", "see the server log under <workdir>/serving")
-    return response.json()
+    with httpx.Client(base_url=endpoint, timeout=60) as client:
+        return complete(client, model, prompt, max_tokens=8, temperature=0.0)
 
 
 def adopt_server(deployment: str, launched: dict) -> None:

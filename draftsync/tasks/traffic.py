@@ -9,17 +9,27 @@ from prefect.cache_policies import NONE
 from draftsync.errors import DraftsyncError
 
 
+def complete(client: httpx.Client, model: str, prompt: str, max_tokens: int, temperature: float, seed: int | None = None) -> dict:
+    """One /v1/completions call; any answer but 200 is an error that points at the server log."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
+    if seed is not None:
+        body["seed"] = seed
+    response = client.post("/v1/completions", json=body)
+    if response.status_code != 200:
+        raise DraftsyncError(
+            f"{client.base_url} answered {response.status_code}: {response.text[:200]}",
+            "see the server log under <workdir>/serving",
+        )
+    return response.json()
+
+
 @task(name="send-traffic", cache_policy=NONE)
 def send_traffic(endpoint: str, model: str, prompts: list[str], temperature: float, max_tokens: int, seed: int) -> dict:
     """POST each prompt to /v1/completions; returns token counts and the server's per-request stats."""
     completion_tokens, accepted, draft_tokens = 0, 0, 0
     with httpx.Client(base_url=endpoint, timeout=120) as client:
         for i, prompt in enumerate(prompts):
-            body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed + i}
-            response = client.post("/v1/completions", json=body)
-            if response.status_code != 200:
-                raise DraftsyncError(f"{endpoint} answered {response.status_code}: {response.text[:200]}", "see the server log under <workdir>/serving")
-            data = response.json()
+            data = complete(client, model, prompt, max_tokens, temperature, seed + i)
             completion_tokens += data["usage"]["completion_tokens"]
             stats = data.get("draftsync") or {}
             accepted += stats.get("accepted", 0)

@@ -11,22 +11,13 @@ from draftsync.tasks import context
 from draftsync.tasks.profile import SyncProfile
 
 
-def held_out_prompts(task_mix: dict[str, float], count: int, seed: int) -> list[str]:
-    """Held-out prompts in the proportions of the task mix (never seen in training)."""
-    from draftsync.speculative.corpora import prompts
-
-    total = sum(task_mix.values())
-    tasks = sorted(t for t, share in task_mix.items() if share > 0)
-    quotas = {t: max(1, round(count * task_mix[t] / total)) for t in tasks}
-    return [p for t in tasks for p in prompts(t, quotas[t], seed=seed)]
-
-
 @task(name="validate-drafter", cache_policy=NONE)
 def validate_drafter(target_dir: str, drafter_dir: str, task_mix: dict[str, float], profile: SyncProfile) -> dict:
     """Run held-out prompts of the task mix through the reference engine; return metrics and gate verdicts."""
     import torch
 
     from draftsync.monitors.trends import percentile
+    from draftsync.speculative.corpora import prompts_for_mix
     from draftsync.speculative.engine import SpeculativeEngine
     from draftsync.speculative.speculators_format import load_eagle3
     from draftsync.speculative.targets import load_target
@@ -44,8 +35,8 @@ def validate_drafter(target_dir: str, drafter_dir: str, task_mix: dict[str, floa
         )
     spec = SpeculativeEngine(target, drafter, profile.gamma)
     plain = SpeculativeEngine(target, None, 0)
-    prompt_texts = held_out_prompts(task_mix, profile.validation_requests, seed=profile.seed + 11)
-    rates, lengths = [], []
+    prompt_texts = prompts_for_mix(task_mix, profile.validation_requests, seed=profile.seed + 11)
+    rates = []
     totals = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
     per_position = [0] * profile.gamma
     lossless_ok = True
@@ -55,7 +46,6 @@ def validate_drafter(target_dir: str, drafter_dir: str, task_mix: dict[str, floa
             result = spec.generate(ids, profile.validation_max_tokens, temperature=profile.temperature, seed=profile.seed + i)
             stats = result.stats
             rates.append(stats.acceptance_rate)
-            lengths.append(stats.mean_acceptance_length)
             totals["drafts"] += stats.drafts
             totals["draft_tokens"] += stats.draft_tokens
             totals["accepted"] += stats.accepted
