@@ -20,10 +20,15 @@ if TYPE_CHECKING:
 
 @dataclass
 class CapturedStates:
-    """One forward pass of the target: aux [B,T,len(ids)*H], last [B,T,H] (pre-norm), logits [B,T,V]."""
+    """One forward pass of the target: aux [B,T,len(ids)*H], last [B,T,H] (pre-norm), logits [B,T,V].
+
+    `final` [B,T,H] is `last` after the target's final norm: what its lm_head reads, and what vLLM hands
+    EAGLE-1 and Medusa drafters as "the hidden state".
+    """
 
     aux: "torch.Tensor"
     last: "torch.Tensor"
+    final: "torch.Tensor"
     logits: "torch.Tensor"
 
 
@@ -119,8 +124,9 @@ def capture(model: Any, input_ids: "torch.Tensor", layer_ids: tuple[int, ...] | 
             kwargs[cache_keyword(model)] = cache
         with torch.no_grad():
             out = model(**kwargs)
+            final = model.model.norm(captured[num_layers])
     finally:
         for handle in handles:
             handle.remove()
     aux = torch.cat([captured[k] for k in ids], dim=-1)
-    return CapturedStates(aux=aux, last=captured[num_layers], logits=out.logits)
+    return CapturedStates(aux=aux, last=captured[num_layers], final=final, logits=out.logits)
