@@ -1,28 +1,43 @@
-"""What a drafter trains on (`TrainingBatch`) and what its loss reports (`DraftLoss`).
+"""What every drafter's training step consumes and returns, whatever the method.
 
-Alignment: target_logits[:, t] is the target's distribution over token t+1.
+One batch type and one loss type let the trainer, the shard reader and the four drafter families
+(EAGLE-3, EAGLE-1, Medusa, independent draft model) meet at a single seam.
+
+Alignment: `target_logits[:, t]` is the target's distribution over token t+1. EAGLE-style drafters
+predict, at row t, token t+2 from (state at t, token t+1); Medusa head k at row t predicts token t+2+k;
+a draft model at row t predicts token t+1. Losses are masked by `loss_mask` of the predicted token.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass
 class TrainingBatch:
-    ids: Tensor  # [B,T] long, padded with 0
-    valid: Tensor  # [B,T] bool, real tokens
-    loss_mask: Tensor  # [B,T] bool, positions whose token is a training target (already & valid)
-    aux: Tensor | None  # [B,T,3H] float32 (None when the dataset was built without aux states)
-    final: Tensor  # [B,T,H] float32, target's post-norm last hidden state
-    target_logits: Tensor  # [B,T,V] float32, = target lm_head(final): the target's distribution after token t
+    """B windows of T tokens with the target's states for them (states float32 in memory).
+
+    `target_logits` is None when the batch comes straight from shards: logits ([B,T,V]) are far larger
+    than the states, so they are not stored; the trainer fills them with the target's lm_head(final).
+    """
+
+    ids: "Tensor"  # [B,T] long, padded with 0
+    valid: "Tensor"  # [B,T] bool, real tokens
+    loss_mask: "Tensor"  # [B,T] bool, positions whose token is a training target (already & valid)
+    aux: "Tensor | None"  # [B,T,3H] float32; None when the dataset was built without aux states
+    final: "Tensor"  # [B,T,H] float32, the target's post-norm last hidden state
+    target_logits: "Tensor | None" = None  # [B,T,V] float32 = lm_head(final): distribution after token t
 
 
 @dataclass
 class DraftLoss:
-    total: Tensor  # scalar to backprop
+    """A drafter's loss on one batch, with per-position agreement counts for acceptance estimates."""
+
+    total: "Tensor"  # scalar to backprop
     position_losses: list[float]  # per draft position (TTT step for EAGLE, head k for Medusa)
     position_hits: list[int]  # positions where the drafter's top-1 equals the target's greedy token
     position_counts: list[int]  # positions counted (loss-masked)
