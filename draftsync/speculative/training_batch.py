@@ -11,10 +11,8 @@ a draft model at row t predicts token t+1. Losses are masked by `loss_mask` of t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from torch import Tensor
+from torch import Tensor
 
 
 @dataclass
@@ -25,19 +23,19 @@ class TrainingBatch:
     than the states, so they are not stored; the trainer fills them with the target's lm_head(final).
     """
 
-    ids: "Tensor"  # [B,T] long, padded with 0
-    valid: "Tensor"  # [B,T] bool, real tokens
-    loss_mask: "Tensor"  # [B,T] bool, positions whose token is a training target (already & valid)
-    aux: "Tensor | None"  # [B,T,3H] float32; None when the dataset was built without aux states
-    final: "Tensor"  # [B,T,H] float32, the target's post-norm last hidden state
-    target_logits: "Tensor | None" = None  # [B,T,V] float32 = lm_head(final): distribution after token t
+    ids: Tensor  # [B,T] long, padded with 0
+    valid: Tensor  # [B,T] bool, real tokens
+    loss_mask: Tensor  # [B,T] bool, positions whose token is a training target (already & valid)
+    aux: Tensor | None  # [B,T,3H] float32; None when the dataset was built without aux states
+    final: Tensor  # [B,T,H] float32, the target's post-norm last hidden state
+    target_logits: Tensor | None = None  # [B,T,V] float32 = lm_head(final): distribution after token t
 
 
 @dataclass
 class DraftLoss:
     """A drafter's loss on one batch, with per-position agreement counts for acceptance estimates."""
 
-    total: "Tensor"  # scalar to backprop
+    total: Tensor  # scalar to backprop
     position_losses: list[float]  # per draft position (TTT step for EAGLE, head k for Medusa)
     position_hits: list[int]  # positions where the drafter's top-1 equals the target's greedy token
     position_counts: list[int]  # positions counted (loss-masked)
