@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,11 +199,13 @@ class Registry:
         validation_passed: bool,
         sync_key: str | None = None,
         reports_dir: Path | None = None,
+        metric_history: Mapping[str, Sequence[tuple[int, float]]] | None = None,
     ) -> int:
         """Register a drafter trained for `target_name` version `target_version`; alias it `candidate`.
 
         Metrics go to the run and, as `draftsync.validation.<name>` tags, onto the version, so the
-        registry alone tells whether a version passed. With `sync_key`, a retried sync that already
+        registry alone tells whether a version passed. `metric_history` (name -> [(step, value)], e.g. the
+        training loss and per-position accuracy) is logged as step series, the curves of the run. With `sync_key`, a retried sync that already
         registered this drafter gets the same version back instead of a duplicate.
         """
         _check_name(target_name)
@@ -233,7 +235,8 @@ class Registry:
         if sync_key is not None:
             tags[SYNC_KEY_TAG] = sync_key
         run_id = self._log_run(
-            f"drafter {model_name} for {target_name} v{target_version}", drafter_dir, tags, metrics, reports_dir
+            f"drafter {model_name} for {target_name} v{target_version}", drafter_dir, tags, metrics, reports_dir,
+            metric_history,
         )
         version = self._create_version(model_name, run_id, tags)
         self._client.set_registered_model_alias(model_name, CANDIDATE, str(version))
@@ -362,6 +365,7 @@ class Registry:
         tags: Mapping[str, str],
         metrics: Mapping[str, float],
         reports_dir: Path | None,
+        metric_history: Mapping[str, Sequence[tuple[int, float]]] | None = None,
     ) -> str:
         """One run per registration: its artifacts are the checkpoint; marked FAILED if logging breaks."""
         run = self._client.create_run(self._experiment(), run_name=run_name, tags=dict(tags))
@@ -372,11 +376,29 @@ class Registry:
                 self._client.log_artifacts(run_id, str(reports_dir), REPORTS_ARTIFACT_PATH)
             for key, value in metrics.items():
                 self._client.log_metric(run_id, key, float(value))
+            self._log_history(run_id, metric_history or {})
         except BaseException:
             self._client.set_terminated(run_id, "FAILED")
             raise
         self._client.set_terminated(run_id, "FINISHED")
         return run_id
+
+    def _log_history(self, run_id: str, history: Mapping[str, Sequence[tuple[int, float]]]) -> None:
+        """Step series in batches of 1000 (MLflow's per-call limit)."""
+        import math
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        points = [
+            Metric(key, float(value), now, int(step))
+            for key, series in history.items()
+            for step, value in series
+            if math.isfinite(float(value))
+        ]
+        for start in range(0, len(points), 1000):
+            self._client.log_batch(run_id, metrics=points[start : start + 1000])
 
     def _create_version(self, model_name: str, run_id: str, tags: Mapping[str, str]) -> int:
         from mlflow.exceptions import MlflowException

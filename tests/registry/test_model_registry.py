@@ -215,3 +215,16 @@ def test_register_drafter_refuses_bad_input_before_writing_anything(registry, ta
         registry.register_drafter("tgt-g", target_version, tmp_path, "eagle3", 2, {}, validation_passed=True)
     assert registry.drafter_for_target_version("tgt-g", target_version, validated_only=False) is None
     assert registry.alias_version(drafter_model_name("tgt-g"), CANDIDATE) is None
+
+
+def test_training_curves_are_logged_as_step_series_on_the_drafter_run(registry, target_dir, tmp_path):
+    target_version = registry.register_target("tgt-curves", target_dir, tags_for({"code": 1.0}))
+    history = {"train_loss": [(1, 2.5), (2, 2.0), (3, float("nan")), (4, 1.5)], "holdout_accuracy_pos0": [(4, 0.6)]}
+    version = registry.register_drafter(
+        "tgt-curves", target_version, make_checkpoint(tmp_path / "drafter"), "medusa", 2, {"acceptance_rate": 0.5},
+        validation_passed=False, metric_history=history,
+    )
+    run_id = registry.version_info(drafter_model_name("tgt-curves"), version).run_id
+    loss = registry._client.get_metric_history(run_id, "train_loss")
+    assert [(m.step, m.value) for m in sorted(loss, key=lambda m: m.step)] == [(1, 2.5), (2, 2.0), (4, 1.5)]
+    assert [m.value for m in registry._client.get_metric_history(run_id, "holdout_accuracy_pos0")] == [0.6]
