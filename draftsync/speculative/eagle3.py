@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.draft_loss import check_window, distribution_terms, gaussian_noise
+from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
 
 
 @dataclass
@@ -70,7 +72,7 @@ class Eagle3Config:
         draft_vocab_size: int | None = None,
         aux_layer_ids: tuple[int, ...] | list[int] | None = None,
         **flags: bool,
-    ) -> "Eagle3Config":
+    ) -> Eagle3Config:
         """A drafter shaped like one decoder layer of `target_config` (a transformers Llama config)."""
         from draftsync.speculative.hidden_states import default_aux_layer_ids, validate_aux_layer_ids
 
@@ -131,14 +133,14 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Eagle3Attention(nn.Module):
-    """Rotary attention whose q/k/v projections read 2H inputs (embedding ++ hidden)."""
+    """Rotary attention whose q/k/v projections read 2H inputs (embedding ++ hidden) unless told otherwise."""
 
-    def __init__(self, config: Eagle3Config):
+    def __init__(self, config: Any, input_size: int | None = None):
         super().__init__()
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        inputs = 2 * config.hidden_size
+        inputs = 2 * config.hidden_size if input_size is None else input_size
         self.q_proj = nn.Linear(inputs, self.heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(inputs, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(inputs, self.kv_heads * self.head_dim, bias=False)
@@ -173,7 +175,7 @@ class Eagle3Attention(nn.Module):
 
 
 class Eagle3MLP(nn.Module):
-    def __init__(self, config: Eagle3Config):
+    def __init__(self, config: Any):
         super().__init__()
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
@@ -203,6 +205,24 @@ class Eagle3DecoderLayer(nn.Module):
         hidden = residual + attn
         hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
         return hidden, k, v
+
+
+def causal_mask(length: int, held: int, device: torch.device) -> torch.Tensor:
+    """[length, held + length] mask: new row i sees the `held` cached positions and new rows 0..i."""
+    rows = torch.arange(length, device=device)[:, None]
+    cols = torch.arange(held + length, device=device)[None, :]
+    return cols <= rows + held
+
+
+def training_time_test_mask(length: int, step: int, device: torch.device) -> torch.Tensor:
+    """[length, length * (step + 1)] mask of TTT step `step` over the keys of steps 0..step.
+
+    Row t sees the real context (step-0 keys up to t) and its own chain (row t of steps 1..step).
+    """
+    positions = torch.arange(length, device=device)
+    causal = positions[None, :] <= positions[:, None]
+    diagonal = positions[None, :] == positions[:, None]
+    return torch.cat([causal] + [diagonal] * step, dim=1)
 
 
 class DrafterKVCache:
@@ -235,6 +255,9 @@ class DrafterKVCache:
 class Eagle3Drafter(nn.Module):
     """EAGLE-3 draft head; see the module docstring for the computation and the names."""
 
+    target_states = "aux"  # reads the concatenated aux states of the target
+    target_copy_names = ("embed_tokens.weight",)  # a frozen copy of the target's embedding
+
     def __init__(self, config: Eagle3Config):
         super().__init__()
         self.config = config
@@ -265,6 +288,10 @@ class Eagle3Drafter(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
+
+    @property
+    def method(self) -> str:
+        return "eagle3.1" if self.config.fc_norm and self.config.norm_output else "eagle3"
 
     # ---- vocabulary -------------------------------------------------------------------------------
     def set_draft_vocab(self, d2t: torch.Tensor | None, t2d: torch.Tensor | None) -> None:
@@ -339,12 +366,9 @@ class Eagle3Drafter(nn.Module):
         `hidden` is the fused target state (`fuse(aux)`) or the drafter's own fed-back state.
         Returns draft-vocabulary logits [B,T,Dv] and the state to feed back [B,T,H].
         """
-        length = input_ids.shape[1]
         past = None if cache is None else cache.past()
         held = 0 if past is None else past[0].shape[2]
-        rows = torch.arange(length, device=input_ids.device)[:, None]
-        cols = torch.arange(held + length, device=input_ids.device)[None, :]
-        mask = cols <= rows + held
+        mask = causal_mask(input_ids.shape[1], held, input_ids.device)
         out, k, v = self.layers[0](
             self.embed_tokens(input_ids), hidden, self._rope(position_ids, hidden.dtype), past, mask
         )
@@ -364,16 +388,13 @@ class Eagle3Drafter(nn.Module):
         device = input_ids.device
         hidden = self.fuse(aux)
         positions = torch.arange(length, device=device)
-        rows = positions[:, None]
-        causal = positions[None, :] <= rows
-        diagonal = positions[None, :] == rows
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         logits_per_step = []
         ids = input_ids
         for step in range(ttt_steps):
             past = None if step == 0 else (torch.cat(keys, 2), torch.cat(values, 2))
-            mask = torch.cat([causal] + [diagonal] * step, dim=1)
+            mask = training_time_test_mask(length, step, device)
             out, k, v = self.layers[0](
                 self.embed_tokens(ids), hidden, self._rope(positions + step, hidden.dtype), past, mask
             )
@@ -383,3 +404,35 @@ class Eagle3Drafter(nn.Module):
             logits_per_step.append(logits)
             ids = self.to_target_ids(logits.argmax(-1)).detach()
         return logits_per_step
+
+    # ---- training ---------------------------------------------------------------------------------
+    def training_loss(self, batch: TrainingBatch, ttt_steps: int, noise_std: float = 0.0,
+                      generator: torch.Generator | None = None) -> DraftLoss:
+        """Soft cross-entropy to the target's distribution for each of `ttt_steps` chained draft steps.
+
+        Row t of step s predicts token t+s+2 and is compared with target_logits[:, t+s+1] over the draft
+        vocabulary, weighted by loss_mask[:, t+s+2]. Gaussian noise of std `noise_std` (drawn from
+        `generator`) on the aux states teaches robustness to small drifts of the target. The total is the
+        sum over steps.
+        """
+        if batch.aux is None:
+            raise DraftsyncError("the training batch has no aux states, which an EAGLE-3 drafter reads",
+                                 "build the training dataset with aux states for eagle3/eagle3.1 drafters")
+        check_window(batch.ids.shape[1], ttt_steps)
+        aux = batch.aux[:, :-1]
+        if noise_std > 0:
+            aux = aux + gaussian_noise(aux, noise_std, generator)
+        logits_per_step = self.unroll(batch.ids[:, 1:], aux.to(self.fc.weight.dtype), ttt_steps)
+        draft_ids = None if self.d2t is None else self.draft_token_ids
+        losses: list[torch.Tensor] = []
+        result = DraftLoss(total=torch.zeros(()), position_losses=[], position_hits=[], position_counts=[])
+        for step, logits in enumerate(logits_per_step):
+            terms = distribution_terms(logits, batch.target_logits, batch.loss_mask, step + 1, draft_ids,
+                                       self.to_target_ids)
+            if terms.loss is not None:
+                losses.append(terms.loss)
+            result.position_losses.append(0.0 if terms.loss is None else float(terms.loss.detach()))
+            result.position_hits.append(terms.hits)
+            result.position_counts.append(terms.count)
+        result.total = torch.stack(losses).sum()
+        return result
