@@ -10,7 +10,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test clean
+.PHONY: install demo test compat clean
 
 install: $(STAMP)
 
@@ -27,6 +27,25 @@ demo: install
 
 test: install
 	$(PY) -m pytest
+
+# `make compat`: our EAGLE-3 checkpoints against the speculators package's own loader and forward pass,
+# in a venv of its own: speculators pins transformers <= 5.19 and declares CUDA torchvision/torchaudio,
+# whose import breaks beside CPU torch. So: CPU torch first, speculators without its declared
+# dependencies, then those dependencies minus torchvision/torchaudio (pip reports them missing: expected).
+COMPAT_VENV ?= .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_STAMP := $(COMPAT_VENV)/.compat-installed
+
+$(COMPAT_STAMP): compat/requirements.txt compat/speculators.txt
+	test -x $(COMPAT_PY) || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install -q --upgrade pip
+	$(COMPAT_PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(COMPAT_PY) -m pip install -q --no-deps -r compat/speculators.txt
+	$(COMPAT_PY) -m pip install -q -r compat/requirements.txt torch==$(TORCH_VERSION)
+	touch $(COMPAT_STAMP)
+
+compat: $(COMPAT_STAMP)
+	PYTHONPATH=$(CURDIR) $(COMPAT_PY) compat/check_speculators.py
 
 clean:
 	rm -rf .draftsync
