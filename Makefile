@@ -30,8 +30,8 @@ test: install
 
 # `make compat`: our EAGLE-3 checkpoints against the speculators package's own loader and forward pass,
 # in a venv of its own: speculators pins transformers <= 5.19 and declares CUDA torchvision/torchaudio,
-# whose import breaks beside CPU torch. So: CPU torch first, speculators without its declared
-# dependencies, then those dependencies minus torchvision/torchaudio (pip reports them missing: expected).
+# whose import breaks beside CPU torch. So: CPU torch first, then speculators' other dependencies,
+# then speculators itself without its declared ones (torchvision/torchaudio never come in).
 COMPAT_VENV ?= .venv-compat
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_STAMP := $(COMPAT_VENV)/.compat-installed
@@ -40,8 +40,8 @@ $(COMPAT_STAMP): compat/requirements.txt compat/speculators.txt
 	test -x $(COMPAT_PY) || $(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_PY) -m pip install -q --upgrade pip
 	$(COMPAT_PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(COMPAT_PY) -m pip install -q --no-deps -r compat/speculators.txt
 	$(COMPAT_PY) -m pip install -q -r compat/requirements.txt torch==$(TORCH_VERSION)
+	$(COMPAT_PY) -m pip install -q --no-deps -r compat/speculators.txt
 	touch $(COMPAT_STAMP)
 
 compat: $(COMPAT_STAMP)

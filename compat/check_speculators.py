@@ -16,7 +16,9 @@ default, norm_before_residual + norm_before_fc + norm_output) it
 4. runs both on the same inputs, for each attention implementation speculators offers
    (simple_flex_attention, its training default; sdpa; eager), and compares the logits,
 5. saves speculators' model with its own `save_pretrained` (what `speculators train` writes) and checks
-   that `load_eagle3` reads it back to the same logits.
+   that `load_eagle3` reads it back to the same logits;
+then checks the commands draftsync renders for `speculators train` against the installed package
+(compat/speculators_cli.py), including a real `speculators train --dry-run` on the tiny target.
 
 Inputs, in the layout of speculators' `Eagle3DraftModel.forward` (one packed sequence, after its
 `shift_batch`):
@@ -250,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from loguru import logger
 
+    from compat.speculators_cli import check_rendered_commands
+
     logger.remove()  # speculators logs every file it opens
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -267,8 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         target = tiny_target(target_dir)
         for index, (name, flags) in enumerate(VARIANTS.items()):
             results["variants"][name] = check_variant(name, flags, target, target_dir, work, seed=10 + index)
+        results["rendered_commands"] = check_rendered_commands(work / "commands", target_dir, VOCAB)
 
-    results["ok"] = all(v["ok"] for v in results["variants"].values())
+    results["ok"] = all(v["ok"] for v in results["variants"].values()) and results["rendered_commands"]["ok"]
     text = json.dumps(results, indent=2, default=str)
     print(text)
     if args.json:
