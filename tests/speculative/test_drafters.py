@@ -7,6 +7,14 @@ import torch
 
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_vocab import build_draft_vocab
+from draftsync.speculative.drafters import (
+    METHODS,
+    drafter_method,
+    load_drafter,
+    new_drafter,
+    parameter_count,
+    save_drafter,
+)
 from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
 from draftsync.speculative.hidden_states import capture
 from draftsync.speculative.training_batch import TrainingBatch
@@ -125,3 +133,140 @@ def test_eagle3_training_loss_names_bad_batches(target, chain_batch):
         chain_batch.target_logits)))
     with pytest.raises(DraftsyncError, match="3 or more"):
         drafter.training_loss(short, 1, 0.0, None)
+
+
+def bf16_stored(drafter):
+    """A copy of `drafter` whose saved tensors went through bf16, as the checkpoint keeps them."""
+    import copy
+
+    reference = copy.deepcopy(drafter)
+    with torch.no_grad():
+        for tensor in reference.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.copy_(tensor.to(torch.bfloat16))
+    return reference
+
+
+# ---- the factory -----------------------------------------------------------------------------------
+KINDS = {"eagle3": "Eagle3Drafter", "eagle3.1": "Eagle3Drafter", "eagle": "EagleDrafter", "medusa": "MedusaDrafter"}
+STATES = {"eagle3": "aux", "eagle3.1": "aux", "eagle": "final", "medusa": "final"}
+
+
+def test_methods_are_the_four_trained_heads():
+    assert METHODS == ("eagle3", "eagle3.1", "eagle", "medusa")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_new_drafter_builds_each_method_for_the_target(random_target, method):
+    drafter = new_drafter(method, random_target.config)
+    assert type(drafter).__name__ == KINDS[method] and drafter.method == method
+    assert drafter.target_states == STATES[method]
+    config = drafter.config
+    assert (config.vocab_size, config.draft_vocab_size, config.target_hidden_size) == (VOCAB, VOCAB, 64)
+    assert isinstance(config.to_dict(), dict)
+
+
+def test_new_drafter_passes_the_draft_vocabulary_aux_ids_and_options(random_target):
+    eagle31 = new_drafter("eagle3.1", random_target.config, 100, (0, 2, 4), norm_before_residual=True)
+    assert (eagle31.config.fc_norm, eagle31.config.norm_output, eagle31.config.norm_before_residual) == (True,) * 3
+    assert eagle31.config.draft_vocab_size == 100 and eagle31.config.aux_layer_ids == (0, 2, 4)
+    medusa = new_drafter("medusa", random_target.config, 100, num_heads=5, num_layers=2)
+    assert (medusa.config.num_heads, medusa.config.num_layers, medusa.config.draft_vocab_size) == (5, 2, 100)
+    assert new_drafter("eagle", random_target.config, VOCAB).config.draft_vocab_size == VOCAB
+
+
+def test_new_drafter_names_what_does_not_fit(random_target):
+    config = random_target.config
+    with pytest.raises(DraftsyncError, match="'eagle4' is unknown") as error:
+        new_drafter("eagle4", config)
+    assert "eagle3, eagle3.1, eagle, medusa" in error.value.fix
+    with pytest.raises(DraftsyncError, match="num_heads is not an option of eagle3"):
+        new_drafter("eagle3", config, num_heads=3)
+    with pytest.raises(DraftsyncError, match="draft vocabulary of 100"):
+        new_drafter("eagle", config, 100)
+    with pytest.raises(DraftsyncError, match="final hidden state"):
+        new_drafter("medusa", config, aux_layer_ids=(1, 2, 3))
+    with pytest.raises(DraftsyncError, match="without fc_norm"):
+        new_drafter("eagle3.1", config, fc_norm=False)
+
+
+def _prepared(method, target):
+    """A drafter of `method` for `target`, initialised from it, with a draft vocabulary where one applies."""
+    torch.manual_seed(1)
+    draft_vocab_size = None if method == "eagle" else 200
+    drafter = new_drafter(method, target.config, draft_vocab_size)
+    if draft_vocab_size:
+        drafter.set_draft_vocab(*build_draft_vocab(torch.arange(VOCAB, 0, -1), draft_vocab_size))
+    drafter.initialise_from_target(target)
+    with torch.no_grad():
+        for name, parameter in drafter.named_parameters():
+            if parameter.requires_grad and "embed" not in name:
+                parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(2)))
+    return drafter
+
+
+def _drafts(drafter, target, ids):
+    """What the drafter proposes from the target's states: every TTT step's logits, or every head's."""
+    states = capture(target, ids, getattr(drafter.config, "aux_layer_ids", (1, 2, 3)))
+    with torch.no_grad():
+        if drafter.method == "medusa":
+            return [drafter.heads(states.final)]
+        inputs = states.aux if drafter.target_states == "aux" else states.final
+        return drafter.unroll(ids[:, 1:], inputs[:, :-1], 2)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_save_and_load_round_trip_for_every_method(target, tmp_path, method):
+    drafter = _prepared(method, target)
+    out = save_drafter(drafter, tmp_path / method, "/models/target-v1", ["LlamaForCausalLM"], 3)
+    assert drafter_method(out) == method
+    loaded = load_drafter(out)
+    assert type(loaded) is type(drafter) and loaded.method == method
+    assert loaded.config.to_dict() == drafter.config.to_dict()
+    assert torch.equal(loaded.draft_token_ids, drafter.draft_token_ids)
+    reference = bf16_stored(drafter)
+    ids = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(7))
+    for got, want in zip(_drafts(loaded, target, ids), _drafts(reference, target, ids)):
+        assert torch.allclose(got, want, atol=1e-5)
+    assert next(load_drafter(out, torch.bfloat16).parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_damaged_weights_file_is_named(target, tmp_path, method):
+    out = save_drafter(_prepared(method, target), tmp_path / method, "/models/t", ["LlamaForCausalLM"], 2)
+    (out / "model.safetensors").write_bytes(b"{broken")
+    with pytest.raises(DraftsyncError, match="model.safetensors is not a readable safetensors file") as error:
+        load_drafter(out)
+    assert "re-" in error.value.fix
+
+
+def test_a_target_model_directory_is_not_taken_for_a_drafter(random_target, tmp_path):
+    random_target.config.save_pretrained(tmp_path / "target")
+    with pytest.raises(DraftsyncError, match=r"config.json is not the config of a drafter.*model_type='llama'") as error:
+        load_drafter(tmp_path / "target")
+    assert "save_drafter" in error.value.fix
+    with pytest.raises(DraftsyncError, match="does not exist"):
+        drafter_method(tmp_path / "nowhere")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{")
+    with pytest.raises(DraftsyncError, match="not valid JSON"):
+        load_drafter(tmp_path / "broken")
+
+
+def test_save_drafter_refuses_what_it_cannot_write(random_target, tmp_path):
+    with pytest.raises(DraftsyncError, match="no checkpoint format"):
+        save_drafter(torch.nn.Linear(2, 2), tmp_path / "x", "/models/t", ["LlamaForCausalLM"], 2)
+
+
+def test_parameter_counts_leave_out_the_targets_copies(random_target):
+    embedding = VOCAB * 64
+    for method in METHODS:
+        drafter = new_drafter(method, random_target.config)
+        drafter.initialise_from_target(random_target)
+        count = parameter_count(drafter)
+        assert count.total == sum(p.numel() for p in drafter.parameters())
+        assert count.trainable == sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+        copies = {"eagle3": embedding, "eagle3.1": embedding, "eagle": 2 * embedding, "medusa": 0}[method]
+        assert count.own == count.total - copies
+    medusa = new_drafter("medusa", random_target.config, 100, num_heads=2)
+    assert parameter_count(medusa).own == 2 * (64 * 64 + 100 * 64)
