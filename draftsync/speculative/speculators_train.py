@@ -12,7 +12,8 @@ every epoch, so the GPUs go to vLLM first and to training after):
 2. `speculators prepare-data`: JSONL rows of `input_ids` + `loss_mask` (`write_token_rows`), or chat
    `conversations` rendered by that server; token frequencies for the draft vocabulary;
 3. `speculators generate-offline-data`: the server's hidden states for every row, to disk;
-4. the server stops, then `speculators train` (one GPU) or `torchrun ... -m speculators.train`.
+4. the server stops, then `speculators train` (one GPU) or `torchrun ... -m speculators.train`, which
+   writes one checkpoint per epoch, `<output_dir>/<epoch>/` (`latest_checkpoint`).
 Steps 2-4 are `render_commands`; `run_job` runs all four. Commands are argument lists, never shell strings.
 
 The rendered training flags pin the architecture instead of leaning on speculators' defaults, which
@@ -341,9 +342,22 @@ def _wait_until_serving(process: subprocess.Popen, url: str, timeout_s: float, l
                          f"read {log_path}; raise server_timeout_s for a large target")
 
 
+def latest_checkpoint(output_dir: str | Path) -> Path:
+    """The drafter speculators train left: `checkpoint_best` (with --save-best), else the last epoch's dir."""
+    root = Path(output_dir)
+    best = root / "checkpoint_best"
+    if (best / "config.json").is_file():
+        return best
+    epochs = [d for d in root.iterdir() if d.is_dir() and d.name.isdigit()] if root.is_dir() else []
+    if not epochs:
+        raise DraftsyncError(f"{root} holds no speculators checkpoint (no epoch directory)",
+                             "run the training step to completion, or point at the save path it used")
+    return max(epochs, key=lambda d: int(d.name))
+
+
 def run_job(job: SpeculatorsTrainJob, env: dict[str, str] | None = None, cwd: str | Path | None = None,
             on_line: Callable[[str], None] = _print_line, server_timeout_s: float = 1800.0) -> Path:
-    """The whole pipeline on this worker; returns the output directory (speculators' checkpoints)."""
+    """The whole pipeline on this worker; returns the trained drafter's directory (load_eagle3 reads it)."""
     server = hidden_state_server_command(job)
     data_steps = [prepare_data_command(job), generate_hidden_states_command(job)]
     training = train_command(job)
@@ -359,4 +373,4 @@ def run_job(job: SpeculatorsTrainJob, env: dict[str, str] | None = None, cwd: st
         finally:
             _stop(process)  # the GPUs go to training
     run_commands([training], env=env, cwd=cwd, on_line=on_line)
-    return Path(job.output_dir)
+    return latest_checkpoint(job.output_dir)

@@ -202,14 +202,16 @@ def test_run_job_serves_hidden_states_for_the_data_steps_and_stops_the_server_be
     record = f"#!{sys.executable}\nimport sys\nopen({str(log)!r}, 'a').write(sys.argv[1] + '\\n')\n"
     stand_in(bin_dir, "speculators", record)
     port = free_port()
-    probe = (f"#!{sys.executable}\nimport socket, sys\n"
+    out = tmp_path / "out"
+    probe = (f"#!{sys.executable}\nimport os, socket, sys\n"
              f"up = socket.socket().connect_ex(('127.0.0.1', {port})) == 0\n"
-             f"open({str(log)!r}, 'a').write('torchrun server-up=' + str(up) + '\\n')\n")
+             f"open({str(log)!r}, 'a').write('torchrun server-up=' + str(up) + '\\n')\n"
+             f"[os.makedirs(os.path.join({str(out)!r}, epoch)) for epoch in ('0', '1', '10')]\n")
     stand_in(bin_dir, "torchrun", probe)
     job = SpeculatorsTrainJob(target="org/model", data=("/d",), work_dir=str(tmp_path / "w"),
-                              output_dir=str(tmp_path / "out"), aux_layer_ids=(1, 2, 3), target_num_layers=4,
+                              output_dir=str(out), aux_layer_ids=(1, 2, 3), target_num_layers=4,
                               gpus_per_node=2, vllm_port=port)
-    assert run_job(job, env={"PATH": str(bin_dir)}, on_line=lambda line: None) == tmp_path / "out"
+    assert run_job(job, env={"PATH": str(bin_dir)}, on_line=lambda line: None) == out / "10"
     assert log.read_text().splitlines() == ["prepare-data", "generate-offline-data", "torchrun server-up=False"]
     assert (bin_dir / "vllm.log").read_text() == "serve\n"
 
