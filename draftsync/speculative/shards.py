@@ -355,8 +355,9 @@ def _recount_tokens(out_dir: Path, manifest: dict, vocab_size: int) -> torch.Ten
 def _remove_uncommitted(out_dir: Path, manifest: dict) -> None:
     """Delete shards written after the last manifest update (an interrupted build) and leftover temp files."""
     kept = {shard["file"] for shard in manifest["shards"]}
+    ours = (MANIFEST_FILE + ".tmp", TOKEN_COUNTS_FILE + ".tmp")
     for path in out_dir.iterdir():
-        if path.name.endswith(".tmp") or (path.name.startswith("shard-") and path.name not in kept):
+        if path.name in ours or (path.name.startswith("shard-") and path.name not in kept):
             path.unlink()
 
 
