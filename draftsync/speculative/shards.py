@@ -441,9 +441,8 @@ def build_shards(
         counts = torch.zeros(vocab_size, dtype=torch.int64)
     _remove_uncommitted(out_dir, manifest)
 
-
-    writer = _ShardWriter(out_dir, manifest, counts, shard_tokens, len(layer_ids) * facts["hidden_size"] if store_aux
-                          else 0, dtype, on_progress)
+    aux_width = len(layer_ids) * facts["hidden_size"] if store_aux else 0
+    writer = _ShardWriter(out_dir, manifest, counts, shard_tokens, aux_width, dtype, on_progress)
     position, digest = manifest["samples_consumed"], manifest["samples_digest"]
     batch = _PendingBatch(position, digest)
     for sample in _iterate_from(samples, position, digest):
@@ -463,7 +462,7 @@ def build_shards(
             batch = _PendingBatch(position, digest)
     if position > batch.start:
         writer.add_batch(batch, model, layer_ids)
-    if writer.buffered_tokens or position != manifest["samples_consumed"] or writer.has_pending_counts:
+    if position != manifest["samples_consumed"]:  # states, skips or truncations not yet committed
         writer.commit(position, digest)
     manifest["complete"] = True
     _write_json(out_dir / MANIFEST_FILE, manifest)
@@ -509,10 +508,6 @@ class _ShardWriter:
     def buffered_tokens(self) -> int:
         return self.buffer.tokens if self.buffer is not None else 0
 
-    @property
-    def has_pending_counts(self) -> bool:
-        return bool(self.truncated or any(self.skipped.values()))
-
     def add_batch(self, batch: _PendingBatch, model: Any, layer_ids: tuple[int, ...]) -> None:
         if self.buffered_tokens and self.buffered_tokens + batch.tokens > self.shard_tokens:
             self.commit(batch.start, batch.digest_before)
@@ -555,18 +550,18 @@ class _ShardWriter:
             ids = tensors["input_ids"].to(torch.int64)
             mask = tensors["loss_mask"]
             self.counts += torch.bincount(ids[mask], minlength=self.counts.shape[0])
-            starts = self.buffer.lengths
+            lengths = self.buffer.lengths
             position = 0
-            for task_id, length in zip(self.buffer.tasks, starts):
+            for task_id, length in zip(self.buffer.tasks, lengths):
                 entry = manifest["tasks"].setdefault(manifest["task_names"][task_id],
                                                      {"sequences": 0, "tokens": 0, "loss_tokens": 0})
                 entry["sequences"] += 1
                 entry["tokens"] += length
                 entry["loss_tokens"] += int(mask[position : position + length].sum())
                 position += length
-            manifest["shards"].append({"file": name, "sequences": len(starts), "tokens": int(ids.shape[0]),
+            manifest["shards"].append({"file": name, "sequences": len(lengths), "tokens": int(ids.shape[0]),
                                        "samples_end": consumed})
-            manifest["num_sequences"] += len(starts)
+            manifest["num_sequences"] += len(lengths)
             manifest["total_tokens"] += int(ids.shape[0])
             manifest["loss_tokens"] += int(mask.sum())
             del tensors, ids, mask
