@@ -523,7 +523,11 @@ class _ShardWriter:
         ids = torch.zeros(len(batch.samples), width, dtype=torch.long)  # right padding: causal attention ignores it
         for row, sample in enumerate(batch.samples):
             ids[row, : len(sample.input_ids)] = torch.tensor(sample.input_ids, dtype=torch.long)
-        states = capture(model, ids, layer_ids)
+        device = next(model.parameters()).device
+        states = capture(model, ids.to(device), layer_ids)
+        aux = states.aux.to(self.dtype).cpu() if self.aux_width else None  # one transfer per batch
+        final = states.final.to(self.dtype).cpu()
+        del states
         names = self.manifest["task_names"]
         for row, sample in enumerate(batch.samples):
             length = len(sample.input_ids)
@@ -533,8 +537,8 @@ class _ShardWriter:
                 ids[row, :length],
                 torch.tensor(sample.loss_mask, dtype=torch.bool),
                 names.index(sample.task),
-                states.aux[row, :length] if self.aux_width else None,
-                states.final[row, :length],
+                aux[row, :length] if aux is not None else None,
+                final[row, :length],
             )
 
     def commit(self, consumed: int, digest: str) -> None:
