@@ -1,10 +1,14 @@
-"""Reference speculative decoding: an EAGLE-3 drafter proposes, the target verifies in one forward pass.
+"""Reference speculative decoding: a proposer drafts, the target verifies in one forward pass.
 
 Lossless by construction: at T=0 a draft token is accepted only if it is the target's greedy token; at
 T>0 it is accepted with probability min(1, p/q) and a rejection resamples from the normalised residual
 max(0, p - q), so the output follows the target's own distribution. When every draft is accepted the
-target's distribution after the last one gives a bonus token. Both KV caches are cropped back to the
-accepted prefix. Counters follow vLLM's spec-decode metrics (drafts, draft tokens, accepted, per position).
+target's distribution after the last one gives a bonus token. The target's KV cache is cropped back to
+the accepted prefix. Counters follow vLLM's spec-decode metrics (drafts, draft tokens, accepted, per
+position); a step whose proposal is empty (n-gram lookup without a match) is no draft, as in vLLM.
+
+Drafting lives in proposers.py, one proposer per kind of drafter (EAGLE-3/3.1/1 chains, Medusa heads,
+n-gram lookup, an independent draft model); the engine captures only the target states it reads.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from draftsync.errors import DraftsyncError
 if TYPE_CHECKING:
     import torch
 
-    from draftsync.speculative.eagle3 import Eagle3Drafter
+    from draftsync.speculative.proposers import Proposer
 
 
 @dataclass
@@ -58,8 +62,8 @@ def greedy_reference(target: Any, prompt_ids: list[int], n: int) -> list[int]:
     return ids[len(prompt_ids) :]
 
 
-def verify_proposals(proposals: list[int], draft_distributions: list["torch.Tensor"], target_logits: "torch.Tensor",
-                     temperature: float, generator: "torch.Generator") -> tuple[int, int]:
+def verify_proposals(proposals: list[int], draft_distributions: list[torch.Tensor], target_logits: torch.Tensor,
+                     temperature: float, generator: torch.Generator) -> tuple[int, int]:
     """(number of proposals accepted, the token that follows them), checked against the target.
 
     `target_logits` [len(proposals)+1, V] are the target's logits before each proposal and after the last.
@@ -87,7 +91,7 @@ def verify_proposals(proposals: list[int], draft_distributions: list["torch.Tens
     return len(proposals), sample_token(target_logits[len(proposals)], temperature, generator)
 
 
-def sample_token(logits: "torch.Tensor", temperature: float, generator: "torch.Generator") -> int:
+def sample_token(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
     """Greedy at T=0, else a draw from softmax(logits / T)."""
     import torch
 
@@ -98,85 +102,50 @@ def sample_token(logits: "torch.Tensor", temperature: float, generator: "torch.G
 
 
 class SpeculativeEngine:
-    """Generates with `target_model`, speculating with `drafter` (gamma tokens per step) when given."""
+    """Generates with `target_model`, speculating `gamma` tokens per step when `drafter` is given.
 
-    def __init__(self, target_model: Any, drafter: "Eagle3Drafter | None", gamma: int):
-        from draftsync.speculative.hidden_states import num_decoder_layers
+    `drafter`: any drafter object of the shared interface (Eagle3Drafter, EagleDrafter, MedusaDrafter,
+    DraftModelDrafter), the name "ngram", or a proposer (proposers.py); None or gamma 0 turns speculation off.
+    """
+
+    def __init__(self, target_model: Any, drafter: Any, gamma: int):
+        from draftsync.speculative.hidden_states import cache_keyword, num_decoder_layers
+        from draftsync.speculative.proposers import make_proposer
 
         if gamma < 0:
             raise DraftsyncError(f"gamma={gamma} is negative", "use gamma >= 0 (0 turns speculation off)")
         self.target = target_model.eval()
-        self.drafter = drafter.eval() if drafter is not None and gamma > 0 else None
-        self.gamma = gamma if self.drafter is not None else 0
-        layers = num_decoder_layers(target_model)
-        if self.drafter is not None:
-            config = self.drafter.config
-            if config.vocab_size != target_model.config.vocab_size:
-                raise DraftsyncError(
-                    f"drafter vocabulary ({config.vocab_size}) differs from the target's "
-                    f"({target_model.config.vocab_size})",
-                    "serve the drafter trained for this target version, or speculation off",
-                )
-            if config.target_hidden_size != target_model.config.hidden_size or max(config.aux_layer_ids) > layers:
-                raise DraftsyncError(
-                    f"drafter expects a target with hidden size {config.target_hidden_size} and layers "
-                    f"{list(config.aux_layer_ids)}; this target has {target_model.config.hidden_size} and {layers}",
-                    "serve the drafter trained for this target version, or speculation off",
-                )
-            self.layer_ids = tuple(config.aux_layer_ids)
+        self.proposer: Proposer | None = make_proposer(drafter) if drafter is not None and gamma > 0 else None
+        if self.proposer is not None:
+            self.proposer.check_target(target_model)
+        self.drafter = drafter if self.proposer is not None else None
+        self.gamma = gamma if self.proposer is not None else 0
+        self.target_states = self.proposer.target_states if self.proposer is not None else "none"
+        if self.target_states == "aux":
+            self.layer_ids = tuple(self.proposer.aux_layer_ids)
         else:
-            self.layer_ids = (layers,)
+            self.layer_ids = (num_decoder_layers(target_model),)
+        self._cache_keyword = cache_keyword(target_model)
 
-    # ---- pieces -----------------------------------------------------------------------------------
-    def _target_step(self, ids: list[int], cache: Any) -> tuple["torch.Tensor", "torch.Tensor"]:
-        """Logits [n, V] and aux states [n, 3H] of `ids`, run after what `cache` holds."""
+    # ---- the target's pass ------------------------------------------------------------------------
+    def _target_step(self, ids: list[int], cache: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [n, V] of `ids`, run after what `cache` holds, and the states [n, D] the proposer reads."""
         import torch
 
         from draftsync.speculative.hidden_states import capture
 
-        states = capture(self.target, torch.tensor([ids]), self.layer_ids, cache=cache)
-        return states.logits[0].float(), states.aux[0]
-
-    def _draft(self, committed: list[int], pending_aux: "torch.Tensor", cache: Any, gamma: int,
-               temperature: float, generator: "torch.Generator") -> tuple[list[int], list["torch.Tensor"]]:
-        """Catch the drafter up on verified positions, then chain `gamma` proposals.
-
-        Returns the proposed target ids and, at T>0, each proposal's distribution over the target vocabulary.
-        """
-        import torch
-
-        drafter = self.drafter
-        verified = len(committed) - 1  # positions the target has run; committed[-1] is not run yet
-        start = cache.length
-        ids = torch.tensor([committed[start + 1 : verified + 1]])
-        hidden = drafter.fuse(pending_aux.to(drafter.lm_head.weight.dtype)[None])
-        logits, hidden = drafter(ids, hidden, torch.arange(start, verified), cache)
-        proposals: list[int] = []
-        distributions: list[torch.Tensor] = []
-        for j in range(gamma):
-            step_logits = logits[0, -1].float()
-            if temperature <= 0:
-                draft_index = int(step_logits.argmax())
-            else:
-                q = torch.softmax(step_logits / temperature, dim=-1)
-                draft_index = int(torch.multinomial(q, 1, generator=generator))
-                full = torch.zeros(drafter.config.vocab_size)
-                full[drafter.draft_token_ids] = q
-                distributions.append(full)
-            token = int(drafter.to_target_ids(torch.tensor(draft_index)))
-            proposals.append(token)
-            if j + 1 < gamma:
-                position = torch.tensor([verified + j])
-                logits, hidden = drafter(torch.tensor([[token]]), hidden[:, -1:], position, cache)
-        cache.crop(verified)
-        return proposals, distributions
+        input_ids = torch.tensor([ids])
+        if self.target_states == "none":
+            out = self.target(input_ids=input_ids, use_cache=True, **{self._cache_keyword: cache})
+            return out.logits[0].float(), None
+        states = capture(self.target, input_ids, self.layer_ids, cache=cache)
+        return states.logits[0].float(), (states.aux[0] if self.target_states == "aux" else states.final[0])
 
     # ---- generation -------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
                  seed: int | None = None, eos_token_id: int | None = None) -> Generation:
         import torch
 
-        from draftsync.speculative.eagle3 import DrafterKVCache
         from draftsync.speculative.hidden_states import crop_kv_cache, new_kv_cache
 
         vocab = self.target.config.vocab_size
@@ -191,11 +160,12 @@ class SpeculativeEngine:
         if max_new_tokens <= 0:
             return Generation(out, stats, time.perf_counter() - started)
 
+        proposer = self.proposer
         with torch.no_grad():
             target_cache = new_kv_cache(self.target)
-            draft_cache = DrafterKVCache()
+            state = proposer.new_state() if proposer is not None else None
             committed = list(prompt_ids)
-            logits, pending_aux = self._target_step(committed, target_cache)
+            logits, pending = self._target_step(committed, target_cache)  # states the proposer has not seen
             new_tokens = [sample_token(logits[-1], temperature, generator)]
             while True:
                 for token in new_tokens:
@@ -204,19 +174,23 @@ class SpeculativeEngine:
                     if token == eos_token_id or len(out) >= max_new_tokens:
                         return Generation(out, stats, time.perf_counter() - started)
                 gamma = min(self.gamma, max_new_tokens - len(out) - 1)
-                if gamma <= 0:
-                    logits, aux = self._target_step(committed[-1:], target_cache)
-                    pending_aux = torch.cat([pending_aux, aux]) if self.drafter is not None else aux
+                proposals: list[int] = []
+                if gamma > 0:
+                    proposals, distributions = proposer.propose(committed, pending, state, gamma, temperature,
+                                                                generator)
+                    pending = None  # the proposer has consumed them
+                if not proposals:  # nothing to verify: one plain decoding step
+                    logits, states = self._target_step(committed[-1:], target_cache)
+                    if states is not None:
+                        pending = states if pending is None else torch.cat([pending, states])
                     new_tokens = [sample_token(logits[-1], temperature, generator)]
                     continue
-                proposals, distributions = self._draft(committed, pending_aux, draft_cache, gamma, temperature,
-                                                       generator)
-                logits, aux = self._target_step(committed[-1:] + proposals, target_cache)
+                logits, states = self._target_step(committed[-1:] + proposals, target_cache)
                 accepted, follow = verify_proposals(proposals, distributions, logits, temperature, generator)
-                crop_kv_cache(target_cache, gamma - accepted)
-                pending_aux = aux[: accepted + 1]
+                crop_kv_cache(target_cache, len(proposals) - accepted)
+                pending = None if states is None else states[: accepted + 1]
                 stats.drafts += 1
-                stats.draft_tokens += gamma
+                stats.draft_tokens += len(proposals)
                 stats.accepted += accepted
                 for position in range(accepted):
                     stats.accepted_per_position[position] += 1

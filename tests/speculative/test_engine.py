@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -28,7 +30,7 @@ def assert_consistent(stats, gamma):
     assert 0 <= stats.accepted <= stats.draft_tokens <= gamma * stats.drafts
     assert sum(stats.accepted_per_position) == stats.accepted
     per_position = stats.accepted_per_position
-    assert all(a >= b for a, b in zip(per_position, per_position[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(per_position))
     assert per_position[0] <= stats.drafts if gamma else True
     if stats.drafts:
         assert stats.acceptance_rate == stats.accepted / stats.draft_tokens
@@ -163,3 +165,60 @@ def test_a_drafter_for_another_vocabulary_is_refused(target):
         SpeculativeEngine(target, None, -1)
     with pytest.raises(DraftsyncError, match="prompt"):
         SpeculativeEngine(target, None, 0).generate([5000], 3)
+
+
+# ---- short and empty proposals, and the states a proposer is handed ------------------------------------------
+class ScriptedProposer:
+    """Proposes a scripted number of the target's own greedy tokens, one of them spoiled where the script
+    says, and checks that the engine hands it the final states of exactly the positions verified since its
+    previous call. It keeps a log of what each proposal should count."""
+
+    method = "scripted"
+    target_states = "final"
+    aux_layer_ids = ()
+
+    def __init__(self, target, continuation, script):
+        self.target, self.continuation, self.script = target, continuation, script
+        self.log: list[tuple[int, int]] = []  # (proposed, expected accepted) per non-empty proposal
+
+    def check_target(self, target_model):
+        return None
+
+    def new_state(self):
+        return {"seen": 0, "calls": 0, "prompt": None}
+
+    def propose(self, committed, pending_states, state, gamma, temperature, generator):
+        from draftsync.speculative.hidden_states import capture
+
+        verified = len(committed) - 1
+        if state["prompt"] is None:
+            state["prompt"] = verified
+        layers = len(self.target.model.layers)
+        expected = capture(self.target, torch.tensor([committed[:-1]]), (layers,)).final[0, state["seen"] :]
+        assert pending_states.shape == expected.shape and torch.allclose(pending_states, expected, atol=1e-4)
+        state["seen"] = verified
+        length, spoiled = self.script[state["calls"] % len(self.script)]
+        state["calls"] += 1
+        generated = len(committed) - state["prompt"]
+        proposals = list(self.continuation[generated : generated + min(length, gamma)])
+        if spoiled is not None and spoiled < len(proposals):
+            proposals[spoiled] = (proposals[spoiled] + 1) % self.target.config.vocab_size
+        if proposals:
+            accepted = len(proposals) if spoiled is None or spoiled >= len(proposals) else spoiled
+            self.log.append((len(proposals), accepted))
+        return proposals, []
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 4])
+def test_short_and_empty_proposals_are_verified_and_counted_as_vllm_does(target, prompts, greedy, gamma):
+    """An empty proposal is a plain decoding step and no draft; a short one counts its own length."""
+    script = [(3, None), (0, None), (2, 0), (5, 2), (0, None), (0, None), (1, None), (4, 3)]
+    proposer = ScriptedProposer(target, greedy[1], script)
+    generation = SpeculativeEngine(target, proposer, gamma).generate(prompts[1], NEW_TOKENS)
+    assert generation.token_ids == greedy[1]
+    stats = generation.stats
+    assert_consistent(stats, gamma)
+    assert stats.drafts == len(proposer.log)
+    assert stats.draft_tokens == sum(proposed for proposed, _ in proposer.log)
+    assert stats.accepted == sum(accepted for _, accepted in proposer.log)
+    assert stats.accepted_per_position == [sum(a > i for _, a in proposer.log) for i in range(gamma)]
