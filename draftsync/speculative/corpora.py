@@ -177,6 +177,14 @@ def mixed_texts(task_mix: dict[str, float], count: int, seed: int, split: str = 
     return out
 
 
+def task_prompts_for_mix(task_mix: dict[str, float], count: int, seed: int,
+                         split: str = "heldout") -> list[tuple[str, str]]:
+    """About `count` (task, prompt) pairs in the proportions of the task mix, at least one per task."""
+    return [
+        (task, p) for task, n in _quotas(task_mix, count, minimum=1).items() for p in prompts(task, n, seed=seed, split=split)
+    ]
+
+
 def prompts_for_mix(task_mix: dict[str, float], count: int, seed: int, split: str = "heldout") -> list[str]:
-    """About `count` prompts in the proportions of the task mix, at least one per task."""
-    return [p for task, n in _quotas(task_mix, count, minimum=1).items() for p in prompts(task, n, seed=seed, split=split)]
+    """The prompts of `task_prompts_for_mix`, without their task names."""
+    return [p for _, p in task_prompts_for_mix(task_mix, count, seed, split)]

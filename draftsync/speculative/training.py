@@ -1,292 +1,392 @@
-"""Training an EAGLE-3 drafter against a frozen target, with hidden states computed on the fly.
+"""Training any drafter family against a frozen target, from hidden-state shards.
 
-Each batch runs the target once (no grad) for its aux states and logits; the drafter learns the target's
-next-token distribution restricted to the draft vocabulary (soft cross-entropy), for one or more chained
-training-time-test steps. The report's `top1_agreement` is the share of held-out positions where the
-drafter's first guess equals the target's greedy token: a proxy for acceptance at T=0.
+The shards hold the target's states (aux layers and the post-norm final state); the target's lm_head turns
+`final` into its next-token distribution on the fly, so logits are never stored. Each family brings its own
+loss (`drafter.training_loss`); this loop owns what they share: the draft vocabulary from the dataset's
+token counts, initialisation from the target, warm start from the previous drafter, AdamW with warmup and
+cosine decay, checkpoints every N steps with an exact resume, per-position held-out accuracy (the
+acceptance proxy at T=0), bf16 autocast on CUDA.
+
+Determinism: batch k is a pure function of (seed, k), and so is the noise drawn at step k, so a run resumed
+from a checkpoint takes the same steps as one that was never interrupted.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
+
+if TYPE_CHECKING:
+    import torch
+
+    from draftsync.speculative.shards import ShardDataset
+    from draftsync.speculative.training_batch import TrainingBatch
+
+CHECKPOINT_FILE = "trainer-state.pt"
 
 
 @dataclass
 class TrainConfig:
-    """How to train; stops at `steps` or `time_budget_s`, whichever comes first (at least one is needed)."""
+    """How to train one drafter; the defaults suit the built-in CPU targets."""
 
+    method: str = "eagle3"
     draft_vocab_size: int | None = None  # None: the target's whole vocabulary
-    aux_layer_ids: tuple[int, ...] | None = None  # None: default_aux_layer_ids(target layers)
-    steps: int | None = 200
-    time_budget_s: float | None = None
+    aux_layer_ids: tuple[int, ...] | None = None  # EAGLE-3 only; None: default_aux_layer_ids(target layers)
+    medusa_heads: int = 4
+    draft_model_parameters: int | None = None  # draft_model only: parameter budget (None: an eagle3 drafter's)
+    steps: int = 200
     batch_size: int = 16
     seq_len: int = 128
     lr: float = 3e-3
     warmup_steps: int = 10
     ttt_steps: int = 1
-    noise_std: float = 0.0  # Gaussian noise added to the aux states, for robustness to the target's drift
+    noise_std: float = 0.0  # Gaussian noise on the target states, for robustness to the target's drift
     holdout_fraction: float = 0.05
     seed: int = 0
-    fc_norm: bool = False
-    norm_output: bool = False
-    norm_before_fc: bool = False
     freeze_embeddings: bool = True
+    checkpoint_every: int = 0  # steps between resumable checkpoints (0: none)
+    eval_every: int = 0  # steps between held-out evaluations reported to on_progress (0: only at the end)
+    device: str = "auto"  # "cpu", "cuda" or "auto" (CUDA when available)
+
+    def fingerprint(self) -> str:
+        """What a checkpoint must agree with to be resumed (everything that shapes the run but `steps`)."""
+        data = {k: v for k, v in asdict(self).items() if k not in ("steps", "checkpoint_every", "eval_every")}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
 @dataclass
 class TrainReport:
+    method: str
     steps: int
     tokens: int
     seconds: float
     tokens_per_s: float
     final_loss: float
-    top1_agreement: float
+    top1_agreement: float  # held-out accuracy of the first draft position
+    position_accuracy: list[float]  # held-out accuracy per draft position
     holdout_positions: int
     draft_vocab_size: int
-    aux_layer_ids: list[int]
+    resumed_from_step: int
+    warm_start_tensors: int  # tensors copied from the previous drafter (0: cold start)
     losses: list[float] = field(default_factory=list)
+    history: list[dict[str, float]] = field(default_factory=list)  # per-step metrics for the tracker
 
 
-@dataclass
-class _Windows:
-    """Training windows of seq_len tokens: ids, real-token flags and loss masks, all [N, seq_len]."""
-
-    ids: Any
-    valid: Any
-    loss_mask: Any
-
-
-def _windows(sequences: list[list[int]], loss_masks: list[list[int]] | None, seq_len: int) -> _Windows:
+def _device(name: str) -> "torch.device":
     import torch
 
-    ids, valid, masks = [], [], []
-    for index, sequence in enumerate(sequences):
-        mask = loss_masks[index] if loss_masks is not None else [1] * len(sequence)
-        for start in range(0, len(sequence), seq_len):
-            chunk = sequence[start : start + seq_len]
-            if len(chunk) < 3:
-                continue
-            pad = seq_len - len(chunk)
-            ids.append(list(chunk) + [0] * pad)
-            valid.append([1] * len(chunk) + [0] * pad)
-            masks.append(list(mask[start : start + seq_len]) + [0] * pad)
-    if not ids:
-        return _Windows(torch.zeros(0, seq_len, dtype=torch.long), torch.zeros(0, seq_len, dtype=torch.bool),
-                        torch.zeros(0, seq_len, dtype=torch.bool))
-    return _Windows(
-        torch.tensor(ids, dtype=torch.long),
-        torch.tensor(valid, dtype=torch.bool),
-        torch.tensor(masks, dtype=torch.bool) & torch.tensor(valid, dtype=torch.bool),
-    )
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise DraftsyncError("training was asked to run on CUDA but no CUDA device is visible",
+                             "run on a GPU worker or set the training device to cpu")
+    return torch.device(name)
 
 
-def _check_inputs(target_model: Any, sequences: list[list[int]], loss_masks: list[list[int]] | None,
-                  config: TrainConfig) -> None:
-    if config.steps is None and config.time_budget_s is None:
-        raise DraftsyncError("the training config has neither steps nor a time budget",
-                             "set TrainConfig.steps or TrainConfig.time_budget_s")
-    if config.ttt_steps < 1:
-        raise DraftsyncError(f"ttt_steps={config.ttt_steps} is below 1", "use ttt_steps >= 1")
-    if loss_masks is not None and (
-        len(loss_masks) != len(sequences) or any(len(m) != len(s) for m, s in zip(loss_masks, sequences))
-    ):
-        raise DraftsyncError("loss masks do not line up with the token sequences",
-                             "give one mask per sequence, as long as the sequence (or no masks)")
-    vocab_size = target_model.config.vocab_size
-    if not sequences or max((max(s) for s in sequences if s), default=-1) >= vocab_size or any(
-        min(s) < 0 for s in sequences if s
-    ):
-        raise DraftsyncError(
-            f"training sequences are empty or hold ids outside the target vocabulary (0..{vocab_size - 1})",
-            "tokenize the training text with the target's own tokenizer",
-        )
+def new_drafter_for(target_model: Any, dataset: "ShardDataset", config: TrainConfig):
+    """A fresh drafter of `config.method` shaped for the target, with its draft vocabulary from the data.
 
-
-def _soft_cross_entropy(draft_logits, target_logits, weight):
-    """Mean over weighted rows of -sum p_target * log q_draft, both over the draft vocabulary."""
+    `draft_model` (the benchmark's independent small LM) gets the parameter budget of an EAGLE-3 drafter's
+    own weights unless one is given.
+    """
     import torch
 
-    target_probs = torch.softmax(target_logits.float(), dim=-1)
-    per_row = -(target_probs * torch.log_softmax(draft_logits.float(), dim=-1)).sum(-1)
-    weight = weight.float()
-    return (per_row * weight).sum() / weight.sum().clamp_min(1.0)
+    from draftsync.speculative.draft_vocab import build_draft_vocab
+    from draftsync.speculative.drafters import new_drafter, parameter_count
 
-
-def _warm_start(drafter: Eagle3Drafter, source: Eagle3Drafter) -> None:
-    """Copy every same-shaped tensor of `source`; lm_head rows follow their target ids if the vocab moved."""
-    import torch
-
-    own = drafter.state_dict()
-    with torch.no_grad():
-        for name, tensor in source.state_dict().items():
-            if name in ("d2t", "t2d", "lm_head.weight") or name not in own or own[name].shape != tensor.shape:
-                continue
-            own[name].copy_(tensor)
-        if source.lm_head.weight.shape[1] == drafter.lm_head.weight.shape[1]:
-            row_of = {int(t): i for i, t in enumerate(source.draft_token_ids.tolist())}
-            for row, target_id in enumerate(drafter.draft_token_ids.tolist()):
-                if target_id in row_of:
-                    drafter.lm_head.weight[row].copy_(source.lm_head.weight[row_of[target_id]])
-
-
-def _step_losses(drafter: Eagle3Drafter, states: Any, ids: Any, loss_mask: Any, ttt_steps: int, noise: Any):
-    """Loss of each TTT step and the step-0 agreement counts for one batch."""
-    aux = states.aux[:, :-1]
-    if noise is not None:
-        aux = aux + noise
-    logits_per_step = drafter.unroll(ids[:, 1:], aux, ttt_steps)
-    draft_ids = drafter.draft_token_ids
-    length = ids.shape[1]
-    losses = []
-    for step, logits in enumerate(logits_per_step):
-        rows = length - 2 - step  # row t predicts token t+step+2 from the target's distribution at t+step+1
-        if rows <= 0:
-            break
-        target_logits = states.logits[:, step + 1 : step + 1 + rows].index_select(-1, draft_ids)
-        losses.append(_soft_cross_entropy(logits[:, :rows], target_logits, loss_mask[:, step + 2 :]))
-    first = logits_per_step[0][:, : length - 2]
-    agree = (drafter.to_target_ids(first.argmax(-1)) == states.logits[:, 1 : length - 1].argmax(-1))
-    weight = loss_mask[:, 2:]
-    return losses, int((agree & weight).sum()), int(weight.sum())
-
-
-def train_eagle3(
-    target_model: Any,
-    sequences: list[list[int]],
-    loss_masks: list[list[int]] | None,
-    config: TrainConfig,
-    init_from: Eagle3Drafter | None = None,
-    on_progress: Callable[[int, int | None, dict[str, float]], None] | None = None,
-) -> tuple[Eagle3Drafter, TrainReport]:
-    """Train an EAGLE-3 drafter for `target_model` on token `sequences`; seeded and deterministic on CPU."""
-    import torch
-
-    from draftsync.speculative.draft_vocab import build_draft_vocab, count_tokens
-    from draftsync.speculative.hidden_states import capture
-
-    _check_inputs(target_model, sequences, loss_masks, config)
-    target_model.eval()
-    vocab_size = target_model.config.vocab_size
-    generator = torch.Generator().manual_seed(config.seed)
-
-    order = torch.randperm(len(sequences), generator=generator).tolist()
-    holdout_count = int(round(config.holdout_fraction * len(sequences))) if len(sequences) > 1 else 0
-    holdout_count = min(max(holdout_count, 1 if len(sequences) > 1 else 0), len(sequences) - 1)
-    held = order[:holdout_count]
-    kept = order[holdout_count:]
-
-    def select(indices):
-        return [sequences[i] for i in indices], None if loss_masks is None else [loss_masks[i] for i in indices]
-
-    train_sequences, train_masks = select(kept)
-    holdout_sequences, holdout_masks = select(held) if held else select(kept)
-    train = _windows(train_sequences, train_masks, config.seq_len)
-    holdout = _windows(holdout_sequences, holdout_masks, config.seq_len)
-    if train.ids.shape[0] == 0:
-        raise DraftsyncError("no training window has 3 or more tokens", "give longer training sequences")
-
-    drafter_config = Eagle3Config.for_target(
-        target_model.config,
-        draft_vocab_size=config.draft_vocab_size or vocab_size,
-        aux_layer_ids=config.aux_layer_ids,
-        fc_norm=config.fc_norm,
-        norm_output=config.norm_output,
-        norm_before_fc=config.norm_before_fc,
-    )
+    target_config = target_model.config
+    vocab_size = target_config.vocab_size
+    draft_vocab_size = config.draft_vocab_size or vocab_size
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        drafter = Eagle3Drafter(drafter_config)
-    d2t, t2d = build_draft_vocab(count_tokens(train_sequences, train_masks, vocab_size), drafter_config.draft_vocab_size)
-    drafter.set_draft_vocab(d2t, t2d)
-    drafter.initialise_from_target(target_model, freeze_embeddings=config.freeze_embeddings)
-    if init_from is not None:
-        _warm_start(drafter, init_from)
-    drafter.embed_tokens.weight.requires_grad_(not config.freeze_embeddings)
-    drafter.train()
+        if config.method in ("eagle3", "eagle3.1"):
+            aux = config.aux_layer_ids if config.aux_layer_ids is not None else dataset.aux_layer_ids
+            drafter = new_drafter(config.method, target_config, draft_vocab_size, aux)
+        elif config.method == "eagle":
+            drafter = new_drafter("eagle", target_config, None if draft_vocab_size == vocab_size else draft_vocab_size)
+        elif config.method == "medusa":
+            drafter = new_drafter("medusa", target_config, draft_vocab_size, num_heads=config.medusa_heads)
+        elif config.method == "draft_model":
+            from draftsync.speculative.draft_model import DraftModelDrafter
 
+            budget = config.draft_model_parameters or parameter_count(new_drafter("eagle3", target_config)).own
+            drafter = DraftModelDrafter.for_budget(target_config, budget)  # vLLM serves it over the whole vocabulary
+        else:
+            raise DraftsyncError(f"unknown drafter method {config.method!r}",
+                                 "use eagle3, eagle3.1, eagle, medusa (or draft_model for the benchmark baseline)")
+    if drafter.config.draft_vocab_size < vocab_size:
+        d2t, t2d = build_draft_vocab(dataset.token_counts(), drafter.config.draft_vocab_size)
+        drafter.set_draft_vocab(d2t, t2d)
+    drafter.initialise_from_target(target_model, freeze_embeddings=config.freeze_embeddings)
+    return drafter
+
+
+def warm_start(drafter: Any, source: Any) -> int:
+    """Copy every same-named, same-shaped tensor of `source` into `drafter`; returns how many were copied.
+
+    Output heads are copied row by row, following each row's target token id, so a draft vocabulary that
+    moved between target versions keeps what the old drafter knew about the ids both share.
+    """
+    import torch
+
+    if getattr(source, "method", None) != getattr(drafter, "method", None):
+        return 0
+    own = drafter.state_dict()
+    copied = 0
+    head_names = {name for name in own if name.endswith("lm_head.weight")}
+    with torch.no_grad():
+        for name, tensor in source.state_dict().items():
+            if name in ("d2t", "t2d") or name not in own or own[name].shape[1:] != tensor.shape[1:]:
+                continue
+            if name in head_names:
+                rows_of = {int(t): i for i, t in enumerate(source.draft_token_ids.tolist())}
+                for row, target_id in enumerate(drafter.draft_token_ids.tolist()):
+                    if target_id in rows_of:
+                        own[name][row].copy_(tensor[rows_of[target_id]])
+                copied += 1
+            elif own[name].shape == tensor.shape:
+                own[name].copy_(tensor)
+                copied += 1
+    return copied
+
+
+def _target_head(target_model: Any):
+    """The target's lm_head: it turns the stored post-norm state into the target's distribution."""
+    return target_model.get_output_embeddings()
+
+
+def _to_device(batch: "TrainingBatch", device: "torch.device") -> "TrainingBatch":
+    from draftsync.speculative.training_batch import TrainingBatch
+
+    def move(tensor):
+        return None if tensor is None else tensor.to(device, non_blocking=True)
+
+    return TrainingBatch(ids=move(batch.ids), valid=move(batch.valid), loss_mask=move(batch.loss_mask),
+                         aux=move(batch.aux), final=move(batch.final), target_logits=move(batch.target_logits))
+
+
+def _with_target_logits(batch: "TrainingBatch", head: Any) -> "TrainingBatch":
+    import torch
+
+    if batch.target_logits is None:
+        with torch.no_grad():
+            batch.target_logits = head(batch.final.to(head.weight.dtype)).float()
+    return batch
+
+
+def _lr_at(config: TrainConfig, step: int) -> float:
+    warm = min(1.0, (step + 1) / max(1, config.warmup_steps))
+    progress = step / max(1, config.steps)
+    return config.lr * warm * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Atomically: a crash while writing leaves the previous checkpoint intact."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _load_checkpoint(path: Path, fingerprint: str, dataset_id: str) -> dict[str, Any] | None:
+    import torch
+
+    if not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # a torn or foreign file: say which and how to recover
+        raise DraftsyncError(f"training checkpoint {path} cannot be read ({error})",
+                             f"delete {path} to train from scratch") from error
+    if state.get("fingerprint") != fingerprint or state.get("dataset") != dataset_id:
+        raise DraftsyncError(
+            f"training checkpoint {path} belongs to another run (different config or dataset)",
+            f"use another checkpoint directory, or delete {path} to train from scratch",
+        )
+    return state
+
+
+def evaluate(drafter: Any, dataset: "ShardDataset", windows: "torch.Tensor", head: Any, batch_size: int,
+             device: "torch.device") -> tuple[list[float], int]:
+    """Held-out top-1 accuracy per draft position (loss-masked positions) and the positions counted."""
+    import torch
+
+    hits: list[int] = []
+    counts: list[int] = []
+    was_training = drafter.training
+    drafter.eval()
+    with torch.no_grad():
+        for batch in dataset.batches(windows, batch_size):
+            batch = _with_target_logits(_to_device(batch, device), head)
+            result = drafter.training_loss(batch, ttt_steps=_positions(drafter), noise_std=0.0, generator=None)
+            for i, (h, c) in enumerate(zip(result.position_hits, result.position_counts)):
+                if i >= len(hits):
+                    hits.append(0)
+                    counts.append(0)
+                hits[i] += h
+                counts[i] += c
+    drafter.train(was_training)
+    return [h / c if c else 0.0 for h, c in zip(hits, counts)], (counts[0] if counts else 0)
+
+
+def _check_dataset(dataset: "ShardDataset", target_model: Any, config: TrainConfig) -> None:
+    """The states on disk must come from this target, and EAGLE-3 needs the aux states it was told to read."""
+    from draftsync.speculative.shards import target_fingerprint
+
+    built_for = dataset.manifest["target"]
+    if built_for["fingerprint"] != target_fingerprint(target_model):
+        raise DraftsyncError(
+            f"dataset {dataset.path} was built from another target ({built_for['name_or_path'] or 'unnamed'})",
+            "rebuild the dataset from this target version: its hidden states are what the drafter learns",
+        )
+    if config.method in ("eagle3", "eagle3.1"):
+        wanted = tuple(config.aux_layer_ids) if config.aux_layer_ids is not None else dataset.aux_layer_ids
+        if not dataset.has_aux or tuple(dataset.aux_layer_ids) != wanted:
+            raise DraftsyncError(
+                f"dataset {dataset.path} holds aux states of layers {list(dataset.aux_layer_ids)} "
+                f"(stored: {dataset.has_aux}); {config.method} was asked to read {list(wanted)}",
+                "rebuild the dataset with these aux layer ids, or train with the dataset's",
+            )
+
+
+def _dataset_identity(dataset: "ShardDataset") -> str:
+    manifest = dataset.manifest
+    return f"{manifest['target']['fingerprint']}:{manifest['samples_digest']}:{manifest['num_sequences']}"
+
+
+def _positions(drafter: Any) -> int:
+    """How many draft positions to evaluate: Medusa's heads, else a chain of three."""
+    return getattr(drafter.config, "num_heads", 3)
+
+
+def train_drafter(
+    target_model: Any,
+    dataset: "ShardDataset",
+    config: TrainConfig,
+    init_from: Any = None,
+    checkpoint_dir: str | Path | None = None,
+    on_progress: Callable[[int, int, dict[str, float]], None] | None = None,
+) -> tuple[Any, TrainReport]:
+    """Train a drafter of `config.method` for `target_model` on `dataset`; resumes from `checkpoint_dir`.
+
+    `init_from` (the previous target version's drafter) warm-starts it when method and shapes match.
+    """
+    import torch
+
+    if config.steps < 0:
+        raise DraftsyncError(f"training steps {config.steps} is negative", "use steps >= 0")
+    if config.ttt_steps < 1:
+        raise DraftsyncError(f"ttt_steps={config.ttt_steps} is below 1", "use ttt_steps >= 1")
+    _check_dataset(dataset, target_model, config)
+    device = _device(config.device)
+    target_model.eval()
+    head = _target_head(target_model).to(device)
+    train_ids, holdout_ids = dataset.split(config.holdout_fraction, config.seed)
+    train_windows = dataset.windows(train_ids, config.seq_len)
+    holdout_windows = dataset.windows(holdout_ids or train_ids, config.seq_len)
+    if train_windows.shape[0] == 0:
+        raise DraftsyncError(f"dataset {dataset.path} has no training window of 3 or more tokens",
+                             "build the dataset from longer texts or more samples")
+
+    drafter = new_drafter_for(target_model, dataset, config)
+    warm_tensors = warm_start(drafter, init_from) if init_from is not None else 0
+    drafter.to(device).train()
     parameters = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    aux_ids = drafter_config.aux_layer_ids
-    started = time.perf_counter()
+
+    checkpoint_path = Path(checkpoint_dir) / CHECKPOINT_FILE if checkpoint_dir is not None else None
+    fingerprint = config.fingerprint()
     step = tokens = 0
     losses: list[float] = []
-    window_order = torch.randperm(train.ids.shape[0], generator=generator)
-    cursor = 0
-    while True:
-        elapsed = time.perf_counter() - started
-        progress = max(
-            0.0 if config.steps is None else (step / config.steps if config.steps > 0 else 1.0),
-            0.0 if config.time_budget_s is None else elapsed / max(config.time_budget_s, 1e-9),
-        )
-        if progress >= 1.0:
-            break
-        warm = min(1.0, (step + 1) / max(1, config.warmup_steps))
-        lr = config.lr * warm * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+    history: list[dict[str, float]] = []
+    resumed_from = 0
+    dataset_id = _dataset_identity(dataset)
+    state = _load_checkpoint(checkpoint_path, fingerprint, dataset_id) if checkpoint_path else None
+    if state is not None:
+        drafter.load_state_dict(state["drafter"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, tokens, losses, history = state["step"], state["tokens"], state["losses"], state["history"]
+        resumed_from = step
 
-        if cursor + config.batch_size > window_order.shape[0]:
-            window_order = torch.randperm(train.ids.shape[0], generator=generator)
-            cursor = 0
-        batch = window_order[cursor : cursor + config.batch_size]
-        cursor += config.batch_size
-        ids, loss_mask = train.ids[batch], train.loss_mask[batch]
-        states = capture(target_model, ids, aux_ids)
-        noise = None
-        if config.noise_std > 0:
-            noise = config.noise_std * torch.randn(states.aux[:, :-1].shape, generator=generator)
-        step_losses, _, _ = _step_losses(drafter, states, ids, loss_mask, config.ttt_steps, noise)
-        loss = torch.stack(step_losses).sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-        optimizer.step()
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    progress_bar = _progress_bar(config.steps, step, config.method)
+    started = time.perf_counter()
+    tokens_at_start = tokens
+    try:
+        while step < config.steps:
+            lr = _lr_at(config, step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            batch = dataset.batch_for_step(step, config.batch_size, config.seq_len, config.seed, train_windows)
+            batch = _with_target_logits(_to_device(batch, device), head)
+            generator = torch.Generator(device=device).manual_seed(config.seed * 1_000_003 + step)
+            with autocast:
+                result = drafter.training_loss(batch, config.ttt_steps, config.noise_std, generator)
+            optimizer.zero_grad(set_to_none=True)
+            result.total.backward()
+            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+            optimizer.step()
 
-        step += 1
-        tokens += int(train.valid[batch].sum())
-        losses.append(loss.item())
-        if on_progress is not None:
+            step += 1
+            tokens += int(batch.valid.sum())
+            losses.append(float(result.total.detach()))
             seconds = time.perf_counter() - started
-            on_progress(step, config.steps, {"loss": losses[-1], "lr": lr, "tokens_per_s": tokens / max(seconds, 1e-9)})
+            metrics = {"loss": losses[-1], "lr": lr, "tokens_per_s": (tokens - tokens_at_start) / max(seconds, 1e-9)}
+            for i, (h, c) in enumerate(zip(result.position_hits, result.position_counts)):
+                metrics[f"train_accuracy_pos{i}"] = h / c if c else 0.0
+            if config.eval_every and step % config.eval_every == 0 and step < config.steps:
+                accuracy, _ = evaluate(drafter, dataset, holdout_windows, head, config.batch_size, device)
+                metrics.update({f"holdout_accuracy_pos{i}": a for i, a in enumerate(accuracy)})
+            history.append({"step": step, **metrics})
+            progress_bar.update(1)
+            progress_bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+            if on_progress is not None:
+                on_progress(step, config.steps, metrics)
+            if checkpoint_path is not None and config.checkpoint_every and step % config.checkpoint_every == 0:
+                _save_checkpoint(checkpoint_path, {
+                    "fingerprint": fingerprint, "dataset": dataset_id, "step": step, "tokens": tokens,
+                    "losses": losses, "history": history, "drafter": drafter.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                })
+    finally:
+        progress_bar.close()
 
     seconds = time.perf_counter() - started
-    drafter.eval()
-    agreement, positions = evaluate_top1_agreement(drafter, target_model, holdout, config.batch_size)
+    accuracy, positions = evaluate(drafter, dataset, holdout_windows, head, config.batch_size, device)
+    drafter.to("cpu").eval()
     report = TrainReport(
+        method=drafter.method,
         steps=step,
         tokens=tokens,
         seconds=seconds,
-        tokens_per_s=tokens / max(seconds, 1e-9),
+        tokens_per_s=(tokens - tokens_at_start) / max(seconds, 1e-9),
         final_loss=sum(losses[-10:]) / max(1, len(losses[-10:])),
-        top1_agreement=agreement,
+        top1_agreement=accuracy[0] if accuracy else 0.0,
+        position_accuracy=accuracy,
         holdout_positions=positions,
-        draft_vocab_size=drafter_config.draft_vocab_size,
-        aux_layer_ids=list(aux_ids),
+        draft_vocab_size=drafter.config.draft_vocab_size,
+        resumed_from_step=resumed_from,
+        warm_start_tensors=warm_tensors,
         losses=losses,
+        history=history,
     )
     return drafter, report
 
 
-def evaluate_top1_agreement(drafter: Eagle3Drafter, target_model: Any, windows: _Windows, batch_size: int) -> tuple[float, int]:
-    """Share of loss-masked positions where the drafter's first guess is the target's greedy token."""
-    import torch
+def _progress_bar(total: int, initial: int, method: str):
+    """A tqdm bar with loss and tokens/s; silent when stderr is not a terminal (CI, Prefect workers)."""
+    from tqdm.auto import tqdm
 
-    from draftsync.speculative.hidden_states import capture
-
-    agree = total = 0
-    with torch.no_grad():
-        for start in range(0, windows.ids.shape[0], batch_size):
-            ids = windows.ids[start : start + batch_size]
-            mask = windows.loss_mask[start : start + batch_size]
-            states = capture(target_model, ids, drafter.config.aux_layer_ids)
-            _, hits, count = _step_losses(drafter, states, ids, mask, 1, None)
-            agree += hits
-            total += count
-    return (agree / total if total else 0.0), total
+    return tqdm(total=total, initial=initial, desc=f"training {method}", unit="step", disable=None, leave=False)

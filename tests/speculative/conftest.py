@@ -118,14 +118,55 @@ def random_drafter(target):
     return Eagle3Drafter(Eagle3Config.for_target(target.config)).eval()
 
 
+def chain_shards_of(target, sequences, directory, masks=None):
+    """A hidden-state dataset of `target` over token `sequences` (every token a training target by default)."""
+    from draftsync.speculative.shards import Sample, ShardDataset, build_shards
+
+    samples = [Sample("chain", list(s), list(masks[i]) if masks else [1] * len(s)) for i, s in enumerate(sequences)]
+    build_shards(target, samples, directory, (1, 2, 3), shard_tokens=4096, batch_size=32)
+    return ShardDataset(directory)
+
+
+def drifted_chain_target(fraction: float = 0.15):
+    """The chain target after a "fine-tune": a share of its successor transitions moved elsewhere."""
+    import torch
+
+    model = chain_target()
+    successor = torch.tensor(successor_table())
+    generator = torch.Generator().manual_seed(99)
+    moved = torch.randperm(CHAIN_TOKENS, generator=generator)[: int(fraction * CHAIN_TOKENS)]
+    with torch.no_grad():
+        head = model.lm_head.weight
+        rows = head[successor[moved]].clone()
+        head[successor[moved]] = rows[torch.randperm(len(moved), generator=generator)]
+    return model
+
+
 @pytest.fixture(scope="session")
-def trained(target, chain_data):
+def make_chain_shards():
+    """chain_shards_of(target, sequences, directory, masks=None), for tests that need their own dataset."""
+    return chain_shards_of
+
+
+@pytest.fixture(scope="session")
+def drifted_target():
+    return drifted_chain_target()
+
+
+@pytest.fixture(scope="session")
+def chain_shards(target, chain_data, tmp_path_factory):
+    with one_torch_thread():
+        return chain_shards_of(target, chain_data, tmp_path_factory.mktemp("chain-shards"))
+
+
+@pytest.fixture(scope="session")
+def trained(target, chain_shards):
     """(drafter, report) after a short training with a draft vocabulary and two training-time-test steps."""
-    from draftsync.speculative.training import TrainConfig, train_eagle3
+    from draftsync.speculative.training import TrainConfig, train_drafter
 
     config = TrainConfig(draft_vocab_size=256, steps=100, batch_size=8, seq_len=32, ttt_steps=2, seed=0)
     with one_torch_thread():
-        return train_eagle3(target, chain_data, None, config)
+        return train_drafter(target, chain_shards, config)
 
 
 @pytest.fixture(scope="session")

@@ -78,25 +78,6 @@ def test_eagle3_training_loss_is_the_soft_cross_entropy_of_each_chained_step(tar
     assert loss.total.requires_grad
 
 
-def test_eagle3_training_loss_equals_the_pre_move_helper(target, chain_batch):
-    """Guards the move of the loss from training.py into the drafter: same numbers, noise included."""
-    from draftsync.speculative import training
-
-    if not hasattr(training, "_step_losses"):
-        pytest.skip("training.py no longer carries the pre-move helper; the row-by-row test above still holds")
-    from draftsync.speculative.hidden_states import CapturedStates
-
-    drafter = eagle3_for(target)
-    batch = chain_batch
-    states = CapturedStates(aux=batch.aux, last=batch.final, final=batch.final, logits=batch.target_logits)
-    noise = 0.1 * torch.randn(batch.aux[:, :-1].shape, generator=torch.Generator().manual_seed(9))
-    old_losses, old_hits, old_count = training._step_losses(drafter, states, batch.ids, batch.loss_mask, 3, noise)
-    new = drafter.training_loss(batch, 3, 0.1, torch.Generator().manual_seed(9))
-    assert torch.equal(torch.stack(old_losses).sum(), new.total)
-    assert [x.item() for x in old_losses] == new.position_losses
-    assert (old_hits, old_count) == (new.position_hits[0], new.position_counts[0])
-
-
 def test_eagle3_noise_comes_from_the_generator(target, chain_batch):
     drafter = eagle3_for(target)
     first = drafter.training_loss(chain_batch, 1, 0.5, torch.Generator().manual_seed(1)).total

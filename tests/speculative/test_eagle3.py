@@ -9,7 +9,6 @@ from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_vocab import build_draft_vocab, count_tokens
 from draftsync.speculative.eagle3 import DrafterKVCache, Eagle3Config, Eagle3Drafter
 from draftsync.speculative.hidden_states import capture, crop_kv_cache, default_aux_layer_ids, new_kv_cache
-from draftsync.speculative.training import TrainConfig, train_eagle3
 
 VOCAB = 384  # the tiny targets' vocabulary (conftest)
 
@@ -217,56 +216,3 @@ def test_token_counts_honour_loss_masks():
     assert counts.tolist() == [0, 0, 2, 1, 0]
 
 
-# ---- training --------------------------------------------------------------------------------------
-def test_trained_drafter_agrees_with_the_target_far_more_than_an_untrained_one(target, trained, make_chains):
-    from draftsync.speculative.training import _windows, evaluate_top1_agreement
-
-    drafter, report = trained
-    assert report.steps == 100 and report.tokens == 100 * 8 * 32
-    assert report.draft_vocab_size == 256 and report.aux_layer_ids == [1, 2, 3]
-    assert report.losses[-1] < report.losses[0] / 2
-    assert report.holdout_positions > 0
-    held_out = _windows(make_chains(16, 32, seed=77), None, 32)
-    untrained = drafter_for(target, 256)
-    untrained.set_draft_vocab(drafter.d2t, drafter.t2d)
-    baseline, _ = evaluate_top1_agreement(untrained, target, held_out, 8)
-    agreement, _ = evaluate_top1_agreement(drafter, target, held_out, 8)
-    assert agreement > 0.8 and baseline < 0.2
-    assert report.top1_agreement > 0.8
-
-
-def test_training_is_deterministic_and_reports_progress(target, chain_data):
-    seen = []
-    config = TrainConfig(draft_vocab_size=128, steps=4, batch_size=4, seq_len=16, seed=3)
-    first, report = train_eagle3(target, chain_data[:40], None, config, on_progress=lambda s, n, m: seen.append((s, n)))
-    second, _ = train_eagle3(target, chain_data[:40], None, config)
-    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
-    for name, tensor in first.state_dict().items():
-        assert torch.equal(tensor, second.state_dict()[name]), name
-    assert report.draft_vocab_size == 128 and int(first.t2d.sum()) == 128
-
-
-def test_warm_start_copies_the_previous_drafter(target, trained, chain_data):
-    previous = trained[0]
-    config = TrainConfig(draft_vocab_size=256, steps=0, batch_size=8, seq_len=32, seed=0)
-    warm, report = train_eagle3(target, chain_data, None, config, init_from=previous)
-    assert report.steps == 0
-    for name, tensor in previous.state_dict().items():
-        assert torch.equal(tensor, warm.state_dict()[name]), name
-
-
-def test_loss_masks_limit_the_draft_vocabulary(target):
-    sequences = [[1, 2, 3, 4, 5, 6, 7, 8] * 2]
-    masks = [[0, 0, 0, 0, 1, 1, 1, 1] * 2]
-    drafter, _ = train_eagle3(target, sequences, masks, TrainConfig(draft_vocab_size=4, steps=1, batch_size=1,
-                                                                     seq_len=16, holdout_fraction=0.0))
-    assert drafter.draft_token_ids.tolist() == [5, 6, 7, 8]
-
-
-def test_bad_training_input_is_named(target):
-    with pytest.raises(DraftsyncError, match="vocabulary"):
-        train_eagle3(target, [[1, 2, VOCAB + 5]], None, TrainConfig(steps=1))
-    with pytest.raises(DraftsyncError, match="masks"):
-        train_eagle3(target, [[1, 2, 3]], [[1, 1]], TrainConfig(steps=1))
-    with pytest.raises(DraftsyncError, match="steps"):
-        train_eagle3(target, [[1, 2, 3]], None, TrainConfig(steps=None, time_budget_s=None))

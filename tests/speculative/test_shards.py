@@ -19,7 +19,6 @@ from draftsync.speculative.shards import (
     regenerated_samples,
     teacher_forced_samples,
 )
-from draftsync.speculative.training import _windows
 
 LAYERS = (1, 2, 4)
 TASKS = ("code", "math", "prose")
@@ -220,14 +219,22 @@ def test_resuming_refuses_another_target_other_layers_or_other_inputs(tmp_path, 
 
 
 # ---- reading -----------------------------------------------------------------------------------------
-def test_windows_cut_sequences_like_the_in_memory_trainer(built, samples):
+def test_windows_cut_sequences_into_consecutive_pieces_of_seq_len(built, samples):
     data = ShardDataset(built[0])
     windows = data.windows(range(len(samples)), 16)
-    expected = _windows([s.input_ids for s in samples], [s.loss_mask for s in samples], 16)
+    expected_ids, expected_masks = [], []
+    for sample in samples:
+        for start in range(0, len(sample.input_ids), 16):
+            piece = sample.input_ids[start : start + 16]
+            if len(piece) >= 3:
+                pad = 16 - len(piece)
+                expected_ids.append(piece + [0] * pad)
+                expected_masks.append(sample.loss_mask[start : start + 16] + [0] * pad)
     batch = data.batch(windows, 16)
-    assert torch.equal(batch.ids, expected.ids)
-    assert torch.equal(batch.valid, expected.valid)
-    assert torch.equal(batch.loss_mask, expected.loss_mask)
+    assert batch.ids.tolist() == expected_ids
+    assert batch.loss_mask.to(torch.int64).tolist() == expected_masks
+    assert batch.valid.sum(1).tolist() == windows[:, 2].tolist()
+    assert batch.valid[:, 0].all() and not (batch.loss_mask & ~batch.valid).any()
     assert int(windows[:, 2].min()) >= 3
 
 
