@@ -275,9 +275,9 @@ def load_service(target_dir: Path, drafter_dir: Path | None, gamma: int | None, 
 
     drafter = None
     if drafter_dir is not None:
-        from draftsync.speculative.speculators_format import load_eagle3
+        from draftsync.speculative.drafters import load_drafter
 
-        drafter = load_eagle3(drafter_dir)
+        drafter = load_drafter(drafter_dir)
     engine = SpeculativeEngine(model, drafter, gamma if drafter is not None else 0)
     return CompletionService(
         engine, tokenizer, model_name,
