@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from draftsync.tasks import context
-from draftsync.tasks.dataset import build_training_set, target_task_mix
-from draftsync.tasks.drafting import train_drafter
+from draftsync.tasks.dataset import build_dataset, target_task_mix
+from draftsync.tasks.drafting import HISTORY_FILE, train_drafter
 from draftsync.tasks.profile import SyncProfile, profile as named_profile
 from draftsync.tasks.registration import drafter_model_name, fetch_target, promote_drafter, register_drafter
 from draftsync.tasks.validation import validate_drafter
@@ -37,15 +39,23 @@ def sync(target_name: str, target_version: int, profile: str | SyncProfile = "de
     settings = context.settings()
     target = fetch_target(target_name, target_version)
     task_mix = target_task_mix(target["path"], target["tags"])
-    data = build_training_set(target["path"], task_mix, chosen)
+    # One work directory per (target version, method): a rerun after a crash resumes the dataset build
+    # from its last shard and the training from its last checkpoint.
+    work = settings.root / "syncs" / target_name / f"v{target_version}-{chosen.method}"
+    dataset_dir = work / f"dataset-{chosen.dataset_key()}"
+    data = build_dataset(target["path"], task_mix, chosen, str(dataset_dir))
 
     drafter_model = drafter_model_name(target_name)
     previous = registry.alias_version(drafter_model, "production")
     warm_start_dir = str(registry.download(drafter_model, previous)) if previous is not None else None
     out_dir = settings.root / "drafters" / target_name / f"target-v{target_version}-{chosen.method}"
-    training = train_drafter(target["path"], data["sequences"], data["loss_masks"], chosen, str(out_dir), warm_start_dir)
+    checkpoints = work / "checkpoints"
+    training = train_drafter(target["path"], data["path"], chosen, str(out_dir), str(checkpoints), warm_start_dir)
     validation = validate_drafter(target["path"], str(out_dir), task_mix, chosen)
-    version = register_drafter(target_name, target_version, str(out_dir), chosen.method, chosen.gamma, validation, training)
+    version = register_drafter(target_name, target_version, str(out_dir), chosen.method, chosen.gamma, validation,
+                               training, history_path=str(checkpoints / HISTORY_FILE))
+    if not chosen.keep_dataset:
+        shutil.rmtree(dataset_dir, ignore_errors=True)
     if validation["passed"]:
         promote_drafter(target_name, version)
         logger.info("drafter %s v%d promoted to production", drafter_model, version)
@@ -67,5 +77,6 @@ def sync(target_name: str, target_version: int, profile: str | SyncProfile = "de
         "passed": validation["passed"],
         "validation": validation,
         "training": training,
-        "coverage": data["coverage"],
+        "dataset": {k: v for k, v in data.items() if k != "checks"},
+        "data_checks": data["checks"],
     }

@@ -1,18 +1,16 @@
-"""The training set of a sync: the target's declared task mix, tokenized, with a coverage check."""
+"""The training set of a sync: the target's states on its declared task mix, written as shards and checked."""
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.errors import DraftsyncError
+from draftsync.tasks import context
 from draftsync.tasks.profile import SyncProfile
-
-COVERAGE_TOLERANCE = 0.05  # each task's share within 5 points of the declared mix (the seed's checklist)
 
 
 def target_task_mix(target_dir: Path, tags: dict[str, str] | None = None) -> dict[str, float]:
@@ -34,52 +32,70 @@ def target_task_mix(target_dir: Path, tags: dict[str, str] | None = None) -> dic
     )
 
 
-def check_coverage(tasks: list[str], task_mix: dict[str, float]) -> dict[str, dict[str, float]]:
-    """Observed vs declared share per task; raises when any task is off by more than the tolerance."""
-    total = sum(task_mix.values())
-    counts = Counter(tasks)
-    report = {}
-    for task_name, share in task_mix.items():
-        observed = counts.get(task_name, 0) / max(1, len(tasks))
-        report[task_name] = {"declared": share / total, "observed": observed}
-    off = {t: r for t, r in report.items() if abs(r["observed"] - r["declared"]) > COVERAGE_TOLERANCE}
-    if off:
-        raise DraftsyncError(
-            f"training data does not cover the declared task mix: {off}",
-            "add texts for the missing tasks or correct the target's draftsync.task_mix tag",
-        )
-    return report
+def _checks_markdown(report: dict) -> str:
+    rows = "\n".join(
+        f"| {o['name']} | {o['check']} | {o['observed']} | {o['expected']} | {'pass' if o['passed'] else 'FAIL'} |"
+        for o in report["outcomes"]
+    )
+    return (f"# Data checks ({report['sequences']} sequences)\n\n| expectation | checks | observed | expected | verdict |\n"
+            f"|---|---|---|---|---|\n{rows}\n")
 
 
-@task(name="build-training-set", cache_policy=NONE)
-def build_training_set(target_dir: str, task_mix: dict[str, float], profile: SyncProfile) -> dict:
-    """Texts of the task mix (teacher-forced) plus responses the target writes to prompts of that mix.
+@task(name="build-dataset", cache_policy=NONE)
+def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProfile, out_dir: str) -> dict:
+    """Shards of the target's states on texts of the task mix (teacher-forced) and on its own responses.
 
-    Loss masks cover whole texts and only the response part of generated samples.
+    Resumable: a rerun after a crash continues from the last complete shard. The Great Expectations
+    data checks run on the result; a failure stops the sync with the table of what was observed.
     """
-    from draftsync.speculative.corpora import mixed_texts, prompts_for_mix
-    from draftsync.speculative.responses import generate_responses
-    from draftsync.speculative.targets import load_target
+    from prefect.artifacts import create_markdown_artifact
 
+    from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
+    from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
+    from draftsync.speculative.shards import (
+        ShardDataset,
+        build_shards,
+        concat_samples,
+        regenerated_samples,
+        teacher_forced_samples,
+    )
+    from draftsync.speculative.targets import load_target
+    from draftsync.tasks.data_checks import run_data_checks
+
+    logger = context.logger()
     model, tokenizer = load_target(Path(target_dir))
     pairs = mixed_texts(task_mix, profile.training_texts, seed=profile.seed)
-    coverage = check_coverage([t for t, _ in pairs], task_mix)
-    eos = tokenizer.eos_token_id
-    sequences = [ids + [eos] for ids in tokenizer([text for _, text in pairs])["input_ids"]]
-    masks = [[1] * len(s) for s in sequences]
-    prompt_texts = prompts_for_mix(task_mix, profile.generated_samples, seed=profile.seed + 100, split="train")
-    generated, generated_masks = generate_responses(
-        model, tokenizer, prompt_texts, profile.generated_max_tokens, seed=profile.seed
+    prompts = task_prompts_for_mix(task_mix, profile.generated_samples, seed=profile.seed + 100, split="train")
+    sources = [teacher_forced_samples(tokenizer, pairs)]
+    if profile.generated_samples:
+        sources.append(regenerated_samples(model, tokenizer, prompts, profile.generated_max_tokens, seed=profile.seed))
+    layer_ids = tuple(profile.aux_layer_ids or default_aux_layer_ids(num_decoder_layers(model)))
+
+    def progress(consumed: int, manifest: dict) -> None:
+        logger.info("dataset: %d samples, %d tokens in %d shards", consumed, manifest["total_tokens"],
+                    len(manifest["shards"]))
+
+    manifest = build_shards(
+        model, concat_samples(*sources), out_dir, layer_ids, store_aux=profile.method in ("eagle3", "eagle3.1"),
+        max_seq_len=profile.dataset_max_seq_len, target_name=target_dir, on_progress=progress,
     )
-    samples = [(s, m) for s, m in zip(sequences + generated, masks + generated_masks) if len(s) > 1]
-    sequences, masks = [s for s, _ in samples], [m for _, m in samples]
-    if not sequences:
-        raise DraftsyncError(f"the training set for {target_dir} is empty", "declare a task mix with texts")
+    try:
+        checks = run_data_checks(ShardDataset(out_dir), model.config, task_mix).to_dict()
+    except DraftsyncError as error:
+        report = getattr(error, "report", None)
+        if report is not None:
+            create_markdown_artifact(markdown=_checks_markdown(report.to_dict()), description="failed data checks")
+        raise
+    create_markdown_artifact(markdown=_checks_markdown(checks), description="data checks")
+    logger.info("dataset %s: %d sequences, %d tokens, data checks passed", out_dir, manifest["num_sequences"],
+                manifest["total_tokens"])
     return {
-        "sequences": sequences,
-        "loss_masks": masks,
-        "coverage": coverage,
+        "path": str(out_dir),
+        "sequences": manifest["num_sequences"],
+        "tokens": manifest["total_tokens"],
+        "loss_tokens": manifest["loss_tokens"],
         "texts": len(pairs),
-        "generated": len(generated),
-        "tokens": sum(len(s) for s in sequences),
+        "generated": len(prompts) if profile.generated_samples else 0,
+        "tasks": manifest["tasks"],
+        "checks": checks,
     }

@@ -1,4 +1,4 @@
-"""Train a drafter for a target version and save it in the format vLLM loads (speculators eagle3)."""
+"""Train a drafter for a target version from its dataset and save it in the format its server loads."""
 
 from __future__ import annotations
 
@@ -11,71 +11,110 @@ from prefect.cache_policies import NONE
 from draftsync.tasks import context
 from draftsync.tasks.profile import SyncProfile
 
+HISTORY_FILE = "history.json"  # in the checkpoint directory: name -> [(step, value)]
+
+
+def _warm_start_source(warm_start_dir: str | None, profile: SyncProfile, target):
+    """The previous drafter, when it is of the same method and fits this target's shapes; else None."""
+    from draftsync.speculative.drafters import drafter_method, load_drafter
+
+    logger = context.logger()
+    if warm_start_dir is None or not profile.warm_start:
+        return None
+    method = drafter_method(Path(warm_start_dir))
+    if method != profile.method:
+        logger.info("previous drafter is %s, this sync trains %s: training from scratch", method, profile.method)
+        return None
+    candidate = load_drafter(Path(warm_start_dir))
+    if candidate.config.target_hidden_size != target.config.hidden_size or candidate.config.vocab_size != target.config.vocab_size:
+        logger.info("previous drafter %s does not fit this target's shapes: training from scratch", warm_start_dir)
+        return None
+    return candidate
+
 
 @task(name="train-drafter", cache_policy=NONE)
 def train_drafter(
     target_dir: str,
-    sequences: list[list[int]],
-    loss_masks: list[list[int]],
+    dataset_dir: str,
     profile: SyncProfile,
     out_dir: str,
+    checkpoint_dir: str,
     warm_start_dir: str | None = None,
     verifier_name: str | None = None,
 ) -> dict:
-    """Train (warm-starting from `warm_start_dir` when its shapes match) and save to `out_dir`."""
+    """Train (resuming from `checkpoint_dir` after a crash, warm-starting when it can) and save to `out_dir`.
+
+    The per-step curves (loss, per-position accuracy, tokens/s) go to `checkpoint_dir/history.json`, for
+    the registry to log as MLflow step series.
+    """
     import torch
 
-    from draftsync.speculative.speculators_format import load_eagle3, save_eagle3
+    from draftsync.speculative.drafters import parameter_count, save_drafter
+    from draftsync.speculative.shards import ShardDataset
     from draftsync.speculative.targets import load_target
-    from draftsync.speculative.training import TrainConfig, train_eagle3
+    from draftsync.speculative.training import TrainConfig, train_drafter as train
 
     logger = context.logger()
     target, _ = load_target(Path(target_dir))
-    init_from = None
-    if warm_start_dir is not None:
-        candidate = load_eagle3(Path(warm_start_dir))
-        if candidate.config.target_hidden_size == target.config.hidden_size and candidate.config.vocab_size == target.config.vocab_size:
-            init_from = candidate
-            logger.info("warm start from %s", warm_start_dir)
-        else:
-            logger.info("previous drafter %s does not fit this target's shapes; training from scratch", warm_start_dir)
+    init_from = _warm_start_source(warm_start_dir, profile, target)
     config = TrainConfig(
-        draft_vocab_size=profile.draft_vocab_size,
+        method=profile.method,
+        draft_vocab_size=profile.draft_vocab_size if profile.method != "eagle" else None,
+        aux_layer_ids=profile.aux_layer_ids,
+        medusa_heads=profile.medusa_heads,
         steps=profile.warm_start_steps if init_from is not None else profile.train_steps,
         batch_size=profile.batch_size,
         seq_len=profile.seq_len,
         lr=profile.lr,
         ttt_steps=profile.ttt_steps,
+        noise_std=profile.noise_std,
         seed=profile.seed,
-        fc_norm=profile.method == "eagle3.1",
-        norm_output=profile.method == "eagle3.1",
+        checkpoint_every=profile.checkpoint_every,
+        device=profile.training_device,
     )
-    every = max(1, (config.steps or 1) // 5)
+    every = max(1, config.steps // 5)
 
-    def progress(step: int, total: int | None, metrics: dict[str, float]) -> None:
+    def progress(step: int, total: int, metrics: dict[str, float]) -> None:
         if step % every == 0 or step == total:
-            logger.info("drafter training step %d/%s loss %.3f", step, total, metrics.get("loss", float("nan")))
+            logger.info("drafter training step %d/%d loss %.3f, %.0f tokens/s", step, total, metrics["loss"],
+                        metrics["tokens_per_s"])
 
     torch.manual_seed(profile.seed)
-    drafter, report = train_eagle3(target, sequences, loss_masks, config, init_from=init_from, on_progress=progress)
+    # Checkpoints are kept per training config, so a sync rerun with other settings never resumes into them.
+    drafter, report = train(target, ShardDataset(dataset_dir), config, init_from=init_from,
+                            checkpoint_dir=Path(checkpoint_dir) / config.fingerprint(), on_progress=progress)
     out = Path(out_dir)
-    save_eagle3(
+    save_drafter(
         drafter,
         out,
         verifier_name_or_path=verifier_name or str(target_dir),
         verifier_architectures=list(target.config.architectures or ["LlamaForCausalLM"]),
         speculative_tokens=profile.gamma,
     )
+    counts = parameter_count(drafter)
+    target_parameters = sum(p.numel() for p in target.parameters())
     summary = {
+        "method": report.method,
         "steps": report.steps,
+        "resumed_from_step": report.resumed_from_step,
         "seconds": round(report.seconds, 1),
         "tokens_per_s": round(report.tokens_per_s),
         "final_loss": round(report.final_loss, 4),
         "top1_agreement": round(report.top1_agreement, 4),
+        "position_accuracy": [round(a, 4) for a in report.position_accuracy],
         "warm_start": init_from is not None,
         "draft_vocab_size": report.draft_vocab_size,
-        "aux_layer_ids": report.aux_layer_ids,
+        "parameters": counts.own,
+        "parameters_pct_of_target": round(100.0 * counts.own / target_parameters, 2),
     }
+    if hasattr(drafter.config, "aux_layer_ids"):
+        summary["aux_layer_ids"] = list(drafter.config.aux_layer_ids)
     (out / "draftsync_training.json").write_text(json.dumps(summary, indent=2))
+    history: dict[str, list[tuple[int, float]]] = {}
+    for row in report.history:
+        for key, value in row.items():
+            if key != "step":
+                history.setdefault(f"train.{key}", []).append((int(row["step"]), float(value)))
+    (Path(checkpoint_dir) / HISTORY_FILE).write_text(json.dumps(history))
     logger.info("drafter trained: %s", summary)
     return summary

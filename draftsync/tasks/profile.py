@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 
@@ -9,11 +11,19 @@ class SyncProfile(BaseModel):
     """Knobs of one sync. `demo` fits a 2-core CPU in minutes; `test` is smaller still."""
 
     name: str = "demo"
-    method: str = "eagle3"
+    method: Literal["eagle3", "eagle3.1", "eagle", "medusa"] = "eagle3"
     gamma: int = Field(2, ge=1, le=16)
     draft_vocab_size: int = Field(256, ge=16)
+    aux_layer_ids: tuple[int, int, int] | None = None  # EAGLE-3 depths; None: low/mid/high of the target
+    medusa_heads: int = Field(4, ge=1, le=16)
     train_steps: int = Field(300, ge=1)
-    warm_start_steps: int = Field(150, ge=1)  # a warm start from the previous drafter needs fewer steps
+    # A warm start from the previous target version's drafter (same method and shapes) needs fewer steps.
+    warm_start: bool = True
+    warm_start_steps: int = Field(150, ge=1)
+    checkpoint_every: int = Field(50, ge=0)  # steps between resumable training checkpoints (0: none)
+    noise_std: float = Field(0.0, ge=0.0)  # noise on the target states during training
+    keep_dataset: bool = False  # shards are large: removed once the drafter is registered (a crashed sync keeps them)
+    dataset_max_seq_len: int | None = Field(None, ge=8)  # cut longer samples (None: the target's context)
     batch_size: int = Field(8, ge=1)
     seq_len: int = Field(128, ge=8)
     lr: float = 2e-3
@@ -28,6 +38,16 @@ class SyncProfile(BaseModel):
     # CPU targets of the demo reach about 0.6-0.7 at gamma 2, so the demo profiles gate at 0.55.
     min_acceptance: float = Field(0.70, ge=0.0, le=1.0)
     seed: int = 0
+    training_device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def dataset_key(self) -> str:
+        """What the dataset depends on: a rerun with the same key resumes it, another key builds anew."""
+        import hashlib
+
+        fields = ("training_texts", "generated_samples", "generated_max_tokens", "seed", "aux_layer_ids",
+                  "dataset_max_seq_len")
+        data = [getattr(self, f) for f in fields] + [self.method in ("eagle3", "eagle3.1")]
+        return hashlib.sha256(repr(data).encode()).hexdigest()[:12]
 
 
 PROFILES = {

@@ -44,9 +44,13 @@ def register_drafter(
     gamma: int,
     validation: dict,
     training: dict,
+    history_path: str | None = None,
 ) -> int:
-    """Register the drafter with its lineage; a retried sync gets the same version back (sync key)."""
+    """Register the drafter with its lineage and training curves; a retried sync gets the same version back."""
+    import json
+
     registry = context.registry()
+    history = json.loads(Path(history_path).read_text()) if history_path and Path(history_path).exists() else None
     metrics = {k: float(v) for k, v in validation["metrics"].items()}
     tags = {f"draftsync.gate.{g['name']}": "pass" if g["passed"] else "fail" for g in validation["gates"]}
     tags.update({f"draftsync.training.{k}": str(v) for k, v in training.items()})
@@ -59,6 +63,7 @@ def register_drafter(
         metrics,
         extra_tags=tags,
         validation_passed=validation["passed"],
+        metric_history=history,
         sync_key=f"{target_name}:{target_version}:{method}",
     )
     context.logger().info("drafter version %d registered for %s v%d", version, target_name, target_version)

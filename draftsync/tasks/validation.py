@@ -19,12 +19,12 @@ def validate_drafter(target_dir: str, drafter_dir: str, task_mix: dict[str, floa
     from draftsync.monitors.trends import percentile
     from draftsync.speculative.corpora import prompts_for_mix
     from draftsync.speculative.engine import SpeculativeEngine
-    from draftsync.speculative.speculators_format import load_eagle3
+    from draftsync.speculative.drafters import load_drafter
     from draftsync.speculative.targets import load_target
 
     logger = context.logger()
     target, tokenizer = load_target(Path(target_dir))
-    drafter = load_eagle3(Path(drafter_dir))
+    drafter = load_drafter(Path(drafter_dir))
     if drafter.config.vocab_size != target.config.vocab_size:
         from draftsync.errors import DraftsyncError
 
