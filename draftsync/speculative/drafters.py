@@ -3,7 +3,9 @@
 Methods and their checkpoint formats:
 - "eagle3", "eagle3.1" (EAGLE-3 with fc_norm and norm_output): the speculators format vLLM detects;
 - "eagle" (EAGLE-1): the one-layer Llama layout vLLM's `method: "eagle"` loads;
-- "medusa": a documented format of our own.
+- "medusa": a documented format of our own;
+- "draft_model" (the benchmarks' independent small LM, vLLM's `method: "draft_model"`): a plain HF
+  checkpoint. It is a baseline, not a sync method, so `new_drafter` does not build it (the trainer sizes it).
 A directory's config.json says which one it holds, so loading needs no method name.
 """
 
@@ -93,6 +95,12 @@ def save_drafter(drafter: Any, out_dir: str | Path, verifier_name_or_path: str, 
         from draftsync.speculative.eagle1_format import save_eagle as save
     elif method == "medusa":
         from draftsync.speculative.medusa_format import save_medusa as save
+    elif method == "draft_model":
+        from draftsync.speculative.draft_model import save_draft_model
+
+        return save_draft_model(drafter, out_dir, verifier_name_or_path=verifier_name_or_path,
+                                verifier_architectures=list(verifier_architectures),
+                                speculative_tokens=int(speculative_tokens))
     else:
         raise DraftsyncError(f"a drafter of method {method!r} ({type(drafter).__name__}) has no checkpoint format here",
                              f"save_drafter writes {', '.join(METHODS)} drafters")
@@ -107,7 +115,7 @@ def drafter_method(directory: str | Path) -> str:
     if config.get("speculators_model_type") == "eagle3":
         return "eagle3.1" if config.get("fc_norm") and config.get("norm_output") else "eagle3"
     kind = config.get("draftsync_drafter")
-    if kind in ("eagle", "medusa"):
+    if kind in ("eagle", "medusa", "draft_model"):
         return kind
     found = {key: config.get(key) for key in ("speculators_model_type", "draftsync_drafter", "model_type")}
     raise DraftsyncError(
@@ -128,6 +136,10 @@ def load_drafter(directory: str | Path, dtype: torch.dtype | None = None):
         from draftsync.speculative.eagle1_format import load_eagle
 
         return load_eagle(directory, dtype)
+    if method == "draft_model":
+        from draftsync.speculative.draft_model import load_draft_model
+
+        return load_draft_model(directory, dtype)
     from draftsync.speculative.medusa_format import load_medusa
 
     return load_medusa(directory, dtype)

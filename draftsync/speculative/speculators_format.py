@@ -139,6 +139,15 @@ def _drafter_config(config: dict[str, Any], config_path: Path):
     try:
         layer = config["transformer_layer_config"]
         rope = layer.get("rope_parameters") or {}
+        layers = int(layer.get("num_hidden_layers", 1))
+        kinds = set(layer.get("layer_types") or ["full_attention"])
+        if layers != 1 or kinds != {"full_attention"}:
+            raise DraftsyncError(
+                f"{config_path} describes {layers} draft layer(s) of type {sorted(kinds)}; draftsync's EAGLE-3 "
+                "drafter is one full-attention layer, and reading it as such would silently drop weights",
+                "train with one full-attention layer (speculators train --num-layers 1 --full-attention-indices 0),"
+                " or serve this drafter with vLLM directly",
+            )
         return Eagle3Config(
             hidden_size=layer["hidden_size"],
             target_hidden_size=config.get("target_hidden_size") or layer["hidden_size"],
@@ -158,7 +167,7 @@ def _drafter_config(config: dict[str, Any], config_path: Path):
             norm_output=bool(config.get("norm_output", False)),
             norm_before_fc=bool(config.get("norm_before_fc", False)),
         )
-    except (KeyError, TypeError, AttributeError) as error:
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
         raise DraftsyncError(f"{config_path} lacks a field an EAGLE-3 drafter needs ({error})",
                              "re-save the drafter with save_eagle3") from error
 

@@ -251,3 +251,17 @@ def test_parameter_counts_leave_out_the_targets_copies(random_target):
         assert count.own == count.total - copies
     medusa = new_drafter("medusa", random_target.config, 100, num_heads=2)
     assert parameter_count(medusa).own == 2 * (64 * 64 + 100 * 64)
+
+
+def test_the_draft_model_baseline_saves_and_loads_through_the_factory(target, tmp_path):
+    from draftsync.speculative.draft_model import DraftModelDrafter
+
+    drafter = DraftModelDrafter.for_budget(target.config, 60_000).eval()
+    out = save_drafter(drafter, tmp_path / "draft-model", "/models/target-v1", ["LlamaForCausalLM"], 4)
+    assert drafter_method(out) == "draft_model"
+    loaded = load_drafter(out)
+    assert type(loaded) is DraftModelDrafter and loaded.method == "draft_model"
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.lm(input_ids=ids).logits, drafter.lm(input_ids=ids).logits,
+                                   atol=0.05, rtol=0.05)  # the checkpoint stores weights as the model holds them

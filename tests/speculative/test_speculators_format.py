@@ -163,3 +163,14 @@ def test_config_without_required_fields_is_named(saved):
 def test_saving_needs_a_positive_gamma(trained_drafter, tmp_path):
     with pytest.raises(DraftsyncError, match="speculative_tokens"):
         save_eagle3(trained_drafter, tmp_path / "x", "t", ["LlamaForCausalLM"], 0)
+
+
+@pytest.mark.parametrize("layer_change", [{"num_hidden_layers": 2}, {"layer_types": ["sliding_attention"],
+                                                                     "sliding_window": 2048}])
+def test_drafters_of_another_shape_are_refused_not_read_as_one_full_attention_layer(saved, layer_change):
+    config = json.loads((saved / "config.json").read_text())
+    config["transformer_layer_config"].update(layer_change)
+    (saved / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DraftsyncError, match="one full-attention layer") as error:
+        load_eagle3(saved)
+    assert "--num-layers 1" in error.value.fix
