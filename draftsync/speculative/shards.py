@@ -290,7 +290,8 @@ class _ShardBuffer:
 
 
 def _new_manifest(facts: dict, layer_ids: tuple[int, ...], dtype_name: str, store_aux: bool, mode: str,
-                  fingerprint: str | None, shard_tokens: int, batch_size: int, max_seq_len: int | None) -> dict:
+                  fingerprint: str | None, shard_tokens: int, batch_size: int, max_batch_tokens: int,
+                  max_seq_len: int | None) -> dict:
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -303,6 +304,7 @@ def _new_manifest(facts: dict, layer_ids: tuple[int, ...], dtype_name: str, stor
         "source_fingerprint": fingerprint,
         "shard_tokens": shard_tokens,
         "batch_size": batch_size,
+        "max_batch_tokens": max_batch_tokens,
         "max_seq_len": max_seq_len,
         "samples_consumed": 0,
         "samples_digest": "",
@@ -320,7 +322,7 @@ def _new_manifest(facts: dict, layer_ids: tuple[int, ...], dtype_name: str, stor
 
 # Fields a resumed build must share with the directory it continues: anything else would mix datasets.
 _RESUME_FIELDS = ("format_version", "aux_layer_ids", "store_aux", "dtype", "mode", "source_fingerprint",
-                  "shard_tokens", "batch_size", "max_seq_len")
+                  "shard_tokens", "batch_size", "max_batch_tokens", "max_seq_len")
 _TARGET_FIELDS = ("hidden_size", "num_layers", "vocab_size", "fingerprint")
 
 
@@ -390,6 +392,7 @@ def build_shards(
     dtype: torch.dtype = torch.bfloat16,
     shard_tokens: int = 65536,
     batch_size: int = 16,
+    max_batch_tokens: int = 8192,
     store_aux: bool = True,
     max_seq_len: int | None = None,
     target_name: str | None = None,
@@ -401,15 +404,17 @@ def build_shards(
     Batches are right-padded and run with causal attention only: a real token never attends to the
     padding after it, so its states equal those of the sequence run alone. Batches sit at fixed sample
     positions and shards close on batch boundaries, so a resumed build writes what an uninterrupted one
-    would. Samples shorter than 2 tokens or without any loss-masked token are skipped (and counted);
+    would. Each batch of `batch_size` samples runs as forward passes of at most `max_batch_tokens`
+    padded tokens (sequences grouped by length), which bounds activation memory. Samples shorter than 2 tokens or without any loss-masked token are skipped (and counted);
     samples longer than `max_seq_len` (default: the target's max_position_embeddings) are cut there.
     `on_progress(samples_consumed, manifest)` is called after each shard.
     """
     dtype_name = {v: k for k, v in _STATE_DTYPES.items()}.get(dtype)
     if dtype_name is None:
         raise DraftsyncError(f"hidden states cannot be stored as {dtype}", "use torch.bfloat16 or torch.float16")
-    if shard_tokens < 1 or batch_size < 1:
-        raise DraftsyncError(f"shard_tokens={shard_tokens}, batch_size={batch_size}", "use positive values")
+    if min(shard_tokens, batch_size, max_batch_tokens) < 1:
+        raise DraftsyncError(f"shard_tokens={shard_tokens}, batch_size={batch_size}, max_batch_tokens="
+                             f"{max_batch_tokens}", "use positive values")
     model.eval()
     layer_ids = validate_aux_layer_ids(aux_layer_ids, num_decoder_layers(model))
     if store_aux and len(layer_ids) != 3:
@@ -426,7 +431,7 @@ def build_shards(
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = out_dir / MANIFEST_FILE
     manifest = _new_manifest(facts, layer_ids, dtype_name, store_aux, source_mode, fingerprint, shard_tokens,
-                             batch_size, max_seq_len)
+                             batch_size, max_batch_tokens, max_seq_len)
     if manifest_path.exists():
         old = json.loads(manifest_path.read_text())
         _check_resumable(out_dir, old, manifest)
@@ -498,6 +503,7 @@ class _ShardWriter:
     def __init__(self, out_dir: Path, manifest: dict, counts: torch.Tensor, shard_tokens: int, aux_width: int,
                  dtype: torch.dtype, on_progress: Any):
         self.out_dir, self.manifest, self.counts = out_dir, manifest, counts
+        self.max_batch_tokens = manifest["max_batch_tokens"]
         self.shard_tokens, self.aux_width, self.dtype, self.on_progress = shard_tokens, aux_width, dtype, on_progress
         self.hidden = manifest["target"]["hidden_size"]
         self.buffer: _ShardBuffer | None = None
@@ -519,27 +525,42 @@ class _ShardWriter:
         if self.buffer is None:
             capacity = max(self.shard_tokens, batch.tokens)
             self.buffer = _ShardBuffer(capacity, self.hidden, self.aux_width, self.dtype)
-        width = max(len(s.input_ids) for s in batch.samples)
-        ids = torch.zeros(len(batch.samples), width, dtype=torch.long)  # right padding: causal attention ignores it
-        for row, sample in enumerate(batch.samples):
-            ids[row, : len(sample.input_ids)] = torch.tensor(sample.input_ids, dtype=torch.long)
-        device = next(model.parameters()).device
-        states = capture(model, ids.to(device), layer_ids)
-        aux = states.aux.to(self.dtype).cpu() if self.aux_width else None  # one transfer per batch
-        final = states.final.to(self.dtype).cpu()
-        del states
+        states = self._run(batch.samples, model, layer_ids)
         names = self.manifest["task_names"]
         for row, sample in enumerate(batch.samples):
-            length = len(sample.input_ids)
             if sample.task not in names:
                 names.append(sample.task)
+            aux, final = states[row]
             self.buffer.add(
-                ids[row, :length],
+                torch.tensor(sample.input_ids, dtype=torch.int32),
                 torch.tensor(sample.loss_mask, dtype=torch.bool),
                 names.index(sample.task),
-                aux[row, :length] if aux is not None else None,
-                final[row, :length],
+                aux,
+                final,
             )
+
+    def _run(self, samples: list[Sample], model: Any, layer_ids: tuple[int, ...]) -> list[tuple[Any, torch.Tensor]]:
+        """(aux, final) per sample, 16-bit on the CPU, from forward passes of at most max_batch_tokens padded tokens.
+
+        Sequences are grouped by length so that activation memory depends on that budget, not on how
+        long the longest sequence of a batch happens to be. Grouping depends only on the batch itself.
+        """
+        device = next(model.parameters()).device
+        out: list[tuple[Any, torch.Tensor]] = [None] * len(samples)  # type: ignore[list-item]
+        for group in _length_groups([len(s.input_ids) for s in samples], self.max_batch_tokens):
+            width = max(len(samples[i].input_ids) for i in group)
+            ids = torch.zeros(len(group), width, dtype=torch.long)  # right padding: causal attention ignores it
+            for row, index in enumerate(group):
+                ids[row, : len(samples[index].input_ids)] = torch.tensor(samples[index].input_ids, dtype=torch.long)
+            states = capture(model, ids.to(device), layer_ids)
+            aux = states.aux.to(self.dtype).cpu() if self.aux_width else None  # one transfer per forward pass
+            final = states.final.to(self.dtype).cpu()
+            del states
+            for row, index in enumerate(group):
+                length = len(samples[index].input_ids)
+                out[index] = (aux[row, :length] if aux is not None else None, final[row, :length])
+        return out
+
 
     def commit(self, consumed: int, digest: str) -> None:
         """Write the buffer as the next shard (if it holds anything), then the manifest that records it."""
@@ -581,6 +602,17 @@ class _ShardWriter:
         _write_json(self.out_dir / MANIFEST_FILE, manifest)
         if self.on_progress is not None:
             self.on_progress(consumed, manifest)
+
+
+def _length_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices grouped shortest first, each group's rows x longest length within max_tokens (or one row)."""
+    groups: list[list[int]] = []
+    for index in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
+        if groups and (len(groups[-1]) + 1) * lengths[index] <= max_tokens:
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    return groups
 
 
 # --- reading --------------------------------------------------------------------------------------

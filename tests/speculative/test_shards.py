@@ -14,6 +14,7 @@ from draftsync.speculative.shards import (
     MANIFEST_FILE,
     Sample,
     ShardDataset,
+    _length_groups,
     build_shards,
     concat_samples,
     regenerated_samples,
@@ -107,9 +108,13 @@ def test_right_padding_does_not_change_the_states_of_real_tokens(random_target, 
     torch.testing.assert_close(together.final[0, : len(short)], alone.final[0], rtol=1e-5, atol=1e-5)
 
 
-def test_batch_size_of_the_build_does_not_change_what_is_stored(built, tmp_path, random_target, samples):
+@pytest.mark.parametrize("batch_size, max_batch_tokens", [(1, 8192), (8, 64)])
+def test_batching_of_the_build_does_not_change_what_is_stored(built, tmp_path, random_target, samples, batch_size,
+                                                              max_batch_tokens):
     directory, _ = built
-    build_shards(random_target, samples, tmp_path, LAYERS, shard_tokens=10_000, batch_size=1)
+    manifest = build_shards(random_target, samples, tmp_path, LAYERS, shard_tokens=10_000, batch_size=batch_size,
+                            max_batch_tokens=max_batch_tokens)
+    assert (manifest["batch_size"], manifest["max_batch_tokens"]) == (batch_size, max_batch_tokens)
     one_by_one, batched = ShardDataset(tmp_path), ShardDataset(directory)
     windows = one_by_one.windows(range(len(samples)), 64)
     assert torch.equal(windows, batched.windows(range(len(samples)), 64))
@@ -117,6 +122,15 @@ def test_batch_size_of_the_build_does_not_change_what_is_stored(built, tmp_path,
     assert torch.equal(a.ids, b.ids) and torch.equal(a.loss_mask, b.loss_mask)
     torch.testing.assert_close(a.aux, b.aux, rtol=2**-7, atol=1e-5)  # at most one bf16 step apart
     torch.testing.assert_close(a.final, b.final, rtol=2**-7, atol=1e-5)
+
+
+def test_forward_passes_stay_within_the_token_budget():
+    lengths = [5, 60, 12, 33, 7, 60, 2, 41]
+    groups = _length_groups(lengths, 64)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for group in groups:
+        assert len(group) == 1 or len(group) * max(lengths[i] for i in group) <= 64
+    assert _length_groups(lengths, 10_000) == [[6, 0, 4, 2, 3, 7, 1, 5]]  # one pass, shortest first
 
 
 def test_manifest_records_the_target_the_tasks_and_loss_token_counts(built, random_target, samples):
