@@ -87,11 +87,14 @@ def _layer_input(args: tuple, kwargs: dict) -> "torch.Tensor":
     return args[0] if args else kwargs["hidden_states"]
 
 
-def capture(model: Any, input_ids: "torch.Tensor", layer_ids: tuple[int, ...] | list[int], cache: Any = None) -> CapturedStates:
+def capture(model: Any, input_ids: "torch.Tensor", layer_ids: tuple[int, ...] | list[int], cache: Any = None,
+            all_logits: bool = True) -> CapturedStates:
     """Run the target once and return its aux states at `layer_ids`, its last pre-norm state and its logits.
 
     With a `cache` (a transformers KV cache) only the new tokens in `input_ids` are run, at the positions
     that follow what the cache holds: the engine uses this to get the states of freshly verified tokens.
+    `all_logits=False` computes logits for the last position only ([B,1,V]): a dataset build keeps the
+    states and not the logits, which for a large vocabulary would dominate its memory.
     """
     import torch
 
@@ -120,6 +123,8 @@ def capture(model: Any, input_ids: "torch.Tensor", layer_ids: tuple[int, ...] | 
         for k in sorted(wanted - {0}):
             handles.append(layers[k - 1].register_forward_hook(keep_output(k)))
         kwargs: dict[str, Any] = {"input_ids": input_ids, "use_cache": cache is not None}
+        if not all_logits:
+            kwargs["logits_to_keep"] = 1
         if cache is not None:
             kwargs[cache_keyword(model)] = cache
         with torch.no_grad():

@@ -27,14 +27,14 @@ def generate_responses(
     torch.manual_seed(seed)
     try:
         for start in range(0, len(prompts), batch_size):
-            batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True)
+            batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True).to(model.device)
             sampling = {"do_sample": True, "temperature": temperature, "top_k": 0} if temperature > 0 else {"do_sample": False}
             with torch.no_grad():
                 output = model.generate(
                     **batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.eos_token_id, **sampling
                 )
             width = batch["input_ids"].shape[1]
-            for row, attention in zip(output, batch["attention_mask"]):
+            for row, attention in zip(output.cpu(), batch["attention_mask"].cpu()):
                 prompt_len = int(attention.sum())
                 response = row[width:].tolist()
                 if tokenizer.eos_token_id in response:  # keep the EOS, drop the padding after it

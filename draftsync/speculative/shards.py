@@ -552,7 +552,7 @@ class _ShardWriter:
             ids = torch.zeros(len(group), width, dtype=torch.long)  # right padding: causal attention ignores it
             for row, index in enumerate(group):
                 ids[row, : len(samples[index].input_ids)] = torch.tensor(samples[index].input_ids, dtype=torch.long)
-            states = capture(model, ids.to(device), layer_ids)
+            states = capture(model, ids.to(device), layer_ids, all_logits=False)
             aux = states.aux.to(self.dtype).cpu() if self.aux_width else None  # one transfer per forward pass
             final = states.final.to(self.dtype).cpu()
             del states

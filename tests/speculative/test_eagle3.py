@@ -216,3 +216,13 @@ def test_token_counts_honour_loss_masks():
     assert counts.tolist() == [0, 0, 2, 1, 0]
 
 
+
+
+def test_capture_can_skip_all_but_the_last_logits_and_final_is_what_lm_head_reads(target):
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(4))
+    full = capture(target, ids, (1, 2, 3))
+    light = capture(target, ids, (1, 2, 3), all_logits=False)
+    assert light.logits.shape == (2, 1, VOCAB)
+    torch.testing.assert_close(light.logits[:, 0], full.logits[:, -1])
+    torch.testing.assert_close(light.aux, full.aux)
+    torch.testing.assert_close(target.lm_head(full.final), full.logits, atol=1e-5, rtol=1e-5)
