@@ -236,16 +236,17 @@ class EagleDrafter(nn.Module):
             logits_per_step.append(logits)
             features_per_step.append(out)
             hidden = out
-            ids = logits.argmax(-1).detach()
+            ids = F.pad(input_ids[:, step + 1 :], (0, step + 1))  # row t: the real token t+step+2
         return logits_per_step, features_per_step
 
     def unroll(self, input_ids: torch.Tensor, final: torch.Tensor, ttt_steps: int) -> list[torch.Tensor]:
         """Training-time test: `ttt_steps` chained draft steps over whole sequences, logits of each step.
 
         Step 0 is the ordinary pass (row t: token t+1, target state t). Step s >= 1 feeds row t the
-        drafter's own previous prediction and feature, at position t+s; it attends to the real context
-        (step-0 keys up to t) and to its own chain (row t of steps 1..s), as the draft chain does at
-        inference. Step s's logits are compared with the target's distribution at t+s+1.
+        drafter's own previous feature with the real token t+s+1, at position t+s (as for EAGLE-3: later
+        positions only count after accepted ones); it attends to the real context (step-0 keys up to t)
+        and to its own chain (row t of steps 1..s), as the draft chain does at inference. Step s's logits
+        are compared with the target's distribution at t+s+1.
         """
         return self._chain(input_ids, final, ttt_steps)[0]
 

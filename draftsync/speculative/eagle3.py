@@ -380,9 +380,12 @@ class Eagle3Drafter(nn.Module):
         """Training-time test: `ttt_steps` chained draft steps over whole sequences, logits of each step.
 
         Step 0 is the ordinary pass (row t: token t+1, target state t). Step s >= 1 feeds row t the
-        drafter's own previous prediction and state, at position t+s; it attends to the real context
-        (step-0 keys up to t) and to its own chain (row t of steps 1..s), as the draft chain does at
-        inference. Step s's logits are compared with the target's distribution at t+s+1.
+        drafter's own previous state with the real token t+s+1, at position t+s; it attends to the real
+        context (step-0 keys up to t) and to its own chain (row t of steps 1..s), as the draft chain does
+        at inference. Real tokens, not the drafter's guesses: a later draft position only counts when the
+        earlier ones were accepted, i.e. equal to the target's tokens (speculators and SpecForge train so
+        too; feeding guesses measured worse here). Step s's logits are compared with the target's
+        distribution at t+s+1.
         """
         length = input_ids.shape[1]
         device = input_ids.device
@@ -402,7 +405,7 @@ class Eagle3Drafter(nn.Module):
             values.append(v)
             logits, hidden = self._head(out)
             logits_per_step.append(logits)
-            ids = self.to_target_ids(logits.argmax(-1)).detach()
+            ids = F.pad(input_ids[:, step + 1 :], (0, step + 1))  # row t: token t+step+2
         return logits_per_step
 
     # ---- training ---------------------------------------------------------------------------------

@@ -345,7 +345,7 @@ def train_drafter(
             seconds = time.perf_counter() - started
             metrics = {"loss": losses[-1], "lr": lr, "tokens_per_s": (tokens - tokens_at_start) / max(seconds, 1e-9)}
             for i, (h, c) in enumerate(zip(result.position_hits, result.position_counts)):
-                metrics[f"train_accuracy_pos{i}"] = h / c if c else 0.0
+                metrics[f"accuracy_pos{i}"] = h / c if c else 0.0
             if config.eval_every and step % config.eval_every == 0 and step < config.steps:
                 accuracy, _ = evaluate(drafter, dataset, holdout_windows, head, config.batch_size, device)
                 metrics.update({f"holdout_accuracy_pos{i}": a for i, a in enumerate(accuracy)})

@@ -153,7 +153,7 @@ def run_data_checks(dataset: Any, target_config: Any, task_mix: dict[str, float]
 
     report = DataCheckReport(sequences=len(frame))
     by_index = {r.expectation_config.meta["check_index"]: r for r in result.results}  # GE reorders results
-    for index, (check, expectation, expected, observed_fallback) in enumerate(checks):
+    for index, (check, _expectation, expected, observed_fallback) in enumerate(checks):
         outcome = by_index[index]
         kwargs = outcome.expectation_config.kwargs
         name = f"{outcome.expectation_config.type}({kwargs['column']})" if "column" in kwargs else \
