@@ -77,13 +77,23 @@ def sync(
     target: Annotated[str, typer.Argument(help="Registered model name of the target.")],
     version: Annotated[int, typer.Argument(help="Target version to train a drafter for.")],
     profile: ProfileOption = "demo",
+    method: Annotated[
+        str | None, typer.Option(help="Drafter method: eagle3, eagle3.1, eagle or medusa (default: the profile's).")
+    ] = None,
     json_path: JsonOption = None,
 ) -> None:
     """Train, validate, register and (when it passes) promote a drafter for one target version."""
     from draftsync.flows.sync import sync as sync_flow
+    from draftsync.tasks.profile import profile as named_profile
 
+    chosen = named_profile(profile)
+    if method is not None:
+        methods = ("eagle3", "eagle3.1", "eagle", "medusa")
+        if method not in methods:
+            raise DraftsyncError(f"drafter method {method!r} is unknown", f"use one of {', '.join(methods)}")
+        chosen = chosen.model_copy(update={"method": method})
     _check_registry()
-    result = sync_flow(target_name=target, target_version=version, profile=profile)
+    result = sync_flow(target_name=target, target_version=version, profile=chosen)
     typer.echo(json.dumps(result, indent=2, default=str))
     _emit(result, json_path)
 
