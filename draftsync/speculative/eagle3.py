@@ -23,6 +23,7 @@ from torch import nn
 
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_loss import check_window, distribution_terms, gaussian_noise
+from draftsync.speculative.draft_vocab import DraftVocabBuffers
 from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
 
 
@@ -252,7 +253,7 @@ class DrafterKVCache:
             self.values = self.values[:, :, :length]
 
 
-class Eagle3Drafter(nn.Module):
+class Eagle3Drafter(DraftVocabBuffers, nn.Module):
     """EAGLE-3 draft head; see the module docstring for the computation and the names."""
 
     target_states = "aux"  # reads the concatenated aux states of the target
@@ -274,12 +275,7 @@ class Eagle3Drafter(nn.Module):
         self.layers = nn.ModuleList([Eagle3DecoderLayer(config)])
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
-        if config.draft_vocab_size < config.vocab_size:
-            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
-            self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
-        else:
-            self.d2t = None
-            self.t2d = None
+        self.register_draft_vocab()
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_dim, 2).float() / config.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._init_weights()
@@ -292,33 +288,6 @@ class Eagle3Drafter(nn.Module):
     @property
     def method(self) -> str:
         return "eagle3.1" if self.config.fc_norm and self.config.norm_output else "eagle3"
-
-    # ---- vocabulary -------------------------------------------------------------------------------
-    def set_draft_vocab(self, d2t: torch.Tensor | None, t2d: torch.Tensor | None) -> None:
-        if self.d2t is None:
-            if d2t is not None:
-                raise DraftsyncError(
-                    "a draft vocabulary mapping was given to a drafter whose head covers the whole vocabulary",
-                    "build the drafter with draft_vocab_size equal to the mapping's length",
-                )
-            return
-        if d2t is None or t2d is None or d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
-            raise DraftsyncError(
-                f"draft vocabulary mapping does not fit the drafter (d2t [{self.config.draft_vocab_size}], "
-                f"t2d [{self.config.vocab_size}] expected)",
-                "build d2t/t2d with build_draft_vocab for this drafter's draft_vocab_size",
-            )
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
-
-    @property
-    def draft_token_ids(self) -> torch.Tensor:
-        """Target id of each draft-vocabulary entry, ascending: i + d2t[i]."""
-        base = torch.arange(self.config.draft_vocab_size, device=self.lm_head.weight.device)
-        return base if self.d2t is None else base + self.d2t
-
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
 
     # ---- initialisation from the target -----------------------------------------------------------
     def initialise_from_target(self, target: Any, freeze_embeddings: bool = True) -> None:

@@ -21,6 +21,7 @@ from torch import nn
 
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_loss import check_window, distribution_terms, gaussian_noise
+from draftsync.speculative.draft_vocab import DraftVocabBuffers
 from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
 
 LOSS_DECAY = 0.8  # head k's loss weighs decay**k (the Medusa paper's), later heads being harder
@@ -79,7 +80,7 @@ class MedusaBlocks(nn.Module):
         return x
 
 
-class MedusaDrafter(nn.Module):
+class MedusaDrafter(DraftVocabBuffers, nn.Module):
     """Medusa heads; see the module docstring for the computation and the names."""
 
     method = "medusa"
@@ -93,44 +94,12 @@ class MedusaDrafter(nn.Module):
         self.lm_heads = nn.ModuleList(
             nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False) for _ in range(config.num_heads)
         )
-        if config.draft_vocab_size < config.vocab_size:
-            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
-            self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
-        else:
-            self.d2t = None
-            self.t2d = None
+        self.register_draft_vocab()
         for block in self.blocks:
             for layer in block.layers:
                 nn.init.zeros_(layer.weight)
         for head in self.lm_heads:
             nn.init.normal_(head.weight, std=0.02)
-
-    # ---- vocabulary -------------------------------------------------------------------------------
-    def set_draft_vocab(self, d2t: torch.Tensor | None, t2d: torch.Tensor | None) -> None:
-        if self.d2t is None:
-            if d2t is not None:
-                raise DraftsyncError(
-                    "a draft vocabulary mapping was given to Medusa heads that cover the whole vocabulary",
-                    "build the drafter with draft_vocab_size equal to the mapping's length",
-                )
-            return
-        if d2t is None or t2d is None or d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
-            raise DraftsyncError(
-                f"draft vocabulary mapping does not fit the drafter (d2t [{self.config.draft_vocab_size}], "
-                f"t2d [{self.config.vocab_size}] expected)",
-                "build d2t/t2d with build_draft_vocab for this drafter's draft_vocab_size",
-            )
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
-
-    @property
-    def draft_token_ids(self) -> torch.Tensor:
-        """Target id of each draft-vocabulary entry, ascending: i + d2t[i]."""
-        base = torch.arange(self.config.draft_vocab_size, device=self.lm_heads[0].weight.device)
-        return base if self.d2t is None else base + self.d2t
-
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
 
     # ---- initialisation from the target -----------------------------------------------------------
     def initialise_from_target(self, target: Any, freeze_embeddings: bool = True) -> None:
