@@ -18,7 +18,7 @@ predicts the target's state at t+1 (regression) and token t+2 (through the targe
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,12 +34,13 @@ from draftsync.speculative.draft_loss import (
     prediction_rows,
 )
 from draftsync.speculative.eagle3 import (
+    DraftLayerConfig,
     DrafterKVCache,
     Eagle3Attention,
     Eagle3MLP,
     RMSNorm,
     causal_mask,
-    rope_theta_of,
+    llama_layer_shape,
     training_time_test_mask,
 )
 from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
@@ -50,20 +51,9 @@ TOKEN_LOSS_WEIGHT = 0.1
 
 
 @dataclass
-class EagleConfig:
+class EagleConfig(DraftLayerConfig):
     """Shapes of an EAGLE-1 drafter; hidden size and vocabulary are the target's (vLLM requires both)."""
 
-    hidden_size: int
-    target_hidden_size: int
-    vocab_size: int
-    draft_vocab_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    max_position_embeddings: int = 2048
     feature_loss_weight: float = FEATURE_LOSS_WEIGHT
     token_loss_weight: float = TOKEN_LOSS_WEIGHT
 
@@ -84,24 +74,7 @@ class EagleConfig:
     @classmethod
     def for_target(cls, target_config: Any, **options: Any) -> EagleConfig:
         """A drafter shaped like one decoder layer of `target_config` (a transformers Llama config)."""
-        heads = target_config.num_attention_heads
-        return cls(
-            hidden_size=target_config.hidden_size,
-            target_hidden_size=target_config.hidden_size,
-            vocab_size=target_config.vocab_size,
-            draft_vocab_size=target_config.vocab_size,
-            num_attention_heads=heads,
-            num_key_value_heads=getattr(target_config, "num_key_value_heads", None) or heads,
-            head_dim=getattr(target_config, "head_dim", None) or target_config.hidden_size // heads,
-            intermediate_size=target_config.intermediate_size,
-            rms_norm_eps=target_config.rms_norm_eps,
-            rope_theta=rope_theta_of(target_config),
-            max_position_embeddings=target_config.max_position_embeddings,
-            **options,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return cls(**llama_layer_shape(target_config), draft_vocab_size=target_config.vocab_size, **options)
 
 
 class EagleDecoderLayer(nn.Module):

@@ -28,8 +28,9 @@ from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
 
 
 @dataclass
-class Eagle3Config:
-    """Shapes and flags of an EAGLE-3 drafter; `vocab_size` is the target's, `draft_vocab_size` the head's."""
+class DraftLayerConfig:
+    """Shape of a drafter's one Llama decoder layer, the fields EAGLE-1 and EAGLE-3 configs share (and
+    `transformer_layer_config` writes); `vocab_size` is the target's, `draft_vocab_size` the head's."""
 
     hidden_size: int
     target_hidden_size: int
@@ -42,6 +43,15 @@ class Eagle3Config:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Eagle3Config(DraftLayerConfig):
+    """Shapes and flags of an EAGLE-3 drafter; `vocab_size` is the target's, `draft_vocab_size` the head's."""
+
     aux_layer_ids: tuple[int, ...] = field(default=(1, 2, 3))
     norm_before_residual: bool = False
     fc_norm: bool = False
@@ -83,20 +93,9 @@ class Eagle3Config:
             if aux_layer_ids is None
             else validate_aux_layer_ids(aux_layer_ids, num_layers)
         )
-        heads = target_config.num_attention_heads
-        head_dim = getattr(target_config, "head_dim", None) or target_config.hidden_size // heads
         return cls(
-            hidden_size=target_config.hidden_size,
-            target_hidden_size=target_config.hidden_size,
-            vocab_size=target_config.vocab_size,
+            **llama_layer_shape(target_config),
             draft_vocab_size=draft_vocab_size or target_config.vocab_size,
-            num_attention_heads=heads,
-            num_key_value_heads=getattr(target_config, "num_key_value_heads", None) or heads,
-            head_dim=head_dim,
-            intermediate_size=target_config.intermediate_size,
-            rms_norm_eps=target_config.rms_norm_eps,
-            rope_theta=rope_theta_of(target_config),
-            max_position_embeddings=target_config.max_position_embeddings,
             aux_layer_ids=ids,
             **flags,
         )
@@ -105,6 +104,24 @@ class Eagle3Config:
         data = asdict(self)
         data["aux_layer_ids"] = list(self.aux_layer_ids)
         return data
+
+
+def llama_layer_shape(target_config: Any) -> dict[str, Any]:
+    """DraftLayerConfig fields but draft_vocab_size, for one decoder layer of `target_config` (a transformers
+    Llama config): a drafter shaped like the target's own layers."""
+    heads = target_config.num_attention_heads
+    return {
+        "hidden_size": target_config.hidden_size,
+        "target_hidden_size": target_config.hidden_size,
+        "vocab_size": target_config.vocab_size,
+        "num_attention_heads": heads,
+        "num_key_value_heads": getattr(target_config, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(target_config, "head_dim", None) or target_config.hidden_size // heads,
+        "intermediate_size": target_config.intermediate_size,
+        "rms_norm_eps": target_config.rms_norm_eps,
+        "rope_theta": rope_theta_of(target_config),
+        "max_position_embeddings": target_config.max_position_embeddings,
+    }
 
 
 def rope_theta_of(config: Any) -> float:
