@@ -7,18 +7,24 @@ verifier, the draft layer's Llama config, draft vocabulary size, aux layer ids a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.checkpoint_files import (
+    CONFIG_FILE,
+    bf16_tensors,
+    check_tensors,
+    read_json,
+    read_safetensors,
+    write_directory,
+)
 
 if TYPE_CHECKING:
     import torch
 
     from draftsync.speculative.eagle3 import Eagle3Drafter
 
-CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose eagle3 config schema this file follows
 ARCHITECTURE = "Eagle3DraftModel"
@@ -90,44 +96,18 @@ def speculators_config(drafter: "Eagle3Drafter", verifier_name_or_path: str, ver
 def save_eagle3(drafter: "Eagle3Drafter", out_dir: str | Path, verifier_name_or_path: str,
                 verifier_architectures: list[str], speculative_tokens: int) -> Path:
     """Write the drafter to `out_dir` (created; files replaced atomically) and return the directory."""
-    import torch
-    from safetensors.torch import save_file
-
     if speculative_tokens < 1:
         raise DraftsyncError(f"speculative_tokens={speculative_tokens} is below 1",
                              "record the gamma the drafter is meant to run with (>= 1)")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    for name, tensor in drafter.state_dict().items():
-        tensor = tensor.detach().cpu()
-        tensors[name] = (tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor).contiguous()
     config = speculators_config(drafter, verifier_name_or_path, verifier_architectures, speculative_tokens)
-    weights_tmp = out / (WEIGHTS_FILE + ".tmp")
-    config_tmp = out / (CONFIG_FILE + ".tmp")
-    save_file(tensors, str(weights_tmp), metadata={"format": "pt"})
-    config_tmp.write_text(json.dumps(config, indent=2) + "\n")
-    weights_tmp.replace(out / WEIGHTS_FILE)
-    config_tmp.replace(out / CONFIG_FILE)
-    return out
+    return write_directory(out_dir, {WEIGHTS_FILE: bf16_tensors(drafter.state_dict())}, {CONFIG_FILE: config})
 
 
 def read_config(directory: str | Path) -> dict[str, Any]:
     """config.json of a drafter directory, checked to be a speculators eagle3 config."""
-    path = Path(directory)
-    if not path.is_dir():
-        raise DraftsyncError(f"drafter directory {path} does not exist",
-                             "pass the directory written by save_eagle3 (or re-train the drafter)")
-    config_path = path / CONFIG_FILE
-    if not config_path.is_file():
-        raise DraftsyncError(f"{config_path} is missing", "the drafter directory is incomplete: re-save or re-train it")
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as error:
-        raise DraftsyncError(f"{config_path} is not valid JSON ({error})",
-                             "the drafter directory is damaged: re-save or re-train it") from error
-    if not isinstance(config, dict) or config.get("speculators_model_type") != "eagle3":
-        found = config.get("speculators_model_type") if isinstance(config, dict) else None
+    config_path, config = read_json(directory)
+    if config.get("speculators_model_type") != "eagle3":
+        found = config.get("speculators_model_type")
         raise DraftsyncError(f"{config_path} has speculators_model_type {found!r}, not 'eagle3'",
                              "load an EAGLE-3 drafter saved in the speculators format")
     return config
@@ -175,8 +155,6 @@ def _drafter_config(config: dict[str, Any], config_path: Path):
 def load_eagle3(directory: str | Path, dtype: "torch.dtype | None" = None) -> "Eagle3Drafter":
     """Read a drafter written by save_eagle3 (or by speculators) into an Eagle3Drafter (float32 default)."""
     import torch
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
     from draftsync.speculative.eagle3 import Eagle3Drafter
 
@@ -184,20 +162,9 @@ def load_eagle3(directory: str | Path, dtype: "torch.dtype | None" = None) -> "E
     config = read_config(path)
     drafter = Eagle3Drafter(_drafter_config(config, path / CONFIG_FILE))
     weights_path = path / WEIGHTS_FILE
-    if not weights_path.is_file():
-        raise DraftsyncError(f"{weights_path} is missing", "the drafter directory is incomplete: re-save or re-train it")
-    try:
-        tensors = load_file(str(weights_path))
-    except (SafetensorError, OSError, ValueError) as error:
-        raise DraftsyncError(f"{weights_path} is not a readable safetensors file ({error})",
-                             "the drafter weights are damaged: re-save or re-train the drafter") from error
     expected = drafter.state_dict()
-    missing = sorted(set(expected) - set(tensors))
-    wrong = sorted(name for name in set(expected) & set(tensors) if tensors[name].shape != expected[name].shape)
-    if missing or wrong:
-        raise DraftsyncError(
-            f"{weights_path} does not match its config: missing {missing or 'none'}, wrong shape {wrong or 'none'}",
-            "re-save the drafter with save_eagle3 (config and weights must come from the same drafter)",
-        )
-    drafter.load_state_dict({name: tensors[name] for name in expected}, strict=True)
+    # Tensors the drafter has no place for are left out, not refused: checkpoints written elsewhere may hold more.
+    tensors = {name: tensor for name, tensor in read_safetensors(weights_path).items() if name in expected}
+    check_tensors(tensors, expected, str(weights_path))
+    drafter.load_state_dict(tensors, strict=True)
     return drafter.to(dtype or torch.float32).eval()
