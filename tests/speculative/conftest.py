@@ -1,4 +1,4 @@
-"""Tiny seeded Llama targets and EAGLE-3 drafters for the speculative-decoding tests."""
+"""Tiny seeded Llama targets, drafters and training batches for the speculative-decoding tests."""
 
 from __future__ import annotations
 
@@ -140,6 +140,47 @@ def drifted_chain_target(fraction: float = 0.15):
         rows = head[successor[moved]].clone()
         head[successor[moved]] = rows[torch.randperm(len(moved), generator=generator)]
     return model
+
+
+def training_batch_of(target, ids, loss_mask=None, layer_ids=(1, 2, 3), aux=True):
+    """A TrainingBatch computed from `target`, as the trainer fills it; `aux=False` leaves out the aux states,
+    as a dataset built for drafters that read the final state only does."""
+    import torch
+
+    from draftsync.speculative.hidden_states import capture
+    from draftsync.speculative.training_batch import TrainingBatch
+
+    states = capture(target, ids, layer_ids)
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    mask = valid if loss_mask is None else loss_mask & valid
+    return TrainingBatch(ids=ids, valid=valid, loss_mask=mask, aux=states.aux.float() if aux else None,
+                         final=states.final.float(), target_logits=states.logits.float())
+
+
+@pytest.fixture(scope="session")
+def make_training_batch():
+    """training_batch_of(target, ids, loss_mask=None, layer_ids=(1, 2, 3), aux=True)."""
+    return training_batch_of
+
+
+def bf16_stored_copy(drafter):
+    """A copy of `drafter` whose saved tensors went through bf16, as the checkpoint keeps them."""
+    import copy
+
+    import torch
+
+    reference = copy.deepcopy(drafter)
+    with torch.no_grad():
+        for tensor in reference.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.copy_(tensor.to(torch.bfloat16))
+    return reference
+
+
+@pytest.fixture(scope="session")
+def bf16_stored():
+    """bf16_stored_copy(drafter): what a round trip through a checkpoint should give back."""
+    return bf16_stored_copy
 
 
 @pytest.fixture(scope="session")

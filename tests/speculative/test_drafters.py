@@ -1,4 +1,5 @@
-"""The drafter factory, checkpoints of every method, parameter counts, and the EAGLE-3 training loss."""
+"""The drafter factory, checkpoints of every method, parameter counts, the EAGLE-3 training loss, and what every
+method's drafter does alike."""
 
 from __future__ import annotations
 
@@ -15,20 +16,11 @@ from draftsync.speculative.drafters import (
     parameter_count,
     save_drafter,
 )
-from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
+from draftsync.speculative.eagle3 import DrafterKVCache, Eagle3Config, Eagle3Drafter
 from draftsync.speculative.hidden_states import capture
 from draftsync.speculative.training_batch import TrainingBatch
 
 VOCAB = 384  # the tiny targets' vocabulary (conftest)
-
-
-def training_batch(target, ids, loss_mask=None, layer_ids=(1, 2, 3)):
-    """A TrainingBatch computed from the target, as the trainer fills it."""
-    states = capture(target, ids, layer_ids)
-    valid = torch.ones_like(ids, dtype=torch.bool)
-    mask = valid if loss_mask is None else loss_mask & valid
-    return TrainingBatch(ids=ids, valid=valid, loss_mask=mask, aux=states.aux.float(), final=states.final.float(),
-                         target_logits=states.logits.float())
 
 
 def eagle3_for(target, draft_vocab_size=200, **flags):
@@ -40,10 +32,10 @@ def eagle3_for(target, draft_vocab_size=200, **flags):
 
 
 @pytest.fixture(scope="module")
-def chain_batch(target, make_chains):
+def chain_batch(target, make_chains, make_training_batch):
     ids = torch.tensor(make_chains(4, 16, seed=3))
     mask = torch.rand(ids.shape, generator=torch.Generator().manual_seed(1)) > 0.3
-    return training_batch(target, ids, mask)
+    return make_training_batch(target, ids, mask)
 
 
 # ---- the EAGLE-3 loss ------------------------------------------------------------------------------
@@ -78,15 +70,6 @@ def test_eagle3_training_loss_is_the_soft_cross_entropy_of_each_chained_step(tar
     assert loss.total.requires_grad
 
 
-def test_eagle3_noise_comes_from_the_generator(target, chain_batch):
-    drafter = eagle3_for(target)
-    first = drafter.training_loss(chain_batch, 1, 0.5, torch.Generator().manual_seed(1)).total
-    again = drafter.training_loss(chain_batch, 1, 0.5, torch.Generator().manual_seed(1)).total
-    other = drafter.training_loss(chain_batch, 1, 0.5, torch.Generator().manual_seed(2)).total
-    clean = drafter.training_loss(chain_batch, 1, 0.0, None).total
-    assert torch.equal(first, again) and not torch.equal(first, other) and not torch.equal(first, clean)
-
-
 def test_eagle3_training_loss_falls_on_a_fixed_batch(target, chain_batch):
     drafter = eagle3_for(target)
     drafter.initialise_from_target(target)
@@ -114,18 +97,6 @@ def test_eagle3_training_loss_names_bad_batches(target, chain_batch):
         chain_batch.target_logits)))
     with pytest.raises(DraftsyncError, match="3 or more"):
         drafter.training_loss(short, 1, 0.0, None)
-
-
-def bf16_stored(drafter):
-    """A copy of `drafter` whose saved tensors went through bf16, as the checkpoint keeps them."""
-    import copy
-
-    reference = copy.deepcopy(drafter)
-    with torch.no_grad():
-        for tensor in reference.state_dict().values():
-            if tensor.is_floating_point():
-                tensor.copy_(tensor.to(torch.bfloat16))
-    return reference
 
 
 # ---- the factory -----------------------------------------------------------------------------------
@@ -186,18 +157,23 @@ def _prepared(method, target):
     return drafter
 
 
+def _target_states(drafter, target, ids):
+    """The target's states the drafter reads (`target_states`), over `ids`."""
+    states = capture(target, ids, getattr(drafter.config, "aux_layer_ids", (1, 2, 3)))
+    return states.aux if drafter.target_states == "aux" else states.final
+
+
 def _drafts(drafter, target, ids):
     """What the drafter proposes from the target's states: every TTT step's logits, or every head's."""
-    states = capture(target, ids, getattr(drafter.config, "aux_layer_ids", (1, 2, 3)))
+    inputs = _target_states(drafter, target, ids)
     with torch.no_grad():
         if drafter.method == "medusa":
-            return [drafter.heads(states.final)]
-        inputs = states.aux if drafter.target_states == "aux" else states.final
+            return [drafter.heads(inputs)]
         return drafter.unroll(ids[:, 1:], inputs[:, :-1], 2)
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_save_and_load_round_trip_for_every_method(target, tmp_path, method):
+def test_save_and_load_round_trip_for_every_method(target, tmp_path, bf16_stored, method):
     drafter = _prepared(method, target)
     out = save_drafter(drafter, tmp_path / method, "/models/target-v1", ["LlamaForCausalLM"], 3)
     assert drafter_method(out) == method
@@ -265,3 +241,41 @@ def test_the_draft_model_baseline_saves_and_loads_through_the_factory(target, tm
     with torch.no_grad():
         torch.testing.assert_close(loaded.lm(input_ids=ids).logits, drafter.lm(input_ids=ids).logits,
                                    atol=0.05, rtol=0.05)  # the checkpoint stores weights as the model holds them
+
+
+# ---- what every method's drafter does alike ----------------------------------------------------------
+@pytest.mark.parametrize("method", METHODS)
+def test_noise_on_the_input_states_comes_from_the_generator(target, chain_batch, method):
+    drafter = _prepared(method, target)
+    first = drafter.training_loss(chain_batch, 1, 0.5, torch.Generator().manual_seed(1)).total
+    again = drafter.training_loss(chain_batch, 1, 0.5, torch.Generator().manual_seed(1)).total
+    other = drafter.training_loss(chain_batch, 1, 0.5, torch.Generator().manual_seed(2)).total
+    clean = drafter.training_loss(chain_batch, 1, 0.0, None).total
+    assert torch.equal(first, again) and not torch.equal(first, other) and not torch.equal(first, clean)
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if m != "medusa"])  # medusa drafts in one pass, not a chain
+def test_draft_chain_with_cache_equals_the_training_time_test_unroll(random_target, method):
+    """The engine's chained steps (KV cache, cropped) along an accepted chain see what training-time test trains."""
+    drafter = _prepared(method, random_target)
+    ids = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(5))
+    inputs = _target_states(drafter, random_target, ids)
+    with torch.no_grad():
+        unrolled = drafter.unroll(ids[:, 1:], inputs[:, :-1], 3)
+        cache = DrafterKVCache()
+        logits, hidden = drafter(ids[:, 1:], drafter.fuse(inputs[:, :-1]), torch.arange(9), cache)
+        assert torch.allclose(logits, unrolled[0], atol=1e-5)
+        for row in range(9):
+            cache.crop(row + 1)
+            chain_hidden = hidden[:, row : row + 1]
+            for step in (1, 2):
+                if row + 1 + step > 9:  # the real token fed at this step lies beyond the sequence
+                    break
+                token = ids[:, row + 1 + step]  # an accepted chain continues with the real tokens
+                step_logits, chain_hidden = drafter(token[:, None], chain_hidden, torch.tensor([row + step]), cache)
+                assert torch.allclose(step_logits[0, 0], unrolled[step][0, row], atol=1e-5)
+            cache.crop(row + 1)
+            # re-run the real position that follows, so the cache holds verified positions only again
+            if row + 1 < 9:
+                drafter(ids[:, row + 2 : row + 3], drafter.fuse(inputs[:, row + 1 : row + 2]),
+                        torch.tensor([row + 1]), cache)

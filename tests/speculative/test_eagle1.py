@@ -12,9 +12,7 @@ from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_vocab import build_draft_vocab
 from draftsync.speculative.eagle1 import EagleConfig, EagleDrafter
 from draftsync.speculative.eagle1_format import load_eagle, save_eagle
-from draftsync.speculative.eagle3 import DrafterKVCache
 from draftsync.speculative.hidden_states import capture
-from draftsync.speculative.training_batch import TrainingBatch
 
 VOCAB = 384  # the tiny targets' vocabulary (conftest)
 HIDDEN = 64
@@ -49,19 +47,11 @@ def perturbed(drafter):
     return drafter
 
 
-def training_batch(target, ids, loss_mask=None):
-    states = capture(target, ids, (1, 2, 3))
-    valid = torch.ones_like(ids, dtype=torch.bool)
-    mask = valid if loss_mask is None else loss_mask & valid
-    return TrainingBatch(ids=ids, valid=valid, loss_mask=mask, aux=None, final=states.final.float(),
-                         target_logits=states.logits.float())
-
-
 @pytest.fixture(scope="module")
-def chain_batch(target, make_chains):
+def chain_batch(target, make_chains, make_training_batch):
     ids = torch.tensor(make_chains(8, 24, seed=4))
     mask = torch.rand(ids.shape, generator=torch.Generator().manual_seed(1)) > 0.2
-    return training_batch(target, ids, mask)
+    return make_training_batch(target, ids, mask, aux=False)
 
 
 # ---- layout ----------------------------------------------------------------------------------------
@@ -133,31 +123,6 @@ def test_fuse_passes_the_final_state_through():
     assert drafter.to(torch.bfloat16).fuse(final).dtype == torch.bfloat16
 
 
-def test_draft_chain_with_cache_equals_the_training_time_test_unroll(random_target):
-    """The chained draft steps (KV cache, cropped) along an accepted chain see what training-time test trains."""
-    drafter = perturbed(eagle_for(random_target))
-    ids = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(5))
-    final = capture(random_target, ids, (1, 2, 3)).final
-    with torch.no_grad():
-        unrolled = drafter.unroll(ids[:, 1:], final[:, :-1], 3)
-        cache = DrafterKVCache()
-        logits, hidden = drafter(ids[:, 1:], drafter.fuse(final[:, :-1]), torch.arange(9), cache)
-        assert torch.allclose(logits, unrolled[0], atol=1e-5)
-        for row in range(9):
-            cache.crop(row + 1)
-            chain_hidden = hidden[:, row : row + 1]
-            for step in (1, 2):
-                if row + 1 + step > 9:  # the real token fed at this step lies beyond the sequence
-                    break
-                token = ids[:, row + 1 + step]  # an accepted chain continues with the real tokens
-                step_logits, chain_hidden = drafter(token[:, None], chain_hidden, torch.tensor([row + step]), cache)
-                assert torch.allclose(step_logits[0, 0], unrolled[step][0, row], atol=1e-5)
-            cache.crop(row + 1)
-            if row + 1 < 9:
-                drafter(ids[:, row + 2 : row + 3], drafter.fuse(final[:, row + 1 : row + 2]), torch.tensor([row + 1]),
-                        cache)
-
-
 # ---- loss ------------------------------------------------------------------------------------------
 def test_loss_is_feature_regression_plus_weighted_token_cross_entropy(target, chain_batch):
     """Written out row by row: step s at row t regresses final[t+s+1] and matches the target at t+s+1."""
@@ -200,26 +165,6 @@ def test_loss_falls_and_the_head_learns_the_next_token_on_a_fixed_batch(target, 
     assert torch.equal(drafter.lm_head.weight, frozen)
 
 
-def test_noise_on_the_input_states_comes_from_the_generator(target, chain_batch):
-    drafter = eagle_for(target)
-    first = drafter.training_loss(chain_batch, 1, 0.3, torch.Generator().manual_seed(1)).total
-    again = drafter.training_loss(chain_batch, 1, 0.3, torch.Generator().manual_seed(1)).total
-    clean = drafter.training_loss(chain_batch, 1, 0.0, None).total
-    assert torch.equal(first, again) and not torch.equal(first, clean)
-
-
-def bf16_stored(drafter):
-    """A copy of `drafter` whose saved tensors went through bf16, as the checkpoint keeps them."""
-    import copy
-
-    reference = copy.deepcopy(drafter)
-    with torch.no_grad():
-        for tensor in reference.state_dict().values():
-            if tensor.is_floating_point():
-                tensor.copy_(tensor.to(torch.bfloat16))
-    return reference
-
-
 # ---- checkpoint ------------------------------------------------------------------------------------
 def save(drafter, directory, gamma=3):
     return save_eagle(drafter, directory, "/models/target-v1", ["LlamaForCausalLM"], gamma)
@@ -253,7 +198,7 @@ def test_config_is_a_one_layer_llama_config_vllm_maps_to_its_eagle_model(target,
     assert type(loaded).__name__ == "LlamaConfig" and loaded.architectures == ["LlamaForCausalLM"]
 
 
-def test_round_trip_gives_the_same_drafts(target, tmp_path):
+def test_round_trip_gives_the_same_drafts(target, tmp_path, bf16_stored):
     drafter = perturbed(eagle_for(target))
     loaded = load_eagle(save(drafter, tmp_path / "d"))
     reference = bf16_stored(drafter)

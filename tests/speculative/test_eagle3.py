@@ -7,7 +7,7 @@ import torch
 
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_vocab import build_draft_vocab, count_tokens
-from draftsync.speculative.eagle3 import DrafterKVCache, Eagle3Config, Eagle3Drafter
+from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
 from draftsync.speculative.hidden_states import capture, crop_kv_cache, default_aux_layer_ids, new_kv_cache
 
 VOCAB = 384  # the tiny targets' vocabulary (conftest)
@@ -159,32 +159,6 @@ def test_eagle31_feeds_back_the_normalised_state(random_target):
         assert torch.allclose(drafter.fuse(aux), fused)
         logits, feedback = drafter(torch.arange(5)[None], fused, torch.arange(5))
         assert torch.allclose(drafter.lm_head(feedback), logits, atol=1e-5)
-
-
-def test_draft_chain_with_cache_equals_the_training_time_test_unroll(random_target):
-    """The engine's chained steps (KV cache, cropped) along an accepted chain see what training-time test trains."""
-    drafter = drafter_for(random_target, 200)
-    ids = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(5))
-    states = capture(random_target, ids, drafter.config.aux_layer_ids)
-    with torch.no_grad():
-        unrolled = drafter.unroll(ids[:, 1:], states.aux[:, :-1], 3)
-        cache = DrafterKVCache()
-        logits, hidden = drafter(ids[:, 1:], drafter.fuse(states.aux[:, :-1]), torch.arange(9), cache)
-        assert torch.allclose(logits, unrolled[0], atol=1e-5)
-        for row in range(9):
-            cache.crop(row + 1)
-            chain_hidden = hidden[:, row : row + 1]
-            for step in (1, 2):
-                if row + 1 + step > 9:  # the real token fed at this step lies beyond the sequence
-                    break
-                token = ids[:, row + 1 + step]  # an accepted chain continues with the real tokens
-                step_logits, chain_hidden = drafter(token[:, None], chain_hidden, torch.tensor([row + step]), cache)
-                assert torch.allclose(step_logits[0, 0], unrolled[step][0, row], atol=1e-5)
-            cache.crop(row + 1)
-            # re-run the real position that follows, so the cache holds verified positions only again
-            if row + 1 < 9:
-                drafter(ids[:, row + 2 : row + 3], drafter.fuse(states.aux[:, row + 1 : row + 2]),
-                        torch.tensor([row + 1]), cache)
 
 
 def test_initialise_from_target_copies_embeddings_head_rows_and_norm(target):
