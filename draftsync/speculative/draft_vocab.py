@@ -28,6 +28,15 @@ def count_tokens(sequences: list[list[int]], loss_masks: list[list[int]] | None,
     return counts
 
 
+def check_draft_vocab_size(draft_vocab_size: int, vocab_size: int) -> None:
+    """The size rule of every draft vocabulary, for the builder and the drafter configs alike: 1..V target ids."""
+    if not 0 < draft_vocab_size <= vocab_size:
+        raise DraftsyncError(
+            f"draft vocabulary size {draft_vocab_size} is not within 1..{vocab_size} (the target's vocabulary)",
+            "choose a draft vocabulary no larger than the target vocabulary",
+        )
+
+
 def build_draft_vocab(
     token_counts: "torch.Tensor", draft_vocab_size: int
 ) -> tuple["torch.Tensor | None", "torch.Tensor | None"]:
@@ -38,11 +47,7 @@ def build_draft_vocab(
     import torch
 
     vocab_size = int(token_counts.shape[0])
-    if not 0 < draft_vocab_size <= vocab_size:
-        raise DraftsyncError(
-            f"draft vocabulary size {draft_vocab_size} is not within 1..{vocab_size} (the target vocabulary)",
-            "choose a draft vocabulary size no larger than the target's vocabulary",
-        )
+    check_draft_vocab_size(draft_vocab_size, vocab_size)
     if draft_vocab_size == vocab_size:
         return None, None
     order = torch.sort(token_counts.to(torch.long), descending=True, stable=True).indices

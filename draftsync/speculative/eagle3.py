@@ -23,7 +23,7 @@ from torch import nn
 
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_loss import check_window, distribution_terms, gaussian_noise
-from draftsync.speculative.draft_vocab import DraftVocabBuffers
+from draftsync.speculative.draft_vocab import DraftVocabBuffers, check_draft_vocab_size
 from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
 
 
@@ -70,11 +70,7 @@ class Eagle3Config(DraftLayerConfig):
                 "fc_norm and norm_before_fc are both set on the EAGLE-3 config",
                 "choose one: fc_norm (EAGLE 3.1, one norm per aux state) or norm_before_fc (one norm over all)",
             )
-        if not 0 < self.draft_vocab_size <= self.vocab_size:
-            raise DraftsyncError(
-                f"draft vocabulary size {self.draft_vocab_size} is not within 1..{self.vocab_size} (the target's)",
-                "choose a draft vocabulary no larger than the target vocabulary",
-            )
+        check_draft_vocab_size(self.draft_vocab_size, self.vocab_size)
 
     @classmethod
     def for_target(

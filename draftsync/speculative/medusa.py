@@ -21,7 +21,7 @@ from torch import nn
 
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_loss import check_window, distribution_terms, gaussian_noise
-from draftsync.speculative.draft_vocab import DraftVocabBuffers
+from draftsync.speculative.draft_vocab import DraftVocabBuffers, check_draft_vocab_size
 from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
 
 LOSS_DECAY = 0.8  # head k's loss weighs decay**k (the Medusa paper's), later heads being harder
@@ -44,11 +44,7 @@ class MedusaConfig:
                 f"a Medusa drafter with {self.num_heads} heads of {self.num_layers} blocks proposes nothing",
                 "use num_heads >= 1 and num_layers >= 1",
             )
-        if not 0 < self.draft_vocab_size <= self.vocab_size:
-            raise DraftsyncError(
-                f"draft vocabulary size {self.draft_vocab_size} is not within 1..{self.vocab_size} (the target's)",
-                "choose a draft vocabulary no larger than the target vocabulary",
-            )
+        check_draft_vocab_size(self.draft_vocab_size, self.vocab_size)
 
     @property
     def target_hidden_size(self) -> int:
