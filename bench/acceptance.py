@@ -1,0 +1,208 @@
+"""Acceptance of every drafter family on the built-in targets, against n-gram lookup and a small draft model.
+
+One run, one machine, same data and the same training budget for every method, so the figures compare as
+ratios. For each method and task (code, math, prose) at T=0 and T=1 and gamma 2..8 it measures the
+acceptance rate and the mean acceptance length with the reference engine on held-out prompts. It also
+reports training tokens/s, drafter size as % of the target, the distinct-4-gram share of the target's own
+outputs (looping outputs inflate acceptance and favour n-gram lookup), and warm vs cold start after a
+target update (the previous version's drafter trained for half the steps against a cold one trained for
+all of them, and the steps each needs to reach 90/95/99% of the cold drafter's final held-out accuracy).
+
+Usage: python bench/acceptance.py [--quick] [--json PATH] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TASKS = ("code", "math", "prose")
+METHODS = ("eagle3", "eagle3.1", "eagle", "medusa", "draft_model")
+GAMMAS = tuple(range(2, 9))
+MIX = {"code": 1 / 3, "math": 1 / 3, "prose": 1 / 3}
+
+SETTINGS = {
+    # quick: the test-size targets, small data, few prompts; a few minutes on 2 CPU cores
+    True: dict(size="test", texts=300, generated=150, generated_tokens=64, steps=300, prompts=6, max_tokens=48,
+               warm_eval_every=25),
+    False: dict(size="demo", texts=800, generated=400, generated_tokens=96, steps=600, prompts=12, max_tokens=64,
+                warm_eval_every=25),
+}
+
+
+def distinct_4gram_share(outputs: list[list[int]]) -> float:
+    """Distinct 4-grams / all 4-grams over the outputs: near 0 for looping text, near 1 for varied text."""
+    grams = [tuple(o[i : i + 4]) for o in outputs for i in range(len(o) - 3)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def build_dataset(model, tokenizer, task_mix, settings, out_dir: Path, seed: int):
+    from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
+    from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
+    from draftsync.speculative.shards import (
+        ShardDataset,
+        build_shards,
+        concat_samples,
+        regenerated_samples,
+        teacher_forced_samples,
+    )
+
+    pairs = mixed_texts(task_mix, settings["texts"], seed=seed)
+    prompts = task_prompts_for_mix(task_mix, settings["generated"], seed=seed + 100, split="train")
+    samples = concat_samples(
+        teacher_forced_samples(tokenizer, pairs),
+        regenerated_samples(model, tokenizer, prompts, settings["generated_tokens"], temperature=1.0, seed=seed),
+    )
+    build_shards(model, samples, out_dir, default_aux_layer_ids(num_decoder_layers(model)), store_aux=True)
+    return ShardDataset(out_dir)
+
+
+def train(method, target, dataset, settings, init_from=None, **overrides):
+    from draftsync.speculative.training import TrainConfig, train_drafter
+
+    config = TrainConfig(
+        method=method, steps=settings["steps"], draft_vocab_size=None if method in ("eagle", "draft_model") else 512,
+        batch_size=8, seq_len=128, lr=2e-3, ttt_steps=3, medusa_heads=max(GAMMAS), seed=0, **overrides,
+    )
+    return train_drafter(target, dataset, config, init_from=init_from)
+
+
+def measure(engine, tokenized_prompts, max_tokens, temperature):
+    """Aggregate counters over the prompts, and the outputs."""
+    drafts = draft_tokens = accepted = 0
+    outputs = []
+    for i, ids in enumerate(tokenized_prompts):
+        result = engine.generate(ids, max_tokens, temperature=temperature, seed=1000 + i)
+        drafts += result.stats.drafts
+        draft_tokens += result.stats.draft_tokens
+        accepted += result.stats.accepted
+        outputs.append(result.token_ids)
+    return {
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
+        "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
+    }, outputs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="test-size targets and fewer prompts (minutes)")
+    parser.add_argument("--json", type=Path, help="also write the results to this file")
+    parser.add_argument("--workdir", type=Path, help="where targets are cached (default: a temporary directory)")
+    args = parser.parse_args()
+    for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
+                       "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
+        os.environ.setdefault(key, value)
+
+    import torch
+
+    from draftsync.speculative.corpora import prompts
+    from draftsync.speculative.drafters import parameter_count
+    from draftsync.speculative.engine import SpeculativeEngine
+    from draftsync.speculative.proposers import make_proposer
+    from draftsync.speculative.targets import build_target, builtin_recipe, load_target
+
+    torch.set_num_threads(1)  # tiny models: one thread beats two spin-waiting ones on a busy machine
+    settings = SETTINGS[args.quick]
+    started = time.perf_counter()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="draftsync-bench-"))
+    cache = workdir / "targets"
+    v1_dir = build_target(builtin_recipe(1, settings["size"]), cache)
+    v2_dir = build_target(builtin_recipe(2, settings["size"]), cache)
+    target, tokenizer = load_target(v2_dir)
+    target_parameters = sum(p.numel() for p in target.parameters())
+    dataset = build_dataset(target, tokenizer, MIX, settings, workdir / "data-v2", seed=0)
+
+    drafters, training = {}, {}
+    for method in METHODS:
+        overrides = {}
+        if method == "draft_model":  # the same size as the EAGLE-3 drafter, embeddings aside
+            overrides["draft_model_parameters"] = parameter_count(drafters["eagle3"]).own
+        drafter, report = train(method, target, dataset, settings, **overrides)
+        counts = parameter_count(drafter)
+        drafters[method] = drafter
+        training[method] = {
+            "steps": report.steps, "seconds": round(report.seconds, 1), "tokens_per_s": round(report.tokens_per_s),
+            "holdout_top1": round(report.top1_agreement, 4),
+            "holdout_accuracy_by_position": [round(a, 4) for a in report.position_accuracy],
+            "parameters": counts.total, "own_parameters": counts.own,
+            "own_pct_of_target": round(100 * counts.own / target_parameters, 2),
+        }
+        print(f"trained {method}: {training[method]}", file=sys.stderr)
+
+    proposers = {m: make_proposer(d) for m, d in drafters.items()}
+    proposers["ngram"] = make_proposer("ngram")
+    results, text_quality = [], {}
+    for task in TASKS:
+        tokenized = [tokenizer(p)["input_ids"] for p in prompts(task, settings["prompts"], seed=7)]
+        for temperature in (0.0, 1.0):
+            _, plain_outputs = measure(SpeculativeEngine(target, None, 0), tokenized, settings["max_tokens"],
+                                       temperature)
+            text_quality[f"{task}@T{temperature:g}"] = round(distinct_4gram_share(plain_outputs), 3)
+            for method, proposer in proposers.items():
+                for gamma in GAMMAS:
+                    figures, _ = measure(SpeculativeEngine(target, proposer, gamma), tokenized,
+                                         settings["max_tokens"], temperature)
+                    results.append({"method": method, "task": task, "temperature": temperature, "gamma": gamma,
+                                    **{k: round(v, 4) for k, v in figures.items()}})
+            print(f"measured {task} at T={temperature:g}", file=sys.stderr)
+
+    # Warm vs cold after a target update: v1's drafter continues on v2's data for half the steps, as a
+    # sync does (warm_start_steps), against a drafter trained from scratch for the full budget.
+    v1_target, v1_tokenizer = load_target(v1_dir)
+    v1_dataset = build_dataset(v1_target, v1_tokenizer, {"code": 0.5, "math": 0.5}, settings, workdir / "data-v1",
+                               seed=1)
+    previous, _ = train("eagle3", v1_target, v1_dataset, settings)
+    every = settings["warm_eval_every"]
+    _, cold = train("eagle3", target, dataset, settings, eval_every=every)
+    _, warm = train("eagle3", target, dataset, {**settings, "steps": settings["steps"] // 2}, eval_every=every,
+                    init_from=previous)
+
+    def curve(report):
+        points = [(int(r["step"]), r["holdout_accuracy_pos0"]) for r in report.history if "holdout_accuracy_pos0" in r]
+        return points + [(report.steps, report.top1_agreement)]
+
+    def steps_to_reach(report, goal):
+        return next((step for step, accuracy in curve(report) if accuracy >= goal), None)
+
+    goals = {f"{int(fraction * 100)}%": fraction * cold.top1_agreement for fraction in (0.9, 0.95, 0.99)}
+    warm_start = {
+        "cold_steps": cold.steps, "cold_holdout_top1": round(cold.top1_agreement, 4),
+        "warm_steps": warm.steps, "warm_holdout_top1": round(warm.top1_agreement, 4),
+        # steps each run needs to come within a share of the cold drafter's final held-out accuracy
+        "steps_to_share_of_cold_accuracy": {
+            share: {"cold": steps_to_reach(cold, goal), "warm": steps_to_reach(warm, goal)} for share, goal in goals.items()
+        },
+        "cold_curve": [(s, round(a, 4)) for s, a in curve(cold)],
+        "warm_curve": [(s, round(a, 4)) for s, a in curve(warm)],
+    }
+
+    def mal(method, gamma=5, task="code", temperature=0.0):
+        return next(r["mean_acceptance_length"] for r in results if r["method"] == method and r["gamma"] == gamma
+                    and r["task"] == task and r["temperature"] == temperature)
+
+    comparisons = {
+        "code_T0_gamma5_mean_acceptance_length": {m: mal(m) for m in (*METHODS, "ngram")},
+        "eagle3_over_medusa": round(mal("eagle3") / mal("medusa"), 3),
+        "eagle3_over_ngram": round(mal("eagle3") / mal("ngram"), 3),
+        "eagle3_over_draft_model": round(mal("eagle3") / mal("draft_model"), 3),
+    }
+    out = {
+        "benchmark": "acceptance", "quick": args.quick, "target_size": settings["size"],
+        "target_parameters": target_parameters, "dataset": {"sequences": dataset.num_sequences,
+                                                             "tokens": dataset.manifest["total_tokens"]},
+        "distinct_4gram_share": text_quality, "training": training, "warm_start": warm_start,
+        "comparisons": comparisons, "results": results, "seconds": round(time.perf_counter() - started, 1),
+    }
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
