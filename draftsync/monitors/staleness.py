@@ -1,8 +1,9 @@
 """Staleness rules: turn a deployment's acceptance summary and lineage into findings and actions.
 
 Live acceptance below `mismatch` suggests the drafter no longer fits the traffic or the target
-(fall back to plain decoding); below `stale` for the last `sustained_intervals` intervals it is
-stale (fall back and retrain). A drafter trained for another target version is never right to serve.
+(fall back to plain decoding); below `stale` over the last `sustained_intervals` intervals, pooled, it
+is stale (fall back and retrain). Pooled, not interval by interval: with little traffic per interval one
+lucky interval would otherwise veto a drop that the window as a whole shows. A drafter trained for another target version is never right to serve.
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def evaluate(
 
     week = summary.acceptance_rate
     recent, recent_rates = recent_acceptance(summary, thresholds.sustained_intervals)
-    sustained = len(recent_rates) >= thresholds.sustained_intervals and all(r < thresholds.stale for r in recent_rates)
+    sustained = (len(recent_rates) >= thresholds.sustained_intervals and recent is not None
+                 and recent < thresholds.stale)
     trend = _trend_text(summary)
     if sustained and recent is not None:
         findings.append(
@@ -127,7 +129,7 @@ def evaluate(
                 "critical",
                 recent,
                 f"{name}: drafter stale: acceptance {recent:.2f} over the last {len(recent_rates)} intervals, "
-                f"all below the stale threshold {thresholds.stale:.2f} (week {week:.2f}; {trend}); "
+                f"below the stale threshold {thresholds.stale:.2f} (week {week:.2f}; {trend}); "
                 "fall back to plain decoding and retrain the drafter",
                 "fallback+retrain",
             )

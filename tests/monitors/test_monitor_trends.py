@@ -55,6 +55,7 @@ def week(*phases: tuple[int, tuple[float, ...]]) -> list[Row]:
 HEALTHY = (0.9, 0.8, 0.7)  # acceptance 0.80
 DRIFTED = (0.75, 0.55, 0.4)  # 0.567: under mismatch, over stale
 STALE = (0.6, 0.35, 0.2)  # 0.383: under stale
+NOISY_UP = (0.75, 0.5, 0.45)  # 0.567: one lucky interval within a stale drop
 
 
 def test_summary_numbers():
@@ -114,6 +115,8 @@ def test_percentile_and_slope_helpers():
         ("one bad hour is a blip", week((167, HEALTHY), (1, STALE)), 1, 1, []),
         ("two bad hours: not sustained yet", week((166, HEALTHY), (2, STALE)), 1, 1,
          [("mismatch", "warning", "fallback")]),
+        ("a noisy drop: one interval above 0.50, the window below", week((160, HEALTHY), (7, STALE), (1, NOISY_UP)),
+         1, 1, [("stale", "critical", "fallback+retrain")]),
         ("lineage mismatch", week((168, HEALTHY)), 2, 1, [("lineage", "critical", "retrain")]),
         ("gamma too large", week((168, (0.98, 0.97, 0.96, 0.05))), 1, 1, [("gamma", "info", "none")]),
         ("no drafter served", week((168, HEALTHY)), 2, None, []),
