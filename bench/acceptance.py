@@ -8,7 +8,7 @@ outputs (looping outputs inflate acceptance and favour n-gram lookup), and warm 
 target update (the previous version's drafter trained for half the steps against a cold one trained for
 all of them, and the steps each needs to reach 90/95/99% of the cold drafter's final held-out accuracy).
 
-Usage: python bench/acceptance.py [--quick] [--json PATH] [--workdir DIR]
+Usage: python bench/acceptance.py [--quick] [--size test|deep|demo] [--json PATH] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -93,6 +93,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="test-size targets and fewer prompts (minutes)")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--workdir", type=Path, help="where targets are cached (default: a temporary directory)")
+    parser.add_argument("--size", choices=("test", "deep", "demo"),
+                        help="built-in target size (default: test with --quick, demo without)")
     args = parser.parse_args()
     for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
                        "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
@@ -107,7 +109,7 @@ def main() -> None:
     from draftsync.speculative.targets import build_target, builtin_recipe, load_target
 
     torch.set_num_threads(1)  # tiny models: one thread beats two spin-waiting ones on a busy machine
-    settings = SETTINGS[args.quick]
+    settings = dict(SETTINGS[args.quick], **({"size": args.size} if args.size else {}))
     started = time.perf_counter()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="draftsync-bench-"))
     cache = workdir / "targets"
