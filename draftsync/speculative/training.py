@@ -58,9 +58,11 @@ class TrainConfig:
     eval_every: int = 0  # steps between held-out evaluations reported to on_progress (0: only at the end)
     device: str = "auto"  # "cpu", "cuda" or "auto" (CUDA when available)
 
-    def fingerprint(self) -> str:
-        """What a checkpoint must agree with to be resumed (everything that shapes the run but `steps`)."""
-        data = {k: v for k, v in asdict(self).items() if k not in ("steps", "checkpoint_every", "eval_every")}
+    def fingerprint(self, warm_start: bool = False) -> str:
+        """What a checkpoint must agree with to be resumed: everything that shapes the run, `steps` included
+        (the learning-rate schedule spans them) and whether it started from a previous drafter."""
+        data = {k: v for k, v in asdict(self).items() if k not in ("checkpoint_every", "eval_every")}
+        data["warm_start"] = warm_start
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
@@ -307,7 +309,7 @@ def train_drafter(
     optimizer = torch.optim.AdamW(parameters, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
     checkpoint_path = Path(checkpoint_dir) / CHECKPOINT_FILE if checkpoint_dir is not None else None
-    fingerprint = config.fingerprint()
+    fingerprint = config.fingerprint(warm_start=init_from is not None)
     step = tokens = 0
     losses: list[float] = []
     history: list[dict[str, float]] = []

@@ -82,7 +82,8 @@ def train_drafter(
     torch.manual_seed(profile.seed)
     # Checkpoints are kept per training config, so a sync rerun with other settings never resumes into them.
     drafter, report = train(target, ShardDataset(dataset_dir), config, init_from=init_from,
-                            checkpoint_dir=Path(checkpoint_dir) / config.fingerprint(), on_progress=progress)
+                            checkpoint_dir=Path(checkpoint_dir) / config.fingerprint(init_from is not None),
+                            on_progress=progress)
     out = Path(out_dir)
     save_drafter(
         drafter,

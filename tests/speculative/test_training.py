@@ -111,6 +111,8 @@ def test_a_checkpoint_of_another_run_is_refused_not_mixed_in(target, chain_shard
     with pytest.raises(DraftsyncError, match="another run"):
         train_drafter(target, chain_shards, TrainConfig(steps=2, checkpoint_every=1, lr=1e-4, **SMALL),
                       checkpoint_dir=tmp_path)
+    with pytest.raises(DraftsyncError, match="another run"):  # the learning-rate schedule spans `steps`
+        train_drafter(target, chain_shards, TrainConfig(steps=4, checkpoint_every=1, **SMALL), checkpoint_dir=tmp_path)
     (tmp_path / CHECKPOINT_FILE).write_bytes(b"torn")
     with pytest.raises(DraftsyncError, match="cannot be read"):
         train_drafter(target, chain_shards, TrainConfig(steps=2, checkpoint_every=1, **SMALL), checkpoint_dir=tmp_path)
