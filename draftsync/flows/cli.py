@@ -99,6 +99,41 @@ def sync(
 
 
 @app.command()
+def validate(
+    target: Annotated[str, typer.Argument(help="Registered model name of the target.")],
+    drafter_version: Annotated[int, typer.Argument(help="Version of the target's drafter (<target>-drafter).")],
+    profile: Annotated[str, typer.Option(
+        "--profile", help="Checklist profile: 'production' (1000 requests, 3x QPS, 4K-token outputs), "
+                          "'demo' (scaled to a 2-core CPU) or 'test'.")] = "demo",
+    target_version: Annotated[Optional[int], typer.Option(
+        "--target-version", help="Validate against this target version (default: the one it was trained for).")
+    ] = None,
+    promote: Annotated[bool, typer.Option("--promote", help="Make the drafter `production` if every gate passes.")
+                       ] = False,
+    backend: Annotated[str, typer.Option(
+        "--backend", help="'reference' (CPU reference engine) or 'vllm' (offline vLLM; a GPU worker with vllm).")
+    ] = "reference",
+    json_path: JsonOption = None,
+) -> None:
+    """Run the validation checklist and benchmarks on a drafter version; exit 1 when a gate fails."""
+    from draftsync.flows.validate import validate as validate_flow
+    from draftsync.tasks.profile import validation_profile
+
+    chosen = validation_profile(profile)
+    _check_registry()
+    result = validate_flow(target_name=target, drafter_version=drafter_version, profile=chosen,
+                           target_version=target_version, promote=promote, backend=backend)
+    _emit(result, json_path)
+    for gate in result["gates"]:
+        mark = "pass" if gate["passed"] else "FAIL"
+        typer.echo(f"{mark:4}  {gate['name']:38} {gate['value']!s:>10} {gate['comparison']} {gate['threshold']}")
+    typer.echo(f"gamma knee {result['gamma_knee']}; speedup {result['speedup']:.2f}x; "
+               f"{'PASSED' if result['passed'] else 'FAILED'} ({result['reports_dir']})")
+    if not result["passed"]:
+        raise typer.Exit(code=1)
+
+
+@app.command()
 def scrape(json_path: JsonOption = None) -> None:
     """Scrape acceptance counters from every serving deployment into the monitor store."""
     from draftsync.flows.scrape import scrape as scrape_flow

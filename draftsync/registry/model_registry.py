@@ -43,6 +43,8 @@ METHOD_TAG = "draftsync.method"
 GAMMA_TAG = "draftsync.gamma"
 VALIDATION_PREFIX = "draftsync.validation."
 VALIDATION_PASSED_TAG = "draftsync.validation.passed"
+VALIDATION_STATUS_TAG = "draftsync.validation.status"  # pending | passed | failed
+FAILED_GATES_TAG = "draftsync.validation.failed_gates"
 SYNC_KEY_TAG = "draftsync.sync_key"
 
 CANDIDATE = "candidate"
@@ -196,7 +198,7 @@ class Registry:
         metrics: Mapping[str, float],
         extra_tags: Mapping[str, str] | None = None,
         *,
-        validation_passed: bool,
+        validation_passed: bool | None,
         sync_key: str | None = None,
         reports_dir: Path | None = None,
         metric_history: Mapping[str, Sequence[tuple[int, float]]] | None = None,
@@ -229,6 +231,7 @@ class Registry:
             METHOD_TAG: method,
             GAMMA_TAG: str(int(gamma)),
             VALIDATION_PASSED_TAG: "true" if validation_passed else "false",
+            VALIDATION_STATUS_TAG: _status(validation_passed),
             **{f"{VALIDATION_PREFIX}{key}": _format_metric(value) for key, value in metrics.items()},
             **{k: str(v) for k, v in (extra_tags or {}).items()},
         }
@@ -241,6 +244,45 @@ class Registry:
         version = self._create_version(model_name, run_id, tags)
         self._client.set_registered_model_alias(model_name, CANDIDATE, str(version))
         return version
+
+    def record_validation(
+        self,
+        target_name: str,
+        drafter_version: int,
+        *,
+        passed: bool,
+        metrics: Mapping[str, float],
+        tags: Mapping[str, str],
+        failed_gates: Sequence[str] = (),
+        gamma: int | None = None,
+        reports_dir: Path | None = None,
+        metric_history: Mapping[str, Sequence[tuple[int, float]]] | None = None,
+    ) -> None:
+        """Put a validation's results on an existing drafter version: metrics, curves and reports on its run,
+        tags on the version. The verdict is written last, so a crash half-way leaves the version unvalidated."""
+        import math
+
+        model_name = drafter_model_name(target_name)
+        run_id = self.version_info(model_name, drafter_version).run_id
+        if reports_dir is not None:
+            self._client.log_artifacts(run_id, str(reports_dir), REPORTS_ARTIFACT_PATH)
+        for key, value in metrics.items():
+            if value is not None and math.isfinite(float(value)):
+                self._client.log_metric(run_id, key, float(value))
+        self._log_history(run_id, metric_history or {})
+        version = str(int(drafter_version))
+        updates = {**{k: str(v) for k, v in tags.items()},
+                   **{f"{VALIDATION_PREFIX}{k}": _format_metric(v) for k, v in metrics.items() if v is not None}}
+        if gamma is not None:
+            updates[GAMMA_TAG] = str(int(gamma))
+        updates[FAILED_GATES_TAG] = ",".join(failed_gates) or "none"
+        for key, value in updates.items():
+            self._client.set_model_version_tag(model_name, version, key, value)
+        self._client.set_model_version_tag(model_name, version, VALIDATION_STATUS_TAG, _status(passed))
+        self._client.set_model_version_tag(model_name, version, VALIDATION_PASSED_TAG, "true" if passed else "false")
+
+    def tag_version(self, model_name: str, version: int, key: str, value: str) -> None:
+        self._client.set_model_version_tag(model_name, str(int(version)), key, value)
 
     def _drafter_with_sync_key(self, model_name: str, target_version: int, method: str, sync_key: str) -> int | None:
         for info in self._versions(model_name):
@@ -460,6 +502,10 @@ def _quick_http() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _status(passed: bool | None) -> str:
+    return "pending" if passed is None else "passed" if passed else "failed"
 
 
 def _check_name(name: str) -> None:

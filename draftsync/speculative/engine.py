@@ -48,6 +48,13 @@ class Generation:
     token_ids: list[int]  # the generated tokens only, prompt excluded
     stats: RequestStats
     seconds: float
+    first_token_seconds: float = 0.0  # time to the first token (the prefill), part of `seconds`
+
+    @property
+    def tpot_seconds(self) -> float:
+        """Time per output token after the first, as vLLM defines TPOT (0 for fewer than two tokens)."""
+        n = len(self.token_ids)
+        return (self.seconds - self.first_token_seconds) / (n - 1) if n > 1 else 0.0
 
 
 def greedy_reference(target: Any, prompt_ids: list[int], n: int) -> list[int]:
@@ -167,12 +174,13 @@ class SpeculativeEngine:
             committed = list(prompt_ids)
             logits, pending = self._target_step(committed, target_cache)  # states the proposer has not seen
             new_tokens = [sample_token(logits[-1], temperature, generator)]
+            first_token_seconds = time.perf_counter() - started
             while True:
                 for token in new_tokens:
                     out.append(token)
                     committed.append(token)
                     if token == eos_token_id or len(out) >= max_new_tokens:
-                        return Generation(out, stats, time.perf_counter() - started)
+                        return Generation(out, stats, time.perf_counter() - started, first_token_seconds)
                 gamma = min(self.gamma, max_new_tokens - len(out) - 1)
                 proposals: list[int] = []
                 if gamma > 0:

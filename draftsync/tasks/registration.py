@@ -10,7 +10,10 @@ from prefect.cache_policies import NONE
 from draftsync.registry.model_registry import drafter_model_name
 from draftsync.tasks import context
 
-__all__ = ["drafter_model_name", "fetch_target", "promote_drafter", "publish_target", "register_drafter"]
+DATA_CHECK_FAILURES_TAG = "draftsync.data_checks.failed"
+
+__all__ = ["drafter_model_name", "fetch_target", "promote_drafter", "publish_target", "record_validation",
+           "register_drafter"]
 
 
 @task(name="publish-target", cache_policy=NONE)
@@ -42,32 +45,74 @@ def register_drafter(
     drafter_dir: str,
     method: str,
     gamma: int,
-    validation: dict,
     training: dict,
     history_path: str | None = None,
+    data_checks: dict | None = None,
 ) -> int:
-    """Register the drafter with its lineage and training curves; a retried sync gets the same version back."""
+    """Register the drafter (validation pending) with its lineage, training curves and data checks.
+
+    A retried sync gets the same version back. The data checks' failures are a tag, so a later
+    `draftsync validate` of this version judges the data-coverage gate without the dataset."""
     import json
 
     registry = context.registry()
     history = json.loads(Path(history_path).read_text()) if history_path and Path(history_path).exists() else None
-    metrics = {k: float(v) for k, v in validation["metrics"].items()}
-    tags = {f"draftsync.gate.{g['name']}": "pass" if g["passed"] else "fail" for g in validation["gates"]}
-    tags.update({f"draftsync.training.{k}": str(v) for k, v in training.items()})
+    tags = {f"draftsync.training.{k}": str(v) for k, v in training.items()}
+    if data_checks is not None:
+        tags[DATA_CHECK_FAILURES_TAG] = str(sum(not o["passed"] for o in data_checks.get("outcomes", [])))
     version = registry.register_drafter(
         target_name,
         target_version,
         Path(drafter_dir),
         method,
         gamma,
-        metrics,
+        {},
         extra_tags=tags,
-        validation_passed=validation["passed"],
+        validation_passed=None,
         metric_history=history,
         sync_key=f"{target_name}:{target_version}:{method}",
     )
     context.logger().info("drafter version %d registered for %s v%d", version, target_name, target_version)
     return version
+
+
+def validation_metrics(result: dict) -> tuple[dict[str, float], dict[str, list[tuple[int, float]]]]:
+    """MLflow metrics of a validation, and the gamma sweep as step series (step = gamma) for the run's charts."""
+    metrics = {f"acceptance_{k}": v for k, v in result["acceptance"].items()}
+    metrics.update({
+        "acceptance_greedy": result["acceptance_greedy"], "mean_acceptance_length": result["mean_acceptance_length"],
+        "tpot_ms_spec": result["tpot_ms"]["spec"], "tpot_ms_plain": result["tpot_ms"]["plain"],
+        "speedup": result["speedup"], "gamma_knee": result["gamma_knee"],
+        "memory_overhead": result["memory"]["overhead"],
+        **{f"acceptance_pos{i}": v for i, v in enumerate(result["acceptance_by_position"])},
+    })
+    if result.get("stress"):
+        metrics["stress_speedup"] = result["stress"]["speedup"]
+        metrics["stress_errors"] = result["stress"]["errors"]
+    sweep = {f"sweep.{key}": [(row["gamma"], row[key]) for row in result["gamma_sweep"]]
+             for key in ("mean_acceptance_length", "acceptance_rate", "tpot_ms")}
+    return metrics, sweep
+
+
+@task(name="record-validation", retries=2, retry_delay_seconds=5, cache_policy=NONE)
+def record_validation(target_name: str, drafter_version: int, result: dict, reports_dir: str | None,
+                      mismatch_threshold: float) -> None:
+    """The verdict, gates, knee and baseline onto the drafter version; plots and tables onto its run."""
+    metrics, sweep = validation_metrics(result)
+    tags = {f"draftsync.gate.{g['name']}": "pass" if g["passed"] else "fail" for g in result["gates"]}
+    tags.update({
+        "draftsync.validation.profile": result["profile"],
+        "draftsync.validation.backend": result["backend"],
+        "draftsync.validation.temperature": str(result["temperature"]),
+        # the seed's baseline for the next iteration: the best gamma, its acceptance, and the live threshold
+        "draftsync.baseline.acceptance_rate": str(result["acceptance"]["mean"]),
+        "draftsync.baseline.threshold": str(mismatch_threshold),
+    })
+    failed = [g["name"] for g in result["gates"] if not g["passed"]]
+    context.registry().record_validation(
+        target_name, drafter_version, passed=result["passed"], metrics=metrics, tags=tags, failed_gates=failed,
+        gamma=result["gamma_knee"], reports_dir=Path(reports_dir) if reports_dir else None, metric_history=sweep,
+    )
 
 
 @task(name="promote-drafter", cache_policy=NONE)

@@ -1,79 +1,217 @@
-"""The validation gates a drafter must pass before it may serve (deepened by the checklist issue)."""
+"""The validation checklist and pre-rollout benchmarks a drafter must pass before it may serve.
+
+The seed's checklist, each item a named gate with its measured value, threshold and verdict:
+
+| gate | measures |
+|---|---|
+| data_coverage | failed data expectations of the training set (task mix, no empty or non-finite samples) |
+| validation_acceptance_mean | pooled acceptance at T=0 over the validation set |
+| acceptance_at_deployment_temperature | the same at the deployment's sampling temperature |
+| acceptance_p50, acceptance_p5 | percentiles of per-request acceptance at the deployment's temperature |
+| tpot_speedup | TPOT without / with speculation on the same requests, at the knee |
+| stress_speedup, stress_errors | the same under stress_factor x QPS with concurrency, against served instances |
+| long_output_acceptance | acceptance on the longest outputs the profile asks for, run on their own |
+| fallback_equivalence | greedy outputs with speculation off equal those with it on (the fallback is safe) |
+| drafter_memory_overhead | drafter weight bytes / target weight bytes |
+
+The gamma sweep runs first; its knee (best measured TPOT, ties to the smaller gamma) is the gamma every
+other measurement uses and the one recorded as the drafter's baseline.
+"""
 
 from __future__ import annotations
 
+import json
+import math
+import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NONE
 
+from draftsync.serving.evaluation import EvalRequest, EvaluationBackend, checkpoint_weight_bytes
 from draftsync.tasks import context
-from draftsync.tasks.profile import SyncProfile
+from draftsync.tasks.checklist import (
+    Gate,
+    acceptance_by_length,
+    gamma_knee,
+    identical_outputs_share,
+    pooled_tpot_ms,
+    summarize_acceptance,
+)
+from draftsync.tasks.profile import ValidationProfile
+
+REQUESTS_FILE = "validation_requests.jsonl"
+GREEDY_CHECK_REQUESTS = 8  # at T>0 the equivalence check reruns this many requests greedily
+
+StressRunner = Callable[[int, list[EvalRequest]], dict]  # (gamma, requests) -> stress_reference_pair's result
+
+
+def validation_requests(task_mix: dict[str, float], count: int, max_tokens: int, seed: int) -> list[EvalRequest]:
+    """Held-out prompts in the proportions of the task mix, shuffled so any prefix is a fair sample."""
+    from draftsync.speculative.corpora import task_prompts_for_mix
+
+    pairs = task_prompts_for_mix(task_mix, count, seed=seed)
+    random.Random(seed).shuffle(pairs)
+    return [EvalRequest(prompt, task_name, max_tokens) for task_name, prompt in pairs[:count]]
+
+
+def _context_length(target_dir: str) -> int:
+    config = json.loads((Path(target_dir) / "config.json").read_text())
+    return int(config.get("max_position_embeddings") or config.get("max_seq_len") or 2048)
+
+
+def _sweep(backend: EvaluationBackend, requests: list[EvalRequest], profile: ValidationProfile,
+           seed: int) -> tuple[list[dict], float]:
+    """Mean acceptance length, acceptance rate and TPOT per gamma; plain decoding measured before and after."""
+    low, high = profile.gamma_range
+    gammas = [g for g in range(low, high + 1) if g <= backend.max_gamma]
+    if not gammas:
+        from draftsync.errors import DraftsyncError
+
+        raise DraftsyncError(f"this drafter proposes at most {backend.max_gamma} tokens, below the sweep {low}..{high}",
+                             "lower the profile's gamma_range or give the drafter more heads")
+    for gamma in (0, gammas[0]):  # warm-up: first calls pay for allocations and lazy initialisation
+        backend.generate(requests[:1], gamma, profile.temperature, seed)
+    plain_before = pooled_tpot_ms(backend.generate(requests, 0, profile.temperature, seed))
+    rows = []
+    for gamma in gammas:
+        results = backend.generate(requests, gamma, profile.temperature, seed)
+        summary = summarize_acceptance(results)
+        rows.append({"gamma": gamma, "mean_acceptance_length": round(summary.mean_acceptance_length, 4),
+                     "acceptance_rate": round(summary.mean, 4), "tpot_ms": round(pooled_tpot_ms(results), 4)})
+    plain_after = pooled_tpot_ms(backend.generate(requests, 0, profile.temperature, seed))
+    return rows, (plain_before + plain_after) / 2
+
+
+def run_checklist(backend: EvaluationBackend, target_dir: str, drafter_dir: str, task_mix: dict[str, float],
+                  profile: ValidationProfile, seed: int = 0, data_check_failures: int | None = None,
+                  stress: StressRunner | None = None) -> dict[str, Any]:
+    """Run every measurement through `backend` and judge the gates; returns the `draftsync validate` result."""
+    logger = context.logger()
+    temperature = profile.temperature
+    requests = validation_requests(task_mix, profile.requests, profile.max_tokens, seed + 11)
+    sweep, sweep_plain_tpot = _sweep(backend, requests[: profile.sweep_requests], profile, seed)
+    knee = gamma_knee(sweep, profile.knee_tolerance)
+    logger.info("gamma sweep %s; knee %d", [(r["gamma"], r["tpot_ms"]) for r in sweep], knee)
+
+    spec = backend.generate(requests, knee, temperature, seed)
+    plain = backend.generate(requests, 0, temperature, seed)
+    if temperature > 0:
+        greedy_set = requests[:GREEDY_CHECK_REQUESTS]
+        spec_greedy, plain_greedy = backend.generate(greedy_set, knee, 0.0, seed), backend.generate(greedy_set, 0, 0.0, seed)
+    else:
+        spec_greedy, plain_greedy = spec, plain
+    acceptance, greedy_acceptance = summarize_acceptance(spec), summarize_acceptance(spec_greedy)
+    tpot = {"spec": pooled_tpot_ms(spec), "plain": pooled_tpot_ms(plain)}
+    speedup = tpot["plain"] / tpot["spec"] if tpot["spec"] > 0 else math.nan
+
+    longest_prompt = max(len(r.prompt) for r in requests)  # characters >= tokens for a byte-level BPE
+    room = _context_length(target_dir) - min(longest_prompt, _context_length(target_dir) // 2) - 1
+    long_tokens = min(profile.long_max_tokens or room, room)
+    long_requests = [EvalRequest(r.prompt, r.task, long_tokens)
+                     for r in validation_requests(task_mix, profile.long_requests, long_tokens, seed + 23)]
+    long = backend.generate(long_requests, knee, temperature, seed + 1000)
+    long_summary = summarize_acceptance(long)
+
+    run_stress = stress is not None and profile.stress_requests > 0
+    stress_result = stress(knee, requests[: profile.stress_requests]) if run_stress else None
+    overhead = checkpoint_weight_bytes(drafter_dir) / checkpoint_weight_bytes(target_dir)
+
+    gates = [
+        Gate("data_coverage", data_check_failures, 0, "==",
+             "failed data expectations of the training set" if data_check_failures is not None
+             else "no data-check record for this drafter"),
+        Gate("validation_acceptance_mean", greedy_acceptance.mean, profile.min_acceptance, ">", "pooled, T=0"),
+        Gate("acceptance_at_deployment_temperature", acceptance.mean, profile.min_acceptance, ">", f"T={temperature:g}"),
+        Gate("acceptance_p50", acceptance.p50, profile.min_p50, ">", "per-request"),
+        Gate("acceptance_p5", acceptance.p5, profile.min_p5, ">", "per-request"),
+        Gate("tpot_speedup", speedup, profile.min_speedup, ">", f"TPOT off / on at gamma {knee}"),
+        Gate("stress_speedup", stress_result["speedup"] if stress_result else None, profile.min_speedup, ">",
+             f"{profile.stress_factor:g}x QPS" if stress_result else "not run"),
+        Gate("stress_errors", stress_result["errors"] if stress_result else None, 0, "==",
+             "failed requests under stress" if stress_result else "not run"),
+        Gate("long_output_acceptance", long_summary.mean, profile.min_long_acceptance, ">",
+             f"{len(long_requests)} requests of {long_tokens} tokens"),
+        Gate("fallback_equivalence", identical_outputs_share(spec_greedy, plain_greedy), 1.0, "==",
+             "share of greedy outputs identical with speculation off"),
+        Gate("drafter_memory_overhead", overhead, profile.max_memory_overhead, "<=", "drafter / target weight bytes"),
+    ]
+    gate_dicts = [g.to_dict() for g in gates]
+    rows = [{**r.row(), "phase": "validation", "gamma": knee} for r in spec]
+    rows += [{**r.row(), "phase": "plain", "gamma": 0} for r in plain]
+    rows += [{**r.row(), "phase": "long", "gamma": knee} for r in long]
+    result = {
+        "profile": profile.name,
+        "backend": backend.name,
+        "temperature": temperature,
+        "passed": all(g["passed"] for g in gate_dicts),
+        "gates": gate_dicts,
+        "gamma_sweep": sweep,
+        "gamma_knee": knee,
+        "sweep_plain_tpot_ms": round(sweep_plain_tpot, 4),
+        "acceptance": {k: round(getattr(acceptance, k), 4) for k in ("mean", "p5", "p50", "p90", "p99")},
+        "acceptance_greedy": round(greedy_acceptance.mean, 4),
+        "mean_acceptance_length": round(acceptance.mean_acceptance_length, 4),
+        "acceptance_by_position": [round(x, 4) for x in acceptance.per_position],
+        "acceptance_by_length": acceptance_by_length(spec + long, profile.length_buckets),
+        "tpot_ms": {k: round(v, 4) for k, v in tpot.items()},
+        "speedup": round(speedup, 4),
+        "stress": stress_result,
+        "memory": {"drafter_bytes": checkpoint_weight_bytes(drafter_dir),
+                   "target_bytes": checkpoint_weight_bytes(target_dir), "overhead": round(overhead, 4)},
+        "requests": {"validation": len(requests), "sweep": min(len(requests), profile.sweep_requests),
+                     "long": len(long_requests), "long_max_tokens": long_tokens,
+                     "stress": min(len(requests), profile.stress_requests)},
+        "rows": rows,
+    }
+    failed = [g["name"] for g in gate_dicts if not g["passed"]]
+    logger.info("validation at gamma %d: acceptance %.3f (P5 %.3f, P50 %.3f), speedup %.2fx; failed gates: %s",
+                knee, acceptance.mean, acceptance.p5, acceptance.p50, speedup, failed or "none")
+    return result
 
 
 @task(name="validate-drafter", cache_policy=NONE)
-def validate_drafter(target_dir: str, drafter_dir: str, task_mix: dict[str, float], profile: SyncProfile) -> dict:
-    """Run held-out prompts of the task mix through the reference engine; return metrics and gate verdicts."""
-    import torch
+def validate_drafter(target_dir: str, drafter_dir: str, task_mix: dict[str, float], profile: ValidationProfile,
+                     seed: int = 0, data_check_failures: int | None = None, run_stress: bool = True,
+                     backend: str = "reference") -> dict:
+    """The checklist on the CPU reference engine, or on vLLM on a GPU worker (`backend="vllm"`); stress runs
+    against served instances of the same kind (the reference server, or `vllm serve`)."""
+    from draftsync.errors import DraftsyncError
+    from draftsync.tasks.stress import stress_served_pair
 
-    from draftsync.monitors.trends import percentile
-    from draftsync.speculative.corpora import prompts_for_mix
-    from draftsync.speculative.engine import SpeculativeEngine
-    from draftsync.speculative.drafters import load_drafter
-    from draftsync.speculative.targets import load_target
+    if backend == "reference":
+        from draftsync.serving.evaluation import ReferenceBackend
 
-    logger = context.logger()
-    target, tokenizer = load_target(Path(target_dir))
-    drafter = load_drafter(Path(drafter_dir))
-    if drafter.config.vocab_size != target.config.vocab_size:
-        from draftsync.errors import DraftsyncError
+        chosen: EvaluationBackend = ReferenceBackend(target_dir, drafter_dir)
+        _check_pair(chosen, target_dir, drafter_dir)
+    elif backend == "vllm":
+        from draftsync.serving.vllm_evaluation import VllmBackend
 
+        chosen = VllmBackend(target_dir, drafter_dir)
+    else:
+        raise DraftsyncError(f"unknown evaluation backend {backend!r}", "use 'reference' (CPU) or 'vllm' (GPU)")
+    log_dir = context.settings().root / "serving"
+
+    def stress(gamma: int, requests: list[EvalRequest]) -> dict:
+        rate = profile.qps * profile.stress_factor
+        return stress_served_pair(backend, target_dir, drafter_dir, gamma, requests, rate,
+                                  profile.stress_concurrency, profile.temperature, seed, log_dir)
+
+    try:
+        return run_checklist(chosen, target_dir, drafter_dir, task_mix, profile, seed, data_check_failures,
+                             stress if run_stress else None)
+    finally:
+        chosen.close()
+
+
+def _check_pair(backend: Any, target_dir: str, drafter_dir: str) -> None:
+    from draftsync.errors import DraftsyncError
+
+    if backend.drafter.config.vocab_size != backend.target.config.vocab_size:
         raise DraftsyncError(
-            f"drafter {drafter_dir} was built for a vocabulary of {drafter.config.vocab_size} tokens, "
-            f"target {target_dir} has {target.config.vocab_size}",
+            f"drafter {drafter_dir} was built for a vocabulary of {backend.drafter.config.vocab_size} tokens, "
+            f"target {target_dir} has {backend.target.config.vocab_size}",
             "train the drafter against this target (draftsync sync)",
         )
-    spec = SpeculativeEngine(target, drafter, profile.gamma)
-    plain = SpeculativeEngine(target, None, 0)
-    prompt_texts = prompts_for_mix(task_mix, profile.validation_requests, seed=profile.seed + 11)
-    rates = []
-    totals = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
-    per_position = [0] * profile.gamma
-    lossless_ok = True
-    with torch.no_grad():
-        for i, text in enumerate(prompt_texts):
-            ids = tokenizer(text)["input_ids"]
-            result = spec.generate(ids, profile.validation_max_tokens, temperature=profile.temperature, seed=profile.seed + i)
-            stats = result.stats
-            rates.append(stats.acceptance_rate)
-            totals["drafts"] += stats.drafts
-            totals["draft_tokens"] += stats.draft_tokens
-            totals["accepted"] += stats.accepted
-            per_position = [a + b for a, b in zip(per_position, stats.accepted_per_position)]
-            if i < 2:  # speculation must not change the output: greedy with and without it agree
-                greedy_spec = spec.generate(ids, profile.validation_max_tokens, temperature=0.0).token_ids
-                greedy_plain = plain.generate(ids, profile.validation_max_tokens, temperature=0.0).token_ids
-                lossless_ok = lossless_ok and greedy_spec == greedy_plain
-    acceptance = totals["accepted"] / max(1, totals["draft_tokens"])
-    metrics = {
-        "acceptance_rate": acceptance,
-        "mean_acceptance_length": 1 + totals["accepted"] / max(1, totals["drafts"]),
-        "acceptance_p5": percentile(rates, 5),
-        "acceptance_p50": percentile(rates, 50),
-        "acceptance_p90": percentile(rates, 90),
-        "requests": len(prompt_texts),
-        "temperature": profile.temperature,
-        **{f"acceptance_pos{i}": n / max(1, totals["drafts"]) for i, n in enumerate(per_position)},
-    }
-    gates = [
-        {"name": "lossless_greedy", "value": float(lossless_ok), "threshold": 1.0, "passed": lossless_ok},
-        {
-            "name": "validation_acceptance_mean",
-            "value": round(acceptance, 4),
-            "threshold": profile.min_acceptance,
-            "passed": acceptance > profile.min_acceptance,
-        },
-    ]
-    passed = all(g["passed"] for g in gates)
-    logger.info("validation: acceptance %.3f over %d requests; passed=%s", acceptance, len(prompt_texts), passed)
-    return {"metrics": metrics, "gates": gates, "passed": passed}

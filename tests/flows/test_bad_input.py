@@ -64,14 +64,15 @@ def test_sync_of_a_corrupt_registered_target_registers_no_drafter(workdir, built
 
 def test_a_drafter_for_another_vocabulary_is_refused_and_never_promoted(workdir, built_targets, tmp_path):
     """A drafter trained for a target with another vocabulary fails validation loudly; no alias moves."""
-    from draftsync.tasks.profile import profile
+    from draftsync.tasks.profile import validation_profile
     from draftsync.tasks.validation import validate_drafter
     from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
 
     other_target = build_tiny_target(tmp_path / "other-target")
     other_drafter = build_tiny_drafter(other_target, tmp_path / "other-drafter", gamma=2)
     with pytest.raises(DraftsyncError) as error:
-        validate_drafter.fn(str(built_targets[1]), str(other_drafter), {"code": 0.5, "math": 0.5}, profile("test"))
+        validate_drafter.fn(str(built_targets[1]), str(other_drafter), {"code": 0.5, "math": 0.5},
+                            validation_profile("test"))
     assert "vocabulary" in str(error.value)
     assert "draftsync sync" in error.value.fix
 

@@ -1,0 +1,137 @@
+"""The `validate-drafter` flow: the checklist on one registered drafter version, its results on the version.
+
+It runs inside every sync (before promotion) and on its own (`draftsync validate`). Against the target
+version the drafter was trained for, the verdict, gates and baseline gamma go onto the drafter version
+and a pass may promote it. Against another target version it is a cross-check ("does the old drafter
+still fit the new target?"): the result is reported and tagged `draftsync.crosscheck.target_v<N>`, and
+the drafter's own verdict is left alone. A failed gate never moves `production`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from draftsync.tasks import context
+from draftsync.tasks.dataset import target_task_mix
+from draftsync.tasks.profile import ValidationProfile, validation_profile
+from draftsync.tasks.registration import (
+    DATA_CHECK_FAILURES_TAG,
+    drafter_model_name,
+    fetch_target,
+    promote_drafter,
+    record_validation,
+)
+from draftsync.tasks.validation import validate_drafter
+
+
+def _number(value: object) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _markdown(name: str, version: int, target_name: str, target_version: int, result: dict) -> str:
+    gates = "\n".join(
+        f"| {g['name']} | {_number(g['value'])} | {g['comparison']} {_number(g['threshold'])} | "
+        f"{'pass' if g['passed'] else '**FAIL**'} | {g['detail']} |" for g in result["gates"]
+    )
+    sweep = "\n".join(
+        f"| {r['gamma']}{' (knee)' if r['gamma'] == result['gamma_knee'] else ''} | {r['mean_acceptance_length']:.3f} | "
+        f"{r['acceptance_rate']:.3f} | {r['tpot_ms']:.3f} |" for r in result["gamma_sweep"]
+    )
+    a = result["acceptance"]
+    verdict = "PASSED" if result["passed"] else "FAILED: " + ", ".join(
+        [g["name"] for g in result["gates"] if not g["passed"]]
+        + [e["name"] for e in result.get("suite", {}).get("expectations", []) if not e["passed"]])
+    return (
+        f"# {name} v{version} on {target_name} v{target_version}: {verdict}\n\n"
+        f"Profile `{result['profile']}`, backend `{result['backend']}`, temperature {result['temperature']:g}, "
+        f"{result['requests']['validation']} validation requests.\n\n"
+        f"| gate | value | threshold | verdict | measured |\n|---|---|---|---|---|\n{gates}\n\n"
+        f"Per-request acceptance: mean {_number(a['mean'])}, P5 {_number(a['p5'])}, P50 {_number(a['p50'])}, "
+        f"P90 {_number(a['p90'])}, P99 {_number(a['p99'])}. TPOT {result['tpot_ms']['spec']:.3f} ms with speculation, "
+        f"{result['tpot_ms']['plain']:.3f} ms without ({result['speedup']:.2f}x).\n\n"
+        f"## Gamma sweep (knee = best TPOT; plain decoding {result['sweep_plain_tpot_ms']:.3f} ms)\n\n"
+        f"| gamma | mean acceptance length | acceptance rate | TPOT ms |\n|---|---|---|---|\n{sweep}\n"
+    )
+
+
+def _write_reports(out: Path, result: dict) -> None:
+    """What a reviewer opens in the MLflow UI: the result, the per-request table, the suite, two plots."""
+    from draftsync.tasks.validation_plots import write_validation_plots
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows = result["rows"]
+    (out / "validation.json").write_text(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2,
+                                                    default=str))
+    with (out / "requests.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    write_validation_plots(out, result["gamma_sweep"], result["acceptance_by_position"], knee=result["gamma_knee"],
+                           plain_tpot_ms=result["sweep_plain_tpot_ms"], gamma=result["gamma_knee"])
+
+
+@flow(name="validate-drafter", log_prints=True)
+def validate(target_name: str, drafter_version: int, profile: str | ValidationProfile = "demo",
+             target_version: int | None = None, promote: bool = False, seed: int = 0,
+             backend: str = "reference") -> dict:
+    """Run the checklist on a drafter version; record it; with `promote`, make a passing drafter `production`.
+
+    `backend`: "reference" (the CPU engine) or "vllm" (offline vLLM on a GPU worker)."""
+    from draftsync.tasks.validation_suite import run_validation_suite
+
+    logger = context.logger()
+    chosen = validation_profile(profile) if isinstance(profile, str) else profile
+    registry, settings = context.registry(), context.settings()
+    name = drafter_model_name(target_name)
+    tags = registry.version_tags(name, drafter_version)
+    trained_for = int(tags["draftsync.target.version"])
+    against = trained_for if target_version is None else int(target_version)
+    target = fetch_target(target_name, against)
+    drafter_dir = str(registry.download(name, drafter_version))
+    task_mix = target_task_mix(Path(target["path"]), target["tags"])
+    failures = tags.get(DATA_CHECK_FAILURES_TAG)
+    result = validate_drafter(target["path"], drafter_dir, task_mix, chosen, seed,
+                              int(failures) if failures is not None else None, backend=backend)
+
+    validation_rows = [r for r in result["rows"] if r["phase"] == "validation"]
+    result["suite"] = run_validation_suite(validation_rows, {
+        "min_acceptance": chosen.min_acceptance, "p50": chosen.min_p50, "p5": chosen.min_p5,
+        "tasks": sorted(task_mix)})
+    result["passed"] = result["passed"] and result["suite"]["passed"]
+    result.update({"target_name": target_name, "target_version": against, "drafter_name": name,
+                   "drafter_version": int(drafter_version), "trained_for_target_version": trained_for})
+    reports = settings.root / "validations" / target_name / f"drafter-v{drafter_version}-target-v{against}"
+    _write_reports(reports, result)
+    (reports / "suite.json").write_text(json.dumps(result["suite"], indent=2, default=str))
+
+    failed = [g["name"] for g in result["gates"] if not g["passed"]]
+    if against == trained_for:
+        record_validation(target_name, drafter_version, result, str(reports), settings.mismatch_threshold)
+    else:
+        registry.tag_version(name, drafter_version, f"draftsync.crosscheck.target_v{against}",
+                             "passed" if result["passed"] else "failed: " + ",".join(failed))
+    promoted = False
+    if result["passed"] and promote and against == trained_for:
+        promote_drafter(target_name, drafter_version)
+        promoted = True
+        logger.info("drafter %s v%d passed every gate and is now production", name, drafter_version)
+    elif not result["passed"]:
+        logger.warning("drafter %s v%d FAILED validation on %s v%d (gates: %s); production stays at v%s",
+                       name, drafter_version, target_name, against, ", ".join(failed) or "suite",
+                       registry.alias_version(name, "production"))
+    result["promoted"] = promoted
+    result["reports_dir"] = str(reports)
+    key = f"validation-{target_name}-d{drafter_version}-t{against}".lower().replace("_", "-").replace(".", "-")
+    create_markdown_artifact(key=key, markdown=_markdown(name, drafter_version, target_name, against, result),
+                             description="drafter validation checklist")
+    create_table_artifact(key=f"{key}-gates", table=[{k: g[k] for k in ("name", "value", "threshold", "passed")}
+                                                     for g in result["gates"]], description="validation gates")
+    return {k: v for k, v in result.items() if k != "rows"}

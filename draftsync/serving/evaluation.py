@@ -1,0 +1,169 @@
+"""Evaluation backends: run a list of requests through a target (and its drafter) and count per request.
+
+Validation and benchmarks talk to one interface, `EvaluationBackend`, so the same checklist runs on the
+CPU reference engine (here, and on CPU workers) and on vLLM (GPU workers, `vllm_evaluation.py`). A
+backend runs each request on its own and returns one `RequestResult` per request: the acceptance
+counters vLLM keeps (drafts, draft tokens, accepted, accepted per position), the output, and its
+timings. Percentiles are taken over these per-request counts, never derived from a mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from draftsync.errors import DraftsyncError
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """One request of an evaluation: a prompt of a task, and how many tokens to generate."""
+
+    prompt: str
+    task: str
+    max_tokens: int
+
+
+@dataclass
+class RequestResult:
+    """What one request did. `ttft_s` is the time to the first token; TPOT is per token after it."""
+
+    index: int
+    task: str
+    prompt_tokens: int
+    output_tokens: int
+    drafts: int
+    draft_tokens: int
+    accepted: int
+    accepted_per_position: list[int]
+    seconds: float
+    ttft_s: float
+    token_ids: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / draft tokens; NaN for a request that drafted nothing (it has no rate)."""
+        return self.accepted / self.draft_tokens if self.draft_tokens else math.nan
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.accepted / self.drafts if self.drafts else 1.0
+
+    @property
+    def tpot_ms(self) -> float:
+        n = self.output_tokens
+        return 1000.0 * (self.seconds - self.ttft_s) / (n - 1) if n > 1 else math.nan
+
+    def row(self) -> dict[str, Any]:
+        """The request as a flat table row (the per-request results table)."""
+        return {
+            "request": self.index, "task": self.task, "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens, "drafts": self.drafts, "draft_tokens": self.draft_tokens,
+            "accepted": self.accepted, "acceptance_rate": self.acceptance_rate,
+            "mean_acceptance_length": self.mean_acceptance_length, "seconds": self.seconds, "ttft_s": self.ttft_s,
+            "tpot_ms": self.tpot_ms,
+        }
+
+
+class EvaluationBackend(Protocol):
+    """Runs requests with speculation at `gamma` (0: off) and the given sampling temperature."""
+
+    name: str
+    max_gamma: int  # the most draft tokens the drafter can propose (Medusa: its heads)
+
+    def generate(self, requests: Sequence[EvalRequest], gamma: int, temperature: float,
+                 seed: int) -> list[RequestResult]:
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def checkpoint_weight_bytes(directory: str | Path) -> int:
+    """Bytes of the tensors in a checkpoint's safetensors files: the weights it puts in memory."""
+    from safetensors import safe_open
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise DraftsyncError(f"{directory} holds no .safetensors weights", "point at a saved checkpoint directory")
+    total = 0
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                piece = handle.get_slice(name)
+                total += math.prod(piece.get_shape()) * _dtype_bytes(piece.get_dtype())
+    return total
+
+
+def _dtype_bytes(dtype: str) -> int:
+    sizes = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "U8": 1, "I8": 1, "BOOL": 1}
+    if dtype not in sizes:
+        raise DraftsyncError(f"unknown safetensors dtype {dtype}", "save the checkpoint with a standard dtype")
+    return sizes[dtype]
+
+
+class ReferenceBackend:
+    """The CPU reference engine: target and drafter loaded once, one engine per gamma.
+
+    Torch runs on `threads` threads (1 by default): tiny models are faster on one thread than on two
+    that spin-wait on a busy machine, and timings are steadier.
+    """
+
+    name = "reference"
+
+    def __init__(self, target_dir: str | Path, drafter_dir: str | Path | None, threads: int | None = 1):
+        import torch
+
+        from draftsync.speculative.drafters import load_drafter
+        from draftsync.speculative.targets import load_target
+
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.target, self.tokenizer = load_target(Path(target_dir))
+        self.drafter = load_drafter(Path(drafter_dir)) if drafter_dir is not None else None
+        if self.drafter is None:
+            self.max_gamma = 0
+        elif getattr(self.drafter, "method", "") == "medusa":
+            self.max_gamma = int(self.drafter.config.num_heads)  # one proposal per head
+        else:
+            self.max_gamma = 16  # chains draft as far as asked
+        self._engines: dict[int, Any] = {}
+
+    def engine(self, gamma: int) -> Any:
+        from draftsync.speculative.engine import SpeculativeEngine
+
+        if gamma > self.max_gamma:
+            raise DraftsyncError(f"gamma {gamma} is more than this drafter proposes ({self.max_gamma})",
+                                 f"use a gamma of at most {self.max_gamma}")
+        if gamma not in self._engines:
+            self._engines[gamma] = SpeculativeEngine(self.target, self.drafter if gamma else None, gamma)
+        return self._engines[gamma]
+
+    def generate(self, requests: Sequence[EvalRequest], gamma: int, temperature: float,
+                 seed: int) -> list[RequestResult]:
+        import torch
+
+        engine = self.engine(gamma)
+        results = []
+        with torch.no_grad():
+            for index, request in enumerate(requests):
+                ids = self.tokenizer(request.prompt)["input_ids"]
+                out = engine.generate(ids, request.max_tokens, temperature=temperature, seed=seed + index)
+                stats = out.stats
+                results.append(RequestResult(
+                    index=index, task=request.task, prompt_tokens=len(ids), output_tokens=len(out.token_ids),
+                    drafts=stats.drafts, draft_tokens=stats.draft_tokens, accepted=stats.accepted,
+                    accepted_per_position=list(stats.accepted_per_position), seconds=out.seconds,
+                    ttft_s=out.first_token_seconds, token_ids=list(out.token_ids),
+                ))
+        return results
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.target.config.max_position_embeddings)
+
+    def close(self) -> None:
+        self._engines.clear()

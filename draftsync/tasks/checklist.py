@@ -1,0 +1,150 @@
+"""The validation checklist's arithmetic: gates, per-request percentiles, the gamma knee, a batch schedule.
+
+Pure functions over per-request results (`serving.evaluation.RequestResult`), so every figure a gate
+judges is computed in one place and tested without a model or a Prefect run. Percentiles are taken
+over each request's own acceptance rate (accepted / draft tokens of that request), never derived from
+a pooled mean: a drafter that is excellent on most requests and useless on some has a good mean and a
+bad P5, and P5 is what the seed's checklist asks about.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from draftsync.serving.evaluation import RequestResult
+
+Comparison = Literal[">", ">=", "<=", "=="]
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One checklist item: what was measured, the threshold, and whether it passed."""
+
+    name: str
+    value: float | None
+    threshold: float
+    comparison: Comparison
+    detail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        if self.value is None or (isinstance(self.value, float) and math.isnan(self.value)):
+            return False  # not measured is not passed
+        return {
+            ">": self.value > self.threshold,
+            ">=": self.value >= self.threshold,
+            "<=": self.value <= self.threshold,
+            "==": self.value == self.threshold,
+        }[self.comparison]
+
+    def to_dict(self) -> dict[str, Any]:
+        value = None if self.value is None or math.isnan(float(self.value)) else round(float(self.value), 4)
+        return {**asdict(self), "value": value, "passed": self.passed}
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """numpy's default (linear) percentile; NaN for no values."""
+    import numpy as np
+
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else math.nan
+
+
+@dataclass(frozen=True)
+class AcceptanceSummary:
+    """Pooled acceptance and the spread of per-request acceptance rates."""
+
+    requests: int
+    drafted_requests: int  # requests that drafted at least once: only they have a rate
+    mean: float  # pooled: all accepted / all draft tokens
+    mean_acceptance_length: float
+    p5: float
+    p50: float
+    p90: float
+    p99: float
+    per_position: list[float]  # accepted at position i / drafts, pooled
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        return {k: (round(v, 4) if isinstance(v, float) else [round(x, 4) for x in v] if k == "per_position" else v)
+                for k, v in out.items()}
+
+
+def summarize_acceptance(results: Sequence[RequestResult]) -> AcceptanceSummary:
+    drafted = [r for r in results if r.draft_tokens > 0]
+    rates = [r.acceptance_rate for r in drafted]
+    drafts = sum(r.drafts for r in results)
+    draft_tokens = sum(r.draft_tokens for r in results)
+    accepted = sum(r.accepted for r in results)
+    positions = max((len(r.accepted_per_position) for r in results), default=0)
+    per_position = [sum(r.accepted_per_position[i] for r in results if i < len(r.accepted_per_position))
+                    / drafts if drafts else 0.0 for i in range(positions)]
+    return AcceptanceSummary(
+        requests=len(results), drafted_requests=len(drafted),
+        mean=accepted / draft_tokens if draft_tokens else math.nan,
+        mean_acceptance_length=1.0 + accepted / drafts if drafts else 1.0,
+        p5=percentile(rates, 5), p50=percentile(rates, 50), p90=percentile(rates, 90), p99=percentile(rates, 99),
+        per_position=per_position,
+    )
+
+
+def pooled_tpot_ms(results: Sequence[RequestResult]) -> float:
+    """Decode time over decoded tokens across requests (each request's first token is its prefill)."""
+    tokens = sum(r.output_tokens - 1 for r in results if r.output_tokens > 1)
+    seconds = sum(r.seconds - r.ttft_s for r in results if r.output_tokens > 1)
+    return 1000.0 * seconds / tokens if tokens else math.nan
+
+
+def gamma_knee(sweep: Sequence[dict], tolerance: float = 0.02) -> int:
+    """The gamma with the best (lowest) TPOT; gammas within `tolerance` of the best count as tied and the
+    smallest of them wins: a larger gamma costs drafter work for nothing measurable."""
+    measured = [row for row in sweep if row.get("tpot_ms") is not None and not math.isnan(row["tpot_ms"])]
+    if not measured:
+        raise ValueError("no gamma in the sweep has a measured TPOT")
+    best = min(row["tpot_ms"] for row in measured)
+    return min(int(row["gamma"]) for row in measured if row["tpot_ms"] <= best * (1 + tolerance))
+
+
+def speculation_schedule(tpot_by_batch: dict[int, dict[int, float]], tolerance: float = 0.02
+                         ) -> list[tuple[int, int, int]]:
+    """vLLM's `num_speculative_tokens_per_batch_size` from stress data: {batch size: {gamma: TPOT ms}}.
+
+    Each measured batch size gets its knee (gamma 0, speculation off, when plain decoding is fastest),
+    and covers the batch sizes from itself up to the next measured one minus one; neighbours with the
+    same gamma merge. The last range ends at the largest measured batch size.
+    """
+    sizes = sorted(tpot_by_batch)
+    ranges: list[tuple[int, int, int]] = []
+    for i, size in enumerate(sizes):
+        rows = [{"gamma": g, "tpot_ms": t} for g, t in tpot_by_batch[size].items()]
+        k = gamma_knee(rows, tolerance)
+        end = sizes[i + 1] - 1 if i + 1 < len(sizes) else size
+        start = 1 if i == 0 else size
+        if ranges and ranges[-1][2] == k:
+            ranges[-1] = (ranges[-1][0], end, k)
+        else:
+            ranges.append((start, end, k))
+    return ranges
+
+
+def acceptance_by_length(results: Sequence[RequestResult], edges: Sequence[int]) -> list[dict[str, Any]]:
+    """Pooled acceptance per output-length bucket [edges[i], edges[i+1]); the last bucket is open."""
+    buckets = []
+    bounds = list(edges) + [math.inf]
+    for low, high in zip(bounds[:-1], bounds[1:]):
+        members = [r for r in results if low <= r.output_tokens < high]
+        draft_tokens = sum(r.draft_tokens for r in members)
+        buckets.append({
+            "min_tokens": low, "max_tokens": None if high == math.inf else high - 1, "requests": len(members),
+            "acceptance_rate": round(sum(r.accepted for r in members) / draft_tokens, 4) if draft_tokens else None,
+        })
+    return buckets
+
+
+def identical_outputs_share(first: Sequence[RequestResult], second: Sequence[RequestResult]) -> float:
+    """Share of requests whose outputs are the same token for token (speculation on vs off at T=0)."""
+    if not first or len(first) != len(second):
+        return math.nan
+    return sum(a.token_ids == b.token_ids for a, b in zip(first, second)) / len(first)

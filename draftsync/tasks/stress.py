@@ -1,0 +1,87 @@
+"""Stress at a multiple of normal QPS against served instances: speculation on, then off, same requests.
+
+The seed's pre-go-live step 2: speculation must not degrade under concurrency. Requests arrive on a
+fixed schedule (stress_factor x qps) whether or not earlier ones have finished, up to `concurrency`
+clients in flight; each request's latency counts from its scheduled arrival, so queueing on an
+overloaded server is part of what is measured. The figure compared is end-to-end milliseconds per
+output token (latency / completion tokens), with and without speculation, and every non-200 answer
+or transport failure is an error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from draftsync.serving.evaluation import EvalRequest
+
+
+def drive_load(endpoint: str, model: str, requests: Sequence[EvalRequest], rate: float, concurrency: int,
+               temperature: float, seed: int, timeout: float = 600.0) -> dict:
+    """Send `requests` at `rate` per second with at most `concurrency` in flight; latency per token and errors."""
+    import httpx
+
+    started = time.perf_counter()
+    with httpx.Client(base_url=endpoint, timeout=timeout,
+                      limits=httpx.Limits(max_connections=concurrency)) as client:
+
+        def one(index: int, request: EvalRequest) -> dict:
+            arrival = started + index / rate
+            delay = arrival - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            body = {"model": model, "prompt": request.prompt, "max_tokens": request.max_tokens,
+                    "temperature": temperature, "seed": seed + index}
+            try:
+                response = client.post("/v1/completions", json=body)
+            except httpx.HTTPError as error:
+                return {"error": f"{type(error).__name__}: {error}"}
+            latency = time.perf_counter() - arrival
+            if response.status_code != 200:
+                return {"error": f"HTTP {response.status_code}: {response.text[:200]}"}
+            return {"latency_s": latency, "tokens": int(response.json()["usage"]["completion_tokens"])}
+
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            outcomes = list(pool.map(one, range(len(requests)), requests))
+    done = [o for o in outcomes if "error" not in o]
+    tokens = sum(o["tokens"] for o in done)
+    errors = [o["error"] for o in outcomes if "error" in o]
+    return {
+        "requests": len(requests), "errors": len(errors), "error_examples": errors[:3],
+        "rate_per_s": rate, "concurrency": concurrency, "completion_tokens": tokens,
+        "ms_per_token": 1000.0 * sum(o["latency_s"] for o in done) / tokens if tokens else None,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def stress_served_pair(server: str, target_dir: str, drafter_dir: str, gamma: int, requests: Sequence[EvalRequest],
+                       rate: float, concurrency: int, temperature: float, seed: int, log_dir: Path) -> dict:
+    """Serve the pair (`server`: "reference" for the CPU reference server, "vllm" for `vllm serve`), drive the
+    load; again without the drafter; compare."""
+    from draftsync.serving.process import ServerProcess, free_port
+    from draftsync.serving.reference_server import reference_server_command
+    from draftsync.serving.vllm_args import render_vllm_command
+    from draftsync.speculative.drafters import drafter_method
+
+    runs = {}
+    for mode, drafter in (("speculative", drafter_dir), ("plain", None)):
+        port = free_port()
+        if server == "vllm":
+            method = drafter_method(drafter_dir)
+            argv = render_vllm_command(target_dir, drafter, method, gamma, "127.0.0.1", port, "stress").argv
+            env = None
+        else:
+            argv = reference_server_command(target_dir, drafter, gamma, "127.0.0.1", port, "stress")
+            env = {"DRAFTSYNC_TORCH_THREADS": "1"}
+        process = ServerProcess(argv, "127.0.0.1", port, log_dir / f"stress-{mode}-{port}.log", env=env)
+        with process.start():
+            process.wait_healthy(timeout=600 if server == "vllm" else 180)
+            runs[mode] = drive_load(process.url, "stress", requests, rate, concurrency, temperature, seed)
+    spec, plain = runs["speculative"]["ms_per_token"], runs["plain"]["ms_per_token"]
+    return {
+        **runs,
+        "errors": runs["speculative"]["errors"] + runs["plain"]["errors"],
+        "speedup": plain / spec if spec and plain else None,
+    }
