@@ -1,0 +1,54 @@
+"""Stress against real reference-server subprocesses: the pair with and without speculation, errors counted."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftsync.serving.evaluation import EvalRequest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
+
+    root = tmp_path_factory.mktemp("stress")
+    target = build_tiny_target(root / "target")
+    return target, build_tiny_drafter(target, root / "drafter", gamma=2)
+
+
+REQUESTS = [EvalRequest(p, "code", 8) for p in ("def add(", "The sum of 12", "Permission is", "def add(a")]
+
+
+def test_the_pair_is_stressed_with_and_without_speculation_on_the_same_requests(pair, tmp_path):
+    from draftsync.tasks.stress import stress_served_pair
+
+    target, drafter = pair
+    result = stress_served_pair("reference", str(target), str(drafter), 2, REQUESTS, rate=20.0, concurrency=3,
+                                temperature=0.0, seed=0, log_dir=tmp_path)
+    for mode in ("speculative", "plain"):
+        run = result[mode]
+        assert run["requests"] == 4 and run["errors"] == 0, run
+        assert run["completion_tokens"] == 4 * 8 and run["ms_per_token"] > 0
+    assert result["errors"] == 0
+    assert result["speedup"] == pytest.approx(result["plain"]["ms_per_token"] / result["speculative"]["ms_per_token"])
+
+
+def test_every_failed_request_under_load_is_counted_as_an_error(pair, tmp_path):
+    from draftsync.serving.process import ServerProcess, free_port
+    from draftsync.serving.reference_server import reference_server_command
+    from draftsync.tasks.stress import drive_load
+
+    target, _ = pair
+    port = free_port()
+    argv = reference_server_command(target, None, 0, "127.0.0.1", port, "served-name")
+    with ServerProcess(argv, "127.0.0.1", port, tmp_path / "server.log").start() as server:
+        server.wait_healthy(timeout=120)
+        wrong_model = drive_load(server.url, "another-name", REQUESTS, rate=50.0, concurrency=2, temperature=0.0,
+                                 seed=0)
+        too_long = drive_load(server.url, "served-name", [EvalRequest("def", "code", 10_000)], rate=1.0,
+                              concurrency=1, temperature=0.0, seed=0)
+    assert wrong_model["errors"] == 4 and wrong_model["ms_per_token"] is None
+    assert "HTTP 404" in wrong_model["error_examples"][0]
+    assert too_long["errors"] == 1 and "HTTP 400" in too_long["error_examples"][0]
