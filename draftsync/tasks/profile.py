@@ -26,6 +26,9 @@ class ValidationProfile(BaseModel):
     stress_factor: float = Field(3.0, ge=1.0)
     stress_requests: int = Field(300, ge=0)  # 0: no stress run (its gates then fail as not measured)
     stress_concurrency: int = Field(8, ge=1)  # clients in flight at most
+    # Closed-loop stress at these concurrencies (vLLM batches them) gives the per-batch-size gamma schedule;
+    # empty: none (the reference server runs one request at a time, so the demo has nothing to learn there).
+    schedule_batch_sizes: tuple[int, ...] = (1, 8, 32, 64)
     long_requests: int = Field(20, ge=1)
     long_max_tokens: int | None = Field(4096, ge=2)  # None: the longest the target's context allows
     min_long_acceptance: float = Field(0.50, ge=0.0, le=1.0)
@@ -39,12 +42,14 @@ VALIDATION_PROFILES = {
     # third of its target's size. Its acceptance thresholds are the demo sync's (see SyncProfile).
     "demo": ValidationProfile(
         name="demo", requests=16, max_tokens=48, sweep_requests=6, min_acceptance=0.55, min_p50=0.55, min_p5=0.30,
-        stress_requests=8, stress_concurrency=4, long_requests=2, long_max_tokens=None, min_long_acceptance=0.30,
+        stress_requests=8, stress_concurrency=4, schedule_batch_sizes=(), long_requests=2, long_max_tokens=None,
+        min_long_acceptance=0.30,
         length_buckets=(0, 64, 256, 512), max_memory_overhead=0.60,
     ),
     "test": ValidationProfile(
         name="test", requests=6, max_tokens=24, gamma_range=(2, 4), sweep_requests=2, min_acceptance=0.55,
-        min_p50=0.55, min_p5=0.30, stress_requests=4, stress_concurrency=2, long_requests=1, long_max_tokens=96,
+        min_p50=0.55, min_p5=0.30, stress_requests=4, stress_concurrency=2, schedule_batch_sizes=(), long_requests=1,
+        long_max_tokens=96,
         min_long_acceptance=0.30, length_buckets=(0, 32, 64), max_memory_overhead=0.60,
     ),
 }

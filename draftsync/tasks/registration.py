@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from prefect import task
@@ -53,7 +54,6 @@ def register_drafter(
 
     A retried sync gets the same version back. The data checks' failures are a tag, so a later
     `draftsync validate` of this version judges the data-coverage gate without the dataset."""
-    import json
 
     registry = context.registry()
     history = json.loads(Path(history_path).read_text()) if history_path and Path(history_path).exists() else None
@@ -108,6 +108,8 @@ def record_validation(target_name: str, drafter_version: int, result: dict, repo
         "draftsync.baseline.acceptance_rate": str(result["acceptance"]["mean"]),
         "draftsync.baseline.threshold": str(mismatch_threshold),
     })
+    if result.get("speculation_schedule"):
+        tags["draftsync.gamma_schedule"] = json.dumps(result["speculation_schedule"])
     failed = [g["name"] for g in result["gates"] if not g["passed"]]
     context.registry().record_validation(
         target_name, drafter_version, passed=result["passed"], metrics=metrics, tags=tags, failed_gates=failed,

@@ -10,6 +10,7 @@ or transport failure is an error.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,10 +29,13 @@ def drive_load(endpoint: str, model: str, requests: Sequence[EvalRequest], rate:
                       limits=httpx.Limits(max_connections=concurrency)) as client:
 
         def one(index: int, request: EvalRequest) -> dict:
-            arrival = started + index / rate
-            delay = arrival - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
+            if math.isfinite(rate):  # open loop: the request arrives on schedule, waiting counts
+                arrival = started + index / rate
+                delay = arrival - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+            else:  # closed loop: each request leaves as soon as a client is free
+                arrival = time.perf_counter()
             body = {"model": model, "prompt": request.prompt, "max_tokens": request.max_tokens,
                     "temperature": temperature, "seed": seed + index}
             try:
@@ -57,9 +61,15 @@ def drive_load(endpoint: str, model: str, requests: Sequence[EvalRequest], rate:
 
 
 def stress_served_pair(server: str, target_dir: str, drafter_dir: str, gamma: int, requests: Sequence[EvalRequest],
-                       rate: float, concurrency: int, temperature: float, seed: int, log_dir: Path) -> dict:
+                       rate: float, concurrency: int, temperature: float, seed: int, log_dir: Path,
+                       batch_sizes: Sequence[int] = ()) -> dict:
     """Serve the pair (`server`: "reference" for the CPU reference server, "vllm" for `vllm serve`), drive the
-    load; again without the drafter; compare."""
+    load; again without the drafter; compare.
+
+    With `batch_sizes`, each server also runs closed-loop load at each of those concurrencies (as fast as it
+    answers): on vLLM, whose continuous batching runs every request in flight together, concurrency c is a
+    decode batch of c, and the figures give `speculation_schedule` its data (gamma vs plain per batch size).
+    The reference server answers one request at a time, so there the levels measure queueing, not batching."""
     from draftsync.serving.process import ServerProcess, free_port
     from draftsync.serving.reference_server import reference_server_command
     from draftsync.serving.vllm_args import render_vllm_command
@@ -79,9 +89,24 @@ def stress_served_pair(server: str, target_dir: str, drafter_dir: str, gamma: in
         with process.start():
             process.wait_healthy(timeout=600 if server == "vllm" else 180)
             runs[mode] = drive_load(process.url, "stress", requests, rate, concurrency, temperature, seed)
+            for size in batch_sizes:
+                closed = [requests[i % len(requests)] for i in range(max(len(requests), 2 * size))]
+                level = drive_load(process.url, "stress", closed, math.inf, size, temperature, seed)
+                runs.setdefault("by_batch_size", {}).setdefault(size, {})[mode] = level
     spec, plain = runs["speculative"]["ms_per_token"], runs["plain"]["ms_per_token"]
-    return {
-        **runs,
+    result = {
+        "speculative": runs["speculative"], "plain": runs["plain"],
         "errors": runs["speculative"]["errors"] + runs["plain"]["errors"],
         "speedup": plain / spec if spec and plain else None,
     }
+    if batch_sizes:
+        from draftsync.tasks.checklist import speculation_schedule
+
+        by_size = runs["by_batch_size"]
+        result["by_batch_size"] = by_size
+        result["errors"] += sum(level["errors"] for modes in by_size.values() for level in modes.values())
+        measured = {size: {0: modes["plain"]["ms_per_token"], gamma: modes["speculative"]["ms_per_token"]}
+                    for size, modes in by_size.items()
+                    if modes["plain"]["ms_per_token"] and modes["speculative"]["ms_per_token"]}
+        result["schedule"] = speculation_schedule(measured) if measured else None
+    return result

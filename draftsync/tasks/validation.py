@@ -159,6 +159,8 @@ def run_checklist(backend: EvaluationBackend, target_dir: str, drafter_dir: str,
         "tpot_ms": {k: round(v, 4) for k, v in tpot.items()},
         "speedup": round(speedup, 4),
         "stress": stress_result,
+        # vLLM's num_speculative_tokens_per_batch_size, when stress ran per batch size: [(start, end, gamma)]
+        "speculation_schedule": (stress_result or {}).get("schedule"),
         "memory": {"drafter_bytes": checkpoint_weight_bytes(drafter_dir),
                    "target_bytes": checkpoint_weight_bytes(target_dir), "overhead": round(overhead, 4)},
         "requests": {"validation": len(requests), "sweep": min(len(requests), profile.sweep_requests),
@@ -197,7 +199,8 @@ def validate_drafter(target_dir: str, drafter_dir: str, task_mix: dict[str, floa
     def stress(gamma: int, requests: list[EvalRequest]) -> dict:
         rate = profile.qps * profile.stress_factor
         return stress_served_pair(backend, target_dir, drafter_dir, gamma, requests, rate,
-                                  profile.stress_concurrency, profile.temperature, seed, log_dir)
+                                  profile.stress_concurrency, profile.temperature, seed, log_dir,
+                                  batch_sizes=profile.schedule_batch_sizes)
 
     try:
         return run_checklist(chosen, target_dir, drafter_dir, task_mix, profile, seed, data_check_failures,

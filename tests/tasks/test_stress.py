@@ -52,3 +52,19 @@ def test_every_failed_request_under_load_is_counted_as_an_error(pair, tmp_path):
     assert wrong_model["errors"] == 4 and wrong_model["ms_per_token"] is None
     assert "HTTP 404" in wrong_model["error_examples"][0]
     assert too_long["errors"] == 1 and "HTTP 400" in too_long["error_examples"][0]
+
+
+def test_closed_loop_load_per_batch_size_yields_a_gamma_schedule(pair, tmp_path):
+    from draftsync.tasks.stress import stress_served_pair
+
+    target, drafter = pair
+    result = stress_served_pair("reference", str(target), str(drafter), 2, REQUESTS, rate=20.0, concurrency=2,
+                                temperature=0.0, seed=0, log_dir=tmp_path, batch_sizes=(1, 3))
+    assert set(result["by_batch_size"]) == {1, 3}
+    for size, modes in result["by_batch_size"].items():
+        assert modes["speculative"]["concurrency"] == size and modes["plain"]["errors"] == 0
+        assert modes["speculative"]["requests"] == max(len(REQUESTS), 2 * size)
+    schedule = result["schedule"]
+    assert schedule[0][0] == 1 and schedule[-1][1] == 3  # the ranges cover batch sizes 1..3
+    assert all(gamma in (0, 2) for _, _, gamma in schedule)
+    assert all(a[1] + 1 == b[0] for a, b in zip(schedule, schedule[1:]))
