@@ -97,12 +97,19 @@ def pooled_tpot_ms(results: Sequence[RequestResult]) -> float:
     return 1000.0 * seconds / tokens if tokens else math.nan
 
 
-def gamma_knee(sweep: Sequence[dict], tolerance: float = 0.02) -> int:
+def gamma_knee(sweep: Sequence[dict], tolerance: float = 0.02, min_acceptance: float | None = None) -> int:
     """The gamma with the best (lowest) TPOT; gammas within `tolerance` of the best count as tied and the
-    smallest of them wins: a larger gamma costs drafter work for nothing measurable."""
+    smallest of them wins: a larger gamma costs drafter work for nothing measurable.
+
+    With `min_acceptance`, only gammas whose acceptance rate clears it compete (all of them when none does).
+    Acceptance per draft token falls as gamma grows, and the live fallback judges that rate: a knee whose
+    rate sits under the threshold would be served and then fall back for being served too aggressively."""
     measured = [row for row in sweep if row.get("tpot_ms") is not None and not math.isnan(row["tpot_ms"])]
     if not measured:
         raise ValueError("no gamma in the sweep has a measured TPOT")
+    if min_acceptance is not None:
+        clearing = [row for row in measured if row.get("acceptance_rate", 0.0) > min_acceptance]
+        measured = clearing or measured
     best = min(row["tpot_ms"] for row in measured)
     return min(int(row["gamma"]) for row in measured if row["tpot_ms"] <= best * (1 + tolerance))
 

@@ -14,8 +14,9 @@ The seed's checklist, each item a named gate with its measured value, threshold 
 | fallback_equivalence | greedy outputs with speculation off equal those with it on (the fallback is safe) |
 | drafter_memory_overhead | drafter weight bytes / target weight bytes |
 
-The gamma sweep runs first; its knee (best measured TPOT, ties to the smaller gamma) is the gamma every
-other measurement uses and the one recorded as the drafter's baseline.
+The gamma sweep runs first; its knee (best measured TPOT among the gammas whose acceptance rate clears the
+acceptance gate, ties to the smaller gamma) is the gamma every other measurement uses and the one recorded
+as the drafter's baseline.
 """
 
 from __future__ import annotations
@@ -93,8 +94,10 @@ def run_checklist(backend: EvaluationBackend, target_dir: str, drafter_dir: str,
     temperature = profile.temperature
     requests = validation_requests(task_mix, profile.requests, profile.max_tokens, seed + 11)
     sweep, sweep_plain_tpot = _sweep(backend, requests[: profile.sweep_requests], profile, seed)
-    knee = gamma_knee(sweep, profile.knee_tolerance)
-    logger.info("gamma sweep %s; knee %d", [(r["gamma"], r["tpot_ms"]) for r in sweep], knee)
+    fastest = gamma_knee(sweep, profile.knee_tolerance)
+    knee = gamma_knee(sweep, profile.knee_tolerance, min_acceptance=profile.min_acceptance)
+    logger.info("gamma sweep (gamma, TPOT ms, acceptance) %s; knee %d (fastest %d)",
+                [(r["gamma"], r["tpot_ms"], r["acceptance_rate"]) for r in sweep], knee, fastest)
 
     spec = backend.generate(requests, knee, temperature, seed)
     plain = backend.generate(requests, 0, temperature, seed)
@@ -150,6 +153,7 @@ def run_checklist(backend: EvaluationBackend, target_dir: str, drafter_dir: str,
         "gates": gate_dicts,
         "gamma_sweep": sweep,
         "gamma_knee": knee,
+        "gamma_fastest": fastest,  # the best TPOT whatever its acceptance (the knee must also clear the gate)
         "sweep_plain_tpot_ms": round(sweep_plain_tpot, 4),
         "acceptance": {k: round(getattr(acceptance, k), 4) for k in ("mean", "p5", "p50", "p90", "p99")},
         "acceptance_greedy": round(greedy_acceptance.mean, 4),

@@ -44,10 +44,9 @@ def _check_sync_validation(result: dict) -> None:
         assert set(gate) >= {"name", "value", "threshold", "passed"}
         assert gate["value"] is not None, gate  # every gate was measured, none skipped
     assert [r["gamma"] for r in validation["gamma_sweep"]] == [2, 3, 4]
-    assert validation["gamma_knee"] in (2, 3, 4)
-    best = min(r["tpot_ms"] for r in validation["gamma_sweep"])
-    knee_row = next(r for r in validation["gamma_sweep"] if r["gamma"] == validation["gamma_knee"])
-    assert knee_row["tpot_ms"] <= best * 1.02
+    clearing = [r for r in validation["gamma_sweep"] if r["acceptance_rate"] > 0.55] or validation["gamma_sweep"]
+    best = min(r["tpot_ms"] for r in clearing)
+    assert validation["gamma_knee"] == min(r["gamma"] for r in clearing if r["tpot_ms"] <= best * 1.02)
     acceptance = validation["acceptance"]
     assert acceptance["p5"] <= acceptance["p50"] <= acceptance["p90"] <= acceptance["p99"]
     assert validation["passed"] == (all(g["passed"] for g in validation["gates"]) and validation["suite"]["passed"])

@@ -102,3 +102,12 @@ def test_identical_outputs_share():
     b[1].token_ids = [9]
     assert identical_outputs_share(a, b) == 0.5
     assert math.isnan(identical_outputs_share(a, b[:1]))
+
+
+def test_the_knee_must_clear_the_acceptance_gate_when_some_gamma_does():
+    sweep = [{"gamma": 2, "tpot_ms": 3.6, "acceptance_rate": 0.70},
+             {"gamma": 3, "tpot_ms": 3.2, "acceptance_rate": 0.52},
+             {"gamma": 4, "tpot_ms": 3.0, "acceptance_rate": 0.45}]
+    assert gamma_knee(sweep) == 4
+    assert gamma_knee(sweep, min_acceptance=0.55) == 2
+    assert gamma_knee(sweep, min_acceptance=0.90) == 4  # none clears: the fastest, and the gates will say so
