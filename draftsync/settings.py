@@ -29,6 +29,7 @@ class Settings(BaseSettings):
     mismatch_threshold: float = 0.60  # live acceptance below this: drafter/target mismatch suspected
     stale_threshold: float = 0.50  # sustained below this: stale -> fallback and retrain
     trust_remote_code: bool = False
+    deployments_file: Path | None = None  # the deployments YAML; default: <workdir>/deployments.yaml
 
     @property
     def root(self) -> Path:
@@ -45,6 +46,10 @@ class Settings(BaseSettings):
     @property
     def monitor_url(self) -> str:
         return self.monitor_db_url or f"sqlite:///{self.root / 'monitor.db'}"
+
+    @property
+    def deployments_path(self) -> Path:
+        return self.deployments_file or self.root / "deployments.yaml"
 
     @property
     def prefect_home(self) -> Path:

@@ -133,6 +133,64 @@ def validate(
         raise typer.Exit(code=1)
 
 
+DeploymentArgument = Annotated[str, typer.Argument(help="Deployment name, as declared in the deployments file.")]
+
+
+def _deployment(name: str):
+    from draftsync.serving.deployment import find_deployment, load_deployments
+    from draftsync.tasks import context
+
+    path = context.settings().deployments_path
+    if not path.exists():
+        raise DraftsyncError(f"no deployments file at {path}",
+                             "declare deployments in YAML there, or point DRAFTSYNC_DEPLOYMENTS_FILE at yours "
+                             "(the format: README, 'Deployments')")
+    return find_deployment(load_deployments(path), name)
+
+
+@app.command()
+def rollout(
+    deployment: DeploymentArgument,
+    drafter_version: Annotated[Optional[int], typer.Option(
+        "--drafter-version", help="Serve this validated drafter version (default: the one for the served target).")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the rendered launch; start nothing.")] = False,
+    canary_requests: Annotated[int, typer.Option(
+        "--canary-requests", help="Canary requests to send after the switch (0: live traffic is the canary).")] = 0,
+    json_path: JsonOption = None,
+) -> None:
+    """Roll the deployment's pair out: candidate, checks, switch, canary; rolls back by itself on a bad canary."""
+    from draftsync.flows.rollout import rollout as rollout_flow
+
+    spec = _deployment(deployment)
+    _check_registry()
+    if dry_run:
+        from draftsync.flows.rollout import choose_pair, render_launch
+
+        pair = choose_pair(spec, drafter_version, True)
+        launch = render_launch(spec, pair)
+        result = {"deployment": spec.name, "dry_run": True, "target_version": pair["target_version"],
+                  "drafter_version": pair["drafter_version"], "gamma": pair["gamma"], "argv": launch["argv"],
+                  "speculative_config": launch["speculative_config"]}
+    else:
+        result = rollout_flow(spec, drafter_version=drafter_version, canary_requests=canary_requests,
+                              reason="rolled out by hand")
+    typer.echo(json.dumps(result, indent=2, default=str))
+    _emit(result, json_path)
+
+
+@app.command()
+def rollback(deployment: DeploymentArgument, json_path: JsonOption = None) -> None:
+    """Point the drafter's `production` back at `previous` and serve that pair."""
+    from draftsync.flows.rollout import rollback as rollback_flow
+
+    spec = _deployment(deployment)
+    _check_registry()
+    result = rollback_flow(spec)
+    typer.echo(json.dumps(result, indent=2, default=str))
+    _emit(result, json_path)
+
+
 @app.command()
 def scrape(json_path: JsonOption = None) -> None:
     """Scrape acceptance counters from every serving deployment into the monitor store."""

@@ -1,79 +1,273 @@
 """Rollout: serve the target version the deployment's alias points at, with the drafter validated for it.
 
-The pair rule: when no validated drafter exists for that exact target version, the target is served
-with speculation off (state `fallback`) rather than with a drafter trained for another version.
+The procedure: start the candidate -> `/health` and `/v1/models` -> smoke requests -> a short benchmark
+against the current instance -> switch (the router moves traffic, the old server drains and stops; the
+drafter aliases flip, `production` -> new, `previous` -> old; the serving pair is recorded) -> canary watch
+(acceptance >= the threshold, TPOT not worse than the instance it replaced) -> else automatic rollback:
+aliases restored exactly and the previous pair served again.
+
+The pair rule: a target version without a validated drafter trained for it is served with speculation
+off (state `fallback`), an alert goes out, a sync is requested (and run, when a sync profile is given),
+and the pair is rolled out when its drafter arrives. A drafter is never served with another target version.
 """
 
 from __future__ import annotations
 
+import json
+import math
+from datetime import UTC, datetime
+
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
+from prefect.events import emit_event
 
 from draftsync.errors import DraftsyncError
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context
+from draftsync.tasks.alerts import send_alert
 from draftsync.tasks.registration import drafter_model_name
-from draftsync.tasks.serving import adopt_server, launch_server, smoke_request
+from draftsync.tasks.serving import (
+    benchmark_against_current,
+    launch_server,
+    serving_record,
+    smoke_requests,
+    stop_candidate,
+    switch_traffic,
+)
+
+SYNC_REQUESTED_EVENT = "draftsync.sync.requested"
+SMOKE_REQUESTS = 3
+BENCHMARK_REQUESTS = 4
+BENCHMARK_TOKENS = 24
+TPOT_TOLERANCE = 0.25  # the canary's TPOT may be this much worse than the replaced instance's (CPU noise)
 
 
-@flow(name="rollout", log_prints=True)
-def rollout(deployment: ServingDeployment, speculation: bool = True, reason: str = "") -> dict:
-    """Launch the pair, check it answers, switch the deployment to it and stop the old instance."""
-    logger = get_run_logger()
+def _prompts(deployment: ServingDeployment, count: int, seed: int) -> list[str]:
+    from draftsync.speculative.corpora import prompts_for_mix
+
+    return prompts_for_mix(deployment.task_mix, count, seed=seed)
+
+
+def choose_pair(deployment: ServingDeployment, drafter_version: int | None, speculation: bool) -> dict:
+    """The target version the alias points at and the drafter to serve with it (None: speculation off)."""
     registry = context.registry()
-    store = context.store()
     target_version = registry.alias_version(deployment.target_name, deployment.target_alias)
     if target_version is None:
         raise DraftsyncError(
             f"target {deployment.target_name} has no alias {deployment.target_alias!r}",
             f"register a version and set the alias (deployment {deployment.name} follows it)",
         )
-    target_dir = registry.download(deployment.target_name, target_version)
     drafter_name = drafter_model_name(deployment.target_name)
-    drafter_version = registry.drafter_for_target_version(deployment.target_name, target_version) if speculation else None
-    drafter_dir, gamma, method = None, 0, "eagle3"
     if drafter_version is not None:
         tags = registry.version_tags(drafter_name, drafter_version)
-        drafter_dir = str(registry.download(drafter_name, drafter_version))
-        gamma, method = int(tags["draftsync.gamma"]), tags["draftsync.method"]
+        trained_for = int(tags["draftsync.target.version"])
+        if trained_for != target_version:
+            raise DraftsyncError(
+                f"drafter {drafter_name} v{drafter_version} was trained for {deployment.target_name} v{trained_for}, "
+                f"but deployment {deployment.name} serves v{target_version} (alias {deployment.target_alias})",
+                "never serve a mismatched pair: sync a drafter for the served version, or pick one trained for it",
+            )
+        if tags.get("draftsync.validation.passed") != "true":
+            raise DraftsyncError(f"drafter {drafter_name} v{drafter_version} has not passed validation",
+                                 f"run `draftsync validate {deployment.target_name} {drafter_version}` first")
     elif speculation:
-        logger.warning(
-            "no validated drafter for %s v%d: serving it with speculation off until a sync provides one",
-            deployment.target_name, target_version,
-        )
-    launched = launch_server(deployment, str(target_dir), drafter_dir, gamma, method)
-    smoke_request(launched["endpoint"], deployment.name, "def add(a, b):\n")
-    adopt_server(deployment.name, launched)
-    store.forget_scrape_baseline(deployment.name)  # the new instance's counters start from zero
-    state = "serving" if drafter_version is not None else "fallback"
-    store.set_serving_pair(
-        deployment.name,
-        target_name=deployment.target_name,
-        target_version=target_version,
-        drafter_name=drafter_name if drafter_version is not None else None,
-        drafter_version=drafter_version,
-        gamma=gamma,
-        endpoint=launched["endpoint"],
-        state=state,
-    )
-    result = {
-        "deployment": deployment.name,
-        "state": state,
-        "target_version": target_version,
-        "drafter_version": drafter_version,
-        "gamma": gamma,
-        "endpoint": launched["endpoint"],
-        "vllm": launched["vllm"],
-        "reason": reason,
-    }
+        drafter_version = registry.drafter_for_target_version(deployment.target_name, target_version)
+    pair = {"target_version": target_version, "drafter_name": drafter_name, "drafter_version": drafter_version,
+            "gamma": 0, "method": "eagle3", "schedule": None}
+    if drafter_version is not None:
+        tags = registry.version_tags(drafter_name, drafter_version)
+        pair.update(gamma=int(tags["draftsync.gamma"]), method=tags["draftsync.method"],
+                    schedule=json.loads(tags["draftsync.gamma_schedule"]) if "draftsync.gamma_schedule" in tags
+                    else None)
+    return pair
+
+
+def render_launch(deployment: ServingDeployment, pair: dict) -> dict:
+    """The vLLM launch for the pair, as `--dry-run` prints it and as `launch: external` hands it over."""
+    registry = context.registry()
+    target_dir = registry.download(deployment.target_name, pair["target_version"])
+    drafter_dir = (registry.download(pair["drafter_name"], pair["drafter_version"])
+                   if pair["drafter_version"] is not None else None)
+    launch = deployment.vllm_launch(target_dir, drafter_dir, pair["method"], pair["gamma"], schedule=pair["schedule"])
+    return {"target_dir": str(target_dir), "drafter_dir": str(drafter_dir) if drafter_dir else None,
+            **launch.as_record()}
+
+
+def _canary(deployment: ServingDeployment, endpoint: str, requests: int, threshold: float,
+            replaced_ms_per_token: float | None) -> dict:
+    """Send canary traffic through the deployment's address; judge acceptance from /metrics and TPOT."""
+    from draftsync.monitors.metrics import scrape_counters
+    from draftsync.tasks.serving import ms_per_token
+
+    before = scrape_counters(f"{endpoint}/metrics", timeout=30)
+    ms = ms_per_token(endpoint, deployment.name, _prompts(deployment, requests, seed=77), BENCHMARK_TOKENS,
+                      deployment.temperature)
+    after = scrape_counters(f"{endpoint}/metrics", timeout=30)
+    draft_tokens = after.draft_tokens - before.draft_tokens
+    acceptance = (after.accepted - before.accepted) / draft_tokens if draft_tokens > 0 else math.nan
+    tpot_ok = replaced_ms_per_token is None or ms is None or ms <= replaced_ms_per_token * (1 + TPOT_TOLERANCE)
+    passed = not math.isnan(acceptance) and acceptance >= threshold and tpot_ok
+    return {"requests": requests, "acceptance": None if math.isnan(acceptance) else round(acceptance, 4),
+            "threshold": threshold, "ms_per_token": ms, "replaced_ms_per_token": replaced_ms_per_token,
+            "tpot_ok": tpot_ok, "passed": passed}
+
+
+@flow(name="rollout", log_prints=True)
+def rollout(deployment: ServingDeployment, speculation: bool = True, reason: str = "",
+            drafter_version: int | None = None, dry_run: bool = False, canary_requests: int = 0,
+            canary_threshold: float | None = None, sync_profile: str | None = None, state: str | None = None) -> dict:
+    """Serve the deployment's pair: launch, check, switch, canary; roll back by itself on a bad canary.
+
+    `canary_requests` > 0 sends that many canary requests after the switch (production traffic is the
+    canary otherwise); `canary_threshold` defaults to the live mismatch threshold. `state` overrides the
+    recorded state (the acceptance guard records `fallback` for a speculation-off relaunch)."""
+    logger = get_run_logger()
+    registry, settings = context.registry(), context.settings()
+    pair = choose_pair(deployment, drafter_version, speculation)
+    launch = render_launch(deployment, pair)
+    summary = {"deployment": deployment.name, "target_version": pair["target_version"],
+               "drafter_version": pair["drafter_version"], "gamma": pair["gamma"],
+               "argv": launch["argv"], "speculative_config": launch["speculative_config"],
+               "vllm": {"argv": launch["argv"], "speculative_config": launch["speculative_config"]}, "reason": reason}
+    if dry_run:
+        return {**summary, "dry_run": True}
+    missing_drafter = speculation and pair["drafter_version"] is None
+    new_state = state or ("serving" if pair["drafter_version"] is not None else "fallback")
+    steps: list[str] = []
+    if deployment.launch == "external":
+        path = settings.root / "serving" / "external" / f"{deployment.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(launch, indent=2))
+        endpoint, replaced, canary = deployment.endpoint, None, None
+        steps.append(f"vLLM arguments written to {path} for the orchestrator; watching {endpoint}")
+    else:
+        endpoint, replaced, canary = _launch_and_switch(deployment, pair, launch, steps)
+    snapshot = registry.alias_snapshot(deployment.target_name)
+    if pair["drafter_version"] is not None and snapshot["production"] != pair["drafter_version"]:
+        registry.promote(deployment.target_name, pair["drafter_version"])
+        steps.append(f"aliases: production -> v{pair['drafter_version']}, previous -> v{snapshot['production']}")
+    _record_pair(deployment, pair, endpoint, new_state)
+    steps.append(f"serving pair recorded: target v{pair['target_version']}, drafter "
+                 f"{'v%s' % pair['drafter_version'] if pair['drafter_version'] else 'none'} ({new_state})")
+    result = {**summary, "state": new_state, "endpoint": endpoint, "replaced": replaced, "canary": None,
+              "rolled_back": False}
+    if canary is not None and pair["drafter_version"] is not None and canary_requests > 0:
+        threshold = settings.mismatch_threshold if canary_threshold is None else canary_threshold
+        verdict = _canary(deployment, endpoint, canary_requests, threshold, canary)
+        result["canary"] = verdict
+        steps.append(f"canary: acceptance {verdict['acceptance']} (threshold {threshold}), "
+                     f"{verdict['ms_per_token']} ms/token vs {verdict['replaced_ms_per_token']}: "
+                     f"{'passed' if verdict['passed'] else 'FAILED'}")
+        if not verdict["passed"]:
+            registry.restore_aliases(deployment.target_name, snapshot)
+            steps.append(f"rolled back: aliases restored to {snapshot}")
+            back = rollout_previous(deployment, snapshot, reason=f"canary failed for drafter v{pair['drafter_version']}")
+            steps.extend(back["steps"])
+            send_alert(deployment.name, "canary-rollback",
+                       f"{deployment.name}: drafter v{pair['drafter_version']} rolled back by its canary",
+                       "\n".join(steps), value=verdict["acceptance"] or 0.0)
+            result.update(rolled_back=True, state=back["state"], drafter_version=back["drafter_version"],
+                          gamma=back["gamma"])
+    if missing_drafter:
+        _missing_drafter(deployment, pair, steps, sync_profile)
+    result["steps"] = steps
     create_markdown_artifact(
         key=f"rollout-{deployment.name}".lower().replace("_", "-").replace(".", "-"),
-        markdown=(
-            f"# {deployment.name}: {state}\n\nTarget {deployment.target_name} v{target_version}, drafter "
-            f"{'v%s' % drafter_version if drafter_version else 'none (speculation off)'}, gamma {gamma}.\n\n"
-            f"{reason}\n\nOn a GPU worker the same pair runs as:\n\n```\n{' '.join(launched['vllm']['argv'])}\n```\n"
-        ),
+        markdown=(f"# {deployment.name}: {result['state']}\n\n{reason}\n\n" + "\n".join(f"1. {s}" for s in steps)
+                  + f"\n\nOn a GPU worker the pair runs as:\n\n```\n{' '.join(launch['argv'])}\n```\n"),
         description="rollout",
     )
-    logger.info("%s now %s: target v%d, drafter %s", deployment.name, state, target_version, drafter_version)
+    logger.info("%s now %s: target v%d, drafter %s", deployment.name, result["state"], pair["target_version"],
+                result["drafter_version"])
     return result
+
+
+def _launch_and_switch(deployment: ServingDeployment, pair: dict, launch: dict, steps: list[str]
+                       ) -> tuple[str, str | None, float | None]:
+    """Start the candidate, check it, benchmark it against the current instance, move traffic to it."""
+    current = (serving_record(deployment.name) or {}).get("backend")
+    candidate = launch_server(deployment, launch["target_dir"], launch["drafter_dir"], pair["gamma"], pair["method"],
+                              pair["schedule"])
+    steps.append(f"candidate healthy on {candidate['endpoint']} (/health, /v1/models)")
+    try:
+        smoke = smoke_requests(candidate["endpoint"], deployment.name, _prompts(deployment, SMOKE_REQUESTS, seed=5))
+        steps.append(f"smoke: {smoke['requests']} requests answered")
+        bench = benchmark_against_current(candidate["endpoint"], current["endpoint"] if current else None,
+                                          deployment.name, _prompts(deployment, BENCHMARK_REQUESTS, seed=6),
+                                          BENCHMARK_TOKENS, deployment.temperature)
+        steps.append(f"benchmark: candidate {bench['candidate_ms_per_token']:.2f} ms/token, current "
+                     f"{bench['current_ms_per_token'] if bench['current_ms_per_token'] is None else round(bench['current_ms_per_token'], 2)}")
+    except Exception:
+        stop_candidate(candidate)
+        raise
+    switched = switch_traffic(deployment, candidate)
+    steps.append(f"traffic switched at {switched['endpoint']}; old server {switched['replaced']} drained and stopped")
+    return switched["endpoint"], switched["replaced"], bench["current_ms_per_token"]
+
+
+def _record_pair(deployment: ServingDeployment, pair: dict, endpoint: str, state: str) -> None:
+    store = context.store()
+    store.forget_scrape_baseline(deployment.name)  # the new instance's counters start from zero
+    store.set_serving_pair(
+        deployment.name, target_name=deployment.target_name, target_version=pair["target_version"],
+        drafter_name=pair["drafter_name"] if pair["drafter_version"] is not None else None,
+        drafter_version=pair["drafter_version"], gamma=pair["gamma"], endpoint=endpoint, state=state,
+    )
+
+
+def rollout_previous(deployment: ServingDeployment, snapshot: dict, reason: str) -> dict:
+    """Serve the pair the aliases say is production (after a restore or a rollback), or plain decoding."""
+    steps: list[str] = []
+    registry = context.registry()
+    target_version = registry.alias_version(deployment.target_name, deployment.target_alias)
+    previous = snapshot.get("production")
+    trained_for = None
+    if previous is not None:
+        tags = registry.version_tags(drafter_model_name(deployment.target_name), previous)
+        trained_for = int(tags["draftsync.target.version"])
+    if previous is not None and trained_for == target_version:
+        pair = choose_pair(deployment, previous, True)
+    else:
+        pair = choose_pair(deployment, None, False)
+        steps.append(f"no validated drafter for target v{target_version} to return to: speculation off")
+    launch = render_launch(deployment, pair)
+    endpoint, _, _ = _launch_and_switch(deployment, pair, launch, steps)
+    state = "serving" if pair["drafter_version"] is not None else "fallback"
+    _record_pair(deployment, pair, endpoint, state)
+    steps.append(f"{reason}: serving drafter {pair['drafter_version']} again ({state})")
+    return {"state": state, "drafter_version": pair["drafter_version"], "gamma": pair["gamma"], "steps": steps}
+
+
+def _missing_drafter(deployment: ServingDeployment, pair: dict, steps: list[str], sync_profile: str | None) -> None:
+    """The pair rule's other half: alert, request a sync, and (with a profile) run it and roll the pair out."""
+    target = f"{deployment.target_name} v{pair['target_version']}"
+    send_alert(deployment.name, "fallback-no-drafter",
+               f"{deployment.name} serves {target} with speculation off: no validated drafter",
+               f"The alias {deployment.target_alias!r} of {deployment.target_name} points at v{pair['target_version']}, "
+               f"which has no validated drafter. {deployment.name} serves it with speculation off (state fallback) "
+               f"until a drafter for it passes validation; a sync was requested.")
+    emit_event(event=SYNC_REQUESTED_EVENT,
+               resource={"prefect.resource.id": f"draftsync.target.{deployment.target_name}"},
+               payload={"target_name": deployment.target_name, "target_version": pair["target_version"],
+                        "deployment": deployment.name, "requested_at": datetime.now(UTC).isoformat()})
+    steps.append(f"alert sent; sync requested (event {SYNC_REQUESTED_EVENT} for {target})")
+    if sync_profile is None:
+        return
+    from draftsync.flows.sync import sync
+
+    synced = sync(deployment.target_name, pair["target_version"], sync_profile)
+    steps.append(f"sync ran: drafter v{synced['drafter_version']} {'passed' if synced['passed'] else 'FAILED'}")
+    if synced["passed"]:
+        again = rollout(deployment, reason=f"drafter v{synced['drafter_version']} arrived for {target}")
+        steps.append(f"pair rolled out: {again['state']} with drafter v{again['drafter_version']}")
+
+
+@flow(name="rollback", log_prints=True)
+def rollback(deployment: ServingDeployment, reason: str = "rolled back by hand") -> dict:
+    """`production` back to `previous` (and `previous` to the version rolled back from); serve that pair."""
+    registry = context.registry()
+    before = registry.alias_snapshot(deployment.target_name)
+    restored = registry.rollback(deployment.target_name)
+    back = rollout_previous(deployment, {"production": restored}, reason)
+    return {"deployment": deployment.name, "aliases_before": before,
+            "aliases_after": registry.alias_snapshot(deployment.target_name), **back}

@@ -328,6 +328,21 @@ class Registry:
         if self.alias_version(model_name, CANDIDATE) == int(drafter_version):
             self._client.delete_registered_model_alias(model_name, CANDIDATE)
 
+    def alias_snapshot(self, target_name: str) -> dict[str, int | None]:
+        """Where the drafter aliases point now, to put them back exactly with `restore_aliases`."""
+        model_name = drafter_model_name(target_name)
+        return {alias: self.alias_version(model_name, alias) for alias in (CANDIDATE, PRODUCTION, PREVIOUS)}
+
+    def restore_aliases(self, target_name: str, snapshot: Mapping[str, int | None]) -> None:
+        """Point each alias back where the snapshot says (removing those it did not have); `production` last."""
+        model_name = drafter_model_name(target_name)
+        for alias in sorted(snapshot, key=lambda a: a == PRODUCTION):
+            version = snapshot[alias]
+            if version is not None:
+                self._client.set_registered_model_alias(model_name, alias, str(int(version)))
+            elif self.alias_version(model_name, alias) is not None:
+                self._client.delete_registered_model_alias(model_name, alias)
+
     def rollback(self, target_name: str) -> int:
         """Point `production` back at `previous` (and `previous` at the version rolled back from)."""
         model_name = drafter_model_name(target_name)

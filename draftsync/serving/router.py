@@ -166,7 +166,7 @@ def _unreachable(url: str, error: httpx.TransportError) -> JSONResponse:
             504, f"upstream {url} did not answer in time ({type(error).__name__})", "GatewayTimeoutError"
         )
     if isinstance(error, httpx.ConnectError):
-        reason = "could not be connected to (connection refused: is the server running?)"
+        reason = "could not be connected to (is a server running there?)"
     else:
         reason = "dropped the connection before answering"
     detail = str(error) or type(error).__name__

@@ -1,13 +1,27 @@
 """The `vllm serve` command line a GPU worker runs for a target and its drafter.
 
-The long form is used: `vllm serve <target dir> --speculative-config '<json>'`. vLLM's short form
-(serving the drafter directory alone) only works when the drafter's verifier is a hub id, and our
-targets are local checkpoint directories.
+The long form is used: `vllm serve <target dir> --speculative-config '<json>'`, with the target as the
+positional model. vLLM's parser (vllm/utils/argparse_utils.py, `FlexibleArgumentParser.parse_args`) still
+accepts `--model <dir>` after `serve`, but only by moving it to the positional slot, with a warning that the
+option will be removed; the positional form is the one it documents (`vllm serve [model_tag] [options]`).
+vLLM's short form (serving the drafter directory alone) only works when the drafter's verifier is a hub id,
+and our targets are local checkpoint directories.
+
+The result is an argument list, never a shell string: `VllmLaunch.shell_line` is for people to read only.
+
+`num_speculative_tokens_per_batch_size` (vLLM's dynamic speculative decoding) is a list of
+`[first batch size, last batch size, k]` with both ends inclusive (vllm/v1/spec_decode/dynamic/utils.py,
+`validate_and_normalize_dynamic_sd_schedule`): ranges positive, sorted, not overlapping, the first starting
+at 1; a gap takes the previous range's k, sizes past the last range keep its k; k >= 0, 0 being no drafts at
+that batch size. vLLM caps each k at `num_speculative_tokens` without a word, so a k above gamma is refused
+here rather than quietly lowered.
 """
 
 from __future__ import annotations
 
 import json
+import operator
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +29,34 @@ from typing import Literal
 
 from draftsync.errors import DraftsyncError
 
-DrafterMethod = Literal["eagle3", "eagle3.1", "eagle"]
+DrafterMethod = Literal["eagle3", "eagle3.1", "eagle", "draft_model", "ngram"]
 
-# EAGLE 3.1 checkpoints are eagle3 checkpoints with extra norms that vLLM reads from their config.
-_VLLM_METHOD = {"eagle3": "eagle3", "eagle3.1": "eagle3", "eagle": "eagle"}
+# Our drafter methods -> vLLM's `method`. EAGLE 3.1 checkpoints are eagle3 checkpoints with extra norms that
+# vLLM reads from their config; ngram drafts from the prompt and has no checkpoint.
+_VLLM_METHOD = {"eagle3": "eagle3", "eagle3.1": "eagle3", "eagle": "eagle", "draft_model": "draft_model",
+                "ngram": "ngram"}
+
+# The `SpeculativeConfig` fields this module writes, checked by name against vllm/config/speculative.py
+# (vllm-project/vllm, `class SpeculativeConfig`, read at commit 002e77c1). Its `tensor_parallel_size` field
+# exists only to reject it ("pass draft_tensor_parallel_size instead") and is never written.
+SPECULATIVE_CONFIG_KEYS = frozenset({
+    "method",
+    "model",
+    "num_speculative_tokens",
+    "draft_tensor_parallel_size",
+    "num_speculative_tokens_per_batch_size",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+})
+
+# vLLM's default n-gram window when neither end is given (SpeculativeConfig.__post_init__).
+DEFAULT_PROMPT_LOOKUP = 5
+
+# Flags draftsync sets itself; an extra argument may not set them again (argparse keeps the last one, and
+# vLLM merges `--speculative-config.<key>` arguments into a second `--speculative-config`).
+RESERVED_VLLM_FLAGS = ("--model", "--speculative-config", "--port", "--host", "--served-model-name",
+                       "--tensor-parallel-size")
+_RESERVED_SHORT_FLAGS = ("-tp",)  # vLLM's short form of --tensor-parallel-size
 
 
 @dataclass(frozen=True)
@@ -28,8 +66,94 @@ class VllmLaunch:
     argv: list[str]
     speculative_config: dict | None
 
+    @property
+    def shell_line(self) -> str:
+        """The argv quoted for a terminal, for people and docs to read; draftsync never runs it."""
+        return shlex.join(self.argv)
+
     def as_record(self) -> dict:
         return {"argv": self.argv, "speculative_config": self.speculative_config}
+
+
+def reserved_flag_collisions(args: Sequence[str]) -> list[str]:
+    """The arguments in `args` that would set one of the flags draftsync sets itself.
+
+    vLLM reads `--a_b` as `--a-b`, `--flag=value` as `--flag value`, `--speculative-config.key value` as part
+    of the speculative config, and argparse takes an unambiguous prefix (`--served-model`) for the whole
+    flag, so each of those forms counts.
+    """
+    collisions = []
+    for arg in args:
+        text = str(arg)
+        if text.startswith("--"):
+            flag = text.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+            if len(flag) > 2 and any(reserved.startswith(flag) for reserved in RESERVED_VLLM_FLAGS):
+                collisions.append(text)
+        elif text.split("=", 1)[0] in _RESERVED_SHORT_FLAGS:
+            collisions.append(text)
+    return collisions
+
+
+def check_extra_vllm_args(args: Sequence[str]) -> list[str]:
+    """`args` as a list of strings, or an error naming the ones that collide with draftsync's own flags."""
+    checked = []
+    for arg in args:
+        if not isinstance(arg, str):
+            raise DraftsyncError(f"extra vLLM argument {arg!r} is not a string",
+                                 "write each argument as its own string, e.g. [\"--max-model-len\", \"4096\"]")
+        checked.append(arg)
+    collisions = reserved_flag_collisions(checked)
+    if collisions:
+        raise DraftsyncError(
+            f"extra vLLM arguments {collisions} set flags that draftsync sets itself "
+            f"({', '.join(RESERVED_VLLM_FLAGS + _RESERVED_SHORT_FLAGS)})",
+            "remove them: the target, drafter, host, port, served name and tensor parallel size come from the "
+            "deployment and the drafter version",
+        )
+    return checked
+
+
+def _integer(value: object, what: str) -> int:
+    if isinstance(value, bool):
+        raise DraftsyncError(f"{what} is {value!r}, not an integer", "write a whole number")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise DraftsyncError(f"{what} is {value!r}, not an integer", "write a whole number") from None
+
+
+def check_schedule(schedule: Sequence[Sequence[int]], gamma: int) -> list[list[int]]:
+    """A batch-size schedule as vLLM reads it, sorted, or an error saying which entry is wrong and why."""
+    if isinstance(schedule, (str, bytes)):
+        raise DraftsyncError(f"speculation schedule {schedule!r} is text, not a list of entries",
+                             "parse it first (json.loads of the draftsync.gamma_schedule tag)")
+    entries = []
+    for entry in schedule:
+        if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 3:
+            raise DraftsyncError(
+                f"speculation schedule entry {entry!r} is not [first batch size, last batch size, k]",
+                "write each entry as three integers, both batch sizes inclusive, e.g. [1, 8, 4]",
+            )
+        start, end, k = (_integer(value, f"speculation schedule entry {list(entry)!r}") for value in entry)
+        if start < 1 or end < start:
+            raise DraftsyncError(f"speculation schedule entry {[start, end, k]} has batch sizes {start}..{end}",
+                                 "use 1 <= first <= last (both inclusive)")
+        if not 0 <= k <= gamma:
+            raise DraftsyncError(
+                f"speculation schedule entry {[start, end, k]} asks for k={k} with num_speculative_tokens={gamma}",
+                f"use 0 <= k <= {gamma}: vLLM caps k at num_speculative_tokens without a word, and k=0 turns "
+                "drafting off at those batch sizes",
+            )
+        entries.append([start, end, k])
+    entries.sort()
+    if entries and entries[0][0] != 1:
+        raise DraftsyncError(f"speculation schedule {entries} starts at batch size {entries[0][0]}",
+                             "start the first range at batch size 1, as vLLM requires")
+    for before, after in zip(entries, entries[1:]):
+        if after[0] <= before[1]:
+            raise DraftsyncError(f"speculation schedule ranges {before} and {after} overlap",
+                                 "give each batch size one range")
+    return entries
 
 
 def render_vllm_command(
@@ -42,12 +166,24 @@ def render_vllm_command(
     served_model_name: str,
     tensor_parallel_size: int = 1,
     extra_args: Sequence[str] = (),
+    *,
+    schedule: Sequence[Sequence[int]] | None = None,
+    prompt_lookup_min: int | None = None,
+    prompt_lookup_max: int | None = None,
 ) -> VllmLaunch:
-    """Render the launch; without a drafter the target is served with speculation off."""
+    """Render the launch; without a drafter the target is served with speculation off.
+
+    "ngram" is the exception: it drafts from the prompt, so it takes no drafter directory and always
+    speculates. `schedule` ([(first batch size, last batch size, k)], inclusive) becomes
+    `num_speculative_tokens_per_batch_size`; None or empty means gamma at every batch size, and a
+    schedule is dropped when speculation is off.
+    """
+    tensor_parallel_size = _integer(tensor_parallel_size, "tensor_parallel_size")
     if tensor_parallel_size < 1:
         raise DraftsyncError(
             f"tensor_parallel_size {tensor_parallel_size} is below 1", "pass the number of GPUs per replica"
         )
+    extra = check_extra_vllm_args(extra_args)
     argv = [
         "vllm",
         "serve",
@@ -62,21 +198,56 @@ def render_vllm_command(
     if tensor_parallel_size > 1:
         argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
     speculative_config = None
-    if drafter_dir is not None:
-        if method not in _VLLM_METHOD:
-            raise DraftsyncError(
-                f"drafter method {method!r} cannot be served by vLLM",
-                f"use one of {', '.join(_VLLM_METHOD)} (vLLM has no medusa support); serve the target alone",
-            )
-        if int(gamma) < 1:
-            raise DraftsyncError(f"gamma {gamma} is below 1", "pass the number of speculative tokens (>= 1)")
-        speculative_config = {
-            "method": _VLLM_METHOD[method],
-            "model": str(drafter_dir),
-            "num_speculative_tokens": int(gamma),
-        }
-        if tensor_parallel_size > 1:
-            speculative_config["draft_tensor_parallel_size"] = tensor_parallel_size
+    if drafter_dir is not None or method == "ngram":
+        speculative_config = _speculative_config(drafter_dir, method, gamma, tensor_parallel_size, schedule,
+                                                 prompt_lookup_min, prompt_lookup_max)
         argv += ["--speculative-config", json.dumps(speculative_config)]
-    argv += list(extra_args)
+    argv += extra
     return VllmLaunch(argv=argv, speculative_config=speculative_config)
+
+
+def _speculative_config(drafter_dir: Path | str | None, method: str, gamma: int, tensor_parallel_size: int,
+                        schedule: Sequence[Sequence[int]] | None, prompt_lookup_min: int | None,
+                        prompt_lookup_max: int | None) -> dict:
+    if method == "medusa":
+        raise DraftsyncError(
+            "medusa drafters cannot be served by vLLM: draftsync writes them in its own checkpoint format "
+            "(medusa_format.py), which vLLM's medusa loader does not read",
+            "serve a drafter of method eagle3, eagle3.1, eagle or draft_model, or the target alone; evaluate "
+            "medusa drafters with the reference engine",
+        )
+    if method not in _VLLM_METHOD:
+        raise DraftsyncError(f"drafter method {method!r} cannot be served by vLLM",
+                             f"use one of {', '.join(_VLLM_METHOD)}, or serve the target alone")
+    gamma = _integer(gamma, "gamma")
+    if gamma < 1:
+        raise DraftsyncError(f"gamma {gamma} is below 1", "pass the number of speculative tokens (>= 1)")
+    config: dict = {"method": _VLLM_METHOD[method]}
+    if method != "ngram":
+        config["model"] = str(drafter_dir)
+    config["num_speculative_tokens"] = gamma
+    if method == "ngram":
+        if drafter_dir is not None:
+            raise DraftsyncError(
+                f"a drafter directory ({drafter_dir}) was given with method 'ngram', which drafts from the "
+                "prompt and loads no checkpoint",
+                "pass no drafter directory for ngram, or the directory's own method",
+            )
+        low, high = prompt_lookup_min, prompt_lookup_max
+        if low is None and high is None:
+            low = high = DEFAULT_PROMPT_LOOKUP
+        low = _integer(high if low is None else low, "prompt_lookup_min")
+        high = _integer(low if high is None else high, "prompt_lookup_max")
+        if not 1 <= low <= high:
+            raise DraftsyncError(f"n-gram lookup lengths min={low}, max={high} are not 1 <= min <= max",
+                                 "choose prompt_lookup_min >= 1 and prompt_lookup_max >= prompt_lookup_min")
+        config.update(prompt_lookup_min=low, prompt_lookup_max=high)
+    else:
+        if prompt_lookup_min is not None or prompt_lookup_max is not None:
+            raise DraftsyncError(f"n-gram lookup lengths were given for method {method!r}",
+                                 "pass prompt_lookup_min/max only with method 'ngram'")
+        if tensor_parallel_size > 1:
+            config["draft_tensor_parallel_size"] = tensor_parallel_size
+    if schedule:
+        config["num_speculative_tokens_per_batch_size"] = check_schedule(schedule, gamma)
+    return config

@@ -1,95 +1,199 @@
-"""Serving steps of a rollout: launch a pair, check it answers, stop the instance it replaces."""
+"""Serving steps of a rollout: start a candidate, check it, switch the deployment's router to it, stop the old one.
+
+Clients talk to the deployment's router (`serving/router.py`) at the deployment's stable address; the
+servers behind it (the CPU reference server, or `vllm serve` on a GPU worker) listen on free ports.
+A switch points the router at the candidate, waits until no request is left on the old server, then
+stops it, so a swap drops nothing. What runs is recorded in `<workdir>/serving/<deployment>.json`, so a
+later process (the next CLI call, the next flow run) finds and steers it.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import httpx
 from prefect import task
 from prefect.cache_policies import NONE
 
+from draftsync.errors import DraftsyncError
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context
 from draftsync.tasks.traffic import complete
 
-_RUNNING: dict[str, object] = {}  # deployment -> ServerProcess started by this process
+_RUNNING: dict[str, object] = {}  # endpoint -> ServerProcess started by this process
+DRAIN_TIMEOUT_S = 600.0
+
+
+def _serving_dir() -> Path:
+    path = context.settings().root / "serving"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _state_file(deployment: str) -> Path:
-    return context.settings().root / "serving" / f"{deployment}.json"
-
-
-@task(name="launch-server", cache_policy=NONE)
-def launch_server(
-    deployment: ServingDeployment, target_dir: str, drafter_dir: str | None, gamma: int, method: str
-) -> dict:
-    """Start the reference server for the pair and record the vLLM launch a GPU worker would use."""
-    from draftsync.serving.process import ServerProcess, free_port
-    from draftsync.serving.reference_server import reference_server_command
-    from draftsync.serving.vllm_args import render_vllm_command
-
-    logger = context.logger()
-    port = deployment.port or free_port(deployment.host)
-    vllm = render_vllm_command(
-        target_dir, drafter_dir, method, gamma, deployment.host, port, deployment.name, deployment.tensor_parallel_size
-    )
-    if deployment.launch == "vllm":
-        argv = vllm.argv
-    else:
-        argv = reference_server_command(target_dir, drafter_dir, gamma, deployment.host, port, deployment.name)
-    log_dir = context.settings().root / "serving"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    server = ServerProcess(argv, deployment.host, port, log_dir / f"{deployment.name}-{port}.log").start()
-    try:
-        server.wait_healthy(timeout=180)
-    except Exception:
-        server.stop()
-        raise
-    logger.info("%s serving on %s (pid %s)", deployment.name, server.url, server.pid)
-    return {"endpoint": server.url, "pid": server.pid, "argv": argv, "vllm": vllm.as_record(), "server": server}
-
-
-@task(name="smoke-request", retries=2, retry_delay_seconds=2, cache_policy=NONE)
-def smoke_request(endpoint: str, model: str, prompt: str) -> dict:
-    """One real completion: the new instance must answer before traffic moves to it."""
-    with httpx.Client(base_url=endpoint, timeout=60) as client:
-        return complete(client, model, prompt, max_tokens=8, temperature=0.0)
-
-
-def adopt_server(deployment: str, launched: dict) -> None:
-    """Make the launched server the deployment's current one and stop the one it replaces."""
-    stop_server(deployment)
-    _RUNNING[deployment] = launched["server"]
-    path = _state_file(deployment)
-    record = {key: launched[key] for key in ("pid", "endpoint", "argv", "vllm")}
-    path.write_text(json.dumps(record, indent=2))
+    return _serving_dir() / f"{deployment}.json"
 
 
 def serving_record(deployment: str) -> dict | None:
-    """What the deployment runs now: pid, endpoint, argv, and the vLLM launch a GPU worker would use."""
+    """What the deployment runs now: its router, the server behind it (pid, endpoint, argv), the vLLM launch."""
     path = _state_file(deployment)
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def stop_server(deployment: str) -> None:
-    """Stop the deployment's current server, whether this process or an earlier one started it."""
-    server = _RUNNING.pop(deployment, None)
+def _write_record(deployment: str, record: dict) -> None:
+    _state_file(deployment).write_text(json.dumps(record, indent=2))
+
+
+def _stop_process(endpoint: str | None, pid: int | None) -> None:
+    """Stop a server this process started, or (started by an earlier process) signal its process group."""
+    server = _RUNNING.pop(endpoint, None) if endpoint else None
     if server is not None:
         server.stop()
-    path = _state_file(deployment)
-    if path.exists():
-        pid = json.loads(path.read_text()).get("pid")
-        if server is None and pid:
-            try:
-                os.killpg(int(pid), signal.SIGTERM)  # the server leads its own process group
-            except ProcessLookupError:
-                pass
-        path.unlink()
+    elif pid:
+        try:
+            os.killpg(int(pid), signal.SIGTERM)  # every server leads its own process group
+        except ProcessLookupError:
+            pass
+
+
+@task(name="launch-server", cache_policy=NONE)
+def launch_server(deployment: ServingDeployment, target_dir: str, drafter_dir: str | None, gamma: int, method: str,
+                  schedule: list | None = None) -> dict:
+    """Start a server for the pair on a free port and wait until it is healthy; the vLLM launch is recorded
+    whatever the launch mode (it is what a GPU worker runs)."""
+    from draftsync.serving.process import ServerProcess, free_port
+    from draftsync.serving.reference_server import reference_server_command
+
+    port = free_port(deployment.host)
+    vllm = deployment.vllm_launch(target_dir, drafter_dir, method, gamma, schedule=schedule, port=port)
+    if deployment.launch == "vllm":
+        argv = vllm.argv
+    else:
+        argv = reference_server_command(target_dir, drafter_dir, gamma, deployment.host, port, deployment.name)
+    server = ServerProcess(argv, deployment.host, port, _serving_dir() / f"{deployment.name}-{port}.log").start()
+    try:
+        server.wait_healthy(timeout=900 if deployment.launch == "vllm" else 180)
+        check_models(server.url, deployment.name)
+    except Exception:
+        server.stop()
+        raise
+    _RUNNING[server.url] = server
+    context.logger().info("candidate for %s healthy on %s (pid %s)", deployment.name, server.url, server.pid)
+    return {"endpoint": server.url, "pid": server.pid, "argv": argv, "vllm": vllm.as_record()}
+
+
+def check_models(endpoint: str, model: str) -> None:
+    """`/v1/models` must list the deployment's served name: clients ask for it by that name."""
+    listed = [m.get("id") for m in httpx.get(f"{endpoint}/v1/models", timeout=30).json().get("data", [])]
+    if model not in listed:
+        raise DraftsyncError(f"{endpoint}/v1/models lists {listed}, not {model!r}",
+                             "serve the model under the deployment's name (--served-model-name)")
+
+
+@task(name="smoke-requests", retries=2, retry_delay_seconds=2, cache_policy=NONE)
+def smoke_requests(endpoint: str, model: str, prompts: list[str], max_tokens: int = 8) -> dict:
+    """Real completions: the candidate must answer each before any traffic moves to it."""
+    with httpx.Client(base_url=endpoint, timeout=120) as client:
+        tokens = [complete(client, model, p, max_tokens, temperature=0.0)["usage"]["completion_tokens"]
+                  for p in prompts]
+    return {"requests": len(prompts), "completion_tokens": sum(tokens)}
+
+
+def ms_per_token(endpoint: str, model: str, prompts: list[str], max_tokens: int, temperature: float) -> float | None:
+    """Wall time per output token over a few sequential requests: what a client sees, prefill included."""
+    with httpx.Client(base_url=endpoint, timeout=300) as client:
+        started, tokens = time.perf_counter(), 0
+        for i, prompt in enumerate(prompts):
+            tokens += complete(client, model, prompt, max_tokens, temperature, seed=i)["usage"]["completion_tokens"]
+        return 1000.0 * (time.perf_counter() - started) / tokens if tokens else None
+
+
+@task(name="benchmark-against-current", cache_policy=NONE)
+def benchmark_against_current(candidate: str, current: str | None, model: str, prompts: list[str],
+                              max_tokens: int, temperature: float) -> dict:
+    """The same short load on the candidate and on the instance it would replace: ms per output token each."""
+    result = {"candidate_ms_per_token": ms_per_token(candidate, model, prompts, max_tokens, temperature),
+              "current_ms_per_token": None}
+    if current is not None:
+        try:
+            result["current_ms_per_token"] = ms_per_token(current, model, prompts, max_tokens, temperature)
+        except (httpx.HTTPError, DraftsyncError) as error:  # the old instance may already be gone
+            context.logger().warning("the current instance %s did not answer the benchmark: %s", current, error)
+    return result
+
+
+def _ensure_router(deployment: ServingDeployment, record: dict | None, first_upstream: str) -> dict:
+    """The deployment's router, started on its stable address (pointing at `first_upstream`) if not running."""
+    from draftsync.serving.process import ServerProcess, free_port
+    from draftsync.serving.router import LIVE_PATH, RouterClient, read_token, router_command, write_token_file
+
+    router = (record or {}).get("router")
+    if router:
+        try:
+            RouterClient(router["url"], read_token(router["token_file"]), timeout=5).state()
+            return router
+        except DraftsyncError:
+            context.logger().warning("router %s is gone: starting a new one", router["url"])
+    token_file = _serving_dir() / f"{deployment.name}.router-token"
+    write_token_file(token_file)
+    port = deployment.port or (router or {}).get("port") or free_port(deployment.host)
+    argv = router_command(deployment.host, port, first_upstream, token_file)
+    process = ServerProcess(argv, deployment.host, port, _serving_dir() / f"{deployment.name}-router.log").start()
+    try:
+        process.wait_healthy(timeout=60, health_path=LIVE_PATH)
+    except Exception:
+        process.stop()
+        raise
+    _RUNNING[process.url] = process
+    return {"url": process.url, "port": port, "pid": process.pid, "token_file": str(token_file)}
+
+
+@task(name="switch-traffic", cache_policy=NONE)
+def switch_traffic(deployment: ServingDeployment, launched: dict) -> dict:
+    """Point the deployment's router at the launched server, let the old server drain, then stop it.
+
+    Returns the stable endpoint and the server it replaced (None on the first rollout)."""
+    from draftsync.serving.router import RouterClient, read_token
+
+    record = serving_record(deployment.name)
+    router = _ensure_router(deployment, record, launched["endpoint"])
+    old = (record or {}).get("backend")
+    client = RouterClient(router["url"], read_token(router["token_file"]))
+    client.switch(launched["endpoint"])
+    if old and old["endpoint"] != launched["endpoint"]:
+        client.wait_drained(old["endpoint"], timeout=DRAIN_TIMEOUT_S)  # returns at once when nothing is left
+        _stop_process(old["endpoint"], old.get("pid"))
+    backend = {k: launched[k] for k in ("endpoint", "pid", "argv")}
+    _write_record(deployment.name, {"router": router, "backend": backend, "vllm": launched["vllm"]})
+    context.logger().info("%s: router %s now forwards to %s (replaced %s)", deployment.name, router["url"],
+                          launched["endpoint"], old["endpoint"] if old else "nothing")
+    return {"endpoint": router["url"], "replaced": old["endpoint"] if old else None}
+
+
+def stop_candidate(launched: dict) -> None:
+    """A candidate that failed its checks never takes traffic: stop it."""
+    _stop_process(launched["endpoint"], launched.get("pid"))
+
+
+def stop_server(deployment: str) -> None:
+    """Stop the deployment's server and its router, whether this process or an earlier one started them."""
+    record = serving_record(deployment)
+    if record is None:
+        return
+    for part in ("backend", "router"):
+        entry = record.get(part) or {}
+        _stop_process(entry.get("endpoint") or entry.get("url"), entry.get("pid"))
+    _state_file(deployment).unlink()
 
 
 def stop_all() -> None:
-    for name in list(_RUNNING):
-        stop_server(name)
+    """Stop every deployment this work dir runs (the end of the demo, the end of a test)."""
+    for path in _serving_dir().glob("*.json"):
+        stop_server(path.stem)
+    for server in list(_RUNNING.values()):
+        server.stop()
+    _RUNNING.clear()

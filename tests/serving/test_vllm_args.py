@@ -1,33 +1,55 @@
-"""The rendered `vllm serve` command: long form, real SpeculativeConfig keys, argv only."""
+"""The rendered `vllm serve` command: long form, real SpeculativeConfig keys, argv only, and a launch through
+ServerProcess with a stand-in `vllm` executable that records what it was given."""
 
+from __future__ import annotations
+
+import dataclasses
 import json
+import os
 import shlex
+import stat
+import sys
+from pathlib import Path
 
 import pytest
 
 from draftsync.errors import DraftsyncError
-from draftsync.serving.vllm_args import render_vllm_command
+from draftsync.serving.process import ServerProcess, free_port
+from draftsync.serving.vllm_args import (
+    SPECULATIVE_CONFIG_KEYS,
+    check_schedule,
+    render_vllm_command,
+    reserved_flag_collisions,
+)
 
-# Field names of vLLM's `SpeculativeConfig` (vllm/config/speculative.py, vLLM 0.33) that a user may set
-# on the command line; the rendered JSON must use nothing else.
-SPECULATIVE_CONFIG_FIELDS = {
-    "enforce_eager",
-    "num_speculative_tokens",
-    "model",
-    "method",
-    "draft_tensor_parallel_size",
-    "quantization",
-    "max_model_len",
-    "revision",
-    "code_revision",
-    "disable_padded_drafter_batch",
-    "prompt_lookup_max",
-    "prompt_lookup_min",
-    "parallel_drafting",
-    "num_speculative_tokens_per_batch_size",
-    "rejection_sample_method",
-    "draft_sample_method",
+# Every field of vLLM's `SpeculativeConfig`, copied by hand from vllm/config/speculative.py (vllm-project/vllm
+# at 002e77c1) so that this test does not trust the module's own list. `tensor_parallel_size` is a field that
+# exists only to be rejected, so it is left out: rendering it would fail in vLLM.
+VLLM_SPECULATIVE_CONFIG_FIELDS = {
+    "enforce_eager", "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size", "quantization",
+    "moe_backend", "attention_backend", "kv_cache_dtype", "max_model_len", "revision", "code_revision",
+    "index_share_for_mtp_iteration", "disable_padded_drafter_batch", "disable_eagle_block_drop",
+    "use_local_argmax_reduction", "use_heterogeneous_vocab", "prompt_lookup_max", "prompt_lookup_min",
+    "parallel_drafting", "num_speculative_tokens_per_batch_size", "suffix_decoding_max_tree_depth",
+    "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob",
+    "draft_load_config", "rejection_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length",
+    "enable_adaptive_verification", "draft_sample_method", "dspark_draft_topk",
 }
+
+# One launch of each shape the renderer produces, for the key checks below.
+RENDERINGS = [
+    dict(drafter_dir="/d", method="eagle3", gamma=4),
+    dict(drafter_dir="/d", method="eagle3.1", gamma=4, tensor_parallel_size=4),
+    dict(drafter_dir="/d", method="eagle", gamma=3, schedule=[(1, 8, 3), (9, 256, 1)]),
+    dict(drafter_dir="/d", method="draft_model", gamma=2, tensor_parallel_size=2),
+    dict(drafter_dir=None, method="ngram", gamma=4, prompt_lookup_min=2, prompt_lookup_max=4,
+         schedule=[(1, 4, 4), (5, 64, 0)]),
+]
+
+
+def render(drafter_dir, method, gamma, tensor_parallel_size=1, **keywords):
+    return render_vllm_command("/models/target", drafter_dir, method, gamma, "127.0.0.1", 9000, "m",
+                               tensor_parallel_size, **keywords)
 
 
 def speculative_json(argv: list[str]) -> dict:
@@ -38,21 +60,47 @@ def speculative_json(argv: list[str]) -> dict:
 def test_long_form_with_speculative_config(method, vllm_method):
     launch = render_vllm_command("/models/target", "/models/drafter", method, 4, "0.0.0.0", 8000, "tiny")
     assert launch.argv[:3] == ["vllm", "serve", "/models/target"]
+    assert "--model" not in launch.argv  # the positional model; vLLM warns that --model will go away
     assert launch.argv[launch.argv.index("--host") + 1] == "0.0.0.0"
     assert launch.argv[launch.argv.index("--port") + 1] == "8000"
     assert launch.argv[launch.argv.index("--served-model-name") + 1] == "tiny"
     config = speculative_json(launch.argv)
     assert config == {"method": vllm_method, "model": "/models/drafter", "num_speculative_tokens": 4}
     assert config == launch.speculative_config
-    assert set(config) <= SPECULATIVE_CONFIG_FIELDS
+
+
+@pytest.mark.parametrize("case", RENDERINGS, ids=lambda case: case["method"])
+def test_every_rendered_key_is_a_listed_speculative_config_field(case):
+    config = speculative_json(render(**case).argv)
+    assert set(config) <= SPECULATIVE_CONFIG_KEYS
+    assert "tensor_parallel_size" not in config
+
+
+def test_the_listed_keys_are_fields_of_vllms_speculative_config():
+    assert SPECULATIVE_CONFIG_KEYS <= VLLM_SPECULATIVE_CONFIG_FIELDS
+
+
+def test_the_listed_keys_are_fields_of_the_installed_vllm():
+    speculative = pytest.importorskip("vllm.config.speculative")
+    fields = {field.name for field in dataclasses.fields(speculative.SpeculativeConfig)}
+    assert SPECULATIVE_CONFIG_KEYS <= fields, SPECULATIVE_CONFIG_KEYS - fields
+
+
+def test_rendered_schedules_pass_the_installed_vllms_check():
+    dynamic = pytest.importorskip("vllm.v1.spec_decode.dynamic.utils")
+    for case in RENDERINGS:
+        schedule = render(**case).speculative_config.get("num_speculative_tokens_per_batch_size")
+        if schedule:
+            normalized = dynamic.validate_and_normalize_dynamic_sd_schedule(schedule)
+            assert [(lo, hi, k) for lo, hi, _, _, k in normalized] == [tuple(entry) for entry in schedule]
 
 
 def test_tensor_parallel_sets_the_draft_degree_too():
-    launch = render_vllm_command("/t", "/d", "eagle3", 3, "127.0.0.1", 9000, "m", tensor_parallel_size=2)
+    launch = render("/d", "eagle3", 3, tensor_parallel_size=2)
     assert launch.argv[launch.argv.index("--tensor-parallel-size") + 1] == "2"
-    config = speculative_json(launch.argv)
-    assert config["draft_tensor_parallel_size"] == 2
-    assert set(config) <= SPECULATIVE_CONFIG_FIELDS
+    assert speculative_json(launch.argv)["draft_tensor_parallel_size"] == 2
+    assert "draft_tensor_parallel_size" not in speculative_json(render("/d", "eagle3", 3).argv)
+    assert "--tensor-parallel-size" not in render("/d", "eagle3", 3).argv
 
 
 def test_no_drafter_means_no_speculation():
@@ -60,6 +108,56 @@ def test_no_drafter_means_no_speculation():
     assert "--speculative-config" not in launch.argv
     assert launch.speculative_config is None
     assert launch.argv[-2:] == ["--max-model-len", "512"]
+    off = render(None, "eagle3", 3, schedule=[(1, 8, 3)])
+    assert off.speculative_config is None and "--speculative-config" not in off.argv
+
+
+def test_schedule_becomes_inclusive_batch_size_ranges_sorted():
+    launch = render("/d", "eagle3", 4, schedule=[(9, 64, 0), (1, 8, 4)])
+    config = speculative_json(launch.argv)
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 8, 4], [9, 64, 0]]
+    assert config["num_speculative_tokens"] == 4
+    assert config == launch.speculative_config
+    assert "num_speculative_tokens_per_batch_size" not in speculative_json(render("/d", "eagle3", 4, schedule=[]).argv)
+
+
+def test_schedule_from_the_registry_tag_round_trips():
+    tag = json.dumps([(1, 7, 5), (8, 31, 5), (32, 64, 0)])  # what record_validation writes
+    assert check_schedule(json.loads(tag), 5) == [[1, 7, 5], [8, 31, 5], [32, 64, 0]]
+
+
+@pytest.mark.parametrize("schedule, gamma, complaint", [
+    ([(1, 8, 5)], 4, "k=5 with num_speculative_tokens=4"),
+    ([(2, 8, 4)], 4, "starts at batch size 2"),
+    ([(1, 8, 4), (8, 16, 2)], 4, "overlap"),
+    ([(1, 0, 4)], 4, "batch sizes 1..0"),
+    ([(1, 8, -1)], 4, "k=-1"),
+    ([(1, 8)], 4, "not \\[first batch size, last batch size, k\\]"),
+    ([(1, 8, 2.5)], 4, "not an integer"),
+    ("[[1, 8, 4]]", 4, "is text"),
+])
+def test_bad_schedules_are_refused_with_the_reason(schedule, gamma, complaint):
+    with pytest.raises(DraftsyncError, match=complaint):
+        render("/d", "eagle3", gamma, schedule=schedule)
+
+
+def test_a_gap_between_ranges_is_accepted_as_vllm_does():
+    assert check_schedule([(1, 4, 3), (9, 16, 1)], 3) == [[1, 4, 3], [9, 16, 1]]
+
+
+def test_ngram_needs_no_drafter_and_sets_the_lookup_window():
+    config = render(None, "ngram", 4).speculative_config
+    assert config == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 5}
+    assert render(None, "ngram", 3, prompt_lookup_max=4).speculative_config["prompt_lookup_min"] == 4
+    window = render(None, "ngram", 3, tensor_parallel_size=2, prompt_lookup_min=2, prompt_lookup_max=6)
+    assert window.speculative_config == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
+                                         "prompt_lookup_max": 6}
+    with pytest.raises(DraftsyncError, match="drafts from the prompt"):
+        render("/d", "ngram", 3)
+    with pytest.raises(DraftsyncError, match="min=5, max=2"):
+        render(None, "ngram", 3, prompt_lookup_min=5, prompt_lookup_max=2)
+    with pytest.raises(DraftsyncError, match="only with method 'ngram'"):
+        render("/d", "eagle3", 3, prompt_lookup_min=2)
 
 
 def test_paths_with_shell_metacharacters_stay_single_arguments():
@@ -68,10 +166,102 @@ def test_paths_with_shell_metacharacters_stay_single_arguments():
     launch = render_vllm_command(target, drafter, "eagle3", 2, "127.0.0.1", 9000, "m")
     assert launch.argv[2] == target
     assert speculative_json(launch.argv)["model"] == drafter
-    assert shlex.split(shlex.join(launch.argv)) == launch.argv
+    assert shlex.split(launch.shell_line) == launch.argv
     assert all(isinstance(arg, str) for arg in launch.argv)
 
 
-def test_medusa_is_refused_with_the_fix():
-    with pytest.raises(DraftsyncError, match="no medusa support"):
-        render_vllm_command("/t", "/d", "medusa", 2, "127.0.0.1", 9000, "m")
+@pytest.mark.parametrize("extra", [
+    ["--port", "9001"], ["--port=9001"], ["--host", "0.0.0.0"], ["--model", "/other"], ["--model=/other"],
+    ["--served_model_name", "x"], ["--served-model", "x"], ["--tensor-parallel-size", "2"], ["-tp", "2"],
+    ["-tp=2"], ["--speculative-config", "{}"], ["--speculative-config.num_speculative_tokens", "9"],
+    ["--speculative_config.method=ngram"],
+])
+def test_extra_args_may_not_set_what_draftsync_sets(extra):
+    assert reserved_flag_collisions(extra) == [extra[0]]
+    with pytest.raises(DraftsyncError, match="set flags that draftsync sets itself"):
+        render("/d", "eagle3", 3, extra_args=extra)
+
+
+def test_extra_args_that_only_look_alike_pass():
+    extra = ["--max-model-len", "4096", "--model-impl", "vllm", "--port-range", "x", "--gpu-memory-utilization=0.9",
+             "--hf-overrides", '{"port": 1}', "-O3"]
+    assert reserved_flag_collisions(extra) == []
+    assert render("/d", "eagle3", 3, extra_args=extra).argv[-len(extra):] == extra
+
+
+@pytest.mark.parametrize("method, complaint", [("medusa", "own checkpoint format"), ("suffix", "cannot be served")])
+def test_unservable_methods_are_refused_with_the_fix(method, complaint):
+    with pytest.raises(DraftsyncError, match=complaint) as raised:
+        render("/d", method, 2)
+    assert "target alone" in raised.value.fix
+
+
+def test_gamma_below_one_is_refused():
+    with pytest.raises(DraftsyncError, match="gamma 0 is below 1"):
+        render("/d", "eagle3", 0)
+
+
+STAND_IN_VLLM = """\
+#!{python}
+# A stand-in for the vllm executable: records its argv, then answers /health on --host/--port until stopped.
+import http.server, json, os, sys
+
+with open(os.environ["VLLM_ARGV_RECORD"], "w") as record:
+    json.dump(sys.argv, record)
+host = sys.argv[sys.argv.index("--host") + 1]
+port = int(sys.argv[sys.argv.index("--port") + 1])
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.HTTPServer((host, port), Health).serve_forever()
+"""
+
+
+def test_the_launch_reaches_vllm_as_rendered(tmp_path):
+    """Through ServerProcess, with no shell in between: every argument arrives whole, the JSON intact."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "vllm"
+    stand_in.write_text(STAND_IN_VLLM.format(python=sys.executable))
+    stand_in.chmod(stand_in.stat().st_mode | stat.S_IXUSR)
+    marker = tmp_path / "shell-ran"
+    target = tmp_path / f"tar get $(touch {marker}) ;x"
+    drafter = tmp_path / f"dr'af\"ter `touch {marker}`"
+    port = free_port()
+    launch = render_vllm_command(target, drafter, "eagle3.1", 4, "127.0.0.1", port, "pair", 2,
+                                 ["--max-model-len", "512", "--override-generation-config", '{"temperature": 0}'],
+                                 schedule=[(1, 8, 4), (9, 32, 2)])
+    record = tmp_path / "argv.json"
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "VLLM_ARGV_RECORD": str(record)}
+    with ServerProcess(launch.argv, "127.0.0.1", port, tmp_path / "vllm.log", env=env) as server:
+        server.wait_healthy(timeout=60)
+        recorded = json.loads(record.read_text())
+    assert Path(recorded[0]) == stand_in
+    assert recorded[1:] == launch.argv[1:]
+    assert json.loads(recorded[recorded.index("--speculative-config") + 1]) == launch.speculative_config
+    assert launch.speculative_config["model"] == str(drafter)
+    assert not marker.exists()
+
+
+def test_a_vllm_missing_from_path_is_reported_with_the_fix(tmp_path):
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    process = ServerProcess(render("/d", "eagle3", 2).argv, "127.0.0.1", free_port(), tmp_path / "x.log",
+                            env={"PATH": str(empty)})
+    with pytest.raises(DraftsyncError, match="'vllm' could not be started") as raised:
+        process.start()
+    assert "PATH" in raised.value.fix
+
+
+def test_shell_line_quotes_the_json_as_one_word():
+    launch = render("/d", "eagle3", 2)
+    assert launch.shell_line.startswith("vllm serve /models/target --host 127.0.0.1 --port 9000 --served-model-name m ")
+    assert f"--speculative-config {shlex.quote(json.dumps(launch.speculative_config))}" in launch.shell_line
