@@ -25,6 +25,7 @@ from draftsync.errors import DraftsyncError
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context
 from draftsync.tasks.alerts import send_alert
+from draftsync.tasks.profile import SyncProfile
 from draftsync.tasks.registration import drafter_model_name
 from draftsync.tasks.serving import (
     benchmark_against_current,
@@ -115,7 +116,8 @@ def _canary(deployment: ServingDeployment, endpoint: str, requests: int, thresho
 @flow(name="rollout", log_prints=True)
 def rollout(deployment: ServingDeployment, speculation: bool = True, reason: str = "",
             drafter_version: int | None = None, dry_run: bool = False, canary_requests: int = 0,
-            canary_threshold: float | None = None, sync_profile: str | None = None, state: str | None = None) -> dict:
+            canary_threshold: float | None = None, sync_profile: str | SyncProfile | None = None,
+            state: str | None = None) -> dict:
     """Serve the deployment's pair: launch, check, switch, canary; roll back by itself on a bad canary.
 
     `canary_requests` > 0 sends that many canary requests after the switch (production traffic is the
@@ -238,7 +240,8 @@ def rollout_previous(deployment: ServingDeployment, snapshot: dict, reason: str)
     return {"state": state, "drafter_version": pair["drafter_version"], "gamma": pair["gamma"], "steps": steps}
 
 
-def _missing_drafter(deployment: ServingDeployment, pair: dict, steps: list[str], sync_profile: str | None) -> None:
+def _missing_drafter(deployment: ServingDeployment, pair: dict, steps: list[str],
+                     sync_profile: str | SyncProfile | None) -> None:
     """The pair rule's other half: alert, request a sync, and (with a profile) run it and roll the pair out."""
     target = f"{deployment.target_name} v{pair['target_version']}"
     send_alert(deployment.name, "fallback-no-drafter",

@@ -116,6 +116,7 @@ def train_drafter(
         for key, value in row.items():
             if key != "step":
                 history.setdefault(f"train.{key}", []).append((int(row["step"]), float(value)))
+    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)  # absent when checkpoint_every is 0
     (Path(checkpoint_dir) / HISTORY_FILE).write_text(json.dumps(history))
     logger.info("drafter trained: %s", summary)
     return summary

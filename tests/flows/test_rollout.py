@@ -1,36 +1,155 @@
-"""The pair rule: a target version without a validated drafter is served with speculation off."""
+"""Rollout through real subprocesses: the router, reference servers, MLflow aliases and the monitor store."""
 
 from __future__ import annotations
 
+import threading
+from email import policy
+from email.parser import BytesParser
+
 import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
 
 
-def test_a_target_without_a_validated_drafter_is_served_plain(workdir, built_targets, tmp_path):
+def _drafter(registry, target_name: str, target_version: int, target_dir, tmp_path, gamma: int, seed: int = 0) -> int:
+    """A validated drafter version (random weights: what matters here is which one serves)."""
+    from tests.serving.tiny_models import build_tiny_drafter
+
+    path = build_tiny_drafter(target_dir, tmp_path / f"drafter-{gamma}-{seed}", gamma=gamma, seed=seed)
+    return registry.register_drafter(target_name, target_version, path, "eagle3", gamma, {}, validation_passed=True)
+
+
+class Client(threading.Thread):
+    """Sends completions to the deployment's address without pause until stopped; keeps every answer."""
+
+    def __init__(self, endpoint: str, model: str):
+        super().__init__(daemon=True)
+        self.endpoint, self.model = endpoint, model
+        self.stop = threading.Event()
+        self.answers: list[dict] = []
+        self.failures: list[str] = []
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.endpoint, timeout=60) as client:
+            while not self.stop.is_set():
+                try:
+                    response = client.post("/v1/completions", json={
+                        "model": self.model, "prompt": "def add(a, b):", "max_tokens": 6, "temperature": 0})
+                except httpx.HTTPError as error:
+                    self.failures.append(f"{type(error).__name__}: {error}")
+                    continue
+                if response.status_code != 200:
+                    self.failures.append(f"HTTP {response.status_code}: {response.text[:200]}")
+                else:
+                    self.answers.append(response.json())
+
+
+def test_swapping_drafters_under_load_fails_no_request(workdir, built_targets, tmp_path):
     from draftsync.flows.rollout import rollout
     from draftsync.serving.deployment import ServingDeployment
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target
-    from tests.serving.tiny_models import build_tiny_drafter
+
+    registry = context.registry()
+    v1 = publish_target("swap-llm", str(built_targets[1]), {"code": 0.5, "math": 0.5})
+    first = _drafter(registry, "swap-llm", v1, built_targets[1], tmp_path, gamma=2)
+    registry.promote("swap-llm", first)
+    deployment = ServingDeployment(name="swap", target_name="swap-llm")
+    before = rollout(deployment)
+    assert (before["state"], before["drafter_version"]) == ("serving", first)
+
+    client = Client(before["endpoint"], "swap")
+    client.start()
+    try:
+        while len(client.answers) < 3:
+            client.stop.wait(0.1)
+        second = _drafter(registry, "swap-llm", v1, built_targets[1], tmp_path, gamma=3, seed=1)
+        after = rollout(deployment, drafter_version=second)
+        served_before_end = len(client.answers)
+        while len(client.answers) < served_before_end + 3:
+            client.stop.wait(0.1)
+    finally:
+        client.stop.set()
+        client.join(timeout=60)
+
+    assert client.failures == []
+    assert after["endpoint"] == before["endpoint"]  # clients kept one address
+    assert after["replaced"] is not None and after["replaced"] != after["endpoint"]
+    gammas = [len(a["draftsync"]["accepted_per_position"]) for a in client.answers]
+    assert gammas[0] == 2 and gammas[-1] == 3
+    assert gammas == sorted(gammas)  # once switched, never back to the old server
+    assert registry.alias_version("swap-llm-drafter", "production") == second
+    assert registry.alias_version("swap-llm-drafter", "previous") == first
+    pair = context.store().serving_pair("swap")
+    assert (pair.drafter_version, pair.gamma, pair.state) == (second, 3, "serving")
+    with pytest.raises(httpx.TransportError):  # the old server was stopped once drained
+        httpx.get(f"{after['replaced']}/health", timeout=5)
+
+
+def test_a_canary_under_the_threshold_rolls_back_by_itself_and_aliases_end_where_they_began(
+        workdir, built_targets, tmp_path):
+    from draftsync.flows.rollout import rollout
+    from draftsync.serving.deployment import ServingDeployment
+    from draftsync.tasks import context
+    from draftsync.tasks.registration import publish_target
+
+    registry = context.registry()
+    v1 = publish_target("canary-llm", str(built_targets[1]), {"code": 0.5, "math": 0.5})
+    good = _drafter(registry, "canary-llm", v1, built_targets[1], tmp_path, gamma=2)
+    registry.promote("canary-llm", good)
+    deployment = ServingDeployment(name="canary", target_name="canary-llm")
+    rollout(deployment)
+    bad = _drafter(registry, "canary-llm", v1, built_targets[1], tmp_path, gamma=3, seed=1)
+    aliases_before = registry.alias_snapshot("canary-llm")
+
+    # A random drafter accepts far less than 0.99: the canary must see it and undo the rollout.
+    result = rollout(deployment, drafter_version=bad, canary_requests=3, canary_threshold=0.99)
+
+    assert result["canary"]["passed"] is False and result["canary"]["acceptance"] < 0.99
+    assert result["rolled_back"] and result["drafter_version"] == good
+    assert registry.alias_snapshot("canary-llm") == aliases_before
+    pair = context.store().serving_pair("canary")
+    assert (pair.drafter_version, pair.state) == (good, "serving")
+    answer = httpx.get(f"{result['endpoint']}/v1/models", timeout=10).json()
+    assert answer["data"][0]["draftsync"]["gamma"] == 2  # the good drafter serves again
+    subjects = [BytesParser(policy=policy.default).parsebytes(p.read_bytes())["Subject"]
+                for p in (workdir / "outbox").glob("*.eml")]
+    assert any("rolled back by its canary" in s for s in subjects), subjects
+
+
+def test_a_target_alias_moved_with_no_drafter_is_served_plain_alerted_and_synced(workdir, built_targets, tmp_path):
+    from draftsync.flows.rollout import rollout
+    from draftsync.serving.deployment import ServingDeployment
+    from draftsync.tasks import context
+    from draftsync.tasks.profile import profile, validation_profile
+    from draftsync.tasks.registration import publish_target
 
     registry = context.registry()
     v1 = publish_target("pair-llm", str(built_targets[1]), {"code": 0.5, "math": 0.5})
-    # A drafter exists for v1, but it failed validation: it must not serve.
-    drafter_dir = build_tiny_drafter(built_targets[1], tmp_path / "drafter", gamma=2)
-    registry.register_drafter("pair-llm", v1, drafter_dir, "eagle3", 2, {"acceptance_rate": 0.2}, validation_passed=False)
+    registry.promote("pair-llm", _drafter(registry, "pair-llm", v1, built_targets[1], tmp_path, gamma=2))
+    deployment = ServingDeployment(name="pair", target_name="pair-llm")
+    rollout(deployment)
+    v2 = publish_target("pair-llm", str(built_targets[2]), {"code": 0.25, "math": 0.25, "prose": 0.5})  # alias moves
 
-    result = rollout(ServingDeployment(name="pair", target_name="pair-llm"))
+    tiny = profile("test").model_copy(update={
+        "train_steps": 10, "training_texts": 30, "generated_samples": 4, "checkpoint_every": 0,
+        "validation": validation_profile("test").model_copy(update={
+            "requests": 2, "max_tokens": 8, "gamma_range": (2, 2), "sweep_requests": 1, "stress_requests": 0,
+            "long_max_tokens": 8})})
+    result = rollout(deployment, sync_profile=tiny)
 
-    assert result["state"] == "fallback"
-    assert result["drafter_version"] is None
-    assert result["vllm"]["speculative_config"] is None
-    assert "--speculative-config" not in result["vllm"]["argv"]
+    assert result["state"] == "fallback" and result["drafter_version"] is None
+    assert result["target_version"] == v2
+    assert result["speculative_config"] is None and "--speculative-config" not in result["argv"]
     pair = context.store().serving_pair("pair")
-    assert (pair.state, pair.target_version, pair.drafter_version) == ("fallback", v1, None)
-    metrics = httpx.get(f"{result['endpoint']}/metrics", timeout=10).text
-    assert "vllm:spec_decode_num_drafts" not in metrics
-    completion = httpx.post(
-        f"{result['endpoint']}/v1/completions", json={"model": "pair", "prompt": "def f(x):\n", "max_tokens": 4, "temperature": 0},
-        timeout=60,
-    ).json()
-    assert 1 <= completion["usage"]["completion_tokens"] <= 4
-    assert completion["draftsync"]["draft_tokens"] == 0
+    assert (pair.target_version, pair.drafter_version) == (v2, None)
+    completion = httpx.post(f"{result['endpoint']}/v1/completions", timeout=60, json={
+        "model": "pair", "prompt": "def f(x):\n", "max_tokens": 4, "temperature": 0}).json()
+    assert completion["draftsync"]["draft_tokens"] == 0  # speculation off: never v1's drafter on v2
+    subjects = [BytesParser(policy=policy.default).parsebytes(p.read_bytes())["Subject"]
+                for p in (workdir / "outbox").glob("*.eml")]
+    assert any("speculation off" in s and "pair" in s for s in subjects), subjects
+    assert any("sync requested" in step for step in result["steps"])
+    assert any(step.startswith("sync ran") for step in result["steps"])
+    assert registry.drafter_for_target_version("pair-llm", v2, validated_only=False) is not None
