@@ -1,18 +1,53 @@
-"""The acceptance scrape: every serving deployment's /metrics, concurrently, into the monitor store."""
+"""The acceptance scrape: every serving deployment's /metrics, concurrently, into the monitor store.
+
+Given the deployments (their config), it also runs the acceptance guard after each scrape: a deployment
+whose pooled live acceptance over its window fell under its `fallback_threshold` is relaunched with
+speculation off, flagged `fallback`, and the team is alerted. vLLM has no acceptance threshold of its own.
+"""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from prefect import flow
 
+from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context
 from draftsync.tasks.monitoring import scrape_deployment
 
 
 @flow(name="acceptance-scrape")
-def scrape(now: datetime | None = None) -> dict:
+def scrape(now: datetime | None = None, deployments: list[ServingDeployment] | None = None) -> dict:
     """`now` is the monitor's clock: production leaves it unset; the demo passes a compressed one."""
     now = now or datetime.now(UTC)
     futures = [scrape_deployment.submit(pair.deployment, now) for pair in context.store().serving_pairs()]
-    return {"at": now.isoformat(), "deployments": [f.result() for f in futures]}
+    result = {"at": now.isoformat(), "deployments": [f.result() for f in futures]}
+    if deployments:
+        result["guard"] = [acceptance_guard(spec, now) for spec in deployments if spec.fallback_threshold is not None]
+    return result
+
+
+def acceptance_guard(spec: ServingDeployment, now: datetime) -> dict:
+    """Fall back to plain decoding when live acceptance stays under the threshold over the window."""
+    from draftsync.flows.rollout import rollout
+    from draftsync.monitors.staleness import fallback_due
+    from draftsync.tasks.alerts import send_alert
+
+    store = context.store()
+    pair = store.serving_pair(spec.name)
+    if pair is None or pair.state != "serving" or pair.drafter_version is None:
+        return {"deployment": spec.name, "action": "none", "reason": "not speculating"}
+    window = timedelta(minutes=spec.fallback_window_minutes)
+    samples = [s for s in store.samples(spec.name, now - window, now) if s.drafter_version == pair.drafter_version]
+    due, rate, draft_tokens = fallback_due(samples, spec.fallback_threshold, spec.fallback_min_draft_tokens)
+    outcome = {"deployment": spec.name, "acceptance": rate, "draft_tokens": draft_tokens,
+               "threshold": spec.fallback_threshold, "action": "none"}
+    if not due:
+        return outcome
+    reason = (f"live acceptance {rate:.3f} over the last {spec.fallback_window_minutes} min ({draft_tokens} draft "
+              f"tokens) is under {spec.fallback_threshold}: speculation off")
+    rollout(spec, speculation=False, reason=reason)
+    send_alert(spec.name, "acceptance-fallback", f"{spec.name} fell back to plain decoding (acceptance {rate:.2f})",
+               f"{reason}.\nDrafter v{pair.drafter_version} for {pair.target_name} v{pair.target_version} is "
+               f"mismatched or stale; the weekly review decides on a retrain.", value=rate, now=now)
+    return {**outcome, "action": "fallback"}

@@ -8,10 +8,11 @@ lucky interval would otherwise veto a drop that the window as a whole shows. A d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from draftsync.monitors.trends import DeploymentSummary, slope_text
+from draftsync.monitors.trends import DeploymentSummary, SampleRow, slope_text
 
 if TYPE_CHECKING:
     from draftsync.settings import Settings
@@ -60,6 +61,19 @@ def recent_acceptance(summary: DeploymentSummary, intervals: int) -> tuple[float
     tokens = sum(p.draft_tokens for p in recent)
     pooled = sum(p.accepted for p in recent) / tokens if tokens else None
     return pooled, [p.rate for p in recent]
+
+
+def fallback_due(samples: Sequence[SampleRow], threshold: float, min_draft_tokens: int
+                 ) -> tuple[bool, float | None, int]:
+    """(due, pooled acceptance, draft tokens) over `samples`: the live acceptance guard's decision.
+
+    Pooled, not per interval: one quiet interval must neither trigger nor veto it; too few draft tokens
+    decide nothing."""
+    draft_tokens = sum(s.draft_tokens for s in samples)
+    if draft_tokens == 0:
+        return False, None, 0
+    rate = sum(s.accepted for s in samples) / draft_tokens
+    return draft_tokens >= min_draft_tokens and rate < threshold, rate, draft_tokens
 
 
 def suggested_gamma(per_position_rate: list[float], min_rate: float) -> int:

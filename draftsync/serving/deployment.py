@@ -16,6 +16,8 @@ deployments:
     port: 8000
     tensor_parallel_size: 2
     extra_vllm_args: ["--max-model-len", "8192", "--gpu-memory-utilization", "0.90"]
+    fallback_threshold: 0.6         # live acceptance under this over the window -> speculation off (null: no guard)
+    fallback_window_minutes: 30
   - name: demo
     target_name: tiny-llm
     launch: reference               # the CPU reference server
@@ -73,6 +75,11 @@ class ServingDeployment(BaseModel):
     endpoint: str | None = Field(None, validate_default=True)  # launch external: the URL draftsync watches
     tensor_parallel_size: int = Field(1, ge=1)
     extra_vllm_args: list[str] = Field(default_factory=list)
+    # The acceptance guard (vLLM has no acceptance threshold): pooled live acceptance over the window below
+    # the threshold, with at least `fallback_min_draft_tokens` drafted -> relaunch with speculation off.
+    fallback_threshold: float | None = Field(0.60, ge=0.0, le=1.0)  # the seed's 0.6; None: no guard
+    fallback_window_minutes: int = Field(30, ge=1)
+    fallback_min_draft_tokens: int = Field(200, ge=1)
 
     @field_validator("task_mix")
     @classmethod

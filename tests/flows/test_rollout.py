@@ -153,3 +153,43 @@ def test_a_target_alias_moved_with_no_drafter_is_served_plain_alerted_and_synced
     assert any("sync requested" in step for step in result["steps"])
     assert any(step.startswith("sync ran") for step in result["steps"])
     assert registry.drafter_for_target_version("pair-llm", v2, validated_only=False) is not None
+
+
+def test_live_acceptance_under_the_threshold_falls_back_to_plain_decoding_and_alerts(workdir, built_targets, tmp_path):
+    from draftsync.flows.rollout import rollout
+    from draftsync.flows.scrape import scrape
+    from draftsync.serving.deployment import ServingDeployment
+    from draftsync.tasks import context
+    from draftsync.tasks.registration import publish_target
+
+    registry = context.registry()
+    v1 = publish_target("guard-llm", str(built_targets[1]), {"code": 0.5, "math": 0.5})
+    registry.promote("guard-llm", _drafter(registry, "guard-llm", v1, built_targets[1], tmp_path, gamma=3))
+    spec = ServingDeployment(name="guard", target_name="guard-llm", fallback_threshold=0.95,
+                             fallback_min_draft_tokens=30)
+    served = rollout(spec)
+    with httpx.Client(base_url=served["endpoint"], timeout=60) as client:
+        for prompt in ("def add(a, b):", "The sum of 12 and 30", "Permission is hereby"):
+            client.post("/v1/completions", json={"model": "guard", "prompt": prompt, "max_tokens": 16,
+                                                 "temperature": 0}).raise_for_status()
+
+    lenient = scrape(deployments=[spec.model_copy(update={"fallback_threshold": 0.0})])
+    assert lenient["guard"][0]["action"] == "none" and lenient["guard"][0]["draft_tokens"] >= 30
+    assert context.store().serving_pair("guard").state == "serving"
+    with httpx.Client(base_url=served["endpoint"], timeout=60) as client:
+        for prompt in ("def add(a, b):", "The sum of 12 and 30", "Permission is hereby"):
+            client.post("/v1/completions", json={"model": "guard", "prompt": prompt, "max_tokens": 16,
+                                                 "temperature": 0}).raise_for_status()
+
+    result = scrape(deployments=[spec])
+
+    decision = result["guard"][0]
+    assert decision["action"] == "fallback" and decision["acceptance"] < 0.95 and decision["draft_tokens"] >= 30
+    pair = context.store().serving_pair("guard")
+    assert (pair.state, pair.drafter_version) == ("fallback", None)
+    completion = httpx.post(f"{served['endpoint']}/v1/completions", timeout=60, json={
+        "model": "guard", "prompt": "def f(x):", "max_tokens": 4, "temperature": 0}).json()
+    assert completion["draftsync"]["draft_tokens"] == 0
+    subjects = [BytesParser(policy=policy.default).parsebytes(p.read_bytes())["Subject"]
+                for p in (workdir / "outbox").glob("*.eml")]
+    assert any("fell back to plain decoding" in s for s in subjects), subjects
