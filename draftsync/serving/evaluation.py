@@ -73,6 +73,9 @@ class EvaluationBackend(Protocol):
 
     name: str
     max_gamma: int  # the most draft tokens the drafter can propose (Medusa: its heads)
+    # True when changing gamma between calls costs nothing (the reference engine keeps one engine per gamma);
+    # False when it rebuilds an engine (vLLM): timings are then paired per batch instead of per request.
+    cheap_gamma_switch: bool
 
     def generate(self, requests: Sequence[EvalRequest], gamma: int, temperature: float,
                  seed: int) -> list[RequestResult]:
@@ -113,6 +116,7 @@ class ReferenceBackend:
     """
 
     name = "reference"
+    cheap_gamma_switch = True
 
     def __init__(self, target_dir: str | Path, drafter_dir: str | Path | None, threads: int | None = 1):
         import torch

@@ -226,6 +226,7 @@ class VllmBackend:
     """
 
     name = "vllm"
+    cheap_gamma_switch = False  # each gamma is its own LLM engine
 
     def __init__(self, target_dir: str | Path, drafter_dir: str | Path | None = None, method: str | None = None,
                  tensor_parallel_size: int = 1, *, ignore_eos: bool = True, prompt_lookup_min: int | None = None,
