@@ -72,7 +72,7 @@ def choose_pair(deployment: ServingDeployment, drafter_version: int | None, spec
             raise DraftsyncError(f"drafter {drafter_name} v{drafter_version} has not passed validation",
                                  f"run `draftsync validate {deployment.target_name} {drafter_version}` first")
     elif speculation:
-        drafter_version = registry.drafter_for_target_version(deployment.target_name, target_version)
+        drafter_version = _production_drafter_for(deployment.target_name, target_version)
     pair = {"target_version": target_version, "drafter_name": drafter_name, "drafter_version": drafter_version,
             "gamma": 0, "method": "eagle3", "schedule": None}
     if drafter_version is not None:
@@ -81,6 +81,20 @@ def choose_pair(deployment: ServingDeployment, drafter_version: int | None, spec
                     schedule=json.loads(tags["draftsync.gamma_schedule"]) if "draftsync.gamma_schedule" in tags
                     else None)
     return pair
+
+
+def _production_drafter_for(target_name: str, target_version: int) -> int | None:
+    """The drafter `production` points at when it was trained for this target version and passed validation
+    (the team's choice; a rollback moves it), else the newest validated drafter for the version, else None."""
+    registry = context.registry()
+    name = drafter_model_name(target_name)
+    production = registry.alias_version(name, "production")
+    if production is not None:
+        tags = registry.version_tags(name, production)
+        if tags.get("draftsync.target.version") == str(target_version) and tags.get("draftsync.validation.passed") \
+                == "true":
+            return production
+    return registry.drafter_for_target_version(target_name, target_version)
 
 
 def render_launch(deployment: ServingDeployment, pair: dict) -> dict:
