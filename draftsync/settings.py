@@ -22,6 +22,7 @@ class Settings(BaseSettings):
     smtp_port: int | None = None
     smtp_user: str | None = None
     smtp_password: SecretStr | None = None
+    smtp_password_block: str | None = None  # a Prefect Secret block holding the password (read at send time)
     smtp_security: Literal["none", "starttls", "ssl"] = "none"
     alert_from: str = "draftsync@localhost"
     alert_to: str = "ml-platform@localhost"  # comma-separated

@@ -20,7 +20,13 @@ from draftsync.tasks.monitoring import scrape_deployment
 def scrape(now: datetime | None = None, deployments: list[ServingDeployment] | None = None) -> dict:
     """`now` is the monitor's clock: production leaves it unset; the demo passes a compressed one."""
     now = now or datetime.now(UTC)
-    futures = [scrape_deployment.submit(pair.deployment, now) for pair in context.store().serving_pairs()]
+    specs = {spec.name: spec for spec in deployments or []}
+    futures = []
+    for pair in context.store().serving_pairs():
+        spec = specs.get(pair.deployment)
+        source = {"prometheus_url": spec.prometheus_url, "prometheus_labels": spec.prometheus_labels} \
+            if spec is not None and spec.prometheus_url else {}
+        futures.append(scrape_deployment.submit(pair.deployment, now, **source))
     result = {"at": now.isoformat(), "deployments": [f.result() for f in futures]}
     if deployments:
         result["guard"] = [acceptance_guard(spec, now) for spec in deployments if spec.fallback_threshold is not None]

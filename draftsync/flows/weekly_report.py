@@ -1,90 +1,235 @@
-"""The weekly acceptance review: trends and staleness per deployment, actions taken, one e-mail."""
+"""The weekly acceptance review: trends and staleness per deployment, actions taken, one e-mail.
+
+The default review covers the last 7 days up to now and acts on what it finds: a deployment under the
+fallback threshold is relaunched with speculation off (through rollout, for deployments declared in the
+deployments file), a stale one is marked so, and a retrain is requested with an event the sync deployment
+listens to. A retrain request, like an alert, is not repeated within a week unless the finding got worse.
+A report on a past ISO week (`week="2026-W45"`) only looks back: it takes no action, since the deployments
+may have changed since. With `send`, mail left pending by an earlier SMTP outage goes out first.
+"""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 from prefect import flow, get_run_logger
 from prefect.events import emit_event
 
+from draftsync.errors import DraftsyncError
 from draftsync.flows.rollout import rollout
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context
 from draftsync.tasks.monitoring import WEEK, review_deployment
 
 STALE_EVENT = "draftsync.drafter.stale"
+ISO_WEEK = re.compile(r"^(\d{4})-W(\d{2})$")
+NOT_SENT = ("not sent: delivery was not asked for (`draftsync report --send` delivers by SMTP); "
+            "the e-mail is in the outbox folder only")
+
+
+def iso_week_period(week: str, now: datetime | None = None) -> tuple[datetime, datetime]:
+    """[Monday 00:00, next Monday 00:00) UTC of ISO week `YYYY-Www`; the week must have ended by `now`."""
+    match = ISO_WEEK.match(week.strip())
+    start = None
+    if match:
+        try:
+            start = datetime.fromisocalendar(int(match[1]), int(match[2]), 1).replace(tzinfo=UTC)
+        except ValueError:
+            start = None
+    if start is None:
+        raise DraftsyncError(f"week {week!r} is not an ISO week of the calendar",
+                             "write it as YYYY-Www, e.g. 2026-W45 (weeks run 01..52, or 53 in long years)")
+    end = start + WEEK
+    now = now or datetime.now(UTC)
+    if end > now:
+        raise DraftsyncError(
+            f"week {week} has not ended yet (it ends {end:%Y-%m-%d %H:%M} UTC)",
+            "leave --week out to review the last 7 days up to now, or pick a week that has ended",
+        )
+    return start, end
 
 
 def _links(target_names: set[str]) -> dict[str, str]:
     settings = context.settings()
-    links = {f"MLflow: {name}-drafter": f"http://127.0.0.1:5000/#/models/{name}-drafter" for name in sorted(target_names)}
+    links = {f"MLflow: {name}-drafter": f"http://127.0.0.1:5000/#/models/{name}-drafter"
+             for name in sorted(target_names)}
     links["Prefect flow runs"] = "http://127.0.0.1:4200/runs"
     links["MLflow UI on this work dir"] = f"mlflow ui --backend-store-uri {settings.mlflow_tracking_uri}"
     return links
 
 
+def _deployment_specs(given: list[ServingDeployment] | None, problems: list[str]) -> dict[str, ServingDeployment]:
+    """The specs to act on: those given, else the deployments file's when it exists.
+
+    A broken file does not stop the report (its e-mail is how the team hears of it): the problem is noted."""
+    from draftsync.serving.deployment import load_deployments
+
+    if given is not None:
+        return {d.name: d for d in given}
+    path = context.settings().deployments_path
+    if not path.exists():
+        return {}
+    try:
+        return {d.name: d for d in load_deployments(path)}
+    except DraftsyncError as error:
+        problems.append(f"{error.what} (fix: {error.fix}); no deployment was relaunched")
+        return {}
+
+
+def _act(pair, review: dict, specs: dict[str, ServingDeployment], fresh: set[str], now: datetime) -> list[str]:
+    """Fall back, mark stale and request a retrain as the findings say; returns what was done."""
+    store, logger = context.store(), get_run_logger()
+    findings = review["findings"]
+    wanted = {f.action for f in findings}
+    taken: list[str] = []
+    if any("fallback" in a for a in wanted) and pair.state == "serving":
+        spec = specs.get(pair.deployment)
+        if spec is None:
+            taken.append(f"fallback due, but {pair.deployment} is not in the deployments file "
+                         f"({context.settings().deployments_path}): not relaunched")
+        else:
+            try:
+                rollout(spec, speculation=False, reason="weekly review: acceptance below the fallback threshold")
+                taken.append("fell back to plain decoding (speculation off)")
+            except Exception as error:  # the e-mail must still go out and say what failed
+                first_line = (str(error).strip().splitlines() or [""])[0]
+                logger.error("fallback of %s failed: %s: %s", pair.deployment, type(error).__name__, first_line)
+                taken.append(f"fallback FAILED ({type(error).__name__}: {first_line})")
+    if any(f.rule == "stale" for f in findings):
+        current = store.serving_pair(pair.deployment)
+        store.set_serving_pair(
+            pair.deployment, target_name=current.target_name, target_version=current.target_version,
+            drafter_name=current.drafter_name, drafter_version=current.drafter_version, gamma=current.gamma,
+            endpoint=current.endpoint, state="stale", now=now,
+        )
+        taken.append("marked stale")
+    retrain = [f for f in findings if "retrain" in f.action]
+    if retrain and any(f.key in fresh for f in retrain):
+        emit_event(
+            event=STALE_EVENT,
+            resource={"prefect.resource.id": f"draftsync.deployment.{pair.deployment}"},
+            payload={"target_name": pair.target_name, "target_version": pair.target_version},
+        )
+        taken.append(f"retrain requested (event {STALE_EVENT} for {pair.target_name} v{pair.target_version})")
+    elif retrain:
+        taken.append("retrain already requested this week for the same finding: not repeated")
+    return taken
+
+
+def _status(findings) -> str:
+    from draftsync.monitors.report import deployment_state
+
+    state = deployment_state(findings)
+    if state == "OK" and any(f.rule == "no_data" for f in findings):
+        return "NO DATA"
+    return state
+
+
+def _finding_row(f) -> dict:
+    return {"deployment": f.deployment, "rule": f.rule, "severity": f.severity, "value": f.value,
+            "message": f.message, "action": f.action}
+
+
 @flow(name="weekly-acceptance-report", log_prints=True)
 def weekly_report(
-    now: datetime | None = None, deployments: list[ServingDeployment] | None = None, notes: list[str] | None = None
+    now: datetime | None = None,
+    deployments: list[ServingDeployment] | None = None,
+    notes: list[str] | None = None,
+    week: str | None = None,
+    send: bool = True,
 ) -> dict:
-    """Review the last 7 days; stale drafters fall back to plain decoding and a retrain is requested."""
+    """Review the last 7 days (or look back at ISO `week`); stale drafters fall back and a retrain is requested.
+
+    `deployments`: the specs to relaunch on a fallback (default: the deployments file, when it exists).
+    `send`: deliver by SMTP when configured; False writes the e-mail to the outbox folder only."""
     from draftsync.monitors.mailer import Mailer
     from draftsync.monitors.report import build_weekly_report
     from draftsync.monitors.staleness import Thresholds
 
     logger = get_run_logger()
-    now = now or datetime.now(UTC)
     store, settings = context.store(), context.settings()
-    specs = {d.name: d for d in deployments or []}
-    summaries, findings, actions, targets = [], [], {}, set()
+    if week is not None:
+        start, end = iso_week_period(week, now)
+        acting = False
+    else:
+        end = now or datetime.now(UTC)
+        start, acting = end - WEEK, True
+    problems: list[str] = []
+    specs = _deployment_specs(deployments, problems) if acting else {}
+    mailer = Mailer(settings.outbox_dir, store, settings)
+    clock = end if acting else None  # a look back is written and sent at the real time
+    retried = mailer.retry_pending(clock) if send else []
+
+    summaries, findings, actions, targets, rows = [], [], {}, set(), []
+    fresh: set[str] = set()
     for pair in store.serving_pairs():
-        review = review_deployment(pair.deployment, now)
-        summaries.append(review["summary"])
-        findings.extend(review["findings"])
+        review = review_deployment(pair.deployment, end)
+        summary, found = review["summary"], review["findings"]
+        summaries.append(summary)
+        findings.extend(found)
         targets.add(pair.target_name)
-        taken = []
-        wanted = {f.action for f in review["findings"]}
-        if any("fallback" in a for a in wanted) and pair.state == "serving" and pair.deployment in specs:
-            rollout(specs[pair.deployment], speculation=False, reason="weekly review: acceptance below the fallback threshold")
-            taken.append("fell back to plain decoding (speculation off)")
-        if any(f.rule == "stale" for f in review["findings"]):
-            current = store.serving_pair(pair.deployment)
-            store.set_serving_pair(
-                pair.deployment, target_name=current.target_name, target_version=current.target_version,
-                drafter_name=current.drafter_name, drafter_version=current.drafter_version, gamma=current.gamma,
-                endpoint=current.endpoint, state="stale", now=now,
-            )
-            taken.append("marked stale")
-        if any("retrain" in a for a in wanted):
-            emit_event(
-                event=STALE_EVENT,
-                resource={"prefect.resource.id": f"draftsync.deployment.{pair.deployment}"},
-                payload={"target_name": pair.target_name, "target_version": pair.target_version},
-            )
-            taken.append(f"retrain requested (event {STALE_EVENT} for {pair.target_name} v{pair.target_version})")
-        actions[pair.deployment] = taken or ["none"]
+        for f in found if acting else []:
+            if f.severity != "info" and store.should_alert(
+                f.key, end, f.value, severity=f.severity, higher_is_worse=f.higher_is_worse
+            ):
+                fresh.add(f.key)
+        if acting:
+            taken = _act(pair, review, specs, fresh, end) or ["none"]
+        else:
+            taken = [f"none: a look back at {week} (actions are taken by the review of the last 7 days)"]
+        actions[pair.deployment] = taken
+        rows.append({
+            "name": pair.deployment,
+            "acceptance_rate": summary.acceptance_rate,
+            "p5": summary.interval_p5,
+            "p50": summary.interval_p50,
+            "trend_per_day": summary.slope_per_day,
+            "status": _status(found),
+            "findings": [_finding_row(f) for f in found],
+            "actions": taken,
+            "mean_acceptance_length": summary.mean_acceptance_length,
+            "draft_tokens": summary.draft_tokens,
+            "server_restarts": summary.resets,
+            "serving_state": (store.serving_pair(pair.deployment) or pair).state,
+            "target": {"name": pair.target_name, "version": pair.target_version},
+            "drafter_version": summary.drafter_version,
+        })
+
     thresholds = Thresholds.from_settings(settings)
-    message = build_weekly_report(
-        summaries, findings, actions, _links(targets), (now - WEEK, now), thresholds=thresholds, notes=notes or []
-    )
-    entry = Mailer(settings.outbox_dir, store, settings).send(message, now=now)
-    for finding in findings:
-        if finding.severity != "info" and store.should_alert(
-            finding.key, now, finding.value, severity=finding.severity, higher_is_worse=finding.higher_is_worse
-        ):
-            store.record_alert(
-                finding.key, deployment=finding.deployment, rule=finding.rule, severity=finding.severity,
-                value=finding.value, sent_at=now, outbox_id=entry.id,
-            )
-    logger.info("weekly report %r written to %s", message["Subject"], entry.eml_path)
+    all_notes = list(notes or []) + problems
+    if not acting:
+        all_notes.append(f"A look back at ISO week {week}: no action was taken by this report.")
+    message = build_weekly_report(summaries, findings, actions, _links(targets), (start, end),
+                                  thresholds=thresholds, notes=all_notes)
+    if send:
+        entry = mailer.send(message, now=clock)
+        eml_path, status, entry_id = entry.eml_path, entry.status, entry.id
+        retry = "kept in the outbox and retried next run" if status == "pending" else "given up after repeated failures"
+        delivery = (f"sent by SMTP to {entry.recipients}" if status == "sent"
+                    else f"{status}: {entry.last_error or 'not delivered'}; {retry}")
+    else:
+        eml_path, status, entry_id, delivery = str(mailer.write_unsent(message, now=clock)), "not sent", None, NOT_SENT
+    if acting:
+        for finding in findings:
+            if finding.key in fresh:
+                store.record_alert(
+                    finding.key, deployment=finding.deployment, rule=finding.rule, severity=finding.severity,
+                    value=finding.value, sent_at=end, outbox_id=entry_id,
+                )
+    logger.info("weekly report %r written to %s (%s)", message["Subject"], eml_path, status)
     return {
+        "week": {"iso": week, "start": start.isoformat(), "end": end.isoformat()},
+        "deployments": rows,
         "subject": message["Subject"],
-        "eml_path": entry.eml_path,
-        "status": entry.status,
-        "findings": [
-            {"deployment": f.deployment, "rule": f.rule, "severity": f.severity, "value": f.value, "message": f.message, "action": f.action}
-            for f in findings
-        ],
+        "eml_path": eml_path,
+        "status": status,
+        "sent": status == "sent",
+        "delivery": delivery,
+        "retried": [{"subject": e.subject, "status": e.status} for e in retried],
+        "acted": acting,
+        "notes": all_notes,
+        "findings": [_finding_row(f) for f in findings],
         "actions": actions,
         "summaries": {s.deployment: {"acceptance_rate": s.acceptance_rate, "daily": s.daily} for s in summaries},
     }

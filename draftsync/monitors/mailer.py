@@ -4,7 +4,12 @@ Every message is first written to disk and recorded in the store's outbox table 
 SMTP delivery marks it 'sent'. When the SMTP server is down the message stays 'pending' with the
 error, and `retry_pending()` sends it later. A delivery attempt is claimed in the store before it
 starts, so two retry loops never send the same message twice. Without `smtp_host` the outbox
-folder is the delivery and entries stay 'pending' until SMTP is configured.
+folder is the delivery and entries stay 'pending' until SMTP is configured. `write_unsent()` only
+writes the file (a report nobody asked to deliver): it is not recorded and never sent.
+
+The SMTP password comes from DRAFTSYNC_SMTP_PASSWORD or, when that is unset, from the Prefect Secret
+block that DRAFTSYNC_SMTP_PASSWORD_BLOCK names. The block is read at login time, not before, and the
+password is scrubbed from every error kept or logged.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import re
 import smtplib
 import ssl
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.parser import BytesParser
@@ -43,6 +49,7 @@ class Mailer:
         ssl_context: ssl.SSLContext | None = None,
         timeout: float = 10.0,
         max_attempts: int = 5,
+        secret_loader: Callable[[str], str] | None = None,
     ):
         self.outbox_dir = Path(outbox_dir)
         self.store = store
@@ -50,6 +57,8 @@ class Mailer:
         self.ssl_context = ssl_context
         self.timeout = timeout
         self.max_attempts = max_attempts
+        self.secret_loader = secret_loader or prefect_secret  # block name -> its value
+        self._block_password: str | None = None  # kept once loaded, to scrub it from errors
 
     @property
     def smtp_configured(self) -> bool:
@@ -58,6 +67,23 @@ class Mailer:
     def send(self, message: EmailMessage, now: datetime | None = None) -> OutboxEntry:
         """Write `message` to the outbox, record it, and try SMTP once; failures leave it 'pending'."""
         now = as_utc(now or datetime.now(UTC))
+        self._complete_headers(message, now)
+        path = self._write(message, now)
+        recipients = [address for _, address in getaddresses(message.get_all("To", []) + message.get_all("Cc", []))]
+        entry = self.store.add_outbox(
+            subject=str(message["Subject"] or ""), recipients=recipients, eml_path=str(path), created_at=now
+        )
+        if not self.smtp_configured:
+            return self.store.mark_outbox(entry.id, "pending", error=NO_SMTP_NOTE)
+        return self._deliver(entry, now) or self.store.outbox_entry(entry.id)  # type: ignore[return-value]
+
+    def write_unsent(self, message: EmailMessage, now: datetime | None = None) -> Path:
+        """Write `message` to the outbox folder only: not recorded in the outbox table, so never sent later."""
+        now = as_utc(now or datetime.now(UTC))
+        self._complete_headers(message, now)
+        return self._write(message, now)
+
+    def _complete_headers(self, message: EmailMessage, now: datetime) -> None:
         if message["From"] is None:
             message["From"] = self.settings.alert_from
         if message["To"] is None:
@@ -72,15 +98,6 @@ class Mailer:
             message["Date"] = format_datetime(now)
         if message["Message-ID"] is None:
             message["Message-ID"] = make_msgid(domain="draftsync.local")
-
-        path = self._write(message, now)
-        recipients = [address for _, address in getaddresses(message.get_all("To", []) + message.get_all("Cc", []))]
-        entry = self.store.add_outbox(
-            subject=str(message["Subject"] or ""), recipients=recipients, eml_path=str(path), created_at=now
-        )
-        if not self.smtp_configured:
-            return self.store.mark_outbox(entry.id, "pending", error=NO_SMTP_NOTE)
-        return self._deliver(entry, now) or self.store.outbox_entry(entry.id)  # type: ignore[return-value]
 
     def retry_pending(self, now: datetime | None = None) -> list[OutboxEntry]:
         """Try every pending message again; returns those delivered now. Does nothing without SMTP."""
@@ -124,7 +141,7 @@ class Mailer:
         recipients = [r for r in entry.recipients.split(",") if r]
         try:
             refused = self._smtp_send(sender, recipients, data)
-        except (smtplib.SMTPException, OSError) as exc:
+        except (smtplib.SMTPException, OSError, DraftsyncError) as exc:  # DraftsyncError: the password block
             error = self._scrub(f"{type(exc).__name__}: {exc}")
             status = "failed" if attempts >= self.max_attempts else "pending"
             log.warning("e-mail %r not sent (attempt %d, now %s): %s", entry.subject, attempts, status, error)
@@ -144,12 +161,54 @@ class Mailer:
             if s.smtp_security == "starttls":
                 client.starttls(context=context)
             if s.smtp_user:
-                password = s.smtp_password.get_secret_value() if s.smtp_password else ""
-                client.login(s.smtp_user, password)
+                client.login(s.smtp_user, self._password())
             # the file keeps Unix line ends; SMTP needs CRLF and smtplib does not convert bytes
             return client.sendmail(sender, recipients, data.replace(b"\r\n", b"\n").replace(b"\n", b"\r\n"))
 
+    def _password(self) -> str:
+        """DRAFTSYNC_SMTP_PASSWORD, else the Secret block's value (loaded now, at login, once per Mailer)."""
+        if self.settings.smtp_password is not None:
+            return self.settings.smtp_password.get_secret_value()
+        if self.settings.smtp_password_block:
+            if self._block_password is None:
+                self._block_password = self.secret_loader(self.settings.smtp_password_block)
+            return self._block_password
+        return ""
+
     def _scrub(self, text: str) -> str:
         """Never let the SMTP password reach a log line or the store."""
-        password = self.settings.smtp_password.get_secret_value() if self.settings.smtp_password else ""
-        return text.replace(password, "***") if password else text
+        passwords = [self.settings.smtp_password.get_secret_value() if self.settings.smtp_password else "",
+                     self._block_password or ""]
+        for password in passwords:
+            if password:
+                text = text.replace(password, "***")
+        return text
+
+
+def prefect_secret(name: str) -> str:
+    """The string in the Prefect Secret block `name`.
+
+    The monitors package is otherwise free of Prefect: it is imported here, only when a block is configured.
+    """
+    try:
+        from prefect.blocks.system import Secret
+
+        value = Secret.load(name).get()
+    except ImportError as exc:
+        raise DraftsyncError(
+            f"SMTP password block {name!r} needs Prefect, which is not installed",
+            "install prefect, or set DRAFTSYNC_SMTP_PASSWORD instead of DRAFTSYNC_SMTP_PASSWORD_BLOCK",
+        ) from exc
+    except Exception as exc:  # a missing block, an unreachable Prefect API: whatever Prefect raises
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise DraftsyncError(
+            f"SMTP password block {name!r} (a Prefect Secret) cannot be read: {detail}",
+            f"create it (`prefect block create secret`, or Secret(value=...).save({name!r})) where the Prefect API "
+            "this process uses can see it, or set DRAFTSYNC_SMTP_PASSWORD instead",
+        ) from exc
+    if not isinstance(value, str):
+        raise DraftsyncError(
+            f"SMTP password block {name!r} holds a {type(value).__name__}, not a string",
+            "store the SMTP password as the Secret block's plain string value",
+        )
+    return value

@@ -1,19 +1,23 @@
-"""The monitor's SQL store: acceptance samples, scrape baselines, watermarks, serving pairs, alerts, outbox.
+"""The monitor's SQL store: acceptance samples, hourly rollups, scrape baselines, watermarks, serving pairs,
+alerts, outbox.
 
-SQLite by default, Postgres in production (`postgresql+psycopg://...`). Every time is passed in by
-the caller (the demo runs a fake clock) and kept in UTC; a naive datetime is taken to be UTC.
+SQLite by default, Postgres in production (`postgresql+psycopg://...`). The schema is migrated with
+Alembic when the store is opened (`draftsync.monitors.migrations`). Every time is passed in by the
+caller (the demo runs a fake clock) and kept in UTC; a naive datetime is taken to be UTC. Windows are
+(since, until]: a sample belongs to the window its interval ends in.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     DateTime,
     Float,
     ForeignKey,
@@ -22,8 +26,11 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    case,
     create_engine,
     delete,
+    event,
+    func,
     make_url,
     select,
     update,
@@ -33,12 +40,15 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 
 from draftsync.errors import DraftsyncError
 from draftsync.monitors.metrics import SpecDecodeCounters, delta
+from draftsync.monitors.migrations import upgrade_to_head
 
 PairState = Literal["serving", "fallback", "stale"]
 OutboxStatus = Literal["pending", "sent", "failed"]
 Severity = Literal["info", "warning", "critical"]
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 ALERT_REPEAT_AFTER = timedelta(days=7)
+HOUR = timedelta(hours=1)
+NO_DRAFTER = 0  # hourly_rollups.drafter_version when speculation was off (MLflow versions start at 1)
 
 
 def as_utc(moment: datetime) -> datetime:
@@ -46,6 +56,18 @@ def as_utc(moment: datetime) -> datetime:
     if moment.tzinfo is None:
         return moment.replace(tzinfo=UTC)
     return moment.astimezone(UTC)
+
+
+def rollup_hour(ts: datetime) -> datetime:
+    """The hour whose rollup row counts a sample stamped `ts`: rows cover (hour, hour + 1 h], like windows."""
+    ts = as_utc(ts)
+    floor = ts.replace(minute=0, second=0, microsecond=0)
+    return floor - HOUR if floor == ts else floor
+
+
+def _ceil_hour(moment: datetime) -> datetime:
+    floor = moment.replace(minute=0, second=0, microsecond=0)
+    return floor if floor == moment else floor + HOUR
 
 
 class UTCDateTime(TypeDecorator):
@@ -90,6 +112,103 @@ class Sample(Base):
     tpot_sum: Mapped[float | None] = mapped_column(Float, nullable=True)
     tpot_count: Mapped[int | None] = mapped_column(Integer, nullable=True)
     reset: Mapped[bool] = mapped_column(default=False)
+
+
+class HourlyRollup(Base):
+    """Sums of the samples of one deployment, hour and served pair, kept by `record_scrape` with each sample.
+
+    The row keyed `hour` covers samples whose interval ends in (hour, hour + 1 h]; `drafter_version` is
+    NO_DRAFTER (0) when speculation was off, since a key column cannot be NULL.
+    """
+
+    __tablename__ = "hourly_rollups"
+    __table_args__ = (Index("ix_hourly_rollups_hour", "hour"),)
+
+    deployment: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    target_name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    target_version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    drafter_version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gamma: Mapped[int] = mapped_column(Integer, primary_key=True)
+    intervals: Mapped[int] = mapped_column(Integer)
+    resets: Mapped[int] = mapped_column(Integer)
+    drafts: Mapped[int] = mapped_column(BigInteger)
+    draft_tokens: Mapped[int] = mapped_column(BigInteger)
+    accepted: Mapped[int] = mapped_column(BigInteger)
+    accepted_per_position: Mapped[list[int]] = mapped_column(JSON)
+    generation_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    tpot_sum: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tpot_count: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_ts: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+ROLLUP_KEY = ("deployment", "hour", "target_name", "target_version", "drafter_version", "gamma")
+
+
+@dataclass
+class HourlyRow:
+    """What the weekly report reads per deployment and hour: sums over the samples of one served pair.
+
+    `drafter_version` is None when speculation was off. A row at the edge of a window that does not
+    start or end on a whole hour sums only the samples inside the window.
+    """
+
+    deployment: str
+    hour: datetime
+    target_name: str
+    target_version: int
+    drafter_version: int | None
+    gamma: int
+    intervals: int = 0
+    resets: int = 0
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    generation_tokens: int | None = None
+    tpot_sum: float | None = None
+    tpot_count: int | None = None
+    last_ts: datetime | None = None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.draft_tokens if self.draft_tokens else None
+
+
+def add_sample(total, sample) -> None:
+    """Add one sample's counters to a rollup (`HourlyRollup` or `HourlyRow`); None counters stay unknown."""
+    total.intervals += 1
+    total.resets += 1 if sample.reset else 0
+    total.drafts += sample.drafts
+    total.draft_tokens += sample.draft_tokens
+    total.accepted += sample.accepted
+    per_position = list(total.accepted_per_position or [])  # a new list, so the ORM sees the change
+    for i, count in enumerate(sample.accepted_per_position or []):
+        if i < len(per_position):
+            per_position[i] += count
+        else:
+            per_position.append(count)
+    total.accepted_per_position = per_position
+    for name in ("generation_tokens", "tpot_sum", "tpot_count"):
+        value = getattr(sample, name)
+        if value is not None:
+            current = getattr(total, name)
+            setattr(total, name, value if current is None else current + value)
+    ts = as_utc(sample.ts)
+    total.last_ts = ts if total.last_ts is None else max(as_utc(total.last_ts), ts)
+
+
+def hourly_rows(samples: Iterable) -> list[HourlyRow]:
+    """Sum sample-like rows into hourly rows, the way `record_scrape` keeps them (oldest hour first)."""
+    rows: dict[tuple, HourlyRow] = {}
+    for sample in samples:
+        key = (sample.deployment, rollup_hour(sample.ts), sample.target_name, int(sample.target_version),
+               None if sample.drafter_version in (None, NO_DRAFTER) else int(sample.drafter_version), int(sample.gamma))
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = HourlyRow(*key)
+        add_sample(row, sample)
+    return sorted(rows.values(), key=lambda r: (r.deployment, r.hour, r.last_ts))
 
 
 class ScrapeState(Base):
@@ -161,6 +280,69 @@ class OutboxEntry(Base):
     sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
+def _split_window(since: datetime, until: datetime) -> tuple[tuple[datetime, datetime] | None, list]:
+    """(first, end) of the whole rollup hours inside (since, until], and the partial edges to read from samples."""
+    first, end = _ceil_hour(since), until.replace(minute=0, second=0, microsecond=0)
+    if first > end:  # both ends inside one hour
+        return None, [(since, until)]
+    edges = [(low, high) for low, high in ((since, first), (end, until)) if low < high]  # each inside one hour
+    return ((first, end) if first < end else None), edges
+
+
+def _rolled_up_between(low: datetime, high: datetime):
+    """Deployments with a rollup row for an hour touching (low, high]: the only ones with samples there."""
+    return (
+        select(HourlyRollup.deployment)
+        .where(HourlyRollup.hour >= rollup_hour(low + timedelta(microseconds=1)),
+               HourlyRollup.hour <= rollup_hour(high))
+        .distinct()
+    )
+
+
+def _summed_samples(session: Session, low: datetime, high: datetime, deployments) -> list[HourlyRow]:
+    """The samples in (low, high], a part of one rollup hour, summed in SQL per deployment and served pair."""
+    window = (Sample.deployment.in_(deployments), Sample.ts > low, Sample.ts <= high)
+    width = session.scalar(select(func.max(func.json_array_length(Sample.accepted_per_position))).where(*window)) or 0
+    pair = (Sample.deployment, Sample.target_name, Sample.target_version, Sample.drafter_version, Sample.gamma)
+    query = select(
+        *pair,
+        func.count(),
+        func.sum(case((Sample.reset, 1), else_=0)),
+        *(func.sum(getattr(Sample, name)) for name in ("drafts", "draft_tokens", "accepted", "generation_tokens",
+                                                       "tpot_sum", "tpot_count")),
+        func.max(Sample.ts),
+        *(func.sum(Sample.accepted_per_position[i].as_integer()) for i in range(width)),
+    ).where(*window).group_by(*pair)
+    hour = rollup_hour(high)
+    rows = []
+    for found in session.execute(query):
+        (deployment, target_name, target_version, drafter_version, gamma, intervals, resets, drafts, draft_tokens,
+         accepted, generation_tokens, tpot_sum, tpot_count, last_ts, *per_position) = found
+        while per_position and per_position[-1] is None:  # positions this pair never reported
+            per_position.pop()
+        rows.append(HourlyRow(deployment, hour, target_name, target_version, drafter_version, gamma, intervals,
+                              int(resets), int(drafts), int(draft_tokens), int(accepted),
+                              [int(count or 0) for count in per_position], generation_tokens, tpot_sum, tpot_count,
+                              last_ts))
+    return rows
+
+
+def _utc_session(dbapi_connection, _record) -> None:
+    """Postgres returns times in the session's zone: in UTC the driver hands back datetime.UTC, cheapest to read."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute("SET TIME ZONE 'UTC'")
+    cursor.close()
+    dbapi_connection.commit()
+
+
+def _dialect_insert(dialect: str):
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert
+
+
 class PairInfo(Protocol):
     """What a sample is attributed to; a `ServingPair` row or a `ServedPair` both fit."""
 
@@ -199,13 +381,15 @@ def _first_line(exc: Exception, url: str) -> str:
 
 
 class Store:
-    """The monitor database. Creates its tables on first use (create_all; migrations come later)."""
+    """The monitor database. Opening it migrates the schema to the newest revision (Alembic)."""
 
     def __init__(self, url: str, *, echo: bool = False):
         self.url = url
         try:
             self.engine = create_engine(url, echo=echo)
-            Base.metadata.create_all(self.engine)
+            if self.engine.dialect.name == "postgresql":
+                event.listen(self.engine, "connect", _utc_session)
+            upgrade_to_head(self.engine)
         except (SQLAlchemyError, ImportError) as exc:
             raise DraftsyncError(
                 f"monitor store {_shown(url)} cannot be opened: {_first_line(exc, url)}",
@@ -238,6 +422,8 @@ class Store:
         joins a long-running server must not book its whole history into one interval. Pass
         `count_first=True` when the server is known to have started at zero (e.g. just launched);
         that first sample then covers (ts, ts].
+
+        The sample's hourly rollup row is updated in the same transaction.
         """
         ts = as_utc(ts)
         with self._session() as session:
@@ -277,7 +463,38 @@ class Store:
                 reset=reset,
             )
             session.add(sample)
+            self._add_to_rollup(session, sample)
             return sample
+
+    @staticmethod
+    def _add_to_rollup(session: Session, sample: Sample) -> None:
+        """Upsert the sample's hourly row: insert it if absent (ON CONFLICT DO NOTHING), then lock and add.
+
+        The per-position counts are a JSON list, so the sums are made here rather than in SQL; the row
+        lock (Postgres) or the write lock (SQLite) keeps concurrent writers from losing an update.
+        """
+        key = {
+            "deployment": sample.deployment,
+            "hour": rollup_hour(sample.ts),
+            "target_name": sample.target_name,
+            "target_version": sample.target_version,
+            "drafter_version": NO_DRAFTER if sample.drafter_version is None else sample.drafter_version,
+            "gamma": sample.gamma,
+        }
+        identity = tuple(key[name] for name in ROLLUP_KEY)
+        row = session.get(HourlyRollup, identity, with_for_update=True)
+        if row is None:
+            empty = {**key, "intervals": 0, "resets": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0,
+                     "accepted_per_position": [], "last_ts": sample.ts}
+            dialect = session.get_bind().dialect.name
+            if dialect in ("postgresql", "sqlite"):
+                insert = _dialect_insert(dialect)
+                session.execute(insert(HourlyRollup).values(**empty).on_conflict_do_nothing(index_elements=ROLLUP_KEY))
+                row = session.get(HourlyRollup, identity, with_for_update=True, populate_existing=True)
+            else:
+                row = HourlyRollup(**empty)
+                session.add(row)
+        add_sample(row, sample)
 
     def samples(self, deployment: str, since: datetime, until: datetime) -> list[Sample]:
         """Samples whose interval ends in (since, until], oldest first."""
@@ -290,14 +507,68 @@ class Store:
             return list(rows)
 
     def deployments_with_samples(self, since: datetime, until: datetime) -> list[str]:
+        """Deployments with a sample in (since, until]: whole hours from the rollups, the edges from samples."""
+        since, until = as_utc(since), as_utc(until)
+        if until <= since:
+            return []
+        inner, edges = _split_window(since, until)
+        names: set[str] = set()
         with self._session() as session:
-            rows = session.scalars(
-                select(Sample.deployment)
-                .where(Sample.ts > as_utc(since), Sample.ts <= as_utc(until))
-                .distinct()
-                .order_by(Sample.deployment)
-            ).all()
-            return list(rows)
+            if inner is not None:
+                names.update(session.scalars(
+                    select(HourlyRollup.deployment).where(HourlyRollup.hour >= inner[0], HourlyRollup.hour < inner[1])
+                    .distinct()
+                ))
+            for low, high in edges:
+                names.update(session.scalars(
+                    select(Sample.deployment)
+                    .where(Sample.deployment.in_(_rolled_up_between(low, high)), Sample.ts > low, Sample.ts <= high)
+                    .distinct()
+                ))
+        return sorted(names)
+
+    def hourly(self, deployment: str, since: datetime, until: datetime) -> list[HourlyRow]:
+        """The hourly rows of one deployment over (since, until], oldest first."""
+        return self.rollup_window(since, until, [deployment]).get(deployment, [])
+
+    def rollup_window(
+        self, since: datetime, until: datetime, deployments: Sequence[str] | None = None
+    ) -> dict[str, list[HourlyRow]]:
+        """Hourly rows over (since, until] per deployment (all with samples, or those named), oldest first.
+
+        The whole hours come from the rollup table in one query; where the window starts or ends inside
+        an hour, that hour is summed from the samples in the window, so the sums are exact for any window.
+        A week of 1,000 deployments is 168,000 rows, however often they were scraped.
+        """
+        since, until = as_utc(since), as_utc(until)
+        if until <= since:
+            return {}
+        names = None if deployments is None else list(deployments)
+        inner, edges = _split_window(since, until)
+        rows: list[HourlyRow] = []
+        with self._session() as session:
+            if inner is not None:
+                table = HourlyRollup.__table__
+                query = (
+                    select(*(table.c[f.name] for f in fields(HourlyRow)))
+                    .where(table.c.hour >= inner[0], table.c.hour < inner[1])
+                    .order_by(table.c.deployment, table.c.hour, table.c.last_ts)
+                )
+                if names is not None:
+                    query = query.where(table.c.deployment.in_(names))
+                for stored in session.connection().execute(query).all():  # Core rows: ~168 per deployment and week
+                    row = HourlyRow(*stored)
+                    if row.drafter_version == NO_DRAFTER:
+                        row.drafter_version = None
+                    rows.append(row)
+            for low, high in edges:
+                rows.extend(_summed_samples(session, low, high, _rolled_up_between(low, high) if names is None else names))
+        if edges:
+            rows.sort(key=lambda r: (r.deployment, r.hour, r.last_ts))
+        by_deployment: dict[str, list[HourlyRow]] = {}
+        for row in rows:
+            by_deployment.setdefault(row.deployment, []).append(row)
+        return by_deployment
 
     # --- watermarks ---------------------------------------------------------------------------
     def get_watermark(self, key: str) -> int | None:

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 DAY = timedelta(days=1)
+HOUR = timedelta(hours=1)
 
 
 class SampleRow(Protocol):
@@ -145,32 +146,102 @@ def summarize(
 ) -> DeploymentSummary:
     """Summarize the samples of one deployment over [start, end] (`bucket` sizes the daily series)."""
     rows = sorted(samples, key=lambda s: s.ts)
-    names = {s.deployment for s in rows}
-    if len(names) > 1:
-        raise ValueError(f"summarize() takes the samples of one deployment, got {sorted(names)}")
-    name = deployment or (rows[0].deployment if rows else "")
-
-    drafts = sum(s.drafts for s in rows)
-    draft_tokens = sum(s.draft_tokens for s in rows)
-    accepted = sum(s.accepted for s in rows)
-    width = max((len(s.accepted_per_position or []) for s in rows), default=0)
-    per_position = [0] * width
-    for s in rows:
-        for i, count in enumerate(s.accepted_per_position or []):
-            per_position[i] += count
-
+    name = _one_deployment(rows, deployment, "summarize")
     points = [
         IntervalPoint(s.interval_start, s.ts, s.drafts, s.draft_tokens, s.accepted) for s in rows if s.draft_tokens > 0
     ]
+    return _summary(name, start, end, bucket, rows, points, intervals=len(rows), resets=sum(1 for s in rows if s.reset))
+
+
+class RollupRow(Protocol):
+    """What a summary needs from an hourly rollup; `store.HourlyRow` fits (rows cover (hour, hour + 1 h])."""
+
+    deployment: str
+    hour: datetime
+    target_name: str
+    target_version: int
+    drafter_version: int | None
+    gamma: int
+    intervals: int
+    resets: int
+    drafts: int
+    draft_tokens: int
+    accepted: int
+    accepted_per_position: list[int]
+    tpot_sum: float | None
+    tpot_count: int | None
+    last_ts: datetime | None
+
+
+def summarize_hourly(
+    rows: Sequence[RollupRow],
+    start: datetime,
+    end: datetime,
+    *,
+    deployment: str | None = None,
+    bucket: timedelta = DAY,
+) -> DeploymentSummary:
+    """Summarize one deployment from its hourly rollups (`Store.rollup_window`): a week costs 168 rows.
+
+    The sums (acceptance, mean acceptance length, per position, TPOT, restarts, the pair served last)
+    equal `summarize` over the same samples; the points, and so the spread (P5, P50), the slope, the chart
+    and the stale rule's "last intervals", are per hour rather than per scrape interval. The daily series
+    is exact when `start` is on a whole hour (a report week is); otherwise an hour that straddles a day
+    boundary counts in the day it ends in.
+    """
+    ordered = sorted(rows, key=lambda r: (r.hour, r.last_ts or r.hour))
+    name = _one_deployment(ordered, deployment, "summarize_hourly")
+    pooled: dict[datetime, list[int]] = {}
+    for row in ordered:
+        if row.draft_tokens > 0:
+            counts = pooled.setdefault(row.hour, [0, 0, 0])
+            counts[0] += row.drafts
+            counts[1] += row.draft_tokens
+            counts[2] += row.accepted
+    points = [
+        IntervalPoint(max(hour, start), min(hour + HOUR, end), drafts, draft_tokens, accepted)
+        for hour, (drafts, draft_tokens, accepted) in pooled.items()
+    ]
+    return _summary(name, start, end, bucket, ordered, points, intervals=sum(r.intervals for r in ordered),
+                    resets=sum(r.resets for r in ordered))
+
+
+def _one_deployment(rows: Sequence, deployment: str | None, caller: str) -> str:
+    names = {r.deployment for r in rows}
+    if len(names) > 1:
+        raise ValueError(f"{caller}() takes the rows of one deployment, got {sorted(names)}")
+    return deployment or (rows[0].deployment if rows else "")
+
+
+def _summary(
+    name: str,
+    start: datetime,
+    end: datetime,
+    bucket: timedelta,
+    rows: Sequence[SampleRow] | Sequence[RollupRow],
+    points: list[IntervalPoint],
+    *,
+    intervals: int,
+    resets: int,
+) -> DeploymentSummary:
+    """The parts of a summary that sample rows and rollup rows share (`rows` oldest first)."""
+    drafts = sum(r.drafts for r in rows)
+    draft_tokens = sum(r.draft_tokens for r in rows)
+    accepted = sum(r.accepted for r in rows)
+    width = max((len(r.accepted_per_position or []) for r in rows), default=0)
+    per_position = [0] * width
+    for r in rows:
+        for i, count in enumerate(r.accepted_per_position or []):
+            per_position[i] += count
     rates = [p.rate for p in points]
-    tpot_sum = sum(s.tpot_sum or 0.0 for s in rows)
-    tpot_count = sum(s.tpot_count or 0 for s in rows)
+    tpot_sum = sum(r.tpot_sum or 0.0 for r in rows)
+    tpot_count = sum(r.tpot_count or 0 for r in rows)
     last = rows[-1] if rows else None
     return DeploymentSummary(
         deployment=name,
         start=start,
         end=end,
-        intervals=len(rows),
+        intervals=intervals,
         drafts=drafts,
         draft_tokens=draft_tokens,
         accepted=accepted,
@@ -182,7 +253,7 @@ def summarize(
         slope_per_day=slope_per_day([(p.midpoint, p.rate) for p in points]),
         daily=_daily(points, start, bucket),
         points=points,
-        resets=sum(1 for s in rows if s.reset),
+        resets=resets,
         mean_tpot_s=tpot_sum / tpot_count if tpot_count else None,
         target_name=last.target_name if last else None,
         target_version=last.target_version if last else None,

@@ -80,6 +80,10 @@ class ServingDeployment(BaseModel):
     fallback_threshold: float | None = Field(0.60, ge=0.0, le=1.0)  # the seed's 0.6; None: no guard
     fallback_window_minutes: int = Field(30, ge=1)
     fallback_min_draft_tokens: int = Field(200, ge=1)
+    # Read the counters from a Prometheus server's HTTP API instead of the endpoint's /metrics (for teams that
+    # already scrape vLLM with Prometheus); the labels select this deployment's series.
+    prometheus_url: str | None = None
+    prometheus_labels: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("task_mix")
     @classmethod

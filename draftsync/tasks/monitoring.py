@@ -13,13 +13,21 @@ WEEK = timedelta(days=7)
 
 
 @task(name="scrape-deployment", retries=2, retry_delay_seconds=2, cache_policy=NONE)
-def scrape_deployment(deployment: str, now: datetime) -> dict:
-    """Read /metrics of the deployment's endpoint and store the delta since the previous scrape."""
+def scrape_deployment(deployment: str, now: datetime, prometheus_url: str | None = None,
+                      prometheus_labels: dict[str, str] | None = None) -> dict:
+    """Read the deployment's counters and store the delta since the previous scrape.
+
+    From its endpoint's /metrics, or, with `prometheus_url`, from that Prometheus server's HTTP API (the series
+    matching `prometheus_labels`, e.g. {"job": "vllm-chat"}) for teams whose Prometheus already scrapes vLLM."""
     from draftsync.monitors.metrics import scrape_counters
+    from draftsync.monitors.prometheus_api import query_counters
 
     store = context.store()
     pair = store.serving_pair(deployment)
-    counters = scrape_counters(f"{pair.endpoint}/metrics")
+    if prometheus_url:
+        counters = query_counters(prometheus_url, prometheus_labels)
+    else:
+        counters = scrape_counters(f"{pair.endpoint}/metrics")
     sample = store.record_scrape(deployment, now, counters, pair, count_first=True)
     if sample is None:
         return {"deployment": deployment, "baseline": True}
@@ -36,12 +44,13 @@ def scrape_deployment(deployment: str, now: datetime) -> dict:
 def review_deployment(deployment: str, now: datetime) -> dict:
     """The week's summary and findings for one deployment, with its lineage checked in the registry."""
     from draftsync.monitors.staleness import Thresholds, evaluate
-    from draftsync.monitors.trends import summarize
+    from draftsync.monitors.trends import summarize_hourly
     from draftsync.tasks.registration import drafter_model_name
 
     store = context.store()
     pair = store.serving_pair(deployment)
-    summary = summarize(store.samples(deployment, now - WEEK, now), now - WEEK, now, deployment=deployment)
+    # Hourly rollups: a week is 168 rows per deployment however often it was scraped.
+    summary = summarize_hourly(store.hourly(deployment, now - WEEK, now), now - WEEK, now, deployment=deployment)
     trained_for = None
     if pair is not None and pair.drafter_version is not None:
         tags = context.registry().version_tags(drafter_model_name(pair.target_name), pair.drafter_version)

@@ -20,7 +20,7 @@ GATES = {
 def _profile():
     from draftsync.tasks.profile import profile
 
-    return profile("test").model_copy(update={"train_steps": 300, "training_texts": 200, "generated_samples": 60})
+    return profile("test").model_copy(update={"train_steps": 150, "training_texts": 120, "generated_samples": 30})
 
 
 def test_a_sync_validates_and_a_drafter_for_another_target_fails_and_is_not_promoted(workdir, built_targets):

@@ -238,3 +238,67 @@ def test_tls_refuses_an_untrusted_certificate(tmp_path, smtp_server_factory):
     entry = Mailer(tmp_path / "outbox", store, settings).send(build(), now=END)
     assert entry.status == "pending" and "CERTIFICATE_VERIFY_FAILED" in entry.last_error
     assert server.messages == []
+
+
+class BlockStore:
+    """Secret blocks by name, as the Mailer's `secret_loader` sees them; counts each read."""
+
+    def __init__(self, blocks: dict[str, str]):
+        self.blocks, self.reads = blocks, []
+
+    def __call__(self, name: str) -> str:
+        from draftsync.errors import DraftsyncError
+
+        self.reads.append(name)
+        if name not in self.blocks:
+            raise DraftsyncError(f"SMTP password block {name!r} (a Prefect Secret) cannot be read: not found",
+                                 "create it")
+        return self.blocks[name]
+
+
+def test_password_from_a_secret_block_is_read_at_login_only_and_never_shown(tmp_path, smtp_server_factory, caplog):
+    seen: list = []
+    server = smtp_server_factory(authenticator=password_check(seen), auth_require_tls=False)
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    blocks = BlockStore({"smtp-password": PASSWORD, "old-smtp-password": "old-" + PASSWORD})
+    settings = Settings(workdir=tmp_path, smtp_host=server.host, smtp_port=server.port, smtp_user="reporter",
+                        smtp_password_block="smtp-password")
+    caplog.set_level(logging.DEBUG)
+    mailer = Mailer(tmp_path / "outbox", store, settings, secret_loader=blocks)
+    assert blocks.reads == []  # not read when the mailer is made
+    assert mailer.send(build(), now=END).status == "sent"
+    assert blocks.reads == ["smtp-password"] and seen == [(b"reporter", PASSWORD.encode())]
+    check_report(server.messages[0])
+
+    stale = Settings(**{**settings.model_dump(), "smtp_password_block": "old-smtp-password"})
+    failed = Mailer(tmp_path / "outbox", store, stale, secret_loader=blocks).send(build(), now=END)
+    assert failed.status == "pending" and "Authentication" in failed.last_error
+    assert "old-" + PASSWORD not in failed.last_error and PASSWORD not in caplog.text
+    assert len(server.messages) == 1
+
+    both = Settings(**{**settings.model_dump(), "smtp_password": SecretStr(PASSWORD),
+                       "smtp_password_block": "missing"})
+    assert Mailer(tmp_path / "outbox", store, both, secret_loader=blocks).send(build(), now=END).status == "sent"
+    assert "missing" not in blocks.reads  # DRAFTSYNC_SMTP_PASSWORD, when set, wins over the block
+
+
+def test_a_password_block_that_cannot_be_read_keeps_the_mail_pending(tmp_path, smtp_server_factory):
+    server = smtp_server_factory(authenticator=password_check([]), auth_require_tls=False)
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    settings = Settings(workdir=tmp_path, smtp_host=server.host, smtp_port=server.port, smtp_user="reporter",
+                        smtp_password_block="smtp-pasword")
+    blocks = BlockStore({"smtp-password": PASSWORD})
+    entry = Mailer(tmp_path / "outbox", store, settings, secret_loader=blocks).send(build(), now=END)
+    assert entry.status == "pending" and "'smtp-pasword'" in entry.last_error
+    assert server.messages == []
+    fixed = Settings(**{**settings.model_dump(), "smtp_password_block": "smtp-password"})
+    delivered = Mailer(tmp_path / "outbox", store, fixed, secret_loader=blocks).retry_pending(END + HOUR)
+    assert [e.id for e in delivered] == [entry.id] and len(server.messages) == 1
+
+
+def test_write_unsent_is_a_file_only(tmp_path, smtp_server):
+    mailer, store = make_mailer(tmp_path, smtp_host=smtp_server.host, smtp_port=smtp_server.port)
+    path = mailer.write_unsent(build(), now=END)
+    check_report(message_from_bytes(path.read_bytes(), policy=default_policy))
+    assert store.outbox() == [] and mailer.retry_pending(END + HOUR) == []
+    assert smtp_server.messages == []

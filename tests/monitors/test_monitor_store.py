@@ -8,7 +8,7 @@ import pytest
 
 from draftsync.errors import DraftsyncError
 from draftsync.monitors.metrics import SpecDecodeCounters
-from draftsync.monitors.store import ServedPair, Store
+from draftsync.monitors.store import ServedPair, Store, hourly_rows
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 PAIR = ServedPair(target_name="demo-target", target_version=1, drafter_version=1, gamma=3)
@@ -150,3 +150,123 @@ def test_a_new_instance_is_not_diffed_against_the_one_it_replaced(tmp_path):
     sample = store.record_scrape("d", t0 + timedelta(minutes=1), SpecDecodeCounters(30, 60, 40, (20, 20)), pair, count_first=True)
     assert (sample.drafts, sample.draft_tokens, sample.accepted) == (30, 60, 40)
     assert not sample.reset
+
+
+# --- hourly rollups -----------------------------------------------------------------------------
+def _totals(rows) -> tuple:
+    """What a window sums to, from samples or hourly rows alike."""
+    width = max((len(r.accepted_per_position) for r in rows), default=0)
+    per_position = [sum((r.accepted_per_position + [0] * width)[i] for r in rows) for i in range(width)]
+    return (sum(r.drafts for r in rows), sum(r.draft_tokens for r in rows), sum(r.accepted for r in rows), per_position,
+            sum(r.tpot_count or 0 for r in rows), sum(1 if getattr(r, "reset", False) else 0 for r in rows)
+            + sum(getattr(r, "resets", 0) for r in rows))
+
+
+def _traffic(store, deployment: str, start: datetime, minutes: range, *, fallback_from: int | None = None) -> None:
+    """Scrapes every `minutes` step with growing counters; speculation off from minute `fallback_from` on."""
+    drafts = tokens = accepted = generated = 0
+    per_position = [0, 0, 0]
+    tpot = 0.0
+    for minute in minutes:
+        off = fallback_from is not None and minute >= fallback_from
+        if not off:
+            drafts, tokens = drafts + 10 + minute % 7, tokens + 3 * (10 + minute % 7)
+            gained = [9, 6 + minute % 3, 2 + minute % 5]
+            per_position = [a + b for a, b in zip(per_position, gained)]
+            accepted += sum(gained)
+        generated += 50
+        tpot += 0.8
+        pair = ServedPair("demo-target", 1, None, 0) if off else PAIR
+        store.record_scrape(deployment, start + timedelta(minutes=minute),
+                            SpecDecodeCounters(drafts, tokens, accepted, tuple(per_position), generated, tpot,
+                                               generated), pair)
+
+
+def test_record_scrape_keeps_hourly_rollups(store):
+    _traffic(store, "dep", T0, range(0, 181, 7), fallback_from=120)
+    # a restart in the third hour: counters start again from zero
+    store.record_scrape("dep", T0 + timedelta(hours=3), SpecDecodeCounters(1, 3, 2, (1, 1, 0), 5, 0.1, 5), PAIR)
+
+    samples = store.samples("dep", T0, T0 + timedelta(hours=4))
+    rows = store.hourly("dep", T0, T0 + timedelta(hours=4))
+    assert rows == hourly_rows(samples)
+    assert _totals(rows) == _totals(samples)
+    # one row per hour and pair; the speculation-off pair gets its own row with drafter_version None
+    assert [(r.hour - T0, r.drafter_version, r.gamma) for r in rows] == [
+        (timedelta(hours=0), 1, 3), (timedelta(hours=1), 1, 3),
+        (timedelta(hours=2), None, 0), (timedelta(hours=2), 1, 3),
+    ]
+    # the scrape at exactly 03:00 ends an interval inside (02:00, 03:00]: it counts in the 02:00 row
+    assert rows[-1].last_ts == T0 + timedelta(hours=3) and rows[-1].resets == 1
+    assert [r.intervals for r in rows] == [8, 9, 8, 1]
+
+
+def _rounded(rows) -> list:
+    """Hourly rows with TPOT sums to 9 digits: SQL and Python add the floats in different orders."""
+    from dataclasses import replace
+
+    return [replace(r, tpot_sum=None if r.tpot_sum is None else float(f"{r.tpot_sum:.9g}")) for r in rows]
+
+
+def test_rollup_window_is_exact_for_any_window(store):
+    _traffic(store, "a", T0, range(0, 300, 3), fallback_from=170)
+    _traffic(store, "b", T0 + timedelta(minutes=95), range(0, 60, 5))
+    for minute in range(0, 200, 4):  # no TPOT or generation counters; a restart at minute 120
+        n = minute if minute < 120 else minute - 119
+        store.record_scrape("c", T0 + timedelta(minutes=minute), SpecDecodeCounters(n, 2 * n, n, (n // 2, n - n // 2)),
+                            PAIR)
+    windows = [
+        (T0, T0 + timedelta(hours=5)),  # whole hours
+        (T0 + timedelta(minutes=17), T0 + timedelta(hours=3, minutes=41)),  # both edges inside an hour
+        (T0 + timedelta(minutes=100), T0 + timedelta(minutes=130)),  # inside one hour
+        (T0 + timedelta(hours=1, minutes=33), T0 + timedelta(hours=2)),  # ends on the hour
+        (T0 + timedelta(hours=2, minutes=40), T0 + timedelta(hours=9)),  # b has nothing here
+    ]
+    for since, until in windows:
+        window = store.rollup_window(since, until)
+        expected = {name: store.samples(name, since, until) for name in ("a", "b", "c")}
+        expected = {name: rows for name, rows in expected.items() if rows}
+        assert sorted(window) == sorted(expected) == store.deployments_with_samples(since, until), (since, until)
+        for name, rows in window.items():
+            assert _totals(rows) == _totals(expected[name]), (name, since, until)
+            assert _rounded(rows) == _rounded(hourly_rows(expected[name])), (name, since, until)
+            assert all(since - timedelta(hours=1) < r.hour < until for r in rows)
+        assert store.rollup_window(since, until, ["b"]).get("b", []) == window.get("b", [])
+    assert store.rollup_window(T0, T0) == {}
+
+
+def test_the_week_summary_from_rollups_equals_the_one_from_samples(store):
+    """Hourly scrapes: every interval is its own hour, so the two summaries must agree field for field."""
+    from draftsync.monitors.trends import summarize, summarize_hourly
+
+    start, end = T0, T0 + timedelta(days=7)
+    drafts = tokens = accepted = 0
+    per_position = [0, 0, 0]
+    store.record_scrape("dep", start, SpecDecodeCounters(), PAIR)
+    for hour in range(1, 169):
+        rate = 0.8 - 0.3 * hour / 168
+        drafts, tokens = drafts + 20, tokens + 60
+        gained = [round(20 * rate + 2), round(20 * rate), round(20 * rate - 2)]
+        per_position = [a + b for a, b in zip(per_position, gained)]
+        accepted += sum(gained)
+        store.record_scrape("dep", start + timedelta(hours=hour), SpecDecodeCounters(drafts, tokens, accepted,
+                                                                                   tuple(per_position)), PAIR)
+    from_samples = summarize(store.samples("dep", start, end), start, end, deployment="dep")
+    from_rollups = summarize_hourly(store.hourly("dep", start, end), start, end, deployment="dep")
+    assert from_rollups == from_samples
+    assert from_rollups.acceptance_rate == pytest.approx(0.65, abs=0.01) and len(from_rollups.daily) == 7
+
+
+def test_minute_scrapes_summarized_from_rollups_keep_the_sums(store):
+    from draftsync.monitors.trends import summarize, summarize_hourly
+
+    _traffic(store, "dep", T0, range(0, 241, 1), fallback_from=200)
+    start, end = T0, T0 + timedelta(hours=4)
+    from_samples = summarize(store.samples("dep", start, end), start, end, bucket=timedelta(hours=1))
+    from_rollups = summarize_hourly(store.hourly("dep", start, end), start, end, bucket=timedelta(hours=1))
+    for name in ("intervals", "drafts", "draft_tokens", "accepted", "acceptance_rate", "mean_acceptance_length",
+                 "per_position_rate", "daily", "resets", "target_name", "drafter_version", "gamma"):
+        assert getattr(from_rollups, name) == getattr(from_samples, name), name
+    assert from_rollups.mean_tpot_s == pytest.approx(from_samples.mean_tpot_s)
+    assert from_rollups.drafter_version is None  # the last hour was served with speculation off
+    assert len(from_samples.points) == 199 and len(from_rollups.points) == 4  # points are per hour

@@ -1,0 +1,260 @@
+"""`draftsync report` end to end: a week whose acceptance falls from 0.8 to 0.45, a real MLflow registry, the
+Prefect test harness, a deployments file, and an aiosmtpd server that wants the password kept in a Prefect
+Secret block. SMTP is down on the first run and up on the next."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from draftsync.errors import DraftsyncError
+
+PASSWORD = "block-kept-smtp-pw"
+BLOCK = "draftsync-test-smtp-password"
+HOUR = timedelta(hours=1)
+STALE_EVENT = "draftsync.drafter.stale"
+
+
+def password_check(seen: list):
+    from aiosmtpd.smtp import AuthResult
+
+    def authenticate(server, session, envelope, mechanism, auth_data):
+        seen.append((auth_data.login, auth_data.password))
+        return AuthResult(success=auth_data.login == b"reporter" and auth_data.password == PASSWORD.encode(),
+                          handled=False)
+
+    return authenticate
+
+
+def save_secret_block(name: str, value: str) -> None:
+    from prefect.blocks.system import Secret
+
+    Secret(value=value).save(name, overwrite=True)
+
+
+def test_smtp_password_from_a_prefect_secret_block(prefect_harness, tmp_path, smtp_server_factory, caplog):
+    from draftsync.monitors.mailer import Mailer
+    from draftsync.monitors.store import Store
+    from draftsync.settings import Settings
+    from tests.monitors.test_monitor_report import END, build, check_report
+
+    save_secret_block(BLOCK, PASSWORD)
+    seen: list = []
+    server = smtp_server_factory(authenticator=password_check(seen), auth_require_tls=False)
+    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
+    settings = Settings(workdir=tmp_path, smtp_host=server.host, smtp_port=server.port, smtp_user="reporter",
+                        smtp_password_block=BLOCK)
+    assert PASSWORD not in repr(settings)
+    caplog.set_level("DEBUG")
+    entry = Mailer(tmp_path / "outbox", store, settings).send(build(), now=END)
+    assert entry.status == "sent", entry.last_error
+    assert seen == [(b"reporter", PASSWORD.encode())]
+    check_report(server.messages[0])
+    assert PASSWORD not in caplog.text
+
+    missing = Settings(**{**settings.model_dump(), "smtp_password_block": "no-such-block"})
+    pending = Mailer(tmp_path / "outbox", store, missing).send(build(), now=END)
+    assert pending.status == "pending" and "'no-such-block'" in pending.last_error
+    assert len(server.messages) == 1
+
+
+# --- the command line, end to end ---------------------------------------------------------------------------
+def rate_at(fraction: float) -> float:
+    """The week's acceptance: 0.80 at its start, 0.45 at its end, linearly."""
+    return 0.80 + (0.45 - 0.80) * fraction
+
+
+def record_week(store, deployment: str, pair, now: datetime) -> None:
+    """168 hourly scrapes of cumulative counters ending a minute before `now` (gamma 3, 100 drafts an hour)."""
+    from draftsync.monitors.metrics import SpecDecodeCounters
+
+    totals = [0, 0, 0, (0, 0, 0)]
+    first = now - timedelta(days=7) + timedelta(minutes=1)
+    for hour in range(169):
+        rate = rate_at(hour / 168)
+        positions = tuple(round(100 * min(1.0, rate * f)) for f in (1.25, 1.0, 0.75))
+        if hour:
+            totals = [totals[0] + 100, totals[1] + 300, totals[2] + sum(positions),
+                      tuple(a + b for a, b in zip(totals[3], positions))]
+        counters = SpecDecodeCounters(totals[0], totals[1], totals[2], totals[3])
+        store.record_scrape(deployment, min(first + hour * HOUR, now - timedelta(minutes=1)), counters, pair)
+
+
+def stale_events(since: datetime, deployment: str, wanted: int) -> list:
+    """The stale events the Prefect API has stored for `deployment` since `since`, once `wanted` have arrived.
+
+    Events travel to the API in the background and are stored in batches, so this waits for them (up to
+    a minute), then returns what is there."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
+
+    event_filter = EventFilter(occurred=EventOccurredFilter(since=since), event=EventNameFilter(name=[STALE_EVENT]),
+                               resource=EventResourceFilter(id=[f"draftsync.deployment.{deployment}"]))
+    with get_client(sync_client=True) as client:
+        for _ in range(120):
+            events = client.read_events(filter=event_filter, limit=50).events
+            if len(events) >= wanted:
+                break
+            time.sleep(0.5)
+    return events
+
+
+def last_complete_iso_week(now: datetime) -> str:
+    year, week, _ = (now - timedelta(days=7)).isocalendar()
+    return f"{year}-W{week:02d}"
+
+
+@pytest.fixture
+def report_setup(workdir, tmp_path, monkeypatch):
+    """A served pair (tiny target v1 + a drafter trained for it) declared as an external deployment."""
+    from draftsync.monitors.store import ServedPair
+    from draftsync.tasks import context
+    from draftsync.tasks.registration import publish_target
+    from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
+
+    target_dir = build_tiny_target(tmp_path / "target")
+    version = publish_target("report-llm", str(target_dir), {"code": 0.5, "math": 0.5})
+    registry = context.registry()
+    drafter = registry.register_drafter("report-llm", version, build_tiny_drafter(target_dir, tmp_path / "drafter", 3),
+                                        "eagle3", 3, {}, validation_passed=True)
+    registry.promote("report-llm", drafter)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "deployments.yaml").write_text(
+        "deployments:\n"
+        "  - name: chat\n"
+        "    target_name: report-llm\n"
+        "    launch: external\n"
+        "    endpoint: http://127.0.0.1:9\n"
+        "    port: 8000\n"
+    )
+    store = context.store()
+    store.set_serving_pair("chat", target_name="report-llm", target_version=version,
+                           drafter_name="report-llm-drafter", drafter_version=drafter, gamma=3,
+                           endpoint="http://127.0.0.1:9", state="serving")
+    record_week(store, "chat", ServedPair("report-llm", version, drafter, 3), datetime.now(UTC))
+    save_secret_block(BLOCK, PASSWORD)
+    return {"workdir": workdir, "target_version": version, "drafter_version": drafter}
+
+
+def run_report(monkeypatch, *args: str) -> tuple[int, dict | None, str, BaseException | None]:
+    from draftsync.flows.cli import app
+    from draftsync.tasks import context
+
+    context.reset()  # settings are read once per process: the test changes the environment between runs
+    out = Path(context.settings().root) / f"report-{len(args)}-{'-'.join(a.strip('-') for a in args)[:40]}.json"
+    result = CliRunner().invoke(app, ["report", *args, "--json", str(out)])
+    data = json.loads(out.read_text()) if out.exists() else None
+    exception = result.exception if not isinstance(result.exception, SystemExit) else None
+    return result.exit_code, data, result.output, exception
+
+
+@pytest.mark.slow
+def test_report_command_stale_week_smtp_down_then_delivered(report_setup, monkeypatch, smtp_server_factory, caplog):
+    from draftsync.serving.process import free_port
+    from draftsync.tasks import context
+
+    caplog.set_level("DEBUG")
+    started = datetime.now(UTC) - timedelta(seconds=5)
+    port = free_port()
+    for key, value in {"SMTP_HOST": "127.0.0.1", "SMTP_PORT": str(port), "SMTP_USER": "reporter",
+                       "SMTP_PASSWORD_BLOCK": BLOCK, "ALERT_TO": "ml-platform@example.org"}.items():
+        monkeypatch.setenv(f"DRAFTSYNC_{key}", value)
+    monkeypatch.delenv("DRAFTSYNC_SMTP_PASSWORD", raising=False)
+
+    # run 1: SMTP is down. The review still acts, and the e-mail waits in the outbox.
+    code, first, output, error = run_report(monkeypatch, "--send")
+    assert error is None and code == 1, output
+    assert (first["sent"], first["status"]) == (False, "pending") and "retried next run" in first["delivery"]
+    assert first["week"]["iso"] is None and first["acted"] is True
+    (chat,) = first["deployments"]
+    assert chat["name"] == "chat" and chat["status"] == "STALE"
+    assert 0.55 < chat["acceptance_rate"] < 0.70 and chat["p5"] < 0.5 < 0.6 < chat["p50"] < 0.7
+    assert chat["trend_per_day"] == pytest.approx((0.45 - 0.80) / 7, abs=0.004)
+    assert [f["rule"] for f in chat["findings"]] == ["stale"]
+    assert chat["actions"][:2] == ["fell back to plain decoding (speculation off)", "marked stale"]
+    assert chat["actions"][2].startswith("retrain requested (event draftsync.drafter.stale for report-llm v1)")
+    assert first["subject"].startswith("[draftsync] STALE: chat acceptance 0.4")
+    pair = context.store().serving_pair("chat")
+    assert (pair.state, pair.drafter_version) == ("stale", None)  # relaunched with speculation off
+    launch = json.loads((report_setup["workdir"] / "serving" / "external" / "chat.json").read_text())
+    assert launch["speculative_config"] is None and "--speculative-config" not in launch["argv"]
+    (pending,) = context.store().outbox("pending")
+
+    # run 2: SMTP is back; the waiting report goes out first, then this run's, and nothing is repeated.
+    seen: list = []
+    server = smtp_server_factory(port=port, authenticator=password_check(seen), auth_require_tls=False)
+    code, second, output, error = run_report(monkeypatch, "--send")
+    assert error is None and code == 0, output
+    assert second["retried"] == [{"subject": first["subject"], "status": "sent"}]
+    assert second["sent"] is True and second["delivery"] == "sent by SMTP to ml-platform@example.org"
+    assert [m["Subject"] for m in server.messages] == [first["subject"], second["subject"]]
+    assert set(seen) == {(b"reporter", PASSWORD.encode())}
+    delivered = server.messages[0]
+    text = delivered.get_body(preferencelist=("plain",)).get_content()
+    assert "drafter stale" in text and "fell back to plain decoding" in text and "retrain requested" in text
+    (chart,) = [p for p in delivered.walk() if p.get_content_type() == "image/png"]
+    assert chart.get_content().startswith(b"\x89PNG")
+    assert context.store().outbox_entry(pending.id).status == "sent"
+    (chat,) = second["deployments"]
+    assert chat["actions"] == ["marked stale", "retrain already requested this week for the same finding: not repeated"]
+    assert PASSWORD not in caplog.text and PASSWORD not in output
+    (event,) = stale_events(started, "chat", wanted=1)  # the sync trigger went out once, on run 1 only
+    assert event.payload == {"target_name": "report-llm", "target_version": report_setup["target_version"]}
+
+    # run 3: without --send the e-mail is a file in the outbox folder only, and the JSON says so.
+    outbox_rows = len(context.store().outbox())
+    code, third, output, error = run_report(monkeypatch)
+    assert error is None and code == 0, output
+    assert (third["sent"], third["status"]) == (False, "not sent") and "outbox folder only" in third["delivery"]
+    assert Path(third["eml_path"]).is_file() and Path(third["eml_path"]).parent == report_setup["workdir"] / "outbox"
+    assert len(context.store().outbox()) == outbox_rows and len(server.messages) == 2
+
+    # run 4: a look back at the last complete ISO week takes no action.
+    week = last_complete_iso_week(datetime.now(UTC))
+    code, fourth, output, error = run_report(monkeypatch, "--week", week)
+    assert error is None and code == 0, output
+    start = datetime.fromisoformat(fourth["week"]["start"])
+    assert fourth["week"]["iso"] == week and start.weekday() == 0 and (start.hour, start.minute) == (0, 0)
+    assert datetime.fromisoformat(fourth["week"]["end"]) - start == timedelta(days=7)
+    assert fourth["acted"] is False and fourth["deployments"][0]["actions"][0].startswith("none: a look back")
+
+
+def test_report_command_refuses_bad_input_before_starting_anything(workdir, monkeypatch):
+    monkeypatch.delenv("DRAFTSYNC_SMTP_HOST", raising=False)
+    for week, expected in [("2026-W54", "not an ISO week"), ("2026-45", "not an ISO week"),
+                           (last_complete_iso_week(datetime.now(UTC) + timedelta(days=14)), "has not ended yet")]:
+        code, data, output, error = run_report(monkeypatch, "--week", week)
+        assert isinstance(error, DraftsyncError) and expected in str(error) and data is None, (week, output)
+    code, data, output, error = run_report(monkeypatch, "--send")
+    assert isinstance(error, DraftsyncError) and "DRAFTSYNC_SMTP_HOST" in str(error)
+
+
+def test_a_broken_deployments_file_is_reported_not_fatal(workdir, monkeypatch):
+    """The e-mail is how the team hears of it: the review goes on and says what it could not do."""
+    from draftsync.monitors.store import ServedPair
+    from draftsync.tasks import context
+
+    monkeypatch.delenv("DRAFTSYNC_SMTP_HOST", raising=False)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "deployments.yaml").write_text("deployments:\n  - name: chat\n    target_name: [unclosed\n")
+    store = context.store()
+    store.set_serving_pair("chat", target_name="report-llm", target_version=1, drafter_name=None,
+                           drafter_version=None, gamma=3, endpoint="http://127.0.0.1:9", state="serving")
+    record_week(store, "chat", ServedPair("report-llm", 1, 1, 3), datetime.now(UTC))
+    code, report, output, error = run_report(monkeypatch)
+    assert error is None and code == 0, output
+    assert any("is not valid YAML" in note and "no deployment was relaunched" in note for note in report["notes"])
+    (chat,) = report["deployments"]
+    assert chat["status"] == "STALE"
+    assert chat["actions"][0].startswith("fallback due, but chat is not in the deployments file")
+    from email import message_from_bytes
+    from email.policy import default as default_policy
+
+    saved = message_from_bytes(Path(report["eml_path"]).read_bytes(), policy=default_policy)
+    assert "is not valid YAML" in saved.get_body(preferencelist=("plain",)).get_content()
