@@ -35,6 +35,13 @@ SETTINGS = {
 }
 
 
+def quiet_offline_environment() -> None:
+    """No hub access, no progress bars: a benchmark reads only what is on this machine."""
+    for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
+                       "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
+        os.environ.setdefault(key, value)
+
+
 def distinct_4gram_share(outputs: list[list[int]]) -> float:
     """Distinct 4-grams / all 4-grams over the outputs: near 0 for looping text, near 1 for varied text."""
     grams = [tuple(o[i : i + 4]) for o in outputs for i in range(len(o) - 3)]
@@ -96,9 +103,7 @@ def main() -> None:
     parser.add_argument("--size", choices=("test", "deep", "demo"),
                         help="built-in target size (default: test with --quick, demo without)")
     args = parser.parse_args()
-    for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
-                       "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
-        os.environ.setdefault(key, value)
+    quiet_offline_environment()
 
     import torch
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -35,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from acceptance import MIX, build_dataset, distinct_4gram_share, train  # noqa: E402
+from acceptance import MIX, build_dataset, distinct_4gram_share, quiet_offline_environment, train  # noqa: E402
 from acceptance import SETTINGS as ACCEPTANCE_SETTINGS  # noqa: E402
 
 GAMMAS = tuple(range(2, 9))
@@ -185,9 +184,7 @@ def main() -> None:
     parser.add_argument("--size", choices=("test", "deep", "demo"),
                         help="built-in target size (default: deep)")
     args = parser.parse_args()
-    for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
-                       "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
-        os.environ.setdefault(key, value)
+    quiet_offline_environment()
 
     import torch
 

@@ -90,7 +90,7 @@ def parse(text: str, source: str = "metrics text") -> SpecDecodeCounters:
                 elif base == ACCEPTED:
                     totals.accepted += sample.value
                 elif base == ACCEPTED_PER_POSITION:
-                    position = _position(sample.labels, source)
+                    position = position_label(sample.labels, source)
                     totals.per_position[position] = totals.per_position.get(position, 0.0) + sample.value
                 elif base == GENERATION_TOKENS:
                     totals.generation_tokens = _add(totals.generation_tokens, sample.value)
@@ -119,7 +119,8 @@ def parse(text: str, source: str = "metrics text") -> SpecDecodeCounters:
     )
 
 
-def _position(labels: dict[str, str], source: str) -> int:
+def position_label(labels: dict[str, str], source: str) -> int:
+    """The `position` label of a per-position series, as a non-negative int; an error names `source`."""
     raw = labels.get("position")
     try:
         position = int(raw)  # type: ignore[arg-type]

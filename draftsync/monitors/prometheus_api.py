@@ -23,6 +23,7 @@ from draftsync.monitors.metrics import (
     DRAFTS,
     GENERATION_TOKENS,
     TPOT,
+    position_label,
     SpecDecodeCounters,
 )
 
@@ -119,16 +120,7 @@ def query_counters(
 
     per_position: dict[int, float] = {}
     for row in results["accepted_per_position"]:
-        raw = row.get("metric", {}).get("position")
-        try:
-            position = int(raw)
-        except (TypeError, ValueError):
-            position = -1
-        if position < 0:
-            raise DraftsyncError(
-                f"Prometheus at {shown}: {SERIES['accepted_per_position']} has a series with position={raw!r}",
-                "the per-position counter needs a non-negative integer `position` label; check the vLLM version",
-            )
+        position = position_label(row.get("metric", {}), f"Prometheus at {shown}")
         per_position[position] = per_position.get(position, 0.0) + _value(row, queries["accepted_per_position"],
                                                                            shown)
     positions: tuple[int, ...] = ()
