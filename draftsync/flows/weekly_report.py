@@ -185,6 +185,10 @@ def weekly_report(
             "p5": summary.interval_p5,
             "p50": summary.interval_p50,
             "trend_per_day": summary.slope_per_day,
+            "week_over_week": review["week_over_week"],
+            "baseline": None if review["baseline"] is None else {
+                "acceptance_rate": review["baseline"].acceptance_rate, "std": review["baseline"].std,
+                "start": review["baseline"].start.isoformat()},
             "status": _status(found),
             "findings": [_finding_row(f) for f in found],
             "actions": taken,

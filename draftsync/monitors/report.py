@@ -13,7 +13,8 @@ from io import BytesIO
 from draftsync.monitors.staleness import SEVERITY_RANK, Finding, Thresholds, worst
 from draftsync.monitors.trends import DeploymentSummary, slope_text
 
-STATE_BY_RULE = {"stale": "STALE", "lineage": "LINEAGE MISMATCH", "mismatch": "MISMATCH"}
+STATE_BY_RULE = {"stale": "STALE", "lineage": "LINEAGE MISMATCH", "mismatch": "MISMATCH", "trend": "DECLINING",
+                 "baseline": "BELOW BASELINE"}
 ACCEPTANCE_RULES = {"stale", "mismatch"}
 
 

@@ -8,11 +8,13 @@ lucky interval would otherwise veto a drop that the window as a whole shows. A d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
-from draftsync.monitors.trends import DeploymentSummary, SampleRow, slope_text
+from draftsync.monitors.trends import DeploymentSummary, SampleRow, slope_t_statistic, slope_text
 
 if TYPE_CHECKING:
     from draftsync.settings import Settings
@@ -31,6 +33,10 @@ class Thresholds:
     min_draft_tokens: int = 200  # below this the week says nothing about acceptance
     sustained_intervals: int = 3  # "sustained" = this many most recent intervals with traffic
     min_position_rate: float = 0.10  # a draft position accepted less often than this is wasted work
+    trend_drop_per_day: float = 0.02  # a downward trend steeper than this per day ...
+    trend_t: float = 3.0  # ... and this many standard errors from flat is a significant decline
+    baseline_sigmas: float = 3.0  # acceptance this many baseline deviations under its baseline mean is a regression
+    min_baseline_points: int = 6  # a first week with fewer rated intervals gives no baseline
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Thresholds:
@@ -38,11 +44,37 @@ class Thresholds:
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """A drafter's first week after rollout: its acceptance and the spread of its interval rates.
+
+    Thresholds from its own variability: a deployment whose traffic always sat at 0.65 +- 0.02 has
+    regressed at 0.58, long before the global 0.50 stale line; one that swings +-0.15 has not."""
+
+    acceptance_rate: float
+    std: float
+    points: int
+    start: datetime
+    end: datetime
+
+    @classmethod
+    def from_summary(cls, summary: DeploymentSummary) -> Baseline | None:
+        rates = [p.rate for p in summary.points]
+        if summary.acceptance_rate is None or len(rates) < 2:
+            return None
+        mean = sum(rates) / len(rates)
+        std = math.sqrt(sum((r - mean) ** 2 for r in rates) / (len(rates) - 1))
+        return cls(summary.acceptance_rate, std, len(rates), summary.start, summary.end)
+
+    def floor(self, sigmas: float) -> float:
+        return self.acceptance_rate - sigmas * self.std
+
+
+@dataclass(frozen=True)
 class Finding:
     """One thing the weekly review found about a deployment, and what should be done about it."""
 
     deployment: str
-    rule: str  # 'stale' | 'mismatch' | 'lineage' | 'gamma' | 'no_data'
+    rule: str  # 'stale' | 'mismatch' | 'trend' | 'baseline' | 'lineage' | 'gamma' | 'no_data'
     severity: Severity
     value: float
     message: str
@@ -91,6 +123,7 @@ def evaluate(
     served_target_version: int | None,
     drafter_trained_for_version: int | None,
     thresholds: Thresholds = Thresholds(),
+    baseline: Baseline | None = None,
 ) -> list[Finding]:
     """Apply the rules; the most severe finding comes first. No finding means healthy."""
     name = summary.deployment
@@ -164,6 +197,9 @@ def evaluate(
                 )
             )
 
+    if not any(f.rule in ("stale", "mismatch") for f in findings):
+        findings.extend(_decline(summary, week, thresholds, baseline))
+
     gamma = summary.gamma or len(summary.per_position_rate)
     rates = summary.per_position_rate[:gamma]
     if rates:
@@ -182,6 +218,32 @@ def evaluate(
                 )
             )
     return _ordered(findings)
+
+
+def _decline(summary: DeploymentSummary, week: float, thresholds: Thresholds, baseline: Baseline | None
+             ) -> list[Finding]:
+    """Early warnings above the fixed thresholds: a significant downward trend, a drop under the baseline."""
+    name, found = summary.deployment, []
+    slope = summary.slope_per_day
+    t = slope_t_statistic([(p.midpoint, p.rate) for p in summary.points])
+    if slope is not None and t is not None and slope < -thresholds.trend_drop_per_day and t < -thresholds.trend_t:
+        found.append(Finding(
+            name, "trend", "warning", slope,
+            f"{name}: acceptance is declining {slope:+.3f} per day ({abs(t):.1f} standard errors from flat; "
+            f"week {week:.2f}); watch it, and retrain if the target or the traffic changed",
+            "none",
+        ))
+    if baseline is not None and baseline.points >= thresholds.min_baseline_points:
+        floor = baseline.floor(thresholds.baseline_sigmas)
+        if week < floor:
+            found.append(Finding(
+                name, "baseline", "warning", week,
+                f"{name}: acceptance {week:.2f} is under its baseline {baseline.acceptance_rate:.2f} "
+                f"(+-{baseline.std:.2f}, the first week after rollout, {baseline.start:%Y-%m-%d}) by more than "
+                f"{thresholds.baseline_sigmas:g} deviations (floor {floor:.2f})",
+                "none",
+            ))
+    return found
 
 
 def worst(findings: list[Finding]) -> Finding | None:

@@ -118,6 +118,26 @@ def slope_per_day(points: Sequence[tuple[datetime, float]]) -> float | None:
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread
 
 
+def slope_t_statistic(points: Sequence[tuple[datetime, float]]) -> float | None:
+    """The least-squares slope over its standard error: how many standard errors the trend is from flat.
+
+    None with fewer than three points or no spread in time; +-inf when the points lie exactly on a line."""
+    if len(points) < 3:
+        return None
+    origin = points[0][0]
+    xs = [(t - origin) / DAY for t, _ in points]
+    ys = [v for _, v in points]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    if spread == 0:
+        return None
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread
+    residual = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in zip(xs, ys)) / (len(xs) - 2)
+    if residual == 0:
+        return math.copysign(math.inf, slope) if slope else 0.0
+    return slope / math.sqrt(residual / spread)
+
+
 def slope_text(value: float | None) -> str:
     """A slope for people: signed, three decimals, and no "-0.000"."""
     if value is None:

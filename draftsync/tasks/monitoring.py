@@ -43,19 +43,31 @@ def scrape_deployment(deployment: str, now: datetime, prometheus_url: str | None
 @task(name="review-deployment", cache_policy=NONE)
 def review_deployment(deployment: str, now: datetime) -> dict:
     """The week's summary and findings for one deployment, with its lineage checked in the registry."""
-    from draftsync.monitors.staleness import Thresholds, evaluate
+    from draftsync.monitors.staleness import Baseline, Thresholds, evaluate
     from draftsync.monitors.trends import summarize_hourly
     from draftsync.tasks.registration import drafter_model_name
 
     store = context.store()
     pair = store.serving_pair(deployment)
-    # Hourly rollups: a week is 168 rows per deployment however often it was scraped.
-    summary = summarize_hourly(store.hourly(deployment, now - WEEK, now), now - WEEK, now, deployment=deployment)
-    trained_for = None
+
+    def week(start: datetime, drafter_version: int | None = None):
+        # Hourly rollups: a week is 168 rows per deployment however often it was scraped.
+        rows = store.hourly(deployment, start, start + WEEK)
+        if drafter_version is not None:
+            rows = [r for r in rows if r.drafter_version == drafter_version]
+        return summarize_hourly(rows, start, start + WEEK, deployment=deployment)
+
+    summary = week(now - WEEK)
+    previous = week(now - 2 * WEEK)
+    trained_for, baseline = None, None
     if pair is not None and pair.drafter_version is not None:
         tags = context.registry().version_tags(drafter_model_name(pair.target_name), pair.drafter_version)
         trained_for = int(tags["draftsync.target.version"])
-    findings = evaluate(
-        summary, pair.target_version if pair else None, trained_for, Thresholds.from_settings(context.settings())
-    )
-    return {"summary": summary, "findings": findings, "pair": pair}
+        if pair.state == "serving" and pair.updated_at + WEEK <= now - WEEK:  # a first week that is over
+            baseline = Baseline.from_summary(week(pair.updated_at, pair.drafter_version))
+    findings = evaluate(summary, pair.target_version if pair else None, trained_for,
+                        Thresholds.from_settings(context.settings()), baseline=baseline)
+    change = (summary.acceptance_rate - previous.acceptance_rate
+              if summary.acceptance_rate is not None and previous.acceptance_rate is not None else None)
+    return {"summary": summary, "findings": findings, "pair": pair, "week_over_week": change,
+            "baseline": baseline}

@@ -178,3 +178,46 @@ def test_summary_over_stored_rows(tmp_path):
     assert summary.intervals == 168
     assert [f.rule for f in evaluate(summary, 1, 1)] == ["stale"]
     store.close()
+
+
+def _hourly_week(rates, start=datetime(2026, 11, 2, tzinfo=UTC)):
+    """A week of hourly samples with the given acceptance rates (100 draft tokens each)."""
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(deployment="d", ts=start + timedelta(hours=i + 1), interval_start=start + timedelta(hours=i),
+                            target_name="t", target_version=1, drafter_version=1, gamma=2, drafts=50,
+                            draft_tokens=100, accepted=int(round(100 * r)), accepted_per_position=[int(round(50 * r))] * 2,
+                            reset=False, generation_tokens=None, tpot_sum=None, tpot_count=None)
+            for i, r in enumerate(rates)]
+
+
+def test_a_steady_decline_above_the_thresholds_is_a_trend_finding_and_noise_is_not():
+    from draftsync.monitors.staleness import Thresholds, evaluate
+    from draftsync.monitors.trends import summarize
+
+    start = datetime(2026, 11, 2, tzinfo=UTC)
+    declining = [0.85 - 0.15 * i / 167 + (0.01 if i % 2 else -0.01) for i in range(168)]  # 0.85 -> 0.70
+    flat = [0.78 + (0.05 if i % 2 else -0.05) for i in range(168)]
+    for rates, expected in ((declining, True), (flat, False)):
+        summary = summarize(_hourly_week(rates, start), start, start + timedelta(days=7), deployment="d")
+        rules = {f.rule for f in evaluate(summary, 1, 1, Thresholds())}
+        assert ("trend" in rules) is expected, rules
+        assert "stale" not in rules and "mismatch" not in rules
+
+
+def test_acceptance_under_its_own_baseline_is_flagged_before_the_global_thresholds():
+    from draftsync.monitors.staleness import Baseline, Thresholds, evaluate
+    from draftsync.monitors.trends import summarize
+
+    first = datetime(2026, 10, 26, tzinfo=UTC)
+    steady = [0.80 + (0.01 if i % 2 else -0.01) for i in range(168)]
+    baseline = Baseline.from_summary(summarize(_hourly_week(steady, first), first, first + timedelta(days=7),
+                                               deployment="d"))
+    assert baseline.acceptance_rate == pytest.approx(0.80, abs=0.01) and baseline.std < 0.02
+    now_start = datetime(2026, 11, 23, tzinfo=UTC)
+    lower = summarize(_hourly_week([0.68] * 168, now_start), now_start, now_start + timedelta(days=7), deployment="d")
+    rules = {f.rule: f for f in evaluate(lower, 1, 1, Thresholds(), baseline=baseline)}
+    assert "baseline" in rules and "mismatch" not in rules  # 0.68 is above 0.60, but far under 0.80 +- 0.01
+    assert rules["baseline"].value == pytest.approx(0.68, abs=0.01)
+    same = summarize(_hourly_week(steady, now_start), now_start, now_start + timedelta(days=7), deployment="d")
+    assert "baseline" not in {f.rule for f in evaluate(same, 1, 1, Thresholds(), baseline=baseline)}
