@@ -75,24 +75,40 @@ def stress_served_pair(server: str, target_dir: str, drafter_dir: str, gamma: in
     from draftsync.serving.vllm_args import render_vllm_command
     from draftsync.speculative.drafters import drafter_method
 
-    runs = {}
-    for mode, drafter in (("speculative", drafter_dir), ("plain", None)):
+    def launch(mode: str, drafter: str | None) -> ServerProcess:
         port = free_port()
         if server == "vllm":
-            method = drafter_method(drafter_dir)
-            argv = render_vllm_command(target_dir, drafter, method, gamma, "127.0.0.1", port, "stress").argv
-            env = None
+            argv = render_vllm_command(target_dir, drafter, drafter_method(drafter_dir), gamma, "127.0.0.1", port,
+                                       "stress").argv
         else:
             argv = reference_server_command(target_dir, drafter, gamma, "127.0.0.1", port, "stress")
-            env = {"DRAFTSYNC_TORCH_THREADS": "1"}
-        process = ServerProcess(argv, "127.0.0.1", port, log_dir / f"stress-{mode}-{port}.log", env=env)
-        with process.start():
-            process.wait_healthy(timeout=600 if server == "vllm" else 180)
-            runs[mode] = drive_load(process.url, "stress", requests, rate, concurrency, temperature, seed)
-            for size in batch_sizes:
-                closed = [requests[i % len(requests)] for i in range(max(len(requests), 2 * size))]
-                level = drive_load(process.url, "stress", closed, math.inf, size, temperature, seed)
-                runs.setdefault("by_batch_size", {}).setdefault(size, {})[mode] = level
+        env = {"DRAFTSYNC_TORCH_THREADS": "1"} if server == "reference" else None
+        return ServerProcess(argv, "127.0.0.1", port, log_dir / f"stress-{mode}-{port}.log", env=env).start()
+
+    def load(mode: str, process: ServerProcess) -> None:
+        process.wait_healthy(timeout=600 if server == "vllm" else 180)
+        runs[mode] = drive_load(process.url, "stress", requests, rate, concurrency, temperature, seed)
+        for size in batch_sizes:
+            closed = [requests[i % len(requests)] for i in range(max(len(requests), 2 * size))]
+            level = drive_load(process.url, "stress", closed, math.inf, size, temperature, seed)
+            runs.setdefault("by_batch_size", {}).setdefault(size, {})[mode] = level
+
+    runs: dict = {}
+    pairs = (("speculative", drafter_dir), ("plain", None))
+    if server == "vllm":  # one GPU: one engine at a time
+        for mode, drafter in pairs:
+            with launch(mode, drafter) as process:
+                load(mode, process)
+    else:  # CPU reference servers load at the same time (seconds saved), then take turns under load
+        processes = {}
+        try:
+            for mode, drafter in pairs:
+                processes[mode] = launch(mode, drafter)
+            for mode, process in processes.items():
+                load(mode, process)
+        finally:
+            for process in processes.values():
+                process.stop()
     spec, plain = runs["speculative"]["ms_per_token"], runs["plain"]["ms_per_token"]
     result = {
         "speculative": runs["speculative"], "plain": runs["plain"],
