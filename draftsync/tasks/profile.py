@@ -42,9 +42,9 @@ VALIDATION_PROFILES = {
     # fifth of its target's size, so speculation at the knee is only 1.0-1.1x faster there and timing noise
     # on two shared cores is about +-10 %: the demo gates speed at 0.9 (not slower by more than the noise).
     "demo": ValidationProfile(
-        name="demo", min_speedup=0.9, requests=12, max_tokens=48, sweep_requests=4, min_acceptance=0.55,
+        name="demo", min_speedup=0.9, requests=16, max_tokens=48, sweep_requests=6, min_acceptance=0.55,
         min_p50=0.55, min_p5=0.30,
-        stress_requests=6, stress_concurrency=3, schedule_batch_sizes=(), long_requests=1, long_max_tokens=None,
+        stress_requests=8, stress_concurrency=4, schedule_batch_sizes=(), long_requests=2, long_max_tokens=None,
         min_long_acceptance=0.30,
         length_buckets=(0, 64, 256, 512), max_memory_overhead=0.60,
     ),
