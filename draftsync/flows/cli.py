@@ -165,13 +165,9 @@ def rollout(
     spec = _deployment(deployment)
     _check_registry()
     if dry_run:
-        from draftsync.flows.rollout import choose_pair, render_launch
+        from draftsync.flows.rollout import planned_launch
 
-        pair = choose_pair(spec, drafter_version, True)
-        launch = render_launch(spec, pair)
-        result = {"deployment": spec.name, "dry_run": True, "target_version": pair["target_version"],
-                  "drafter_version": pair["drafter_version"], "gamma": pair["gamma"], "argv": launch["argv"],
-                  "speculative_config": launch["speculative_config"]}
+        result = {**planned_launch(spec, drafter_version)[2], "dry_run": True}
     else:
         result = rollout_flow(spec, drafter_version=drafter_version, canary_requests=canary_requests,
                               reason="rolled out by hand")

@@ -108,6 +108,18 @@ def render_launch(deployment: ServingDeployment, pair: dict) -> dict:
             **launch.as_record()}
 
 
+def planned_launch(deployment: ServingDeployment, drafter_version: int | None = None, speculation: bool = True,
+                   reason: str = "") -> tuple[dict, dict, dict]:
+    """The pair, its rendered launch and the summary both a rollout and `rollout --dry-run` report."""
+    pair = choose_pair(deployment, drafter_version, speculation)
+    launch = render_launch(deployment, pair)
+    summary = {"deployment": deployment.name, "target_version": pair["target_version"],
+               "drafter_version": pair["drafter_version"], "gamma": pair["gamma"],
+               "argv": launch["argv"], "speculative_config": launch["speculative_config"],
+               "vllm": {"argv": launch["argv"], "speculative_config": launch["speculative_config"]}, "reason": reason}
+    return pair, launch, summary
+
+
 def _canary(deployment: ServingDeployment, endpoint: str, requests: int, threshold: float,
             replaced_ms_per_token: float | None) -> dict:
     """Send canary traffic through the deployment's address; judge acceptance from /metrics and TPOT."""
@@ -129,7 +141,7 @@ def _canary(deployment: ServingDeployment, endpoint: str, requests: int, thresho
 
 @flow(name="rollout", log_prints=True)
 def rollout(deployment: ServingDeployment, speculation: bool = True, reason: str = "",
-            drafter_version: int | None = None, dry_run: bool = False, canary_requests: int = 0,
+            drafter_version: int | None = None, canary_requests: int = 0,
             canary_threshold: float | None = None, sync_profile: str | SyncProfile | None = None,
             state: str | None = None) -> dict:
     """Serve the deployment's pair: launch, check, switch, canary; roll back by itself on a bad canary.
@@ -139,14 +151,7 @@ def rollout(deployment: ServingDeployment, speculation: bool = True, reason: str
     recorded state (the acceptance guard records `fallback` for a speculation-off relaunch)."""
     logger = get_run_logger()
     registry, settings = context.registry(), context.settings()
-    pair = choose_pair(deployment, drafter_version, speculation)
-    launch = render_launch(deployment, pair)
-    summary = {"deployment": deployment.name, "target_version": pair["target_version"],
-               "drafter_version": pair["drafter_version"], "gamma": pair["gamma"],
-               "argv": launch["argv"], "speculative_config": launch["speculative_config"],
-               "vllm": {"argv": launch["argv"], "speculative_config": launch["speculative_config"]}, "reason": reason}
-    if dry_run:
-        return {**summary, "dry_run": True}
+    pair, launch, summary = planned_launch(deployment, drafter_version, speculation, reason)
     missing_drafter = speculation and pair["drafter_version"] is None
     new_state = state or ("serving" if pair["drafter_version"] is not None else "fallback")
     steps: list[str] = []

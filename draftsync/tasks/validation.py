@@ -134,7 +134,8 @@ def run_checklist(backend: EvaluationBackend, target_dir: str, drafter_dir: str,
     speedup = paired_speedup(spec, plain)
 
     longest_prompt = max(len(r.prompt) for r in requests)  # characters >= tokens for a byte-level BPE
-    room = _context_length(target_dir) - min(longest_prompt, _context_length(target_dir) // 2) - 1
+    context_length = _context_length(target_dir)
+    room = context_length - min(longest_prompt, context_length // 2) - 1
     long_tokens = min(profile.long_max_tokens or room, room)
     long_requests = [EvalRequest(r.prompt, r.task, long_tokens)
                      for r in validation_requests(task_mix, profile.long_requests, long_tokens, seed + 23)]
@@ -143,7 +144,8 @@ def run_checklist(backend: EvaluationBackend, target_dir: str, drafter_dir: str,
 
     run_stress = stress is not None and profile.stress_requests > 0
     stress_result = stress(knee, requests[: profile.stress_requests]) if run_stress else None
-    overhead = checkpoint_weight_bytes(drafter_dir) / checkpoint_weight_bytes(target_dir)
+    drafter_bytes, target_bytes = checkpoint_weight_bytes(drafter_dir), checkpoint_weight_bytes(target_dir)
+    overhead = drafter_bytes / target_bytes
 
     gates = [
         Gate("data_coverage", data_check_failures, 0, "==",
@@ -189,8 +191,7 @@ def run_checklist(backend: EvaluationBackend, target_dir: str, drafter_dir: str,
         "stress": stress_result,
         # vLLM's num_speculative_tokens_per_batch_size, when stress ran per batch size: [(start, end, gamma)]
         "speculation_schedule": (stress_result or {}).get("schedule"),
-        "memory": {"drafter_bytes": checkpoint_weight_bytes(drafter_dir),
-                   "target_bytes": checkpoint_weight_bytes(target_dir), "overhead": round(overhead, 4)},
+        "memory": {"drafter_bytes": drafter_bytes, "target_bytes": target_bytes, "overhead": round(overhead, 4)},
         "requests": {"validation": len(requests), "sweep": min(len(requests), profile.sweep_requests),
                      "long": len(long_requests), "long_max_tokens": long_tokens,
                      "stress": min(len(requests), profile.stress_requests)},
