@@ -32,6 +32,15 @@ class Settings(BaseSettings):
     trust_remote_code: bool = False
     deployments_file: Path | None = None  # the deployments YAML; default: <workdir>/deployments.yaml
 
+    # Production operation (`draftsync serve`, the webhook receiver).
+    sync_profile: str = "demo"  # the profile event-started syncs use: production on GPU workers
+    targets: str = ""  # comma-separated model names to sync besides versions tagged draftsync.kind=target
+    webhook_secret: SecretStr | None = None
+    webhook_secret_block: str | None = None  # a Prefect Secret block holding the webhook secret
+    webhook_max_age_seconds: int = 300  # older (or further in the future) deliveries are refused
+    webhook_max_body_bytes: int = 1 << 20
+    report_timezone: str = "UTC"  # the weekly report's cron runs in this zone
+
     @property
     def root(self) -> Path:
         return self.workdir.expanduser().resolve()
@@ -63,6 +72,10 @@ class Settings(BaseSettings):
     @property
     def cache_dir(self) -> Path:
         return self.root / "cache"
+
+    @property
+    def target_names(self) -> list[str]:
+        return [name.strip() for name in self.targets.split(",") if name.strip()]
 
     @property
     def alert_recipients(self) -> list[str]:

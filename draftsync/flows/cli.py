@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from draftsync.errors import DraftsyncError
+from draftsync.flows.recommend_cli import recommend_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Keep speculative-decoding drafters in sync with their target LLMs.")
 
@@ -80,9 +81,13 @@ def sync(
     method: Annotated[
         str | None, typer.Option(help="Drafter method: eagle3, eagle3.1, eagle or medusa (default: the profile's).")
     ] = None,
+    retrain: Annotated[bool, typer.Option(
+        "--retrain", help="Train again even though this version was synced (a new drafter version).")] = False,
     json_path: JsonOption = None,
 ) -> None:
-    """Train, validate, register and (when it passes) promote a drafter for one target version."""
+    """Train, validate, register and (when it passes) promote a drafter for one target version.
+
+    A version already synced with this method is skipped (the result says `skipped`) unless --retrain."""
     from draftsync.flows.sync import sync as sync_flow
     from draftsync.tasks.profile import profile as named_profile
 
@@ -93,7 +98,12 @@ def sync(
             raise DraftsyncError(f"drafter method {method!r} is unknown", f"use one of {', '.join(methods)}")
         chosen = chosen.model_copy(update={"method": method})
     _check_registry()
-    result = sync_flow(target_name=target, target_version=version, profile=chosen)
+    if retrain:
+        from draftsync.tasks import context
+
+        context.sync_ledger().request(target, version, chosen.method, source="cli", reason="retrain by hand",
+                                      retrain=True)
+    result = sync_flow(target_name=target, target_version=version, profile=chosen, reason="started by hand")
     typer.echo(json.dumps(result, indent=2, default=str))
     _emit(result, json_path)
 
@@ -188,6 +198,70 @@ def rollback(deployment: DeploymentArgument, json_path: JsonOption = None) -> No
 
 
 @app.command()
+def serve(
+    targets: Annotated[Optional[list[str]], typer.Option(
+        "--target", help="Also sync this registered model (repeatable); versions tagged draftsync.kind=target "
+                         "are synced without it.")] = None,
+    profile: Annotated[Optional[str], typer.Option(
+        "--profile", help="Sync profile of event-started syncs (default DRAFTSYNC_SYNC_PROFILE, else 'demo').")
+    ] = None,
+    watch_interval: Annotated[int, typer.Option("--watch-interval", min=10, help="Seconds between registry polls.")
+                              ] = 300,
+    scrape_interval: Annotated[int, typer.Option("--scrape-interval", min=5, help="Seconds between acceptance scrapes.")
+                               ] = 60,
+    report_cron: Annotated[str, typer.Option("--report-cron", help="When the weekly report goes out (cron).")
+                           ] = "0 9 * * 1",
+    timezone: Annotated[Optional[str], typer.Option(
+        "--timezone", help="Time zone of --report-cron (default DRAFTSYNC_REPORT_TIMEZONE, else UTC).")] = None,
+    sync_concurrency: Annotated[int, typer.Option(
+        "--sync-concurrency", min=1, help="Syncs that may run at once (later ones wait in the queue).")] = 1,
+) -> None:
+    """Create or update the five Prefect deployments and run them here until stopped (Ctrl-C).
+
+    Point PREFECT_API_URL at your Prefect server to see them in its UI; without it they run on a local API."""
+    import os
+
+    from draftsync.flows.deployments import Schedules, build_deployments
+    from draftsync.tasks import context
+    from draftsync.tasks.profile import profile as named_profile
+
+    settings = context.settings()
+    chosen = profile or settings.sync_profile
+    named_profile(chosen)  # an unknown profile fails here
+    _check_schedule(report_cron, timezone or settings.report_timezone)
+    # The flow runs this process starts read the same settings from the environment.
+    os.environ["DRAFTSYNC_SYNC_PROFILE"] = chosen
+    if targets:
+        os.environ["DRAFTSYNC_TARGETS"] = ",".join(sorted(set(settings.target_names) | set(targets)))
+    context.reset()
+    _check_registry()
+    context.store()  # the monitor store opens (and migrates) before anything is scheduled
+    from datetime import timedelta
+
+    from prefect import serve as prefect_serve
+
+    deployments = build_deployments(Schedules(
+        watch_interval=timedelta(seconds=watch_interval), scrape_interval=timedelta(seconds=scrape_interval),
+        report_cron=report_cron, timezone=timezone or settings.report_timezone, profile=chosen,
+        sync_concurrency=sync_concurrency))
+    prefect_serve(*deployments, print_starting_message=True)
+
+
+def _check_schedule(cron: str, timezone: str) -> None:
+    """The report's cron and time zone, checked by Prefect's own schedule type before anything starts."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    try:
+        CronSchedule(cron=cron, timezone=timezone)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        raise DraftsyncError(f"weekly report schedule: {problem['msg']}",
+                             "--report-cron takes five cron fields (e.g. '0 9 * * 1'); --timezone an IANA name "
+                             "(e.g. UTC, Europe/Berlin)") from error
+
+
+@app.command()
 def scrape(json_path: JsonOption = None) -> None:
     """Scrape acceptance counters from every serving deployment into the monitor store."""
     from draftsync.flows.scrape import scrape as scrape_flow
@@ -225,6 +299,9 @@ def report(
     if send and not result["sent"]:
         typer.secho(f"not delivered: {result['delivery']}", fg="red", err=True)
         raise typer.Exit(code=1)
+
+
+app.command(name="recommend")(recommend_command)
 
 
 def main() -> None:

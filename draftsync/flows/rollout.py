@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import UTC, datetime
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from prefect.events import emit_event
 
 from draftsync.errors import DraftsyncError
 from draftsync.serving.deployment import ServingDeployment
-from draftsync.tasks import context
+from draftsync.tasks import context, events
 from draftsync.tasks.alerts import send_alert
 from draftsync.tasks.profile import SyncProfile
 from draftsync.tasks.registration import drafter_model_name
+from draftsync.tasks.sync_requests import request_sync
 from draftsync.tasks.serving import (
     benchmark_against_current,
+    configured_deployments,
     launch_server,
     serving_record,
     smoke_requests,
@@ -36,7 +36,6 @@ from draftsync.tasks.serving import (
     switch_traffic,
 )
 
-SYNC_REQUESTED_EVENT = "draftsync.sync.requested"
 SMOKE_REQUESTS = 3
 BENCHMARK_REQUESTS = 4
 BENCHMARK_TOKENS = 24
@@ -268,20 +267,42 @@ def _missing_drafter(deployment: ServingDeployment, pair: dict, steps: list[str]
                f"The alias {deployment.target_alias!r} of {deployment.target_name} points at v{pair['target_version']}, "
                f"which has no validated drafter. {deployment.name} serves it with speculation off (state fallback) "
                f"until a drafter for it passes validation; a sync was requested.")
-    emit_event(event=SYNC_REQUESTED_EVENT,
-               resource={"prefect.resource.id": f"draftsync.target.{deployment.target_name}"},
-               payload={"target_name": deployment.target_name, "target_version": pair["target_version"],
-                        "deployment": deployment.name, "requested_at": datetime.now(UTC).isoformat()})
-    steps.append(f"alert sent; sync requested (event {SYNC_REQUESTED_EVENT} for {target})")
+    asked = request_sync(deployment.target_name, pair["target_version"], source="rollout",
+                         reason=f"{deployment.name} serves {target} without a drafter")
+    steps.append(f"alert sent; sync {'requested' if asked['requested'] else 'already requested'} "
+                 f"(event {events.SYNC_REQUESTED} for {target})")
     if sync_profile is None:
         return
     from draftsync.flows.sync import sync
 
-    synced = sync(deployment.target_name, pair["target_version"], sync_profile)
+    synced = sync(deployment.target_name, pair["target_version"], sync_profile, reason=f"{target} has no drafter")
     steps.append(f"sync ran: drafter v{synced['drafter_version']} {'passed' if synced['passed'] else 'FAILED'}")
     if synced["passed"]:
         again = rollout(deployment, reason=f"drafter v{synced['drafter_version']} arrived for {target}")
         steps.append(f"pair rolled out: {again['state']} with drafter v{again['drafter_version']}")
+
+
+@flow(name="rollout-target", log_prints=True)
+def rollout_target(target_name: str, alias: str | None = None, reason: str = "") -> dict:
+    """The `rollout` deployment: bring every deployment of the deployments file that serves `target_name`
+    (following `alias`, when given) to the pair the registry says; one already serving it is left alone."""
+    logger = get_run_logger()
+    store = context.store()
+    results = []
+    for spec in configured_deployments().values():
+        if spec.target_name != target_name or (alias and spec.target_alias != alias):
+            continue
+        pair = choose_pair(spec, None, True)
+        current = store.serving_pair(spec.name)
+        if current is not None and current.state == "serving" and current.target_version == pair["target_version"] \
+                and current.drafter_version == pair["drafter_version"]:
+            results.append({"deployment": spec.name, "state": "unchanged", "drafter_version": pair["drafter_version"]})
+            continue
+        results.append(rollout(spec, reason=reason or f"{target_name} changed"))
+    if not results:
+        logger.info("no deployment in %s serves %s%s", context.settings().deployments_path, target_name,
+                    f" through alias {alias!r}" if alias else "")
+    return {"target_name": target_name, "alias": alias, "rollouts": results}
 
 
 @flow(name="rollback", log_prints=True)

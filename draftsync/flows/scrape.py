@@ -14,13 +14,17 @@ from prefect import flow
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context
 from draftsync.tasks.monitoring import scrape_deployment
+from draftsync.tasks.serving import configured_deployments
 
 
 @flow(name="acceptance-scrape")
 def scrape(now: datetime | None = None, deployments: list[ServingDeployment] | None = None) -> dict:
-    """`now` is the monitor's clock: production leaves it unset; the demo passes a compressed one."""
+    """`now` is the monitor's clock: production leaves it unset; the demo passes a compressed one.
+
+    `deployments` None: the deployments file's (when there is one) give the guard its thresholds."""
     now = now or datetime.now(UTC)
-    specs = {spec.name: spec for spec in deployments or []}
+    specs = configured_deployments(deployments)
+    deployments = list(specs.values())
     futures = []
     for pair in context.store().serving_pairs():
         spec = specs.get(pair.deployment)

@@ -3,11 +3,18 @@
 The drafter is registered before it is validated (as a `candidate`, validation pending), so a crash
 during the checklist leaves a version a rerun finds again by its sync key and validates, and the
 checklist's plots and tables land on that version's run.
+
+Each sync first claims its job in the ledger (target, version, method): a duplicate event, a second
+watcher or a hand-started run of a version already synced trains nothing. A job whose run died (its
+Prefect run is over, or its process on this host is gone) is taken over and resumed.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
+import traceback
 
 from prefect import flow, get_run_logger
 
@@ -20,28 +27,106 @@ from draftsync.tasks.registration import drafter_model_name, fetch_target, regis
 
 
 @flow(name="drafter-sync", log_prints=True)
-def sync(target_name: str, target_version: int, profile: str | SyncProfile = "demo") -> dict:
-    """Train a drafter for one target version; promote it to `production` only when every gate passes."""
+def sync(target_name: str, target_version: int, profile: str | SyncProfile | None = None,
+         reason: str = "sync started directly") -> dict:
+    """Train a drafter for one target version; promote it to `production` only when every gate passes.
+
+    `profile` None: the configured one (DRAFTSYNC_SYNC_PROFILE). Returns `skipped` when the ledger says the
+    version is synced already or another live run has it."""
     logger = get_run_logger()
-    chosen = named_profile(profile) if isinstance(profile, str) else profile
+    chosen = named_profile(profile or context.settings().sync_profile) if not isinstance(profile, SyncProfile) \
+        else profile
+    claim = _claim(target_name, target_version, chosen.method, reason)
+    if claim.outcome != "claimed":
+        job = claim.job
+        logger.info("sync of %s v%d (%s) skipped: %s", target_name, target_version, chosen.method, claim.outcome)
+        return {"target_name": target_name, "target_version": target_version, "method": chosen.method,
+                "skipped": claim.outcome, "drafter_version": job.drafter_version, "run_id": job.run_id}
+    job = claim.job
+    try:
+        result = _train_and_validate(target_name, target_version, chosen, job.generation)
+    except BaseException as error:
+        detail = "".join(traceback.format_exception_only(error)).strip()[:2000]
+        context.sync_ledger().finish(job.id, "failed", detail=detail)
+        raise
+    context.sync_ledger().finish(job.id, "succeeded", drafter_version=result["drafter_version"],
+                                 detail="passed" if result["passed"] else "failed validation")
+    return {**result, "generation": job.generation}
+
+
+def _owner() -> str:
+    """This run, as the ledger records it: the Prefect flow run id and where its process lives."""
+    from prefect.runtime import flow_run
+
+    return f"{flow_run.id or 'no-run'}@{socket.gethostname()}:{os.getpid()}"[:100]
+
+
+def _dead(owner: str | None) -> bool:
+    """Whether the run that holds a job is over: its Prefect state is final, or its process here is gone."""
+    if not owner or "@" not in owner:
+        return owner is not None
+    run_id, _, place = owner.partition("@")
+    host, _, pid = place.rpartition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+    return _run_is_over(run_id)
+
+
+def _run_is_over(run_id: str) -> bool:
+    import uuid
+
+    from prefect.client.orchestration import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(uuid.UUID(run_id)).state
+    except Exception:  # unknown id or another API: only the process check can tell
+        return False
+    return state is not None and state.is_final()
+
+
+def _claim(target_name: str, target_version: int, method: str, reason: str):
+    ledger = context.sync_ledger()
+    owner = _owner()
+    claim = ledger.claim(target_name, target_version, method, run_id=owner, reason=reason)
+    if claim.outcome == "running" and claim.job.status == "running" and claim.job.run_id != owner \
+            and _dead(claim.job.run_id):
+        get_run_logger().warning("sync of %s v%d: run %s died; taking its job over", target_name, target_version,
+                                 claim.job.run_id)
+        claim = ledger.claim(target_name, target_version, method, run_id=owner, reason=reason,
+                             takeover_from=claim.job.run_id)
+    return claim
+
+
+def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfile, generation: int) -> dict:
+    logger = get_run_logger()
+    if generation:  # a retrain of the same target version: fresh data and a fresh drafter version
+        chosen = chosen.model_copy(update={"seed": chosen.seed + generation})
     registry = context.registry()
     settings = context.settings()
     target = fetch_target(target_name, target_version)
     task_mix = target_task_mix(target["path"], target["tags"])
     # One work directory per (target version, method): a rerun after a crash resumes the dataset build
     # from its last shard and the training from its last checkpoint.
-    work = settings.root / "syncs" / target_name / f"v{target_version}-{chosen.method}"
+    suffix = f"-g{generation}" if generation else ""
+    work = settings.root / "syncs" / target_name / f"v{target_version}-{chosen.method}{suffix}"
     dataset_dir = work / f"dataset-{chosen.dataset_key()}"
     data = build_dataset(target["path"], task_mix, chosen, str(dataset_dir))
 
     drafter_model = drafter_model_name(target_name)
     previous = registry.alias_version(drafter_model, "production")
     warm_start_dir = str(registry.download(drafter_model, previous)) if previous is not None else None
-    out_dir = settings.root / "drafters" / target_name / f"target-v{target_version}-{chosen.method}"
+    out_dir = settings.root / "drafters" / target_name / f"target-v{target_version}-{chosen.method}{suffix}"
     checkpoints = work / "checkpoints"
     training = train_drafter(target["path"], data["path"], chosen, str(out_dir), str(checkpoints), warm_start_dir)
     version = register_drafter(target_name, target_version, str(out_dir), chosen.method, chosen.gamma, training,
-                               history_path=str(checkpoints / HISTORY_FILE), data_checks=data["checks"])
+                               history_path=str(checkpoints / HISTORY_FILE), data_checks=data["checks"],
+                               generation=generation)
     if not chosen.keep_dataset:
         shutil.rmtree(dataset_dir, ignore_errors=True)
     validation = validate(target_name, version, chosen.validation, promote=True, seed=chosen.seed)

@@ -17,7 +17,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from draftsync.tasks import context
+from draftsync.tasks import context, events
 from draftsync.tasks.dataset import target_task_mix
 from draftsync.tasks.profile import ValidationProfile, validation_profile
 from draftsync.tasks.registration import (
@@ -122,6 +122,8 @@ def validate(target_name: str, drafter_version: int, profile: str | ValidationPr
     if result["passed"] and promote and against == trained_for:
         promote_drafter(target_name, drafter_version)
         promoted = True
+        events.emit(events.DRAFTER_VALIDATED, target_name, against, drafter_version=str(drafter_version),
+                    payload={"gamma_knee": result.get("gamma_knee"), "speedup": result.get("speedup")})
         logger.info("drafter %s v%d passed every gate and is now production", name, drafter_version)
     elif not result["passed"]:
         logger.warning("drafter %s v%d FAILED validation on %s v%d (gates: %s); production stays at v%s",

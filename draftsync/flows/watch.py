@@ -1,28 +1,63 @@
-"""The registry watch: every target version newer than the watermark gets a drafter sync, in order."""
+"""The registry watch: every target version newer than the watermark gets a drafter sync, in order.
+
+Two ways to dispatch. `inline` (the demo, `draftsync watch`): the watch runs each sync as a subflow and
+moves the watermark after it. `event` (the `registry-watch` deployment): the watch asks the ledger for a
+sync and the `drafter-sync` deployment runs it on the GPU pool; the watch is then the reconciler behind
+the MLflow webhooks: a version whose webhook was lost is found here, and a request whose event was lost
+is sent again.
+"""
 
 from __future__ import annotations
 
+from datetime import timedelta
+from typing import Literal
+
 from prefect import flow, get_run_logger
 
-from draftsync.serving.deployment import ServingDeployment
 from draftsync.flows.rollout import rollout
 from draftsync.flows.sync import sync
-from draftsync.tasks import context
+from draftsync.serving.deployment import ServingDeployment
+from draftsync.tasks import context, events
 from draftsync.tasks.profile import SyncProfile
+from draftsync.tasks.sync_requests import planned_method, request_sync, resend_overdue
+
+UNCLAIMED_AFTER = timedelta(minutes=15)  # a sync request no run claimed by then had its event lost
 
 
 @flow(name="registry-watch", log_prints=True)
-def watch(target_name: str, deployment: ServingDeployment | None = None, profile: str | SyncProfile = "demo") -> dict:
-    """Poll the registry (the backstop for lost webhooks); the watermark moves only after a sync finishes."""
+def watch(target_name: str | None = None, deployment: ServingDeployment | None = None,
+          profile: str | SyncProfile | None = None, dispatch: Literal["inline", "event"] = "inline") -> dict:
+    """Poll the registry (the backstop for lost webhooks). `target_name` None: every target it knows."""
+    registry = context.registry()
+    registry.ping()
+    names = [target_name] if target_name else sorted(set(registry.target_names())
+                                                      | set(context.settings().target_names))
+    watched = [_watch_one(name, deployment, profile, dispatch) for name in names]
+    resent = resend_overdue(UNCLAIMED_AFTER) if dispatch == "event" else []
+    if target_name:
+        return {**watched[0], "resent": resent}
+    return {"targets": watched, "resent": resent}
+
+
+def _watch_one(target_name: str, deployment: ServingDeployment | None, profile: str | SyncProfile | None,
+               dispatch: str) -> dict:
     logger = get_run_logger()
     registry, store = context.registry(), context.store()
-    registry.ping()
     mark = store.get_watermark(target_name) or 0
     new_versions = [info.version for info in registry.target_versions_after(target_name, mark)]
     logger.info("%s: watermark %d, new versions %s", target_name, mark, new_versions or "none")
     syncs = []
     for version in new_versions:
-        syncs.append(sync(target_name, version, profile))
+        if dispatch == "event":
+            method = profile.method if isinstance(profile, SyncProfile) else planned_method(profile)
+            syncs.append(request_sync(target_name, version, source="poll", method=method,
+                                      reason=f"version {version} found by the registry poll",
+                                      event=events.TARGET_VERSION_CREATED))
+        else:
+            syncs.append(sync(target_name, version, profile, reason=f"version {version} found by the registry poll"))
         store.set_watermark(target_name, version)
-    rolled = rollout(deployment, reason=f"new target versions {new_versions}") if deployment and new_versions else None
-    return {"target_name": target_name, "watermark_before": mark, "new_versions": new_versions, "syncs": syncs, "rollout": rolled}
+    rolled = None
+    if deployment and new_versions and dispatch == "inline":
+        rolled = rollout(deployment, reason=f"new target versions {new_versions}")
+    return {"target_name": target_name, "watermark_before": mark, "new_versions": new_versions, "syncs": syncs,
+            "rollout": rolled}

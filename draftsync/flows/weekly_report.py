@@ -14,15 +14,15 @@ import re
 from datetime import UTC, datetime
 
 from prefect import flow, get_run_logger
-from prefect.events import emit_event
 
 from draftsync.errors import DraftsyncError
 from draftsync.flows.rollout import rollout
 from draftsync.serving.deployment import ServingDeployment
-from draftsync.tasks import context
+from draftsync.tasks import context, events
 from draftsync.tasks.monitoring import WEEK, review_deployment
+from draftsync.tasks.serving import configured_deployments
+from draftsync.tasks.sync_requests import request_sync
 
-STALE_EVENT = "draftsync.drafter.stale"
 ISO_WEEK = re.compile(r"^(\d{4})-W(\d{2})$")
 NOT_SENT = ("not sent: delivery was not asked for (`draftsync report --send` delivers by SMTP); "
             "the e-mail is in the outbox folder only")
@@ -59,24 +59,6 @@ def _links(target_names: set[str]) -> dict[str, str]:
     return links
 
 
-def _deployment_specs(given: list[ServingDeployment] | None, problems: list[str]) -> dict[str, ServingDeployment]:
-    """The specs to act on: those given, else the deployments file's when it exists.
-
-    A broken file does not stop the report (its e-mail is how the team hears of it): the problem is noted."""
-    from draftsync.serving.deployment import load_deployments
-
-    if given is not None:
-        return {d.name: d for d in given}
-    path = context.settings().deployments_path
-    if not path.exists():
-        return {}
-    try:
-        return {d.name: d for d in load_deployments(path)}
-    except DraftsyncError as error:
-        problems.append(f"{error.what} (fix: {error.fix}); no deployment was relaunched")
-        return {}
-
-
 def _act(pair, review: dict, specs: dict[str, ServingDeployment], fresh: set[str], now: datetime) -> list[str]:
     """Fall back, mark stale and request a retrain as the findings say; returns what was done."""
     store, logger = context.store(), get_run_logger()
@@ -106,12 +88,13 @@ def _act(pair, review: dict, specs: dict[str, ServingDeployment], fresh: set[str
         taken.append("marked stale")
     retrain = [f for f in findings if "retrain" in f.action]
     if retrain and any(f.key in fresh for f in retrain):
-        emit_event(
-            event=STALE_EVENT,
-            resource={"prefect.resource.id": f"draftsync.deployment.{pair.deployment}"},
-            payload={"target_name": pair.target_name, "target_version": pair.target_version},
-        )
-        taken.append(f"retrain requested (event {STALE_EVENT} for {pair.target_name} v{pair.target_version})")
+        asked = request_sync(pair.target_name, pair.target_version, source="weekly-review", retrain=True,
+                             event=events.DRAFTER_STALE, now=now,
+                             reason=f"{pair.deployment}: drafter v{pair.drafter_version} is stale "
+                                    f"({', '.join(f.rule for f in retrain)})")
+        taken.append(f"retrain requested (event {events.DRAFTER_STALE} for {pair.target_name} v{pair.target_version})"
+                     if asked["requested"] else
+                     f"retrain of {pair.target_name} v{pair.target_version} already requested: not repeated")
     elif retrain:
         taken.append("retrain already requested this week for the same finding: not repeated")
     return taken
@@ -156,7 +139,7 @@ def weekly_report(
         end = now or datetime.now(UTC)
         start, acting = end - WEEK, True
     problems: list[str] = []
-    specs = _deployment_specs(deployments, problems) if acting else {}
+    specs = configured_deployments(deployments, problems) if acting else {}
     mailer = Mailer(settings.outbox_dir, store, settings)
     clock = end if acting else None  # a look back is written and sent at the real time
     retried = mailer.retry_pending(clock) if send else []

@@ -335,7 +335,7 @@ def _utc_session(dbapi_connection, _record) -> None:
     dbapi_connection.commit()
 
 
-def _dialect_insert(dialect: str):
+def dialect_insert(dialect: str):
     if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
     else:
@@ -488,7 +488,7 @@ class Store:
                      "accepted_per_position": [], "last_ts": sample.ts}
             dialect = session.get_bind().dialect.name
             if dialect in ("postgresql", "sqlite"):
-                insert = _dialect_insert(dialect)
+                insert = dialect_insert(dialect)
                 session.execute(insert(HourlyRollup).values(**empty).on_conflict_do_nothing(index_elements=ROLLUP_KEY))
                 row = session.get(HourlyRollup, identity, with_for_update=True, populate_existing=True)
             else:

@@ -183,6 +183,11 @@ class Registry:
         found = self._client.search_model_versions(f"name='{name}' and version_number > {int(version)}")
         return sorted((self._info(mv) for mv in found), key=lambda info: info.version)
 
+    def target_names(self) -> list[str]:
+        """Registered models with versions tagged `draftsync.kind=target`, sorted."""
+        found = self._client.search_model_versions(f"tags.`{KIND_TAG}` = 'target'")
+        return sorted({mv.name for mv in found})
+
     def set_target_alias(self, name: str, alias: str, version: int) -> None:
         self._client.set_registered_model_alias(name, alias, str(version))
 

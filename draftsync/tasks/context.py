@@ -29,9 +29,16 @@ def store():
     return Store(settings().monitor_url)
 
 
+@functools.lru_cache(maxsize=1)
+def sync_ledger():
+    from draftsync.monitors.sync_jobs import SyncLedger
+
+    return SyncLedger(store())
+
+
 def reset() -> None:
     """Forget cached objects (tests switch work dirs within one process)."""
-    for cached in (settings, registry, store):
+    for cached in (settings, registry, store, sync_ledger):
         cached.cache_clear()
 
 

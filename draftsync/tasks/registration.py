@@ -49,15 +49,17 @@ def register_drafter(
     training: dict,
     history_path: str | None = None,
     data_checks: dict | None = None,
+    generation: int = 0,
 ) -> int:
     """Register the drafter (validation pending) with its lineage, training curves and data checks.
 
-    A retried sync gets the same version back. The data checks' failures are a tag, so a later
+    A retried sync gets the same version back; a retrain (`generation` > 0) registers a new one. The data checks' failures are a tag, so a later
     `draftsync validate` of this version judges the data-coverage gate without the dataset."""
 
     registry = context.registry()
     history = json.loads(Path(history_path).read_text()) if history_path and Path(history_path).exists() else None
     tags = {f"draftsync.training.{k}": str(v) for k, v in training.items()}
+    tags["draftsync.sync.generation"] = str(generation)
     if data_checks is not None:
         tags[DATA_CHECK_FAILURES_TAG] = str(sum(not o["passed"] for o in data_checks.get("outcomes", [])))
     version = registry.register_drafter(
@@ -70,7 +72,7 @@ def register_drafter(
         extra_tags=tags,
         validation_passed=None,
         metric_history=history,
-        sync_key=f"{target_name}:{target_version}:{method}",
+        sync_key=f"{target_name}:{target_version}:{method}" + (f":g{generation}" if generation else ""),
     )
     context.logger().info("drafter version %d registered for %s v%d", version, target_name, target_version)
     return version

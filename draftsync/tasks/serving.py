@@ -20,12 +20,31 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.errors import DraftsyncError
-from draftsync.serving.deployment import ServingDeployment
+from draftsync.serving.deployment import ServingDeployment, load_deployments
 from draftsync.tasks import context
 from draftsync.tasks.traffic import complete
 
 _RUNNING: dict[str, object] = {}  # endpoint -> ServerProcess started by this process
 DRAIN_TIMEOUT_S = 600.0
+
+
+def configured_deployments(given: list[ServingDeployment] | None = None,
+                           problems: list[str] | None = None) -> dict[str, ServingDeployment]:
+    """The specs to act on: those given, else the deployments file's when it exists.
+
+    With `problems`, a broken file is noted there instead of raised (the weekly e-mail is how the team hears of it)."""
+    if given is not None:
+        return {d.name: d for d in given}
+    path = context.settings().deployments_path
+    if not path.exists():
+        return {}
+    try:
+        return {d.name: d for d in load_deployments(path)}
+    except DraftsyncError as error:
+        if problems is None:
+            raise
+        problems.append(f"{error.what} (fix: {error.fix}); no deployment was relaunched")
+        return {}
 
 
 def _serving_dir() -> Path:

@@ -84,8 +84,8 @@ def record_week(store, deployment: str, pair, now: datetime) -> None:
         store.record_scrape(deployment, min(first + hour * HOUR, now - timedelta(minutes=1)), counters, pair)
 
 
-def stale_events(since: datetime, deployment: str, wanted: int) -> list:
-    """The stale events the Prefect API has stored for `deployment` since `since`, once `wanted` have arrived.
+def stale_events(since: datetime, target: str, version: int, wanted: int) -> list:
+    """The stale events the Prefect API has stored for a target version since `since`, once `wanted` have arrived.
 
     Events travel to the API in the background and are stored in batches, so this waits for them (up to
     a minute), then returns what is there."""
@@ -95,7 +95,7 @@ def stale_events(since: datetime, deployment: str, wanted: int) -> list:
     from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
 
     event_filter = EventFilter(occurred=EventOccurredFilter(since=since), event=EventNameFilter(name=[STALE_EVENT]),
-                               resource=EventResourceFilter(id=[f"draftsync.deployment.{deployment}"]))
+                               resource=EventResourceFilter(id=[f"draftsync.target.{target}.v{version}"]))
     with get_client(sync_client=True) as client:
         for _ in range(120):
             events = client.read_events(filter=event_filter, limit=50).events
@@ -204,8 +204,13 @@ def test_report_command_stale_week_smtp_down_then_delivered(report_setup, monkey
     (chat,) = second["deployments"]
     assert chat["actions"] == ["marked stale", "retrain already requested this week for the same finding: not repeated"]
     assert PASSWORD not in caplog.text and PASSWORD not in output
-    (event,) = stale_events(started, "chat", wanted=1)  # the sync trigger went out once, on run 1 only
-    assert event.payload == {"target_name": "report-llm", "target_version": report_setup["target_version"]}
+    version = report_setup["target_version"]
+    (event,) = stale_events(started, "report-llm", version, wanted=1)  # the sync trigger went out once, on run 1
+    assert event.resource["draftsync.target.name"] == "report-llm"
+    assert event.resource["draftsync.target.version"] == str(version)
+    assert event.payload["retrain"] is True and event.payload["source"] == "weekly-review"
+    job = context.sync_ledger().get("report-llm", version, event.payload["method"])
+    assert (job.status, job.source) == ("requested", "weekly-review")
 
     # run 3: without --send the e-mail is a file in the outbox folder only, and the JSON says so.
     outbox_rows = len(context.store().outbox())

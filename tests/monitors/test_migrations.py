@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from draftsync.errors import DraftsyncError
 from draftsync.monitors.metrics import SpecDecodeCounters
 from draftsync.monitors.migrations import INITIAL_REVISION, alembic_config, current_revision, head_revision
+from draftsync.monitors import sync_jobs  # noqa: F401  (registers its tables on Base.metadata)
 from draftsync.monitors.store import Base, ServedPair, Store, hourly_rows
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
@@ -141,7 +142,7 @@ def test_a_new_database_is_migrated_to_head_and_matches_the_models(new_url):
 
     url = new_url()
     Store(url).close()
-    assert revision_of(url) == head_revision() == "0002_hourly_rollups"
+    assert revision_of(url) == head_revision() == "0003_sync_jobs"
     engine = sa.create_engine(url)
     with engine.connect() as connection:
         differences = compare_metadata(MigrationContext.configure(connection, opts={"compare_type": True}),

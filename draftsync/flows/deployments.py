@@ -1,0 +1,94 @@
+"""The five Prefect deployments of draftsync in production, as `draftsync serve` creates and runs them.
+
+`prefect.yaml` declares the same deployments for work pools (GPU work on `draftsync-gpu`); a test keeps
+the two in step. Syncs start from events, never from a scheduler of ours: the MLflow webhook receiver,
+the registry poll, the weekly review and rollouts ask the sync ledger, and the one that wins emits the
+event these triggers match. One sync runs at a time (the deployment's concurrency limit; later events
+wait in the queue), so a GPU is never shared by two trainings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from draftsync.tasks import events
+
+if TYPE_CHECKING:
+    from prefect.deployments.runner import RunnerDeployment
+
+DEPLOYMENT_NAMES = ("registry-watch", "drafter-sync", "acceptance-scrape", "weekly-acceptance-report", "rollout")
+WORK_POOLS = {"registry-watch": "draftsync-cpu", "drafter-sync": "draftsync-gpu", "acceptance-scrape": "draftsync-cpu",
+              "weekly-acceptance-report": "draftsync-cpu", "rollout": "draftsync-gpu"}
+TARGET_PARAMETERS = {"target_name": "{{ event.resource['draftsync.target.name'] }}",
+                     "target_version": "{{ event.resource['draftsync.target.version'] }}"}
+
+
+@dataclass(frozen=True)
+class Schedules:
+    """What `draftsync serve` is told: how often to poll and scrape, when the weekly report goes out."""
+
+    watch_interval: timedelta = timedelta(minutes=5)
+    scrape_interval: timedelta = timedelta(minutes=1)
+    report_cron: str = "0 9 * * 1"  # Monday 09:00
+    timezone: str = "UTC"
+    profile: str = "demo"
+    sync_concurrency: int = 1
+    tags: tuple[str, ...] = field(default=("draftsync",))
+
+
+def sync_trigger() -> dict[str, Any]:
+    """drafter-sync runs for each sync event: a new version, a request (alias move, missing drafter), a stale drafter."""
+    return {"expect": set(events.SYNC_EVENTS),
+            "parameters": {**TARGET_PARAMETERS, "reason": "{{ event.event }}: {{ event.payload.get('reason', '') }}"}}
+
+
+def rollout_trigger() -> dict[str, Any]:
+    """rollout runs when a drafter passed validation and when a target alias moved."""
+    return {"expect": set(events.ROLLOUT_EVENTS),
+            "parameters": {"target_name": TARGET_PARAMETERS["target_name"],
+                           "alias": "{{ event.resource.get('draftsync.alias', '') }}",
+                           "reason": "{{ event.event }} for {{ event.resource['prefect.resource.name'] }}"}}
+
+
+def build_deployments(schedules: Schedules | None = None) -> list[RunnerDeployment]:
+    """The deployments, ready for `prefect.serve`; each names its work pool in a tag for the UI's filters."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+    from prefect.client.schemas.schedules import CronSchedule
+    from prefect.events import DeploymentEventTrigger
+
+    from draftsync.flows.rollout import rollout_target
+    from draftsync.flows.scrape import scrape
+    from draftsync.flows.sync import sync
+    from draftsync.flows.watch import watch
+    from draftsync.flows.weekly_report import weekly_report
+
+    chosen = schedules or Schedules()
+
+    def tags(name: str) -> list[str]:
+        return [*chosen.tags, WORK_POOLS[name]]
+
+    return [
+        watch.to_deployment(
+            "registry-watch", interval=chosen.watch_interval, tags=tags("registry-watch"),
+            parameters={"dispatch": "event", "profile": chosen.profile},
+            description="Polls the registry for target versions the webhooks missed; re-sends lost sync requests."),
+        sync.to_deployment(
+            "drafter-sync", tags=tags("drafter-sync"), parameters={"profile": chosen.profile},
+            triggers=[DeploymentEventTrigger(name="sync-events", **sync_trigger())],
+            concurrency_limit=ConcurrencyLimitConfig(limit=chosen.sync_concurrency,
+                                                     collision_strategy=ConcurrencyLimitStrategy.ENQUEUE),
+            description="Dataset, training, validation, registration of a drafter for one target version."),
+        scrape.to_deployment(
+            "acceptance-scrape", interval=chosen.scrape_interval, tags=tags("acceptance-scrape"),
+            description="Scrapes acceptance from every serving deployment; falls back when it collapses."),
+        weekly_report.to_deployment(
+            "weekly-acceptance-report", tags=tags("weekly-acceptance-report"), parameters={"send": True},
+            schedule=CronSchedule(cron=chosen.report_cron, timezone=chosen.timezone),
+            description="The weekly acceptance review and e-mail; stale drafters get a retrain."),
+        rollout_target.to_deployment(
+            "rollout", tags=tags("rollout"),
+            triggers=[DeploymentEventTrigger(name="rollout-events", **rollout_trigger())],
+            description="Serves each deployment's target alias with its validated drafter (vLLM)."),
+    ]
