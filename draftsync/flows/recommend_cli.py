@@ -1,0 +1,62 @@
+"""`draftsync recommend`: the seed's decision framework for one workload, as an answer with its reasons.
+
+A plain function with typer options; the `draftsync` app registers it as `recommend`. Nothing heavy is
+imported: it answers instantly and needs no MLflow, Prefect or GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from draftsync.serving.recommendation import TASKS, Recommendation, Workload, parse_params, recommend
+
+
+def recommend_command(
+    params: Annotated[str, typer.Option("--params", help="Target size: 70B, 7b, 1.5B, 500M.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs the target is served on.")],
+    gpu_memory_gb: Annotated[float, typer.Option("--gpu-memory-gb", help="Memory of one GPU in GB, e.g. 80.")],
+    tpot_ms: Annotated[float, typer.Option("--tpot-ms", help="Time-per-output-token target in milliseconds.")],
+    task: Annotated[str, typer.Option("--task", help=f"Main task: {', '.join(TASKS)}.")],
+    output_tokens: Annotated[int, typer.Option("--output-tokens", help="Typical tokens per answer.")] = 1024,
+    batch: Annotated[int, typer.Option("--batch", help="Requests served together (1: single-stream).")] = 1,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the answer as JSON here.")] = None,
+) -> None:
+    """Recommend a drafter method, gamma range and start for a target, with the seed's expected speedup, a memory
+    check and the rule behind each step."""
+    workload = Workload(
+        params_b=parse_params(params), gpus=gpus, gpu_memory_gb=gpu_memory_gb, tpot_ms=tpot_ms,
+        task=task.strip().lower(), output_tokens=output_tokens, batch=batch,
+    )
+    recommendation = recommend(workload)
+    typer.echo(format_recommendation(recommendation))
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(recommendation.to_dict(), indent=2))
+
+
+def format_recommendation(recommendation: Recommendation) -> str:
+    """The short answer a person reads in a terminal: the decision first, then why."""
+    r = recommendation
+    if r.method == "none":
+        gamma = "-"
+    else:
+        low, high = r.gamma_range
+        gamma = f"{low}-{high}, start at {r.gamma_start}" if low != high else f"{low}, start at {r.gamma_start}"
+    low_speedup, high_speedup = r.expected_speedup
+    speedup = f"{low_speedup:g}x" if low_speedup == high_speedup else f"{low_speedup:g}-{high_speedup:g}x"
+    unservable = "" if r.servable_by_vllm else "  (vLLM 0.33 cannot serve it: trained, not rolled out)"
+    lines = [
+        f"method:   {r.method}{unservable}",
+        f"gamma:    {gamma}",
+        f"speedup:  {speedup}",
+        f"drafter:  {r.drafter_memory_gb:g} GB",
+        f"memory:   {r.memory.arithmetic}",
+        f"fits:     {'yes' if r.fits else 'no'}",
+        "reasons:",
+    ]
+    lines += [f"  - {reason}" for reason in r.reasons]
+    return "\n".join(lines)

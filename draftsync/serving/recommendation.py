@@ -1,0 +1,450 @@
+"""The seed's four-step decision framework (target size, hardware, latency target, task) as a pure function.
+
+`recommend(Workload(...))` picks the drafter method and the gamma range a new target starts from, with the
+seed's expected speedup, a memory check and one reason line per step. It is a first guess: validation
+measures the gamma knee and that replaces `gamma_start`. Where the seed is silent or its rules conflict the
+choice made here is written into the reasons; `docs/RECOMMEND.md` lists every rule, its branch and its test.
+
+Every reason line carries the rule it applied in brackets, e.g. `step 1 size [size:sweet-spot]: ...`, so a
+reader (or a test) can see which branch decided. No torch, no Prefect: this runs anywhere, instantly.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Literal, get_args
+
+from draftsync.errors import DraftsyncError
+
+Task = Literal["code", "math", "chat", "creative", "translation", "summary"]
+Method = Literal["none", "eagle3", "eagle3.1", "medusa"]
+TASKS: tuple[str, ...] = get_args(Task)
+
+# --- The seed's thresholds -------------------------------------------------------------------------------
+SMALL_TARGET_BELOW_B = 13.0  # step 1: < 13B usually no speculative decoding
+LARGE_TARGET_ABOVE_B = 70.0  # step 1: > 70B speculative decoding is required; 13B and 70B are in the sweet spot
+SEED_SINGLE_GPU_MEMORY_GB = 24.0  # step 2: "one 24 GB GPU (RTX 4090)"
+SEED_SINGLE_GPU_MAX_TARGET_B = 30.0  # step 2: "... runs targets <= 30B"
+CLUSTER_GPUS = 8  # step 2: "8+ GPUs: Medusa is an option"
+INTERACTIVE_TPOT_BELOW_MS = 30.0  # step 3: < 30 ms interactive; 30 and 80 are in 30-80
+BATCH_TPOT_ABOVE_MS = 80.0  # step 3: > 80 ms batch processing
+LONG_OUTPUT_ABOVE_TOKENS = 4096  # upgrade to 3.1 for outputs > 4K tokens (4K read as 4096)
+HIGH_GAMMA_ABOVE = 5  # upgrade to 3.1 for gamma > 5
+GAMMA_START = 4  # "start gamma at 4 and find the knee by measurement (5-6 typical)"
+MEDUSA_MAX_HEADS = 5  # the seed's Medusa ablation goes from 2 to 5 heads
+
+LATENCY_GAMMA: dict[str, tuple[int, int]] = {"interactive": (5, 8), "near-real-time": (4, 6), "batch": (2, 3)}
+# Step 4 gives no numbers beyond "gamma 4" for translation/summary; the seed's configuration section does:
+# num_speculative_tokens "code 6-8, chat 3-5" (Snowflake's "code 6-8, chat 4-5" lies inside).
+TASK_GAMMA: dict[str, tuple[int, int]] = {
+    "code": (6, 8), "math": (6, 8), "chat": (3, 5), "creative": (3, 5), "translation": (4, 4), "summary": (4, 4),
+}
+TASK_GROUP = {
+    "code": "code-math", "math": "code-math", "chat": "chat-creative", "creative": "chat-creative",
+    "translation": "translation-summary", "summary": "translation-summary",
+}
+
+# --- Expected speedup --------------------------------------------------------------------------------
+# vLLM's EAGLE-3 figures by target size; interpolated linearly in log(params), held flat past both ends.
+EAGLE3_SPEEDUP_BY_SIZE_B: tuple[tuple[float, float], ...] = ((13.0, 1.4), (30.0, 1.7), (70.0, 2.1))
+BATCHED_SMALL_SPEEDUP = (1.3, 1.5)  # < 13B, batched serving, EAGLE-3
+SMALL_TARGET_SPEEDUP_BELOW = 1.3  # < 13B otherwise
+MEDUSA_SPEEDUP = (2.0, 2.5)  # the seed's only Medusa figure: Llama-2-Chat 7B
+EAGLE31_ACCEPTANCE_LIFT = 0.88 / 0.75  # EAGLE-3 -> 3.1 acceptance at gamma 8
+
+# --- Memory ----------------------------------------------------------------------------------------
+BYTES_PER_PARAM = 2  # target weights in bf16
+# Drafter weights as a share of the target's weights. EAGLE-3/3.1: the seed's "< 3%" on one GPU, inside
+# "2-4% extra" on 4x A100-80GB (a real 70B EAGLE-3 drafter is ~1.3-2%, so this is an upper budget).
+# Medusa: the seed gives no figure; 5 heads (residual block + vocabulary projection each) ~5%.
+DRAFTER_SHARE: dict[str, float] = {"none": 0.0, "eagle3": 0.03, "eagle3.1": 0.03, "medusa": 0.05}
+# Kept free for the KV cache, activations and CUDA graphs (vLLM itself takes only 90% of each GPU).
+KV_HEADROOM_SHARE = 0.20
+
+
+def parse_params(text: str) -> float:
+    """A parameter count as people write it ("70B", "7b", "1.5B", "500M", "1T") in billions."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([bBmMtT]?)\s*", str(text))
+    if match is None:
+        raise DraftsyncError(f"--params {text!r} is not a parameter count",
+                             "write a number with an optional unit: 70B, 7b, 1.5B, 500M or 1T (plain means billions)")
+    number = float(match.group(1))
+    scale = {"": 1.0, "b": 1.0, "m": 1e-3, "t": 1e3}[match.group(2).lower()]
+    if number <= 0:
+        raise DraftsyncError(f"--params {text!r} is not a positive parameter count", "give the target's size, e.g. 70B")
+    return number * scale
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a platform team knows about a target before it has a drafter."""
+
+    params_b: float
+    gpus: int
+    gpu_memory_gb: float
+    tpot_ms: float
+    task: Task
+    output_tokens: int = 1024
+    batch: int = 1
+
+    def __post_init__(self) -> None:
+        _require_positive("params_b", self.params_b, "the target's size in billions of parameters, e.g. 70")
+        _require_count("gpus", self.gpus, "the number of GPUs the target is served on, at least 1")
+        _require_positive("gpu_memory_gb", self.gpu_memory_gb, "the memory of one GPU in GB, e.g. 80 for an A100-80GB")
+        _require_positive("tpot_ms", self.tpot_ms, "the time-per-output-token target in milliseconds, e.g. 25")
+        if self.task not in TASKS:
+            raise DraftsyncError(f"task {self.task!r} is unknown", f"use one of {', '.join(TASKS)}")
+        _require_count("output_tokens", self.output_tokens, "the typical number of tokens per answer, at least 1")
+        _require_count("batch", self.batch, "the number of requests served together, 1 for single-stream")
+        for field in ("params_b", "gpu_memory_gb", "tpot_ms"):  # 70 and 70.0 give the same numbers and JSON
+            object.__setattr__(self, field, float(getattr(self, field)))
+
+    @property
+    def total_memory_gb(self) -> float:
+        return self.gpus * self.gpu_memory_gb
+
+
+def _require_positive(field: str, value: object, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise DraftsyncError(f"{field} = {value!r} must be a positive number", f"give {fix}")
+
+
+def _require_count(field: str, value: object, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DraftsyncError(f"{field} = {value!r} must be a whole number >= 1", f"give {fix}")
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """Target weights + drafter + KV headroom against the GPUs' memory, with the sum written out."""
+
+    target_weights_gb: float
+    drafter_share: float
+    drafter_gb: float
+    kv_headroom_share: float
+    kv_headroom_gb: float
+    required_gb: float
+    available_gb: float
+    fits: bool
+    arithmetic: str
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The method and gamma range to start a target's drafter with, and why."""
+
+    method: Method
+    gamma_range: tuple[int, int]
+    gamma_start: int
+    expected_speedup: tuple[float, float]
+    drafter_memory_gb: float
+    fits: bool
+    memory: MemoryBudget
+    reasons: tuple[str, ...]
+
+    @property
+    def servable_by_vllm(self) -> bool:
+        """vLLM 0.33 has no `medusa` method: a Medusa drafter is trained but never rolled out."""
+        return self.method != "medusa"
+
+    def to_dict(self) -> dict:
+        return {
+            "method": self.method,
+            "gamma_range": list(self.gamma_range),
+            "gamma_start": self.gamma_start,
+            "expected_speedup": list(self.expected_speedup),
+            "drafter_memory_gb": self.drafter_memory_gb,
+            "fits": self.fits,
+            "memory": asdict(self.memory),
+            "reasons": list(self.reasons),
+        }
+
+
+def eagle3_speedup_for_size(params_b: float) -> float:
+    """vLLM's EAGLE-3 speedup by target size (13B 1.4x, 30B 1.7x, 70B 2.1x), linear in log(params) between
+    the anchors and held at the end figure outside them (the seed quotes nothing beyond, so nothing is extrapolated)."""
+    anchors = EAGLE3_SPEEDUP_BY_SIZE_B
+    if params_b <= anchors[0][0]:
+        return anchors[0][1]
+    for (size_lo, speed_lo), (size_hi, speed_hi) in zip(anchors, anchors[1:]):
+        if params_b <= size_hi:
+            fraction = math.log(params_b / size_lo) / math.log(size_hi / size_lo)
+            return speed_lo + fraction * (speed_hi - speed_lo)
+    return anchors[-1][1]
+
+
+def memory_budget(workload: Workload, method: str) -> MemoryBudget:
+    """bf16 target weights + the method's drafter share + KV headroom, against gpus x memory per GPU."""
+    target_gb = workload.params_b * BYTES_PER_PARAM
+    share = DRAFTER_SHARE[method]
+    drafter_gb = target_gb * share
+    available = workload.total_memory_gb
+    headroom_gb = available * KV_HEADROOM_SHARE
+    required = target_gb + drafter_gb + headroom_gb
+    fits = required <= available * (1 + 1e-12)
+    if fits:
+        verdict = f"fits ({_gb(available - required)} GB spare)"
+    else:
+        verdict = f"does not fit ({_gb(required - available)} GB short)"
+    arithmetic = (
+        f"target {_num(workload.params_b)}B x {BYTES_PER_PARAM} bytes (bf16) = {_gb(target_gb)} GB"
+        f" + drafter {method} {share:.0%} of it = {_gb(drafter_gb)} GB"
+        f" + KV headroom {KV_HEADROOM_SHARE:.0%} of {_gb(available)} GB = {_gb(headroom_gb)} GB"
+        f" = {_gb(required)} GB needed of {workload.gpus} x {_num(workload.gpu_memory_gb)} GB = {_gb(available)} GB:"
+        f" {verdict}"
+    )
+    return MemoryBudget(
+        target_weights_gb=round(target_gb, 3), drafter_share=share, drafter_gb=round(drafter_gb, 3),
+        kv_headroom_share=KV_HEADROOM_SHARE, kv_headroom_gb=round(headroom_gb, 3), required_gb=round(required, 3),
+        available_gb=round(available, 3), fits=fits, arithmetic=arithmetic,
+    )
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+def _gb(value: float) -> str:
+    return f"{round(value, 2):g}"
+
+
+def _gamma_text(gamma: tuple[int, int]) -> str:
+    return str(gamma[0]) if gamma[0] == gamma[1] else f"{gamma[0]}-{gamma[1]}"
+
+
+def recommend(workload: Workload) -> Recommendation:
+    """Apply the seed's four steps, the EAGLE 3.1 upgrade and the memory check to one workload."""
+    w = workload
+    size = _num(w.params_b)
+    batched = w.batch >= 2
+
+    # Step 1: target size.
+    if w.params_b < SMALL_TARGET_BELOW_B:
+        size_class = "small-batched" if batched else "small"
+    elif w.params_b <= LARGE_TARGET_ABOVE_B:
+        size_class = "sweet-spot"
+    else:
+        size_class = "large"
+    speculate = size_class != "small"
+
+    # Step 3: latency target (before step 2's Medusa reading, which depends on it).
+    if w.tpot_ms < INTERACTIVE_TPOT_BELOW_MS:
+        latency_class = "interactive"
+    elif w.tpot_ms <= BATCH_TPOT_ABOVE_MS:
+        latency_class = "near-real-time"
+    else:
+        latency_class = "batch"
+    # "> 80 ms: gamma 2-3, or none": none is taken only where step 1 already said "usually none" (< 13B).
+    latency_drops_speculation = speculate and latency_class == "batch" and size_class == "small-batched"
+    speculate = speculate and not latency_drops_speculation
+
+    # Step 4 + the gamma range: latency bounds gamma, the task picks where inside those bounds.
+    latency_gamma = LATENCY_GAMMA[latency_class]
+    task_gamma = TASK_GAMMA[w.task]
+    lo, hi = max(latency_gamma[0], task_gamma[0]), min(latency_gamma[1], task_gamma[1])
+    gamma_conflict = lo > hi
+    if gamma_conflict:  # disjoint ranges: the end of the latency range nearest the task's wish
+        nearest = latency_gamma[1] if task_gamma[0] > latency_gamma[1] else latency_gamma[0]
+        lo = hi = nearest
+    gamma = (lo, hi)
+
+    # The EAGLE 3.1 upgrade: step 3's "< 30 ms -> EAGLE 3.1", outputs > 4K, gamma > 5, code / math.
+    triggers = []
+    if latency_class == "interactive":
+        triggers.append(("upgrade:latency", f"step 3 asks for EAGLE 3.1 at TPOT {_num(w.tpot_ms)} ms < 30 ms"))
+    if w.output_tokens > LONG_OUTPUT_ABOVE_TOKENS:
+        triggers.append(("upgrade:long-output",
+                         f"outputs of {w.output_tokens} tokens > 4K ({LONG_OUTPUT_ABOVE_TOKENS})"))
+    if gamma[1] > HIGH_GAMMA_ABOVE:
+        triggers.append(("upgrade:gamma-over-5", f"gamma up to {gamma[1]} > {HIGH_GAMMA_ABOVE}"))
+    if TASK_GROUP[w.task] == "code-math":
+        triggers.append(("upgrade:code-math", f"task {w.task} (code / math gain most from 3.1)"))
+
+    method: str = "none"
+    if speculate:
+        method = "eagle3.1" if triggers else "eagle3"
+
+    # Step 2's Medusa option, read as: 8+ GPUs, a > 70B target (step 1: drafter training cost is the
+    # constraint; Medusa trains on the target's own text, no hidden states), the Medusa budget fits
+    # ("memory no longer binds", checked), and nothing asks for EAGLE 3.1 (Medusa has no drift fix).
+    medusa_line = None
+    if w.gpus >= CLUSTER_GPUS and speculate:
+        medusa_fits = memory_budget(w, "medusa").fits
+        blockers = []
+        if size_class != "large":
+            blockers.append(f"the target is {size}B <= 70B, where an EAGLE-3 drafter costs little to train")
+        if not medusa_fits:
+            blockers.append("memory still binds: the Medusa budget does not fit")
+        if triggers:
+            blockers.append("EAGLE 3.1 is required (" + "; ".join(text for _, text in triggers) + ")")
+        if blockers:
+            medusa_line = ("medusa [medusa:not-taken]: the option is declined: " + "; ".join(blockers)
+                           + "; the seed's default is EAGLE-3 (Medusa changes the target, a burden in multi-tenant "
+                           "serving)")
+        else:
+            method = "medusa"
+            gamma = (min(gamma[0], MEDUSA_MAX_HEADS), min(gamma[1], MEDUSA_MAX_HEADS))
+            medusa_line = (f"medusa [medusa:taken]: 8+ GPUs, a {size}B > 70B target whose drafter training cost binds, "
+                           "the Medusa budget fits and nothing asks for EAGLE 3.1: Medusa with "
+                           f"{_gamma_text(gamma)} heads (training needs only the target's own text)")
+
+    memory = memory_budget(w, method)
+    if method == "none":
+        gamma, gamma_start = (0, 0), 0
+    else:
+        gamma_start = min(max(GAMMA_START, gamma[0]), gamma[1])
+
+    reasons = [
+        _size_reason(w, size_class),
+        _hardware_reason(w, method, memory),
+        _latency_reason(w, latency_class, latency_drops_speculation, speculate),
+        _task_reason(w, task_gamma, latency_gamma, gamma, gamma_conflict, speculate),
+        _upgrade_reason(method, triggers, latency_class),
+    ]
+    if medusa_line:
+        reasons.append(medusa_line)
+    if method == "medusa":
+        reasons.append("serving [serving:vllm-no-medusa]: vLLM 0.33 has no 'medusa' method (TensorRT-LLM has one), so "
+                       "draftsync trains this drafter and registers it but never rolls it out; to serve with vLLM, "
+                       "use eagle3 instead")
+    if method != "none":
+        reasons.append(f"gamma start [gamma:start-4]: the seed starts at {GAMMA_START} and finds the knee by "
+                       f"measurement (5-6 typical): {GAMMA_START} within {_gamma_text(gamma)} -> {gamma_start}; "
+                       "validation's measured knee replaces it")
+    speedup, speedup_line = _expected_speedup(w, method, size_class, gamma)
+    reasons.append(speedup_line)
+    reasons.append(_memory_reason(w, memory, size_class))
+
+    return Recommendation(
+        method=method, gamma_range=gamma, gamma_start=gamma_start, expected_speedup=speedup,
+        drafter_memory_gb=memory.drafter_gb, fits=memory.fits, memory=memory, reasons=tuple(reasons),
+    )
+
+
+def _size_reason(w: Workload, size_class: str) -> str:
+    size = _num(w.params_b)
+    if size_class == "small":
+        return (f"step 1 size [size:small-none]: {size}B < 13B: usually no speculative decoding (< 1.3x); "
+                f"batch {w.batch} is not batched serving, so the EAGLE-3 exception does not apply")
+    if size_class == "small-batched":
+        return (f"step 1 size [size:small-batched]: {size}B < 13B, but batch {w.batch} is batched serving: "
+                "the exception, EAGLE-3 (1.3-1.5x)")
+    if size_class == "sweet-spot":
+        return f"step 1 size [size:sweet-spot]: {size}B is in 13-70B, the sweet spot: EAGLE-3 or 3.1"
+    return (f"step 1 size [size:large-required]: {size}B > 70B: speculative decoding is required; drafter training "
+            "cost and memory become the constraint")
+
+
+def _hardware_reason(w: Workload, method: str, memory: MemoryBudget) -> str:
+    size = _num(w.params_b)
+    hardware = f"{w.gpus} x {_num(w.gpu_memory_gb)} GB"
+    fit_word = "fits" if memory.fits else "does not fit"
+    same_size_note = ""
+    if method == "eagle3.1":
+        same_size_note = ("; the rule names an EAGLE-3 drafter, and EAGLE 3.1 is the same drafter plus two norms "
+                          "(a few kB), so the 3.1 upgrade keeps the < 3% budget")
+    if w.gpus == 1 and w.gpu_memory_gb <= SEED_SINGLE_GPU_MEMORY_GB:
+        if w.params_b > SEED_SINGLE_GPU_MAX_TARGET_B:
+            return (f"step 2 hardware [hw:single-24gb-too-large]: one GPU of <= 24 GB runs targets <= 30B only; "
+                    f"{size}B is beyond it: add GPUs (memory {fit_word})")
+        quantised_note = ""
+        if not memory.fits:
+            quantised_note = ("; the seed's '<= 30B' holds only with ~4-bit weights (30B x 0.5 bytes = 15 GB): in "
+                              "bf16 it does not fit, so quantise the target or add GPUs")
+        return (f"step 2 hardware [hw:single-24gb]: one GPU of <= 24 GB ({hardware}): target <= 30B with an EAGLE-3 "
+                f"drafter < 3% of the target, budgeted at 3%{same_size_note}{quantised_note}")
+    if w.gpus == 1:
+        return (f"step 2 hardware [hw:single-large]: one GPU of {_num(w.gpu_memory_gb)} GB; the seed names only the "
+                "24 GB case, so its 30B limit is replaced by the memory arithmetic and its drafter budget "
+                f"(< 3% of the target) is kept; memory {fit_word}{same_size_note}")
+    if w.gpus < CLUSTER_GPUS:
+        return (f"step 2 hardware [hw:multi]: {hardware} is the seed's 4x A100-80GB case or its equivalent: a 70B "
+                "target with EAGLE 3.1, the drafter on the same GPUs (2-4% extra memory); this only says the drafter "
+                f"fits, it does not choose between EAGLE-3 and 3.1; memory {fit_word}")
+    return (f"step 2 hardware [hw:cluster-8plus]: {hardware}: 8+ GPUs, Medusa is an option and memory no longer "
+            "binds; taken only for a > 70B target whose Medusa budget fits and that needs no EAGLE 3.1 "
+            f"(see the medusa line); memory {fit_word}")
+
+
+def _latency_reason(w: Workload, latency_class: str, drops: bool, speculate: bool) -> str:
+    tpot = _num(w.tpot_ms)
+    not_applied = "" if speculate or drops else "; not applied: step 1 chose no speculative decoding"
+    if latency_class == "interactive":
+        return f"step 3 latency [latency:interactive]: TPOT {tpot} ms < 30 ms: EAGLE 3.1, gamma 5-8{not_applied}"
+    if latency_class == "near-real-time":
+        return (f"step 3 latency [latency:near-real-time]: TPOT {tpot} ms in 30-80 ms: EAGLE-3, gamma 4-6 (EAGLE-3 is "
+                f"enough, a floor, not a ceiling on the 3.1 upgrade){not_applied}")
+    if drops:
+        return (f"step 3 latency [latency:batch-none]: TPOT {tpot} ms > 80 ms: gamma 2-3 or none; none, because step 1 "
+                "already says < 13B targets usually gain little and the loose latency target does not need the "
+                "batched exception's 1.3-1.5x")
+    return (f"step 3 latency [latency:batch]: TPOT {tpot} ms > 80 ms: gamma 2-3 or none; speculation kept at gamma "
+            f"2-3, since 'none' is taken only for < 13B targets (step 1 says why){not_applied}")
+
+
+def _task_reason(w: Workload, task_gamma: tuple[int, int], latency_gamma: tuple[int, int], gamma: tuple[int, int],
+                 conflict: bool, speculate: bool) -> str:
+    group = TASK_GROUP[w.task]
+    wish = {
+        "code-math": "larger gamma (the configuration's 6-8), 3.1 gains most",
+        "chat-creative": "conservative gamma (the configuration's 3-5), 3 ~ 3.1",
+        "translation-summary": "EAGLE-3, gamma 4",
+    }[group]
+    line = f"step 4 task [task:{group}]: {w.task} -> {wish}"
+    if not speculate:
+        return line + "; not applied: no speculative decoding"
+    if conflict:
+        return (line + f"; conflict [gamma:latency-bounds]: the task's {_gamma_text(task_gamma)} and step 3's "
+                f"{_gamma_text(latency_gamma)} do not overlap; the latency target bounds gamma, so the end of "
+                f"{_gamma_text(latency_gamma)} nearest the task is taken: gamma {_gamma_text(gamma)}")
+    return (line + f"; [gamma:overlap] step 3's {_gamma_text(latency_gamma)} and the task's {_gamma_text(task_gamma)} "
+            f"overlap in gamma {_gamma_text(gamma)}")
+
+
+def _upgrade_reason(method: str, triggers: list[tuple[str, str]], latency_class: str) -> str:
+    if method == "none":
+        return "upgrade [upgrade:not-applied]: no speculative decoding, nothing to upgrade"
+    if not triggers:
+        return ("upgrade [upgrade:none]: no EAGLE 3.1 trigger (outputs <= 4K tokens, gamma <= 5, task not code / "
+                f"math, TPOT >= 30 ms), so {method} stays")
+    ids = ", ".join(rule for rule, _ in triggers)
+    because = "; ".join(text for _, text in triggers)
+    floor = "" if latency_class == "interactive" else "; step 3's 'EAGLE-3' is read as enough, not as a ceiling"
+    return f"upgrade [{ids}]: eagle3 -> eagle3.1 because {because}{floor}"
+
+
+def _expected_speedup(w: Workload, method: str, size_class: str,
+                      gamma: tuple[int, int]) -> tuple[tuple[float, float], str]:
+    """The seed's figures for the chosen method and size, and the line that says where they come from."""
+    size = _num(w.params_b)
+    if method == "none":
+        below = f" (the seed: < {SMALL_TARGET_SPEEDUP_BELOW}x for < 13B)" if size_class.startswith("small") else ""
+        return (1.0, 1.0), f"speedup [speedup:none]: 1.0x without speculative decoding{below}"
+    if method == "medusa":
+        return MEDUSA_SPEEDUP, ("speedup [speedup:medusa-paper]: 2.0-2.5x, the seed's only Medusa figure (Llama-2-Chat "
+                                "7B), not measured at this size")
+    if size_class == "small-batched":
+        return BATCHED_SMALL_SPEEDUP, ("speedup [speedup:batched-small]: 1.3-1.5x, the seed's batched EAGLE-3 figure "
+                                       "for < 13B")
+    base = round(eagle3_speedup_for_size(w.params_b), 2)
+    anchors = "13B 1.4x, 30B 1.7x, 70B 2.1x"
+    curve = f"vLLM's EAGLE-3 figures ({anchors}) linear in log(params), held at 2.1x past 70B: {size}B -> {base}x"
+    if method == "eagle3.1" and gamma[1] > HIGH_GAMMA_ABOVE:
+        lifted = round(base * EAGLE31_ACCEPTANCE_LIFT, 2)
+        return (base, lifted), (f"speedup [speedup:vllm-size-curve, speedup:eagle31-lift]: {curve}; the upper end "
+                                f"scales it by 3.1's acceptance lift at gamma 8 (75% -> 88%): {lifted}x")
+    note = ""
+    if method == "eagle3.1":
+        note = "; no 3.1 lift at gamma <= 5 (the seed: 3 ~ 3.1 there)"
+    if gamma[1] <= 3:
+        note += "; the figures are not broken down by gamma, so at gamma 2-3 read this as an upper bound"
+    return (base, base), f"speedup [speedup:vllm-size-curve]: {curve}{note}"
+
+
+def _memory_reason(w: Workload, memory: MemoryBudget, size_class: str) -> str:
+    rule = "memory:fits" if memory.fits else "memory:does-not-fit"
+    constraint = " (> 70B: memory is the constraint)" if size_class == "large" else ""
+    fix = "" if memory.fits else "; add GPUs, use larger ones, or quantise the target"
+    return f"memory [{rule}]{constraint}: {memory.arithmetic}{fix}"

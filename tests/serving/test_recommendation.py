@@ -1,0 +1,345 @@
+"""The seed's decision framework, branch by branch: each case checks the method, the gamma range and that the
+reasons name the rule that decided (docs/RECOMMEND.md maps every rule to its test id)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from draftsync.errors import DraftsyncError
+from draftsync.flows.recommend_cli import recommend_command
+from draftsync.serving.recommendation import (
+    Workload,
+    eagle3_speedup_for_size,
+    memory_budget,
+    parse_params,
+    recommend,
+)
+
+# A 70B target on 4x A100-80GB at 50 ms, chat: the middle of every step; each case changes what it tests.
+BASE = dict(params_b=70, gpus=4, gpu_memory_gb=80, tpot_ms=50, task="chat", output_tokens=1024, batch=1)
+
+
+def workload(**changes) -> Workload:
+    return Workload(**{**BASE, **changes})
+
+
+def applied_rules(recommendation) -> set[str]:
+    """Every rule id the reasons name: the comma-separated ids inside [brackets]."""
+    rules = set()
+    for line in recommendation.reasons:
+        for group in re.findall(r"\[([a-z0-9:, .\-]+)\]", line):
+            rules.update(rule.strip() for rule in group.split(","))
+    return rules
+
+
+def reason_line(recommendation, prefix: str) -> str:
+    lines = [line for line in recommendation.reasons if line.startswith(prefix)]
+    assert len(lines) == 1, (prefix, recommendation.reasons)
+    return lines[0]
+
+
+# (changes to BASE, method, gamma range, rules that must be named, words the deciding line must hold)
+CASES = [
+    # Step 1: target size.
+    pytest.param(dict(params_b=7, gpus=1, gpu_memory_gb=24), "none", (0, 0),
+                 {"size:small-none", "upgrade:not-applied", "speedup:none"}, ("step 1", "< 13B"), id="size-small-none"),
+    pytest.param(dict(params_b=12.9), "none", (0, 0), {"size:small-none"}, ("step 1", "< 13B"),
+                 id="size-small-none-12.9b"),
+    pytest.param(dict(params_b=7, gpus=1, gpu_memory_gb=24, batch=8), "eagle3", (4, 5),
+                 {"size:small-batched", "speedup:batched-small"}, ("step 1", "batched serving"),
+                 id="size-small-batched"),
+    pytest.param(dict(params_b=7, gpus=1, gpu_memory_gb=24, batch=8, task="code"), "eagle3.1", (6, 6),
+                 {"size:small-batched", "upgrade:code-math"}, ("step 1", "exception"), id="size-small-batched-code"),
+    pytest.param(dict(params_b=13, gpus=1, gpu_memory_gb=80), "eagle3", (4, 5), {"size:sweet-spot"},
+                 ("step 1", "13-70B"), id="size-sweet-spot-13b"),
+    pytest.param(dict(), "eagle3", (4, 5), {"size:sweet-spot", "upgrade:none"}, ("step 1", "sweet spot"),
+                 id="size-sweet-spot-70b"),
+    pytest.param(dict(params_b=180, gpu_memory_gb=141), "eagle3", (4, 5), {"size:large-required", "memory:fits"},
+                 ("step 1", "required"), id="size-large-required"),
+    # Step 2: hardware.
+    pytest.param(dict(params_b=7, gpus=1, gpu_memory_gb=24, batch=8), "eagle3", (4, 5),
+                 {"hw:single-24gb", "memory:fits"}, ("step 2", "< 3%"), id="hw-single-24gb"),
+    pytest.param(dict(params_b=13, gpus=1, gpu_memory_gb=24), "eagle3", (4, 5),
+                 {"hw:single-24gb", "memory:does-not-fit"}, ("step 2", "4-bit"), id="hw-single-24gb-bf16-short"),
+    pytest.param(dict(params_b=13, gpus=1, gpu_memory_gb=24, task="code"), "eagle3.1", (6, 6),
+                 {"hw:single-24gb", "upgrade:code-math"}, ("step 2", "two norms"), id="hw-single-24gb-eagle31"),
+    pytest.param(dict(params_b=34, gpus=1, gpu_memory_gb=24), "eagle3", (4, 5),
+                 {"hw:single-24gb-too-large", "memory:does-not-fit"}, ("step 2", "<= 30B"),
+                 id="hw-single-24gb-over-30b"),
+    pytest.param(dict(params_b=30, gpus=1, gpu_memory_gb=80), "eagle3", (4, 5), {"hw:single-large", "memory:fits"},
+                 ("step 2", "memory arithmetic"), id="hw-single-large-gpu"),
+    pytest.param(dict(), "eagle3", (4, 5), {"hw:multi", "memory:fits"}, ("step 2", "does not choose"),
+                 id="hw-4x-a100-80gb"),
+    pytest.param(dict(gpus=2), "eagle3", (4, 5), {"hw:multi", "memory:does-not-fit"}, ("step 2", "equivalent"),
+                 id="hw-multi-too-small"),
+    pytest.param(dict(params_b=180, gpus=8), "medusa", (4, 5),
+                 {"hw:cluster-8plus", "medusa:taken", "serving:vllm-no-medusa", "speedup:medusa-paper"},
+                 ("serving", "vLLM 0.33"), id="hw-cluster-medusa"),
+    pytest.param(dict(gpus=8), "eagle3", (4, 5), {"hw:cluster-8plus", "medusa:not-taken"}, ("medusa", "<= 70B"),
+                 id="hw-cluster-declines-medusa-70b"),
+    pytest.param(dict(params_b=180, gpus=8, task="code"), "eagle3.1", (6, 6), {"medusa:not-taken"},
+                 ("medusa", "EAGLE 3.1 is required"), id="hw-cluster-declines-medusa-code"),
+    pytest.param(dict(params_b=180, gpus=8, output_tokens=8000), "eagle3.1", (4, 5),
+                 {"medusa:not-taken", "upgrade:long-output"}, ("medusa", "EAGLE 3.1 is required"),
+                 id="hw-cluster-declines-medusa-long-output"),
+    pytest.param(dict(params_b=180, gpus=8, tpot_ms=25), "eagle3.1", (5, 5), {"medusa:not-taken", "upgrade:latency"},
+                 ("medusa", "EAGLE 3.1 is required"), id="hw-cluster-declines-medusa-interactive"),
+    pytest.param(dict(params_b=405, gpus=8), "eagle3", (4, 5), {"medusa:not-taken", "memory:does-not-fit"},
+                 ("medusa", "memory still binds"), id="hw-cluster-declines-medusa-memory"),
+    # Step 3: latency target.
+    pytest.param(dict(tpot_ms=25), "eagle3.1", (5, 5), {"latency:interactive", "upgrade:latency"},
+                 ("step 3", "< 30 ms"), id="latency-interactive"),
+    pytest.param(dict(tpot_ms=30), "eagle3", (4, 5), {"latency:near-real-time"}, ("step 3", "30-80 ms"),
+                 id="latency-30ms"),
+    pytest.param(dict(tpot_ms=80), "eagle3", (4, 5), {"latency:near-real-time"}, ("step 3", "30-80 ms"),
+                 id="latency-80ms"),
+    pytest.param(dict(tpot_ms=120), "eagle3", (3, 3), {"latency:batch"}, ("step 3", "> 80 ms"), id="latency-batch"),
+    pytest.param(dict(params_b=180, gpu_memory_gb=141, tpot_ms=120), "eagle3", (3, 3),
+                 {"latency:batch", "size:large-required"}, ("step 3", "only for < 13B"), id="latency-batch-large"),
+    pytest.param(dict(params_b=7, gpus=1, gpu_memory_gb=24, batch=8, tpot_ms=120), "none", (0, 0),
+                 {"latency:batch-none", "size:small-batched"}, ("step 3", "none"), id="latency-batch-none"),
+    # Step 4: task, and the gamma range where latency and task meet.
+    pytest.param(dict(task="code"), "eagle3.1", (6, 6), {"task:code-math", "gamma:overlap", "upgrade:code-math"},
+                 ("step 4", "larger gamma"), id="task-code"),
+    pytest.param(dict(task="math"), "eagle3.1", (6, 6), {"task:code-math", "upgrade:code-math"},
+                 ("step 4", "larger gamma"), id="task-math"),
+    pytest.param(dict(task="chat"), "eagle3", (4, 5), {"task:chat-creative", "gamma:overlap"},
+                 ("step 4", "conservative"), id="task-chat"),
+    pytest.param(dict(task="creative"), "eagle3", (4, 5), {"task:chat-creative"}, ("step 4", "conservative"),
+                 id="task-creative"),
+    pytest.param(dict(task="translation"), "eagle3", (4, 4), {"task:translation-summary"}, ("step 4", "gamma 4"),
+                 id="task-translation"),
+    pytest.param(dict(task="summary"), "eagle3", (4, 4), {"task:translation-summary"}, ("step 4", "gamma 4"),
+                 id="task-summary"),
+    pytest.param(dict(tpot_ms=25, task="code"), "eagle3.1", (6, 8), {"gamma:overlap", "upgrade:gamma-over-5"},
+                 ("step 4", "6-8"), id="task-code-interactive"),
+    pytest.param(dict(tpot_ms=25, task="chat"), "eagle3.1", (5, 5), {"gamma:overlap", "latency:interactive"},
+                 ("step 4", "overlap in gamma 5"), id="task-chat-interactive"),
+    pytest.param(dict(tpot_ms=120, task="code"), "eagle3.1", (3, 3), {"gamma:latency-bounds", "upgrade:code-math"},
+                 ("step 4", "latency target bounds gamma"), id="conflict-batch-latency-code"),
+    pytest.param(dict(tpot_ms=25, task="translation"), "eagle3.1", (5, 5), {"gamma:latency-bounds"},
+                 ("step 4", "do not overlap"), id="conflict-interactive-translation"),
+    pytest.param(dict(tpot_ms=120, task="summary"), "eagle3", (3, 3), {"gamma:latency-bounds"},
+                 ("step 4", "do not overlap"), id="conflict-batch-latency-summary"),
+    # The EAGLE 3.1 upgrade.
+    pytest.param(dict(output_tokens=5000), "eagle3.1", (4, 5), {"upgrade:long-output"}, ("upgrade", "> 4K"),
+                 id="upgrade-long-output"),
+    pytest.param(dict(output_tokens=4096), "eagle3", (4, 5), {"upgrade:none"}, ("upgrade", "no EAGLE 3.1 trigger"),
+                 id="upgrade-4096-not-long"),
+    pytest.param(dict(tpot_ms=25, task="code", output_tokens=6000), "eagle3.1", (6, 8),
+                 {"upgrade:latency", "upgrade:long-output", "upgrade:gamma-over-5", "upgrade:code-math"},
+                 ("upgrade", "gamma up to 8 > 5"), id="upgrade-gamma-over-5"),
+    pytest.param(dict(task="math"), "eagle3.1", (6, 6), {"upgrade:code-math", "upgrade:gamma-over-5"},
+                 ("upgrade", "not as a ceiling"), id="upgrade-code-math-over-near-real-time"),
+]
+
+ALL_RULES = {
+    "size:small-none", "size:small-batched", "size:sweet-spot", "size:large-required",
+    "hw:single-24gb", "hw:single-24gb-too-large", "hw:single-large", "hw:multi", "hw:cluster-8plus",
+    "medusa:taken", "medusa:not-taken", "serving:vllm-no-medusa",
+    "latency:interactive", "latency:near-real-time", "latency:batch", "latency:batch-none",
+    "task:code-math", "task:chat-creative", "task:translation-summary", "gamma:overlap", "gamma:latency-bounds",
+    "upgrade:latency", "upgrade:long-output", "upgrade:gamma-over-5", "upgrade:code-math", "upgrade:none",
+    "upgrade:not-applied", "gamma:start-4",
+    "speedup:none", "speedup:batched-small", "speedup:vllm-size-curve", "speedup:eagle31-lift", "speedup:medusa-paper",
+    "memory:fits", "memory:does-not-fit",
+}
+
+
+@pytest.mark.parametrize(("changes", "method", "gamma", "rules", "deciding_line"), CASES)
+def test_decision_table(changes, method, gamma, rules, deciding_line):
+    recommendation = recommend(workload(**changes))
+    assert recommendation.method == method
+    assert recommendation.gamma_range == gamma
+    named = applied_rules(recommendation)
+    assert rules <= named, (rules - named, recommendation.reasons)
+    prefix, words = deciding_line
+    assert words in reason_line(recommendation, prefix)
+
+
+def test_the_table_exercises_every_rule():
+    named = set()
+    for case in CASES:
+        named |= applied_rules(recommend(workload(**case.values[0])))
+    assert named == ALL_RULES
+
+
+@pytest.mark.parametrize("changes", [case.values[0] for case in CASES], ids=[case.id for case in CASES])
+def test_every_step_has_one_line_naming_its_rule(changes):
+    recommendation = recommend(workload(**changes))
+    starts = [line.split(" [")[0] for line in recommendation.reasons]
+    assert starts[:5] == ["step 1 size", "step 2 hardware", "step 3 latency", "step 4 task", "upgrade"]
+    assert starts[-2:] == ["speedup", "memory"]
+    assert all(re.search(r"\[[a-z0-9]+:[a-z0-9.\-]+", line) for line in recommendation.reasons)
+
+
+def test_medusa_is_trained_but_not_served_by_vllm():
+    recommendation = recommend(workload(params_b=180, gpus=8))
+    assert recommendation.method == "medusa"
+    assert not recommendation.servable_by_vllm
+    serving = reason_line(recommendation, "serving")
+    assert "no 'medusa' method" in serving and "TensorRT-LLM" in serving and "never rolls it out" in serving
+    assert recommend(workload()).servable_by_vllm
+
+
+@pytest.mark.parametrize(("changes", "start"), [
+    pytest.param(dict(), 4, id="start-4-inside-4-5"),
+    pytest.param(dict(task="code"), 6, id="start-clamped-up-to-6"),
+    pytest.param(dict(tpot_ms=25, task="code"), 6, id="start-clamped-up-in-6-8"),
+    pytest.param(dict(tpot_ms=120), 3, id="start-clamped-down-to-3"),
+    pytest.param(dict(params_b=7), 0, id="start-none"),
+])
+def test_gamma_start_is_4_clamped_into_the_range(changes, start):
+    recommendation = recommend(workload(**changes))
+    assert recommendation.gamma_start == start
+    if recommendation.method != "none":
+        low, high = recommendation.gamma_range
+        assert low <= recommendation.gamma_start <= high
+        assert f"-> {start};" in reason_line(recommendation, "gamma start")
+
+
+def test_memory_arithmetic_for_70b_on_four_a100s():
+    recommendation = recommend(workload(tpot_ms=25, task="code", output_tokens=6000))
+    memory = recommendation.memory
+    assert memory.target_weights_gb == pytest.approx(140.0)  # 70e9 params x 2 bytes
+    assert memory.drafter_share == 0.03 and memory.drafter_gb == pytest.approx(4.2)
+    assert memory.kv_headroom_gb == pytest.approx(64.0)  # 20% of 320 GB
+    assert memory.required_gb == pytest.approx(208.2)
+    assert memory.available_gb == pytest.approx(320.0)
+    assert memory.fits and recommendation.fits
+    assert recommendation.drafter_memory_gb == memory.drafter_gb
+    for figure in ("140 GB", "4.2 GB", "64 GB", "208.2 GB", "4 x 80 GB = 320 GB", "111.8 GB spare"):
+        assert figure in memory.arithmetic
+    assert memory.arithmetic in reason_line(recommendation, "memory")
+
+
+@pytest.mark.parametrize(("changes", "drafter_gb", "fits"), [
+    pytest.param(dict(params_b=180, gpus=8), 18.0, True, id="medusa-5-percent"),
+    pytest.param(dict(params_b=7), 0.0, True, id="none-has-no-drafter"),
+    pytest.param(dict(gpus=2), 4.2, False, id="70b-on-2x80-short"),
+])
+def test_drafter_share_per_method(changes, drafter_gb, fits):
+    recommendation = recommend(workload(**changes))
+    assert recommendation.drafter_memory_gb == pytest.approx(drafter_gb)
+    assert recommendation.fits is fits
+    assert ("GB short" in recommendation.memory.arithmetic) is (not fits)
+
+
+@pytest.mark.parametrize(("gpu_memory_gb", "fits"), [(51.5, True), (51.4, False)])
+def test_fits_is_needed_at_most_available(gpu_memory_gb, fits):
+    # 20B: 40 GB + 3% = 1.2 GB + 20% of 51.5 GB = 10.3 GB -> exactly 51.5 GB
+    budget = memory_budget(workload(params_b=20, gpus=1, gpu_memory_gb=gpu_memory_gb), "eagle3")
+    assert budget.fits is fits
+
+
+@pytest.mark.parametrize(("params_b", "speedup"), [
+    (13, 1.4), (30, 1.7), (70, 2.1),
+    (20, 1.4 + 0.3 * math.log(20 / 13) / math.log(30 / 13)),
+    (50, 1.7 + 0.4 * math.log(50 / 30) / math.log(70 / 30)),
+    (8, 1.4), (405, 2.1),
+])
+def test_eagle3_speedup_is_log_linear_between_the_seed_figures(params_b, speedup):
+    assert eagle3_speedup_for_size(params_b) == pytest.approx(speedup)
+
+
+@pytest.mark.parametrize(("changes", "speedup"), [
+    pytest.param(dict(params_b=50), (1.94, 1.94), id="eagle3-50b"),
+    pytest.param(dict(tpot_ms=25, task="code"), (2.1, 2.46), id="eagle31-lift-above-gamma-5"),
+    pytest.param(dict(output_tokens=8000), (2.1, 2.1), id="eagle31-no-lift-at-gamma-5"),
+    pytest.param(dict(params_b=7, batch=8), (1.3, 1.5), id="batched-small"),
+    pytest.param(dict(params_b=180, gpus=8), (2.0, 2.5), id="medusa"),
+    pytest.param(dict(params_b=7), (1.0, 1.0), id="none"),
+])
+def test_expected_speedup(changes, speedup):
+    assert recommend(workload(**changes)).expected_speedup == pytest.approx(speedup)
+
+
+@pytest.mark.parametrize(("text", "billions"), [
+    ("70B", 70.0), ("7b", 7.0), ("1.5B", 1.5), ("500M", 0.5), ("1T", 1000.0), ("70", 70.0), (" 8B ", 8.0),
+])
+def test_parse_params(text, billions):
+    assert parse_params(text) == pytest.approx(billions)
+
+
+@pytest.mark.parametrize("text", ["seventy", "70X", "", "0B", "-5B", "1.5.2B", "B"])
+def test_parse_params_refuses_what_is_not_a_size(text):
+    with pytest.raises(DraftsyncError) as caught:
+        parse_params(text)
+    assert "--params" in caught.value.what and "70B" in caught.value.fix
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    (dict(params_b=0), "params_b"), (dict(params_b=-1), "params_b"), (dict(params_b=float("nan")), "params_b"),
+    (dict(gpus=0), "gpus"), (dict(gpus=1.5), "gpus"), (dict(gpu_memory_gb=0), "gpu_memory_gb"),
+    (dict(tpot_ms=-5), "tpot_ms"), (dict(task="poetry"), "task"), (dict(output_tokens=0), "output_tokens"),
+    (dict(batch=0), "batch"),
+])
+def test_bad_input_names_the_field_and_the_fix(changes, field):
+    with pytest.raises(DraftsyncError) as caught:
+        workload(**changes)
+    assert caught.value.what.startswith(field)
+    assert caught.value.fix
+    if field == "task":
+        assert "code, math, chat, creative, translation, summary" in caught.value.fix
+
+
+def _cli() -> typer.Typer:
+    app = typer.Typer()
+    app.callback()(lambda: None)  # a group, so the command is called by name as in the draftsync app
+    app.command(name="recommend")(recommend_command)
+    return app
+
+
+def test_cli_prints_the_answer_and_writes_json(tmp_path):
+    json_path = tmp_path / "out" / "recommendation.json"
+    result = CliRunner().invoke(_cli(), [
+        "recommend", "--params", "70B", "--gpus", "4", "--gpu-memory-gb", "80", "--tpot-ms", "25", "--task", "code",
+        "--output-tokens", "6000", "--batch", "1", "--json", str(json_path),
+    ])
+    assert result.exit_code == 0, result.output
+    assert "method:   eagle3.1" in result.output
+    assert "gamma:    6-8, start at 6" in result.output
+    assert "fits:     yes" in result.output
+    assert "[size:sweet-spot]" in result.output and "[upgrade:latency, upgrade:long-output" in result.output
+    written = json.loads(json_path.read_text())
+    assert set(written) == {"method", "gamma_range", "gamma_start", "expected_speedup", "drafter_memory_gb", "fits",
+                            "memory", "reasons"}
+    expected = recommend(workload(tpot_ms=25, task="code", output_tokens=6000)).to_dict()
+    assert written == expected
+    assert written["gamma_range"] == [6, 8] and written["memory"]["required_gb"] == pytest.approx(208.2)
+
+
+def test_cli_says_when_vllm_cannot_serve_the_method():
+    result = CliRunner().invoke(_cli(), [
+        "recommend", "--params", "180B", "--gpus", "8", "--gpu-memory-gb", "80", "--tpot-ms", "50", "--task", "chat",
+    ])
+    assert result.exit_code == 0, result.output
+    assert "method:   medusa  (vLLM 0.33 cannot serve it" in result.output
+
+
+@pytest.mark.parametrize(("arguments", "named"), [
+    (["--params", "seventy"], "--params"),
+    (["--task", "poetry"], "task"),
+    (["--gpus", "0"], "gpus"),
+])
+def test_cli_bad_input_raises_the_project_error(arguments, named):
+    base = {"--params": "70B", "--gpus": "4", "--gpu-memory-gb": "80", "--tpot-ms": "25", "--task": "code"}
+    options = {**base, **dict(zip(arguments[::2], arguments[1::2]))}
+    argv = ["recommend"] + [item for pair in options.items() for item in pair]
+    result = CliRunner().invoke(_cli(), argv)
+    assert isinstance(result.exception, DraftsyncError)
+    assert named in result.exception.what
+
+
+def test_cli_help_lists_every_option():
+    result = CliRunner().invoke(_cli(), ["recommend", "--help"])
+    assert result.exit_code == 0
+    options = ("--params", "--gpus", "--gpu-memory-gb", "--tpot-ms", "--task", "--output-tokens", "--batch", "--json")
+    for option in options:
+        assert option in result.output
