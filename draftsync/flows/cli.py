@@ -12,11 +12,14 @@ import typer
 
 from draftsync.errors import DraftsyncError
 from draftsync.flows.recommend_cli import recommend_command
+from draftsync.flows.status_cli import status_command
+from draftsync.flows.webhook_cli import webhooks_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Keep speculative-decoding drafters in sync with their target LLMs.")
 
 JsonOption = Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON to this path.")]
-ProfileOption = Annotated[str, typer.Option("--profile", help="Sync profile: 'demo' (2-core CPU) or 'test' (smaller).")]
+ProfileOption = Annotated[str, typer.Option(
+    "--profile", help="Sync profile: 'production' (GPU worker), 'demo' (2-core CPU), 'test' (smaller) or a YAML/JSON file.")]
 
 
 @app.callback()
@@ -302,6 +305,8 @@ def report(
 
 
 app.command(name="recommend")(recommend_command)
+app.command(name="status")(status_command)
+app.add_typer(webhooks_app, name="webhooks", help="The MLflow webhook receiver: serve it, register it with MLflow.")
 
 
 def main() -> None:

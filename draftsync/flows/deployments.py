@@ -22,7 +22,8 @@ DEPLOYMENT_NAMES = ("registry-watch", "drafter-sync", "acceptance-scrape", "week
 WORK_POOLS = {"registry-watch": "draftsync-cpu", "drafter-sync": "draftsync-gpu", "acceptance-scrape": "draftsync-cpu",
               "weekly-acceptance-report": "draftsync-cpu", "rollout": "draftsync-gpu"}
 TARGET_PARAMETERS = {"target_name": "{{ event.resource['draftsync.target.name'] }}",
-                     "target_version": "{{ event.resource['draftsync.target.version'] }}"}
+                     # labels are strings; the server checks parameters against the flow's schema (an int)
+                     "target_version": "{{ event.resource['draftsync.target.version'] | int }}"}
 
 
 @dataclass(frozen=True)

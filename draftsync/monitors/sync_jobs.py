@@ -187,3 +187,8 @@ class SyncLedger:
         except IntegrityError:
             return False
         return True
+
+    def forget_delivery(self, delivery_id: str) -> None:
+        """Undo `remember_delivery` for a delivery whose handling failed: the sender's retry is then no replay."""
+        with self._session() as session:
+            session.execute(delete(WebhookDelivery).where(WebhookDelivery.delivery_id == delivery_id[:200]))

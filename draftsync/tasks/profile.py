@@ -68,7 +68,8 @@ def validation_profile(name: str) -> ValidationProfile:
 
 
 class SyncProfile(BaseModel):
-    """Knobs of one sync. `demo` fits a 2-core CPU in minutes; `test` is smaller still."""
+    """Knobs of one sync. `production` is sized for a GPU worker and a real target; `demo` fits a 2-core CPU
+    in minutes; `test` is smaller still."""
 
     name: str = "demo"
     method: Literal["eagle3", "eagle3.1", "eagle", "medusa"] = "eagle3"
@@ -108,6 +109,14 @@ class SyncProfile(BaseModel):
 
 
 PROFILES = {
+    # A GPU worker and a real target: the seed's 50K-100K samples the target writes itself, a draft
+    # vocabulary of 32K, three training-time-test steps, the production checklist.
+    "production": SyncProfile(
+        name="production", gamma=4, draft_vocab_size=32000, train_steps=20000, warm_start_steps=8000,
+        checkpoint_every=1000, noise_std=0.05, batch_size=16, seq_len=2048, lr=3e-4, ttt_steps=3,
+        training_texts=50000, generated_samples=50000, generated_max_tokens=1024,
+        validation=VALIDATION_PROFILES["production"],
+    ),
     "demo": SyncProfile(validation=VALIDATION_PROFILES["demo"]),
     "test": SyncProfile(
         name="test",
@@ -125,8 +134,40 @@ PROFILES = {
 
 
 def profile(name: str) -> SyncProfile:
+    """A named profile, or one read from a YAML/JSON file (its fields override the demo profile's)."""
     from draftsync.errors import DraftsyncError
 
+    if name.endswith((".yaml", ".yml", ".json")):
+        return _profile_file(name)
     if name not in PROFILES:
-        raise DraftsyncError(f"unknown sync profile {name!r}", f"use one of {', '.join(PROFILES)}")
+        raise DraftsyncError(f"unknown sync profile {name!r}",
+                             f"use one of {', '.join(PROFILES)}, or the path of a YAML/JSON profile file")
     return PROFILES[name].model_copy()
+
+
+def _profile_file(path: str) -> SyncProfile:
+    from pathlib import Path
+
+    import yaml
+    from pydantic import ValidationError
+
+    from draftsync.errors import DraftsyncError
+
+    try:
+        fields = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise DraftsyncError(f"sync profile file {path} cannot be read: {error}",
+                             "give a readable YAML or JSON file of SyncProfile fields") from error
+    if not isinstance(fields, dict):
+        raise DraftsyncError(f"sync profile file {path} is not a mapping of fields",
+                             "write fields such as `method: eagle3` and `train_steps: 2000`, one per line")
+    base = PROFILES["demo"].model_dump()
+    validation = {**base.pop("validation"), **(fields.pop("validation", None) or {})}
+    try:
+        return SyncProfile.model_validate({**base, "name": Path(path).stem, **fields, "validation": validation})
+    except ValidationError as error:
+        problem = error.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"])
+        raise DraftsyncError(f"sync profile file {path}: {where}: {problem['msg']}",
+                             "fix that field (see SyncProfile and ValidationProfile in draftsync/tasks/profile.py)"
+                             ) from error

@@ -1,0 +1,204 @@
+"""`draftsync status`, the gathering half: what the registry, the monitor store and the sync ledger say about
+each target, as plain data the terminal table and the JSON are both made from.
+
+Per target: its versions and aliases; its drafter versions with their lineage (the target version each was
+trained for, method, validation status, aliases) and gamma, recommended (by the decision framework, written
+by the sync) against measured (the knee validation found); each deployment serving it, with its state and
+the last 7 days' acceptance (summed from the hourly rollups as the weekly report does); the last sync job.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from draftsync.registry.model_registry import (
+    GAMMA_TAG,
+    METHOD_TAG,
+    TARGET_VERSION_TAG,
+    VALIDATION_PREFIX,
+    VALIDATION_STATUS_TAG,
+    drafter_model_name,
+)
+
+LAST_WEEK = timedelta(days=7)
+GAMMA_KNEE_TAG = f"{VALIDATION_PREFIX}gamma_knee"  # record_validation writes each metric as a version tag
+RECOMMENDED_GAMMA_START_TAG = "draftsync.recommended.gamma_start"
+RECOMMENDED_GAMMA_RANGE_TAG = "draftsync.recommended.gamma_range"
+
+
+@dataclass(frozen=True)
+class DrafterStatus:
+    """One drafter version and its lineage; gammas are None where nothing was recorded."""
+
+    version: int
+    trained_for: int | None
+    method: str | None
+    validation: str
+    aliases: list[str]
+    gamma_measured: int | None
+    gamma_recommended: dict[str, Any] | None  # {"start": int | None, "range": [lo, hi] | None}
+
+
+@dataclass(frozen=True)
+class DeploymentStatus:
+    """What one deployment serves now (drafter and gamma None with speculation off) and its week's acceptance."""
+
+    name: str
+    state: str
+    target_version: int
+    drafter_version: int | None
+    gamma: int | None
+    acceptance_7d: float | None  # None: no draft token in the last 7 days
+
+
+@dataclass(frozen=True)
+class TargetStatus:
+    name: str
+    aliases: dict[str, int]
+    versions: list[int]
+    drafters: list[DrafterStatus] = field(default_factory=list)
+    deployments: list[DeploymentStatus] = field(default_factory=list)
+    last_sync: dict[str, Any] | None = None
+
+
+def _as_int(text: str | None) -> int | None:
+    """A version or gamma tag as an int; metric tags may read "3" or "3.0"."""
+    if text is None or not str(text).strip():
+        return None
+    try:
+        return int(float(text))
+    except ValueError:
+        return None
+
+
+def measured_gamma(tags: Mapping[str, str]) -> int | None:
+    """The knee validation measured; the version's gamma tag once validated (a pending one is only configured)."""
+    knee = _as_int(tags.get(GAMMA_KNEE_TAG))
+    if knee is not None:
+        return knee
+    if tags.get(VALIDATION_STATUS_TAG) in ("passed", "failed"):
+        return _as_int(tags.get(GAMMA_TAG))
+    return None
+
+
+def parse_gamma_range(text: str | None) -> list[int] | None:
+    """`[2, 4]` (JSON), `2-4`, `2,4` or `2..4` as [lo, hi]; one number as [n, n]; anything else None."""
+    if text is None or not str(text).strip():
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = [int(n) for n in re.findall(r"\d+", text)]
+    if isinstance(value, (int, float)):
+        value = [value, value]
+    if not isinstance(value, list) or not 1 <= len(value) <= 2:
+        return None
+    try:
+        numbers = [int(v) for v in value]
+    except (TypeError, ValueError):
+        return None
+    return [min(numbers), max(numbers)]
+
+
+def recommended_gamma(tags: Mapping[str, str]) -> dict[str, Any] | None:
+    """What the decision framework recommended for this drafter, or None when the sync recorded nothing."""
+    start = _as_int(tags.get(RECOMMENDED_GAMMA_START_TAG))
+    gamma_range = parse_gamma_range(tags.get(RECOMMENDED_GAMMA_RANGE_TAG))
+    if start is None and gamma_range is None:
+        return None
+    return {"start": start, "range": gamma_range}
+
+
+def drafter_status(version: int, tags: Mapping[str, str], aliases: Sequence[str]) -> DrafterStatus:
+    return DrafterStatus(
+        version=int(version),
+        trained_for=_as_int(tags.get(TARGET_VERSION_TAG)),
+        method=tags.get(METHOD_TAG),
+        validation=tags.get(VALIDATION_STATUS_TAG, "unknown"),
+        aliases=sorted(aliases),
+        gamma_measured=measured_gamma(tags),
+        gamma_recommended=recommended_gamma(tags),
+    )
+
+
+def _job_moment(job) -> datetime:
+    """When a job last changed: a re-opened job keeps its old finish time, so take the latest of the three."""
+    return max(moment for moment in (job.requested_at, job.started_at, job.finished_at) if moment is not None)
+
+
+def last_sync(jobs: Iterable) -> dict[str, Any] | None:
+    """The ledger's most recently changed job of a target as plain data (times in ISO 8601), or None."""
+    latest = max(jobs, key=_job_moment, default=None)
+    if latest is None:
+        return None
+
+    def moment(value: datetime | None) -> str | None:
+        return None if value is None else value.isoformat()
+
+    return {
+        "target_version": latest.target_version,
+        "method": latest.method,
+        "status": latest.status,
+        "generation": latest.generation,
+        "attempts": latest.attempts,
+        "source": latest.source,
+        "reason": latest.reason,
+        "requested_at": moment(latest.requested_at),
+        "started_at": moment(latest.started_at),
+        "finished_at": moment(latest.finished_at),
+        "drafter_version": latest.drafter_version,
+        "detail": latest.detail,
+    }
+
+
+def week_acceptance(store, deployments: Sequence[str], now: datetime) -> dict[str, float | None]:
+    """Acceptance over the 7 days up to `now` per deployment, from the hourly rollups (the weekly report's sums)."""
+    from draftsync.monitors.trends import summarize_hourly
+
+    start = now - LAST_WEEK
+    rows = store.rollup_window(start, now, list(deployments)) if deployments else {}
+    return {name: summarize_hourly(rows.get(name, []), start, now, deployment=name).acceptance_rate
+            for name in deployments}
+
+
+def gather_status(registry, store, ledger, target_names: Iterable[str] = (),
+                  now: datetime | None = None) -> list[TargetStatus]:
+    """Every target: those tagged in the registry, those named in `target_names`, and those a deployment serves."""
+    now = now or datetime.now(UTC)
+    pairs = store.serving_pairs()
+    names = sorted(set(registry.target_names()) | set(target_names) | {pair.target_name for pair in pairs})
+    acceptance = week_acceptance(store, [pair.deployment for pair in pairs], now)
+    targets = []
+    for name in names:
+        versions = registry.target_versions_after(name, 0)
+        aliases = {alias: info.version for info in versions for alias in info.aliases}
+        drafters = [drafter_status(info.version, info.tags, info.aliases)
+                    for info in registry.target_versions_after(drafter_model_name(name), 0)]
+        deployments = [
+            DeploymentStatus(
+                name=pair.deployment, state=pair.state, target_version=pair.target_version,
+                drafter_version=pair.drafter_version,
+                gamma=pair.gamma if pair.drafter_version is not None else None,
+                acceptance_7d=acceptance[pair.deployment],
+            )
+            for pair in pairs if pair.target_name == name
+        ]
+        targets.append(TargetStatus(
+            name=name, aliases=dict(sorted(aliases.items())), versions=[info.version for info in versions],
+            drafters=drafters, deployments=deployments, last_sync=last_sync(ledger.jobs(name)),
+        ))
+    return targets
+
+
+def current_status(now: datetime | None = None) -> dict[str, Any]:
+    """The status of this work dir's registry and store, as the JSON `draftsync status --json` writes."""
+    from draftsync.tasks import context
+
+    targets = gather_status(context.registry(), context.store(), context.sync_ledger(),
+                            context.settings().target_names, now)
+    return {"targets": [asdict(target) for target in targets]}

@@ -1,0 +1,61 @@
+"""`draftsync webhooks ...`: run the MLflow webhook receiver and register it with MLflow.
+
+Mounted on the main CLI as `app.add_typer(webhooks_app, name="webhooks")`. Heavy imports (uvicorn,
+mlflow, prefect) happen inside the commands, after the work dir's environment is set.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+webhooks_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Receive MLflow registry webhooks (new target versions, alias moves) and register them with MLflow.",
+)
+
+
+@webhooks_app.command()
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on (0.0.0.0 inside a container).")
+                    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8765,
+) -> None:
+    """Run the receiver: POST /mlflow/webhook (signed MLflow deliveries), GET /healthz."""
+    import uvicorn
+
+    from draftsync.flows.webhook_receiver import HEALTH_PATH, WEBHOOK_PATH, app_from_settings
+
+    app = app_from_settings()
+    typer.echo(f"receiving MLflow webhooks at http://{host}:{port}{WEBHOOK_PATH} (health: {HEALTH_PATH})", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="info", server_header=False)
+
+
+@webhooks_app.command()
+def register(
+    url: Annotated[str, typer.Option("--url", help="The receiver's URL as MLflow reaches it, ending in "
+                                                   "/mlflow/webhook.")],
+    name: Annotated[str, typer.Option("--name", help="Webhook name; an existing webhook of this name is updated."
+                                      )] = "draftsync",
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON to this path.")
+                         ] = None,
+) -> None:
+    """Create (or update) the MLflow webhook that sends version and alias events, signed with the secret."""
+    from draftsync.flows.webhook_receiver import resolve_webhook_secret
+    from draftsync.registry.webhooks import SUBSCRIBED_EVENTS, create_or_update_webhook
+    from draftsync.tasks import context
+
+    settings = context.settings()
+    tracking_uri = settings.mlflow_tracking_uri
+    webhook_id = create_or_update_webhook(tracking_uri, name, url, resolve_webhook_secret(settings))
+    typer.echo(webhook_id)
+    typer.echo(f"MLflow at {tracking_uri} sends {', '.join(SUBSCRIBED_EVENTS)} to {url} (webhook {name!r})", err=True)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        result = {"webhook_id": webhook_id, "name": name, "url": url, "tracking_uri": tracking_uri,
+                  "events": list(SUBSCRIBED_EVENTS)}
+        json_path.write_text(json.dumps(result, indent=2))

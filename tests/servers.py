@@ -1,0 +1,99 @@
+"""Real servers for tests, as context managers: an `mlflow server` subprocess and an ASGI app under uvicorn.
+
+Both listen on loopback on a free port and are stopped on exit, whatever happened inside the block.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftsync.serving.process import ServerProcess, free_port
+
+MLFLOW_STARTUP_SECONDS = 120
+
+# MLflow refuses http:// and loopback webhook URLs unless told these are fine (test and compose setups only).
+MLFLOW_WEBHOOK_TEST_ENV = {
+    "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https",
+    "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
+    "MLFLOW_WEBHOOK_CACHE_TTL": "1",  # a webhook updated in a test takes effect at once
+}
+
+
+@dataclass
+class MlflowServer:
+    """A running `mlflow server`: `url` is its tracking URI; `log_path` holds its output."""
+
+    url: str
+    process: ServerProcess
+    log_path: Path
+    backend_store_uri: str
+
+
+@contextmanager
+def mlflow_server(
+    tmp_path: Path,
+    backend_store_uri: str | None = None,
+    env: Mapping[str, str] | None = None,
+    startup_timeout: float = MLFLOW_STARTUP_SECONDS,
+) -> Iterator[MlflowServer]:
+    """`mlflow server` on loopback (SQLite under `tmp_path` unless `backend_store_uri` names e.g. Postgres),
+    with artifacts served from `tmp_path`, webhooks allowed to loopback http URLs, and no telemetry."""
+    root = Path(tmp_path) / f"mlflow-server-{os.getpid()}-{time.monotonic_ns()}"
+    root.mkdir(parents=True)
+    backend = backend_store_uri or f"sqlite:///{root / 'mlflow.db'}"
+    port = free_port()
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    argv = [
+        str(mlflow_bin) if mlflow_bin.exists() else "mlflow",
+        "server",
+        "--backend-store-uri", backend,
+        "--artifacts-destination", str(root / "artifacts"),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--workers", "1",
+    ]
+    child_env = {
+        "DO_NOT_TRACK": "true",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        **MLFLOW_WEBHOOK_TEST_ENV,
+        **(env or {}),
+    }
+    process = ServerProcess(argv, "127.0.0.1", port, root / "server.log", env=child_env)
+    process.start()
+    try:
+        process.wait_healthy(startup_timeout, health_path="/health")
+        yield MlflowServer(url=process.url, process=process, log_path=root / "server.log", backend_store_uri=backend)
+    finally:
+        process.stop()
+
+
+@contextmanager
+def serve_asgi_in_thread(app, host: str = "127.0.0.1", startup_timeout: float = 30.0) -> Iterator[str]:
+    """Run an ASGI app with uvicorn in a background thread; yields its base URL (http://host:port)."""
+    import uvicorn
+
+    port = free_port(host)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError(f"uvicorn on {host}:{port} stopped before it started")
+        if time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"uvicorn on {host}:{port} did not start within {startup_timeout:.0f} s")
+        time.sleep(0.05)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -1,0 +1,42 @@
+"""Sync profiles by name and from a file: a file overrides the demo profile field by field, bad files say where."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftsync.errors import DraftsyncError
+from draftsync.tasks.profile import profile
+
+
+def test_a_profile_file_overrides_the_demo_profile_field_by_field(tmp_path):
+    path = tmp_path / "gpu-small.yaml"
+    path.write_text("method: eagle3.1\ntrain_steps: 1234\nvalidation:\n  requests: 50\n  min_p5: 0.4\n")
+    chosen = profile(str(path))
+    demo = profile("demo")
+    assert (chosen.name, chosen.method, chosen.train_steps) == ("gpu-small", "eagle3.1", 1234)
+    assert (chosen.validation.requests, chosen.validation.min_p5) == (50, 0.4)
+    assert chosen.batch_size == demo.batch_size and chosen.validation.max_tokens == demo.validation.max_tokens
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ("train_steps: -3\n", "train_steps"),
+    ("method: medusa2\n", "method"),
+    ("validation:\n  min_p50: 2\n", "validation.min_p50"),
+    ("- a list\n", "not a mapping"),
+    ("train_steps: [unclosed\n", "cannot be read"),
+])
+def test_a_bad_profile_file_names_the_field_and_the_file(tmp_path, text, named):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(DraftsyncError) as error:
+        profile(str(path))
+    assert named in error.value.what and str(path) in error.value.what and error.value.fix
+
+
+def test_unknown_names_and_missing_files_are_refused_with_the_choices():
+    with pytest.raises(DraftsyncError) as error:
+        profile("fast")
+    assert "production" in error.value.fix and "YAML/JSON" in error.value.fix
+    with pytest.raises(DraftsyncError, match="cannot be read"):
+        profile("/nonexistent/profile.yaml")
+    assert profile("production").validation.name == "production"
