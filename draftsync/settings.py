@@ -40,6 +40,7 @@ class Settings(BaseSettings):
     webhook_max_age_seconds: int = 300  # older (or further in the future) deliveries are refused
     webhook_max_body_bytes: int = 1 << 20
     report_timezone: str = "UTC"  # the weekly report's cron runs in this zone
+    mlflow_ui_url: str | None = None  # where `mlflow ui` runs for an embedded registry (links in mail and artifacts)
 
     @property
     def root(self) -> Path:

@@ -19,7 +19,7 @@ import traceback
 from prefect import flow, get_run_logger
 
 from draftsync.flows.validate import validate
-from draftsync.tasks import context
+from draftsync.tasks import context, links
 from draftsync.tasks.dataset import build_dataset, target_task_mix
 from draftsync.tasks.drafting import HISTORY_FILE, train_drafter
 from draftsync.tasks.profile import SyncProfile, profile as named_profile
@@ -51,7 +51,39 @@ def sync(target_name: str, target_version: int, profile: str | SyncProfile | Non
         raise
     context.sync_ledger().finish(job.id, "succeeded", drafter_version=result["drafter_version"],
                                  detail="passed" if result["passed"] else "failed validation")
+    _summary_artifact(result, reason)
     return {**result, "generation": job.generation}
+
+
+def _summary_artifact(result: dict, reason: str) -> None:
+    """The sync's page in the Prefect UI: what was trained, the gates, and where to look next."""
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.runtime import flow_run
+
+    target, version = result["target_name"], result["target_version"]
+    validation, training = result["validation"], result["training"]
+    rows = "\n".join(f"| {g['name']} | {g['value']} | {g['comparison']} {g['threshold']} | "
+                     f"{'pass' if g['passed'] else '**FAIL**'} |" for g in validation["gates"])
+    verdict = "passed every gate and is `production`" if validation.get("promoted") else \
+        ("passed" if result["passed"] else "**failed** validation and stays a candidate")
+    markdown = f"""# Drafter sync: {target} v{version}
+
+Drafter **{result['drafter_name']} v{result['drafter_version']}** ({result['method']}, gamma knee
+{result['gamma']}) {verdict}. Started by: {reason}.
+
+Training: {training['steps']} steps{' (warm start)' if training.get('warm_start') else ''}, final loss
+{training['final_loss']}, {training['tokens_per_s']} tokens/s, {training['parameters_pct_of_target']}% of the target.
+
+| gate | value | threshold | result |
+|---|---|---|---|
+{rows}
+
+- [Drafter version in MLflow]({links.model_version_url(result['drafter_name'], result['drafter_version'])})
+- [Target version in MLflow]({links.model_version_url(target, version)})
+- [This flow run]({links.flow_run_url(flow_run.id)})
+"""
+    key = f"sync-{target}-v{version}".lower().replace("_", "-").replace(".", "-")
+    create_markdown_artifact(key=key, markdown=markdown, description=f"drafter sync of {target} v{version}")
 
 
 def _owner() -> str:

@@ -14,11 +14,12 @@ import re
 from datetime import UTC, datetime
 
 from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
 
 from draftsync.errors import DraftsyncError
 from draftsync.flows.rollout import rollout
 from draftsync.serving.deployment import ServingDeployment
-from draftsync.tasks import context, events
+from draftsync.tasks import context, events, links
 from draftsync.tasks.monitoring import WEEK, review_deployment
 from draftsync.tasks.serving import configured_deployments
 from draftsync.tasks.sync_requests import request_sync
@@ -52,11 +53,12 @@ def iso_week_period(week: str, now: datetime | None = None) -> tuple[datetime, d
 
 def _links(target_names: set[str]) -> dict[str, str]:
     settings = context.settings()
-    links = {f"MLflow: {name}-drafter": f"http://127.0.0.1:5000/#/models/{name}-drafter"
-             for name in sorted(target_names)}
-    links["Prefect flow runs"] = "http://127.0.0.1:4200/runs"
-    links["MLflow UI on this work dir"] = f"mlflow ui --backend-store-uri {settings.mlflow_tracking_uri}"
-    return links
+    links_by_name = {f"MLflow: {name}-drafter": links.model_version_url(f"{name}-drafter")
+                     for name in sorted(target_names)}
+    links_by_name["Prefect flow runs"] = links.flow_run_url()
+    if not settings.mlflow_tracking_uri.startswith(("http://", "https://")):
+        links_by_name["MLflow UI on this work dir"] = f"mlflow ui --backend-store-uri {settings.mlflow_tracking_uri}"
+    return links_by_name
 
 
 def _act(pair, review: dict, specs: dict[str, ServingDeployment], fresh: set[str], now: datetime) -> list[str]:
@@ -205,6 +207,12 @@ def weekly_report(
                     value=finding.value, sent_at=end, outbox_id=entry_id,
                 )
     logger.info("weekly report %r written to %s (%s)", message["Subject"], eml_path, status)
+    create_table_artifact(
+        key="weekly-acceptance-report", description=f"Weekly acceptance review: {message['Subject']}",
+        table=[{"deployment": r["name"], "status": r["status"], "acceptance": r["acceptance_rate"], "p5": r["p5"],
+                "p50": r["p50"], "trend_per_day": r["trend_per_day"],
+                "findings": "; ".join(f["rule"] for f in r["findings"]) or "-", "actions": "; ".join(r["actions"])}
+               for r in rows])
     return {
         "week": {"iso": week, "start": start.isoformat(), "end": end.isoformat()},
         "deployments": rows,

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from prefect import task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NONE
 
 from draftsync.tasks import context
@@ -73,11 +74,15 @@ def train_drafter(
         device=profile.training_device,
     )
     every = max(1, config.steps // 5)
+    shown = max(1, config.steps // 50)  # the UI's progress bar moves in 2% steps
+    bar = create_progress_artifact(0.0, key=None, description=f"{profile.method} drafter training")
 
     def progress(step: int, total: int, metrics: dict[str, float]) -> None:
         if step % every == 0 or step == total:
             logger.info("drafter training step %d/%d loss %.3f, %.0f tokens/s", step, total, metrics["loss"],
                         metrics["tokens_per_s"])
+        if step % shown == 0 or step == total:
+            update_progress_artifact(bar, 100.0 * step / total)
 
     torch.manual_seed(profile.seed)
     # Checkpoints are kept per training config, so a sync rerun with other settings never resumes into them.

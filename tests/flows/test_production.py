@@ -207,6 +207,17 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
                 (run,) = runs
                 assert run.state.is_completed(), (run.state, log_tail(serve_log, 60))
                 assert run.parameters["target_name"] == "prod-llm" and int(run.parameters["target_version"]) == version
+                # What a person finds in the Prefect UI: the sync's summary with its gate table and links, and the
+                # training's progress bar at 100 %.
+                from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+                artifacts = client.read_artifacts(
+                    artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+                summary = next(a for a in artifacts if a.key == f"sync-prod-llm-v{version}")
+                assert "| validation_acceptance_mean |" in summary.data and "| tpot_speedup |" in summary.data
+                assert f"{mlflow.url}/#/models/prod-llm-drafter/versions/" in summary.data
+                assert f"/runs/flow-run/{run.id}" in summary.data
+                assert [a.data for a in artifacts if a.type == "progress"] == [100.0]
         job = ledger.get("prod-llm", version, "eagle3")
         assert job.status == "succeeded" and job.run_id.startswith(str(run.id))
         drafter = registry.version_tags("prod-llm-drafter", job.drafter_version)

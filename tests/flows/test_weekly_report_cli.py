@@ -185,6 +185,15 @@ def test_report_command_stale_week_smtp_down_then_delivered(report_setup, monkey
     launch = json.loads((report_setup["workdir"] / "serving" / "external" / "chat.json").read_text())
     assert launch["speculative_config"] is None and "--speculative-config" not in launch["argv"]
     (pending,) = context.store().outbox("pending")
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    with get_client(sync_client=True) as client:  # the report's table in the Prefect UI
+        table = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
+            any_=["weekly-acceptance-report"])), sort=ArtifactSort.CREATED_DESC, limit=1)[0]
+    (row,) = json.loads(table.data)
+    assert (row["deployment"], row["status"], row["findings"]) == ("chat", "STALE", "stale")
 
     # run 2: SMTP is back; the waiting report goes out first, then this run's, and nothing is repeated.
     seen: list = []
