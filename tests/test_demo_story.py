@@ -45,6 +45,12 @@ def test_each_drafter_carries_its_target_version_and_v2_ends_in_production(story
     assert story["deployments"][0]["target_version"] == 2
     assert story["deployments"][0]["drafter_version"] == by_target[2]["version"]
     assert story["deployments"][0]["state"] == "serving"
+    # Both gammas are on each drafter version: the decision framework's (recorded; the tiny demo target is far
+    # below the framework's 13B, so it recommends no drafter and the demo trains one anyway) and the measured knee.
+    for drafter in story["drafters"]:
+        recommended = drafter["gamma_recommended"]
+        assert recommended["method"] == "none" and recommended["start"] is not None
+        assert len(recommended["range"]) == 2 and drafter["gamma"] >= 1
 
 
 def test_acceptance_falls_with_drift_and_recovers_with_the_v2_pair(story):

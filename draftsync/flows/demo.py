@@ -166,7 +166,10 @@ def run_demo() -> dict:
             "version": info.version,
             "target_version": int(tags["draftsync.target.version"]),
             "method": tags["draftsync.method"],
-            "gamma": int(tags["draftsync.gamma"]),
+            "gamma": int(tags["draftsync.gamma"]),  # measured: validation's knee
+            "gamma_recommended": {"range": json.loads(tags.get("draftsync.recommended.gamma_range", "null")),
+                                  "start": tags.get("draftsync.recommended.gamma_start"),
+                                  "method": tags.get("draftsync.recommended.method")},
             "validation_passed": tags.get("draftsync.validation.passed") == "true",
             "aliases": registry.aliases_of(drafter_name, info.version),
             "path": str(registry.download(drafter_name, info.version)),
@@ -208,7 +211,10 @@ def _print_summary(console: Console, result: dict, settings) -> None:
         table.add_row(phase["name"], "-" if rate is None else f"{rate:.3f}", str(phase["draft_tokens"]))
     console.print(table)
     for d in result["drafters"]:
-        console.print(f"drafter {d['name']} v{d['version']} for target v{d['target_version']} ({d['method']}, gamma {d['gamma']}): aliases {d['aliases']}")
+        recommended = d["gamma_recommended"]
+        console.print(f"drafter {d['name']} v{d['version']} for target v{d['target_version']} ({d['method']}, gamma "
+                      f"{d['gamma']} measured; recommended {recommended['method']} {recommended['range']}): "
+                      f"aliases {d['aliases']}")
     console.print(f"weekly report: {result['weekly_report']['subject']}\n  {result['weekly_report']['file']}")
     console.print(f"timings (s): {result['timings_s']}")
     console.print(f"summary: {settings.root / 'demo.json'}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import time
 import traceback
 
 from prefect import flow, get_run_logger
@@ -22,6 +23,7 @@ from draftsync.flows.validate import validate
 from draftsync.tasks import context, links
 from draftsync.tasks.dataset import build_dataset, target_task_mix
 from draftsync.tasks.drafting import HISTORY_FILE, train_drafter
+from draftsync.tasks.planning import plan_drafter, recommendation_tags
 from draftsync.tasks.profile import SyncProfile, profile as named_profile
 from draftsync.tasks.registration import drafter_model_name, fetch_target, register_drafter
 
@@ -61,7 +63,7 @@ def _summary_artifact(result: dict, reason: str) -> None:
     from prefect.runtime import flow_run
 
     target, version = result["target_name"], result["target_version"]
-    validation, training = result["validation"], result["training"]
+    validation, training, advice = result["validation"], result["training"], result["recommendation"]
     rows = "\n".join(f"| {g['name']} | {g['value']} | {g['comparison']} {g['threshold']} | "
                      f"{'pass' if g['passed'] else '**FAIL**'} |" for g in validation["gates"])
     verdict = "passed every gate and is `production`" if validation.get("promoted") else \
@@ -70,6 +72,9 @@ def _summary_artifact(result: dict, reason: str) -> None:
 
 Drafter **{result['drafter_name']} v{result['drafter_version']}** ({result['method']}, gamma knee
 {result['gamma']}) {verdict}. Started by: {reason}.
+
+Gamma: recommended {advice['gamma_range'][0]}-{advice['gamma_range'][1]} starting at {advice['gamma_start']}
+({advice['method']}{', followed' if advice['applied'] else ', recorded only'}); measured knee {result['gamma']}.
 
 Training: {training['steps']} steps{' (warm start)' if training.get('warm_start') else ''}, final loss
 {training['final_loss']}, {training['tokens_per_s']} tokens/s, {training['parameters_pct_of_target']}% of the target.
@@ -141,14 +146,27 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
         chosen = chosen.model_copy(update={"seed": chosen.seed + generation})
     registry = context.registry()
     settings = context.settings()
+    stages: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        stages[stage] = round(now - clock, 2)
+        clock = now
+
     target = fetch_target(target_name, target_version)
+    plan = plan_drafter(target_name, target["tags"], chosen)
+    chosen = plan["profile"]
     task_mix = target_task_mix(target["path"], target["tags"])
     # One work directory per (target version, method): a rerun after a crash resumes the dataset build
     # from its last shard and the training from its last checkpoint.
     suffix = f"-g{generation}" if generation else ""
     work = settings.root / "syncs" / target_name / f"v{target_version}-{chosen.method}{suffix}"
     dataset_dir = work / f"dataset-{chosen.dataset_key()}"
+    lap("preparation")
     data = build_dataset(target["path"], task_mix, chosen, str(dataset_dir))
+    lap("dataset")
 
     drafter_model = drafter_model_name(target_name)
     previous = registry.alias_version(drafter_model, "production")
@@ -156,12 +174,17 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     out_dir = settings.root / "drafters" / target_name / f"target-v{target_version}-{chosen.method}{suffix}"
     checkpoints = work / "checkpoints"
     training = train_drafter(target["path"], data["path"], chosen, str(out_dir), str(checkpoints), warm_start_dir)
+    lap("training")
     version = register_drafter(target_name, target_version, str(out_dir), chosen.method, chosen.gamma, training,
                                history_path=str(checkpoints / HISTORY_FILE), data_checks=data["checks"],
                                generation=generation)
+    for key, value in recommendation_tags(plan).items():
+        registry.tag_version(drafter_model, version, key, value)
     if not chosen.keep_dataset:
         shutil.rmtree(dataset_dir, ignore_errors=True)
+    lap("registration")
     validation = validate(target_name, version, chosen.validation, promote=True, seed=chosen.seed)
+    lap("validation")
     if not validation["passed"]:
         logger.warning("drafter %s v%d stays a candidate and does not serve", drafter_model, version)
     return {
@@ -171,9 +194,11 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
         "drafter_version": version,
         "method": chosen.method,
         "gamma": validation["gamma_knee"],
+        "recommendation": {**plan["recommendation"], "applied": plan["applied"], "assumptions": plan["assumptions"]},
         "passed": validation["passed"],
         "validation": validation,
         "training": training,
         "dataset": {k: v for k, v in data.items() if k != "checks"},
         "data_checks": data["checks"],
+        "stages_s": stages,
     }

@@ -73,7 +73,8 @@ class ServingDeployment(BaseModel):
     host: str = Field("127.0.0.1", pattern=r"^[A-Za-z0-9._-]+$")  # the stable address clients use
     port: int = Field(0, ge=0, le=65535)  # 0: pick a free port at launch
     endpoint: str | None = Field(None, validate_default=True)  # launch external: the URL draftsync watches
-    tensor_parallel_size: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1)  # GPUs the target is served on
+    gpu_memory_gb: float = Field(80.0, gt=0.0)  # memory of one of them (the recommendation's memory check)
     extra_vllm_args: list[str] = Field(default_factory=list)
     # The acceptance guard (vLLM has no acceptance threshold): pooled live acceptance over the window below
     # the threshold, with at least `fallback_min_draft_tokens` drafted -> relaunch with speculation off.

@@ -97,6 +97,9 @@ class SyncProfile(BaseModel):
     validation: ValidationProfile = Field(default_factory=lambda: VALIDATION_PROFILES["production"].model_copy())
     seed: int = 0
     training_device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Train the method and sweep the gamma range the decision framework recommends for the target and its
+    # hardware (`draftsync recommend`); off, the recommendation is only recorded on the drafter version.
+    follow_recommendation: bool = False
 
     def dataset_key(self) -> str:
         """What the dataset depends on: a rerun with the same key resumes it, another key builds anew."""
@@ -114,7 +117,7 @@ PROFILES = {
     "production": SyncProfile(
         name="production", gamma=4, draft_vocab_size=32000, train_steps=20000, warm_start_steps=8000,
         checkpoint_every=1000, noise_std=0.05, batch_size=16, seq_len=2048, lr=3e-4, ttt_steps=3,
-        training_texts=50000, generated_samples=50000, generated_max_tokens=1024,
+        training_texts=50000, generated_samples=50000, generated_max_tokens=1024, follow_recommendation=True,
         validation=VALIDATION_PROFILES["production"],
     ),
     "demo": SyncProfile(validation=VALIDATION_PROFILES["demo"]),

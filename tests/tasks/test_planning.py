@@ -1,0 +1,63 @@
+"""The sync's plan: the decision framework fed by the target's tags and the deployment that serves it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from draftsync.tasks.profile import profile
+
+TAGS_70B_CODE = {"draftsync.num_parameters": str(70_000_000_000), "draftsync.task_mix": json.dumps({"code": 0.8,
+                                                                                                     "math": 0.2})}
+
+
+@pytest.fixture()
+def planning_workdir(tmp_path, monkeypatch):
+    from draftsync.tasks import context
+
+    monkeypatch.setenv("DRAFTSYNC_WORKDIR", str(tmp_path / "work"))
+    context.reset()
+    yield tmp_path / "work"
+    context.reset()
+
+
+def write_deployment(workdir, **fields) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    lines = "".join(f"    {key}: {value}\n" for key, value in fields.items())
+    (workdir / "deployments.yaml").write_text(f"deployments:\n  - name: code-chat\n    target_name: big-llm\n{lines}")
+
+
+def test_a_production_profile_follows_the_recommendation_for_its_hardware(planning_workdir):
+    from draftsync.tasks.planning import plan_drafter, recommendation_tags
+
+    write_deployment(planning_workdir, tensor_parallel_size=4, gpu_memory_gb=80, tpot_target_ms=25)
+    plan = plan_drafter.fn("big-llm", TAGS_70B_CODE, profile("production"))
+    assert plan["applied"] and plan["assumptions"] == []
+    chosen = plan["profile"]
+    assert (chosen.method, chosen.gamma, chosen.validation.gamma_range) == ("eagle3.1", 6, (6, 8))
+    tags = recommendation_tags(plan)
+    assert json.loads(tags["draftsync.recommended.gamma_range"]) == [6, 8]
+    assert tags["draftsync.recommended.gamma_start"] == "6" and tags["draftsync.recommended.applied"] == "true"
+    assert "[latency:interactive]" in tags["draftsync.recommended.reasons"]
+
+
+def test_the_demo_profile_records_the_recommendation_without_following_it(planning_workdir):
+    from draftsync.tasks.planning import plan_drafter
+
+    tiny = {"draftsync.num_parameters": "1800000", "draftsync.task_mix": json.dumps({"code": 0.5, "prose": 0.5})}
+    demo = profile("demo")
+    plan = plan_drafter.fn("tiny-llm", tiny, demo)
+    assert plan["recommendation"]["method"] == "none"  # a 1.8M-parameter target: the framework says no drafter
+    assert not plan["applied"] and plan["profile"] == demo
+    assert any("no deployment serves tiny-llm" in a for a in plan["assumptions"])
+
+
+def test_a_recommendation_a_sync_cannot_train_keeps_the_profile_method(planning_workdir):
+    from draftsync.tasks.planning import plan_drafter
+
+    write_deployment(planning_workdir, tpot_target_ms=40)  # 1 x 80 GB, 1.8M parameters -> none
+    plan = plan_drafter.fn("big-llm", {"draftsync.num_parameters": "1800000", "draftsync.task_mix": "{}"},
+                           profile("production"))
+    assert not plan["applied"] and plan["profile"].method == "eagle3"
+    assert any("not trained by a sync" in a for a in plan["assumptions"])
