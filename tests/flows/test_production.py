@@ -1,5 +1,6 @@
 """Production-like: real `prefect server` and `mlflow server` processes on Postgres, `draftsync serve`, the
-webhook receiver; a target version registered in MLflow becomes exactly one completed drafter-sync run.
+webhook receiver; a target version registered in MLflow becomes exactly one completed drafter-sync run, and a
+stale finding's retrain request becomes a second one that registers the next drafter for the same version.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import UTC, datetime
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -123,6 +125,7 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
     from draftsync.monitors.sync_jobs import SyncLedger
     from draftsync.registry.model_registry import Registry, target_tags
     from draftsync.speculative.targets import build_target, builtin_recipe, describe_target
+    from draftsync.tasks.events import target_resource
 
     target_dir = build_target(builtin_recipe(1, "test"), tmp_path / "target-cache")
     monitor_url = postgres_server.create_database()
@@ -218,8 +221,31 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
                 assert f"{mlflow.url}/#/models/prod-llm-drafter/versions/" in summary.data
                 assert f"/runs/flow-run/{run.id}" in summary.data
                 assert [a.data for a in artifacts if a.type == "progress"] == [100.0]
-        job = ledger.get("prod-llm", version, "eagle3")
-        assert job.status == "succeeded" and job.run_id.startswith(str(run.id))
-        drafter = registry.version_tags("prod-llm-drafter", job.drafter_version)
+
+                # The weekly review finds the drafter stale: it asks the ledger for a retrain and emits
+                # draftsync.drafter.stale (as `request_sync(..., retrain=True)` does); the same deployment
+                # trains the next generation.
+                first = ledger.get("prod-llm", version, "eagle3")
+                assert ledger.request("prod-llm", version, "eagle3", source="weekly-review", retrain=True,
+                                      reason="acceptance 0.41 sustained: stale")
+                stale = {"occurred": datetime.now(UTC).isoformat(), "event": "draftsync.drafter.stale",
+                         "id": str(uuid.uuid4()), "resource": target_resource("prod-llm", version),
+                         "payload": {"reason": "acceptance 0.41 sustained: stale", "retrain": True}}
+                assert httpx.post(f"{api_url}/events", json=[stale], timeout=30).status_code == 204
+
+                def retrained():
+                    runs = sync_runs(client, sync_deployment.id)
+                    return runs if len(runs) == 2 and all(r.state.is_final() for r in runs) else None
+
+                runs = wait_for("the retrain run", retrained, 600, logs, every=3)
+                assert all(r.state.is_completed() for r in runs), [r.state for r in runs]
+        assert first.status == "succeeded" and first.run_id.startswith(str(run.id)) and first.generation == 0
+        drafter = registry.version_tags("prod-llm-drafter", first.drafter_version)
         assert drafter["draftsync.target.version"] == str(version)
+        job = ledger.get("prod-llm", version, "eagle3")
+        assert (job.status, job.generation, job.source) == ("succeeded", 1, "weekly-review")
+        assert job.drafter_version > first.drafter_version  # a new drafter version, for the same target version
+        retrained_tags = registry.version_tags("prod-llm-drafter", job.drafter_version)
+        assert retrained_tags["draftsync.target.version"] == str(version)
+        assert retrained_tags["draftsync.sync.generation"] == "1"
         assert SECRET not in receiver.log_path.read_text() and SECRET not in serve_log.read_text()
