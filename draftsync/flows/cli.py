@@ -221,13 +221,17 @@ def serve(
 ) -> None:
     """Create or update the five Prefect deployments and run them here until stopped (Ctrl-C).
 
-    Point PREFECT_API_URL at your Prefect server to see them in its UI; without it they run on a local API."""
+    Needs a Prefect server (PREFECT_API_URL): its automations turn draftsync's events into sync and rollout runs."""
     import os
 
     from draftsync.flows.deployments import Schedules, build_deployments
     from draftsync.tasks import context
     from draftsync.tasks.profile import profile as named_profile
 
+    if not os.environ.get("PREFECT_API_URL"):
+        raise DraftsyncError("draftsync serve needs a Prefect server, but PREFECT_API_URL is unset",
+                             "start one (`prefect server start`, or the compose stack) and set "
+                             "PREFECT_API_URL=http://127.0.0.1:4200/api; an in-process API would end with this process")
     settings = context.settings()
     chosen = profile or settings.sync_profile
     named_profile(chosen)  # an unknown profile fails here
