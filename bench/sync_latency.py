@@ -16,13 +16,17 @@ target, the `drafter-sync` flow run inline, and a rollout onto the CPU reference
   webhook detection - the sync's stages (rollout comes after the alias and is not part of total), split
   into the dispatch gap (ledger row -> sync start; a Prefect automation and a worker in production, the
   benchmark's own loop here), the sync flow outside its stages (Prefect run bookkeeping, the ledger claim,
-  the summary artifact) and the sync's end -> the alias read back.
+  the summary artifact) and the sync's end -> the alias read back. A drafter that fails validation does not
+  move `production`: `promoted` is then false and the total ends with the sync.
 Not measured here: the event -> automation -> deployment run -> worker pickup path of a Prefect server
 (tests/flows/test_production.py runs it); the ephemeral API's start-up is reported apart and not counted.
 
-Gates: the default run uses the `test` sync profile as it is; `--quick` trains far less, and its gate
-thresholds are set to 0 so that `production` still moves (the work measured is the same whatever the
-thresholds). The measured gate values are reported either way.
+Profile: the `test` sync profile; `--quick` trains far less (80 steps on 100 sequences instead of 600 on
+560). Its gates run as they are, but their thresholds are opened so that `production` moves in every run:
+what a gate measures, and so every stage's time, is the same whatever its threshold, while the test
+target's acceptance sits near the test profile's 0.55 and its measured knee (which sets the acceptance
+the gate sees) depends on CPU timing. `result.gates` re-judges each measured value against the profile's
+own threshold and `result.passes_profile_gates` says whether the drafter would have been promoted.
 
 Usage: python bench/sync_latency.py [--quick] [--json PATH] [--workdir DIR] [--target-cache DIR] [--poll-interval S]
 """
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import secrets
@@ -59,6 +64,11 @@ WEBHOOK_CACHE_TTL_S = 1  # MLflow re-reads its webhook list this often; the benc
 QUICK_OVERRIDES = dict(train_steps=80, training_texts=80, generated_samples=20, checkpoint_every=40)
 OPEN_GATES = dict(min_acceptance=0.0, min_p50=0.0, min_p5=0.0, min_speedup=0.0, min_long_acceptance=0.0,
                   max_memory_overhead=100.0)
+# The validation profile field behind each gate whose threshold OPEN_GATES changes (the others are fixed).
+GATE_THRESHOLD_FIELDS = {"validation_acceptance_mean": "min_acceptance", "acceptance_at_deployment_temperature":
+                         "min_acceptance", "acceptance_p50": "min_p50", "acceptance_p5": "min_p5",
+                         "tpot_speedup": "min_speedup", "stress_speedup": "min_speedup",
+                         "long_output_acceptance": "min_long_acceptance", "drafter_memory_overhead": "max_memory_overhead"}
 SYNC_STAGES = ("preparation", "dataset", "training", "registration", "validation")
 
 
@@ -121,14 +131,29 @@ def asgi_in_thread(app, host: str = "127.0.0.1") -> Iterator[tuple[str, threadin
 
 
 def sync_profile(quick: bool):
-    """The `test` sync profile; quick: a smaller training budget and open gates (see the module doc)."""
+    """The `test` sync profile with open gate thresholds; quick: a smaller training budget (see the module doc)."""
     from draftsync.tasks.profile import profile
 
     chosen = profile("test")
-    if quick:
-        chosen = chosen.model_copy(update={**QUICK_OVERRIDES,
-                                           "validation": chosen.validation.model_copy(update=OPEN_GATES)})
-    return chosen
+    return chosen.model_copy(update={**(QUICK_OVERRIDES if quick else {}),
+                                     "validation": chosen.validation.model_copy(update=OPEN_GATES)})
+
+
+def judged_by_profile(gates: list[dict], profile_name: str) -> dict:
+    """Each measured gate value against the named validation profile's own threshold."""
+    from draftsync.tasks.checklist import Gate
+    from draftsync.tasks.profile import validation_profile
+
+    own = validation_profile(profile_name)
+    judged = {}
+    for gate in gates:
+        field = GATE_THRESHOLD_FIELDS.get(gate["name"])
+        threshold = getattr(own, field) if field else gate["threshold"]
+        value = math.nan if gate["value"] is None else gate["value"]
+        verdict = Gate(gate["name"], value, threshold, gate["comparison"]).passed
+        judged[gate["name"]] = {"value": gate["value"], "comparison": gate["comparison"], "threshold": threshold,
+                                "passed": verdict}
+    return judged
 
 
 def wait_for_ledger_row(ledger, name: str, version: int, method: str, mlflow_process, receiver_thread,
@@ -149,6 +174,13 @@ def wait_for_ledger_row(ledger, name: str, version: int, method: str, mlflow_pro
                 "check the MLflow server log for webhook delivery errors (allowed schemes, private IPs)",
             )
         time.sleep(0.02)
+
+
+def process_cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def machine_facts() -> dict:
@@ -253,9 +285,11 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
         import torch
 
         training_threads = torch.get_num_threads()
+        cpu_before = process_cpu_s()
         sync_start_s = time.time()
         result = sync(TARGET_NAME, version, chosen, reason=f"version {version} registered (benchmark)")
         sync_end_s = time.time()
+        sync_cpu_s = process_cpu_s() - cpu_before
         drafter_name = drafter_model_name(TARGET_NAME)
         production = registry.alias_version(drafter_name, "production")
         alias_seen_s = time.time()
@@ -278,6 +312,7 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
     overhead_s = total_s - detection_s - sum(stages.values())
     sync_wall_s = sync_end_s - sync_start_s
     validation = result["validation"]
+    gates = judged_by_profile(validation["gates"], "test")
     return {
         "benchmark": "sync_latency", "quick": args.quick,
         "detection_s": {
@@ -300,15 +335,17 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
         "shares_of_total": {"detection": round(detection_s / total_s, 4),
                             **{stage: round(value / total_s, 4) for stage, value in stages.items()}},
         "sync_wall_s": round(sync_wall_s, 2),
+        # CPU seconds this process spent in the sync (all threads): well under wall x threads means it waited
+        # for the CPU (other load on the machine), which stretches every stage alike
+        "sync_cpu_s": round(sync_cpu_s, 1),
         "promoted": promoted,
         "result": {"target": f"{TARGET_NAME} v{version}", "drafter": f"{drafter_name} v{result['drafter_version']}",
                    "production": production, "ledger_source": job.source, "gamma_knee": result["gamma"],
                    "training": {key: result["training"][key] for key in ("steps", "seconds", "tokens_per_s",
                                                                           "top1_agreement", "warm_start")},
                    "training_torch_threads": training_threads,
-                   "dataset": result["dataset"], "validation_passed": validation["passed"],
-                   "gates": {g["name"]: {"value": g["value"], "threshold": g["threshold"], "passed": g["passed"]}
-                             for g in validation["gates"]},
+                   "dataset": result["dataset"],
+                   "gates": gates, "passes_profile_gates": all(g["passed"] for g in gates.values()),
                    "rollout_state": served["state"], "served_drafter_version": served["drafter_version"]},
         "profile": chosen.model_dump(mode="json"),
         "setup_s": {name: round(value, 2) for name, value in phases.items()},
@@ -318,7 +355,7 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a small training budget and open gates (about 2 min)")
+    parser.add_argument("--quick", action="store_true", help="a small training budget (80 steps instead of 600)")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--workdir", type=Path,
                         help="where each run's registry, ledger and servers keep their data (default: a temporary "

@@ -20,6 +20,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from draftsync.errors import DraftsyncError
+from draftsync.registry.model_registry import trained_for_version
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context, events
 from draftsync.tasks.alerts import send_alert
@@ -60,7 +61,7 @@ def choose_pair(deployment: ServingDeployment, drafter_version: int | None, spec
     drafter_name = drafter_model_name(deployment.target_name)
     if drafter_version is not None:
         tags = registry.version_tags(drafter_name, drafter_version)
-        trained_for = int(tags["draftsync.target.version"])
+        trained_for = trained_for_version(drafter_name, drafter_version, tags)
         if trained_for != target_version:
             raise DraftsyncError(
                 f"drafter {drafter_name} v{drafter_version} was trained for {deployment.target_name} v{trained_for}, "
@@ -244,7 +245,7 @@ def rollout_previous(deployment: ServingDeployment, snapshot: dict, reason: str)
     trained_for = None
     if previous is not None:
         tags = registry.version_tags(drafter_model_name(deployment.target_name), previous)
-        trained_for = int(tags["draftsync.target.version"])
+        trained_for = trained_for_version(drafter_model_name(deployment.target_name), previous, tags)
     if previous is not None and trained_for == target_version:
         pair = choose_pair(deployment, previous, True)
     else:

@@ -17,6 +17,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from draftsync.registry.model_registry import trained_for_version
 from draftsync.tasks import context, events
 from draftsync.tasks.dataset import target_task_mix
 from draftsync.tasks.profile import ValidationProfile, validation_profile
@@ -92,7 +93,7 @@ def validate(target_name: str, drafter_version: int, profile: str | ValidationPr
     registry, settings = context.registry(), context.settings()
     name = drafter_model_name(target_name)
     tags = registry.version_tags(name, drafter_version)
-    trained_for = int(tags["draftsync.target.version"])
+    trained_for = trained_for_version(name, drafter_version, tags)
     against = trained_for if target_version is None else int(target_version)
     target = fetch_target(target_name, against)
     drafter_dir = str(registry.download(name, drafter_version))

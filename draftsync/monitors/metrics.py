@@ -6,6 +6,7 @@ several engines reads as one deployment. A counter that goes down means the serv
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 
 from draftsync.errors import DraftsyncError
@@ -16,6 +17,7 @@ ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 GENERATION_TOKENS = "vllm:generation_tokens"
 TPOT = "vllm:time_per_output_token_seconds"
+_COUNTED = (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POSITION, GENERATION_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -68,10 +70,29 @@ def _add(current: float | None, value: float) -> float:
     return value if current is None else current + value
 
 
+# Counts above 2**53 cannot be exact in Prometheus' float64 text; no server gets there, so such a value is garbage.
+MAX_COUNTER_VALUE = 2**53
+# vLLM has one per-position series per speculative token; far more positions than any gamma means garbage.
+MAX_POSITIONS = 1024
+
+
+def _checked_value(name: str, value: float, source: str) -> float:
+    """A counter's value, refused with a DraftsyncError when no server could have exported it."""
+    if not math.isfinite(value) or value < 0 or value > MAX_COUNTER_VALUE:
+        raise DraftsyncError(
+            f"{source}: {name} has the value {value!r}, which no counter can have (it must be finite, "
+            f">= 0 and <= 2**53)",
+            "check that the endpoint is a vLLM (or draftsync reference) server and not a proxy rewriting its "
+            "metrics; nothing from this scrape was stored",
+        )
+    return value
+
+
 def parse(text: str, source: str = "metrics text") -> SpecDecodeCounters:
     """Read the spec-decode counters from Prometheus text; series that are absent read as zero.
 
-    `source` names where the text came from (an endpoint URL), for the error message.
+    `source` names where the text came from (an endpoint URL), for the error message. A value that is
+    not finite, negative or beyond 2**53 is refused, so garbage never reaches the store.
     """
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -83,6 +104,8 @@ def parse(text: str, source: str = "metrics text") -> SpecDecodeCounters:
                 if name.endswith("_created"):
                     continue
                 base = _base_name(name)
+                if base in _COUNTED or name in (f"{TPOT}_sum", f"{TPOT}_count"):
+                    _checked_value(name, sample.value, source)
                 if base == DRAFTS:
                     totals.drafts += sample.value
                 elif base == DRAFT_TOKENS:
@@ -126,10 +149,11 @@ def position_label(labels: dict[str, str], source: str) -> int:
         position = int(raw)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         position = -1
-    if position < 0:
+    if position < 0 or position >= MAX_POSITIONS:
         raise DraftsyncError(
             f"{source}: {ACCEPTED_PER_POSITION} has a series with position={raw!r}",
-            "the per-position counter needs a non-negative integer `position` label; check the server version",
+            f"the per-position counter needs an integer `position` label from 0 to {MAX_POSITIONS - 1}; "
+            "check the server version",
         )
     return position
 

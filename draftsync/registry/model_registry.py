@@ -73,6 +73,20 @@ def drafter_model_name(target_name: str) -> str:
     return f"{target_name}-drafter"
 
 
+def trained_for_version(model_name: str, version: int, tags: Mapping[str, str]) -> int:
+    """The target version a drafter version was trained for (its lineage tag); a missing or bad tag is named."""
+    raw = tags.get(TARGET_VERSION_TAG)
+    try:
+        return int(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as error:
+        found = f"no {TARGET_VERSION_TAG} tag" if raw is None else f"{TARGET_VERSION_TAG}={raw!r}"
+        raise DraftsyncError(
+            f"drafter {model_name} version {version} has {found}: the target version it was trained for is unknown",
+            f"set {TARGET_VERSION_TAG} on the version to that target version, or register drafters with "
+            "`draftsync sync` (it writes the lineage tags)",
+        ) from error
+
+
 def target_tags(
     *,
     architecture: str,
@@ -544,12 +558,46 @@ def _check_checkpoint_dir(path: Path, what: str) -> Path:
             f"{what} checkpoint {path} has no config.json",
             f"point at the {what}'s saved checkpoint directory (config.json + *.safetensors)",
         )
-    if not any(path.glob("*.safetensors")):
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
         raise DraftsyncError(
             f"{what} checkpoint {path} has no *.safetensors weights",
             "save it again; weights must be stored as safetensors",
         )
+    for file in weights:
+        _check_safetensors(file, what)
     return path
+
+
+SAFETENSORS_MAX_HEADER_BYTES = 100_000_000  # the format's own limit
+
+
+def _check_safetensors(file: Path, what: str) -> None:
+    """Header and size must agree, as the format requires: a torn or garbled file is refused before it is stored.
+
+    Reads the header only (8-byte length, then JSON), so a large checkpoint costs nothing to check."""
+    size = file.stat().st_size
+    problem = None
+    try:
+        with file.open("rb") as handle:
+            prefix = handle.read(8)
+            header_bytes = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+            if not 0 < header_bytes <= min(size - 8, SAFETENSORS_MAX_HEADER_BYTES):
+                problem = f"its header length {header_bytes} does not fit a file of {size} bytes"
+            else:
+                header = json.loads(handle.read(header_bytes))
+                end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"),
+                          default=0)
+                held = size - 8 - header_bytes
+                if end != held:
+                    problem = f"its header describes {end} bytes of tensors but the file holds {held}"
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as error:
+        problem = f"its header cannot be read ({type(error).__name__}: {error})"
+    if problem:
+        raise DraftsyncError(
+            f"{what} weights {file} are corrupt: {problem}",
+            f"save the {what} checkpoint again (or copy it again from where it was trained); nothing was registered",
+        )
 
 
 def _format_metric(value: Any) -> str:

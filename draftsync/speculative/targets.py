@@ -269,11 +269,18 @@ def describe_target(path: Path) -> dict:
     }
 
 
-def load_target(path: Path, trust_remote_code: bool = False):
-    """Load (model, tokenizer) in eval mode, failing with a clear error on anything a sync cannot use."""
+def load_target(path: Path, trust_remote_code: bool | None = None):
+    """Load (model, tokenizer) in eval mode, failing with a clear error on anything a sync cannot use.
+
+    `trust_remote_code` None: DRAFTSYNC_TRUST_REMOTE_CODE decides (off unless configured).
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if trust_remote_code is None:
+        from draftsync.settings import Settings
+
+        trust_remote_code = Settings().trust_remote_code
     path = Path(path)
     config = _read_config(path)
     if config.get("auto_map") and not trust_remote_code:
@@ -283,9 +290,26 @@ def load_target(path: Path, trust_remote_code: bool = False):
         )
     describe_target(path)  # checks the weight headers before a long load
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code)
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, trust_remote_code=trust_remote_code, output_loading_info=True
+        )
     except Exception as exc:
         raise DraftsyncError(f"target {path} could not be loaded ({type(exc).__name__}: {exc})", "re-export the checkpoint") from exc
+    # transformers fills weights its config expects but the files lack with random values, silently.
+    missing = sorted(loading.get("missing_keys") or ())
+    if missing:
+        raise DraftsyncError(
+            f"target {path}: its weights do not fit its config.json ({type(model).__name__}); "
+            f"{len(missing)} tensors missing, e.g. {', '.join(missing[:3])}",
+            "keep the config.json that was saved with these weights (save_pretrained writes both)",
+        )
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise DraftsyncError(
+            f"target {path} is a {type(model).__name__}: draftsync reads hidden states from a Llama-style decoder "
+            "(model.model.layers), which it does not have",
+            "register a Llama-style decoder-only checkpoint (Llama, Mistral, Qwen2/3 and the like)",
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as exc:

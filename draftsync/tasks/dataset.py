@@ -18,7 +18,7 @@ def target_task_mix(target_dir: Path, tags: dict[str, str] | None = None) -> dic
     if tags and tags.get("draftsync.task_mix"):
         try:
             return {k: float(v) for k, v in json.loads(tags["draftsync.task_mix"]).items()}
-        except (ValueError, AttributeError) as exc:
+        except (ValueError, TypeError, AttributeError) as exc:
             raise DraftsyncError(
                 f"registry tag draftsync.task_mix={tags['draftsync.task_mix']!r} is not a JSON object of shares",
                 'set it to e.g. {"code": 0.5, "math": 0.5}',

@@ -61,8 +61,11 @@ def review_deployment(deployment: str, now: datetime) -> dict:
     previous = week(now - 2 * WEEK)
     trained_for, baseline = None, None
     if pair is not None and pair.drafter_version is not None:
-        tags = context.registry().version_tags(drafter_model_name(pair.target_name), pair.drafter_version)
-        trained_for = int(tags["draftsync.target.version"])
+        from draftsync.registry.model_registry import trained_for_version
+
+        drafter_name = drafter_model_name(pair.target_name)
+        tags = context.registry().version_tags(drafter_name, pair.drafter_version)
+        trained_for = trained_for_version(drafter_name, pair.drafter_version, tags)
         if pair.state == "serving" and pair.updated_at + WEEK <= now - WEEK:  # a first week that is over
             baseline = Baseline.from_summary(week(pair.updated_at, pair.drafter_version))
     findings = evaluate(summary, pair.target_version if pair else None, trained_for,

@@ -1,0 +1,149 @@
+"""Bad data on the monitoring and training sides: metrics text no server could have sent is refused with the
+endpoint named and stores nothing, so the next good scrape books exactly the traffic since the last good one;
+a dataset with no usable sequence fails the data checks before a drafter trains on it."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from draftsync.errors import DraftsyncError
+
+COUNTERS = (
+    "# TYPE vllm:spec_decode_num_drafts counter\n"
+    'vllm:spec_decode_num_drafts_total{{model_name="m",engine="0"}} {drafts}\n'
+    "# TYPE vllm:spec_decode_num_draft_tokens counter\n"
+    'vllm:spec_decode_num_draft_tokens_total{{model_name="m",engine="0"}} {draft_tokens}\n'
+    "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
+    'vllm:spec_decode_num_accepted_tokens_total{{model_name="m",engine="0"}} {accepted}\n'
+    "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter\n"
+    'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="m",engine="0",position="0"}} {first}\n'
+    'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="m",engine="0",position="1"}} {second}\n'
+)
+
+
+def counters_text(drafts: int, accepted: int, first: int) -> str:
+    return COUNTERS.format(drafts=drafts, draft_tokens=2 * drafts, accepted=accepted, first=first,
+                           second=accepted - first)
+
+
+GOOD_BEFORE = counters_text(100, 150, 90)
+GOOD_AFTER = counters_text(160, 230, 135)
+# What a broken exporter, a proxy or the wrong port can answer, and what the parser must say about each.
+BAD_TEXTS = {
+    "an HTML error page": ("<html><body>502 Bad Gateway</body></html>", "did not return Prometheus text"),
+    "an infinite counter": (GOOD_AFTER.replace(" 160\n", " +Inf\n"), "has the value inf"),
+    "a NaN counter": (GOOD_AFTER.replace(" 230\n", " NaN\n"), "has the value nan"),
+    "a negative counter": (GOOD_AFTER.replace(" 320\n", " -320\n"), "has the value -320"),
+    "a counter beyond 2**53": (GOOD_AFTER.replace(" 160\n", " 1e30\n"), "has the value 1e+30"),
+    "a huge position label": (GOOD_AFTER.replace('position="1"', 'position="999999999"'),
+                              "position='999999999'"),
+    "a truncated body": (GOOD_AFTER[: GOOD_AFTER.index("{") + 12], "did not return Prometheus text"),
+}
+
+
+class MetricsEndpoint:
+    """A real HTTP server on loopback whose /metrics answers whatever text the test sets."""
+
+    def __init__(self):
+        self.text = ""
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's hook name
+                body = endpoint.text.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def endpoint():
+    served = MetricsEndpoint()
+    yield served
+    served.close()
+
+
+def test_a_scrape_of_bad_metrics_text_names_the_endpoint_and_loses_nothing(workdir, endpoint):
+    """Every bad answer between two good scrapes is refused; the good scrape after them books the exact delta."""
+    from draftsync.tasks import context
+    from draftsync.tasks.monitoring import scrape_deployment
+
+    store = context.store()
+    store.set_serving_pair("chat", target_name="t", target_version=1, drafter_name="t-drafter", drafter_version=1,
+                           gamma=2, endpoint=endpoint.url, state="serving")
+    start = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+    hour = (start - timedelta(minutes=1), start + timedelta(hours=1))
+    endpoint.text = GOOD_BEFORE
+    first = scrape_deployment.fn("chat", start)  # the server started at zero: its first counters are booked
+    assert (first["draft_tokens"], first["accepted"]) == (200, 150)
+
+    for minute, (label, (text, complaint)) in enumerate(BAD_TEXTS.items(), start=1):
+        endpoint.text = text
+        with pytest.raises(DraftsyncError) as error:
+            scrape_deployment.fn("chat", start + timedelta(minutes=minute))
+        assert f"metrics endpoint {endpoint.url}/metrics" in error.value.what, label
+        assert complaint in error.value.what, label
+        assert error.value.fix, label
+    assert len(store.samples("chat", *hour)) == 1
+
+    endpoint.text = GOOD_AFTER
+    result = scrape_deployment.fn("chat", start + timedelta(minutes=30))
+    assert result == {"deployment": "chat", "draft_tokens": 120, "accepted": 80,
+                      "acceptance_rate": pytest.approx(80 / 120), "reset": False}
+    booked, sample = store.samples("chat", *hour)
+    assert (booked.drafts, booked.draft_tokens, booked.accepted) == (100, 200, 150)
+    assert (sample.drafts, sample.draft_tokens, sample.accepted) == (60, 120, 80)
+    assert list(sample.accepted_per_position) == [45, 35]
+    assert sample.interval_start == start  # the interval spans the refused scrapes: nothing fell between
+
+
+def test_counts_up_to_two_to_the_53_are_still_accepted():
+    """The bound refuses garbage, not a long-lived busy server."""
+    from draftsync.monitors.metrics import parse
+
+    big = 2**53
+    counters = parse(counters_text(big // 2, big // 4, big // 8), source="metrics endpoint http://10.0.0.5/metrics")
+    assert (counters.drafts, counters.draft_tokens) == (big // 2, big)
+
+
+def test_a_dataset_without_a_usable_sequence_fails_the_data_checks(tmp_path):
+    """No sample, or only samples too short to train on: the build writes an empty dataset, the checks refuse it."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from draftsync.speculative.shards import Sample, build_shards
+    from draftsync.tasks.data_checks import run_data_checks
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    model = LlamaForCausalLM(config).eval()
+    unusable = [Sample("code", [], []), Sample("code", [5], [1])]
+    for name, samples in {"no-samples": [], "unusable-samples": unusable}.items():
+        out = tmp_path / name
+        manifest = build_shards(model, samples, out, (0, 1, 2), shard_tokens=60, batch_size=4)
+        assert manifest["num_sequences"] == 0
+        with pytest.raises(DraftsyncError) as error:
+            run_data_checks(out, config, {"code": 1.0})
+        assert f"data checks failed on {out}" in error.value.what
+        assert "[at least one sequence] observed 0, expected >= 1" in error.value.what
+        assert "rebuild the dataset" in error.value.fix
+        assert error.value.report.sequences == 0
