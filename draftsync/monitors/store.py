@@ -386,7 +386,8 @@ class Store:
     def __init__(self, url: str, *, echo: bool = False):
         self.url = url
         try:
-            self.engine = create_engine(url, echo=echo)
+            # pre-ping: a database restarted between two scrapes costs a reconnect, not a failed scrape
+            self.engine = create_engine(url, echo=echo, pool_pre_ping=True)
             if self.engine.dialect.name == "postgresql":
                 event.listen(self.engine, "connect", _utc_session)
             upgrade_to_head(self.engine)
