@@ -63,17 +63,15 @@ class PostgresServer:
         return self.url(name)
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    """A Postgres cluster in a temp dir (trust auth, loopback only), stopped and removed at the end.
+def cluster_home(prefix_name: str) -> tuple[Path, Path, list[str]]:
+    """Server binaries, an empty folder for a throwaway cluster, and the command prefix to run its commands.
 
-    initdb refuses to run as root, so under root the cluster belongs to the `postgres` user
-    (or `nobody`) and every server command runs through `runuser`.
-    """
+    initdb refuses to run as root, so under root the folder belongs to the `postgres` user (or `nobody`)
+    and the prefix runs each server command through `runuser`. Skips the test when that cannot be done."""
     bin_dir = _postgres_bin()
     if bin_dir is None:
         pytest.skip("Postgres server binaries (initdb, pg_ctl) not found; set DRAFTSYNC_PG_BIN to their folder")
-    root = Path(tempfile.mkdtemp(prefix="draftsync-pg-"))
+    root = Path(tempfile.mkdtemp(prefix=prefix_name))
     prefix: list[str] = []
     if os.geteuid() == 0:
         owner = next((u for u in ("postgres", "nobody") if _user_exists(u)), None)
@@ -83,6 +81,17 @@ def postgres_server() -> Iterator[PostgresServer]:
         record = pwd.getpwnam(owner)
         os.chown(root, record.pw_uid, record.pw_gid)
         prefix = ["runuser", "-u", owner, "--"]
+    return bin_dir, root, prefix
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A Postgres cluster in a temp dir (trust auth, loopback only), stopped and removed at the end.
+
+    initdb refuses to run as root, so under root the cluster belongs to the `postgres` user
+    (or `nobody`) and every server command runs through `runuser`.
+    """
+    bin_dir, root, prefix = cluster_home("draftsync-pg-")
     data, log = root / "data", root / "server.log"
     port = free_port()
 

@@ -4,11 +4,8 @@ and an SMTP server that refuses the login keeps the mail pending until a retry d
 from __future__ import annotations
 
 import logging
-import os
-import pwd
 import shutil
 import subprocess
-import tempfile
 from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from pathlib import Path
@@ -71,21 +68,9 @@ class RestartablePostgres:
 
 @pytest.fixture
 def restartable_postgres():
-    from tests.conftest import _postgres_bin, _user_exists
+    from tests.conftest import cluster_home
 
-    bin_dir = _postgres_bin()
-    if bin_dir is None:
-        pytest.skip("Postgres server binaries (initdb, pg_ctl) not found; set DRAFTSYNC_PG_BIN to their folder")
-    root = Path(tempfile.mkdtemp(prefix="draftsync-pg-restart-"))
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        owner = next((u for u in ("postgres", "nobody") if _user_exists(u)), None)
-        if owner is None or shutil.which("runuser") is None:
-            shutil.rmtree(root, ignore_errors=True)
-            pytest.skip("running as root without a `postgres`/`nobody` user and runuser: cannot run initdb")
-        record = pwd.getpwnam(owner)
-        os.chown(root, record.pw_uid, record.pw_gid)
-        prefix = ["runuser", "-u", owner, "--"]
+    bin_dir, root, prefix = cluster_home("draftsync-pg-restart-")
     cluster = RestartablePostgres(bin_dir, root, prefix)
     try:
         cluster.init()
