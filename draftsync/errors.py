@@ -8,3 +8,7 @@ class DraftsyncError(Exception):
         self.what = what
         self.fix = fix
         super().__init__(f"{what}\n  fix: {fix}")
+
+    def __reduce__(self):
+        """Pickled whole (Prefect keeps a failed run's exception): the default passes one argument, not two."""
+        return (type(self), (self.what, self.fix))

@@ -35,7 +35,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from draftsync.errors import DraftsyncError
@@ -380,8 +380,93 @@ def _first_line(exc: Exception, url: str) -> str:
     return line.replace(str(password), "***") if password else line
 
 
+@dataclass(frozen=True)
+class StoreFailure:
+    """One way the store's database fails while in use: how it shows (Postgres SQLSTATEs, lower-case pieces of the
+    driver's message) and what the user is told."""
+
+    problem: str
+    fix: str
+    states: frozenset[str] = frozenset()
+    phrases: tuple[str, ...] = ()
+
+
+STORE_FAILURES = (
+    StoreFailure(
+        "lacks a table or column of its schema (were the migrations run?)",
+        "run the migrations: restart the worker or run any draftsync command (opening the store migrates it to the "
+        "newest schema); if the schema is already marked current, a table was dropped by hand: restore it from a "
+        "backup or point DRAFTSYNC_MONITOR_DB_URL at a new database",
+        frozenset({"42P01", "42703"}), ("no such table", "no such column"),
+    ),
+    StoreFailure(
+        "is read-only",
+        "make the database file and its folder writable by this user (SQLite writes a journal beside the file), or "
+        "point DRAFTSYNC_MONITOR_DB_URL at a writable primary; after a refused write the store opens the file anew",
+        frozenset({"25006"}), ("readonly database",),
+    ),
+    StoreFailure(
+        "cannot read or write its storage",
+        "check the disk and file system holding the database (full, remounted read-only, failing) and that this user "
+        "may write the database file and its folder; the store opens the file anew on its next call",
+        frozenset({"58030"}), ("disk i/o error",),
+    ),
+    StoreFailure(
+        "is out of disk space",
+        "free disk space where the database is stored (or grow its volume); the refused write changed nothing",
+        frozenset({"53100"}), ("database or disk is full", "no space left on device"),
+    ),
+    StoreFailure(
+        "refused access",
+        "check the user and password in DRAFTSYNC_MONITOR_DB_URL, and that this user may log in and use the "
+        "database and its tables (pg_hba.conf, LOGIN, GRANT)",
+        frozenset({"28000", "28P01", "42501"}),
+        ("password authentication failed", "no pg_hba.conf entry", "not permitted to log in", "permission denied"),
+    ),
+    StoreFailure(
+        "is busy: a concurrent transaction held a lock too long or conflicted with this one",
+        "retry; the refused transaction changed nothing (with many concurrent writers, use Postgres)",
+        frozenset({"40001", "40P01", "55P03"}), ("database is locked",),
+    ),
+)
+STORE_UNAVAILABLE = StoreFailure(
+    "is unavailable",
+    "start the database (or wait for its restart) and check that DRAFTSYNC_MONITOR_DB_URL points at it; the store "
+    "reconnects on its next call, and what was written before is kept",
+)
+
+
+def store_failure(error: DBAPIError, url: str) -> DraftsyncError | None:
+    """The DraftsyncError for a database failing under the store (down, refusing, read-only, full, a table missing).
+
+    None for errors that are the statement's own, IntegrityError above all: callers rely on them as they are
+    (the sync ledger's concurrency control)."""
+    if isinstance(error, IntegrityError):
+        return None
+    state = getattr(error.orig, "sqlstate", None)
+    message = str(error.orig).lower()
+    failure = next((f for f in STORE_FAILURES if state in f.states or any(p in message for p in f.phrases)), None)
+    if failure is None and (isinstance(error, (OperationalError, InterfaceError)) or error.connection_invalidated):
+        failure = STORE_UNAVAILABLE
+    if failure is None:
+        return None
+    return DraftsyncError(f"monitor store {_shown(url)} {failure.problem}: {_first_line(error, url)}", failure.fix)
+
+
+def _reopen_after_refused_write(context) -> None:
+    """SQLite opens a file it may not write read-only and stays so: a write refused that way (or by an I/O error)
+    drops the connection, so the next call opens the file anew and writes once it is writable again. The pre-ping
+    is left alone."""
+    message = str(context.original_exception).lower()
+    if not context.is_pre_ping and ("readonly database" in message or "disk i/o error" in message):
+        context.is_disconnect = True
+
+
 class Store:
-    """The monitor database. Opening it migrates the schema to the newest revision (Alembic)."""
+    """The monitor database. Opening it migrates the schema to the newest revision (Alembic).
+
+    Every call runs in `transaction()`: the database failing while in use raises a DraftsyncError that names the
+    store (password masked) and says what to do, the SQLAlchemy error chained."""
 
     def __init__(self, url: str, *, echo: bool = False):
         self.url = url
@@ -390,6 +475,8 @@ class Store:
             self.engine = create_engine(url, echo=echo, pool_pre_ping=True)
             if self.engine.dialect.name == "postgresql":
                 event.listen(self.engine, "connect", _utc_session)
+            if self.engine.dialect.name == "sqlite":
+                event.listen(self.engine, "handle_error", _reopen_after_refused_write)
             upgrade_to_head(self.engine)
         except (SQLAlchemyError, ImportError) as exc:
             raise DraftsyncError(
@@ -403,9 +490,16 @@ class Store:
         self.engine.dispose()
 
     @contextlib.contextmanager
-    def _session(self) -> Iterator[Session]:
-        with self._sessions.begin() as session:
-            yield session
+    def transaction(self) -> Iterator[Session]:
+        """One session in one transaction, committed at the end; see `store_failure` for what a failure raises."""
+        try:
+            with self._sessions.begin() as session:
+                yield session
+        except DBAPIError as error:
+            failure = store_failure(error, self.url)
+            if failure is None:
+                raise
+            raise failure from error
 
     # --- scrapes and samples -------------------------------------------------------------------
     def record_scrape(
@@ -427,7 +521,7 @@ class Store:
         The sample's hourly rollup row is updated in the same transaction.
         """
         ts = as_utc(ts)
-        with self._session() as session:
+        with self.transaction() as session:
             state = session.scalars(
                 select(ScrapeState).where(ScrapeState.deployment == deployment).with_for_update()
             ).one_or_none()
@@ -499,7 +593,7 @@ class Store:
 
     def samples(self, deployment: str, since: datetime, until: datetime) -> list[Sample]:
         """Samples whose interval ends in (since, until], oldest first."""
-        with self._session() as session:
+        with self.transaction() as session:
             rows = session.scalars(
                 select(Sample)
                 .where(Sample.deployment == deployment, Sample.ts > as_utc(since), Sample.ts <= as_utc(until))
@@ -514,7 +608,7 @@ class Store:
             return []
         inner, edges = _split_window(since, until)
         names: set[str] = set()
-        with self._session() as session:
+        with self.transaction() as session:
             if inner is not None:
                 names.update(session.scalars(
                     select(HourlyRollup.deployment).where(HourlyRollup.hour >= inner[0], HourlyRollup.hour < inner[1])
@@ -547,7 +641,7 @@ class Store:
         names = None if deployments is None else list(deployments)
         inner, edges = _split_window(since, until)
         rows: list[HourlyRow] = []
-        with self._session() as session:
+        with self.transaction() as session:
             if inner is not None:
                 table = HourlyRollup.__table__
                 query = (
@@ -574,13 +668,13 @@ class Store:
     # --- watermarks ---------------------------------------------------------------------------
     def get_watermark(self, key: str) -> int | None:
         """The last processed version for `key`, or None if nothing was processed yet."""
-        with self._session() as session:
+        with self.transaction() as session:
             row = session.get(Watermark, key)
             return None if row is None else row.version
 
     def set_watermark(self, key: str, version: int, now: datetime | None = None) -> None:
         now = as_utc(now or datetime.now(UTC))
-        with self._session() as session:
+        with self.transaction() as session:
             row = session.get(Watermark, key, with_for_update=True)
             if row is None:
                 session.add(Watermark(key=key, version=int(version), updated_at=now))
@@ -618,7 +712,7 @@ class Store:
             state=state,
             updated_at=now,
         )
-        with self._session() as session:
+        with self.transaction() as session:
             row = session.scalars(
                 select(ServingPair).where(ServingPair.deployment == deployment).with_for_update()
             ).one_or_none()
@@ -632,15 +726,15 @@ class Store:
 
     def forget_scrape_baseline(self, deployment: str) -> None:
         """A new server instance counts from zero: its first scrape must not be diffed against the old one's."""
-        with self._session() as session:
+        with self.transaction() as session:
             session.execute(delete(ScrapeState).where(ScrapeState.deployment == deployment))
 
     def serving_pair(self, deployment: str) -> ServingPair | None:
-        with self._session() as session:
+        with self.transaction() as session:
             return session.scalars(select(ServingPair).where(ServingPair.deployment == deployment)).one_or_none()
 
     def serving_pairs(self) -> list[ServingPair]:
-        with self._session() as session:
+        with self.transaction() as session:
             return list(session.scalars(select(ServingPair).order_by(ServingPair.deployment)).all())
 
     # --- alerts -------------------------------------------------------------------------------
@@ -661,7 +755,7 @@ class Store:
         `margin` in the bad direction (down for acceptance; up when `higher_is_worse`).
         """
         now = as_utc(now)
-        with self._session() as session:
+        with self.transaction() as session:
             last = session.scalars(
                 select(Alert).where(Alert.key == key).order_by(Alert.sent_at.desc(), Alert.id.desc()).limit(1)
             ).one_or_none()
@@ -683,7 +777,7 @@ class Store:
         sent_at: datetime,
         outbox_id: int | None = None,
     ) -> Alert:
-        with self._session() as session:
+        with self.transaction() as session:
             row = Alert(
                 key=key,
                 deployment=deployment,
@@ -697,7 +791,7 @@ class Store:
             return row
 
     def alerts(self, deployment: str | None = None) -> list[Alert]:
-        with self._session() as session:
+        with self.transaction() as session:
             query = select(Alert).order_by(Alert.sent_at, Alert.id)
             if deployment is not None:
                 query = query.where(Alert.deployment == deployment)
@@ -705,7 +799,7 @@ class Store:
 
     # --- outbox -------------------------------------------------------------------------------
     def add_outbox(self, *, subject: str, recipients: list[str], eml_path: str, created_at: datetime) -> OutboxEntry:
-        with self._session() as session:
+        with self.transaction() as session:
             row = OutboxEntry(
                 created_at=as_utc(created_at),
                 subject=subject,
@@ -718,7 +812,7 @@ class Store:
             return row
 
     def outbox(self, status: OutboxStatus | None = None) -> list[OutboxEntry]:
-        with self._session() as session:
+        with self.transaction() as session:
             query = select(OutboxEntry).order_by(OutboxEntry.id)
             if status is not None:
                 query = query.where(OutboxEntry.status == status)
@@ -729,7 +823,7 @@ class Store:
 
         Two retry loops racing over the same pending e-mail: exactly one wins the claim.
         """
-        with self._session() as session:
+        with self.transaction() as session:
             result = session.execute(
                 update(OutboxEntry)
                 .where(
@@ -744,7 +838,7 @@ class Store:
     def mark_outbox(
         self, entry_id: int, status: OutboxStatus, *, error: str | None = None, sent_at: datetime | None = None
     ) -> OutboxEntry:
-        with self._session() as session:
+        with self.transaction() as session:
             row = session.get(OutboxEntry, entry_id, with_for_update=True)
             if row is None:
                 raise DraftsyncError(f"outbox entry {entry_id}", "it is not in the monitor store; was the store reset?")
@@ -755,5 +849,5 @@ class Store:
             return row
 
     def outbox_entry(self, entry_id: int) -> OutboxEntry | None:
-        with self._session() as session:
+        with self.transaction() as session:
             return session.get(OutboxEntry, entry_id)

@@ -11,14 +11,13 @@ statements, atomic on SQLite and Postgres alike.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from sqlalchemy import Index, Integer, String, Text, UniqueConstraint, delete, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from draftsync.monitors.store import Base, Store, UTCDateTime, dialect_insert, as_utc
 
@@ -78,13 +77,12 @@ class SyncLedger:
     """Sync jobs and webhook deliveries in the monitor store's database."""
 
     def __init__(self, store: Store):
-        self._sessions = sessionmaker(store.engine, expire_on_commit=False)
+        self._store = store
         self._insert = dialect_insert(store.engine.dialect.name)
 
-    @contextlib.contextmanager
-    def _session(self) -> Iterator[Session]:
-        with self._sessions.begin() as session:
-            yield session
+    def _session(self) -> contextlib.AbstractContextManager[Session]:
+        """The store's transaction: the database failing while in use is a DraftsyncError naming the store."""
+        return self._store.transaction()
 
     @staticmethod
     def _key(target_name: str, target_version: int, method: str):

@@ -91,3 +91,14 @@ def test_promote_refuses_a_drafter_that_failed_validation(workdir, built_targets
         registry.promote("gate-llm", drafter_version)
     assert registry.alias_version("gate-llm-drafter", "production") is None
     assert registry.aliases_of("gate-llm-drafter", drafter_version) == ["candidate"]
+
+
+def test_an_error_keeps_its_fix_through_pickling():
+    """Prefect pickles a failed run's exception; the copy must still name the thing and the fix."""
+    import pickle
+
+    from draftsync.errors import DraftsyncError
+
+    copy = pickle.loads(pickle.dumps(DraftsyncError("store x is unavailable", "start the database")))
+    assert (type(copy), copy.what, copy.fix) == (DraftsyncError, "store x is unavailable", "start the database")
+    assert str(copy).endswith("fix: start the database")

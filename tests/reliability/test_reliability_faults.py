@@ -94,8 +94,8 @@ def test_postgres_restarted_while_scraping_loses_and_doubles_nothing(workdir, re
     """Scrapes, a refused scrape while Postgres is down, scrapes after it is back, then a quick restart between two
     scrapes: the booked deltas add up to the counters' growth exactly, none is negative, and the interval after
     each outage spans it."""
-    from sqlalchemy import select
-    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy import make_url, select
+    from sqlalchemy.exc import OperationalError
 
     from draftsync.errors import DraftsyncError
     from draftsync.monitors.metrics import scrape_counters
@@ -123,7 +123,7 @@ def test_postgres_restarted_while_scraping_loses_and_doubles_nothing(workdir, re
             now = START + minute * MINUTE
             try:
                 scrape_deployment.fn("chat", now)
-            except SQLAlchemyError as exc:
+            except DraftsyncError as exc:  # a store failure names the store; the driver's error is chained
                 failed_after_restart.append(exc)
                 scrape_deployment.fn("chat", now + timedelta(seconds=2))
                 now += timedelta(seconds=2)
@@ -137,13 +137,19 @@ def test_postgres_restarted_while_scraping_loses_and_doubles_nothing(workdir, re
 
         restartable_postgres.stop()
         serve_more()
-        with pytest.raises((DraftsyncError, SQLAlchemyError)):  # the whole task, as the scrape flow runs it
+        shown = make_url(store.url).render_as_string(hide_password=True)
+        with pytest.raises(DraftsyncError) as refused_task:  # the whole task, as the scrape flow runs it
             scrape_deployment.fn("chat", START + 4 * MINUTE)
+        assert f"monitor store {shown} is unavailable" in refused_task.value.what
+        assert isinstance(refused_task.value.__cause__, OperationalError)
         counters = scrape_counters(f"{endpoint.url}/metrics")  # the metrics are fine; only the store is gone
-        with pytest.raises((DraftsyncError, SQLAlchemyError)) as refused_write:  # the store's own write
+        with pytest.raises(DraftsyncError) as refused_write:  # the store's own write
             store.record_scrape("chat", START + 4 * MINUTE + timedelta(seconds=30), counters, before_outage[-1],
                                 count_first=True)
         assert f"port {restartable_postgres.port} failed: Connection refused" in str(refused_write.value)
+        assert f"monitor store {shown} is unavailable" in refused_write.value.what
+        assert "start the database" in refused_write.value.fix
+        assert isinstance(refused_write.value.__cause__, OperationalError)
 
         restartable_postgres.start()
         for minute in (5, 6):
@@ -169,6 +175,7 @@ def test_postgres_restarted_while_scraping_loses_and_doubles_nothing(workdir, re
     assert len(failed_after_restart) <= 1
     for error in failed_after_restart:
         assert "terminating connection due to administrator command" in str(error)
+        assert isinstance(error.__cause__, OperationalError)
     # the refused attempts left nothing: one sample per successful scrape, at exactly those times
     assert [s.ts for s in samples] == scraped_at
     assert [s.interval_start for s in samples] == [scraped_at[0]] + scraped_at[:-1]  # no gap, no overlap
