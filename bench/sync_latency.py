@@ -78,8 +78,10 @@ GATE_THRESHOLD_FIELDS = {"validation_acceptance_mean": "min_acceptance", "accept
 SYNC_STAGES = ("preparation", "dataset", "training", "registration", "validation")
 
 
-def isolated_environment(run_dir: Path, tracking_uri: str, secret: str) -> None:
-    """Point draftsync, MLflow and Prefect at this run only: no setting from the caller's shell leaks in."""
+def isolated_environment(run_dir: Path, tracking_uri: str, secret: str, target_cache: Path) -> None:
+    """Point draftsync, MLflow and Prefect at this run only: no setting from the caller's shell leaks in.
+
+    The built-in targets are cached outside the run's work dir, so their folder is a model root."""
     for key in list(os.environ):
         if key.startswith(("DRAFTSYNC_", "MLFLOW_")) or key in ("PREFECT_API_URL", "PREFECT_API_KEY",
                                                                 "PREFECT_PROFILE"):
@@ -88,6 +90,7 @@ def isolated_environment(run_dir: Path, tracking_uri: str, secret: str) -> None:
         "DRAFTSYNC_WORKDIR": str(run_dir / "work"),
         "MLFLOW_TRACKING_URI": tracking_uri,
         "DRAFTSYNC_WEBHOOK_SECRET": secret,
+        "DRAFTSYNC_MODEL_ROOTS": str(Path(target_cache).resolve()),
         "PREFECT_HOME": str(run_dir / "prefect"),
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -215,7 +218,7 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
     started = time.perf_counter()
     secret = secrets.token_hex(32)
     mlflow_process = start_mlflow_server(run_dir / "mlflow-server")
-    isolated_environment(run_dir, mlflow_process.url, secret)
+    isolated_environment(run_dir, mlflow_process.url, secret, args.target_cache)
     cleanups = contextlib.ExitStack()
     cleanups.callback(mlflow_process.stop)
     with cleanups:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -30,6 +31,9 @@ class Settings(BaseSettings):
     mismatch_threshold: float = 0.60  # live acceptance below this: drafter/target mismatch suspected
     stale_threshold: float = 0.50  # sustained below this: stale -> fallback and retrain
     trust_remote_code: bool = False
+    # Directories model checkpoints may be read from besides the work dir (comma- or os.pathsep-separated).
+    # Registry downloads and everything `draftsync demo` builds live under the work dir, which is always a root.
+    model_roots: str = ""
     deployments_file: Path | None = None  # the deployments YAML; default: <workdir>/deployments.yaml
 
     # Production operation (`draftsync serve`, the webhook receiver).
@@ -73,6 +77,13 @@ class Settings(BaseSettings):
     @property
     def cache_dir(self) -> Path:
         return self.root / "cache"
+
+    @property
+    def model_root_paths(self) -> list[Path]:
+        """The work dir, then each DRAFTSYNC_MODEL_ROOTS entry, resolved (symlinks followed), without repeats."""
+        listed = [entry.strip() for entry in re.split(f"[,{re.escape(os.pathsep)}]", self.model_roots)]
+        entries = [self.root] + [Path(entry).expanduser().resolve() for entry in listed if entry]
+        return list(dict.fromkeys(entries))
 
     @property
     def target_names(self) -> list[str]:

@@ -32,6 +32,21 @@ for _key, _value in {
     os.environ.setdefault(_key, _value)
 
 
+# --- model roots --------------------------------------------------------------------------------
+@pytest.fixture(scope="session", autouse=True)
+def model_roots_for_tests(tmp_path_factory) -> Iterator[None]:
+    """Tests build checkpoints under pytest's temp folder, beside each test's work dir rather than in it: that
+    folder is a model root (DRAFTSYNC_MODEL_ROOTS) for the whole session, servers started by tests included.
+    Tests of the confinement itself set the variable to their own roots."""
+    saved = os.environ.get("DRAFTSYNC_MODEL_ROOTS")
+    os.environ["DRAFTSYNC_MODEL_ROOTS"] = str(tmp_path_factory.getbasetemp())
+    yield
+    if saved is None:
+        os.environ.pop("DRAFTSYNC_MODEL_ROOTS", None)
+    else:
+        os.environ["DRAFTSYNC_MODEL_ROOTS"] = saved
+
+
 # --- Postgres -----------------------------------------------------------------------------------
 def _postgres_bin() -> Path | None:
     candidates = [os.environ.get("DRAFTSYNC_PG_BIN", "")] + sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)

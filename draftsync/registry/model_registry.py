@@ -552,7 +552,12 @@ def _check_name(name: str) -> None:
 
 
 def _check_checkpoint_dir(path: Path, what: str) -> Path:
-    path = Path(path)
+    """The checkpoint's real path, once it is known to lie inside a model root and to hold config and safetensors.
+
+    The root check comes first, so nothing outside the roots is read, let alone uploaded."""
+    from draftsync.model_paths import confined_model_path
+
+    path = confined_model_path(path, f"{what} checkpoint")
     if not (path / "config.json").is_file():
         raise DraftsyncError(
             f"{what} checkpoint {path} has no config.json",

@@ -31,7 +31,9 @@ deployments:
 ```
 
 `extra_vllm_args` may not set what draftsync sets itself: the model, `--speculative-config`, `--host`,
-`--port`, `--served-model-name` and `--tensor-parallel-size` (`-tp`).
+`--port`, `--served-model-name` and `--tensor-parallel-size` (`-tp`), nor `--trust-remote-code` (only
+DRAFTSYNC_TRUST_REMOTE_CODE turns that on). The file names no model paths: the target and drafter come from the
+registry, and their directories are checked against the model roots at launch.
 """
 
 from __future__ import annotations
@@ -137,7 +139,15 @@ class ServingDeployment(BaseModel):
         port: int | None = None,
     ) -> VllmLaunch:
         """The `vllm serve` launch for this deployment's pair; `port` overrides the deployment's (a candidate
-        starts beside the instance it replaces)."""
+        starts beside the instance it replaces).
+
+        Both directories must lie inside the model roots (model_paths.py): this is the launch draftsync starts or
+        hands to an orchestrator. They are rendered resolved, so vLLM opens what was checked."""
+        from draftsync.model_paths import confined_model_path
+
+        target_dir = confined_model_path(target_dir, "target checkpoint")
+        if drafter_dir is not None:
+            drafter_dir = confined_model_path(drafter_dir, "drafter checkpoint")
         return render_vllm_command(
             target_dir, drafter_dir, method, gamma, self.host, self.port if port is None else port, self.name,
             self.tensor_parallel_size, self.extra_vllm_args, schedule=schedule,

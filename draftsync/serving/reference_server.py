@@ -7,6 +7,9 @@ The model is loaded before the port opens, so `/health` answers 200 as soon as a
 
 Run: python -m draftsync.serving.reference_server --target DIR [--drafter DIR --gamma K]
          --host 127.0.0.1 --port P --served-model-name NAME
+
+Both directories must lie inside the model roots (the work dir and DRAFTSYNC_MODEL_ROOTS, see model_paths.py),
+symlinks and `..` followed; otherwise the server exits with code 2 before it reads anything.
 """
 
 from __future__ import annotations
@@ -46,7 +49,15 @@ def reference_server_command(
     port: int,
     served_model_name: str,
 ) -> list[str]:
-    """The argument list that runs this server with the current interpreter."""
+    """The argument list that runs this server with the current interpreter.
+
+    The directories must lie inside the model roots (model_paths.py): refused here, before a process starts; the
+    server checks them again itself."""
+    from draftsync.model_paths import confined_model_path
+
+    confined_model_path(target_dir, "target checkpoint")
+    if drafter_dir is not None:
+        confined_model_path(drafter_dir, "drafter checkpoint")
     argv = [sys.executable, "-m", "draftsync.serving.reference_server", "--target", str(target_dir)]
     if drafter_dir is not None:
         argv += ["--drafter", str(drafter_dir), "--gamma", str(int(gamma))]
@@ -311,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     threads = os.environ.get("DRAFTSYNC_TORCH_THREADS")
     try:
+        from draftsync.model_paths import confined_model_path
+
+        target = confined_model_path(args.target, "target checkpoint")
+        drafter = confined_model_path(args.drafter, "drafter checkpoint") if args.drafter is not None else None
         if threads:
             import torch
 
@@ -319,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"DRAFTSYNC_TORCH_THREADS={threads!r} is not a positive integer", "set it to e.g. 1 or 2, or unset it"
                 )
             torch.set_num_threads(int(threads))
-        service = load_service(args.target, args.drafter, args.gamma, args.served_model_name)
+        service = load_service(target, drafter, args.gamma, args.served_model_name)
     except DraftsyncError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 2

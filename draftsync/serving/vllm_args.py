@@ -9,6 +9,11 @@ and our targets are local checkpoint directories.
 
 The result is an argument list, never a shell string: `VllmLaunch.shell_line` is for people to read only.
 
+`--trust-remote-code` lets vLLM import and run Python shipped inside a checkpoint. It is written only when
+DRAFTSYNC_TRUST_REMOTE_CODE is set (the same switch `load_target` obeys), and never comes in through
+`extra_vllm_args`, so one setting decides for every launch. The paths are rendered as given: callers that launch
+(`ServingDeployment.vllm_launch`, `VllmBackend`) confine them to the model roots first (model_paths.py).
+
 `num_speculative_tokens_per_batch_size` (vLLM's dynamic speculative decoding) is a list of
 `[first batch size, last batch size, k]` with both ends inclusive (vllm/v1/spec_decode/dynamic/utils.py,
 `validate_and_normalize_dynamic_sd_schedule`): ranges positive, sorted, not overlapping, the first starting
@@ -57,6 +62,7 @@ DEFAULT_PROMPT_LOOKUP = 5
 RESERVED_VLLM_FLAGS = ("--model", "--speculative-config", "--port", "--host", "--served-model-name",
                        "--tensor-parallel-size")
 _RESERVED_SHORT_FLAGS = ("-tp",)  # vLLM's short form of --tensor-parallel-size
+TRUST_REMOTE_CODE_FLAG = "--trust-remote-code"
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,33 @@ class VllmLaunch:
         return {"argv": self.argv, "speculative_config": self.speculative_config}
 
 
+def _long_flag(text: str) -> str | None:
+    """The flag an argument sets as vLLM reads it (`--a_b=x` and `--a-b.key` both set `--a-b`); None if not one."""
+    if not text.startswith("--"):
+        return None
+    flag = text.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+    return flag if len(flag) > 2 else None
+
+
+def trust_remote_code_setting(requested: bool | None = None) -> bool:
+    """Whether vLLM may run code shipped in a checkpoint: never unless DRAFTSYNC_TRUST_REMOTE_CODE allows it.
+
+    `requested` None follows the setting; False is always allowed; True without the setting is refused."""
+    from draftsync.settings import Settings
+
+    allowed = Settings().trust_remote_code
+    if requested is None:
+        return allowed
+    if requested and not allowed:
+        raise DraftsyncError(
+            "trust_remote_code was asked for, but DRAFTSYNC_TRUST_REMOTE_CODE is not set: vLLM would run Python "
+            "code shipped inside the checkpoint",
+            "review the model's code, then set DRAFTSYNC_TRUST_REMOTE_CODE=true (draftsync then trusts it for every "
+            "launch); otherwise serve a checkpoint that needs no remote code",
+        )
+    return bool(requested)
+
+
 def reserved_flag_collisions(args: Sequence[str]) -> list[str]:
     """The arguments in `args` that would set one of the flags draftsync sets itself.
 
@@ -85,9 +118,9 @@ def reserved_flag_collisions(args: Sequence[str]) -> list[str]:
     collisions = []
     for arg in args:
         text = str(arg)
-        if text.startswith("--"):
-            flag = text.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
-            if len(flag) > 2 and any(reserved.startswith(flag) for reserved in RESERVED_VLLM_FLAGS):
+        flag = _long_flag(text)
+        if flag is not None:
+            if any(reserved.startswith(flag) for reserved in RESERVED_VLLM_FLAGS):
                 collisions.append(text)
         elif text.split("=", 1)[0] in _RESERVED_SHORT_FLAGS:
             collisions.append(text)
@@ -102,6 +135,14 @@ def check_extra_vllm_args(args: Sequence[str]) -> list[str]:
             raise DraftsyncError(f"extra vLLM argument {arg!r} is not a string",
                                  "write each argument as its own string, e.g. [\"--max-model-len\", \"4096\"]")
         checked.append(arg)
+    trusting = [arg for arg in checked if (flag := _long_flag(arg)) and TRUST_REMOTE_CODE_FLAG.startswith(flag)
+                and flag.startswith("--tru")]
+    if trusting:
+        raise DraftsyncError(
+            f"extra vLLM arguments {trusting} would let vLLM run Python code shipped inside the checkpoint",
+            "remove them: draftsync passes --trust-remote-code itself, and only when DRAFTSYNC_TRUST_REMOTE_CODE=true "
+            "is set (after the model's code was reviewed)",
+        )
     collisions = reserved_flag_collisions(checked)
     if collisions:
         raise DraftsyncError(
@@ -170,13 +211,15 @@ def render_vllm_command(
     schedule: Sequence[Sequence[int]] | None = None,
     prompt_lookup_min: int | None = None,
     prompt_lookup_max: int | None = None,
+    trust_remote_code: bool | None = None,
 ) -> VllmLaunch:
     """Render the launch; without a drafter the target is served with speculation off.
 
     "ngram" is the exception: it drafts from the prompt, so it takes no drafter directory and always
     speculates. `schedule` ([(first batch size, last batch size, k)], inclusive) becomes
     `num_speculative_tokens_per_batch_size`; None or empty means gamma at every batch size, and a
-    schedule is dropped when speculation is off.
+    schedule is dropped when speculation is off. `--trust-remote-code` is added only when
+    DRAFTSYNC_TRUST_REMOTE_CODE is set (`trust_remote_code` True without it is refused).
     """
     tensor_parallel_size = _integer(tensor_parallel_size, "tensor_parallel_size")
     if tensor_parallel_size < 1:
@@ -184,6 +227,7 @@ def render_vllm_command(
             f"tensor_parallel_size {tensor_parallel_size} is below 1", "pass the number of GPUs per replica"
         )
     extra = check_extra_vllm_args(extra_args)
+    trusted = trust_remote_code_setting(trust_remote_code)
     argv = [
         "vllm",
         "serve",
@@ -197,6 +241,8 @@ def render_vllm_command(
     ]
     if tensor_parallel_size > 1:
         argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
+    if trusted:
+        argv.append(TRUST_REMOTE_CODE_FLAG)
     speculative_config = None
     if drafter_dir is not None or method == "ngram":
         speculative_config = _speculative_config(drafter_dir, method, gamma, tensor_parallel_size, schedule,

@@ -18,6 +18,9 @@ nothing and fails rather than passing on a guess.
 
 Every request generates exactly `max_tokens` tokens (`ignore_eos`), as the reference engine does, so
 both backends put the same load on the target.
+
+The target and drafter directories must lie inside the model roots (model_paths.py), and `LLM(...)` gets
+`trust_remote_code=True` only when DRAFTSYNC_TRUST_REMOTE_CODE is set (`llm_keywords`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import importlib.util
 import json
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +77,22 @@ class SpecDecodeCounts:
                 "take both snapshots from the same running LLM, with nothing else creating an LLM in this process",
             )
         return delta
+
+
+def llm_keywords(llm_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The extra keywords every `LLM(...)` of the backend gets: counters on, and `trust_remote_code` as
+    DRAFTSYNC_TRUST_REMOTE_CODE allows (absent: the setting; True without the setting: refused)."""
+    from draftsync.serving.vllm_args import trust_remote_code_setting
+
+    owned = sorted(set(llm_kwargs) & set(_OWNED_LLM_ARGS))
+    if owned:
+        raise DraftsyncError(f"LLM argument(s) {', '.join(owned)} are set by the backend itself",
+                             "pass target_dir, drafter_dir, method and tensor_parallel_size instead")
+    if llm_kwargs.get("disable_log_stats"):
+        raise DraftsyncError("disable_log_stats=True was passed, which stops vLLM counting drafts",
+                             "leave disable_log_stats unset: the backend reads acceptance from those counters")
+    trusted = trust_remote_code_setting(llm_kwargs.get("trust_remote_code"))
+    return {**llm_kwargs, "disable_log_stats": False, "trust_remote_code": trusted}
 
 
 def _padded(values: Sequence[int], width: int) -> list[int]:
@@ -231,28 +250,23 @@ class VllmBackend:
     def __init__(self, target_dir: str | Path, drafter_dir: str | Path | None = None, method: str | None = None,
                  tensor_parallel_size: int = 1, *, ignore_eos: bool = True, prompt_lookup_min: int | None = None,
                  prompt_lookup_max: int | None = None, **llm_kwargs: Any):
-        self.target_dir = Path(target_dir)
+        from draftsync.model_paths import confined_model_path
+
+        self.target_dir = confined_model_path(target_dir, "target checkpoint")
+        self.drafter_dir = confined_model_path(drafter_dir, "drafter checkpoint") if drafter_dir is not None else None
         if not (self.target_dir / "config.json").is_file():
             raise DraftsyncError(f"target {self.target_dir} has no config.json",
                                  "point at a saved checkpoint directory")
         if int(tensor_parallel_size) < 1:
             raise DraftsyncError(f"tensor_parallel_size {tensor_parallel_size} is below 1",
                                  "pass the number of GPUs per engine")
-        owned = sorted(set(llm_kwargs) & set(_OWNED_LLM_ARGS))
-        if owned:
-            raise DraftsyncError(f"LLM argument(s) {', '.join(owned)} are set by the backend itself",
-                                 "pass target_dir, drafter_dir, method and tensor_parallel_size instead")
-        if llm_kwargs.get("disable_log_stats"):
-            raise DraftsyncError("disable_log_stats=True was passed, which stops vLLM counting drafts",
-                                 "leave disable_log_stats unset: the backend reads acceptance from those counters")
-        self.drafter_dir = Path(drafter_dir) if drafter_dir is not None else None
+        self.llm_kwargs = llm_keywords(llm_kwargs)
         self.method = resolve_method(self.drafter_dir, method)
         self.tensor_parallel_size = int(tensor_parallel_size)
         self.ignore_eos = bool(ignore_eos)
         self.prompt_lookup = (prompt_lookup_min, prompt_lookup_max)
         if self.method == "ngram":  # a bad lookup window fails here, not when the engine is built
             speculative_config(self.target_dir, "ngram", None, 1, 1, *self.prompt_lookup)
-        self.llm_kwargs = {**llm_kwargs, "disable_log_stats": False}
         self.max_gamma = 0 if self.method is None else MAX_CHAIN_GAMMA
         if importlib.util.find_spec("vllm") is None:
             raise DraftsyncError("vllm is not installed in this environment",
@@ -303,8 +317,8 @@ class VllmBackend:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            trust = bool(self.llm_kwargs.get("trust_remote_code", False))
-            self._tokenizer = AutoTokenizer.from_pretrained(str(self.target_dir), trust_remote_code=trust)
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.target_dir),
+                                                            trust_remote_code=self.llm_kwargs["trust_remote_code"])
         return list(self._tokenizer(prompt)["input_ids"])
 
     def generate(self, requests: Sequence[EvalRequest], gamma: int, temperature: float,

@@ -50,7 +50,8 @@ def test_defaults_match_the_model(tmp_path):
     assert only.extra_vllm_args == [] and only.endpoint is None
 
 
-def test_a_deployment_renders_its_vllm_launch(tmp_path):
+def test_a_deployment_renders_its_vllm_launch(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSYNC_MODEL_ROOTS", "/models")  # made-up checkpoints: the launch is rendered, not run
     (chat,) = load_deployments(write(tmp_path, """
         deployments:
           - name: chat
