@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -23,6 +20,7 @@ from draftsync.errors import DraftsyncError
 from draftsync.monitors.metrics import SpecDecodeCounters, parse
 from draftsync.monitors.prometheus_api import counter_queries, label_selector, query_counters
 from draftsync.monitors.store import ServedPair, Store
+from tests.http_stub import HttpStub, StubRequest
 
 VLLM_TEXT = (Path(__file__).parent / "vllm_metrics.txt").read_text()
 QUERY = re.compile(r"^sum(?: by \((?P<by>[a-z_]+)\))? \((?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<matchers>.*)\})?\)$")
@@ -47,33 +45,15 @@ class PrometheusStandIn:
         self.series: list[tuple[str, dict[str, str], float]] = []
         self.queries: list[dict[str, str]] = []
         self.refuse: tuple[int, str, str] | None = None  # (HTTP status, errorType, error) to answer every query
-        stand_in = self
+        self.stub = HttpStub(self._answer)
+        self.url = self.stub.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - http.server's hook name
-                parts = urlsplit(self.path)
-                if parts.path != "/api/v1/query":
-                    self._answer(404, "text/plain", b"404 page not found\n")
-                    return
-                params = {k: v[0] for k, v in parse_qs(parts.query).items()}
-                stand_in.queries.append(params)
-                status, body = stand_in.evaluate(params)
-                self._answer(status, "application/json", json.dumps(body).encode())
-
-            def _answer(self, status: int, content_type: str, body: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+    def _answer(self, request: StubRequest) -> tuple[int, str, str]:
+        if request.path != "/api/v1/query":
+            return 404, "text/plain", "404 page not found\n"
+        self.queries.append(request.query)
+        status, body = self.evaluate(request.query)
+        return status, "application/json", json.dumps(body)
 
     def load(self, targets: dict[tuple[tuple[str, str], ...], str]) -> None:
         """Replace the stored series by those of `targets` ({(("job", "chat"),): text}), as a scrape would."""
@@ -106,9 +86,7 @@ class PrometheusStandIn:
         return 200, {"status": "success", "data": {"resultType": "vector", "result": result}}
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
+        self.stub.close()
 
 
 @pytest.fixture

@@ -4,13 +4,12 @@ a dataset with no usable sequence fails the data checks before a drafter trains 
 
 from __future__ import annotations
 
-import threading
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from draftsync.errors import DraftsyncError
+from tests.http_stub import PROMETHEUS_TEXT, HttpStub
 
 COUNTERS = (
     "# TYPE vllm:spec_decode_num_drafts counter\n"
@@ -46,32 +45,15 @@ BAD_TEXTS = {
 
 
 class MetricsEndpoint:
-    """A real HTTP server on loopback whose /metrics answers whatever text the test sets."""
+    """A real HTTP server on loopback (the shared stub) whose /metrics answers whatever text the test sets."""
 
     def __init__(self):
         self.text = ""
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - http.server's hook name
-                body = endpoint.text.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self._stub = HttpStub(lambda request: (200, PROMETHEUS_TEXT, self.text))
+        self.url = self._stub.url
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._stub.close()
 
 
 @pytest.fixture
