@@ -199,3 +199,12 @@ def smtp_server_factory() -> Iterator[Callable[..., SmtpServer]]:
 def smtp_server(smtp_server_factory) -> SmtpServer:
     """A plain SMTP server (no TLS, no auth) collecting messages."""
     return smtp_server_factory()
+
+
+@pytest.fixture(scope="session")
+def built_targets(tmp_path_factory) -> dict[int, Path]:
+    """The built-in test-size targets v1 and v2, trained once per session for every test directory."""
+    from draftsync.speculative.targets import build_target, builtin_recipe
+
+    cache = tmp_path_factory.mktemp("target-cache")
+    return {v: build_target(builtin_recipe(v, "test"), cache) for v in (1, 2)}

@@ -1,4 +1,5 @@
-"""Real servers for tests, as context managers: an `mlflow server` subprocess and an ASGI app under uvicorn.
+"""Real servers for tests, as context managers: `mlflow server` and `prefect server` subprocesses and an ASGI app
+under uvicorn.
 
 Both listen on loopback on a free port and are stopped on exit, whatever happened inside the block.
 """
@@ -70,6 +71,28 @@ def mlflow_server(
     try:
         process.wait_healthy(startup_timeout, health_path="/health")
         yield MlflowServer(url=process.url, process=process, log_path=root / "server.log", backend_store_uri=backend)
+    finally:
+        process.stop()
+
+
+@contextmanager
+def prefect_server(tmp_path: Path, database_url: str | None = None) -> Iterator[tuple[str, ServerProcess]]:
+    """`prefect server start` on loopback, all services on; yields (API URL, process). Its database is SQLite under
+    `tmp_path` unless `database_url` names Postgres (driven through asyncpg, as the server requires)."""
+    port = free_port()
+    env = {"PREFECT_HOME": str(Path(tmp_path) / "prefect-server-home"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true", "PREFECT_UI_ENABLED": "false",
+           "PREFECT_API_URL": ""}
+    if database_url is not None:
+        env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url.replace("+psycopg", "+asyncpg")
+    prefect_bin = Path(sys.executable).with_name("prefect")
+    process = ServerProcess([str(prefect_bin) if prefect_bin.exists() else "prefect",
+                             "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                            "127.0.0.1", port, Path(tmp_path) / "prefect-server.log", env=env)
+    process.start()
+    try:
+        process.wait_healthy(240, health_path="/api/health")
+        yield f"{process.url}/api", process
     finally:
         process.stop()
 

@@ -130,7 +130,8 @@ class Registry:
         if self._client_instance is None:
             from mlflow import MlflowClient
 
-            self._client_instance = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
+            client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
+            self._client_instance = _NamedOutages(client, self.tracking_uri)
         return self._client_instance
 
     def ping(self) -> None:
@@ -139,8 +140,9 @@ class Registry:
             try:
                 self._client.search_experiments(max_results=1)
             except Exception as error:  # any transport or store failure means "not usable"
+                cause = error.__cause__ if isinstance(error, DraftsyncError) and error.__cause__ else error
                 raise DraftsyncError(
-                    f"MLflow at {self.tracking_uri} is not reachable ({_first_line(error)})",
+                    f"MLflow at {self.tracking_uri} is not reachable ({_first_line(cause)})",
                     "start `mlflow server` there or set MLFLOW_TRACKING_URI to a reachable server "
                     "(or unset it to use the embedded sqlite store under the work dir)",
                 ) from error
@@ -242,6 +244,7 @@ class Registry:
         if sync_key is not None:
             existing = self._drafter_with_sync_key(model_name, target_version, method, sync_key)
             if existing is not None:
+                self._restore_candidate(model_name, existing)
                 return existing
         tags = {
             KIND_TAG: "drafter",
@@ -256,6 +259,7 @@ class Registry:
         }
         if sync_key is not None:
             tags[SYNC_KEY_TAG] = sync_key
+            self._close_abandoned_runs(sync_key)
         run_id = self._log_run(
             f"drafter {model_name} for {target_name} v{target_version}", drafter_dir, tags, metrics, reports_dir,
             metric_history,
@@ -302,6 +306,25 @@ class Registry:
 
     def tag_version(self, model_name: str, version: int, key: str, value: str) -> None:
         self._client.set_model_version_tag(model_name, str(int(version)), key, value)
+
+    def _close_abandoned_runs(self, sync_key: str) -> None:
+        """Runs of this sync left RUNNING by a worker killed while logging: marked KILLED, so the UI shows no live run.
+
+        Only a run that never became a version is abandoned; the ledger lets one sync of a key run at a time."""
+        from mlflow.entities import ViewType
+
+        runs = self._client.search_runs(
+            [self._experiment()], filter_string=f"tags.`{SYNC_KEY_TAG}` = '{sync_key}' and attributes.status = 'RUNNING'",
+            run_view_type=ViewType.ACTIVE_ONLY)
+        for run in runs:
+            self._client.set_terminated(run.info.run_id, "KILLED")
+
+    def _restore_candidate(self, model_name: str, version: int) -> None:
+        """A run killed between creating the version and aliasing it left a pending version without `candidate`."""
+        tags = self.version_tags(model_name, version)
+        if tags.get(VALIDATION_STATUS_TAG) == "pending" and self.alias_version(model_name, CANDIDATE) != version \
+                and self.alias_version(model_name, PRODUCTION) != version:
+            self._client.set_registered_model_alias(model_name, CANDIDATE, str(version))
 
     def _drafter_with_sync_key(self, model_name: str, target_version: int, method: str, sync_key: str) -> int | None:
         for info in self._versions(model_name):
@@ -418,11 +441,13 @@ class Registry:
         destination.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=destination.parent))
         try:
-            local = Path(
-                mlflow.artifacts.download_artifacts(
-                    artifact_uri=source, dst_path=str(staging), tracking_uri=self.tracking_uri
-                )
-            )
+            try:
+                local = Path(mlflow.artifacts.download_artifacts(
+                    artifact_uri=source, dst_path=str(staging), tracking_uri=self.tracking_uri))
+            except Exception as error:
+                if not _is_outage(error):
+                    raise
+                raise _outage(self.tracking_uri, f"the download of {name} v{version}", error) from error
             try:
                 local.rename(destination)
             except OSError:  # another process finished first
@@ -520,6 +545,52 @@ class Registry:
             aliases=sorted(aliases),
             created_ms=int(model_version.creation_timestamp or 0),
         )
+
+
+class _NamedOutages:
+    """The MLflow client, with a transport failure (server down, connection cut, retries used up) turned into an
+    error that names the tracking server and the fix. MLflow has already retried with backoff by then
+    (MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR); errors the server answered pass as they are."""
+
+    def __init__(self, client: Any, tracking_uri: str):
+        self._wrapped, self._tracking_uri = client, tracking_uri
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._wrapped, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return attribute(*args, **kwargs)
+            except Exception as error:
+                if not _is_outage(error):
+                    raise
+                raise _outage(self._tracking_uri, name, error) from error
+
+        return call
+
+
+def _outage(tracking_uri: str, during: str, error: BaseException) -> DraftsyncError:
+    return DraftsyncError(
+        f"MLflow at {tracking_uri} could not be reached during {during} ({_first_line(error)[:300]})",
+        "start the tracking server again (or fix MLFLOW_TRACKING_URI) and rerun: a sync resumes from its "
+        "dataset and checkpoints, and registration finds a version already created",
+    )
+
+
+def _is_outage(error: BaseException) -> bool:
+    """Whether the request never got an answer from the server: refused, reset, timed out after MLflow's retries."""
+    import requests
+
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, (requests.ConnectionError, requests.Timeout, requests.exceptions.RetryError)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    text = str(error)
+    return "API request to" in text and any(
+        sign in text for sign in ("Max retries exceeded", "Connection refused", "Connection aborted", "timed out"))
 
 
 @contextmanager

@@ -17,15 +17,6 @@ def prefect_harness():
         yield
 
 
-@pytest.fixture(scope="session")
-def built_targets(tmp_path_factory) -> dict[int, Path]:
-    """The built-in test-size targets v1 and v2 (trained once per session, a few seconds each)."""
-    from draftsync.speculative.targets import build_target, builtin_recipe
-
-    cache = tmp_path_factory.mktemp("target-cache")
-    return {v: build_target(builtin_recipe(v, "test"), cache) for v in (1, 2)}
-
-
 @pytest.fixture()
 def workdir(tmp_path, monkeypatch, prefect_harness) -> Path:
     """A fresh draftsync work dir; tasks see it through the environment, as a worker would."""

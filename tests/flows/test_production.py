@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from draftsync.serving.process import ServerProcess, free_port, log_tail
-from tests.servers import mlflow_server
+from tests.servers import mlflow_server, prefect_server
 
 SECRET = "whsec-production-test-8d1f"
 PROFILE = """\
@@ -58,26 +58,6 @@ validation:
 
 def draftsync_bin() -> str:
     return str(Path(sys.executable).with_name("draftsync"))
-
-
-@contextmanager
-def prefect_server(tmp_path: Path, database_url: str):
-    """`prefect server start` on loopback with its database on Postgres (asyncpg), all services on."""
-    port = free_port()
-    env = {"PREFECT_HOME": str(tmp_path / "prefect-server-home"),
-           "PREFECT_API_DATABASE_CONNECTION_URL": database_url.replace("+psycopg", "+asyncpg"),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true", "PREFECT_UI_ENABLED": "false",
-           "PREFECT_API_URL": ""}
-    process = ServerProcess(["prefect" if not Path(sys.executable).with_name("prefect").exists()
-                             else str(Path(sys.executable).with_name("prefect")),
-                             "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            "127.0.0.1", port, tmp_path / "prefect-server.log", env=env)
-    process.start()
-    try:
-        process.wait_healthy(240, health_path="/api/health")
-        yield f"{process.url}/api", process
-    finally:
-        process.stop()
 
 
 @contextmanager
