@@ -11,9 +11,7 @@ Prefect run is over, or its process on this host is gone) is taken over and resu
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
 import time
 import traceback
 
@@ -26,6 +24,7 @@ from draftsync.tasks.drafting import HISTORY_FILE, train_drafter
 from draftsync.tasks.planning import plan_drafter, recommendation_tags
 from draftsync.tasks.profile import SyncProfile, profile as named_profile
 from draftsync.tasks.registration import drafter_model_name, fetch_target, register_drafter
+from draftsync.tasks.sync_requests import owner_is_gone, run_owner
 
 
 @flow(name="drafter-sync", log_prints=True)
@@ -91,48 +90,12 @@ Training: {training['steps']} steps{' (warm start)' if training.get('warm_start'
     create_markdown_artifact(key=key, markdown=markdown, description=f"drafter sync of {target} v{version}")
 
 
-def _owner() -> str:
-    """This run, as the ledger records it: the Prefect flow run id and where its process lives."""
-    from prefect.runtime import flow_run
-
-    return f"{flow_run.id or 'no-run'}@{socket.gethostname()}:{os.getpid()}"[:100]
-
-
-def _dead(owner: str | None) -> bool:
-    """Whether the run that holds a job is over: its Prefect state is final, or its process here is gone."""
-    if not owner or "@" not in owner:
-        return owner is not None
-    run_id, _, place = owner.partition("@")
-    host, _, pid = place.rpartition(":")
-    if host == socket.gethostname() and pid.isdigit():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            pass
-    return _run_is_over(run_id)
-
-
-def _run_is_over(run_id: str) -> bool:
-    import uuid
-
-    from prefect.client.orchestration import get_client
-
-    try:
-        with get_client(sync_client=True) as client:
-            state = client.read_flow_run(uuid.UUID(run_id)).state
-    except Exception:  # unknown id or another API: only the process check can tell
-        return False
-    return state is not None and state.is_final()
-
-
 def _claim(target_name: str, target_version: int, method: str, reason: str):
     ledger = context.sync_ledger()
-    owner = _owner()
+    owner = run_owner()
     claim = ledger.claim(target_name, target_version, method, run_id=owner, reason=reason)
     if claim.outcome == "running" and claim.job.status == "running" and claim.job.run_id != owner \
-            and _dead(claim.job.run_id):
+            and owner_is_gone(claim.job.run_id):
         get_run_logger().warning("sync of %s v%d: run %s died; taking its job over", target_name, target_version,
                                  claim.job.run_id)
         claim = ledger.claim(target_name, target_version, method, run_id=owner, reason=reason,

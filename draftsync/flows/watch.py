@@ -3,8 +3,8 @@
 Two ways to dispatch. `inline` (the demo, `draftsync watch`): the watch runs each sync as a subflow and
 moves the watermark after it. `event` (the `registry-watch` deployment): the watch asks the ledger for a
 sync and the `drafter-sync` deployment runs it on the GPU pool; the watch is then the reconciler behind
-the MLflow webhooks: a version whose webhook was lost is found here, and a request whose event was lost
-is sent again.
+the MLflow webhooks: a version whose webhook was lost is found here, a request whose event was lost is
+sent again, and the job of a sync whose worker died is given back and requested again.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from draftsync.flows.sync import sync
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context, events
 from draftsync.tasks.profile import SyncProfile
-from draftsync.tasks.sync_requests import planned_method, request_sync, resend_overdue
+from draftsync.tasks.sync_requests import planned_method, release_dead_runs, request_sync, resend_overdue
 
 UNCLAIMED_AFTER = timedelta(minutes=15)  # a sync request no run claimed by then had its event lost
 
@@ -33,10 +33,11 @@ def watch(target_name: str | None = None, deployment: ServingDeployment | None =
     names = [target_name] if target_name else sorted(set(registry.target_names())
                                                       | set(context.settings().target_names))
     watched = [_watch_one(name, deployment, profile, dispatch) for name in names]
+    released = release_dead_runs() if dispatch == "event" else []
     resent = resend_overdue(UNCLAIMED_AFTER) if dispatch == "event" else []
     if target_name:
-        return {**watched[0], "resent": resent}
-    return {"targets": watched, "resent": resent}
+        return {**watched[0], "resent": resent, "released": released}
+    return {"targets": watched, "resent": resent, "released": released}
 
 
 def _watch_one(target_name: str, deployment: ServingDeployment | None, profile: str | SyncProfile | None,

@@ -137,6 +137,30 @@ class SyncLedger:
             return list(session.scalars(
                 select(SyncJob).where(SyncJob.status == "requested", SyncJob.requested_at < cutoff)))
 
+    def running(self) -> list[SyncJob]:
+        """Jobs a run holds now (or held when it died: the reconciler checks which)."""
+        with self._session() as session:
+            return list(session.scalars(select(SyncJob).where(SyncJob.status == "running")))
+
+    def release(self, job_id: int, run_id: str, now: datetime | None = None) -> JobStatus | None:
+        """Give back the job of a run known to be dead: `requested` again, or `failed` once it had MAX_ATTEMPTS.
+
+        Only while that run still holds it (a run that took it over meanwhile keeps it); returns the new status,
+        None when nothing changed. A worker killed mid-sync leaves its job `running`; this is how it resumes
+        without anyone starting it by hand, and how a sync that kills its worker every time stops."""
+        now = _now(now)
+        held = (SyncJob.id == job_id, SyncJob.status == "running", SyncJob.run_id == run_id)
+        died = f"run {run_id} died"
+        with self._session() as session:
+            if session.execute(update(SyncJob).where(*held, SyncJob.attempts < MAX_ATTEMPTS).values(
+                    status="requested", requested_at=now, detail=f"{died}; requested again")).rowcount == 1:
+                return "requested"
+            if session.execute(update(SyncJob).where(*held).values(
+                    status="failed", finished_at=now,
+                    detail=f"{died}; gave up after {MAX_ATTEMPTS} attempts")).rowcount == 1:
+                return "failed"
+        return None
+
     def touch_request(self, job_id: int, now: datetime | None = None) -> None:
         """Restart an overdue request's clock after its event was sent again."""
         with self._session() as session:

@@ -2,11 +2,14 @@
 
 Webhooks, the registry poll, alias moves, stale findings and rollouts all call `request_sync`; the
 caller whose ledger row wins emits the event that the `drafter-sync` deployment is triggered by. A lost
-event is not a lost sync: the poll finds requests nobody claimed and sends their event again.
+event is not a lost sync: the poll finds requests nobody claimed and sends their event again. A dead run is
+not a lost sync either: the poll gives its job back, and the next run resumes it.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -39,6 +42,68 @@ def request_sync(target_name: str, target_version: int, *, source: str, reason: 
                           "requested" if won else "already requested or done", reason)
     return {"target_name": target_name, "target_version": int(target_version), "method": method,
             "requested": won, "event": event if won else None}
+
+
+def run_owner() -> str:
+    """This run, as the ledger records it: the Prefect flow run id and where its process lives."""
+    from prefect.runtime import flow_run
+
+    return f"{flow_run.id or 'no-run'}@{socket.gethostname()}:{os.getpid()}"[:100]
+
+
+def owner_is_gone(owner: str | None) -> bool:
+    """Whether the run that holds a job is over: its process on this host is gone, or its Prefect state is final
+    (a process worker marks a run whose process died CRASHED)."""
+    if not owner or "@" not in owner:
+        return owner is not None
+    run_id, _, place = owner.partition("@")
+    host, _, pid = place.rpartition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+    return _run_is_over(run_id)
+
+
+def _run_is_over(run_id: str) -> bool:
+    import uuid
+
+    from prefect.client.orchestration import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(uuid.UUID(run_id)).state
+    except Exception:  # unknown id or another API: only the process check can tell
+        return False
+    return state is not None and state.is_final()
+
+
+def release_dead_runs(now: datetime | None = None) -> list[dict]:
+    """Give back the jobs of runs that died (a worker killed mid-sync) and send their sync event again.
+
+    A job whose runs died MAX_ATTEMPTS times is marked failed instead: a sync that kills its worker every time
+    (out of memory, say) must not loop."""
+    ledger = context.sync_ledger()
+    released = []
+    for job in ledger.running():
+        if not owner_is_gone(job.run_id):
+            continue
+        status = ledger.release(job.id, job.run_id, now=now)
+        if status is None:
+            continue
+        if status == "requested":
+            events.emit(events.SYNC_REQUESTED, job.target_name, job.target_version,
+                        payload={"reason": f"re-sent: run {job.run_id} died", "source": "reconciler",
+                                 "method": job.method, "retrain": job.generation > 0})
+        context.logger().warning("sync of %s v%d (%s): run %s died; job %s", job.target_name, job.target_version,
+                                 job.method, job.run_id, "requested again" if status == "requested" else
+                                 "failed: too many attempts")
+        released.append({"target_name": job.target_name, "target_version": job.target_version,
+                         "method": job.method, "status": status})
+    return released
 
 
 def resend_overdue(older_than: timedelta, now: datetime | None = None) -> list[dict]:

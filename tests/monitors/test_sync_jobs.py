@@ -115,3 +115,28 @@ def test_a_webhook_delivery_id_is_accepted_once_and_forgotten_after_a_day(ledger
     assert not ledger.remember_delivery("d-1", now=T0 + timedelta(seconds=5))
     assert ledger.remember_delivery("d-2", now=T0 + timedelta(days=2))  # prunes d-1
     assert ledger.remember_delivery("d-1", now=T0 + timedelta(days=2))
+
+
+def test_a_dead_runs_job_is_given_back_until_it_has_had_max_attempts(ledger):
+    """The reconciler's release: `requested` again while attempts remain, `failed` after MAX_ATTEMPTS, and never
+    a job some other run has taken over meanwhile."""
+    assert ledger.claim("tiny", 7, "eagle3", run_id="run-a", now=T0).outcome == "claimed"
+    assert [j.target_version for j in ledger.running()] == [7]
+    assert ledger.release(ledger.get("tiny", 7, "eagle3").id, "someone-else", now=T0) is None
+    job = ledger.get("tiny", 7, "eagle3")
+    assert (job.status, job.run_id) == ("running", "run-a")
+
+    later = T0 + timedelta(minutes=5)
+    assert ledger.release(job.id, "run-a", now=later) == "requested"
+    job = ledger.get("tiny", 7, "eagle3")
+    assert (job.status, job.requested_at, job.attempts) == ("requested", later, 1)
+    assert "run run-a died" in job.detail and ledger.running() == []
+
+    for attempt in range(2, MAX_ATTEMPTS + 1):
+        assert ledger.claim("tiny", 7, "eagle3", run_id=f"run-{attempt}", now=later).outcome == "claimed"
+        status = ledger.release(job.id, f"run-{attempt}", now=later)
+        assert status == ("requested" if attempt < MAX_ATTEMPTS else "failed")
+    job = ledger.get("tiny", 7, "eagle3")
+    assert (job.status, job.attempts) == ("failed", MAX_ATTEMPTS)
+    assert f"gave up after {MAX_ATTEMPTS} attempts" in job.detail
+    assert ledger.claim("tiny", 7, "eagle3", run_id="run-late", now=later).outcome == "exhausted"
