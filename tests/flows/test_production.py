@@ -24,36 +24,10 @@ import pytest
 
 from draftsync.serving.process import ServerProcess, free_port, log_tail
 from tests.servers import mlflow_server, prefect_server
+from tests.sync_profiles import tiny_sync_profile
 
 SECRET = "whsec-production-test-8d1f"
-PROFILE = """\
-method: eagle3
-train_steps: 40
-warm_start_steps: 20
-checkpoint_every: 20
-batch_size: 8
-seq_len: 64
-training_texts: 60
-generated_samples: 0
-validation:
-  name: production-test
-  requests: 3
-  max_tokens: 16
-  gamma_range: [2, 3]
-  sweep_requests: 1
-  min_acceptance: 0.0
-  min_p50: 0.0
-  min_p5: 0.0
-  min_speedup: 0.0
-  stress_requests: 2
-  stress_concurrency: 2
-  schedule_batch_sizes: []
-  long_requests: 1
-  long_max_tokens: 32
-  min_long_acceptance: 0.0
-  length_buckets: [0, 16, 32]
-  max_memory_overhead: 5.0
-"""
+PROFILE = tiny_sync_profile("production-test")
 
 
 def draftsync_bin() -> str:

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from draftsync.errors import DraftsyncError
+from tests.prefect_events import target_events
 
 PASSWORD = "block-kept-smtp-pw"
 BLOCK = "draftsync-test-smtp-password"
@@ -82,27 +83,6 @@ def record_week(store, deployment: str, pair, now: datetime) -> None:
                       tuple(a + b for a, b in zip(totals[3], positions))]
         counters = SpecDecodeCounters(totals[0], totals[1], totals[2], totals[3])
         store.record_scrape(deployment, min(first + hour * HOUR, now - timedelta(minutes=1)), counters, pair)
-
-
-def stale_events(since: datetime, target: str, version: int, wanted: int) -> list:
-    """The stale events the Prefect API has stored for a target version since `since`, once `wanted` have arrived.
-
-    Events travel to the API in the background and are stored in batches, so this waits for them (up to
-    a minute), then returns what is there."""
-    import time
-
-    from prefect.client.orchestration import get_client
-    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
-
-    event_filter = EventFilter(occurred=EventOccurredFilter(since=since), event=EventNameFilter(name=[STALE_EVENT]),
-                               resource=EventResourceFilter(id=[f"draftsync.target.{target}.v{version}"]))
-    with get_client(sync_client=True) as client:
-        for _ in range(120):
-            events = client.read_events(filter=event_filter, limit=50).events
-            if len(events) >= wanted:
-                break
-            time.sleep(0.5)
-    return events
 
 
 def last_complete_iso_week(now: datetime) -> str:
@@ -214,7 +194,7 @@ def test_report_command_stale_week_smtp_down_then_delivered(report_setup, monkey
     assert chat["actions"] == ["marked stale", "retrain already requested this week for the same finding: not repeated"]
     assert PASSWORD not in caplog.text and PASSWORD not in output
     version = report_setup["target_version"]
-    (event,) = stale_events(started, "report-llm", version, wanted=1)  # the sync trigger went out once, on run 1
+    (event,) = target_events(STALE_EVENT, started, "report-llm", version, wanted=1)  # the sync trigger went out once, on run 1
     assert event.resource["draftsync.target.name"] == "report-llm"
     assert event.resource["draftsync.target.version"] == str(version)
     assert event.payload["retrain"] is True and event.payload["source"] == "weekly-review"

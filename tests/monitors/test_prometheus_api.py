@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.reliability_load import scaled_exposition
 from draftsync.errors import DraftsyncError
 from draftsync.monitors.metrics import SpecDecodeCounters, parse
 from draftsync.monitors.prometheus_api import counter_queries, label_selector, query_counters
@@ -25,17 +26,6 @@ from tests.http_stub import HttpStub, StubRequest
 VLLM_TEXT = (Path(__file__).parent / "vllm_metrics.txt").read_text()
 QUERY = re.compile(r"^sum(?: by \((?P<by>[a-z_]+)\))? \((?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<matchers>.*)\})?\)$")
 MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"(?:,|$)')
-
-
-def scaled(text: str, factor: float) -> str:
-    """The same exposition with every sample value multiplied (another deployment, or a restarted server)."""
-    lines = []
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            head, value = line.rsplit(" ", 1)
-            line = f"{head} {float(value) * factor}"
-        lines.append(line)
-    return "\n".join(lines) + "\n"
 
 
 class PrometheusStandIn:
@@ -93,7 +83,7 @@ class PrometheusStandIn:
 def prometheus():
     stand_in = PrometheusStandIn()
     stand_in.load({(("job", "chat"), ("instance", "10.0.0.5:8000")): VLLM_TEXT,
-                   (("job", "other"), ("instance", "10.0.0.6:8000")): scaled(VLLM_TEXT, 3)})
+                   (("job", "other"), ("instance", "10.0.0.6:8000")): scaled_exposition(VLLM_TEXT, 3)})
     yield stand_in
     stand_in.stop()
 
@@ -103,7 +93,7 @@ def test_the_api_gives_what_the_metrics_text_gives(prometheus):
     assert chat == parse(VLLM_TEXT)  # engines summed, positions kept apart, histogram sum and count
     assert chat.accepted_per_position == (1080, 840, 600) and chat.generation_tokens == 6200
     other = query_counters(prometheus.url, {"job": "other", "instance": "10.0.0.6:8000"})
-    assert other == parse(scaled(VLLM_TEXT, 3)) and other.drafts == 3600
+    assert other == parse(scaled_exposition(VLLM_TEXT, 3)) and other.drafts == 3600
     both = query_counters(prometheus.url)  # no labels: every series Prometheus has
     assert both.drafts == chat.drafts + other.drafts
     assert both.accepted_per_position == tuple(a + b for a, b in zip(chat.accepted_per_position,
@@ -113,7 +103,7 @@ def test_the_api_gives_what_the_metrics_text_gives(prometheus):
 
 
 def test_label_values_are_matched_exactly_even_with_quotes(prometheus):
-    prometheus.load({(("job", 'we"ird\\job'),): VLLM_TEXT, (("job", "weird"),): scaled(VLLM_TEXT, 2)})
+    prometheus.load({(("job", 'we"ird\\job'),): VLLM_TEXT, (("job", "weird"),): scaled_exposition(VLLM_TEXT, 2)})
     assert label_selector({"job": 'we"ird\\job'}) == '{job="we\\"ird\\\\job"}'
     assert query_counters(prometheus.url, {"job": 'we"ird\\job'}) == parse(VLLM_TEXT)
 
@@ -123,12 +113,12 @@ def test_a_counter_reset_seen_through_prometheus_is_never_negative(prometheus, t
     pair = ServedPair("demo-target", 1, 1, 3)
     start = datetime(2026, 11, 2, 12, tzinfo=UTC)
     store.record_scrape("chat", start, query_counters(prometheus.url, {"job": "chat"}), pair)
-    prometheus.load({(("job", "chat"),): scaled(VLLM_TEXT, 1.5)})
+    prometheus.load({(("job", "chat"),): scaled_exposition(VLLM_TEXT, 1.5)})
     grown = store.record_scrape("chat", start + timedelta(minutes=1), query_counters(prometheus.url, {"job": "chat"}),
                                 pair)
     assert (grown.reset, grown.draft_tokens, grown.accepted) == (False, 1800, 1260)
     assert grown.accepted_per_position == [540, 420, 300]
-    prometheus.load({(("job", "chat"),): scaled(VLLM_TEXT, 0.1)})  # the server restarted: counting from zero
+    prometheus.load({(("job", "chat"),): scaled_exposition(VLLM_TEXT, 0.1)})  # the server restarted: counting from zero
     restarted = store.record_scrape("chat", start + timedelta(minutes=2),
                                     query_counters(prometheus.url, {"job": "chat"}), pair)
     assert restarted.reset
@@ -192,7 +182,7 @@ def test_the_scrape_task_can_read_from_prometheus(prometheus, tmp_path, monkeypa
         now = datetime(2026, 11, 2, 12, tzinfo=UTC)
         first = scrape_deployment.fn("chat", now, prometheus_url=prometheus.url, prometheus_labels={"job": "chat"})
         assert (first["draft_tokens"], first["accepted"]) == (3600, 2520)  # the endpoint itself is never asked
-        prometheus.load({(("job", "chat"),): scaled(VLLM_TEXT, 2)})
+        prometheus.load({(("job", "chat"),): scaled_exposition(VLLM_TEXT, 2)})
         second = scrape_deployment.fn("chat", now + timedelta(minutes=1), prometheus_url=prometheus.url,
                                       prometheus_labels={"job": "chat"})
         assert (second["draft_tokens"], second["acceptance_rate"], second["reset"]) == (3600, 0.7, False)

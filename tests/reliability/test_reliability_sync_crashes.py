@@ -21,37 +21,11 @@ import pytest
 from draftsync.serving.process import log_tail
 from tests.reliability.fault_proxy import FaultProxy, KillRule, kill_process_tree
 from tests.servers import mlflow_server, prefect_server
+from tests.sync_profiles import tiny_sync_profile
 
 TARGET = "crashy"
 TRAIN_STEPS = 48
-PROFILE = f"""\
-method: eagle3
-train_steps: {TRAIN_STEPS}
-warm_start: false
-checkpoint_every: 12
-batch_size: 8
-seq_len: 64
-training_texts: 60
-generated_samples: 0
-validation:
-  name: crash-test
-  requests: 3
-  max_tokens: 16
-  gamma_range: [2, 3]
-  sweep_requests: 1
-  min_acceptance: 0.0
-  min_p50: 0.0
-  min_p5: 0.0
-  min_speedup: 0.0
-  stress_requests: 2
-  stress_concurrency: 2
-  schedule_batch_sizes: []
-  long_requests: 1
-  long_max_tokens: 32
-  min_long_acceptance: 0.0
-  length_buckets: [0, 16, 32]
-  max_memory_overhead: 5.0
-"""
+PROFILE = tiny_sync_profile("crash-test", train_steps=TRAIN_STEPS, warm_start=False, checkpoint_every=12)
 RUN_TIMEOUT = 600
 
 
