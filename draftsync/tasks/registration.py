@@ -119,6 +119,7 @@ def record_validation(target_name: str, drafter_version: int, result: dict, repo
     )
 
 
-@task(name="promote-drafter", cache_policy=NONE)
+@task(name="promote-drafter", retries=2, retry_delay_seconds=5, cache_policy=NONE)
 def promote_drafter(target_name: str, drafter_version: int) -> None:
+    """Retried like the other registry steps: the alias writes land the same however often they run."""
     context.registry().promote(target_name, drafter_version)
