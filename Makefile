@@ -10,7 +10,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test test-story compat clean
+.PHONY: install demo test test-story test-system compat clean
 
 install: $(STAMP)
 
@@ -25,13 +25,18 @@ $(STAMP): pyproject.toml
 demo: install
 	$(VENV)/bin/draftsync demo
 
-# The suite without the end-to-end demo story (about 10 min on 2 cores); CI also runs the story.
+# The suite without the end-to-end runs below (about 9 min on 2 cores); CI runs those too.
 test: install
-	$(PY) -m pytest -m "not story"
+	$(PY) -m pytest -m "not story and not system"
 
 # `draftsync demo` from a fresh work dir, every step of its story checked (about 8 min on 2 cores).
 test-story: install
 	$(PY) -m pytest -m story
+
+# Production-like runs with real servers and worker processes: webhook to completed sync, a worker killed at
+# every stage of a sync, MLflow stopped mid-sync (about 7 min on 2 cores).
+test-system: install
+	$(PY) -m pytest -m system
 
 # `make compat`: our EAGLE-3 checkpoints against the speculators package's own loader and forward pass,
 # in a venv of its own: speculators pins transformers <= 5.19 and declares CUDA torchvision/torchaudio,

@@ -70,6 +70,7 @@ def sync_runs(client, deployment_id) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_a_registered_target_version_becomes_one_completed_sync_run_through_prefect_and_mlflow_servers(
         postgres_server, tmp_path):
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName

@@ -131,6 +131,7 @@ KILL_POINTS: list[tuple[str, Callable[[Path], bool] | KillRule]] = [
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_a_sync_killed_at_every_stage_converges_to_one_drafter_with_whole_aliases(tmp_path, built_targets,
                                                                                   monkeypatch):
     from draftsync.monitors.store import Store
@@ -199,6 +200,7 @@ def test_a_sync_killed_at_every_stage_converges_to_one_drafter_with_whole_aliase
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_mlflow_stopped_mid_sync_fails_clearly_then_the_rerun_resumes_once_it_is_back(tmp_path, built_targets,
                                                                                      monkeypatch):
     """The server goes down while the worker trains: registration retries with backoff, then the sync fails naming
