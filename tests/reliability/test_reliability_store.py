@@ -127,15 +127,22 @@ def monitor_database(postgres_server) -> Iterator[MonitorDatabase]:
         database.admin(f"DROP DATABASE IF EXISTS {database.name} WITH (FORCE)", f"DROP ROLE IF EXISTS {database.role}")
 
 
-@pytest.fixture
-def postgres_store(monitor_database) -> Iterator[tuple[Store, SyncLedger]]:
-    store = Store(monitor_database.url)
+@contextmanager
+def store_with_rows(url: str) -> Iterator[tuple[Store, SyncLedger]]:
+    """The store and its ledger on `url`, holding the rows every test checks are kept; closed afterwards."""
+    store = Store(url)
     try:
         ledger = SyncLedger(store)
         write_rows(store, ledger)
         yield store, ledger
     finally:
         store.close()
+
+
+@pytest.fixture
+def postgres_store(monitor_database) -> Iterator[tuple[Store, SyncLedger]]:
+    with store_with_rows(monitor_database.url) as opened:
+        yield opened
 
 
 def test_postgres_refusing_connections_is_a_clear_error_and_the_store_reconnects_after(
@@ -205,13 +212,8 @@ def test_the_ledger_still_sees_a_duplicate_delivery_as_an_integrity_error_turned
 # --- SQLite --------------------------------------------------------------------------------------
 @pytest.fixture
 def sqlite_store(tmp_path) -> Iterator[tuple[Store, SyncLedger]]:
-    store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    try:
-        ledger = SyncLedger(store)
-        write_rows(store, ledger)
-        yield store, ledger
-    finally:
-        store.close()
+    with store_with_rows(f"sqlite:///{tmp_path / 'monitor.db'}") as opened:
+        yield opened
 
 
 @contextmanager
