@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 demo: install
 	$(VENV)/bin/draftsync demo
 
-# The suite without the end-to-end runs below (about 9 min on 2 cores); CI runs those too.
+# The suite without the end-to-end runs below (about 8 min on 2 cores); CI runs those too.
 test: install
 	$(PY) -m pytest -m "not story and not system"
 
@@ -34,7 +34,7 @@ test-story: install
 	$(PY) -m pytest -m story
 
 # Production-like runs with real servers and worker processes: webhook to completed sync, a worker killed at
-# every stage of a sync, MLflow stopped mid-sync (about 7 min on 2 cores).
+# every stage of a sync, MLflow stopped mid-sync (about 8 min on 2 cores).
 test-system: install
 	$(PY) -m pytest -m system
 
