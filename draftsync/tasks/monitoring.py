@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from datetime import datetime, timedelta
 
 from prefect import task
@@ -12,16 +10,6 @@ from prefect.cache_policies import NONE
 from draftsync.tasks import context
 
 WEEK = timedelta(days=7)
-
-# SQLite has one writer at a time: a writer waits for the lock at most its busy timeout (5 s), and in some
-# interleavings not at all ("database is locked"). 200 scrapes at once on busy CPUs failed that way (the store says
-# "is busy"; Prefect's retries hid it). Within a process they now take turns, with no timeout, on SQLite only.
-_SQLITE_WRITER = threading.Lock()
-
-
-def _one_writer_at_a_time(store):
-    """A lock held while scraped counters are recorded when the store is SQLite; nothing for Postgres."""
-    return _SQLITE_WRITER if store.engine.dialect.name == "sqlite" else contextlib.nullcontext()
 
 
 @task(name="scrape-deployment", retries=2, retry_delay_seconds=2, cache_policy=NONE)
@@ -40,8 +28,7 @@ def scrape_deployment(deployment: str, now: datetime, prometheus_url: str | None
         counters = query_counters(prometheus_url, prometheus_labels)
     else:
         counters = scrape_counters(f"{pair.endpoint}/metrics")
-    with _one_writer_at_a_time(store):
-        sample = store.record_scrape(deployment, now, counters, pair, count_first=True)
+    sample = store.record_scrape(deployment, now, counters, pair, count_first=True)
     if sample is None:
         return {"deployment": deployment, "baseline": True}
     return {
