@@ -95,9 +95,7 @@ def release_dead_runs(now: datetime | None = None) -> list[dict]:
         if status is None:
             continue
         if status == "requested":
-            events.emit(events.SYNC_REQUESTED, job.target_name, job.target_version,
-                        payload={"reason": f"re-sent: run {job.run_id} died", "source": "reconciler",
-                                 "method": job.method, "retrain": job.generation > 0})
+            _send_again(job, f"re-sent: run {job.run_id} died")
         context.logger().warning("sync of %s v%d (%s): run %s died; job %s", job.target_name, job.target_version,
                                  job.method, job.run_id, "requested again" if status == "requested" else
                                  "failed: too many attempts")
@@ -111,12 +109,17 @@ def resend_overdue(older_than: timedelta, now: datetime | None = None) -> list[d
     ledger = context.sync_ledger()
     resent = []
     for job in ledger.overdue(older_than, now=now):
-        events.emit(events.SYNC_REQUESTED, job.target_name, job.target_version,
-                    payload={"reason": f"re-sent: unclaimed since {job.requested_at.isoformat()} ({job.reason})",
-                             "source": "reconciler", "method": job.method, "retrain": job.generation > 0})
+        _send_again(job, f"re-sent: unclaimed since {job.requested_at.isoformat()} ({job.reason})")
         ledger.touch_request(job.id, now=now)
         resent.append({"target_name": job.target_name, "target_version": job.target_version, "method": job.method})
     return resent
+
+
+def _send_again(job, reason: str) -> None:
+    """The reconciler's `draftsync.sync.requested` for a job already in the ledger (a retrain keeps its flag)."""
+    events.emit(events.SYNC_REQUESTED, job.target_name, job.target_version,
+                payload={"reason": reason, "source": "reconciler", "method": job.method,
+                         "retrain": job.generation > 0})
 
 
 def is_target(model_name: str, tags: dict[str, str] | None = None, version: int | None = None) -> bool:
