@@ -84,7 +84,7 @@ def run_demo() -> dict:
     """Run the story; print a summary and write it to <workdir>/demo.json."""
     from draftsync.flows.watch import watch
     from draftsync.flows.weekly_report import weekly_report
-    from draftsync.registry.model_registry import drafter_model_name
+    from draftsync.registry.model_registry import drafter_model_name, trained_for_version
     from draftsync.speculative.targets import build_target, builtin_recipe
     from draftsync.tasks.profile import profile
     from draftsync.tasks.registration import publish_target
@@ -164,7 +164,7 @@ def run_demo() -> dict:
         drafters.append({
             "name": drafter_name,
             "version": info.version,
-            "target_version": int(tags["draftsync.target.version"]),
+            "target_version": trained_for_version(drafter_name, info.version, tags),
             "method": tags["draftsync.method"],
             "gamma": int(tags["draftsync.gamma"]),  # measured: validation's knee
             "gamma_recommended": {"range": json.loads(tags.get("draftsync.recommended.gamma_range", "null")),
