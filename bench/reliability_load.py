@@ -40,7 +40,6 @@ import contextlib
 import json
 import logging
 import os
-import platform
 import secrets
 import shutil
 import sys
@@ -58,6 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script; pytest has the repository root on the path already
     sys.path.insert(0, str(ROOT))
 
+from bench.reporting import emit_json, machine_facts, stop_ephemeral_prefect  # noqa: E402
 from tests.http_stub import PROMETHEUS_TEXT, HttpStub, StubRequest  # noqa: E402
 
 VLLM_TEXT = (ROOT / "tests" / "monitors" / "vllm_metrics.txt").read_text()
@@ -504,13 +504,6 @@ def ephemeral_prefect_api() -> str:
     return next(iter(SubprocessASGIServer._instances.values())).api_url
 
 
-def stop_ephemeral_prefect() -> None:
-    from prefect.server.api.server import SubprocessASGIServer
-
-    for server in list(SubprocessASGIServer._instances.values()):
-        server.stop()
-
-
 @contextlib.contextmanager
 def monitor_database(store: str, run_dir: Path, postgres_bin_dir: str | None) -> Iterator[str]:
     if store == "sqlite":
@@ -557,17 +550,9 @@ def main() -> None:
         finally:
             context.store().close()
             stop_ephemeral_prefect()
-    import prefect
-
     out = {"webhook": webhook, "scrape": scrape, "store": args.store,
-           "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                       "python": platform.python_version(), "prefect": prefect.__version__,
-                       "load_average_1min": {"start": load_at_start, "end": round(os.getloadavg()[0], 2)}},
-           "run_dir": str(run_dir)}
-    text = json.dumps(out, indent=2)
-    print(text, file=stdout)
-    if args.json:
-        args.json.write_text(text + "\n")
+           "machine": machine_facts(load_at_start, ("prefect",)), "run_dir": str(run_dir)}
+    emit_json(out, args.json, stdout)
 
 
 if __name__ == "__main__":

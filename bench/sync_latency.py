@@ -35,10 +35,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
-import platform
 import secrets
 import signal
 import sys
@@ -51,6 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from acceptance import quiet_offline_environment  # noqa: E402
+from reporting import emit_json, machine_facts, stop_ephemeral_prefect  # noqa: E402
 
 TARGET_NAME = "bench-llm"
 POLLED_TARGET_NAME = "bench-llm-polled"
@@ -192,25 +191,6 @@ def process_cpu_s() -> float:
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def machine_facts() -> dict:
-    import mlflow
-    import prefect
-    import torch
-
-    return {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "mlflow": mlflow.__version__, "prefect": prefect.__version__}
-
-
-def stop_ephemeral_prefect() -> None:
-    """The ephemeral API is a subprocess Prefect starts on first use; stop it with the rest."""
-    try:
-        from prefect.server.api.server import SubprocessASGIServer
-    except ImportError:
-        return
-    for server in list(SubprocessASGIServer._instances.values()):
-        server.stop()
 
 
 def measure(args, run_dir: Path, phases: dict) -> dict:
@@ -396,13 +376,9 @@ def main() -> None:
     stdout = sys.stdout
     with contextlib.redirect_stdout(sys.stderr):  # flows print progress; stdout carries the JSON only
         out = measure(args, run_dir, phases)
-        out["machine"] = {**machine_facts(), "load_average_1min": {"start": load_at_start,
-                                                                    "end": round(os.getloadavg()[0], 2)}}
+        out["machine"] = machine_facts(load_at_start, ("torch", "mlflow", "prefect"))
         out["run_dir"] = str(run_dir)
-    text = json.dumps(out, indent=2)
-    print(text, file=stdout)
-    if args.json:
-        args.json.write_text(text + "\n")
+    emit_json(out, args.json, stdout)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,37 @@
+"""What the orchestration benchmarks end with: the machine they ran on, the JSON on stdout (and in --json PATH),
+and Prefect's ephemeral API stopped with the rest."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import platform
+from pathlib import Path
+from typing import TextIO
+
+
+def machine_facts(load_at_start: float, packages: tuple[str, ...] = ()) -> dict:
+    """Cores, platform, versions of `packages`, and the 1-minute load average at the start and now: these
+    machines are shared, so a figure is read beside the load it was measured under."""
+    versions = {name: importlib.import_module(name).__version__ for name in packages}
+    return {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            **versions, "load_average_1min": {"start": load_at_start, "end": round(os.getloadavg()[0], 2)}}
+
+
+def emit_json(out: dict, json_path: Path | None, stdout: TextIO) -> None:
+    """The results on `stdout` (progress went to stderr) and, with --json, in that file too."""
+    text = json.dumps(out, indent=2)
+    print(text, file=stdout)
+    if json_path:
+        json_path.write_text(text + "\n")
+
+
+def stop_ephemeral_prefect() -> None:
+    """The ephemeral API is a subprocess Prefect starts on first use; stop it with the rest."""
+    try:
+        from prefect.server.api.server import SubprocessASGIServer
+    except ImportError:
+        return
+    for server in list(SubprocessASGIServer._instances.values()):
+        server.stop()
