@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script; pytest has the repository root on the path already
     sys.path.insert(0, str(ROOT))
 
-from bench.reporting import emit_json, machine_facts, stop_ephemeral_prefect  # noqa: E402
+from bench.harness import emit_json, isolated_environment, machine_facts, stop_ephemeral_prefect  # noqa: E402
 from tests.http_stub import PROMETHEUS_TEXT, HttpStub, StubRequest  # noqa: E402
 
 VLLM_TEXT = (ROOT / "tests" / "monitors" / "vllm_metrics.txt").read_text()
@@ -477,23 +477,6 @@ def measure_webhook(run_dir: Path, monitor_url: str, prefect_api_url: str, rate:
 
 
 # --- the run --------------------------------------------------------------------------------------------------------
-def isolated_environment(run_dir: Path, monitor_url: str) -> None:
-    """Point draftsync and Prefect at this run only: no setting from the caller's shell leaks in."""
-    for key in list(os.environ):
-        if key.startswith(("DRAFTSYNC_", "MLFLOW_")) or key in ("PREFECT_API_URL", "PREFECT_API_KEY",
-                                                                "PREFECT_PROFILE"):
-            del os.environ[key]
-    os.environ.update({
-        "DRAFTSYNC_WORKDIR": str(run_dir / "work"),
-        "DRAFTSYNC_MONITOR_DB_URL": monitor_url,
-        "MLFLOW_TRACKING_URI": f"sqlite:///{run_dir / 'mlflow.db'}",
-        "PREFECT_HOME": str(run_dir / "prefect"),
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "DO_NOT_TRACK": "true",
-    })
-
-
 def ephemeral_prefect_api() -> str:
     """Start Prefect's ephemeral API (outside every timed figure) and return its URL, for the receiver's events."""
     from prefect.client.orchestration import get_client
@@ -538,7 +521,8 @@ def main() -> None:
     load_at_start = round(os.getloadavg()[0], 2)
     stdout = sys.stdout
     with contextlib.redirect_stdout(sys.stderr), monitor_database(args.store, run_dir, args.postgres_bin) as url:
-        isolated_environment(run_dir, url)
+        isolated_environment(run_dir, {"DRAFTSYNC_MONITOR_DB_URL": url,
+                                       "MLFLOW_TRACKING_URI": f"sqlite:///{run_dir / 'mlflow.db'}"})
         from draftsync.tasks import context
 
         context.reset()

@@ -49,7 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from acceptance import quiet_offline_environment  # noqa: E402
-from reporting import emit_json, machine_facts, stop_ephemeral_prefect  # noqa: E402
+from harness import emit_json, isolated_environment, machine_facts, stop_ephemeral_prefect  # noqa: E402
 
 TARGET_NAME = "bench-llm"
 POLLED_TARGET_NAME = "bench-llm-polled"
@@ -75,27 +75,6 @@ GATE_THRESHOLD_FIELDS = {"validation_acceptance_mean": "min_acceptance", "accept
                          "long_output_acceptance": "min_long_acceptance",
                          "drafter_memory_overhead": "max_memory_overhead"}
 SYNC_STAGES = ("preparation", "dataset", "training", "registration", "validation")
-
-
-def isolated_environment(run_dir: Path, tracking_uri: str, secret: str, target_cache: Path) -> None:
-    """Point draftsync, MLflow and Prefect at this run only: no setting from the caller's shell leaks in.
-
-    The built-in targets are cached outside the run's work dir, so their folder is a model root."""
-    for key in list(os.environ):
-        if key.startswith(("DRAFTSYNC_", "MLFLOW_")) or key in ("PREFECT_API_URL", "PREFECT_API_KEY",
-                                                                "PREFECT_PROFILE"):
-            del os.environ[key]
-    os.environ.update({
-        "DRAFTSYNC_WORKDIR": str(run_dir / "work"),
-        "MLFLOW_TRACKING_URI": tracking_uri,
-        "DRAFTSYNC_WEBHOOK_SECRET": secret,
-        "DRAFTSYNC_MODEL_ROOTS": str(Path(target_cache).resolve()),
-        "PREFECT_HOME": str(run_dir / "prefect"),
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "DO_NOT_TRACK": "true",
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-    })
 
 
 def start_mlflow_server(root: Path):
@@ -198,7 +177,9 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
     started = time.perf_counter()
     secret = secrets.token_hex(32)
     mlflow_process = start_mlflow_server(run_dir / "mlflow-server")
-    isolated_environment(run_dir, mlflow_process.url, secret, args.target_cache)
+    # The built-in targets are cached outside the run's work dir, so their folder is a model root.
+    isolated_environment(run_dir, {"MLFLOW_TRACKING_URI": mlflow_process.url, "DRAFTSYNC_WEBHOOK_SECRET": secret,
+                                   "DRAFTSYNC_MODEL_ROOTS": str(args.target_cache), "MLFLOW_DISABLE_TELEMETRY": "true"})
     cleanups = contextlib.ExitStack()
     cleanups.callback(mlflow_process.stop)
     with cleanups:

@@ -1,5 +1,5 @@
-"""What the orchestration benchmarks end with: the machine they ran on, the JSON on stdout (and in --json PATH),
-and Prefect's ephemeral API stopped with the rest."""
+"""The frame of the orchestration benchmarks: a run isolated from the caller's settings, the machine it ran on,
+the JSON on stdout (and in --json PATH), and Prefect's ephemeral API stopped with the rest."""
 
 from __future__ import annotations
 
@@ -9,6 +9,24 @@ import os
 import platform
 from pathlib import Path
 from typing import TextIO
+
+
+def isolated_environment(run_dir: Path, settings: dict[str, str]) -> None:
+    """Point draftsync, MLflow and Prefect at this run only: no setting from the caller's shell leaks in.
+
+    The work dir and Prefect's home go under `run_dir`; `settings` adds what the benchmark itself needs."""
+    for key in list(os.environ):
+        if key.startswith(("DRAFTSYNC_", "MLFLOW_")) or key in ("PREFECT_API_URL", "PREFECT_API_KEY",
+                                                                "PREFECT_PROFILE"):
+            del os.environ[key]
+    os.environ.update({
+        "DRAFTSYNC_WORKDIR": str(run_dir / "work"),
+        "PREFECT_HOME": str(run_dir / "prefect"),
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "true",
+        **settings,
+    })
 
 
 def machine_facts(load_at_start: float, packages: tuple[str, ...] = ()) -> dict:
