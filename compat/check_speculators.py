@@ -4,8 +4,8 @@ Runs in `.venv-compat` (CPU torch, speculators, a transformers it accepts) with 
 PYTHONPATH. It imports only `draftsync.speculative` modules that need torch, transformers and safetensors
 (never Prefect, MLflow or the rest of draftsync), which is also why that package may import nothing else.
 
-For each variant (eagle3; eagle3.1 = fc_norm + norm_output; and the flags `speculators train` uses by
-default, norm_before_residual + norm_before_fc + norm_output) it
+For each variant (eagle3, with and without norm_before_residual; eagle3.1 = fc_norm + norm_output; and the
+flags `speculators train` uses by default, norm_before_residual + norm_before_fc + norm_output) it
 1. saves a tiny random Llama target: speculators reads the verifier's config.json (layer count, for the
    aux layer ids) and its embed_tokens / lm_head / final norm (for its frozen verifier head),
 2. builds an Eagle3Drafter with a reduced draft vocabulary, redraws every weight (norm gains away from 1,
@@ -57,7 +57,8 @@ from pathlib import Path
 RELATIVE_TOLERANCE = 1e-4
 ATTENTION_IMPLEMENTATIONS = ("simple_flex_attention", "sdpa", "eager")
 VARIANTS = {
-    "eagle3": {},
+    "eagle3": {},  # draftsync's default: norm_before_residual
+    "eagle3-residual-not-normed": {"norm_before_residual": False},  # the EAGLE-3 paper's layer
     "eagle3.1": {"fc_norm": True, "norm_output": True},
     "speculators-train-default": {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True},
 }

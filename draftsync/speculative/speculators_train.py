@@ -60,7 +60,7 @@ class SpeculatorsTrainJob:
     draft_vocab_size: int | None = None  # None: the target's whole vocabulary
     aux_layer_ids: tuple[int, ...] | None = None  # None: default_aux_layer_ids(target layers)
     target_num_layers: int | None = None  # None: read from <target>/config.json
-    norm_before_residual: bool = False  # draftsync's Eagle3Config default; speculators defaults to True
+    norm_before_residual: bool = True  # draftsync's Eagle3Config default, as speculators'
     epochs: int = 20
     lr: float = 1e-3
     ttt_steps: int = 3

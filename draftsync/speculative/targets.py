@@ -51,7 +51,9 @@ class TargetRecipe:
 
 
 # Sizes: "demo" learns enough in a few minutes on 2 cores; "test" is for the test suite's end-to-end run;
-# "deep" is for benchmarks that need a drafter small relative to its target.
+# "deep" is for benchmarks that need a drafter small relative to its target; "strong" is the test size
+# trained ten times longer, for the acceptance benchmark: a target that has learned more than a model of
+# a drafter's size can copy from the drafter's data alone, and whose greedy output loops less.
 _SIZES = {
     "demo": dict(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=704, vocab_size=2048),
     "test": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=352, vocab_size=1024, seq_len=96,
@@ -59,8 +61,10 @@ _SIZES = {
     # "deep": the test size with twice the layers, for the benchmark: one drafter layer is a smaller share.
     "deep": dict(hidden_size=128, num_layers=8, num_heads=4, intermediate_size=352, vocab_size=1024, seq_len=96,
                  batch_size=12, tokenizer_texts=1500),
+    "strong": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=352, vocab_size=1024, seq_len=96,
+                   batch_size=12, tokenizer_texts=1500),
 }
-_STEPS = {"demo": (300, 120), "test": (250, 100), "deep": (300, 100)}
+_STEPS = {"demo": (300, 120), "test": (250, 100), "deep": (300, 100), "strong": (2500, 250)}
 
 
 def builtin_recipe(version: int, size: str = "demo") -> TargetRecipe:

@@ -57,6 +57,7 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps between resumable checkpoints (0: none)
     eval_every: int = 0  # steps between held-out evaluations reported to on_progress (0: only at the end)
     device: str = "auto"  # "cpu", "cuda" or "auto" (CUDA when available)
+    precision: str = "auto"  # "bf16" (autocast), "fp32" or "auto" (bf16 on CUDA, fp32 on CPU)
 
     def fingerprint(self, warm_start: bool = False) -> str:
         """What a checkpoint must agree with to be resumed: everything that shapes the run, `steps` included
@@ -93,6 +94,13 @@ def _device(name: str) -> "torch.device":
         raise DraftsyncError("training was asked to run on CUDA but no CUDA device is visible",
                              "run on a GPU worker or set the training device to cpu")
     return torch.device(name)
+
+
+def _bf16(config: TrainConfig, device: "torch.device") -> bool:
+    """Whether to train under bf16 autocast: the weights and optimiser stay fp32, the matmuls run in bf16."""
+    if config.precision not in ("auto", "bf16", "fp32"):
+        raise DraftsyncError(f"training precision {config.precision!r} is not known", "use auto, bf16 or fp32")
+    return config.precision == "bf16" or (config.precision == "auto" and device.type == "cuda")
 
 
 def new_drafter_for(target_model: Any, dataset: "ShardDataset", config: TrainConfig):
@@ -293,6 +301,7 @@ def train_drafter(
         raise DraftsyncError(f"ttt_steps={config.ttt_steps} is below 1", "use ttt_steps >= 1")
     _check_dataset(dataset, target_model, config)
     device = _device(config.device)
+    bf16 = _bf16(config, device)
     target_model.eval()
     head = _target_head(target_model).to(device)
     train_ids, holdout_ids = dataset.split(config.holdout_fraction, config.seed)
@@ -322,7 +331,7 @@ def train_drafter(
         step, tokens, losses, history = state["step"], state["tokens"], state["losses"], state["history"]
         resumed_from = step
 
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
     progress_bar = _progress_bar(config.steps, step, config.method)
     started = time.perf_counter()
     tokens_at_start = tokens

@@ -42,7 +42,7 @@ def test_config_has_the_speculators_eagle3_fields(trained_drafter, tmp_path):
     assert config["draft_vocab_size"] == 256 and config["target_hidden_size"] == 64
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
     assert (config["norm_before_residual"], config["norm_before_fc"], config["fc_norm"], config["norm_output"]) == (
-        False, False, False, False)
+        True, False, False, False)
     layer = config["transformer_layer_config"]
     assert layer["model_type"] == "llama" and layer["vocab_size"] == 384 and layer["hidden_act"] == "silu"
     assert layer["num_hidden_layers"] == 1 and layer["hidden_size"] == 64 and layer["head_dim"] == 16

@@ -45,7 +45,7 @@ def test_single_gpu_eagle3_renders_speculators_train(tmp_path):
         ["speculators", "train", "--verifier-name-or-path", target, "--speculator-type", "eagle3",
          "--data-path", "/w/prepared", "--save-path", "/out",
          "--num-layers", "1", "--draft-arch", "llama", "--full-attention-indices", "0",
-         "--target-layer-ids", "2", "4", "5", "--no-norm-before-residual", "--no-norm-before-fc", "--no-norm-output",
+         "--target-layer-ids", "2", "4", "5", "--norm-before-residual", "--no-norm-before-fc", "--no-norm-output",
          "--draft-vocab-size", "32000", "--ttt-steps", "3", "--epochs", "2", "--lr", "0.001",
          "--total-seq-len", "8192", "--on-missing", "raise", "--seed", "0"],
     ]
@@ -54,13 +54,13 @@ def test_single_gpu_eagle3_renders_speculators_train(tmp_path):
 def test_eight_gpus_eagle3_1_renders_torchrun_with_the_eagle3_1_norms():
     job = SpeculatorsTrainJob(target="org/model", data=("/d",), work_dir="/w", output_dir="/out", method="eagle3.1",
                               aux_layer_ids=(2, 16, 29), target_num_layers=32, gpus_per_node=8, lr=2e-4,
-                              ttt_steps=2, norm_before_residual=True, extra_train_args=("--logger", "mlflow"))
+                              ttt_steps=2, norm_before_residual=False, extra_train_args=("--logger", "mlflow"))
     assert train_command(job) == [
         "torchrun", "--standalone", "--nproc-per-node", "8", "-m", "speculators.train",
         "--verifier-name-or-path", "org/model", "--speculator-type", "eagle3",
         "--data-path", "/w/prepared", "--save-path", "/out",
         "--num-layers", "1", "--draft-arch", "llama", "--full-attention-indices", "0",
-        "--target-layer-ids", "2", "16", "29", "--norm-before-residual",
+        "--target-layer-ids", "2", "16", "29", "--no-norm-before-residual",
         "--fc-norm", "--no-norm-before-fc", "--norm-output",
         "--ttt-steps", "2", "--epochs", "20", "--lr", "0.0002", "--total-seq-len", "8192",
         "--on-missing", "raise", "--seed", "0", "--logger", "mlflow",

@@ -77,6 +77,20 @@ def test_loss_masks_choose_the_draft_vocabulary(target, tmp_path, make_chain_sha
     assert drafter.draft_token_ids.tolist() == [5, 6, 7, 8]
 
 
+def test_bf16_autocast_trains_as_well_as_fp32(target, chain_shards):
+    """The CUDA default (bf16 autocast over fp32 weights), run on CPU: same code path, other device."""
+    config = TrainConfig(method="eagle3", steps=100, lr=3e-3, ttt_steps=2, **SMALL)
+    fp32, fp32_report = train_drafter(target, chain_shards, config)
+    bf16, bf16_report = train_drafter(target, chain_shards, TrainConfig(**{**config.__dict__, "precision": "bf16"}))
+    assert bf16_report.losses != fp32_report.losses  # autocast was on: the matmuls ran in bf16
+    assert all(torch.isfinite(torch.tensor(bf16_report.losses)))
+    assert all(p.dtype == torch.float32 for p in bf16.parameters())  # the weights stay fp32
+    assert bf16_report.top1_agreement > 0.8
+    assert abs(bf16_report.top1_agreement - fp32_report.top1_agreement) < 0.05
+    with pytest.raises(DraftsyncError, match="precision 'fp8'"):
+        train_drafter(target, chain_shards, TrainConfig(steps=1, precision="fp8", **SMALL))
+
+
 def test_bad_training_input_is_named(target, random_target, chain_shards):
     with pytest.raises(DraftsyncError, match="another target"):
         train_drafter(random_target, chain_shards, TrainConfig(steps=1, **SMALL))
