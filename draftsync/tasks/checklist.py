@@ -10,6 +10,7 @@ bad P5, and P5 is what the seed's checklist asks about.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -97,19 +98,37 @@ def pooled_tpot_ms(results: Sequence[RequestResult]) -> float:
     return 1000.0 * seconds / tokens if tokens else math.nan
 
 
+def acceptance_rate_lower_bound(results: Sequence[RequestResult], z: float = 1.645) -> float:
+    """The pooled acceptance rate less z standard errors of the per-request rates (one-sided 95 %).
+
+    Requests, not tokens, are the independent samples: tokens of one request are accepted or not together.
+    With fewer than two drafted requests there is no spread to measure and the bound is the rate itself."""
+    summary = summarize_acceptance(results)
+    rates = [r.acceptance_rate for r in results if r.draft_tokens > 0]
+    if len(rates) < 2 or math.isnan(summary.mean):
+        return summary.mean
+    return summary.mean - z * statistics.stdev(rates) / math.sqrt(len(rates))
+
+
 def gamma_knee(sweep: Sequence[dict], tolerance: float = 0.02, min_acceptance: float | None = None) -> int:
     """The gamma with the best (lowest) TPOT; gammas within `tolerance` of the best count as tied and the
     smallest of them wins: a larger gamma costs drafter work for nothing measurable.
 
-    With `min_acceptance`, only gammas whose acceptance rate clears it compete (all of them when none does).
-    Acceptance per draft token falls as gamma grows, and the live fallback judges that rate: a knee whose
-    rate sits under the threshold would be served and then fall back for being served too aggressively."""
+    With `min_acceptance`, only gammas whose acceptance rate clears it compete. Acceptance per draft token
+    falls as gamma grows, and the gates and the live fallback judge that rate: a knee whose rate sits under
+    the threshold would fail validation, or be served and then fall back. The sweep measures a subset of
+    the validation requests, so a rate that clears the threshold by less than its sampling error is no
+    promise: where a row has `acceptance_rate_lower` (see `acceptance_rate_lower_bound`), that bound must
+    clear it. When no gamma's bound does, the rates decide; when no rate does, every gamma competes (and
+    the gates will say so)."""
     measured = [row for row in sweep if row.get("tpot_ms") is not None and not math.isnan(row["tpot_ms"])]
     if not measured:
         raise ValueError("no gamma in the sweep has a measured TPOT")
     if min_acceptance is not None:
+        surely = [row for row in measured
+                  if row.get("acceptance_rate_lower", row.get("acceptance_rate", 0.0)) > min_acceptance]
         clearing = [row for row in measured if row.get("acceptance_rate", 0.0) > min_acceptance]
-        measured = clearing or measured
+        measured = surely or clearing or measured
     best = min(row["tpot_ms"] for row in measured)
     return min(int(row["gamma"]) for row in measured if row["tpot_ms"] <= best * (1 + tolerance))
 

@@ -15,7 +15,7 @@ The seed's checklist, each item a named gate with its measured value, threshold 
 | drafter_memory_overhead | drafter weight bytes / target weight bytes |
 
 The gamma sweep runs first; its knee (best measured TPOT among the gammas whose acceptance rate clears the
-acceptance gate, ties to the smaller gamma) is the gamma every other measurement uses and the one recorded
+acceptance gate by more than its sampling error, ties to the smaller gamma) is the gamma every other measurement uses and the one recorded
 as the drafter's baseline.
 """
 
@@ -36,6 +36,7 @@ from draftsync.tasks import context
 from draftsync.tasks.checklist import (
     Gate,
     acceptance_by_length,
+    acceptance_rate_lower_bound,
     gamma_knee,
     identical_outputs_share,
     pooled_tpot_ms,
@@ -81,7 +82,9 @@ def _sweep(backend: EvaluationBackend, requests: list[EvalRequest], profile: Val
         results = backend.generate(requests, gamma, profile.temperature, seed)
         summary = summarize_acceptance(results)
         rows.append({"gamma": gamma, "mean_acceptance_length": round(summary.mean_acceptance_length, 4),
-                     "acceptance_rate": round(summary.mean, 4), "tpot_ms": round(pooled_tpot_ms(results), 4)})
+                     "acceptance_rate": round(summary.mean, 4),
+                     "acceptance_rate_lower": round(acceptance_rate_lower_bound(results), 4),
+                     "tpot_ms": round(pooled_tpot_ms(results), 4)})
     plain_after = pooled_tpot_ms(backend.generate(requests, 0, profile.temperature, seed))
     return rows, (plain_before + plain_after) / 2
 

@@ -44,7 +44,10 @@ def _check_sync_validation(result: dict) -> None:
         assert set(gate) >= {"name", "value", "threshold", "passed"}
         assert gate["value"] is not None, gate  # every gate was measured, none skipped
     assert [r["gamma"] for r in validation["gamma_sweep"]] == [2, 3, 4]
-    clearing = [r for r in validation["gamma_sweep"] if r["acceptance_rate"] > 0.55] or validation["gamma_sweep"]
+    sweep = validation["gamma_sweep"]
+    assert all(r["acceptance_rate_lower"] <= r["acceptance_rate"] for r in sweep)
+    clearing = ([r for r in sweep if r["acceptance_rate_lower"] > 0.55] or [r for r in sweep if r["acceptance_rate"] > 0.55]
+                or sweep)
     best = min(r["tpot_ms"] for r in clearing)
     assert validation["gamma_knee"] == min(r["gamma"] for r in clearing if r["tpot_ms"] <= best * 1.02)
     acceptance = validation["acceptance"]

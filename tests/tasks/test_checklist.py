@@ -11,6 +11,7 @@ from draftsync.serving.evaluation import RequestResult
 from draftsync.tasks.checklist import (
     Gate,
     acceptance_by_length,
+    acceptance_rate_lower_bound,
     gamma_knee,
     identical_outputs_share,
     pooled_tpot_ms,
@@ -111,3 +112,26 @@ def test_the_knee_must_clear_the_acceptance_gate_when_some_gamma_does():
     assert gamma_knee(sweep) == 4
     assert gamma_knee(sweep, min_acceptance=0.55) == 2
     assert gamma_knee(sweep, min_acceptance=0.90) == 4  # none clears: the fastest, and the gates will say so
+
+
+def test_the_lower_bound_of_the_acceptance_rate_widens_with_the_spread_across_requests():
+    steady = [_result(i, 60, 100, 20) for i in range(6)]
+    assert acceptance_rate_lower_bound(steady) == pytest.approx(0.6)  # no spread: the rate itself
+    spread = [_result(i, a, 100, 20) for i, a in enumerate((90, 80, 70, 50, 40, 30))]
+    rates = np.array([0.9, 0.8, 0.7, 0.5, 0.4, 0.3])
+    expected = 0.6 - 1.645 * rates.std(ddof=1) / math.sqrt(6)
+    assert acceptance_rate_lower_bound(spread) == pytest.approx(expected)
+    assert acceptance_rate_lower_bound(spread) < 0.55 < summarize_acceptance(spread).mean
+    assert acceptance_rate_lower_bound(spread[:1]) == pytest.approx(0.9)  # one request: nothing to spread
+    assert math.isnan(acceptance_rate_lower_bound([_result(0, 0, 0, 0)]))  # nothing drafted
+
+
+def test_the_knee_needs_a_rate_that_clears_the_gate_by_more_than_its_sampling_error():
+    # gamma 3 is faster and its sweep rate clears 0.55, but only by luck of the few requests measured
+    sweep = [{"gamma": 2, "tpot_ms": 3.6, "acceptance_rate": 0.77, "acceptance_rate_lower": 0.68},
+             {"gamma": 3, "tpot_ms": 3.0, "acceptance_rate": 0.56, "acceptance_rate_lower": 0.45}]
+    assert gamma_knee(sweep, min_acceptance=0.55) == 2
+    # when no bound clears, the rates decide; when no rate does either, the fastest
+    unsure = [{**row, "acceptance_rate_lower": 0.5} for row in sweep]
+    assert gamma_knee(unsure, min_acceptance=0.55) == 3
+    assert gamma_knee(unsure, min_acceptance=0.80) == 3
