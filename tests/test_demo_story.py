@@ -14,8 +14,6 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.story]
 
-STALE_THRESHOLD = 0.50
-
 
 @pytest.fixture(scope="module")
 def story(tmp_path_factory) -> dict:
@@ -55,9 +53,11 @@ def test_each_drafter_carries_its_target_version_and_v2_ends_in_production(story
 
 def test_acceptance_falls_with_drift_and_recovers_with_the_v2_pair(story):
     rates = {p["name"][0]: p["acceptance_rate"] for p in story["phases"]}
-    assert rates["b"] > STALE_THRESHOLD, rates
-    assert rates["c"] < STALE_THRESHOLD, rates
-    assert rates["d"] > STALE_THRESHOLD, rates
+    stale = story["thresholds"]["stale"]
+    assert stale == 0.70  # the demo's own line (draftsync/flows/demo.py), not a value read off this run
+    assert rates["b"] > stale, rates
+    assert rates["c"] < stale, rates
+    assert rates["d"] > stale, rates
 
 
 def test_a_stale_email_names_the_deployment_the_trend_and_the_action(story):
