@@ -101,7 +101,7 @@ def measure(engine, tokenized_prompts, max_tokens, temperature):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="test-size targets and fewer prompts (minutes)")
+    parser.add_argument("--quick", action="store_true", help="less data, fewer steps and prompts (about 10 minutes once the targets are cached)")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--workdir", type=Path, help="where targets are cached (default: a temporary directory)")
     parser.add_argument("--size", choices=("test", "deep", "demo", "strong"),

@@ -54,15 +54,14 @@ class TargetRecipe:
 # "deep" is for benchmarks that need a drafter small relative to its target; "strong" is the test size
 # trained ten times longer, for the acceptance benchmark: a target that has learned more than a model of
 # a drafter's size can copy from the drafter's data alone, and whose greedy output loops less.
+_TEST_SHAPE = dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=352, vocab_size=1024, seq_len=96,
+                   batch_size=12, tokenizer_texts=1500)
 _SIZES = {
     "demo": dict(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=704, vocab_size=2048),
-    "test": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=352, vocab_size=1024, seq_len=96,
-                 batch_size=12, tokenizer_texts=1500),
+    "test": _TEST_SHAPE,
     # "deep": the test size with twice the layers, for the benchmark: one drafter layer is a smaller share.
-    "deep": dict(hidden_size=128, num_layers=8, num_heads=4, intermediate_size=352, vocab_size=1024, seq_len=96,
-                 batch_size=12, tokenizer_texts=1500),
-    "strong": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=352, vocab_size=1024, seq_len=96,
-                   batch_size=12, tokenizer_texts=1500),
+    "deep": {**_TEST_SHAPE, "num_layers": 8},
+    "strong": _TEST_SHAPE,  # its steps differ (_STEPS)
 }
 _STEPS = {"demo": (300, 120), "test": (250, 100), "deep": (300, 100), "strong": (2500, 250)}
 
