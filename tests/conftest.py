@@ -203,8 +203,37 @@ def smtp_server(smtp_server_factory) -> SmtpServer:
 
 @pytest.fixture(scope="session")
 def built_targets(tmp_path_factory) -> dict[int, Path]:
-    """The built-in test-size targets v1 and v2, trained once per session for every test directory."""
+    """The built-in test-size targets v1 and v2, copied into this session's temp folder (a model root).
+
+    They are trained once per recipe into DRAFTSYNC_TEST_CACHE (default .draftsync/test-cache in the checkout),
+    cached by the recipe's hash as the demo caches its targets, so `make test`, `make test-story`, `make
+    test-system` and `make test-vllm` train them once between them."""
     from draftsync.speculative.targets import build_target, builtin_recipe
 
-    cache = tmp_path_factory.mktemp("target-cache")
-    return {v: build_target(builtin_recipe(v, "test"), cache) for v in (1, 2)}
+    cache = Path(os.environ.get("DRAFTSYNC_TEST_CACHE", Path(__file__).resolve().parents[1] / ".draftsync" / "test-cache"))
+    copies = tmp_path_factory.mktemp("target-cache")
+    built = {}
+    for version in (1, 2):
+        cached = build_target(builtin_recipe(version, "test"), cache)
+        built[version] = Path(shutil.copytree(cached, copies / cached.name))
+    return built
+
+
+# --- vLLM ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def vllm_engine():
+    """The engine `make vllm` installs. Missing, it fails the test with the fix, except where vLLM has no CPU
+    build (other than x86-64 Linux): there the test is skipped. Each engine gets a 1 GiB KV cache."""
+    import platform
+    import sys
+
+    from draftsync.errors import DraftsyncError
+    from draftsync.serving.vllm_engine import find_vllm_engine
+
+    os.environ.setdefault("DRAFTSYNC_VLLM_CPU_KVCACHE_GB", "1")
+    try:
+        return find_vllm_engine()
+    except DraftsyncError as error:
+        if sys.platform != "linux" or platform.machine() != "x86_64":
+            pytest.skip(f"vLLM's CPU build is for x86-64 Linux only: {error.what}")
+        pytest.fail(str(error))

@@ -1,5 +1,5 @@
-"""Real servers for tests, as context managers: `mlflow server` and `prefect server` subprocesses and an ASGI app
-under uvicorn.
+"""Real servers for tests, as context managers: `mlflow server`, `prefect server` and vLLM subprocesses and an
+ASGI app under uvicorn.
 
 Both listen on loopback on a free port and are stopped on exit, whatever happened inside the block.
 """
@@ -120,3 +120,18 @@ def serve_asgi_in_thread(app, host: str = "127.0.0.1", startup_timeout: float = 
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@contextmanager
+def vllm_server(engine, target_dir: Path, drafter_dir: Path | None, method: str, gamma: int, log_dir: Path,
+                name: str = "agree") -> Iterator[str]:
+    """A vLLM server for a pair, started exactly as `launch: vllm` starts one (same argv and environment)."""
+    from draftsync.serving.deployment import ServingDeployment
+
+    port = free_port()
+    deployment = ServingDeployment(name=name, target_name=name, launch="vllm")
+    launch = deployment.vllm_launch(target_dir, drafter_dir, method, gamma, port=port, engine=engine)
+    log = log_dir / f"vllm-{name}-{method}-{gamma}-{port}.log"
+    with ServerProcess(launch.argv, "127.0.0.1", port, log, env=engine.environment()) as server:
+        server.wait_healthy(timeout=600)
+        yield server.url

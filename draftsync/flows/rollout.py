@@ -207,8 +207,16 @@ def _launch_and_switch(deployment: ServingDeployment, pair: dict, launch: dict, 
                        ) -> tuple[str, str | None, float | None]:
     """Start the candidate, check it, benchmark it against the current instance, move traffic to it."""
     current = (serving_record(deployment.name) or {}).get("backend")
-    candidate = launch_server(deployment, launch["target_dir"], launch["drafter_dir"], pair["gamma"], pair["method"],
-                              pair["schedule"])
+    try:
+        candidate = launch_server(deployment, launch["target_dir"], launch["drafter_dir"], pair["gamma"],
+                                  pair["method"], pair["schedule"])
+    except DraftsyncError as error:
+        kept = f"it keeps serving {current['endpoint']}" if current else "nothing was serving it"
+        send_alert(deployment.name, "launch-failed",
+                   f"{deployment.name}: the candidate server did not start; {kept}",
+                   f"{error.what}\n\nfix: {error.fix}\n\nThe rollout stopped before any traffic or alias moved: "
+                   f"{deployment.name} {kept}.")
+        raise
     steps.append(f"candidate healthy on {candidate['endpoint']} (/health, /v1/models)")
     try:
         smoke = smoke_requests(candidate["endpoint"], deployment.name, _prompts(deployment, SMOKE_REQUESTS, seed=5))

@@ -42,7 +42,7 @@ import difflib
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
@@ -51,6 +51,9 @@ from pydantic_core import PydanticCustomError
 from draftsync.errors import DraftsyncError
 from draftsync.serving.vllm_args import VllmLaunch, check_extra_vllm_args, render_vllm_command
 from draftsync.speculative.corpora import TASKS
+
+if TYPE_CHECKING:
+    from draftsync.serving.vllm_engine import VllmEngine
 
 LaunchMode = Literal["reference", "vllm", "external"]
 
@@ -137,9 +140,11 @@ class ServingDeployment(BaseModel):
         *,
         schedule: Sequence[Sequence[int]] | None = None,
         port: int | None = None,
+        engine: VllmEngine | None = None,
     ) -> VllmLaunch:
         """The `vllm serve` launch for this deployment's pair; `port` overrides the deployment's (a candidate
-        starts beside the instance it replaces).
+        starts beside the instance it replaces). With `engine`, the argv is the one that starts that installation
+        (its interpreter or command, and its CPU settings); without, the `vllm serve` of a GPU worker's image.
 
         Both directories must lie inside the model roots (model_paths.py): this is the launch draftsync starts or
         hands to an orchestrator. They are rendered resolved, so vLLM opens what was checked."""
@@ -148,10 +153,13 @@ class ServingDeployment(BaseModel):
         target_dir = confined_model_path(target_dir, "target checkpoint")
         if drafter_dir is not None:
             drafter_dir = confined_model_path(drafter_dir, "drafter checkpoint")
-        return render_vllm_command(
+        launch = render_vllm_command(
             target_dir, drafter_dir, method, gamma, self.host, self.port if port is None else port, self.name,
             self.tensor_parallel_size, self.extra_vllm_args, schedule=schedule,
         )
+        if engine is None:
+            return launch
+        return VllmLaunch(argv=engine.server_argv(launch.argv), speculative_config=launch.speculative_config)
 
 
 _FIELDS = tuple(ServingDeployment.model_fields)

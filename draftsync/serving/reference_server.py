@@ -218,6 +218,7 @@ class CompletionService:
                 "completion_tokens": len(tokens),
                 "total_tokens": len(prompt_ids) + len(tokens),
             },
+            "metrics": {"speculative_decoding": per_request_spec_decode(stats, self.gamma)},
             "draftsync": {
                 "speculative": self.gamma is not None,
                 "drafts": stats.drafts,
@@ -227,6 +228,26 @@ class CompletionService:
                 "seconds": generation.seconds,
             },
         }
+
+
+def per_request_spec_decode(stats: Any, gamma: int | None) -> dict | None:
+    """A request's counts in the shape vLLM's `--per-request-spec-decode-metrics summary` gives them (None when
+    speculation is off, as vLLM): clients read one format from either engine. With chain drafting, position i
+    is accepted in every step that accepted more than i tokens, so the histogram of accepted tokens per step
+    follows from the per-position counts."""
+    if gamma is None:
+        return None
+    at_least = [stats.drafts, *stats.accepted_per_position] + [0] * (gamma + 1 - len(stats.accepted_per_position))
+    histogram = [at_least[k] - at_least[k + 1] for k in range(gamma)] + [at_least[gamma]]
+    return {
+        "num_spec_tokens": gamma,
+        "num_spec_steps": stats.drafts,
+        "num_draft_tokens": stats.draft_tokens,
+        "num_accepted_draft_tokens": stats.accepted,
+        "acceptance_histogram": histogram,
+        "mean_acceptance_length": stats.mean_acceptance_length,
+        "draft_acceptance_rate": stats.acceptance_rate,
+    }
 
 
 def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> JSONResponse:

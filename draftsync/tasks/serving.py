@@ -26,6 +26,7 @@ from draftsync.tasks.traffic import complete
 
 _RUNNING: dict[str, object] = {}  # endpoint -> ServerProcess started by this process
 DRAIN_TIMEOUT_S = 600.0
+VLLM_START_TIMEOUT_S = 900.0  # loading a large checkpoint on a GPU worker; a tiny one on 2 CPU cores takes ~40 s
 
 
 def configured_deployments(given: list[ServingDeployment] | None = None,
@@ -83,20 +84,34 @@ def _stop_process(endpoint: str | None, pid: int | None) -> None:
 def launch_server(deployment: ServingDeployment, target_dir: str, drafter_dir: str | None, gamma: int, method: str,
                   schedule: list | None = None) -> dict:
     """Start a server for the pair on a free port and wait until it is healthy; the vLLM launch is recorded
-    whatever the launch mode (it is what a GPU worker runs)."""
+    whatever the launch mode (it is what a GPU worker runs). Its log stays under <workdir>/serving; a vLLM that
+    does not come up is named by its own error line and that log."""
     from draftsync.serving.process import ServerProcess, free_port
     from draftsync.serving.reference_server import reference_server_command
+    from draftsync.serving.vllm_engine import engine_error_line, find_vllm_engine
 
     port = free_port(deployment.host)
-    vllm = deployment.vllm_launch(target_dir, drafter_dir, method, gamma, schedule=schedule, port=port)
+    log = _serving_dir() / f"{deployment.name}-{port}.log"
     if deployment.launch == "vllm":
-        argv = vllm.argv
+        engine = find_vllm_engine()
+        vllm = deployment.vllm_launch(target_dir, drafter_dir, method, gamma, schedule=schedule, port=port,
+                                      engine=engine)
+        argv, env = vllm.argv, engine.environment()
     else:
-        argv = reference_server_command(target_dir, drafter_dir, gamma, deployment.host, port, deployment.name)
-    server = ServerProcess(argv, deployment.host, port, _serving_dir() / f"{deployment.name}-{port}.log").start()
+        vllm = deployment.vllm_launch(target_dir, drafter_dir, method, gamma, schedule=schedule, port=port)
+        argv, env = reference_server_command(target_dir, drafter_dir, gamma, deployment.host, port,
+                                             deployment.name), None
+    server = ServerProcess(argv, deployment.host, port, log, env=env).start()
     try:
-        server.wait_healthy(timeout=900 if deployment.launch == "vllm" else 180)
+        server.wait_healthy(timeout=VLLM_START_TIMEOUT_S if deployment.launch == "vllm" else 180)
         check_models(server.url, deployment.name)
+    except DraftsyncError as error:
+        server.stop()
+        if deployment.launch != "vllm":
+            raise
+        cause = engine_error_line(log) or "no error line in the log"
+        raise DraftsyncError(f"vLLM for {deployment.name} did not start: {cause} (log: {log})",
+                             f"read {log}; {error.fix}") from error
     except Exception:
         server.stop()
         raise

@@ -23,6 +23,14 @@ def complete(client: httpx.Client, model: str, prompt: str, max_tokens: int, tem
     return response.json()
 
 
+def spec_decode_counts(completion: dict) -> dict:
+    """A completion's own draft and accepted tokens and gamma (0 each with speculation off), as vLLM reports
+    them with `--per-request-spec-decode-metrics` and the reference server always does."""
+    stats = (completion.get("metrics") or {}).get("speculative_decoding") or {}
+    return {"gamma": stats.get("num_spec_tokens", 0), "draft_tokens": stats.get("num_draft_tokens", 0),
+            "accepted": stats.get("num_accepted_draft_tokens", 0)}
+
+
 @task(name="send-traffic", cache_policy=NONE)
 def send_traffic(endpoint: str, model: str, prompts: list[str], temperature: float, max_tokens: int, seed: int) -> dict:
     """POST each prompt to /v1/completions; returns token counts and the server's per-request stats."""
@@ -31,7 +39,7 @@ def send_traffic(endpoint: str, model: str, prompts: list[str], temperature: flo
         for i, prompt in enumerate(prompts):
             data = complete(client, model, prompt, max_tokens, temperature, seed + i)
             completion_tokens += data["usage"]["completion_tokens"]
-            stats = data.get("draftsync") or {}
-            accepted += stats.get("accepted", 0)
-            draft_tokens += stats.get("draft_tokens", 0)
+            stats = spec_decode_counts(data)
+            accepted += stats["accepted"]
+            draft_tokens += stats["draft_tokens"]
     return {"requests": len(prompts), "completion_tokens": completion_tokens, "accepted": accepted, "draft_tokens": draft_tokens}

