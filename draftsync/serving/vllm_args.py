@@ -20,6 +20,14 @@ DRAFTSYNC_TRUST_REMOTE_CODE is set (the same switch `load_target` obeys), and ne
 at 1; a gap takes the previous range's k, sizes past the last range keep its k; k >= 0, 0 being no drafts at
 that batch size. vLLM caps each k at `num_speculative_tokens` without a word, so a k above gamma is refused
 here rather than quietly lowered.
+
+Medusa (vllm/config/speculative.py, vllm/v1/spec_decode/medusa.py): `num_speculative_tokens` replaces the
+drafter's `num_heads`, so a gamma above the heads it was trained with asks for heads the checkpoint has no
+weights for (vLLM then fails to start: "weights were not initialized from checkpoint"); and its proposer
+drafts exactly `num_speculative_tokens` every step, so a per-batch-size schedule cannot apply. Both are
+refused here, the heads read from the drafter's config.json when it is at hand. So are heads over part of
+the vocabulary (`truncated_vocab_size` below `vocab_size`, as draftsync saved Medusa drafters before
+medusa_format.py wrote vLLM's layout): vLLM's loader expects every head's lm_head to span it.
 """
 
 from __future__ import annotations
@@ -34,12 +42,12 @@ from typing import Literal
 
 from draftsync.errors import DraftsyncError
 
-DrafterMethod = Literal["eagle3", "eagle3.1", "eagle", "draft_model", "ngram"]
+DrafterMethod = Literal["eagle3", "eagle3.1", "eagle", "medusa", "draft_model", "ngram"]
 
 # Our drafter methods -> vLLM's `method`. EAGLE 3.1 checkpoints are eagle3 checkpoints with extra norms that
 # vLLM reads from their config; ngram drafts from the prompt and has no checkpoint.
-_VLLM_METHOD = {"eagle3": "eagle3", "eagle3.1": "eagle3", "eagle": "eagle", "draft_model": "draft_model",
-                "ngram": "ngram"}
+_VLLM_METHOD = {"eagle3": "eagle3", "eagle3.1": "eagle3", "eagle": "eagle", "medusa": "medusa",
+                "draft_model": "draft_model", "ngram": "ngram"}
 
 # The `SpeculativeConfig` fields this module writes, checked by name against vllm/config/speculative.py
 # (vllm-project/vllm, `class SpeculativeConfig`, read at commit 002e77c1). Its `tensor_parallel_size` field
@@ -255,13 +263,6 @@ def render_vllm_command(
 def _speculative_config(drafter_dir: Path | str | None, method: str, gamma: int, tensor_parallel_size: int,
                         schedule: Sequence[Sequence[int]] | None, prompt_lookup_min: int | None,
                         prompt_lookup_max: int | None) -> dict:
-    if method == "medusa":
-        raise DraftsyncError(
-            "medusa drafters cannot be served by vLLM: draftsync writes them in its own checkpoint format "
-            "(medusa_format.py), which vLLM's medusa loader does not read",
-            "serve a drafter of method eagle3, eagle3.1, eagle or draft_model, or the target alone; evaluate "
-            "medusa drafters with the reference engine",
-        )
     if method not in _VLLM_METHOD:
         raise DraftsyncError(f"drafter method {method!r} cannot be served by vLLM",
                              f"use one of {', '.join(_VLLM_METHOD)}, or serve the target alone")
@@ -294,6 +295,39 @@ def _speculative_config(drafter_dir: Path | str | None, method: str, gamma: int,
                                  "pass prompt_lookup_min/max only with method 'ngram'")
         if tensor_parallel_size > 1:
             config["draft_tensor_parallel_size"] = tensor_parallel_size
+    if method == "medusa":
+        _check_medusa(drafter_dir, gamma, schedule)
     if schedule:
         config["num_speculative_tokens_per_batch_size"] = check_schedule(schedule, gamma)
     return config
+
+
+def _check_medusa(drafter_dir: Path | str | None, gamma: int, schedule: Sequence[Sequence[int]] | None) -> None:
+    """vLLM's Medusa rules: no schedule; when the drafter's config.json is at hand, heads over the whole
+    vocabulary and gamma up to their number."""
+    if schedule:
+        raise DraftsyncError(
+            f"a per-batch-size speculation schedule was given for a Medusa drafter ({drafter_dir})",
+            "serve Medusa with one gamma (no schedule): vLLM's Medusa drafts num_speculative_tokens tokens at "
+            "every step; use an EAGLE drafter for a schedule",
+        )
+    config_file = Path(str(drafter_dir)) / "config.json"
+    if not config_file.is_file():
+        return
+    from draftsync.speculative.checkpoint_files import read_json
+
+    path, config = read_json(config_file.parent)
+    vocab, truncated = config.get("vocab_size"), config.get("truncated_vocab_size")
+    if isinstance(vocab, int) and isinstance(truncated, int) and truncated < vocab:
+        raise DraftsyncError(
+            f"the Medusa drafter in {path.parent} has heads over {truncated} of the {vocab} tokens "
+            "(truncated_vocab_size), which vLLM cannot load: each head's lm_head must span the vocabulary",
+            "re-train it with a new sync, which saves heads over the whole vocabulary",
+        )
+    heads = config.get("num_heads")
+    if isinstance(heads, int) and gamma > heads:
+        raise DraftsyncError(
+            f"gamma {gamma} asks for more tokens than the {heads} heads of the Medusa drafter in {path.parent}",
+            f"use gamma <= {heads} (one token per head: vLLM fails to start with heads the checkpoint lacks), or "
+            "train a drafter with more heads",
+        )

@@ -46,8 +46,8 @@ ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 # Our drafter methods -> vLLM's `method`. EAGLE 3.1 checkpoints are eagle3 checkpoints whose extra norms
 # vLLM reads from their config; ngram drafts from the prompt and has no checkpoint.
-VLLM_METHODS = {"eagle3": "eagle3", "eagle3.1": "eagle3", "eagle": "eagle", "draft_model": "draft_model",
-                "ngram": "ngram"}
+VLLM_METHODS = {"eagle3": "eagle3", "eagle3.1": "eagle3", "eagle": "eagle", "medusa": "medusa",
+                "draft_model": "draft_model", "ngram": "ngram"}
 WARM_UP_PROMPT = "def main():\n    return 0\n"
 MAX_CHAIN_GAMMA = 16  # chained drafters propose as far as asked; the reference backend stops at 16 too
 

@@ -1,10 +1,12 @@
 """The Medusa drafter: K heads that each guess one future token from the target's final hidden state.
 
-Head k is `num_layers` residual blocks (x + SiLU(Linear(x)), H -> H, no bias, zero-initialised so a head
-starts as the identity) followed by its own lm_head over the draft vocabulary. All K proposals come from
-one state in one pass, so a draft costs no drafter steps; the price is that head k cannot see the
-tokens guessed before it. Names follow vLLM's Medusa model (`blocks.{k}.layers.{j}.weight`,
-`lm_heads.{k}.weight`); a reduced draft vocabulary is stored as EAGLE-3 stores it (`d2t`, `t2d`).
+Head k is `num_layers` residual blocks (x + SiLU(W x + b), H -> H, zero-initialised so a head starts as
+the identity) followed by its own lm_head over the draft vocabulary. This is vLLM's Medusa model
+(`model_executor/models/medusa.py` with `medusa_fc_bias`), under its names (`blocks.{k}.layers.{j}.weight`
+and `.bias`, `lm_heads.{k}.weight`), so what the reference engine drafts is what vLLM drafts. All K
+proposals come from one state in one pass, so a draft costs no drafter steps; the price is that head k
+cannot see the tokens guessed before it. A reduced draft vocabulary keeps training cheap and is stored as
+EAGLE-3 stores it (`d2t`, `t2d`); medusa_format.py widens the heads to the whole vocabulary on disk.
 
 Alignment: at row t (the target's state after token t, which already gives token t+1) head k predicts
 token t+2+k.
@@ -64,11 +66,11 @@ class MedusaConfig:
 
 
 class MedusaBlocks(nn.Module):
-    """One head's residual blocks: x <- x + SiLU(W x), `num_layers` times."""
+    """One head's residual blocks: x <- x + SiLU(W x + b), `num_layers` times."""
 
     def __init__(self, hidden_size: int, num_layers: int):
         super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(hidden_size, hidden_size, bias=False) for _ in range(num_layers))
+        self.layers = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(num_layers))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -94,6 +96,7 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
         for block in self.blocks:
             for layer in block.layers:
                 nn.init.zeros_(layer.weight)
+                nn.init.zeros_(layer.bias)
         for head in self.lm_heads:
             nn.init.normal_(head.weight, std=0.02)
 

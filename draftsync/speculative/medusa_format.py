@@ -1,19 +1,32 @@
-"""Medusa drafters on disk: a format of our own (vLLM 0.33 serves no Medusa), close to vLLM's old Medusa one.
+"""Medusa drafters on disk, in the layout vLLM's `method: "medusa"` loads as a sync writes it.
 
-A directory holds `config.json` and `model.safetensors` (bf16; integer buffers as they are).
+vLLM (`model_executor/models/medusa.py`, `transformers_utils/configs/medusa.py`) gives every head an lm_head
+over the whole vocabulary V. Its reduced vocabulary (`truncated_vocab_size` < V with a `token_map`) works
+only with one lm_head shared by all heads (`original_lm_head`); with an lm_head per head its loader cuts
+the rows to the token map and then fails on a head of V rows. So a head trained over a draft vocabulary
+of Dv < V ids (cheaper to train) is widened to V rows here: its own rows at their target ids, and every
+other row the mean of the draft rows, whose logit is the mean of the draft logits, below their maximum
+unless all of them tie. Greedy drafts over V rows are then the drafts over Dv rows, in vLLM and in the
+reference engine alike; the price is V rows per head in the served drafter, as in any Medusa checkpoint
+vLLM loads with a head per lm_head.
 
-config.json fields:
-- `draftsync_drafter`: "medusa" (how load_drafter recognises the format);
-- `architectures` ["MedusaModel"], `model_type` "medusa": the names vLLM's Medusa model used;
+A directory holds `config.json` and `model.safetensors` (bf16; integer and bool buffers as they are).
+
+config.json fields, read by vLLM's MedusaConfig:
+- `model_type` "medusa", `architectures` ["MedusaModel"];
 - `hidden_size` (the target's), `vocab_size` (the target's V), `num_heads` (K, one proposal each),
-  `num_hidden_layers` (residual blocks per head), `truncated_vocab_size` and `draft_vocab_size` (both Dv,
-  the rows of each head), `medusa_fc_bias` (false), `loss_decay` (head k's training weight is decay**k);
-- `speculative_tokens` (the gamma the drafter was validated at, at most K), `verifier`
-  ({name_or_path, architectures} of the target), `torch_dtype` "bfloat16".
+  `num_hidden_layers` (residual blocks per head), `truncated_vocab_size` (V: every lm_head spans the
+  vocabulary), `medusa_fc_bias` (true: each block is x + SiLU(W x + b)).
+draftsync's own, which vLLM keeps as plain attributes:
+- `draftsync_drafter` "medusa" (how load_drafter recognises the format), `draft_vocab_size` (Dv, the rows
+  the heads were trained over), `loss_decay` (head k's training weight is decay**k), `speculative_tokens`
+  (the gamma the drafter was validated at, at most K), `verifier` ({name_or_path, architectures} of the
+  target), `torch_dtype` "bfloat16".
 
-model.safetensors tensors: `blocks.{k}.layers.{j}.weight` [H, H], `lm_heads.{k}.weight` [Dv, H], and when
-Dv < V `d2t` (int64 [Dv], target id = i + d2t[i]), `t2d` (bool [V]) and `token_map` (int64 [Dv], the target
-id of each row: the name vLLM's Medusa loader reads a reduced vocabulary from).
+model.safetensors tensors: `blocks.{k}.layers.{j}.weight` [H, H] and `.bias` [H], `lm_heads.{k}.weight`
+[V, H], and when Dv < V `d2t` (int64 [Dv], target id = i + d2t[i]) and `t2d` (bool [V]), which vLLM
+skips and the reference engine reads the trained rows back with. No `token_map`: vLLM applies one only
+to a truncated vocabulary.
 """
 
 from __future__ import annotations
@@ -54,14 +67,22 @@ def medusa_config(drafter: MedusaDrafter, verifier_name_or_path: str, verifier_a
         "vocab_size": config.vocab_size,
         "num_heads": config.num_heads,
         "num_hidden_layers": config.num_layers,
-        "truncated_vocab_size": config.draft_vocab_size,
+        "truncated_vocab_size": config.vocab_size,
+        "medusa_fc_bias": True,
         "draft_vocab_size": config.draft_vocab_size,
-        "medusa_fc_bias": False,
         "loss_decay": config.loss_decay,
         "speculative_tokens": speculative_tokens,
         "verifier": {"name_or_path": verifier_name_or_path, "architectures": list(verifier_architectures)},
         "torch_dtype": "bfloat16",
     }
+
+
+def widened_head(rows: torch.Tensor, draft_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[V, H] lm_head from the [Dv, H] `rows` of the target ids `draft_ids`; other rows are their mean."""
+    filler = rows.float().mean(dim=0).to(rows.dtype)
+    head = filler.expand(vocab_size, rows.shape[1]).clone()
+    head[draft_ids] = rows
+    return head.contiguous()
 
 
 def save_medusa(drafter: MedusaDrafter, out_dir: str | Path, verifier_name_or_path: str,
@@ -73,7 +94,10 @@ def save_medusa(drafter: MedusaDrafter, out_dir: str | Path, verifier_name_or_pa
                              f"record a gamma between 1 and {heads} (one token per head)")
     tensors = bf16_tensors(drafter.state_dict())
     if drafter.d2t is not None:
-        tensors["token_map"] = drafter.draft_token_ids.detach().cpu().contiguous()
+        draft_ids = drafter.draft_token_ids.cpu()
+        for k in range(heads):
+            name = f"lm_heads.{k}.weight"
+            tensors[name] = widened_head(tensors[name], draft_ids, drafter.config.vocab_size)
     config = medusa_config(drafter, verifier_name_or_path, verifier_architectures, speculative_tokens)
     return write_directory(out_dir, {WEIGHTS_FILE: tensors}, {CONFIG_FILE: config})
 
@@ -83,7 +107,12 @@ def is_medusa_config(config: dict[str, Any]) -> bool:
 
 
 def load_medusa(directory: str | Path, dtype: torch.dtype | None = None) -> MedusaDrafter:
-    """Read a drafter written by save_medusa into a MedusaDrafter (float32 unless `dtype` says otherwise)."""
+    """Read a drafter written by save_medusa into a MedusaDrafter over its draft vocabulary (float32 unless
+    `dtype` says otherwise): the rows the heads were trained over, which give the drafts vLLM gives.
+
+    Drafters saved before this layout (`medusa_fc_bias` false: blocks without bias, heads of Dv rows and a
+    `token_map`) still load, with zero biases, which compute the same, so a sync can warm-start from them.
+    """
     import torch
 
     from draftsync.speculative.medusa import MedusaConfig, MedusaDrafter
@@ -103,8 +132,18 @@ def load_medusa(directory: str | Path, dtype: torch.dtype | None = None) -> Medu
     ))
     weights_path = Path(directory) / WEIGHTS_FILE
     tensors = read_safetensors(weights_path)
-    tensors.pop("token_map", None)  # derived from d2t, kept for vLLM's loader only
     expected = drafter.state_dict()
+    heads = [f"lm_heads.{k}.weight" for k in range(drafter.config.num_heads)]
+    vllm_layout = config.get("medusa_fc_bias") is True  # else the layout before it (see above)
+    if vllm_layout:
+        shape = (drafter.config.vocab_size, drafter.config.hidden_size)
+        expected = {**expected, **{name: torch.empty(shape, device="meta") for name in heads}}
+    else:
+        tensors.pop("token_map", None)
+        tensors.update({name: torch.zeros_like(tensor) for name, tensor in expected.items() if name.endswith(".bias")})
     check_tensors(tensors, expected, str(weights_path))
+    drafter.set_draft_vocab(tensors.get("d2t"), tensors.get("t2d"))
+    if vllm_layout and drafter.d2t is not None:
+        tensors.update({name: tensors[name][drafter.draft_token_ids] for name in heads})
     drafter.load_state_dict(tensors, strict=True)
     return drafter.to(dtype or torch.float32).eval()

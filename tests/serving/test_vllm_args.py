@@ -41,6 +41,7 @@ RENDERINGS = [
     dict(drafter_dir="/d", method="eagle3", gamma=4),
     dict(drafter_dir="/d", method="eagle3.1", gamma=4, tensor_parallel_size=4),
     dict(drafter_dir="/d", method="eagle", gamma=3, schedule=[(1, 8, 3), (9, 256, 1)]),
+    dict(drafter_dir="/d", method="medusa", gamma=3),
     dict(drafter_dir="/d", method="draft_model", gamma=2, tensor_parallel_size=2),
     dict(drafter_dir=None, method="ngram", gamma=4, prompt_lookup_min=2, prompt_lookup_max=4,
          schedule=[(1, 4, 4), (5, 64, 0)]),
@@ -56,7 +57,8 @@ def speculative_json(argv: list[str]) -> dict:
     return json.loads(argv[argv.index("--speculative-config") + 1])
 
 
-@pytest.mark.parametrize("method, vllm_method", [("eagle3", "eagle3"), ("eagle3.1", "eagle3"), ("eagle", "eagle")])
+@pytest.mark.parametrize("method, vllm_method", [("eagle3", "eagle3"), ("eagle3.1", "eagle3"), ("eagle", "eagle"),
+                                                 ("medusa", "medusa")])
 def test_long_form_with_speculative_config(method, vllm_method):
     launch = render_vllm_command("/models/target", "/models/drafter", method, 4, "0.0.0.0", 8000, "tiny")
     assert launch.argv[:3] == ["vllm", "serve", "/models/target"]
@@ -189,11 +191,48 @@ def test_extra_args_that_only_look_alike_pass():
     assert render("/d", "eagle3", 3, extra_args=extra).argv[-len(extra):] == extra
 
 
-@pytest.mark.parametrize("method, complaint", [("medusa", "own checkpoint format"), ("suffix", "cannot be served")])
-def test_unservable_methods_are_refused_with_the_fix(method, complaint):
-    with pytest.raises(DraftsyncError, match=complaint) as raised:
-        render("/d", method, 2)
-    assert "target alone" in raised.value.fix
+def test_unservable_methods_are_refused_with_the_fix():
+    with pytest.raises(DraftsyncError, match="'suffix' cannot be served") as raised:
+        render("/d", "suffix", 2)
+    assert "target alone" in raised.value.fix and "medusa" in raised.value.fix
+
+
+def medusa_dir(tmp_path, num_heads, truncated_vocab_size=384):
+    """A drafter directory with only the config.json fields the renderer reads."""
+    directory = tmp_path / "medusa"
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({
+        "draftsync_drafter": "medusa", "model_type": "medusa", "num_heads": num_heads, "vocab_size": 384,
+        "truncated_vocab_size": truncated_vocab_size}))
+    return directory
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_medusa_serves_up_to_its_heads(tmp_path, gamma):
+    directory = medusa_dir(tmp_path, 3)
+    assert render(directory, "medusa", gamma).speculative_config == {
+        "method": "medusa", "model": str(directory), "num_speculative_tokens": gamma}
+
+
+def test_medusa_gamma_above_its_heads_is_refused(tmp_path):
+    directory = medusa_dir(tmp_path, 3)
+    with pytest.raises(DraftsyncError, match="gamma 4 asks for more tokens than the 3 heads") as raised:
+        render(directory, "medusa", 4)
+    assert "gamma <= 3" in raised.value.fix and str(directory) in raised.value.what
+
+
+def test_medusa_heads_over_part_of_the_vocabulary_are_refused(tmp_path):
+    with pytest.raises(DraftsyncError, match="heads over 200 of the 384 tokens") as raised:
+        render(medusa_dir(tmp_path, 3, truncated_vocab_size=200), "medusa", 2)
+    assert "re-train" in raised.value.fix
+
+
+def test_medusa_takes_no_schedule(tmp_path):
+    with pytest.raises(DraftsyncError, match="schedule was given for a Medusa drafter") as raised:
+        render(medusa_dir(tmp_path, 3), "medusa", 3, schedule=[(1, 8, 3), (9, 64, 1)])
+    assert "no schedule" in raised.value.fix
+    assert "num_speculative_tokens_per_batch_size" not in render(medusa_dir(tmp_path / "b", 3), "medusa", 3,
+                                                                 schedule=[]).speculative_config
 
 
 def test_gamma_below_one_is_refused():

@@ -226,7 +226,7 @@ def test_parameter_counts_leave_out_the_targets_copies(random_target):
         copies = {"eagle3": embedding, "eagle3.1": embedding, "eagle": 2 * embedding, "medusa": 0}[method]
         assert count.own == count.total - copies
     medusa = new_drafter("medusa", random_target.config, 100, num_heads=2)
-    assert parameter_count(medusa).own == 2 * (64 * 64 + 100 * 64)
+    assert parameter_count(medusa).own == 2 * (64 * 64 + 64 + 100 * 64)
 
 
 def test_the_draft_model_baseline_saves_and_loads_through_the_factory(target, tmp_path):
