@@ -31,7 +31,7 @@ test: install
 	$(PY) -m pytest -m "not story and not system and not vllm"
 
 # `draftsync demo` from a fresh work dir, every step of its story checked (about 8 min on 2 cores).
-test-story: install
+test-story: install vllm
 	$(PY) -m pytest -m story
 
 # Production-like runs with real servers and worker processes: webhook to completed sync, a worker killed at

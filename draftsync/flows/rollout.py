@@ -98,12 +98,19 @@ def _production_drafter_for(target_name: str, target_version: int) -> int | None
 
 
 def render_launch(deployment: ServingDeployment, pair: dict) -> dict:
-    """The vLLM launch for the pair, as `--dry-run` prints it and as `launch: external` hands it over."""
+    """The vLLM launch for the pair, as `--dry-run` prints it and as `launch: external` hands it over; for
+    `launch: vllm` it is the command line of the engine installed here (vllm_engine.py), when there is one."""
     registry = context.registry()
     target_dir = registry.download(deployment.target_name, pair["target_version"])
     drafter_dir = (registry.download(pair["drafter_name"], pair["drafter_version"])
                    if pair["drafter_version"] is not None else None)
-    launch = deployment.vllm_launch(target_dir, drafter_dir, pair["method"], pair["gamma"], schedule=pair["schedule"])
+    engine = None
+    if deployment.launch == "vllm":
+        from draftsync.serving.vllm_engine import find_vllm_engine
+
+        engine = find_vllm_engine(required=False)  # none here: the `vllm serve` a GPU worker's image runs
+    launch = deployment.vllm_launch(target_dir, drafter_dir, pair["method"], pair["gamma"], schedule=pair["schedule"],
+                                    engine=engine)
     return {"target_dir": str(target_dir), "drafter_dir": str(drafter_dir) if drafter_dir else None,
             **launch.as_record()}
 

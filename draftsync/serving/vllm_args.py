@@ -71,6 +71,9 @@ RESERVED_VLLM_FLAGS = ("--model", "--speculative-config", "--port", "--host", "-
                        "--tensor-parallel-size")
 _RESERVED_SHORT_FLAGS = ("-tp",)  # vLLM's short form of --tensor-parallel-size
 TRUST_REMOTE_CODE_FLAG = "--trust-remote-code"
+# Per-request draft and accepted counts on each completion (`metrics.speculative_decoding`, vLLM >= 0.32): the
+# per-request acceptance a P5/P50 gate needs. vLLM refuses it when speculation is off, so it comes with a drafter.
+PER_REQUEST_METRICS_FLAG = "--per-request-spec-decode-metrics"
 
 
 @dataclass(frozen=True)
@@ -256,6 +259,8 @@ def render_vllm_command(
         speculative_config = _speculative_config(drafter_dir, method, gamma, tensor_parallel_size, schedule,
                                                  prompt_lookup_min, prompt_lookup_max)
         argv += ["--speculative-config", json.dumps(speculative_config)]
+        if not any(_long_flag(arg) == PER_REQUEST_METRICS_FLAG for arg in extra):
+            argv += [PER_REQUEST_METRICS_FLAG, "summary"]
     argv += extra
     return VllmLaunch(argv=argv, speculative_config=speculative_config)
 

@@ -257,3 +257,32 @@ def test_a_vllm_that_refuses_to_start_leaves_the_pair_serving_and_the_alert_name
     error_line = refused.value.what.split("did not start: ", 1)[1].split(" (log: ")[0]
     assert error_line != "no error line in the log" and error_line in failed_log.read_text()
     assert error_line in body
+
+
+def test_without_a_vllm_engine_a_vllm_rollout_fails_naming_make_vllm_and_nothing_moves(workdir, built_targets,
+                                                                                      tmp_path, monkeypatch):
+    from draftsync.errors import DraftsyncError
+    from draftsync.flows.rollout import rollout
+    from draftsync.serving import vllm_engine
+    from draftsync.serving.deployment import ServingDeployment
+    from draftsync.tasks import context
+    from draftsync.tasks.registration import publish_target
+
+    registry = context.registry()
+    v1 = publish_target("bare-llm", str(built_targets[1]), {"code": 0.5, "math": 0.5})
+    first = _drafter(registry, "bare-llm", v1, built_targets[1], tmp_path, gamma=2)
+    second = _drafter(registry, "bare-llm", v1, built_targets[1], tmp_path, gamma=3, seed=1)
+    registry.promote("bare-llm", first)
+    aliases = registry.alias_snapshot("bare-llm")
+    monkeypatch.setattr(vllm_engine, "_checkout_root", lambda: tmp_path)  # no .venv-vllm, no vllm on PATH
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.delenv("DRAFTSYNC_VLLM", raising=False)
+
+    with pytest.raises(DraftsyncError) as missing:
+        rollout(ServingDeployment(name="bare", target_name="bare-llm", launch="vllm"), drafter_version=second)
+
+    assert "no vLLM engine" in missing.value.what and "make vllm" in missing.value.fix
+    assert registry.alias_snapshot("bare-llm") == aliases
+    assert context.store().serving_pair("bare") is None
+    assert not list((workdir / "serving").glob("bare-*.log"))  # no process was started

@@ -304,3 +304,15 @@ def test_shell_line_quotes_the_json_as_one_word():
     launch = render("/d", "eagle3", 2)
     assert launch.shell_line.startswith("vllm serve /models/target --host 127.0.0.1 --port 9000 --served-model-name m ")
     assert f"--speculative-config {shlex.quote(json.dumps(launch.speculative_config))}" in launch.shell_line
+
+
+def test_per_request_counts_are_asked_for_whenever_a_drafter_serves(tmp_path):
+    from draftsync.serving.vllm_args import PER_REQUEST_METRICS_FLAG, render_vllm_command
+
+    speculating = render_vllm_command(tmp_path, tmp_path, "eagle3", 2, "127.0.0.1", 8000, "chat").argv
+    assert speculating[speculating.index(PER_REQUEST_METRICS_FLAG) + 1] == "summary"
+    plain = render_vllm_command(tmp_path, None, "eagle3", 0, "127.0.0.1", 8000, "chat").argv
+    assert PER_REQUEST_METRICS_FLAG not in plain  # vLLM refuses the flag without speculation
+    detailed = render_vllm_command(tmp_path, tmp_path, "eagle3", 2, "127.0.0.1", 8000, "chat",
+                                   extra_args=[f"{PER_REQUEST_METRICS_FLAG}=detailed"]).argv
+    assert speculating.count(PER_REQUEST_METRICS_FLAG) == 1 and PER_REQUEST_METRICS_FLAG not in detailed
