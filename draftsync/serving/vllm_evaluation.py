@@ -150,8 +150,6 @@ def first_token_seconds(request_metrics: Any) -> float:
 def resolve_method(drafter_dir: str | Path | None, method: str | None) -> str | None:
     """The drafter method to serve: the one `drafter_dir` holds (read from its config.json), checked against
     `method` when both are given; "ngram" needs no drafter; None means speculation off."""
-    if method == "medusa":
-        raise _medusa_error()
     if method is not None and method not in VLLM_METHODS:
         raise DraftsyncError(f"drafter method {method!r} is unknown to the vLLM backend",
                              f"use one of {', '.join(VLLM_METHODS)}, or leave it unset to read it from the drafter")
@@ -169,8 +167,6 @@ def resolve_method(drafter_dir: str | Path | None, method: str | None) -> str | 
     from draftsync.speculative.drafters import drafter_method
 
     saved = drafter_method(drafter_dir)
-    if saved == "medusa":
-        raise _medusa_error()
     if saved not in VLLM_METHODS:
         raise DraftsyncError(f"drafter {drafter_dir} is a {saved!r} drafter, which the vLLM backend cannot run",
                              f"use a drafter of one of {', '.join(m for m in VLLM_METHODS if m != 'ngram')}")
@@ -180,10 +176,21 @@ def resolve_method(drafter_dir: str | Path | None, method: str | None) -> str | 
     return saved
 
 
-def _medusa_error() -> DraftsyncError:
-    return DraftsyncError("Medusa drafters are not run on vLLM: our Medusa checkpoints use a format of our own "
-                          "(medusa_format.py), not one vLLM is known to load",
-                          "evaluate Medusa drafters with the reference backend (ReferenceBackend)")
+def proposable_tokens(method: str | None, drafter_dir: str | Path | None) -> int:
+    """The most draft tokens a drafter proposes per step: a Medusa drafter's heads (vLLM fails to start when
+    asked for more), chained drafters and ngram MAX_CHAIN_GAMMA, none without speculation."""
+    if method is None:
+        return 0
+    if method != "medusa":
+        return MAX_CHAIN_GAMMA
+    from draftsync.speculative.checkpoint_files import read_json
+
+    path, config = read_json(drafter_dir)
+    heads = config.get("num_heads")
+    if not isinstance(heads, int) or heads < 1:
+        raise DraftsyncError(f"{path} gives no number of heads (num_heads={heads!r}) for its Medusa drafter",
+                             "re-save the drafter with save_drafter, which writes num_heads")
+    return heads
 
 
 def speculative_config(target_dir: str | Path, method: str | None, drafter_dir: str | Path | None, gamma: int,
@@ -191,9 +198,9 @@ def speculative_config(target_dir: str | Path, method: str | None, drafter_dir: 
                        prompt_lookup_max: int | None = None) -> dict | None:
     """The `speculative_config` an `LLM` of `target_dir` gets for `gamma` draft tokens; None at gamma 0.
 
-    EAGLE drafters get the config `vllm serve` is launched with for the same pair (vllm_args.py), so
-    the benchmark runs what is served. ngram gets its lookup window explicitly (vLLM would default
-    both ends to 5).
+    EAGLE and Medusa drafters get the config `vllm serve` is launched with for the same pair (vllm_args.py),
+    so the benchmark runs what is served, under the same limits (Medusa: gamma up to its heads). ngram gets
+    its lookup window explicitly (vLLM would default both ends to 5).
     """
     gamma = int(gamma)
     if gamma < 0:
@@ -203,7 +210,7 @@ def speculative_config(target_dir: str | Path, method: str | None, drafter_dir: 
             raise DraftsyncError(f"gamma {gamma} was asked of a backend without a drafter",
                                  "use gamma 0, or give the backend a drafter (or method 'ngram')")
         return None
-    if method in ("eagle3", "eagle3.1", "eagle"):
+    if method in ("eagle3", "eagle3.1", "eagle", "medusa"):
         from draftsync.serving.vllm_args import render_vllm_command
 
         if drafter_dir is None:
@@ -229,8 +236,6 @@ def speculative_config(target_dir: str | Path, method: str | None, drafter_dir: 
                                  "choose prompt_lookup_min >= 1 and prompt_lookup_max >= prompt_lookup_min")
         return {"method": "ngram", "num_speculative_tokens": gamma, "prompt_lookup_min": int(low),
                 "prompt_lookup_max": int(high)}
-    if method == "medusa":
-        raise _medusa_error()
     raise DraftsyncError(f"drafter method {method!r} is unknown to the vLLM backend",
                          f"use one of {', '.join(VLLM_METHODS)}")
 
@@ -267,7 +272,7 @@ class VllmBackend:
         self.prompt_lookup = (prompt_lookup_min, prompt_lookup_max)
         if self.method == "ngram":  # a bad lookup window fails here, not when the engine is built
             speculative_config(self.target_dir, "ngram", None, 1, 1, *self.prompt_lookup)
-        self.max_gamma = 0 if self.method is None else MAX_CHAIN_GAMMA
+        self.max_gamma = proposable_tokens(self.method, self.drafter_dir)
         if importlib.util.find_spec("vllm") is None:
             raise DraftsyncError("vllm is not installed in this environment",
                                  "run the vLLM backend on a GPU worker with vllm installed, or use ReferenceBackend")

@@ -20,6 +20,7 @@ from draftsync.serving.vllm_evaluation import (
     SpecDecodeCounts,
     VllmBackend,
     first_token_seconds,
+    proposable_tokens,
     read_spec_decode_counts,
     resolve_method,
     speculative_config,
@@ -217,16 +218,6 @@ def test_draft_models_load_their_directory():
         "method": "draft_model", "model": "/d", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2}
 
 
-def test_medusa_is_sent_to_the_reference_backend():
-    with pytest.raises(DraftsyncError, match="Medusa") as caught:
-        speculative_config("/t", "medusa", "/d", 2)
-    assert "ReferenceBackend" in caught.value.fix
-    with pytest.raises(DraftsyncError, match="Medusa") as caught:
-        resolve_method(None, "medusa")
-    assert "ReferenceBackend" in caught.value.fix
-
-
-# ---- which method a drafter directory holds -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def medusa_drafter(tiny_target, tmp_path_factory):
     from draftsync.speculative.drafters import new_drafter, save_drafter
@@ -238,10 +229,44 @@ def medusa_drafter(tiny_target, tmp_path_factory):
                         list(target.config.architectures), 2)
 
 
-def test_the_method_is_read_from_the_drafter_directory(tiny_drafter):
+def test_medusa_drafters_get_the_config_they_are_served_with_up_to_their_heads(tiny_target, medusa_drafter):
+    config = speculative_config(tiny_target, "medusa", medusa_drafter, 2)
+    assert config == render_vllm_command(tiny_target, medusa_drafter, "medusa", 2, "0.0.0.0", 8000,
+                                         "tiny").speculative_config
+    assert config == {"method": "medusa", "model": str(medusa_drafter), "num_speculative_tokens": 2}
+    with pytest.raises(DraftsyncError, match="gamma 3 asks for more tokens than the 2 heads") as caught:
+        speculative_config(tiny_target, "medusa", medusa_drafter, 3)
+    assert "gamma <= 2" in caught.value.fix
+
+
+def test_a_drafter_proposes_up_to_its_heads_or_as_far_as_asked(tiny_drafter, medusa_drafter, tmp_path):
+    assert proposable_tokens("medusa", medusa_drafter) == 2
+    assert proposable_tokens("eagle3", tiny_drafter) == proposable_tokens("ngram", None) == 16
+    assert proposable_tokens(None, None) == 0
+    (tmp_path / "config.json").write_text('{"draftsync_drafter": "medusa"}')
+    with pytest.raises(DraftsyncError, match="no number of heads") as caught:
+        proposable_tokens("medusa", tmp_path)
+    assert "save_drafter" in caught.value.fix
+
+
+def test_the_backend_sweeps_a_medusa_drafter_up_to_its_heads(tiny_target, medusa_drafter):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("the backend needs vllm installed")
+    backend = VllmBackend(tiny_target, medusa_drafter)
+    assert (backend.method, backend.max_gamma) == ("medusa", 2)
+    assert backend.speculative_config(2)["num_speculative_tokens"] == 2
+    with pytest.raises(DraftsyncError, match=r"gamma 3 is more than this drafter proposes \(2\)"):
+        backend.speculative_config(3)
+
+
+# ---- which method a drafter directory holds -----------------------------------------------------------------
+def test_the_method_is_read_from_the_drafter_directory(tiny_drafter, medusa_drafter):
     assert resolve_method(tiny_drafter, None) == "eagle3"
     assert resolve_method(tiny_drafter, "eagle3") == "eagle3"
     assert resolve_method(tiny_drafter, "eagle3.1") == "eagle3"  # vLLM runs both as eagle3
+    assert resolve_method(medusa_drafter, None) == resolve_method(medusa_drafter, "medusa") == "medusa"
     assert resolve_method(None, None) is None
     assert resolve_method(None, "ngram") == "ngram"
 
@@ -249,9 +274,8 @@ def test_the_method_is_read_from_the_drafter_directory(tiny_drafter):
 def test_a_method_that_does_not_match_the_drafter_is_named(tiny_drafter, tiny_target, medusa_drafter):
     with pytest.raises(DraftsyncError, match="holds a 'eagle3' drafter"):
         resolve_method(tiny_drafter, "eagle")
-    with pytest.raises(DraftsyncError, match="Medusa") as caught:
-        resolve_method(medusa_drafter, None)
-    assert "ReferenceBackend" in caught.value.fix
+    with pytest.raises(DraftsyncError, match="holds a 'medusa' drafter"):
+        resolve_method(medusa_drafter, "eagle3")
     with pytest.raises(DraftsyncError, match="drafts from the prompt"):
         resolve_method(tiny_drafter, "ngram")
     with pytest.raises(DraftsyncError, match="without a drafter directory"):
