@@ -133,6 +133,14 @@ def gamma_knee(sweep: Sequence[dict], tolerance: float = 0.02, min_acceptance: f
     return min(int(row["gamma"]) for row in measured if row["tpot_ms"] <= best * (1 + tolerance))
 
 
+# Drafter methods vLLM serves without `num_speculative_tokens_per_batch_size`, and why: validation makes them
+# no schedule, since the renderer (serving/vllm_args.py) refuses one and a rollout would then fail.
+UNSCHEDULED_METHODS = {
+    "medusa": "vLLM's Medusa drafts exactly num_speculative_tokens at every batch size, so it takes no "
+              "per-batch-size schedule; it is served at the knee",
+}
+
+
 def speculation_schedule(tpot_by_batch: dict[int, dict[int, float]], tolerance: float = 0.02
                          ) -> list[tuple[int, int, int]]:
     """vLLM's `num_speculative_tokens_per_batch_size` from stress data: {batch size: {gamma: TPOT ms}}.

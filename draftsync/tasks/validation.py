@@ -16,7 +16,9 @@ The seed's checklist, each item a named gate with its measured value, threshold 
 
 The gamma sweep runs first; its knee (best measured TPOT among the gammas whose acceptance rate clears the
 acceptance gate by more than its sampling error, ties to the smaller gamma) is the gamma every other measurement uses and the one recorded
-as the drafter's baseline.
+as the drafter's baseline. The sweep stops at what the drafter proposes (a Medusa drafter: its heads), so
+the knee is a gamma it can be served at. Stress per batch size gives vLLM's per-batch-size schedule, except
+for methods vLLM serves without one (`UNSCHEDULED_METHODS`: Medusa), whose result says why it has none.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from prefect.cache_policies import NONE
 from draftsync.serving.evaluation import EvalRequest, EvaluationBackend, checkpoint_weight_bytes
 from draftsync.tasks import context
 from draftsync.tasks.checklist import (
+    UNSCHEDULED_METHODS,
     Gate,
     acceptance_by_length,
     acceptance_rate_lower_bound,
@@ -115,8 +118,11 @@ def paired_speedup(spec: list, plain: list) -> float:
 
 def run_checklist(backend: EvaluationBackend, target_dir: str, drafter_dir: str, task_mix: dict[str, float],
                   profile: ValidationProfile, seed: int = 0, data_check_failures: int | None = None,
-                  stress: StressRunner | None = None) -> dict[str, Any]:
-    """Run every measurement through `backend` and judge the gates; returns the `draftsync validate` result."""
+                  stress: StressRunner | None = None, no_schedule_reason: str | None = None) -> dict[str, Any]:
+    """Run every measurement through `backend` and judge the gates; returns the `draftsync validate` result.
+
+    `no_schedule_reason`: why the drafter cannot be served with a per-batch-size schedule (its method's entry
+    in UNSCHEDULED_METHODS); the result then records that reason and no schedule, whatever stress measured."""
     logger = context.logger()
     temperature = profile.temperature
     requests = validation_requests(task_mix, profile.requests, profile.max_tokens, seed + 11)
@@ -193,7 +199,8 @@ def run_checklist(backend: EvaluationBackend, target_dir: str, drafter_dir: str,
         "speedup": round(speedup, 4),
         "stress": stress_result,
         # vLLM's num_speculative_tokens_per_batch_size, when stress ran per batch size: [(start, end, gamma)]
-        "speculation_schedule": (stress_result or {}).get("schedule"),
+        "speculation_schedule": None if no_schedule_reason else (stress_result or {}).get("schedule"),
+        "speculation_schedule_note": no_schedule_reason,
         "memory": {"drafter_bytes": drafter_bytes, "target_bytes": target_bytes, "overhead": round(overhead, 4)},
         "requests": {"validation": len(requests), "sweep": min(len(requests), profile.sweep_requests),
                      "long": len(long_requests), "long_max_tokens": long_tokens,
@@ -213,7 +220,11 @@ def validate_drafter(target_dir: str, drafter_dir: str, task_mix: dict[str, floa
     """The checklist on the CPU reference engine, or on vLLM on a GPU worker (`backend="vllm"`); stress runs
     against served instances of the same kind (the reference server, or `vllm serve`)."""
     from draftsync.errors import DraftsyncError
+    from draftsync.speculative.drafters import drafter_method
     from draftsync.tasks.stress import stress_served_pair
+
+    no_schedule_reason = UNSCHEDULED_METHODS.get(drafter_method(drafter_dir))
+    batch_sizes = () if no_schedule_reason else profile.schedule_batch_sizes  # no schedule: no load per batch size
 
     if backend == "reference":
         from draftsync.serving.evaluation import ReferenceBackend
@@ -232,11 +243,11 @@ def validate_drafter(target_dir: str, drafter_dir: str, task_mix: dict[str, floa
         rate = profile.qps * profile.stress_factor
         return stress_served_pair(backend, target_dir, drafter_dir, gamma, requests, rate,
                                   profile.stress_concurrency, profile.temperature, seed, log_dir,
-                                  batch_sizes=profile.schedule_batch_sizes)
+                                  batch_sizes=batch_sizes)
 
     try:
         return run_checklist(chosen, target_dir, drafter_dir, task_mix, profile, seed, data_check_failures,
-                             stress if run_stress else None)
+                             stress if run_stress else None, no_schedule_reason)
     finally:
         chosen.close()
 

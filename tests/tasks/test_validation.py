@@ -1,0 +1,71 @@
+"""validate_drafter on the reference engine with tiny checkpoints: the gamma sweep stops at what the drafter
+proposes, and a per-batch-size schedule is recorded only for methods vLLM can serve with one. Stress is
+stubbed here (its servers are tested in test_stress.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftsync.tasks.profile import ValidationProfile
+from draftsync.tasks.validation import validate_drafter
+
+# Thresholds at zero: these tests read what is recorded, not whether a random drafter passes.
+PROFILE = ValidationProfile(
+    name="tiny", requests=3, max_tokens=12, gamma_range=(2, 4), sweep_requests=1, min_acceptance=0.0,
+    min_p50=0.0, min_p5=0.0, min_speedup=0.0, stress_requests=2, schedule_batch_sizes=(1, 8), long_requests=1,
+    long_max_tokens=16, min_long_acceptance=0.0, length_buckets=(0, 16), max_memory_overhead=10.0,
+)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """(target, EAGLE-3 drafter, Medusa drafter with 2 heads)."""
+    from draftsync.speculative.drafters import new_drafter, save_drafter
+    from draftsync.speculative.targets import load_target
+    from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
+
+    root = tmp_path_factory.mktemp("validation")
+    target_dir = build_tiny_target(root / "target")
+    target, _ = load_target(target_dir)
+    medusa = save_drafter(new_drafter("medusa", target.config, num_heads=2, num_layers=1), root / "medusa",
+                          str(target_dir), list(target.config.architectures), 2)
+    return target_dir, build_tiny_drafter(target_dir, root / "eagle3", gamma=3), medusa
+
+
+@pytest.fixture
+def stress_calls(monkeypatch):
+    """Stub stress runs, recorded; each returns a schedule whatever it was asked, as a runner measuring per
+    batch size would, so the checklist's own refusal is what keeps one off a Medusa drafter."""
+    calls = []
+
+    def stress_served_pair(server, target_dir, drafter_dir, gamma, requests, rate, concurrency, temperature, seed,
+                           log_dir, batch_sizes=()):
+        calls.append((gamma, tuple(batch_sizes)))
+        return {"speedup": 1.0, "errors": 0, "schedule": [(1, 7, gamma), (8, 8, 0)]}
+
+    monkeypatch.setattr("draftsync.tasks.stress.stress_served_pair", stress_served_pair)
+    return calls
+
+
+def validate(target_dir, drafter_dir) -> dict:
+    return validate_drafter.fn(str(target_dir), str(drafter_dir), {"code": 1.0}, PROFILE)
+
+
+def test_a_medusa_drafter_gets_no_schedule_and_a_knee_within_its_heads(checkpoints, stress_calls):
+    target_dir, _, medusa = checkpoints
+    result = validate(target_dir, medusa)
+    assert [row["gamma"] for row in result["gamma_sweep"]] == [2]  # 2..4 asked, 2 heads
+    assert result["gamma_knee"] == 2
+    assert stress_calls == [(2, ())]  # no load per batch size: nothing could use it
+    assert result["speculation_schedule"] is None
+    assert "exactly num_speculative_tokens at every batch size" in result["speculation_schedule_note"]
+
+
+def test_an_eagle3_drafter_gets_the_schedule_stress_measured(checkpoints, stress_calls):
+    target_dir, eagle3, _ = checkpoints
+    result = validate(target_dir, eagle3)
+    knee = result["gamma_knee"]
+    assert [row["gamma"] for row in result["gamma_sweep"]] == [2, 3, 4]
+    assert stress_calls == [(knee, (1, 8))]
+    assert result["speculation_schedule"] == [(1, 7, knee), (8, 8, 0)]
+    assert result["speculation_schedule_note"] is None
