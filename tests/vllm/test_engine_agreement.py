@@ -1,0 +1,131 @@
+"""vLLM and the reference engine agree on the same drafters: the proof that our checkpoint formats are read right.
+
+For each drafter family a sync can train, one drafter (trained briefly on the built-in test target) is served
+by real vLLM at two gammas and run by the reference engine on the same prompts at T=0. Acceptance rates must
+agree within 0.05 and, in float32, vLLM's speculative output must equal its plain output token for token.
+The measured table is written to `agreement.json` in the test's temp folder and printed (`-s` shows it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.servers import vllm_server
+
+pytestmark = pytest.mark.vllm
+
+FAMILIES = ("eagle3", "eagle3.1", "eagle", "medusa")
+GAMMAS = (2, 3)
+PROMPTS = 6
+MAX_TOKENS = 32
+TOLERANCE = 0.05
+
+
+@pytest.fixture(scope="module")
+def family_drafters(built_targets, tmp_path_factory) -> dict[str, Path]:
+    """One briefly trained drafter per family for target v1, saved as a sync saves it."""
+    import torch
+
+    from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
+    from draftsync.speculative.drafters import save_drafter
+    from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
+    from draftsync.speculative.shards import (
+        ShardDataset,
+        build_shards,
+        concat_samples,
+        regenerated_samples,
+        teacher_forced_samples,
+    )
+    from draftsync.speculative.targets import load_target
+    from draftsync.speculative.training import TrainConfig, train_drafter
+
+    root = tmp_path_factory.mktemp("families")
+    target_dir = built_targets[1]
+    model, tokenizer = load_target(target_dir)
+    mix = {"code": 0.5, "math": 0.5}
+    samples = concat_samples(
+        teacher_forced_samples(tokenizer, mixed_texts(mix, 120, seed=3)),
+        regenerated_samples(model, tokenizer, task_prompts_for_mix(mix, 48, seed=4, split="train"), 48, seed=5),
+    )
+    build_shards(model, samples, root / "shards", default_aux_layer_ids(num_decoder_layers(model)), store_aux=True)
+    dataset = ShardDataset(root / "shards")
+    drafters = {}
+    for family in FAMILIES:
+        torch.manual_seed(0)
+        config = TrainConfig(method=family, steps=120, batch_size=8, seq_len=96, lr=5e-3, medusa_heads=max(GAMMAS),
+                             draft_vocab_size=None if family == "eagle" else 512)
+        drafter, _ = train_drafter(model, dataset, config)
+        drafters[family] = save_drafter(drafter, root / family, str(target_dir), list(model.config.architectures),
+                                        max(GAMMAS))
+    return drafters
+
+
+def _prompt_ids(target_dir: Path) -> list[list[int]]:
+    from draftsync.speculative.corpora import prompts
+    from draftsync.speculative.targets import load_target
+
+    _, tokenizer = load_target(target_dir)
+    texts = prompts("code", PROMPTS // 2, seed=21) + prompts("math", PROMPTS - PROMPTS // 2, seed=22)
+    return [tokenizer(text)["input_ids"] for text in texts]
+
+
+def _vllm_run(url: str, prompt_ids: list[list[int]]) -> tuple[list[list[int]], int, int]:
+    """Greedy completions of token-id prompts (EOS ignored, like the reference engine): outputs and counts."""
+    outputs, draft_tokens, accepted = [], 0, 0
+    with httpx.Client(base_url=url, timeout=300) as client:
+        for ids in prompt_ids:
+            response = client.post("/v1/completions", json={
+                "model": "agree", "prompt": ids, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
+                "return_token_ids": True})
+            assert response.status_code == 200, response.text
+            body = response.json()
+            outputs.append(body["choices"][0]["token_ids"])
+            stats = (body.get("metrics") or {}).get("speculative_decoding") or {}
+            draft_tokens += stats.get("num_draft_tokens", 0)
+            accepted += stats.get("num_accepted_draft_tokens", 0)
+    return outputs, draft_tokens, accepted
+
+
+def _reference_run(target_dir: Path, drafter_dir: Path, gamma: int, prompt_ids: list[list[int]]) -> dict:
+    from draftsync.speculative.drafters import load_drafter
+    from draftsync.speculative.engine import SpeculativeEngine
+    from draftsync.speculative.targets import load_target
+
+    model, _ = load_target(target_dir)
+    engine = SpeculativeEngine(model, load_drafter(drafter_dir), gamma)
+    draft_tokens = accepted = 0
+    outputs = []
+    for ids in prompt_ids:
+        generation = engine.generate(ids, MAX_TOKENS, temperature=0.0)
+        draft_tokens += generation.stats.draft_tokens
+        accepted += generation.stats.accepted
+        outputs.append(list(generation.token_ids))
+    return {"outputs": outputs, "acceptance": accepted / draft_tokens}
+
+
+def test_vllm_and_the_reference_engine_agree_for_every_family(vllm_engine, built_targets, family_drafters,
+                                                              tmp_path):
+    target_dir = built_targets[1]
+    prompt_ids = _prompt_ids(target_dir)
+    with vllm_server(vllm_engine, target_dir, None, "eagle3", 0, tmp_path) as url:
+        plain, _, _ = _vllm_run(url, prompt_ids)
+    rows = []
+    for family, drafter_dir in family_drafters.items():
+        for gamma in GAMMAS:
+            with vllm_server(vllm_engine, target_dir, drafter_dir, family, gamma, tmp_path) as url:
+                outputs, draft_tokens, accepted = _vllm_run(url, prompt_ids)
+            reference = _reference_run(target_dir, drafter_dir, gamma, prompt_ids)
+            rows.append({"family": family, "gamma": gamma, "vllm_acceptance": round(accepted / draft_tokens, 4),
+                         "reference_acceptance": round(reference["acceptance"], 4), "vllm_draft_tokens": draft_tokens,
+                         "lossless": outputs == plain, "reference_equals_vllm_plain": reference["outputs"] == plain})
+    table = json.dumps(rows, indent=1)
+    (tmp_path / "agreement.json").write_text(table)
+    print(table)
+    for row in rows:
+        assert row["lossless"], row  # speculation changed vLLM's greedy output
+        assert row["vllm_draft_tokens"] > 0, row
+        assert abs(row["vllm_acceptance"] - row["reference_acceptance"]) <= TOLERANCE, row
+    assert max(row["vllm_acceptance"] for row in rows) > 0.3, "drafters this poor prove nothing"
