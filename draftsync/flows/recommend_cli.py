@@ -48,9 +48,8 @@ def format_recommendation(recommendation: Recommendation) -> str:
         gamma = f"{low}-{high}, start at {r.gamma_start}" if low != high else f"{low}, start at {r.gamma_start}"
     low_speedup, high_speedup = r.expected_speedup
     speedup = f"{low_speedup:g}x" if low_speedup == high_speedup else f"{low_speedup:g}-{high_speedup:g}x"
-    unservable = "" if r.servable_by_vllm else "  (vLLM 0.33 cannot serve it: trained, not rolled out)"
     lines = [
-        f"method:   {r.method}{unservable}",
+        f"method:   {r.method}",
         f"gamma:    {gamma}",
         f"speedup:  {speedup}",
         f"drafter:  {r.drafter_memory_gb:g} GB",

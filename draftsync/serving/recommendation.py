@@ -144,11 +144,6 @@ class Recommendation:
     memory: MemoryBudget
     reasons: tuple[str, ...]
 
-    @property
-    def servable_by_vllm(self) -> bool:
-        """vLLM 0.33 has no `medusa` method: a Medusa drafter is trained but never rolled out."""
-        return self.method != "medusa"
-
     def to_dict(self) -> dict:
         return {
             "method": self.method,
@@ -306,9 +301,10 @@ def recommend(workload: Workload) -> Recommendation:
     if medusa_line:
         reasons.append(medusa_line)
     if method == "medusa":
-        reasons.append("serving [serving:vllm-no-medusa]: vLLM 0.33 has no 'medusa' method (TensorRT-LLM has one), so "
-                       "draftsync trains this drafter and registers it but never rolls it out; to serve with vLLM, "
-                       "use eagle3 instead")
+        reasons.append("serving [serving:vllm-medusa]: vLLM serves it (method 'medusa') with one gamma at every batch "
+                       "size, since its Medusa drafts exactly num_speculative_tokens (validation records no per-batch-size "
+                       f"schedule), and with at most one draft token per head: train at least {gamma[1]} heads "
+                       "(the sync profile's medusa_heads) to serve the whole range")
     if method != "none":
         reasons.append(f"gamma start [gamma:start-4]: the seed starts at {GAMMA_START} and finds the knee by "
                        f"measurement (5-6 typical): {GAMMA_START} within {_gamma_text(gamma)} -> {gamma_start}; "

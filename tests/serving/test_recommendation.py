@@ -79,8 +79,8 @@ CASES = [
     pytest.param(dict(gpus=2), "eagle3", (4, 5), {"hw:multi", "memory:does-not-fit"}, ("step 2", "equivalent"),
                  id="hw-multi-too-small"),
     pytest.param(dict(params_b=180, gpus=8), "medusa", (4, 5),
-                 {"hw:cluster-8plus", "medusa:taken", "serving:vllm-no-medusa", "speedup:medusa-paper"},
-                 ("serving", "vLLM 0.33"), id="hw-cluster-medusa"),
+                 {"hw:cluster-8plus", "medusa:taken", "serving:vllm-medusa", "speedup:medusa-paper"},
+                 ("serving", "one gamma at every batch size"), id="hw-cluster-medusa"),
     pytest.param(dict(gpus=8), "eagle3", (4, 5), {"hw:cluster-8plus", "medusa:not-taken"}, ("medusa", "<= 70B"),
                  id="hw-cluster-declines-medusa-70b"),
     pytest.param(dict(params_b=180, gpus=8, task="code"), "eagle3.1", (6, 6), {"medusa:not-taken"},
@@ -142,7 +142,7 @@ CASES = [
 ALL_RULES = {
     "size:small-none", "size:small-batched", "size:sweet-spot", "size:large-required",
     "hw:single-24gb", "hw:single-24gb-too-large", "hw:single-large", "hw:multi", "hw:cluster-8plus",
-    "medusa:taken", "medusa:not-taken", "serving:vllm-no-medusa",
+    "medusa:taken", "medusa:not-taken", "serving:vllm-medusa",
     "latency:interactive", "latency:near-real-time", "latency:batch", "latency:batch-none",
     "task:code-math", "task:chat-creative", "task:translation-summary", "gamma:overlap", "gamma:latency-bounds",
     "upgrade:latency", "upgrade:long-output", "upgrade:gamma-over-5", "upgrade:code-math", "upgrade:none",
@@ -179,13 +179,13 @@ def test_every_step_has_one_line_naming_its_rule(changes):
     assert all(re.search(r"\[[a-z0-9]+:[a-z0-9.\-]+", line) for line in recommendation.reasons)
 
 
-def test_medusa_is_trained_but_not_served_by_vllm():
+def test_medusa_is_served_by_vllm_within_its_limits():
     recommendation = recommend(workload(params_b=180, gpus=8))
-    assert recommendation.method == "medusa"
-    assert not recommendation.servable_by_vllm
+    assert recommendation.method == "medusa" and recommendation.gamma_range == (4, 5)
     serving = reason_line(recommendation, "serving")
-    assert "no 'medusa' method" in serving and "TensorRT-LLM" in serving and "never rolls it out" in serving
-    assert recommend(workload()).servable_by_vllm
+    assert "method 'medusa'" in serving and "no per-batch-size schedule" in serving
+    assert "at least 5 heads" in serving and "medusa_heads" in serving
+    assert not [line for line in recommend(workload()).reasons if line.startswith("serving")]
 
 
 @pytest.mark.parametrize(("changes", "start"), [
@@ -315,12 +315,13 @@ def test_cli_prints_the_answer_and_writes_json(tmp_path):
     assert written["gamma_range"] == [6, 8] and written["memory"]["required_gb"] == pytest.approx(208.2)
 
 
-def test_cli_says_when_vllm_cannot_serve_the_method():
+def test_cli_gives_vllms_limits_for_medusa():
     result = CliRunner().invoke(_cli(), [
         "recommend", "--params", "180B", "--gpus", "8", "--gpu-memory-gb", "80", "--tpot-ms", "50", "--task", "chat",
     ])
     assert result.exit_code == 0, result.output
-    assert "method:   medusa  (vLLM 0.33 cannot serve it" in result.output
+    assert "method:   medusa\n" in result.output
+    assert "[serving:vllm-medusa]: vLLM serves it (method 'medusa') with one gamma at every batch size" in result.output
 
 
 @pytest.mark.parametrize(("arguments", "named"), [
