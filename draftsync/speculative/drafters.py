@@ -3,7 +3,7 @@
 Methods and their checkpoint formats:
 - "eagle3", "eagle3.1" (EAGLE-3 with fc_norm and norm_output): the speculators format vLLM detects;
 - "eagle" (EAGLE-1): the one-layer Llama layout vLLM's `method: "eagle"` loads;
-- "medusa": a documented format of our own;
+- "medusa": the layout vLLM's `method: "medusa"` loads (medusa_format.py), plus draftsync's own keys;
 - "draft_model" (the benchmarks' independent small LM, vLLM's `method: "draft_model"`): a plain HF
   checkpoint. It is a baseline, not a sync method, so `new_drafter` does not build it (the trainer sizes it).
 A directory's config.json says which one it holds, so loading needs no method name.
