@@ -122,16 +122,14 @@ def serve_asgi_in_thread(app, host: str = "127.0.0.1", startup_timeout: float = 
         thread.join(timeout=30)
 
 
-@contextmanager
-def vllm_server(engine, target_dir: Path, drafter_dir: Path | None, method: str, gamma: int, log_dir: Path,
-                name: str = "agree") -> Iterator[str]:
-    """A vLLM server for a pair, started exactly as `launch: vllm` starts one (same argv and environment)."""
+def vllm_process(engine, target_dir: Path, drafter_dir: Path | None, method: str, gamma: int, log_dir: Path,
+                 name: str = "agree") -> ServerProcess:
+    """A vLLM server for a pair, started (not yet healthy) exactly as `launch: vllm` starts one: same argv and
+    environment. Several can start at once; stop each."""
     from draftsync.serving.deployment import ServingDeployment
 
     port = free_port()
     deployment = ServingDeployment(name=name, target_name=name, launch="vllm")
     launch = deployment.vllm_launch(target_dir, drafter_dir, method, gamma, port=port, engine=engine)
     log = log_dir / f"vllm-{name}-{method}-{gamma}-{port}.log"
-    with ServerProcess(launch.argv, "127.0.0.1", port, log, env=engine.environment()) as server:
-        server.wait_healthy(timeout=600)
-        yield server.url
+    return ServerProcess(launch.argv, "127.0.0.1", port, log, env=engine.environment()).start()

@@ -13,7 +13,10 @@ checkout, `vllm` on PATH.
 On a CPU (`DRAFTSYNC_VLLM_DEVICE`, found by itself: no NVIDIA device node means CPU) vLLM needs its KV cache
 sized (`VLLM_CPU_KVCACHE_SPACE`, GiB: the default asks for most of the memory) and runs eagerly
 (`--enforce-eager`: compiling costs minutes on small cores and buys nothing for tiny models); draftsync also
-asks for float32 there, so speculative output can be compared with plain output token for token.
+asks for float32 there, so speculative output can be compared with plain output token for token. Its threads are
+left to the OS (`VLLM_CPU_OMP_THREADS_BIND=nobind`): vLLM's automatic binding pins every engine to the same first
+cores, and during a swap the candidate, pinned beside the busy current engine, made no progress for minutes.
+A variable already set in draftsync's environment wins over each of these defaults.
 """
 
 from __future__ import annotations
@@ -165,7 +168,7 @@ def find_vllm_engine(required: bool = True) -> VllmEngine | None:
         command, interpreter = found
     device = _device(settings.vllm_device)
     if device == "cpu":
-        env = {"VLLM_CPU_KVCACHE_SPACE": _number(settings.vllm_cpu_kvcache_gb)}
+        env = {"VLLM_CPU_KVCACHE_SPACE": _number(settings.vllm_cpu_kvcache_gb), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
         args = ("--enforce-eager", "--dtype", settings.vllm_cpu_dtype)
     else:
         env, args = {}, ()
@@ -176,11 +179,14 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
-# vLLM dies with a Python traceback whose last line is `SomeError: message`, often printed by the engine-core
-# process (lines prefixed `(EngineCore pid=N)`) and then wrapped by the API server's "See root cause above";
-# without a traceback, its own `ERROR` log lines are the next best.
-_EXCEPTION = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?((?:\w+\.)*\w*(?:Error|Exception)\b:.*)$", re.MULTILINE)
-_ERROR = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?ERROR\b.*$", re.MULTILINE)
+# vLLM dies with a Python traceback whose last line is `SomeError: message`, printed by the process that failed
+# (prefixed `(Worker pid=N)`, often inside an `ERROR <date> [file:line]` log line), then re-raised by the engine
+# core and wrapped by the API server ("See root cause above"). The first such line is the root cause; without a
+# traceback, vLLM's own ERROR lines are the next best.
+_PREFIX = r"^(?:\(\w+ pid=\d+\)\s+)?"
+_EXCEPTION = re.compile(_PREFIX + r"(?:(?:ERROR|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s+)?((?:\w+\.)*\w+(?:Error|Exception)\b:.*)$",
+                        re.MULTILINE)
+_ERROR = re.compile(_PREFIX + r"ERROR\b.*$", re.MULTILINE)
 _WRAPPER = "See root cause above"
 
 
@@ -190,9 +196,8 @@ def engine_error_line(log_path: Path) -> str | None:
         text = Path(log_path).read_text(errors="replace")
     except OSError:
         return None
-    exceptions = [line.strip() for line in _EXCEPTION.findall(text)]
-    causes = [line for line in exceptions if _WRAPPER not in line] or exceptions
+    causes = [line.strip() for line in _EXCEPTION.findall(text) if _WRAPPER not in line]
     if causes:
-        return causes[-1]
-    errors = [line.strip() for line in _ERROR.findall(text)]
+        return causes[0]
+    errors = [match.group(0).strip() for match in _ERROR.finditer(text)]
     return errors[-1] if errors else None

