@@ -1,7 +1,9 @@
-"""Peak memory of `draftsync demo` across all its processes (the CLI, Prefect's API, the servers).
+"""Peak memory of `draftsync demo` across all its processes (the CLI, Prefect's API, the servers: vLLM's API
+server, engine core and worker processes when it serves with vLLM).
 
 Samples the process tree every 0.2 s and sums PSS (proportional set size, so shared pages are not
-counted twice) and RSS. Prints JSON. Usage: python bench/demo_memory.py [--workdir DIR]
+counted twice) and RSS. Prints JSON with the engine the demo served with (from its demo.json).
+Usage: python bench/demo_memory.py [--workdir DIR] [--engine auto|vllm|reference]
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -32,10 +35,11 @@ def tree_memory(root: psutil.Process) -> tuple[int, int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default=".draftsync-bench")
+    parser.add_argument("--engine", default="auto", choices=("auto", "vllm", "reference"))
     args = parser.parse_args()
     started = time.perf_counter()
     child = subprocess.Popen(
-        [sys.executable, "-m", "draftsync.flows.cli", "--workdir", args.workdir, "demo"],
+        [sys.executable, "-m", "draftsync.flows.cli", "--workdir", args.workdir, "demo", "--engine", args.engine],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     root = psutil.Process(child.pid)
@@ -47,8 +51,10 @@ def main() -> None:
             break
         peak_pss, peak_rss, peak_procs = max(peak_pss, pss), max(peak_rss, rss), max(peak_procs, count)
         time.sleep(0.2)
+    summary = Path(args.workdir) / "demo.json"
     print(json.dumps({
-        "command": "draftsync demo",
+        "command": f"draftsync demo --engine {args.engine}",
+        "engine": json.loads(summary.read_text()).get("engine") if summary.exists() else None,
         "exit_code": child.returncode,
         "wall_s": round(time.perf_counter() - started, 1),
         "peak_pss_mb": round(peak_pss / 2**20),

@@ -200,22 +200,10 @@ def resolve_webhook_secret(settings: Settings) -> str:
     """DRAFTSYNC_WEBHOOK_SECRET, else the Prefect Secret block named by DRAFTSYNC_WEBHOOK_SECRET_BLOCK."""
     if settings.webhook_secret is not None and settings.webhook_secret.get_secret_value():
         return settings.webhook_secret.get_secret_value()
-    block_name = settings.webhook_secret_block
-    if block_name:
-        from prefect.blocks.system import Secret
+    if settings.webhook_secret_block:
+        from draftsync.tasks.secrets import secret_block_value
 
-        try:
-            value = Secret.load(block_name).get()
-        except Exception as error:  # a missing block, or no Prefect API: say which block and where to make it
-            raise DraftsyncError(
-                f"Prefect Secret block {block_name!r} (DRAFTSYNC_WEBHOOK_SECRET_BLOCK) could not be loaded "
-                f"({type(error).__name__})",
-                "create it in the Prefect UI (Blocks > Secret) or with `Secret(value=...).save(name)`, and point "
-                "PREFECT_API_URL at that server",
-            ) from error
-        if value:
-            return str(value)
-        raise DraftsyncError(f"Prefect Secret block {block_name!r} is empty", "store a long random string in it")
+        return secret_block_value(settings.webhook_secret_block, "webhook secret", "DRAFTSYNC_WEBHOOK_SECRET_BLOCK")
     raise DraftsyncError(
         "no webhook secret is configured",
         "set DRAFTSYNC_WEBHOOK_SECRET to a long random string (e.g. `openssl rand -hex 32`), or "

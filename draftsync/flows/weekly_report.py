@@ -129,6 +129,7 @@ def weekly_report(
     `deployments`: the specs to relaunch on a fallback (default: the deployments file, when it exists).
     `send`: deliver by SMTP when configured; False writes the e-mail to the outbox folder only."""
     from draftsync.monitors.mailer import Mailer
+    from draftsync.tasks.secrets import smtp_password_block
     from draftsync.monitors.report import build_weekly_report
     from draftsync.monitors.staleness import Thresholds
 
@@ -142,7 +143,7 @@ def weekly_report(
         start, acting = end - WEEK, True
     problems: list[str] = []
     specs = configured_deployments(deployments, problems) if acting else {}
-    mailer = Mailer(settings.outbox_dir, store, settings)
+    mailer = Mailer(settings.outbox_dir, store, settings, secret_loader=smtp_password_block)
     clock = end if acting else None  # a look back is written and sent at the real time
     retried = mailer.retry_pending(clock) if send else []
 

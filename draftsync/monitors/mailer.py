@@ -7,8 +7,9 @@ starts, so two retry loops never send the same message twice. Without `smtp_host
 folder is the delivery and entries stay 'pending' until SMTP is configured. `write_unsent()` only
 writes the file (a report nobody asked to deliver): it is not recorded and never sent.
 
-The SMTP password comes from DRAFTSYNC_SMTP_PASSWORD or, when that is unset, from the Prefect Secret
-block that DRAFTSYNC_SMTP_PASSWORD_BLOCK names. The block is read at login time, not before, and the
+The SMTP password comes from DRAFTSYNC_SMTP_PASSWORD or, when that is unset, from the secret block that
+DRAFTSYNC_SMTP_PASSWORD_BLOCK names, read by the `secret_loader` the caller passes (the flows pass Prefect's,
+tasks/secrets.py: this package knows nothing of Prefect). The block is read at login time, not before, and the
 password is scrubbed from every error kept or logged.
 """
 
@@ -57,7 +58,7 @@ class Mailer:
         self.ssl_context = ssl_context
         self.timeout = timeout
         self.max_attempts = max_attempts
-        self.secret_loader = secret_loader or prefect_secret  # block name -> its value
+        self.secret_loader = secret_loader  # block name -> its value (tasks/secrets.py reads Prefect's blocks)
         self._block_password: str | None = None  # kept once loaded, to scrub it from errors
 
     @property
@@ -170,6 +171,13 @@ class Mailer:
         if self.settings.smtp_password is not None:
             return self.settings.smtp_password.get_secret_value()
         if self.settings.smtp_password_block:
+            if self.secret_loader is None:
+                raise DraftsyncError(
+                    f"DRAFTSYNC_SMTP_PASSWORD_BLOCK names {self.settings.smtp_password_block!r}, but this mailer was "
+                    "given no way to read secret blocks",
+                    "send mail through draftsync's flows or `draftsync report` (they pass the Prefect block reader), "
+                    "or set DRAFTSYNC_SMTP_PASSWORD instead",
+                )
             if self._block_password is None:
                 self._block_password = self.secret_loader(self.settings.smtp_password_block)
             return self._block_password
@@ -183,32 +191,3 @@ class Mailer:
             if password:
                 text = text.replace(password, "***")
         return text
-
-
-def prefect_secret(name: str) -> str:
-    """The string in the Prefect Secret block `name`.
-
-    The monitors package is otherwise free of Prefect: it is imported here, only when a block is configured.
-    """
-    try:
-        from prefect.blocks.system import Secret
-
-        value = Secret.load(name).get()
-    except ImportError as exc:
-        raise DraftsyncError(
-            f"SMTP password block {name!r} needs Prefect, which is not installed",
-            "install prefect, or set DRAFTSYNC_SMTP_PASSWORD instead of DRAFTSYNC_SMTP_PASSWORD_BLOCK",
-        ) from exc
-    except Exception as exc:  # a missing block, an unreachable Prefect API: whatever Prefect raises
-        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise DraftsyncError(
-            f"SMTP password block {name!r} (a Prefect Secret) cannot be read: {detail}",
-            f"create it (`prefect block create secret`, or Secret(value=...).save({name!r})) where the Prefect API "
-            "this process uses can see it, or set DRAFTSYNC_SMTP_PASSWORD instead",
-        ) from exc
-    if not isinstance(value, str):
-        raise DraftsyncError(
-            f"SMTP password block {name!r} holds a {type(value).__name__}, not a string",
-            "store the SMTP password as the Secret block's plain string value",
-        )
-    return value

@@ -21,6 +21,7 @@ def send_alert(deployment: str, rule: str, subject: str, text: str, severity: st
                value: float = 0.0, now: datetime | None = None) -> dict:
     """Write and send the alert unless the same one went out recently; returns what happened."""
     from draftsync.monitors.mailer import Mailer
+    from draftsync.tasks.secrets import smtp_password_block
 
     settings, store = context.settings(), context.store()
     now = now or datetime.now(UTC)
@@ -33,7 +34,7 @@ def send_alert(deployment: str, rule: str, subject: str, text: str, severity: st
     message["From"] = settings.alert_from
     message["To"] = ", ".join(settings.alert_recipients)
     message.set_content(text)
-    entry = Mailer(settings.outbox_dir, store, settings).send(message, now=now)
+    entry = Mailer(settings.outbox_dir, store, settings, secret_loader=smtp_password_block).send(message, now=now)
     store.record_alert(key, deployment=deployment, rule=rule, severity=severity, value=value, sent_at=now,
                        outbox_id=entry.id)
     context.logger().warning("alert sent: %s (%s)", message["Subject"], entry.eml_path)

@@ -110,8 +110,7 @@ def launch_server(deployment: ServingDeployment, target_dir: str, drafter_dir: s
         if deployment.launch != "vllm":
             raise
         cause = engine_error_line(log) or "no error line in the log"
-        raise DraftsyncError(f"vLLM for {deployment.name} did not start: {cause} (log: {log})",
-                             f"read {log}; {error.fix}") from error
+        raise DraftsyncError(f"vLLM for {deployment.name} did not start: {cause} (log: {log})", error.fix) from error
     except Exception:
         server.stop()
         raise

@@ -41,6 +41,7 @@ def test_smtp_password_from_a_prefect_secret_block(prefect_harness, tmp_path, sm
     from draftsync.monitors.mailer import Mailer
     from draftsync.monitors.store import Store
     from draftsync.settings import Settings
+    from draftsync.tasks.secrets import smtp_password_block
     from tests.monitors.test_monitor_report import END, build, check_report
 
     save_secret_block(BLOCK, PASSWORD)
@@ -51,15 +52,17 @@ def test_smtp_password_from_a_prefect_secret_block(prefect_harness, tmp_path, sm
                         smtp_password_block=BLOCK)
     assert PASSWORD not in repr(settings)
     caplog.set_level("DEBUG")
-    entry = Mailer(tmp_path / "outbox", store, settings).send(build(), now=END)
+    entry = Mailer(tmp_path / "outbox", store, settings, secret_loader=smtp_password_block).send(build(), now=END)
     assert entry.status == "sent", entry.last_error
     assert seen == [(b"reporter", PASSWORD.encode())]
     check_report(server.messages[0])
     assert PASSWORD not in caplog.text
 
     missing = Settings(**{**settings.model_dump(), "smtp_password_block": "no-such-block"})
-    pending = Mailer(tmp_path / "outbox", store, missing).send(build(), now=END)
+    pending = Mailer(tmp_path / "outbox", store, missing, secret_loader=smtp_password_block).send(build(), now=END)
     assert pending.status == "pending" and "'no-such-block'" in pending.last_error
+    unread = Mailer(tmp_path / "outbox", store, settings).send(build(), now=END)  # no loader: said, not guessed
+    assert unread.status == "pending" and "DRAFTSYNC_SMTP_PASSWORD" in unread.last_error
     assert len(server.messages) == 1
 
 

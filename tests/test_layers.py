@@ -1,0 +1,69 @@
+"""The package layering, read from the source: imports point down, and the lower layers know nothing of Prefect.
+
+Every `import` and `from ... import` in draftsync counts, deferred ones inside functions included: a lazy
+import is still a dependency. Run alone: `python -m pytest tests/test_layers.py`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "draftsync"
+# Modules every layer may use: the error type, the settings, the model-path confinement.
+BASE = {"errors", "settings", "model_paths", "__init__", "__main__"}
+# Each package and the draftsync packages it may import (besides BASE); anything absent is not allowed.
+ALLOWED = {
+    "speculative": set(),
+    "registry": set(),
+    "monitors": set(),
+    "serving": {"speculative"},
+    "tasks": {"speculative", "registry", "monitors", "serving"},
+    "flows": {"speculative", "registry", "monitors", "serving", "tasks"},
+    "cli": {"speculative", "registry", "monitors", "serving", "tasks", "flows"},
+}
+PREFECT_FREE = ("speculative", "registry", "monitors", "serving")
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            raise AssertionError(f"{path}: relative import; write draftsync.<package>.<module>")
+    return names
+
+
+def _layer(path: Path) -> str:
+    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+
+
+def test_every_import_points_down_the_layers():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        layer = _layer(path)
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[0] != "draftsync" or len(parts) < 2:
+                continue
+            target = parts[1]
+            if target == layer or target in BASE:
+                continue
+            if layer in BASE or target not in ALLOWED.get(layer, set()):
+                wrong.append(f"{path.relative_to(PACKAGE.parent)} imports {name}")
+    assert not wrong, "imports that point up or sideways:\n" + "\n".join(wrong)
+
+
+def test_the_lower_layers_know_nothing_of_prefect():
+    wrong = [f"{path.relative_to(PACKAGE.parent)} imports {name}"
+             for layer in PREFECT_FREE for path in sorted((PACKAGE / layer).rglob("*.py"))
+             for name in _imports(path) if name.split(".")[0] == "prefect"]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_package_is_in_the_table():
+    packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages <= set(ALLOWED), f"add {sorted(packages - set(ALLOWED))} to ALLOWED with the layers it may use"
