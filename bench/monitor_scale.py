@@ -241,7 +241,7 @@ def load_sqlite(path: Path, deployments: int, minutes: int) -> dict:
 def ingest_rate(store, scrapes: int, start: datetime) -> dict:
     """The real `record_scrape`: 50 fresh deployments scraped in turn, a minute apart, after the loaded week."""
     from draftsync.monitors.metrics import SpecDecodeCounters
-    from draftsync.monitors.store import ServedPair
+    from draftsync.monitors.tables import ServedPair
 
     pair = ServedPair("chat-llm", 1, 1, GAMMA)
     fleet = [f"live-{i:03d}" for i in range(50)]
@@ -324,7 +324,7 @@ def rollups_match_samples(store, since: datetime, until: datetime, deployments: 
     TPOT sums are floats added in another order, so they are compared to 9 significant digits."""
     from dataclasses import replace
 
-    from draftsync.monitors.store import hourly_rows
+    from draftsync.monitors.rollups import hourly_rows
 
     def rounded(rows):
         return [replace(r, tpot_sum=float(f"{r.tpot_sum:.9g}")) for r in rows]

@@ -30,7 +30,8 @@ from email.utils import format_datetime, getaddresses, make_msgid, parseaddr
 from pathlib import Path
 
 from draftsync.errors import DraftsyncError
-from draftsync.monitors.store import OutboxEntry, Store, as_utc
+from draftsync.monitors.store import Store
+from draftsync.monitors.tables import OutboxEntry, as_utc
 from draftsync.settings import Settings
 
 log = logging.getLogger(__name__)

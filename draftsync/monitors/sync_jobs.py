@@ -19,7 +19,8 @@ from sqlalchemy import Index, Integer, String, Text, UniqueConstraint, delete, s
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from draftsync.monitors.store import Base, Store, UTCDateTime, dialect_insert, as_utc
+from draftsync.monitors.store import Store, dialect_insert
+from draftsync.monitors.tables import Base, UTCDateTime, as_utc
 
 JobStatus = Literal["requested", "running", "succeeded", "failed"]
 ClaimOutcome = Literal["claimed", "running", "done", "exhausted"]

@@ -52,7 +52,7 @@ def status_world(workdir, tmp_path, monkeypatch):
     """The registry, store and ledger described in the module docstring; returns the versions created.
 
     Tiny random targets and drafters: status reads tags, aliases and counters, never weights."""
-    from draftsync.monitors.store import ServedPair
+    from draftsync.monitors.tables import ServedPair
     from draftsync.registry.model_registry import target_tags
     from draftsync.speculative.targets import describe_target
     from draftsync.tasks import context

@@ -96,7 +96,7 @@ def last_complete_iso_week(now: datetime) -> str:
 @pytest.fixture
 def report_setup(workdir, tmp_path, monkeypatch):
     """A served pair (tiny target v1 + a drafter trained for it) declared as an external deployment."""
-    from draftsync.monitors.store import ServedPair
+    from draftsync.monitors.tables import ServedPair
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target
     from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
@@ -234,7 +234,7 @@ def test_report_command_refuses_bad_input_before_starting_anything(workdir, monk
 
 def test_a_broken_deployments_file_is_reported_not_fatal(workdir, monkeypatch):
     """The e-mail is how the team hears of it: the review goes on and says what it could not do."""
-    from draftsync.monitors.store import ServedPair
+    from draftsync.monitors.tables import ServedPair
     from draftsync.tasks import context
 
     monkeypatch.delenv("DRAFTSYNC_SMTP_HOST", raising=False)

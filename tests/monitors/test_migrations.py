@@ -13,7 +13,9 @@ from draftsync.errors import DraftsyncError
 from draftsync.monitors.metrics import SpecDecodeCounters
 from draftsync.monitors.migrations import INITIAL_REVISION, alembic_config, current_revision, head_revision
 from draftsync.monitors import sync_jobs  # noqa: F401  (registers its tables on Base.metadata)
-from draftsync.monitors.store import Base, ServedPair, Store, hourly_rows
+from draftsync.monitors.rollups import hourly_rows
+from draftsync.monitors.store import Store
+from draftsync.monitors.tables import Base, ServedPair
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 

@@ -8,7 +8,9 @@ import pytest
 
 from draftsync.errors import DraftsyncError
 from draftsync.monitors.metrics import SpecDecodeCounters
-from draftsync.monitors.store import ServedPair, Store, hourly_rows
+from draftsync.monitors.rollups import hourly_rows
+from draftsync.monitors.store import Store
+from draftsync.monitors.tables import ServedPair
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 PAIR = ServedPair(target_name="demo-target", target_version=1, drafter_version=1, gamma=3)
@@ -140,7 +142,8 @@ def test_a_new_instance_is_not_diffed_against_the_one_it_replaced(tmp_path):
     from datetime import UTC, datetime, timedelta
 
     from draftsync.monitors.metrics import SpecDecodeCounters
-    from draftsync.monitors.store import ServedPair, Store
+    from draftsync.monitors.store import Store
+    from draftsync.monitors.tables import ServedPair
 
     store = Store(f"sqlite:///{tmp_path / 'm.db'}")
     pair = ServedPair("t", 1, 1, 2)

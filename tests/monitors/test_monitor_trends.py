@@ -9,7 +9,8 @@ import pytest
 
 from draftsync.monitors.metrics import SpecDecodeCounters
 from draftsync.monitors.staleness import Thresholds, evaluate, suggested_gamma, worst
-from draftsync.monitors.store import ServedPair, Store
+from draftsync.monitors.store import Store
+from draftsync.monitors.tables import ServedPair
 from draftsync.monitors.trends import percentile, slope_per_day, summarize
 
 START = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)

@@ -99,7 +99,7 @@ def test_postgres_restarted_while_scraping_loses_and_doubles_nothing(workdir, re
 
     from draftsync.errors import DraftsyncError
     from draftsync.monitors.metrics import scrape_counters
-    from draftsync.monitors.store import HourlyRollup, Sample, ScrapeState
+    from draftsync.monitors.tables import HourlyRollup, Sample, ScrapeState
     from draftsync.tasks import context
     from draftsync.tasks.monitoring import scrape_deployment
 
@@ -198,7 +198,8 @@ def test_postgres_restarted_while_scraping_loses_and_doubles_nothing(workdir, re
 def test_the_first_scrape_after_a_quick_postgres_restart_succeeds(restartable_postgres, monkeypatch):
     """Postgres restarted between two scrapes: the next scrape should reconnect, not fail once."""
     from draftsync.monitors.metrics import SpecDecodeCounters
-    from draftsync.monitors.store import ServedPair, Store
+    from draftsync.monitors.store import Store
+    from draftsync.monitors.tables import ServedPair
 
     store = Store(restartable_postgres.create_database("monitor"))
     try:

@@ -21,7 +21,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from draftsync.errors import DraftsyncError
 from draftsync.monitors.metrics import SpecDecodeCounters
-from draftsync.monitors.store import ServedPair, Store
+from draftsync.monitors.store import Store
+from draftsync.monitors.tables import ServedPair
 from draftsync.monitors.sync_jobs import SyncLedger
 
 START = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from draftsync.monitors.store import Base
+from draftsync.monitors.tables import Base
 from draftsync.monitors import sync_jobs  # noqa: F401  (its tables belong to the same schema)
 
 connection = context.config.attributes.get("connection")
