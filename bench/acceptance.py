@@ -55,13 +55,9 @@ def distinct_4gram_share(outputs: list[list[int]]) -> float:
 def build_dataset(model, tokenizer, task_mix, settings, out_dir: Path, seed: int):
     from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
     from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
-    from draftsync.speculative.shards import (
-        ShardDataset,
-        build_shards,
-        concat_samples,
-        regenerated_samples,
-        teacher_forced_samples,
-    )
+    from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
+    from draftsync.speculative.shard_reader import ShardDataset
+    from draftsync.speculative.shard_writer import build_shards
 
     pairs = mixed_texts(task_mix, settings["texts"], seed=seed)
     prompts = task_prompts_for_mix(task_mix, settings["generated"], seed=seed + 100, split="train")

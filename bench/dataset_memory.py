@@ -28,7 +28,8 @@ def build_child(target_dir: str, samples: int, out: str, shard_tokens: int, batc
 
     from draftsync.speculative.corpora import mixed_texts
     from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
-    from draftsync.speculative.shards import build_shards, teacher_forced_samples
+    from draftsync.speculative.samples import teacher_forced_samples
+    from draftsync.speculative.shard_writer import build_shards
     from draftsync.speculative.targets import load_target
 
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
@@ -42,7 +43,7 @@ def build_child(target_dir: str, samples: int, out: str, shard_tokens: int, batc
 
 def read_child(out: str, batch_size: int, seq_len: int) -> dict:
     """One pass over every training window in step order, as a trainer would stream them."""
-    from draftsync.speculative.shards import ShardDataset
+    from draftsync.speculative.shard_reader import ShardDataset
 
     data = ShardDataset(out)
     train, _ = data.split(0.05, seed=0)

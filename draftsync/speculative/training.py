@@ -29,7 +29,7 @@ from draftsync.errors import DraftsyncError
 if TYPE_CHECKING:
     import torch
 
-    from draftsync.speculative.shards import ShardDataset
+    from draftsync.speculative.shard_reader import ShardDataset
     from draftsync.speculative.training_batch import TrainingBatch
 
 CHECKPOINT_FILE = "trainer-state.pt"
@@ -253,7 +253,7 @@ def evaluate(drafter: Any, dataset: "ShardDataset", windows: "torch.Tensor", hea
 
 def _check_dataset(dataset: "ShardDataset", target_model: Any, config: TrainConfig) -> None:
     """The states on disk must come from this target, and EAGLE-3 needs the aux states it was told to read."""
-    from draftsync.speculative.shards import target_fingerprint
+    from draftsync.speculative.shard_manifest import target_fingerprint
 
     built_for = dataset.manifest["target"]
     if built_for["fingerprint"] != target_fingerprint(target_model):

@@ -52,13 +52,9 @@ def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProf
 
     from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
     from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
-    from draftsync.speculative.shards import (
-        ShardDataset,
-        build_shards,
-        concat_samples,
-        regenerated_samples,
-        teacher_forced_samples,
-    )
+    from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
+    from draftsync.speculative.shard_reader import ShardDataset
+    from draftsync.speculative.shard_writer import build_shards
     from draftsync.speculative.targets import load_target
     from draftsync.tasks.data_checks import run_data_checks
 

@@ -51,7 +51,7 @@ def train_drafter(
     import torch
 
     from draftsync.speculative.drafters import parameter_count, save_drafter
-    from draftsync.speculative.shards import ShardDataset
+    from draftsync.speculative.shard_reader import ShardDataset
     from draftsync.speculative.targets import load_target
     from draftsync.speculative.training import TrainConfig, train_drafter as train
 

@@ -111,7 +111,8 @@ def test_a_dataset_without_a_usable_sequence_fails_the_data_checks(tmp_path):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from draftsync.speculative.shards import Sample, build_shards
+    from draftsync.speculative.samples import Sample
+    from draftsync.speculative.shard_writer import build_shards
     from draftsync.tasks.data_checks import run_data_checks
 
     torch.manual_seed(0)

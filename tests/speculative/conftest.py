@@ -120,7 +120,9 @@ def random_drafter(target):
 
 def chain_shards_of(target, sequences, directory, masks=None):
     """A hidden-state dataset of `target` over token `sequences` (every token a training target by default)."""
-    from draftsync.speculative.shards import Sample, ShardDataset, build_shards
+    from draftsync.speculative.samples import Sample
+    from draftsync.speculative.shard_reader import ShardDataset
+    from draftsync.speculative.shard_writer import build_shards
 
     samples = [Sample("chain", list(s), list(masks[i]) if masks else [1] * len(s)) for i, s in enumerate(sequences)]
     build_shards(target, samples, directory, (1, 2, 3), shard_tokens=4096, batch_size=32)

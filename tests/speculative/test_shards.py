@@ -10,16 +10,10 @@ from safetensors.torch import load_file
 
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.hidden_states import capture
-from draftsync.speculative.shards import (
-    MANIFEST_FILE,
-    Sample,
-    ShardDataset,
-    _length_groups,
-    build_shards,
-    concat_samples,
-    regenerated_samples,
-    teacher_forced_samples,
-)
+from draftsync.speculative.samples import Sample, concat_samples, regenerated_samples, teacher_forced_samples
+from draftsync.speculative.shard_manifest import MANIFEST_FILE
+from draftsync.speculative.shard_reader import ShardDataset
+from draftsync.speculative.shard_writer import _length_groups, build_shards
 
 LAYERS = (1, 2, 4)
 TASKS = ("code", "math", "prose")

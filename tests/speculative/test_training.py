@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.shards import ShardDataset
+from draftsync.speculative.shard_reader import ShardDataset
 from draftsync.speculative.training import CHECKPOINT_FILE, TrainConfig, evaluate, train_drafter
 
 
@@ -136,7 +136,7 @@ TRAIN_SCRIPT = """
 import json, sys, time
 import torch
 from transformers import LlamaForCausalLM
-from draftsync.speculative.shards import ShardDataset
+from draftsync.speculative.shard_reader import ShardDataset
 from draftsync.speculative.training import TrainConfig, train_drafter
 torch.set_num_threads(1)
 target = LlamaForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)

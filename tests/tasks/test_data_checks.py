@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.shards import Sample, build_shards
+from draftsync.speculative.samples import Sample
+from draftsync.speculative.shard_writer import build_shards
 from draftsync.tasks.data_checks import run_data_checks
 
 VOCAB, HIDDEN = 96, 32

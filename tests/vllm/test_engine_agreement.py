@@ -32,13 +32,9 @@ def family_drafters(built_targets, tmp_path_factory) -> dict[str, Path]:
     from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
     from draftsync.speculative.drafters import save_drafter
     from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
-    from draftsync.speculative.shards import (
-        ShardDataset,
-        build_shards,
-        concat_samples,
-        regenerated_samples,
-        teacher_forced_samples,
-    )
+    from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
+    from draftsync.speculative.shard_reader import ShardDataset
+    from draftsync.speculative.shard_writer import build_shards
     from draftsync.speculative.targets import load_target
     from draftsync.speculative.training import TrainConfig, train_drafter
 
