@@ -174,7 +174,7 @@ def summarize(
 
 
 class RollupRow(Protocol):
-    """What a summary needs from an hourly rollup; `store.HourlyRow` fits (rows cover (hour, hour + 1 h])."""
+    """What a summary needs from an hourly rollup; `rollups.HourlyRow` fits (rows cover (hour, hour + 1 h])."""
 
     deployment: str
     hour: datetime
