@@ -18,8 +18,9 @@ WORKDIR /opt/draftsync
 RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 
 COPY pyproject.toml README.md prefect.yaml ./
+COPY requirements/draftsync-tested.txt ./requirements/
 COPY draftsync ./draftsync
-RUN pip install --no-cache-dir . && mkdir -p /var/lib/draftsync /etc/draftsync
+RUN pip install --no-cache-dir -c requirements/draftsync-tested.txt . && mkdir -p /var/lib/draftsync /etc/draftsync
 
 COPY --chmod=755 deploy/docker-entrypoint.sh /usr/local/bin/draftsync-entrypoint
 ENTRYPOINT ["draftsync-entrypoint"]

