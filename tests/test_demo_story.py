@@ -1,10 +1,12 @@
-"""The whole loop end to end, exactly as a user runs it: `draftsync demo` in a fresh work dir."""
+"""The whole loop end to end, exactly as a user runs it: `draftsync demo` in a fresh work dir, then the commands
+a user tries next on what it left (`rollout --dry-run`, `report`)."""
 
 from __future__ import annotations
 
 import email
 import json
 import os
+import signal
 import subprocess
 import sys
 from email import policy
@@ -15,19 +17,55 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.story]
 
 
-@pytest.fixture(scope="module")
-def story(tmp_path_factory) -> dict:
-    workdir = tmp_path_factory.mktemp("demo-workdir")
-    out = workdir / "out.json"
+def draftsync(workdir: Path, *args: str, timeout: float = 300) -> None:
+    """`draftsync --workdir WORKDIR ARGS...` as a user runs it, with none of this shell's draftsync settings.
+
+    One that runs too long gets Ctrl-C first, so the demo stops the servers it started before it ends."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "DRAFTSYNC_"))}
-    result = subprocess.run(
-        [sys.executable, "-m", "draftsync.flows.cli", "--workdir", str(workdir), "demo", "--json", str(out)],
-        env=env, capture_output=True, text=True, timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    process = subprocess.Popen([sys.executable, "-m", "draftsync.flows.cli", "--workdir", str(workdir), *args],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+        try:
+            out, err = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+        pytest.fail(f"draftsync {' '.join(args)} ran over {timeout} s:\n{out[-3000:]}{err[-3000:]}")
+    assert process.returncode == 0, out[-3000:] + err[-3000:]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("demo-workdir")
+
+
+@pytest.fixture(scope="module")
+def story(workdir) -> dict:
+    out = workdir / "out.json"
+    draftsync(workdir, "demo", "--json", str(out), timeout=1800)
     data = json.loads(out.read_text())
     assert json.loads((workdir / "demo.json").read_text()) == data
     return data
+
+
+@pytest.fixture(scope="module")
+def after_the_demo(story, workdir) -> dict:
+    """What `rollout --dry-run` and `report` say about the state the demo left."""
+    draftsync(workdir, "rollout", "demo-assistant", "--dry-run", "--json", str(workdir / "launch.json"))
+    draftsync(workdir, "report", "--json", str(workdir / "report.json"))
+    return {name: json.loads((workdir / f"{name}.json").read_text()) for name in ("launch", "report")}
+
+
+def test_the_demo_serves_with_vllm_where_it_is_installed(story):
+    from draftsync import __version__
+    from draftsync.serving.vllm_engine import find_vllm_engine
+
+    engine = find_vllm_engine(required=False)
+    expected = ("vllm", engine.version()) if engine else ("reference", __version__)
+    assert (story["engine"]["name"], story["engine"]["version"]) == expected
 
 
 def test_targets_v1_and_v2_were_registered(story):
@@ -92,3 +130,34 @@ def test_the_drafter_directory_is_in_the_speculators_eagle3_layout(story):
         "layers.0.hidden_norm.weight",
     }
     assert expected <= names
+
+
+def test_the_demo_declares_its_deployment_for_the_other_commands(story, workdir):
+    from draftsync.serving.deployment import load_deployments
+
+    (declared,) = load_deployments(workdir / "deployments.yaml")
+    assert (declared.name, declared.target_name, declared.launch) == ("demo-assistant", "demo-llm",
+                                                                       story["engine"]["name"])
+
+
+def test_rollout_dry_run_after_the_demo_prints_the_v2_launch(story, after_the_demo):
+    launch = after_the_demo["launch"]
+    v2 = next(d for d in story["drafters"] if d["target_version"] == 2)
+    assert launch["dry_run"] and (launch["target_version"], launch["drafter_version"]) == (2, v2["version"])
+    argv = launch["argv"]  # `vllm serve`, or the command line of the engine installed here
+    assert argv[argv.index("--served-model-name") + 1] == "demo-assistant"
+    config = launch["speculative_config"]
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == config
+    assert config["method"] == "eagle3" and config["num_speculative_tokens"] == v2["gamma"]
+    assert Path(config["model"]).resolve() == Path(v2["path"]).resolve()
+
+
+def test_the_weekly_report_after_the_demo_reviews_the_demo_week(story, after_the_demo):
+    report = after_the_demo["report"]
+    (row,) = report["deployments"]
+    assert row["name"] == "demo-assistant" and row["status"] != "NO DATA", row
+    assert row["draft_tokens"] > 0 and row["acceptance_rate"] is not None
+    assert report["week"]["end"] >= story["simulated_clock"]["end"]  # the simulated days end at the real present
+    message = email.message_from_bytes(Path(report["eml_path"]).read_bytes(), policy=policy.default)
+    charts = [part for part in message.walk() if part.get_content_type() == "image/png"]
+    assert charts and "demo-assistant" in charts[0].get_filename()

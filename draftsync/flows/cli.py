@@ -53,11 +53,18 @@ def _emit(result: dict, json_path: Path | None) -> None:
 
 
 @app.command()
-def demo(json_path: JsonOption = None) -> None:
+def demo(
+    engine: Annotated[str, typer.Option(
+        "--engine", help="Serving engine: 'auto' (vLLM when one is installed, `make vllm`; else the CPU reference "
+                         "server), 'vllm' (fail when none is installed) or 'reference'.")] = "auto",
+    json_path: JsonOption = None,
+) -> None:
     """Run the whole loop on this machine: targets v1 and v2, drafters, serving, monitoring, a stale e-mail."""
-    from draftsync.flows.demo import run_demo
+    from draftsync.flows.demo import ENGINES, run_demo
 
-    result = run_demo()
+    if engine not in ENGINES:
+        raise DraftsyncError(f"demo engine {engine!r} is unknown", f"use one of {', '.join(ENGINES)}")
+    result = run_demo(engine)
     _emit(result, json_path)
 
 

@@ -3,7 +3,9 @@
 The story: target v1 appears -> drafter v1 -> served; code and math traffic; traffic drifts to prose and
 acceptance falls; the weekly review flags the drafter stale, falls back and mails the team; target v2
 appears -> drafter v2 (warm start) -> the v2 pair serves and acceptance recovers. The monitor's clock is
-a parameter: the demo moves it 12 simulated hours per scrape, so a week passes in a few minutes.
+a parameter: the demo moves it 12 simulated hours per scrape, so a week passes in a few minutes. The
+simulated days end at the real present, and the demo's deployment is declared in the deployments file,
+so `draftsync status`, `report` and `rollout` read the story afterwards as they would a real one.
 """
 
 from __future__ import annotations
@@ -32,11 +34,19 @@ MAX_TOKENS = 24
 # environment variable DRAFTSYNC_STALE_THRESHOLD still wins.
 STALE_THRESHOLD = 0.70
 STEP = timedelta(hours=12)
+# The traffic phases: (name, prompts per task, scrapes, seed). Scrapes of all three times STEP is how far back
+# the simulated clock starts, so that the last scrape lands at about the real present.
+TRAFFIC = {
+    "b": ("b: code+math traffic", {"code": 6, "math": 6}, 6, 1),
+    "c": ("c: drift to prose", {"prose": 12}, 8, 2),
+    "d": ("d: prose traffic on the v2 pair", {"prose": 12}, 4, 3),
+}
+ENGINES = ("auto", "vllm", "reference")
 STORY_STATE = ("mlflow.db", "mlartifacts", "monitor.db", "outbox", "serving", "drafters", "demo.json")
 
 
 class DemoClock:
-    """The monitor's clock for the demo: starts now and advances only when told."""
+    """The monitor's clock for the demo: starts in the past and advances only when told."""
 
     def __init__(self, start: datetime):
         self.now = start
@@ -58,8 +68,46 @@ def _archive_previous_story(root: Path) -> Path | None:
     return archive
 
 
-def _phase(name: str, prompts_by_task: dict[str, int], intervals: int, requests_per_interval: int, clock: DemoClock,
-           deployment: ServingDeployment, max_tokens: int, seed: int) -> dict:
+def choose_engine(engine: str) -> dict:
+    """The engine the demo serves with, as demo.json records it: vLLM when asked for or (auto) installed, else
+    the CPU reference server. `vllm` without an engine fails here, before anything starts."""
+    from draftsync import __version__
+    from draftsync.errors import DraftsyncError
+    from draftsync.serving.vllm_engine import find_vllm_engine
+
+    found = None if engine == "reference" else find_vllm_engine(required=engine == "vllm")
+    if found is None:
+        return {"name": "reference", "version": __version__}
+    try:
+        return {"name": "vllm", "version": found.version()}
+    except DraftsyncError as error:
+        raise DraftsyncError(error.what, f"{error.fix}; or run the demo with --engine reference") from None
+
+
+def _deployments_with(deployment: ServingDeployment, path: Path) -> str:
+    """The deployments file with the demo's deployment declared in it: its other deployments are kept as
+    written, an earlier demo entry is replaced. A file that does not load fails here rather than being lost."""
+    import yaml
+
+    from draftsync.serving.deployment import load_deployments
+
+    entries = []
+    if path.exists():
+        load_deployments(path)
+        entries = [e for e in yaml.safe_load(path.read_text())["deployments"] if e["name"] != deployment.name]
+    entries.append(deployment.model_dump(mode="json", exclude_unset=True))
+    return yaml.safe_dump({"deployments": entries}, sort_keys=False)
+
+
+def _declare(deployment: ServingDeployment, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(_deployments_with(deployment, path))
+    partial.replace(path)
+
+
+def _phase(name: str, prompts_by_task: dict[str, int], intervals: int, seed: int, requests_per_interval: int,
+           clock: DemoClock, deployment: ServingDeployment, max_tokens: int) -> dict:
     """Send traffic interval by interval, scraping after each; acceptance is read back from the store."""
     from draftsync.flows.scrape import scrape
     from draftsync.monitors.trends import summarize
@@ -86,8 +134,10 @@ def _phase(name: str, prompts_by_task: dict[str, int], intervals: int, requests_
     }
 
 
-def run_demo() -> dict:
-    """Run the story; print a summary and write it to <workdir>/demo.json."""
+def run_demo(engine: str = "auto") -> dict:
+    """Run the story; print a summary and write it to <workdir>/demo.json.
+
+    `engine`: "auto" (vLLM when one is installed, else the CPU reference server), "vllm" or "reference"."""
     from draftsync.flows.watch import watch
     from draftsync.flows.weekly_report import weekly_report
     from draftsync.registry.model_registry import drafter_model_name, trained_for_version
@@ -98,6 +148,10 @@ def run_demo() -> dict:
 
     console = Console()
     settings = context.settings()
+    serving_engine = choose_engine(engine)
+    deployment = ServingDeployment(name=DEPLOYMENT, target_name=TARGET_NAME, temperature=TEMPERATURE,
+                                   task_mix={"code": 0.5, "math": 0.5}, launch=serving_engine["name"])
+    _deployments_with(deployment, settings.deployments_path)  # a deployments file it cannot keep fails before the story
     archived = _archive_previous_story(settings.root)
     os.environ.setdefault("DRAFTSYNC_STALE_THRESHOLD", str(STALE_THRESHOLD))
     context.reset()
@@ -107,9 +161,10 @@ def run_demo() -> dict:
     sync_profile.validation = sync_profile.validation.model_copy(update={"temperature": TEMPERATURE})  # as served
     max_tokens = MAX_TOKENS
     requests = 4
-    deployment = ServingDeployment(name=DEPLOYMENT, target_name=TARGET_NAME, temperature=TEMPERATURE, task_mix={"code": 0.5, "math": 0.5})
-    clock = DemoClock(datetime.now(UTC).replace(minute=0, second=0, microsecond=0))
+    simulated = STEP * sum(scrapes for _, _, scrapes, _ in TRAFFIC.values())
+    clock = DemoClock(datetime.now(UTC).replace(second=0, microsecond=0) - simulated)
     timings: dict[str, float] = {}
+    sync_stages: dict[str, dict] = {}
     phases, targets = [], []
     started = time.perf_counter()
 
@@ -118,7 +173,9 @@ def run_demo() -> dict:
 
     console.rule("draftsync demo")
     console.print(f"work dir: {settings.root}" + (f" (previous story moved to {archived})" if archived else ""))
-    console.print("The monitor's clock is simulated: each scrape advances it 12 hours, so a week passes in minutes.")
+    console.print(f"serving engine: {serving_engine['name']} {serving_engine['version']}")
+    console.print(f"The monitor's clock is simulated: it starts {simulated.days} days ago and each scrape advances it "
+                  "12 hours, so the days up to now pass in minutes.")
     vllm_launches = {}
     try:
         # (a) target v1 appears; the watch syncs a drafter for it and rolls the pair out.
@@ -130,19 +187,19 @@ def run_demo() -> dict:
         t = time.perf_counter()
         v1 = publish_target(TARGET_NAME, str(v1_dir), v1_recipe.task_mix)
         targets.append({"name": TARGET_NAME, "version": v1, "task_mix": v1_recipe.task_mix})
-        watch(TARGET_NAME, deployment, sync_profile)
+        sync_stages["v1"] = watch(TARGET_NAME, deployment, sync_profile)["syncs"][0]["stages_s"]
         mark("sync_and_rollout_v1", t)
 
         # (b) normal traffic: code and math.
         t = time.perf_counter()
         console.print("[bold](b)[/] code and math traffic ...")
-        phases.append(_phase("b: code+math traffic", {"code": 6, "math": 6}, 6, requests, clock, deployment, max_tokens, seed=1))
+        phases.append(_phase(*TRAFFIC["b"], requests, clock, deployment, max_tokens))
         mark("phase_b", t)
 
         # (c) traffic drifts to prose; the weekly review finds the drafter stale.
         t = time.perf_counter()
         console.print("[bold](c)[/] traffic drifts to prose ...")
-        phases.append(_phase("c: drift to prose", {"prose": 12}, 8, requests, clock, deployment, max_tokens, seed=2))
+        phases.append(_phase(*TRAFFIC["c"], requests, clock, deployment, max_tokens))
         report = weekly_report(
             now=clock.now, deployments=[deployment],
             notes=["This is the draftsync demo: the monitor's clock was compressed, a simulated week took a few minutes."],
@@ -154,14 +211,19 @@ def run_demo() -> dict:
         console.print("[bold](d)[/] building target v2 (v1 fine-tuned with prose) ...")
         v2_recipe = builtin_recipe(2)
         v2_dir = build_target(v2_recipe, settings.cache_dir)
+        mark("target_v2_build", t)
+        t = time.perf_counter()
         v2 = publish_target(TARGET_NAME, str(v2_dir), v2_recipe.task_mix)
         targets.append({"name": TARGET_NAME, "version": v2, "task_mix": v2_recipe.task_mix})
-        watch(TARGET_NAME, deployment, sync_profile)
-        phases.append(_phase("d: prose traffic on the v2 pair", {"prose": 12}, 4, requests, clock, deployment, max_tokens, seed=3))
+        sync_stages["v2"] = watch(TARGET_NAME, deployment, sync_profile)["syncs"][0]["stages_s"]
+        mark("sync_and_rollout_v2", t)
+        t = time.perf_counter()
+        phases.append(_phase(*TRAFFIC["d"], requests, clock, deployment, max_tokens))
         mark("phase_d", t)
         vllm_launches[deployment.name] = serving_record(deployment.name)["vllm"]
     finally:
         stop_all()
+    _declare(deployment, settings.deployments_path)
     timings["total"] = round(time.perf_counter() - started, 1)
 
     drafter_name = drafter_model_name(TARGET_NAME)
@@ -183,6 +245,7 @@ def run_demo() -> dict:
         })
     store = context.store()
     result = {
+        "engine": serving_engine,
         "targets": targets,
         "drafters": drafters,
         "deployments": [
@@ -200,6 +263,8 @@ def run_demo() -> dict:
         ],
         "weekly_report": {"subject": report["subject"], "file": report["eml_path"], "actions": report["actions"]},
         "timings_s": timings,
+        "sync_stages_s": sync_stages,
+        "deployments_file": str(settings.deployments_path),
         "simulated_clock": {"start": phases[0]["start"], "end": clock.now.isoformat()},
         "workdir": str(settings.root),
     }
