@@ -50,7 +50,7 @@ class VllmEngine:
     interpreter: bool  # True: a Python that runs the server module (the model goes after --model)
     device: str  # "cpu" or "cuda"
     cpu_env: dict[str, str] = field(default_factory=dict)
-    cpu_args: tuple[str, ...] = ()
+    cpu_args: tuple[tuple[str, ...], ...] = ()  # (flag, its values...) each; a launch that sets the flag wins
 
     @property
     def source(self) -> str:
@@ -66,15 +66,7 @@ class VllmEngine:
         model, rest = served_argv[2], served_argv[3:]
         head = [*self.command, "--model", model] if self.interpreter else [*self.command, "serve", model]
         given = {arg.split("=", 1)[0] for arg in rest if arg.startswith("--")}
-        defaults: list[str] = []
-        args = list(self.cpu_args)
-        while args:
-            flag = args.pop(0)
-            values = []
-            while args and not args[0].startswith("--"):
-                values.append(args.pop(0))
-            if flag not in given:
-                defaults += [flag, *values]
+        defaults = [arg for flag, *values in self.cpu_args if flag not in given for arg in (flag, *values)]
         return head + rest + defaults
 
     def environment(self) -> dict[str, str]:
@@ -169,7 +161,7 @@ def find_vllm_engine(required: bool = True) -> VllmEngine | None:
     device = _device(settings.vllm_device)
     if device == "cpu":
         env = {"VLLM_CPU_KVCACHE_SPACE": _number(settings.vllm_cpu_kvcache_gb), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-        args = ("--enforce-eager", "--dtype", settings.vllm_cpu_dtype)
+        args = (("--enforce-eager",), ("--dtype", settings.vllm_cpu_dtype))
     else:
         env, args = {}, ()
     return VllmEngine(command=command, interpreter=interpreter, device=device, cpu_env=env, cpu_args=args)
