@@ -221,8 +221,9 @@ def run_demo(engine: str = "auto") -> dict:
         phases.append(_phase(*TRAFFIC["d"], requests, clock, deployment, max_tokens))
         mark("phase_d", t)
         vllm_launches[deployment.name] = serving_record(deployment.name)["vllm"]
+        states_at_end = {p.deployment: p.state for p in context.store().serving_pairs()}
     finally:
-        stop_all()
+        stop_all()  # the store then says "stopped": `draftsync rollout demo-assistant` serves the pair again
     _declare(deployment, settings.deployments_path)
     timings["total"] = round(time.perf_counter() - started, 1)
 
@@ -251,7 +252,8 @@ def run_demo(engine: str = "auto") -> dict:
         "deployments": [
             {
                 "name": p.deployment, "target_version": p.target_version, "drafter_version": p.drafter_version,
-                "state": p.state, "gamma": p.gamma, "vllm": vllm_launches.get(p.deployment),
+                "state_at_end": states_at_end.get(p.deployment), "state": p.state, "gamma": p.gamma,
+                "vllm": vllm_launches.get(p.deployment),
             }
             for p in store.serving_pairs()
         ],
@@ -289,6 +291,9 @@ def _print_summary(console: Console, result: dict, settings) -> None:
                       f"{d['gamma']} measured; recommended {recommended['method']} {recommended['range']}): "
                       f"aliases {d['aliases']}")
     console.print(f"weekly report: {result['weekly_report']['subject']}\n  {result['weekly_report']['file']}")
+    for d in result["deployments"]:
+        console.print(f"{d['name']}: {d['state_at_end']} at the end, then {d['state']} (the demo stops its servers; "
+                      f"`draftsync --workdir {settings.root} rollout {d['name']}` serves the pair again)")
     console.print(f"timings (s): {result['timings_s']}")
     console.print(f"summary: {settings.root / 'demo.json'}")
     console.print(f"MLflow UI:  mlflow ui --backend-store-uri {settings.mlflow_tracking_uri} --default-artifact-root {settings.mlflow_artifacts_dir}")

@@ -34,12 +34,16 @@ def scrape(now: datetime | None = None, deployments: list[ServingDeployment] | N
     specs = configured_deployments(deployments)
     deployments = list(specs.values())
     futures = []
+    stopped = []
     for pair in context.store().serving_pairs():
+        if pair.state == "stopped":  # its servers were stopped on purpose: nothing to read until a rollout
+            stopped.append({"deployment": pair.deployment, "skipped": "stopped"})
+            continue
         spec = specs.get(pair.deployment)
         source = {"prometheus_url": spec.prometheus_url, "prometheus_labels": spec.prometheus_labels} \
             if spec is not None and spec.prometheus_url else {}
         futures.append(scrape_deployment.submit(pair.deployment, now, **source))
-    result = {"at": now.isoformat(), "deployments": [f.result() for f in futures]}
+    result = {"at": now.isoformat(), "deployments": [f.result() for f in futures] + stopped}
     if deployments:
         result["guard"] = [acceptance_guard(spec, now) for spec in deployments if spec.fallback_threshold is not None]
     return result

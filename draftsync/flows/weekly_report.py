@@ -80,7 +80,7 @@ def _act(pair, review: dict, specs: dict[str, ServingDeployment], fresh: set[str
                 first_line = (str(error).strip().splitlines() or [""])[0]
                 logger.error("fallback of %s failed: %s: %s", pair.deployment, type(error).__name__, first_line)
                 taken.append(f"fallback FAILED ({type(error).__name__}: {first_line})")
-    if any(f.rule == "stale" for f in findings):
+    if any(f.rule == "stale" for f in findings) and pair.state != "stopped":
         current = store.serving_pair(pair.deployment)
         store.set_serving_pair(
             pair.deployment, target_name=current.target_name, target_version=current.target_version,

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from datetime import UTC, datetime, timedelta
+from typing import get_args
 
 from sqlalchemy import create_engine, delete, event, select, update
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -309,10 +310,7 @@ class Store:
         now: datetime | None = None,
     ) -> ServingPair:
         """Record what `deployment` serves now (insert or replace)."""
-        if state not in ("serving", "fallback", "stale"):
-            raise DraftsyncError(
-                f"serving pair state {state!r} for {deployment}", "use one of 'serving', 'fallback', 'stale'"
-            )
+        _check_pair_state(deployment, state)
         now = as_utc(now or datetime.now(UTC))
         values = dict(
             target_name=target_name,
@@ -334,6 +332,19 @@ class Store:
             else:
                 for name, value in values.items():
                     setattr(row, name, value)
+            return row
+
+    def set_pair_state(self, deployment: str, state: PairState) -> ServingPair | None:
+        """Change only the state of what `deployment` serves (None if it has no pair).
+
+        The pair's `updated_at` stays: it dates the pair's start, from which the weekly review counts its weeks."""
+        _check_pair_state(deployment, state)
+        with self.transaction() as session:
+            row = session.scalars(
+                select(ServingPair).where(ServingPair.deployment == deployment).with_for_update()
+            ).one_or_none()
+            if row is not None:
+                row.state = state
             return row
 
     def forget_scrape_baseline(self, deployment: str) -> None:
@@ -463,3 +474,10 @@ class Store:
     def outbox_entry(self, entry_id: int) -> OutboxEntry | None:
         with self.transaction() as session:
             return session.get(OutboxEntry, entry_id)
+
+
+def _check_pair_state(deployment: str, state: str) -> None:
+    states = get_args(PairState)
+    if state not in states:
+        raise DraftsyncError(f"serving pair state {state!r} for {deployment}",
+                             "use one of " + ", ".join(repr(s) for s in states))

@@ -303,11 +303,16 @@ class _ShardWriter:
             self.on_progress(consumed, manifest)
 
 
-def _length_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Indices grouped shortest first, each group's rows x longest length within max_tokens (or one row)."""
+def _length_groups(lengths: list[int], max_tokens: int, spread: float = 1.5) -> list[list[int]]:
+    """Indices grouped shortest first, each group's rows x longest length within max_tokens (or one row).
+
+    A group also holds no sequence longer than `spread` times its shortest: otherwise short chat turns are
+    padded to the length of a long source file, and most of the forward pass computes padding.
+    """
     groups: list[list[int]] = []
     for index in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
-        if groups and (len(groups[-1]) + 1) * lengths[index] <= max_tokens:
+        if (groups and (len(groups[-1]) + 1) * lengths[index] <= max_tokens
+                and lengths[index] <= spread * lengths[groups[-1][0]]):
             groups[-1].append(index)
         else:
             groups.append([index])

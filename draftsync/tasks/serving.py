@@ -213,7 +213,9 @@ def stop_candidate(launched: dict) -> None:
 
 
 def stop_server(deployment: str) -> None:
-    """Stop the deployment's server and its router, whether this process or an earlier one started them."""
+    """Stop the deployment's server and its router, whether this process or an earlier one started them.
+
+    The monitor's store then says the pair is "stopped", so scrapes skip it instead of failing on a dead endpoint."""
     record = serving_record(deployment)
     if record is None:
         return
@@ -221,6 +223,10 @@ def stop_server(deployment: str) -> None:
         entry = record.get(part) or {}
         _stop_process(entry.get("endpoint") or entry.get("url"), entry.get("pid"))
     _state_file(deployment).unlink()
+    try:
+        context.store().set_pair_state(deployment, "stopped")
+    except DraftsyncError as error:  # the servers are down either way; a store outage must not keep them up
+        context.logger().warning("%s stopped, but the monitor store could not record it: %s", deployment, error)
 
 
 def stop_all() -> None:

@@ -281,3 +281,34 @@ def test_without_a_vllm_engine_a_vllm_rollout_fails_naming_make_vllm_and_nothing
     assert registry.alias_snapshot("bare-llm") == aliases
     assert context.store().serving_pair("bare") is None
     assert not list((workdir / "serving").glob("bare-*.log"))  # no process was started
+
+
+def test_a_pair_whose_servers_were_stopped_is_recorded_stopped_skipped_by_scrapes_and_back_after_a_rollout(
+        workdir, built_targets, tmp_path):
+    from draftsync.flows.rollout import rollout
+    from draftsync.flows.scrape import scrape
+    from draftsync.serving.deployment import ServingDeployment
+    from draftsync.tasks import context
+    from draftsync.tasks.registration import publish_target
+    from draftsync.tasks.serving import stop_all
+
+    registry, store = context.registry(), context.store()
+    v1 = publish_target("stop-llm", str(built_targets[1]), {"code": 0.5, "math": 0.5})
+    registry.promote("stop-llm", _drafter(registry, "stop-llm", v1, built_targets[1], tmp_path, gamma=2))
+    spec = ServingDeployment(name="stopper", target_name="stop-llm")
+    served = rollout(spec)
+    started = store.serving_pair("stopper")
+
+    stop_all()
+
+    stopped = store.serving_pair("stopper")
+    assert (stopped.state, stopped.updated_at, stopped.drafter_version) == ("stopped", started.updated_at,
+                                                                             started.drafter_version)
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{served['endpoint']}/health", timeout=5)
+    assert scrape(deployments=[spec])["deployments"] == [{"deployment": "stopper", "skipped": "stopped"}]
+    assert store.samples("stopper", started.updated_at, started.updated_at.replace(year=3000)) == []
+
+    again = rollout(spec)
+    assert store.serving_pair("stopper").state == "serving"
+    assert httpx.get(f"{again['endpoint']}/health", timeout=5).status_code == 200

@@ -99,6 +99,18 @@ def test_serving_pair_is_replaced_not_duplicated(store):
                                gamma=0, endpoint="x", state="broken", now=T0)
 
 
+def test_a_pair_state_changes_alone_and_keeps_the_date_the_pair_started(store):
+    store.set_serving_pair("dep", target_name="t", target_version=1, drafter_name="d", drafter_version=2, gamma=3,
+                           endpoint="http://127.0.0.1:9000", state="serving", now=T0)
+    store.set_pair_state("dep", "stopped")
+    pair = store.serving_pair("dep")
+    assert (pair.state, pair.updated_at, pair.drafter_version, pair.gamma) == ("stopped", T0, 2, 3)
+    assert store.set_pair_state("missing", "stopped") is None
+    with pytest.raises(DraftsyncError, match="'serving', 'fallback', 'stale', 'stopped'"):
+        store.set_pair_state("dep", "paused")
+    assert store.serving_pair("dep").state == "stopped"
+
+
 def test_alert_dedupe_for_a_week_unless_worse(store):
     key = "dep:stale"
     assert store.should_alert(key, T0, 0.45, severity="critical")

@@ -50,7 +50,8 @@ def test_a_venv_in_the_working_directory_is_found_and_started_as_the_server_modu
     assert launch.argv[launch.argv.index("--speculative-config") + 1].startswith('{"method": "eagle3"')
     assert launch.argv[-5:] == ["--max-model-len", "512", "--enforce-eager", "--dtype", "float32"]
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")  # set by the operator: kept
-    assert engine.environment() == {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    assert engine.environment() == {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+                                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def test_a_deployment_argument_wins_over_the_cpu_default_and_a_gpu_gets_none(no_engine_anywhere, tmp_path,

@@ -124,7 +124,15 @@ def test_forward_passes_stay_within_the_token_budget():
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
     for group in groups:
         assert len(group) == 1 or len(group) * max(lengths[i] for i in group) <= 64
-    assert _length_groups(lengths, 10_000) == [[6, 0, 4, 2, 3, 7, 1, 5]]  # one pass, shortest first
+    assert _length_groups(lengths, 10_000, spread=100) == [[6, 0, 4, 2, 3, 7, 1, 5]]  # one pass, shortest first
+
+
+def test_a_forward_pass_does_not_pad_short_sequences_to_long_ones():
+    lengths = [5, 60, 12, 33, 7, 60, 2, 41]
+    groups = _length_groups(lengths, 10_000)
+    for group in groups:
+        assert max(lengths[i] for i in group) <= 1.5 * min(lengths[i] for i in group)
+    assert groups == [[6], [0, 4], [2], [3, 7], [1, 5]]
 
 
 def test_manifest_records_the_target_the_tasks_and_loss_token_counts(built, random_target, samples):
