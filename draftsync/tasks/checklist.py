@@ -119,16 +119,22 @@ def gamma_knee(sweep: Sequence[dict], tolerance: float = 0.02, min_acceptance: f
     the threshold would fail validation, or be served and then fall back. The sweep measures a subset of
     the validation requests, so a rate that clears the threshold by less than its sampling error is no
     promise: where a row has `acceptance_rate_lower` (see `acceptance_rate_lower_bound`), that bound must
-    clear it. When no gamma's bound does, the rates decide; when no rate does, every gamma competes (and
-    the gates will say so)."""
+    clear it. When no gamma's bound does but some rates do, speed no longer decides: the knee is the gamma
+    most likely to clear the gate (the highest bound, then the highest rate). Picking the faster of two
+    gammas that clear only by luck failed the demo's v2 drafter at 0.550 against a 0.55 gate, where the
+    other gamma measured 0.67. When no rate clears, every gamma competes (and the gates will say so)."""
     measured = [row for row in sweep if row.get("tpot_ms") is not None and not math.isnan(row["tpot_ms"])]
     if not measured:
         raise ValueError("no gamma in the sweep has a measured TPOT")
     if min_acceptance is not None:
-        surely = [row for row in measured
-                  if row.get("acceptance_rate_lower", row.get("acceptance_rate", 0.0)) > min_acceptance]
+        def bound(row: dict) -> float:
+            return row.get("acceptance_rate_lower", row.get("acceptance_rate", 0.0))
+
+        surely = [row for row in measured if bound(row) > min_acceptance]
         clearing = [row for row in measured if row.get("acceptance_rate", 0.0) > min_acceptance]
-        measured = surely or clearing or measured
+        if not surely and clearing:
+            return int(max(clearing, key=lambda row: (bound(row), row["acceptance_rate"], -row["gamma"]))["gamma"])
+        measured = surely or measured
     best = min(row["tpot_ms"] for row in measured)
     return min(int(row["gamma"]) for row in measured if row["tpot_ms"] <= best * (1 + tolerance))
 

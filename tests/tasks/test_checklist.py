@@ -131,7 +131,19 @@ def test_the_knee_needs_a_rate_that_clears_the_gate_by_more_than_its_sampling_er
     sweep = [{"gamma": 2, "tpot_ms": 3.6, "acceptance_rate": 0.77, "acceptance_rate_lower": 0.68},
              {"gamma": 3, "tpot_ms": 3.0, "acceptance_rate": 0.56, "acceptance_rate_lower": 0.45}]
     assert gamma_knee(sweep, min_acceptance=0.55) == 2
-    # when no bound clears, the rates decide; when no rate does either, the fastest
+    # when no bound clears, the gamma most likely to clear: the highest bound, then the highest rate;
+    # when no rate clears either, the fastest
     unsure = [{**row, "acceptance_rate_lower": 0.5} for row in sweep]
-    assert gamma_knee(unsure, min_acceptance=0.55) == 3
+    assert gamma_knee(unsure, min_acceptance=0.55) == 2
     assert gamma_knee(unsure, min_acceptance=0.80) == 3
+
+
+def test_when_no_gamma_surely_clears_the_gate_the_knee_is_the_one_most_likely_to():
+    # the demo's v2 drafter: gamma 3 was faster and its sweep rate cleared 0.55 by 0.01; validated there, the
+    # drafter measured 0.550 and failed, where gamma 2 (the higher bound) would have passed
+    sweep = [{"gamma": 2, "tpot_ms": 4.16, "acceptance_rate": 0.6737, "acceptance_rate_lower": 0.5481},
+             {"gamma": 3, "tpot_ms": 3.60, "acceptance_rate": 0.5595, "acceptance_rate_lower": 0.4793},
+             {"gamma": 4, "tpot_ms": 3.81, "acceptance_rate": 0.4564, "acceptance_rate_lower": 0.3924}]
+    assert gamma_knee(sweep) == 3
+    assert gamma_knee(sweep, min_acceptance=0.55) == 2
+    assert gamma_knee(sweep, min_acceptance=0.50) == 2  # gamma 2's bound clears: speed decides among those that do
