@@ -22,7 +22,7 @@ def draftsync(workdir: Path, *args: str, timeout: float = 300) -> None:
 
     One that runs too long gets Ctrl-C first, so the demo stops the servers it started before it ends."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "DRAFTSYNC_"))}
-    process = subprocess.Popen([sys.executable, "-m", "draftsync.flows.cli", "--workdir", str(workdir), *args],
+    process = subprocess.Popen([sys.executable, "-m", "draftsync.cli", "--workdir", str(workdir), *args],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = process.communicate(timeout=timeout)

@@ -23,7 +23,7 @@ def test_unreachable_mlflow_is_one_clear_error_from_the_cli(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "DRAFTSYNC_"))}
     env["MLFLOW_TRACKING_URI"] = "http://127.0.0.1:9"
     result = subprocess.run(
-        [sys.executable, "-m", "draftsync.flows.cli", "--workdir", str(tmp_path), "watch", "demo-llm"],
+        [sys.executable, "-m", "draftsync.cli", "--workdir", str(tmp_path), "watch", "demo-llm"],
         env=env, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 2

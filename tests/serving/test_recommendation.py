@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from draftsync.errors import DraftsyncError
-from draftsync.flows.recommend_cli import recommend_command
+from draftsync.cli.recommend import recommend_command
 from draftsync.serving.recommendation import (
     Workload,
     eagle3_speedup_for_size,

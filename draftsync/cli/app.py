@@ -11,9 +11,9 @@ from typing import Annotated, Optional
 import typer
 
 from draftsync.errors import DraftsyncError
-from draftsync.flows.recommend_cli import recommend_command
-from draftsync.flows.status_cli import status_command
-from draftsync.flows.webhook_cli import webhooks_app
+from draftsync.cli.recommend import recommend_command
+from draftsync.cli.status import status_command
+from draftsync.cli.webhooks import webhooks_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Keep speculative-decoding drafters in sync with their target LLMs.")
 
@@ -60,7 +60,7 @@ def demo(
     json_path: JsonOption = None,
 ) -> None:
     """Run the whole loop on this machine: targets v1 and v2, drafters, serving, monitoring, a stale e-mail."""
-    from draftsync.flows.demo import ENGINES, run_demo
+    from draftsync.cli.demo import ENGINES, run_demo
 
     if engine not in ENGINES:
         raise DraftsyncError(f"demo engine {engine!r} is unknown", f"use one of {', '.join(ENGINES)}")

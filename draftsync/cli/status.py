@@ -29,8 +29,8 @@ def status_command(
     (serving / fallback / stale), the last 7 days' acceptance, recommended vs measured gamma, the last sync."""
     from rich.console import Console
 
-    from draftsync.flows.cli import _check_registry, _emit
-    from draftsync.flows.status import current_status
+    from draftsync.cli.app import _check_registry, _emit
+    from draftsync.cli.status_query import current_status
 
     _check_registry()
     status = current_status()
