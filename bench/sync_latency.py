@@ -195,7 +195,7 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
         from draftsync.flows.rollout import rollout
         from draftsync.flows.sync import sync
         from draftsync.flows.watch import watch
-        from draftsync.flows.webhook_receiver import WEBHOOK_PATH, create_app
+        from draftsync.receiver.app import WEBHOOK_PATH, create_app
         from draftsync.registry.model_registry import Registry, drafter_model_name, target_tags
         from draftsync.registry.webhooks import create_or_update_webhook
         from draftsync.serving.deployment import ServingDeployment

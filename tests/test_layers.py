@@ -20,7 +20,8 @@ ALLOWED = {
     "serving": {"speculative"},
     "tasks": {"speculative", "registry", "monitors", "serving"},
     "flows": {"speculative", "registry", "monitors", "serving", "tasks"},
-    "cli": {"speculative", "registry", "monitors", "serving", "tasks", "flows"},
+    "receiver": {"speculative", "registry", "monitors", "serving", "tasks"},
+    "cli": {"speculative", "registry", "monitors", "serving", "tasks", "flows", "receiver"},
 }
 PREFECT_FREE = ("speculative", "registry", "monitors", "serving")
 

@@ -28,7 +28,7 @@ def serve(
     """Run the receiver: POST /mlflow/webhook (signed MLflow deliveries), GET /healthz."""
     import uvicorn
 
-    from draftsync.flows.webhook_receiver import HEALTH_PATH, WEBHOOK_PATH, app_from_settings
+    from draftsync.receiver.app import HEALTH_PATH, WEBHOOK_PATH, app_from_settings
 
     app = app_from_settings()
     typer.echo(f"receiving MLflow webhooks at http://{host}:{port}{WEBHOOK_PATH} (health: {HEALTH_PATH})", err=True)
@@ -45,7 +45,7 @@ def register(
                          ] = None,
 ) -> None:
     """Create (or update) the MLflow webhook that sends version and alias events, signed with the secret."""
-    from draftsync.flows.webhook_receiver import resolve_webhook_secret
+    from draftsync.receiver.app import resolve_webhook_secret
     from draftsync.registry.webhooks import SUBSCRIBED_EVENTS, create_or_update_webhook
     from draftsync.tasks import context
 

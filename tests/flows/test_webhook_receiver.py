@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from draftsync.errors import DraftsyncError
 from draftsync.cli.webhooks import webhooks_app
-from draftsync.flows.webhook_receiver import HEALTH_PATH, WEBHOOK_PATH, create_app, resolve_webhook_secret
+from draftsync.receiver.app import HEALTH_PATH, WEBHOOK_PATH, create_app, resolve_webhook_secret
 from draftsync.registry.webhooks import RegistryChange, create_or_update_webhook
 from tests.servers import mlflow_server, serve_asgi_in_thread
 
