@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from draftsync.cli.common import write_json
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context
 
@@ -270,7 +271,7 @@ def run_demo(engine: str = "auto") -> dict:
         "simulated_clock": {"start": phases[0]["start"], "end": clock.now.isoformat()},
         "workdir": str(settings.root),
     }
-    (settings.root / "demo.json").write_text(json.dumps(result, indent=2, default=str))
+    write_json(result, settings.root / "demo.json")
     _print_summary(console, result, settings)
     return result
 
