@@ -130,7 +130,7 @@ def sync_profile(quick: bool):
 
 def judged_by_profile(gates: list[dict], profile_name: str) -> dict:
     """Each measured gate value against the named validation profile's own threshold."""
-    from draftsync.tasks.checklist import Gate
+    from draftsync.validation.checklist import Gate
     from draftsync.tasks.profile import validation_profile
 
     own = validation_profile(profile_name)

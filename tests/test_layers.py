@@ -18,12 +18,13 @@ ALLOWED = {
     "registry": set(),
     "monitors": set(),
     "serving": {"speculative"},
-    "tasks": {"speculative", "registry", "monitors", "serving"},
-    "flows": {"speculative", "registry", "monitors", "serving", "tasks"},
-    "receiver": {"speculative", "registry", "monitors", "serving", "tasks"},
-    "cli": {"speculative", "registry", "monitors", "serving", "tasks", "flows", "receiver"},
+    "validation": {"speculative", "serving"},
+    "tasks": {"speculative", "registry", "monitors", "serving", "validation"},
+    "flows": {"speculative", "registry", "monitors", "serving", "validation", "tasks"},
+    "receiver": {"speculative", "registry", "monitors", "serving", "validation", "tasks"},
+    "cli": {"speculative", "registry", "monitors", "serving", "validation", "tasks", "flows", "receiver"},
 }
-PREFECT_FREE = ("speculative", "registry", "monitors", "serving")
+PREFECT_FREE = ("speculative", "registry", "monitors", "serving", "validation")
 
 
 def _imports(path: Path) -> set[str]:

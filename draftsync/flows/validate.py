@@ -65,7 +65,7 @@ def _markdown(name: str, version: int, target_name: str, target_version: int, re
 
 def _write_reports(out: Path, result: dict) -> None:
     """What a reviewer opens in the MLflow UI: the result, the per-request table, the suite, two plots."""
-    from draftsync.tasks.validation_plots import write_validation_plots
+    from draftsync.validation.plots import write_validation_plots
 
     out.mkdir(parents=True, exist_ok=True)
     rows = result["rows"]
@@ -86,7 +86,7 @@ def validate(target_name: str, drafter_version: int, profile: str | ValidationPr
     """Run the checklist on a drafter version; record it; with `promote`, make a passing drafter `production`.
 
     `backend`: "reference" (the CPU engine) or "vllm" (offline vLLM on a GPU worker)."""
-    from draftsync.tasks.validation_suite import run_validation_suite
+    from draftsync.validation.suite import run_validation_suite
 
     logger = context.logger()
     chosen = validation_profile(profile) if isinstance(profile, str) else profile

@@ -43,7 +43,7 @@ def stress_calls(monkeypatch):
         calls.append((gamma, tuple(batch_sizes)))
         return {"speedup": 1.0, "errors": 0, "schedule": [(1, 7, gamma), (8, 8, 0)]}
 
-    monkeypatch.setattr("draftsync.tasks.stress.stress_served_pair", stress_served_pair)
+    monkeypatch.setattr("draftsync.validation.stress.stress_served_pair", stress_served_pair)
     return calls
 
 
