@@ -121,7 +121,7 @@ def asgi_in_thread(app, host: str = "127.0.0.1") -> Iterator[tuple[str, threadin
 
 def sync_profile(quick: bool):
     """The `test` sync profile with open gate thresholds; quick: a smaller training budget (see the module doc)."""
-    from draftsync.tasks.profile import profile
+    from draftsync.profiles import profile
 
     chosen = profile("test")
     return chosen.model_copy(update={**(QUICK_OVERRIDES if quick else {}),
@@ -131,7 +131,7 @@ def sync_profile(quick: bool):
 def judged_by_profile(gates: list[dict], profile_name: str) -> dict:
     """Each measured gate value against the named validation profile's own threshold."""
     from draftsync.validation.checklist import Gate
-    from draftsync.tasks.profile import validation_profile
+    from draftsync.profiles import validation_profile
 
     own = validation_profile(profile_name)
     judged = {}

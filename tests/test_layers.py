@@ -10,8 +10,8 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "draftsync"
-# Modules every layer may use: the error type, the settings, the model-path confinement.
-BASE = {"errors", "settings", "model_paths", "__init__", "__main__"}
+# Modules every layer may use: the error type, the settings and the sync profiles, the model-path confinement.
+BASE = {"errors", "settings", "profiles", "model_paths", "__init__", "__main__"}
 # Each package and the draftsync packages it may import (besides BASE); anything absent is not allowed.
 ALLOWED = {
     "speculative": set(),

@@ -85,7 +85,7 @@ def sync(
 
     A version already synced with this method is skipped (the result says `skipped`) unless --retrain."""
     from draftsync.flows.sync import sync as sync_flow
-    from draftsync.tasks.profile import profile as named_profile
+    from draftsync.profiles import profile as named_profile
 
     chosen = named_profile(profile)
     if method is not None:
@@ -123,7 +123,7 @@ def validate(
 ) -> None:
     """Run the validation checklist and benchmarks on a drafter version; exit 1 when a gate fails."""
     from draftsync.flows.validate import validate as validate_flow
-    from draftsync.tasks.profile import validation_profile
+    from draftsync.profiles import validation_profile
 
     chosen = validation_profile(profile)
     check_registry()
@@ -219,7 +219,7 @@ def serve(
 
     from draftsync.flows.deployments import Schedules, build_deployments
     from draftsync.tasks import context
-    from draftsync.tasks.profile import profile as named_profile
+    from draftsync.profiles import profile as named_profile
 
     if not os.environ.get("PREFECT_API_URL"):
         raise DraftsyncError("draftsync serve needs a Prefect server, but PREFECT_API_URL is unset",

@@ -143,7 +143,7 @@ def run_demo(engine: str = "auto") -> dict:
     from draftsync.flows.weekly_report import weekly_report
     from draftsync.registry.model_registry import drafter_model_name, trained_for_version
     from draftsync.speculative.targets import build_target, builtin_recipe
-    from draftsync.tasks.profile import profile
+    from draftsync.profiles import profile
     from draftsync.tasks.registration import publish_target
     from draftsync.tasks.serving import serving_record, stop_all
 

@@ -24,7 +24,7 @@ from draftsync.registry.model_registry import trained_for_version
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context, events
 from draftsync.tasks.alerts import send_alert
-from draftsync.tasks.profile import SyncProfile
+from draftsync.profiles import SyncProfile
 from draftsync.tasks.registration import drafter_model_name
 from draftsync.tasks.sync_requests import request_sync
 from draftsync.tasks.serving import (

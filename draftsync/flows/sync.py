@@ -22,7 +22,7 @@ from draftsync.tasks import context, links
 from draftsync.tasks.dataset import build_dataset, target_task_mix
 from draftsync.tasks.drafting import HISTORY_FILE, train_drafter
 from draftsync.tasks.planning import plan_drafter, recommendation_tags
-from draftsync.tasks.profile import SyncProfile, profile as named_profile
+from draftsync.profiles import SyncProfile, profile as named_profile
 from draftsync.tasks.registration import drafter_model_name, fetch_target, register_drafter
 from draftsync.tasks.sync_requests import owner_is_gone, run_owner
 

@@ -20,7 +20,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from draftsync.registry.model_registry import trained_for_version
 from draftsync.tasks import context, events
 from draftsync.tasks.dataset import target_task_mix
-from draftsync.tasks.profile import ValidationProfile, validation_profile
+from draftsync.profiles import ValidationProfile, validation_profile
 from draftsync.tasks.registration import (
     DATA_CHECK_FAILURES_TAG,
     drafter_model_name,

@@ -10,7 +10,7 @@ from prefect.cache_policies import NONE
 
 from draftsync.errors import DraftsyncError
 from draftsync.tasks import context
-from draftsync.tasks.profile import SyncProfile
+from draftsync.profiles import SyncProfile
 
 
 def target_task_mix(target_dir: Path, tags: dict[str, str] | None = None) -> dict[str, float]:

@@ -45,7 +45,7 @@ from draftsync.validation.checklist import (
     pooled_tpot_ms,
     summarize_acceptance,
 )
-from draftsync.tasks.profile import ValidationProfile
+from draftsync.profiles import ValidationProfile
 
 REQUESTS_FILE = "validation_requests.jsonl"
 GREEDY_CHECK_REQUESTS = 8  # at T>0 the equivalence check reruns this many requests greedily

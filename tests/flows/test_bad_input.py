@@ -64,7 +64,7 @@ def test_sync_of_a_corrupt_registered_target_registers_no_drafter(workdir, built
 
 def test_a_drafter_for_another_vocabulary_is_refused_and_never_promoted(workdir, built_targets, tmp_path):
     """A drafter trained for a target with another vocabulary fails validation loudly; no alias moves."""
-    from draftsync.tasks.profile import validation_profile
+    from draftsync.profiles import validation_profile
     from draftsync.tasks.validation import validate_drafter
     from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
 

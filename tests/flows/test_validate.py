@@ -18,7 +18,7 @@ GATES = {
 
 
 def _profile():
-    from draftsync.tasks.profile import profile
+    from draftsync.profiles import profile
 
     return profile("test").model_copy(update={"train_steps": 150, "training_texts": 120, "generated_samples": 30})
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftsync.tasks.profile import ValidationProfile
+from draftsync.profiles import ValidationProfile
 from draftsync.tasks.validation import validate_drafter
 
 # Thresholds at zero: these tests read what is recorded, not whether a random drafter passes.
