@@ -93,7 +93,7 @@ def test_each_drafter_carries_its_target_version_and_v2_ends_in_production(story
 def test_acceptance_falls_with_drift_and_recovers_with_the_v2_pair(story):
     rates = {p["name"][0]: p["acceptance_rate"] for p in story["phases"]}
     stale = story["thresholds"]["stale"]
-    assert stale == 0.70  # the demo's own line (draftsync/flows/demo.py), not a value read off this run
+    assert stale == 0.70  # the demo's own line (draftsync/cli/demo.py), not a value read off this run
     assert rates["b"] > stale, rates
     assert rates["c"] < stale, rates
     assert rates["d"] > stale, rates
