@@ -39,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     child = subprocess.Popen(
-        [sys.executable, "-m", "draftsync.flows.cli", "--workdir", args.workdir, "demo", "--engine", args.engine],
+        [sys.executable, "-m", "draftsync.cli", "--workdir", args.workdir, "demo", "--engine", args.engine],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     root = psutil.Process(child.pid)

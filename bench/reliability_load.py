@@ -452,7 +452,7 @@ def warm_up(url: str, secret: str) -> dict:
 
 def measure_webhook(run_dir: Path, monitor_url: str, prefect_api_url: str, rate: float, seconds: float) -> dict:
     """The receiver under the open-loop load (see the module docstring), with the ledger checked afterwards."""
-    from draftsync.flows.webhook_receiver import WEBHOOK_PATH
+    from draftsync.receiver.app import WEBHOOK_PATH
     from draftsync.monitors.store import Store
     from draftsync.monitors.sync_jobs import SyncLedger
 

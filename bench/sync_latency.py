@@ -121,7 +121,7 @@ def asgi_in_thread(app, host: str = "127.0.0.1") -> Iterator[tuple[str, threadin
 
 def sync_profile(quick: bool):
     """The `test` sync profile with open gate thresholds; quick: a smaller training budget (see the module doc)."""
-    from draftsync.tasks.profile import profile
+    from draftsync.profiles import profile
 
     chosen = profile("test")
     return chosen.model_copy(update={**(QUICK_OVERRIDES if quick else {}),
@@ -130,8 +130,8 @@ def sync_profile(quick: bool):
 
 def judged_by_profile(gates: list[dict], profile_name: str) -> dict:
     """Each measured gate value against the named validation profile's own threshold."""
-    from draftsync.tasks.checklist import Gate
-    from draftsync.tasks.profile import validation_profile
+    from draftsync.validation.checklist import Gate
+    from draftsync.profiles import validation_profile
 
     own = validation_profile(profile_name)
     judged = {}
@@ -195,7 +195,7 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
         from draftsync.flows.rollout import rollout
         from draftsync.flows.sync import sync
         from draftsync.flows.watch import watch
-        from draftsync.flows.webhook_receiver import WEBHOOK_PATH, create_app
+        from draftsync.receiver.app import WEBHOOK_PATH, create_app
         from draftsync.registry.model_registry import Registry, drafter_model_name, target_tags
         from draftsync.registry.webhooks import create_or_update_webhook
         from draftsync.serving.deployment import ServingDeployment

@@ -24,7 +24,7 @@ RUN { python3 -m pip freeze | grep -iE '^(torch|torchvision|torchaudio|triton|xf
  && python3 -m pip install --no-cache-dir -c /tmp/keep-from-vllm.txt . \
  && rm /tmp/keep-from-vllm.txt \
  && mkdir -p /var/lib/draftsync /etc/draftsync \
- && python3 -c "import torch, draftsync.flows.cli; print('torch', torch.__version__)"
+ && python3 -c "import torch, draftsync.cli.app; print('torch', torch.__version__)"
 
 COPY --chmod=755 deploy/docker-entrypoint.sh /usr/local/bin/draftsync-entrypoint
 # The vLLM image's entrypoint is `vllm serve`; draftsync starts vLLM itself, as the rollout flow decides.

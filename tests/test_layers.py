@@ -10,19 +10,21 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "draftsync"
-# Modules every layer may use: the error type, the settings, the model-path confinement.
-BASE = {"errors", "settings", "model_paths", "__init__", "__main__"}
+# Modules every layer may use: the error type, the settings and the sync profiles, the model-path confinement.
+BASE = {"errors", "settings", "profiles", "model_paths", "__init__", "__main__"}
 # Each package and the draftsync packages it may import (besides BASE); anything absent is not allowed.
 ALLOWED = {
     "speculative": set(),
     "registry": set(),
     "monitors": set(),
     "serving": {"speculative"},
-    "tasks": {"speculative", "registry", "monitors", "serving"},
-    "flows": {"speculative", "registry", "monitors", "serving", "tasks"},
-    "cli": {"speculative", "registry", "monitors", "serving", "tasks", "flows"},
+    "validation": {"speculative", "serving"},
+    "tasks": {"speculative", "registry", "monitors", "serving", "validation"},
+    "flows": {"speculative", "registry", "monitors", "serving", "validation", "tasks"},
+    "receiver": {"speculative", "registry", "monitors", "serving", "validation", "tasks"},
+    "cli": {"speculative", "registry", "monitors", "serving", "validation", "tasks", "flows", "receiver"},
 }
-PREFECT_FREE = ("speculative", "registry", "monitors", "serving")
+PREFECT_FREE = ("speculative", "registry", "monitors", "serving", "validation")
 
 
 def _imports(path: Path) -> set[str]:

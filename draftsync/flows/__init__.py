@@ -1,1 +1,1 @@
-"""Prefect flows, the demo story and the draftsync CLI."""
+"""Prefect flows and their deployment definitions: what Prefect schedules, triggers and runs."""

@@ -24,8 +24,8 @@ from draftsync.registry.model_registry import trained_for_version
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context, events
 from draftsync.tasks.alerts import send_alert
-from draftsync.tasks.profile import SyncProfile
-from draftsync.tasks.registration import drafter_model_name
+from draftsync.profiles import SyncProfile
+from draftsync.tasks.registration import drafter_model_name, promote_drafter, restore_drafter_aliases, rollback_drafter
 from draftsync.tasks.sync_requests import request_sync
 from draftsync.tasks.serving import (
     benchmark_against_current,
@@ -172,7 +172,7 @@ def rollout(deployment: ServingDeployment, speculation: bool = True, reason: str
         endpoint, replaced, canary = _launch_and_switch(deployment, pair, launch, steps)
     snapshot = registry.alias_snapshot(deployment.target_name)
     if pair["drafter_version"] is not None and snapshot["production"] != pair["drafter_version"]:
-        registry.promote(deployment.target_name, pair["drafter_version"])
+        promote_drafter(deployment.target_name, pair["drafter_version"])
         steps.append(f"aliases: production -> v{pair['drafter_version']}, previous -> v{snapshot['production']}")
     _record_pair(deployment, pair, endpoint, new_state)
     steps.append(f"serving pair recorded: target v{pair['target_version']}, drafter "
@@ -187,7 +187,7 @@ def rollout(deployment: ServingDeployment, speculation: bool = True, reason: str
                      f"{verdict['ms_per_token']} ms/token vs {verdict['replaced_ms_per_token']}: "
                      f"{'passed' if verdict['passed'] else 'FAILED'}")
         if not verdict["passed"]:
-            registry.restore_aliases(deployment.target_name, snapshot)
+            restore_drafter_aliases(deployment.target_name, snapshot)
             steps.append(f"rolled back: aliases restored to {snapshot}")
             back = rollout_previous(deployment, snapshot, reason=f"canary failed for drafter v{pair['drafter_version']}")
             steps.extend(back["steps"])
@@ -326,7 +326,7 @@ def rollback(deployment: ServingDeployment, reason: str = "rolled back by hand")
     """`production` back to `previous` (and `previous` to the version rolled back from); serve that pair."""
     registry = context.registry()
     before = registry.alias_snapshot(deployment.target_name)
-    restored = registry.rollback(deployment.target_name)
+    restored = rollback_drafter(deployment.target_name)
     back = rollout_previous(deployment, {"production": restored}, reason)
     return {"deployment": deployment.name, "aliases_before": before,
             "aliases_after": registry.alias_snapshot(deployment.target_name), **back}

@@ -22,8 +22,8 @@ from draftsync.tasks import context, links
 from draftsync.tasks.dataset import build_dataset, target_task_mix
 from draftsync.tasks.drafting import HISTORY_FILE, train_drafter
 from draftsync.tasks.planning import plan_drafter, recommendation_tags
-from draftsync.tasks.profile import SyncProfile, profile as named_profile
-from draftsync.tasks.registration import drafter_model_name, fetch_target, register_drafter
+from draftsync.profiles import SyncProfile, profile as named_profile
+from draftsync.tasks.registration import drafter_model_name, fetch_drafter, fetch_target, register_drafter, tag_drafter
 from draftsync.tasks.sync_requests import owner_is_gone, run_owner
 
 
@@ -133,7 +133,7 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
 
     drafter_model = drafter_model_name(target_name)
     previous = registry.alias_version(drafter_model, "production")
-    warm_start_dir = str(registry.download(drafter_model, previous)) if previous is not None else None
+    warm_start_dir = fetch_drafter(target_name, previous) if previous is not None else None
     out_dir = settings.root / "drafters" / target_name / f"target-v{target_version}-{chosen.method}{suffix}"
     checkpoints = work / "checkpoints"
     training = train_drafter(target["path"], data["path"], chosen, str(out_dir), str(checkpoints), warm_start_dir)
@@ -141,8 +141,7 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     version = register_drafter(target_name, target_version, str(out_dir), chosen.method, chosen.gamma, training,
                                history_path=str(checkpoints / HISTORY_FILE), data_checks=data["checks"],
                                generation=generation)
-    for key, value in recommendation_tags(plan).items():
-        registry.tag_version(drafter_model, version, key, value)
+    tag_drafter(target_name, version, recommendation_tags(plan))
     if not chosen.keep_dataset:
         shutil.rmtree(dataset_dir, ignore_errors=True)
     lap("registration")

@@ -20,13 +20,15 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from draftsync.registry.model_registry import trained_for_version
 from draftsync.tasks import context, events
 from draftsync.tasks.dataset import target_task_mix
-from draftsync.tasks.profile import ValidationProfile, validation_profile
+from draftsync.profiles import ValidationProfile, validation_profile
 from draftsync.tasks.registration import (
     DATA_CHECK_FAILURES_TAG,
     drafter_model_name,
+    fetch_drafter,
     fetch_target,
     promote_drafter,
     record_validation,
+    tag_drafter,
 )
 from draftsync.tasks.validation import validate_drafter
 
@@ -65,7 +67,7 @@ def _markdown(name: str, version: int, target_name: str, target_version: int, re
 
 def _write_reports(out: Path, result: dict) -> None:
     """What a reviewer opens in the MLflow UI: the result, the per-request table, the suite, two plots."""
-    from draftsync.tasks.validation_plots import write_validation_plots
+    from draftsync.validation.plots import write_validation_plots
 
     out.mkdir(parents=True, exist_ok=True)
     rows = result["rows"]
@@ -86,7 +88,7 @@ def validate(target_name: str, drafter_version: int, profile: str | ValidationPr
     """Run the checklist on a drafter version; record it; with `promote`, make a passing drafter `production`.
 
     `backend`: "reference" (the CPU engine) or "vllm" (offline vLLM on a GPU worker)."""
-    from draftsync.tasks.validation_suite import run_validation_suite
+    from draftsync.validation.suite import run_validation_suite
 
     logger = context.logger()
     chosen = validation_profile(profile) if isinstance(profile, str) else profile
@@ -96,7 +98,7 @@ def validate(target_name: str, drafter_version: int, profile: str | ValidationPr
     trained_for = trained_for_version(name, drafter_version, tags)
     against = trained_for if target_version is None else int(target_version)
     target = fetch_target(target_name, against)
-    drafter_dir = str(registry.download(name, drafter_version))
+    drafter_dir = fetch_drafter(target_name, drafter_version)
     task_mix = target_task_mix(Path(target["path"]), target["tags"])
     failures = tags.get(DATA_CHECK_FAILURES_TAG)
     result = validate_drafter(target["path"], drafter_dir, task_mix, chosen, seed,
@@ -117,8 +119,8 @@ def validate(target_name: str, drafter_version: int, profile: str | ValidationPr
     if against == trained_for:
         record_validation(target_name, drafter_version, result, str(reports), settings.mismatch_threshold)
     else:
-        registry.tag_version(name, drafter_version, f"draftsync.crosscheck.target_v{against}",
-                             "passed" if result["passed"] else "failed: " + ",".join(failed))
+        tag_drafter(target_name, drafter_version, {f"draftsync.crosscheck.target_v{against}":
+                                                   "passed" if result["passed"] else "failed: " + ",".join(failed)})
     promoted = False
     if result["passed"] and promote and against == trained_for:
         promote_drafter(target_name, drafter_version)

@@ -10,7 +10,7 @@ from prefect.cache_policies import NONE
 
 from draftsync.errors import DraftsyncError
 from draftsync.tasks import context
-from draftsync.tasks.profile import SyncProfile
+from draftsync.profiles import SyncProfile
 
 
 def target_task_mix(target_dir: Path, tags: dict[str, str] | None = None) -> dict[str, float]:
@@ -56,7 +56,7 @@ def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProf
     from draftsync.speculative.shard_reader import ShardDataset
     from draftsync.speculative.shard_writer import build_shards
     from draftsync.speculative.targets import load_target
-    from draftsync.tasks.data_checks import run_data_checks
+    from draftsync.validation.data_checks import run_data_checks
 
     logger = context.logger()
     model, tokenizer = load_target(Path(target_dir))

@@ -10,7 +10,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NONE
 
 from draftsync.tasks import context
-from draftsync.tasks.profile import SyncProfile
+from draftsync.profiles import SyncProfile
 
 HISTORY_FILE = "history.json"  # in the checkpoint directory: name -> [(step, value)]
 

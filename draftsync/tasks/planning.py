@@ -15,7 +15,7 @@ from prefect.cache_policies import NONE
 
 from draftsync.errors import DraftsyncError
 from draftsync.tasks import context
-from draftsync.tasks.profile import SyncProfile
+from draftsync.profiles import SyncProfile
 from draftsync.tasks.serving import configured_deployments
 
 # The built-in corpora's task names, in the framework's words: prose is conversational text, the

@@ -1,4 +1,8 @@
-"""Registry steps of the loop: publish a target version, fetch one, register and promote a drafter."""
+"""Registry steps of the loop: publish a target version, fetch one, register, tag, promote and roll back a drafter.
+
+Every registry write a flow makes, and every checkpoint download a sync or validation works from, is a task
+here, retried where a retry lands the same as one run; flows read tags and aliases directly.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +17,8 @@ from draftsync.tasks import context
 
 DATA_CHECK_FAILURES_TAG = "draftsync.data_checks.failed"
 
-__all__ = ["drafter_model_name", "fetch_target", "promote_drafter", "publish_target", "record_validation",
-           "register_drafter"]
+__all__ = ["drafter_model_name", "fetch_drafter", "fetch_target", "promote_drafter", "publish_target",
+           "record_validation", "register_drafter", "restore_drafter_aliases", "rollback_drafter", "tag_drafter"]
 
 
 @task(name="publish-target", cache_policy=NONE)
@@ -37,6 +41,20 @@ def fetch_target(name: str, version: int) -> dict:
     registry = context.registry()
     path = registry.download(name, version)
     return {"path": str(path), "tags": registry.version_tags(name, version)}
+
+
+@task(name="fetch-drafter", retries=2, retry_delay_seconds=5, cache_policy=NONE)
+def fetch_drafter(target_name: str, drafter_version: int) -> str:
+    """A local copy of the target's drafter version (the checkpoint validated, or a sync's warm start)."""
+    return str(context.registry().download(drafter_model_name(target_name), drafter_version))
+
+
+@task(name="tag-drafter", retries=2, retry_delay_seconds=5, cache_policy=NONE)
+def tag_drafter(target_name: str, drafter_version: int, tags: dict[str, str]) -> None:
+    """Set these tags on the drafter version; a retry writes the same values again."""
+    registry = context.registry()
+    for key, value in tags.items():
+        registry.tag_version(drafter_model_name(target_name), drafter_version, key, value)
 
 
 @task(name="register-drafter", retries=2, retry_delay_seconds=5, cache_policy=NONE)
@@ -123,3 +141,17 @@ def record_validation(target_name: str, drafter_version: int, result: dict, repo
 def promote_drafter(target_name: str, drafter_version: int) -> None:
     """Retried like the other registry steps: the alias writes land the same however often they run."""
     context.registry().promote(target_name, drafter_version)
+
+
+@task(name="restore-drafter-aliases", retries=2, retry_delay_seconds=5, cache_policy=NONE)
+def restore_drafter_aliases(target_name: str, snapshot: dict[str, int | None]) -> None:
+    """Point the drafter's aliases back where `snapshot` says; a retry lands the same."""
+    context.registry().restore_aliases(target_name, snapshot)
+
+
+@task(name="rollback-drafter", cache_policy=NONE)
+def rollback_drafter(target_name: str) -> int:
+    """`production` back to `previous`; returns the version now production.
+
+    Not retried: the swap reads the aliases it moves, so a retry after `production` moved would swap again."""
+    return context.registry().rollback(target_name)

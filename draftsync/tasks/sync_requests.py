@@ -23,7 +23,7 @@ KIND_TAG = "draftsync.kind"
 
 def planned_method(profile_name: str | None = None) -> str:
     """The method a sync of the configured profile trains: part of the sync's idempotency key."""
-    from draftsync.tasks.profile import profile
+    from draftsync.profiles import profile
 
     return profile(profile_name or context.settings().sync_profile).method
 

@@ -35,7 +35,7 @@ from prefect.cache_policies import NONE
 
 from draftsync.serving.evaluation import EvalRequest, EvaluationBackend, checkpoint_weight_bytes
 from draftsync.tasks import context
-from draftsync.tasks.checklist import (
+from draftsync.validation.checklist import (
     UNSCHEDULED_METHODS,
     Gate,
     acceptance_by_length,
@@ -45,7 +45,7 @@ from draftsync.tasks.checklist import (
     pooled_tpot_ms,
     summarize_acceptance,
 )
-from draftsync.tasks.profile import ValidationProfile
+from draftsync.profiles import ValidationProfile
 
 REQUESTS_FILE = "validation_requests.jsonl"
 GREEDY_CHECK_REQUESTS = 8  # at T>0 the equivalence check reruns this many requests greedily
@@ -221,7 +221,7 @@ def validate_drafter(target_dir: str, drafter_dir: str, task_mix: dict[str, floa
     against served instances of the same kind (the reference server, or `vllm serve`)."""
     from draftsync.errors import DraftsyncError
     from draftsync.speculative.drafters import drafter_method
-    from draftsync.tasks.stress import stress_served_pair
+    from draftsync.validation.stress import stress_served_pair
 
     no_schedule_reason = UNSCHEDULED_METHODS.get(drafter_method(drafter_dir))
     batch_sizes = () if no_schedule_reason else profile.schedule_batch_sizes  # no schedule: no load per batch size

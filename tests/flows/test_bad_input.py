@@ -23,7 +23,7 @@ def test_unreachable_mlflow_is_one_clear_error_from_the_cli(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "DRAFTSYNC_"))}
     env["MLFLOW_TRACKING_URI"] = "http://127.0.0.1:9"
     result = subprocess.run(
-        [sys.executable, "-m", "draftsync.flows.cli", "--workdir", str(tmp_path), "watch", "demo-llm"],
+        [sys.executable, "-m", "draftsync.cli", "--workdir", str(tmp_path), "watch", "demo-llm"],
         env=env, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 2
@@ -64,7 +64,7 @@ def test_sync_of_a_corrupt_registered_target_registers_no_drafter(workdir, built
 
 def test_a_drafter_for_another_vocabulary_is_refused_and_never_promoted(workdir, built_targets, tmp_path):
     """A drafter trained for a target with another vocabulary fails validation loudly; no alias moves."""
-    from draftsync.tasks.profile import validation_profile
+    from draftsync.profiles import validation_profile
     from draftsync.tasks.validation import validate_drafter
     from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
 

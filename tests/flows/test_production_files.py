@@ -340,7 +340,7 @@ def _check_cli(argv: list[str]) -> None:
     """Walk the typer app like the shell would: every word a (sub)command, every --option one it takes."""
     import typer
 
-    from draftsync.flows.cli import app
+    from draftsync.cli.app import app
 
     command = typer.main.get_command(app)  # typer's click: a group is a command with subcommands
     args = list(argv[1:])

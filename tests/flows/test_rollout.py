@@ -143,7 +143,7 @@ def test_a_target_alias_moved_with_no_drafter_is_served_plain_alerted_and_synced
     from draftsync.flows.rollout import rollout
     from draftsync.serving.deployment import ServingDeployment
     from draftsync.tasks import context
-    from draftsync.tasks.profile import profile, validation_profile
+    from draftsync.profiles import profile, validation_profile
     from draftsync.tasks.registration import publish_target
 
     registry = context.registry()

@@ -18,7 +18,7 @@ GATES = {
 
 
 def _profile():
-    from draftsync.tasks.profile import profile
+    from draftsync.profiles import profile
 
     return profile("test").model_copy(update={"train_steps": 150, "training_texts": 120, "generated_samples": 30})
 
@@ -108,7 +108,7 @@ def _check_mislabelled_drafter_fails(workdir, built_targets, first: dict) -> Non
     # The same check from the command line: every gate listed with its value, exit code 1 on failure.
     from typer.testing import CliRunner
 
-    from draftsync.flows.cli import app
+    from draftsync.cli.app import app
 
     out = Path(workdir).parent / "validate.json"
     cli = CliRunner().invoke(app, ["--workdir", str(workdir), "validate", "val-llm", str(mislabelled),

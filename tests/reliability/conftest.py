@@ -1,7 +1,7 @@
 """Fixtures for the reliability suite: tiny real checkpoints and a throwaway draftsync work dir.
 
 The work dir is the one a worker sees through DRAFTSYNC_WORKDIR and MLFLOW_TRACKING_URI, as in
-tests/flows/conftest.py, but without the Prefect test harness: these tests call the tasks' own functions
+tests/conftest.py's `workdir`, but without the Prefect test harness: these tests call the tasks' own functions
 (`task.fn`), so the suite stays fast and runs without a Prefect server.
 """
 

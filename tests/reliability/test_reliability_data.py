@@ -113,7 +113,7 @@ def test_a_dataset_without_a_usable_sequence_fails_the_data_checks(tmp_path):
 
     from draftsync.speculative.samples import Sample
     from draftsync.speculative.shard_writer import build_shards
-    from draftsync.tasks.data_checks import run_data_checks
+    from draftsync.validation.data_checks import run_data_checks
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -68,7 +68,7 @@ def test_the_webhook_receiver_at_200_requests_a_second_answers_every_request_as_
     import httpx
     from sqlalchemy import func, select
 
-    from draftsync.flows.webhook_receiver import WEBHOOK_PATH
+    from draftsync.receiver.app import WEBHOOK_PATH
     from draftsync.monitors.store import Store
     from draftsync.monitors.sync_jobs import SyncLedger, WebhookDelivery
     from draftsync.registry.webhooks import sign_delivery

@@ -142,7 +142,7 @@ def plan_and_mix(version: int) -> tuple[DraftsyncError, DraftsyncError]:
     """The two sync steps that read a target version's tags: the plan, then the task mix of the dataset."""
     from draftsync.tasks.dataset import target_task_mix
     from draftsync.tasks.planning import plan_drafter
-    from draftsync.tasks.profile import profile
+    from draftsync.profiles import profile
     from draftsync.tasks.registration import fetch_target
 
     target = fetch_target.fn("outside-llm", version)
@@ -174,7 +174,7 @@ def test_a_task_mix_tag_that_is_not_a_json_object_of_shares_is_named(world, hand
 
 def test_a_parameter_count_tag_that_is_not_a_count_is_named(world, hand_registered):
     from draftsync.tasks.planning import plan_drafter
-    from draftsync.tasks.profile import profile
+    from draftsync.profiles import profile
 
     tags = {"draftsync.kind": "target", "draftsync.task_mix": '{"code": 1.0}', "draftsync.num_parameters": "1.8B"}
     with pytest.raises(DraftsyncError, match="registry tag draftsync.num_parameters is '1.8B'"):

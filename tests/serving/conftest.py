@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_models import build_tiny_drafter, build_tiny_target
+
+from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from draftsync.tasks.profile import profile
+from draftsync.profiles import profile
 
 TAGS_70B_CODE = {"draftsync.num_parameters": str(70_000_000_000), "draftsync.task_mix": json.dumps({"code": 0.8,
                                                                                                      "math": 0.2})}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftsync.tasks.profile import ValidationProfile
+from draftsync.profiles import ValidationProfile
 from draftsync.tasks.validation import validate_drafter
 
 # Thresholds at zero: these tests read what is recorded, not whether a random drafter passes.
@@ -43,7 +43,7 @@ def stress_calls(monkeypatch):
         calls.append((gamma, tuple(batch_sizes)))
         return {"speedup": 1.0, "errors": 0, "schedule": [(1, 7, gamma), (8, 8, 0)]}
 
-    monkeypatch.setattr("draftsync.tasks.stress.stress_served_pair", stress_served_pair)
+    monkeypatch.setattr("draftsync.validation.stress.stress_served_pair", stress_served_pair)
     return calls
 
 

@@ -3,21 +3,20 @@ work dir's environment is set, so `draftsync --help` is fast and every library p
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from draftsync.cli.common import JsonOption, check_registry, echo_json, write_json
+from draftsync.cli.recommend import recommend_command
+from draftsync.cli.status import status_command
+from draftsync.cli.webhooks import webhooks_app
 from draftsync.errors import DraftsyncError
-from draftsync.flows.recommend_cli import recommend_command
-from draftsync.flows.status_cli import status_command
-from draftsync.flows.webhook_cli import webhooks_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Keep speculative-decoding drafters in sync with their target LLMs.")
 
-JsonOption = Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON to this path.")]
 ProfileOption = Annotated[str, typer.Option(
     "--profile", help="Sync profile: 'production' (GPU worker), 'demo' (2-core CPU), 'test' (smaller) or a YAML/JSON file.")]
 
@@ -39,19 +38,6 @@ def main_options(
     apply_environment(Settings())
 
 
-def _check_registry() -> None:
-    """Fail fast, before Prefect starts, when MLflow cannot be reached."""
-    from draftsync.tasks import context
-
-    context.registry().ping()
-
-
-def _emit(result: dict, json_path: Path | None) -> None:
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result, indent=2, default=str))
-
-
 @app.command()
 def demo(
     engine: Annotated[str, typer.Option(
@@ -60,12 +46,12 @@ def demo(
     json_path: JsonOption = None,
 ) -> None:
     """Run the whole loop on this machine: targets v1 and v2, drafters, serving, monitoring, a stale e-mail."""
-    from draftsync.flows.demo import ENGINES, run_demo
+    from draftsync.cli.demo import ENGINES, run_demo
 
     if engine not in ENGINES:
         raise DraftsyncError(f"demo engine {engine!r} is unknown", f"use one of {', '.join(ENGINES)}")
     result = run_demo(engine)
-    _emit(result, json_path)
+    write_json(result, json_path)
 
 
 @app.command()
@@ -77,10 +63,10 @@ def watch(
     """Find target versions newer than the watermark and sync a drafter for each."""
     from draftsync.flows.watch import watch as watch_flow
 
-    _check_registry()
+    check_registry()
     result = watch_flow(target_name=target, profile=profile)
-    typer.echo(json.dumps(result, indent=2, default=str))
-    _emit(result, json_path)
+    echo_json(result)
+    write_json(result, json_path)
 
 
 @app.command()
@@ -99,7 +85,7 @@ def sync(
 
     A version already synced with this method is skipped (the result says `skipped`) unless --retrain."""
     from draftsync.flows.sync import sync as sync_flow
-    from draftsync.tasks.profile import profile as named_profile
+    from draftsync.profiles import profile as named_profile
 
     chosen = named_profile(profile)
     if method is not None:
@@ -107,15 +93,15 @@ def sync(
         if method not in methods:
             raise DraftsyncError(f"drafter method {method!r} is unknown", f"use one of {', '.join(methods)}")
         chosen = chosen.model_copy(update={"method": method})
-    _check_registry()
+    check_registry()
     if retrain:
         from draftsync.tasks import context
 
         context.sync_ledger().request(target, version, chosen.method, source="cli", reason="retrain by hand",
                                       retrain=True)
     result = sync_flow(target_name=target, target_version=version, profile=chosen, reason="started by hand")
-    typer.echo(json.dumps(result, indent=2, default=str))
-    _emit(result, json_path)
+    echo_json(result)
+    write_json(result, json_path)
 
 
 @app.command()
@@ -137,13 +123,13 @@ def validate(
 ) -> None:
     """Run the validation checklist and benchmarks on a drafter version; exit 1 when a gate fails."""
     from draftsync.flows.validate import validate as validate_flow
-    from draftsync.tasks.profile import validation_profile
+    from draftsync.profiles import validation_profile
 
     chosen = validation_profile(profile)
-    _check_registry()
+    check_registry()
     result = validate_flow(target_name=target, drafter_version=drafter_version, profile=chosen,
                            target_version=target_version, promote=promote, backend=backend)
-    _emit(result, json_path)
+    write_json(result, json_path)
     for gate in result["gates"]:
         mark = "pass" if gate["passed"] else "FAIL"
         typer.echo(f"{mark:4}  {gate['name']:38} {gate['value']!s:>10} {gate['comparison']} {gate['threshold']}")
@@ -183,7 +169,7 @@ def rollout(
     from draftsync.flows.rollout import rollout as rollout_flow
 
     spec = _deployment(deployment)
-    _check_registry()
+    check_registry()
     if dry_run:
         from draftsync.flows.rollout import planned_launch
 
@@ -191,8 +177,8 @@ def rollout(
     else:
         result = rollout_flow(spec, drafter_version=drafter_version, canary_requests=canary_requests,
                               reason="rolled out by hand")
-    typer.echo(json.dumps(result, indent=2, default=str))
-    _emit(result, json_path)
+    echo_json(result)
+    write_json(result, json_path)
 
 
 @app.command()
@@ -201,10 +187,10 @@ def rollback(deployment: DeploymentArgument, json_path: JsonOption = None) -> No
     from draftsync.flows.rollout import rollback as rollback_flow
 
     spec = _deployment(deployment)
-    _check_registry()
+    check_registry()
     result = rollback_flow(spec)
-    typer.echo(json.dumps(result, indent=2, default=str))
-    _emit(result, json_path)
+    echo_json(result)
+    write_json(result, json_path)
 
 
 @app.command()
@@ -233,7 +219,7 @@ def serve(
 
     from draftsync.flows.deployments import Schedules, build_deployments
     from draftsync.tasks import context
-    from draftsync.tasks.profile import profile as named_profile
+    from draftsync.profiles import profile as named_profile
 
     if not os.environ.get("PREFECT_API_URL"):
         raise DraftsyncError("draftsync serve needs a Prefect server, but PREFECT_API_URL is unset",
@@ -248,7 +234,7 @@ def serve(
     if targets:
         os.environ["DRAFTSYNC_TARGETS"] = ",".join(sorted(set(settings.target_names) | set(targets)))
     context.reset()
-    _check_registry()
+    check_registry()
     context.store()  # the monitor store opens (and migrates) before anything is scheduled
     from datetime import timedelta
 
@@ -281,8 +267,8 @@ def scrape(json_path: JsonOption = None) -> None:
     from draftsync.flows.scrape import scrape as scrape_flow
 
     result = scrape_flow()
-    typer.echo(json.dumps(result, indent=2, default=str))
-    _emit(result, json_path)
+    echo_json(result)
+    write_json(result, json_path)
 
 
 @app.command()
@@ -308,8 +294,8 @@ def report(
                              "set DRAFTSYNC_SMTP_HOST (and _PORT, _SECURITY, _USER, _PASSWORD or _PASSWORD_BLOCK), "
                              "or leave --send out to write the e-mail to the outbox folder only")
     result = weekly_report(week=week, send=send)
-    typer.echo(json.dumps(result, indent=2, default=str))
-    _emit(result, json_path)
+    echo_json(result)
+    write_json(result, json_path)
     if send and not result["sent"]:
         typer.secho(f"not delivered: {result['delivery']}", fg="red", err=True)
         raise typer.Exit(code=1)
@@ -326,7 +312,3 @@ def main() -> None:
     except DraftsyncError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(2)
-
-
-if __name__ == "__main__":
-    main()

@@ -22,7 +22,7 @@ REQUESTS = [EvalRequest(p, "code", 8) for p in ("def add(", "The sum of 12", "Pe
 
 
 def test_the_pair_is_stressed_with_and_without_speculation_on_the_same_requests(pair, tmp_path):
-    from draftsync.tasks.stress import stress_served_pair
+    from draftsync.validation.stress import stress_served_pair
 
     target, drafter = pair
     result = stress_served_pair("reference", str(target), str(drafter), 2, REQUESTS, rate=20.0, concurrency=3,
@@ -38,7 +38,7 @@ def test_the_pair_is_stressed_with_and_without_speculation_on_the_same_requests(
 def test_every_failed_request_under_load_is_counted_as_an_error(pair, tmp_path):
     from draftsync.serving.process import ServerProcess, free_port
     from draftsync.serving.reference_server import reference_server_command
-    from draftsync.tasks.stress import drive_load
+    from draftsync.validation.stress import drive_load
 
     target, _ = pair
     port = free_port()
@@ -55,7 +55,7 @@ def test_every_failed_request_under_load_is_counted_as_an_error(pair, tmp_path):
 
 
 def test_closed_loop_load_per_batch_size_yields_a_gamma_schedule(pair, tmp_path):
-    from draftsync.tasks.stress import stress_served_pair
+    from draftsync.validation.stress import stress_served_pair
 
     target, drafter = pair
     result = stress_served_pair("reference", str(target), str(drafter), 2, REQUESTS, rate=20.0, concurrency=2,

@@ -6,11 +6,11 @@ mlflow, prefect) happen inside the commands, after the work dir's environment is
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
+
+from draftsync.cli.common import JsonOption, write_json
 
 webhooks_app = typer.Typer(
     add_completion=False,
@@ -28,7 +28,7 @@ def serve(
     """Run the receiver: POST /mlflow/webhook (signed MLflow deliveries), GET /healthz."""
     import uvicorn
 
-    from draftsync.flows.webhook_receiver import HEALTH_PATH, WEBHOOK_PATH, app_from_settings
+    from draftsync.receiver.app import HEALTH_PATH, WEBHOOK_PATH, app_from_settings
 
     app = app_from_settings()
     typer.echo(f"receiving MLflow webhooks at http://{host}:{port}{WEBHOOK_PATH} (health: {HEALTH_PATH})", err=True)
@@ -41,11 +41,10 @@ def register(
                                                    "/mlflow/webhook.")],
     name: Annotated[str, typer.Option("--name", help="Webhook name; an existing webhook of this name is updated."
                                       )] = "draftsync",
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON to this path.")
-                         ] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """Create (or update) the MLflow webhook that sends version and alias events, signed with the secret."""
-    from draftsync.flows.webhook_receiver import resolve_webhook_secret
+    from draftsync.receiver.app import resolve_webhook_secret
     from draftsync.registry.webhooks import SUBSCRIBED_EVENTS, create_or_update_webhook
     from draftsync.tasks import context
 
@@ -54,8 +53,5 @@ def register(
     webhook_id = create_or_update_webhook(tracking_uri, name, url, resolve_webhook_secret(settings))
     typer.echo(webhook_id)
     typer.echo(f"MLflow at {tracking_uri} sends {', '.join(SUBSCRIBED_EVENTS)} to {url} (webhook {name!r})", err=True)
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        result = {"webhook_id": webhook_id, "name": name, "url": url, "tracking_uri": tracking_uri,
-                  "events": list(SUBSCRIBED_EVENTS)}
-        json_path.write_text(json.dumps(result, indent=2))
+    write_json({"webhook_id": webhook_id, "name": name, "url": url, "tracking_uri": tracking_uri,
+                "events": list(SUBSCRIBED_EVENTS)}, json_path)

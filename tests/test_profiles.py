@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from draftsync.errors import DraftsyncError
-from draftsync.tasks.profile import profile
+from draftsync.profiles import profile
 
 
 def test_a_profile_file_overrides_the_demo_profile_field_by_field(tmp_path):

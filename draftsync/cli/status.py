@@ -6,11 +6,11 @@ acceptance, recommended against measured gamma and the last sync. A plain functi
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Any
 
-import typer
 from rich.markup import escape
+
+from draftsync.cli.common import JsonOption, check_registry, write_json
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -21,18 +21,14 @@ SYNC_STYLES = {"succeeded": "green", "running": "cyan", "requested": "cyan", "fa
 VALIDATION_STYLES = {"passed": "green", "failed": "red", "pending": "yellow"}
 
 
-def status_command(
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the status as JSON to this path.")
-                         ] = None,
-) -> None:
+def status_command(json_path: JsonOption = None) -> None:
     """Show every target: versions and aliases, drafter versions with lineage, deployments and their state
     (serving / fallback / stale), the last 7 days' acceptance, recommended vs measured gamma, the last sync."""
     from rich.console import Console
 
-    from draftsync.flows.cli import _check_registry, _emit
-    from draftsync.flows.status import current_status
+    from draftsync.cli.status_query import current_status
 
-    _check_registry()
+    check_registry()
     status = current_status()
     console = Console()
     if status["targets"]:
@@ -40,7 +36,7 @@ def status_command(
     else:
         console.print("no targets: register a model version tagged draftsync.kind=target "
                       "(draftsync demo does) or name one in DRAFTSYNC_TARGETS")
-    _emit(status, json_path)
+    write_json(status, json_path)
 
 
 def _gamma_recommended(recommended: dict[str, Any] | None) -> str:

@@ -6,12 +6,11 @@ imported: it answers instantly and needs no MLflow, Prefect or GPU.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
+from draftsync.cli.common import JsonOption, write_json
 from draftsync.serving.recommendation import TASKS, Recommendation, Workload, parse_params, recommend
 
 
@@ -23,7 +22,7 @@ def recommend_command(
     task: Annotated[str, typer.Option("--task", help=f"Main task: {', '.join(TASKS)}.")],
     output_tokens: Annotated[int, typer.Option("--output-tokens", help="Typical tokens per answer.")] = 1024,
     batch: Annotated[int, typer.Option("--batch", help="Requests served together (1: single-stream).")] = 1,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the answer as JSON here.")] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """Recommend a drafter method, gamma range and start for a target, with the seed's expected speedup, a memory
     check and the rule behind each step."""
@@ -33,9 +32,7 @@ def recommend_command(
     )
     recommendation = recommend(workload)
     typer.echo(format_recommendation(recommendation))
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(recommendation.to_dict(), indent=2))
+    write_json(recommendation.to_dict(), json_path)
 
 
 def format_recommendation(recommendation: Recommendation) -> str:

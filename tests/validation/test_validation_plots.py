@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from draftsync.errors import DraftsyncError
-from draftsync.tasks.validation_plots import (
+from draftsync.validation.plots import (
     ACCEPTANCE_BY_POSITION,
     ACCEPTANCE_VS_GAMMA,
     plot_acceptance_by_position,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from draftsync.serving.evaluation import RequestResult
-from draftsync.tasks.checklist import (
+from draftsync.validation.checklist import (
     Gate,
     acceptance_by_length,
     acceptance_rate_lower_bound,

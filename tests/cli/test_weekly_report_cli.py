@@ -126,7 +126,7 @@ def report_setup(workdir, tmp_path, monkeypatch):
 
 
 def run_report(monkeypatch, *args: str) -> tuple[int, dict | None, str, BaseException | None]:
-    from draftsync.flows.cli import app
+    from draftsync.cli.app import app
     from draftsync.tasks import context
 
     context.reset()  # settings are read once per process: the test changes the environment between runs

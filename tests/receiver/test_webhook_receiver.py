@@ -19,8 +19,8 @@ from mlflow.webhooks.delivery import _generate_hmac_signature
 from typer.testing import CliRunner
 
 from draftsync.errors import DraftsyncError
-from draftsync.flows.webhook_cli import webhooks_app
-from draftsync.flows.webhook_receiver import HEALTH_PATH, WEBHOOK_PATH, create_app, resolve_webhook_secret
+from draftsync.cli.webhooks import webhooks_app
+from draftsync.receiver.app import HEALTH_PATH, WEBHOOK_PATH, create_app, resolve_webhook_secret
 from draftsync.registry.webhooks import RegistryChange, create_or_update_webhook
 from tests.servers import mlflow_server, serve_asgi_in_thread
 

@@ -172,5 +172,5 @@ def _profile_file(path: str) -> SyncProfile:
         problem = error.errors()[0]
         where = ".".join(str(part) for part in problem["loc"])
         raise DraftsyncError(f"sync profile file {path}: {where}: {problem['msg']}",
-                             "fix that field (see SyncProfile and ValidationProfile in draftsync/tasks/profile.py)"
+                             "fix that field (see SyncProfile and ValidationProfile in draftsync/profiles.py)"
                              ) from error

@@ -116,7 +116,7 @@ def stress_served_pair(server: str, target_dir: str, drafter_dir: str, gamma: in
         "speedup": plain / spec if spec and plain else None,
     }
     if batch_sizes:
-        from draftsync.tasks.checklist import speculation_schedule
+        from draftsync.validation.checklist import speculation_schedule
 
         by_size = runs["by_batch_size"]
         result["by_batch_size"] = by_size

@@ -53,7 +53,7 @@ def plot_acceptance_vs_gamma(sweep: Sequence[dict], out_dir: str | Path, knee: i
     """
     rows = _check_sweep(sweep)
     if knee is None:
-        from draftsync.tasks.checklist import gamma_knee
+        from draftsync.validation.checklist import gamma_knee
 
         knee = gamma_knee(rows)
     gammas = [int(row["gamma"]) for row in rows]

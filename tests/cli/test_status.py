@@ -12,8 +12,8 @@ import typer
 from typer.testing import CliRunner
 
 from draftsync.errors import DraftsyncError
-from draftsync.flows.status import last_sync, measured_gamma, parse_gamma_range, recommended_gamma
-from draftsync.flows.status_cli import status_command
+from draftsync.cli.status_query import last_sync, measured_gamma, parse_gamma_range, recommended_gamma
+from draftsync.cli.status import status_command
 
 HOUR = timedelta(hours=1)
 WIDE = {"COLUMNS": "240"}  # rich wraps cells to the terminal's width

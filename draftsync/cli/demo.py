@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from draftsync.cli.common import write_json
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context
 
@@ -142,7 +143,7 @@ def run_demo(engine: str = "auto") -> dict:
     from draftsync.flows.weekly_report import weekly_report
     from draftsync.registry.model_registry import drafter_model_name, trained_for_version
     from draftsync.speculative.targets import build_target, builtin_recipe
-    from draftsync.tasks.profile import profile
+    from draftsync.profiles import profile
     from draftsync.tasks.registration import publish_target
     from draftsync.tasks.serving import serving_record, stop_all
 
@@ -270,7 +271,7 @@ def run_demo(engine: str = "auto") -> dict:
         "simulated_clock": {"start": phases[0]["start"], "end": clock.now.isoformat()},
         "workdir": str(settings.root),
     }
-    (settings.root / "demo.json").write_text(json.dumps(result, indent=2, default=str))
+    write_json(result, settings.root / "demo.json")
     _print_summary(console, result, settings)
     return result
 

@@ -9,7 +9,7 @@ import pytest
 
 from draftsync.errors import DraftsyncError
 from draftsync.serving.evaluation import RequestResult
-from draftsync.tasks.validation_suite import run_validation_suite
+from draftsync.validation.suite import run_validation_suite
 
 THRESHOLDS = {"min_acceptance": 0.7, "p50": 0.7, "p5": 0.5, "tasks": ["code", "math"]}
 NAMES = ["at_least_one_request", "every_request_produced_output", "no_request_failed", "acceptance_rate_within_0_1",

@@ -28,7 +28,7 @@ def _setup(workdir, built_targets, tmp_path):
 
 
 def test_dry_run_prints_the_vllm_launch_and_starts_nothing(workdir, built_targets, tmp_path):
-    from draftsync.flows.cli import app
+    from draftsync.cli.app import app
     from draftsync.tasks.serving import serving_record
 
     registry, version, (first, _) = _setup(workdir, built_targets, tmp_path)
@@ -49,7 +49,7 @@ def test_dry_run_prints_the_vllm_launch_and_starts_nothing(workdir, built_target
 
 
 def test_rollback_points_production_at_previous_and_serves_that_pair(workdir, built_targets, tmp_path):
-    from draftsync.flows.cli import app
+    from draftsync.cli.app import app
     from draftsync.tasks import context
 
     registry, _, (first, second) = _setup(workdir, built_targets, tmp_path)

@@ -22,7 +22,7 @@ def draftsync(workdir: Path, *args: str, timeout: float = 300) -> None:
 
     One that runs too long gets Ctrl-C first, so the demo stops the servers it started before it ends."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "DRAFTSYNC_"))}
-    process = subprocess.Popen([sys.executable, "-m", "draftsync.flows.cli", "--workdir", str(workdir), *args],
+    process = subprocess.Popen([sys.executable, "-m", "draftsync.cli", "--workdir", str(workdir), *args],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = process.communicate(timeout=timeout)
@@ -93,7 +93,7 @@ def test_each_drafter_carries_its_target_version_and_v2_ends_in_production(story
 def test_acceptance_falls_with_drift_and_recovers_with_the_v2_pair(story):
     rates = {p["name"][0]: p["acceptance_rate"] for p in story["phases"]}
     stale = story["thresholds"]["stale"]
-    assert stale == 0.70  # the demo's own line (draftsync/flows/demo.py), not a value read off this run
+    assert stale == 0.70  # the demo's own line (draftsync/cli/demo.py), not a value read off this run
     assert rates["b"] > stale, rates
     assert rates["c"] < stale, rates
     assert rates["d"] > stale, rates

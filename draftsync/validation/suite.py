@@ -27,7 +27,7 @@ import os
 from typing import Any
 
 from draftsync.errors import DraftsyncError
-from draftsync.tasks.data_checks import _plain
+from draftsync.validation.data_checks import _plain
 
 REQUIRED_COLUMNS = ("request", "task", "output_tokens", "drafts", "draft_tokens", "accepted", "acceptance_rate")
 THRESHOLD_KEYS = ("min_acceptance", "p50", "p5", "tasks")

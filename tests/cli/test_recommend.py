@@ -1,0 +1,71 @@
+"""`draftsync recommend` on the command line: the answer it prints, the JSON it writes, its errors and its help."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from draftsync.cli.recommend import recommend_command
+from draftsync.errors import DraftsyncError
+from draftsync.serving.recommendation import recommend
+from tests.serving.test_recommendation import workload
+
+
+def _cli() -> typer.Typer:
+    app = typer.Typer()
+    app.callback()(lambda: None)  # a group, so the command is called by name as in the draftsync app
+    app.command(name="recommend")(recommend_command)
+    return app
+
+
+def test_cli_prints_the_answer_and_writes_json(tmp_path):
+    json_path = tmp_path / "out" / "recommendation.json"
+    result = CliRunner().invoke(_cli(), [
+        "recommend", "--params", "70B", "--gpus", "4", "--gpu-memory-gb", "80", "--tpot-ms", "25", "--task", "code",
+        "--output-tokens", "6000", "--batch", "1", "--json", str(json_path),
+    ])
+    assert result.exit_code == 0, result.output
+    assert "method:   eagle3.1" in result.output
+    assert "gamma:    6-8, start at 6" in result.output
+    assert "fits:     yes" in result.output
+    assert "[size:sweet-spot]" in result.output and "[upgrade:latency, upgrade:long-output" in result.output
+    written = json.loads(json_path.read_text())
+    assert set(written) == {"method", "gamma_range", "gamma_start", "expected_speedup", "drafter_memory_gb", "fits",
+                            "memory", "reasons"}
+    expected = recommend(workload(tpot_ms=25, task="code", output_tokens=6000)).to_dict()
+    assert written == expected
+    assert written["gamma_range"] == [6, 8] and written["memory"]["required_gb"] == pytest.approx(208.2)
+
+
+def test_cli_gives_vllms_limits_for_medusa():
+    result = CliRunner().invoke(_cli(), [
+        "recommend", "--params", "180B", "--gpus", "8", "--gpu-memory-gb", "80", "--tpot-ms", "50", "--task", "chat",
+    ])
+    assert result.exit_code == 0, result.output
+    assert "method:   medusa\n" in result.output
+    assert "[serving:vllm-medusa]: vLLM serves it (method 'medusa') with one gamma at every batch size" in result.output
+
+
+@pytest.mark.parametrize(("arguments", "named"), [
+    (["--params", "seventy"], "--params"),
+    (["--task", "poetry"], "task"),
+    (["--gpus", "0"], "gpus"),
+])
+def test_cli_bad_input_raises_the_project_error(arguments, named):
+    base = {"--params": "70B", "--gpus": "4", "--gpu-memory-gb": "80", "--tpot-ms": "25", "--task": "code"}
+    options = {**base, **dict(zip(arguments[::2], arguments[1::2]))}
+    argv = ["recommend"] + [item for pair in options.items() for item in pair]
+    result = CliRunner().invoke(_cli(), argv)
+    assert isinstance(result.exception, DraftsyncError)
+    assert named in result.exception.what
+
+
+def test_cli_help_lists_every_option():
+    result = CliRunner().invoke(_cli(), ["recommend", "--help"])
+    assert result.exit_code == 0
+    options = ("--params", "--gpus", "--gpu-memory-gb", "--tpot-ms", "--task", "--output-tokens", "--batch", "--json")
+    for option in options:
+        assert option in result.output
