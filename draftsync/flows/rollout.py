@@ -22,6 +22,7 @@ from prefect.artifacts import create_markdown_artifact
 from draftsync.errors import DraftsyncError
 from draftsync.registry.model_registry import trained_for_version
 from draftsync.serving.deployment import ServingDeployment
+from draftsync.speculative.methods import DEFAULT_METHOD
 from draftsync.tasks import context, events
 from draftsync.tasks.alerts import send_alert
 from draftsync.tasks.profile import SyncProfile
@@ -74,7 +75,7 @@ def choose_pair(deployment: ServingDeployment, drafter_version: int | None, spec
     elif speculation:
         drafter_version = _production_drafter_for(deployment.target_name, target_version)
     pair = {"target_version": target_version, "drafter_name": drafter_name, "drafter_version": drafter_version,
-            "gamma": 0, "method": "eagle3", "schedule": None}
+            "gamma": 0, "method": DEFAULT_METHOD, "schedule": None}
     if drafter_version is not None:
         tags = registry.version_tags(drafter_name, drafter_version)
         pair.update(gamma=int(tags["draftsync.gamma"]), method=tags["draftsync.method"],

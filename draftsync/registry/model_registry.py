@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.methods import TRAINED_METHODS
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -51,7 +52,6 @@ CANDIDATE = "candidate"
 PRODUCTION = "production"
 PREVIOUS = "previous"
 
-DRAFTER_METHODS = ("eagle3", "eagle3.1", "eagle", "medusa")
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -232,9 +232,9 @@ class Registry:
         registered this drafter gets the same version back instead of a duplicate.
         """
         _check_name(target_name)
-        if method not in DRAFTER_METHODS:
+        if method not in TRAINED_METHODS:
             raise DraftsyncError(
-                f"drafter method {method!r} is not one of {', '.join(DRAFTER_METHODS)}",
+                f"drafter method {method!r} is not one of {', '.join(TRAINED_METHODS)}",
                 "pass one of the supported methods",
             )
         if int(gamma) < 1:

@@ -9,6 +9,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.methods import METHODS
 from draftsync.tasks import context
 from draftsync.tasks.profile import SyncProfile
 
@@ -72,7 +73,7 @@ def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProf
                     len(manifest["shards"]))
 
     manifest = build_shards(
-        model, concat_samples(*sources), out_dir, layer_ids, store_aux=profile.method in ("eagle3", "eagle3.1"),
+        model, concat_samples(*sources), out_dir, layer_ids, store_aux=METHODS[profile.method].reads_aux_states,
         max_seq_len=profile.dataset_max_seq_len, target_name=target_dir, on_progress=progress,
     )
     try:

@@ -14,6 +14,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.methods import is_eagle3_family
 from draftsync.tasks import context
 from draftsync.tasks.profile import SyncProfile
 from draftsync.tasks.serving import configured_deployments
@@ -50,7 +51,7 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
                         output_tokens=profile.validation.long_max_tokens or 1024)
     advice = recommend(workload).to_dict()
     chosen, applied = profile, False
-    if profile.follow_recommendation and advice["method"] in ("eagle3", "eagle3.1"):
+    if profile.follow_recommendation and is_eagle3_family(advice["method"]):
         low, high = advice["gamma_range"]
         chosen = profile.model_copy(update={
             "method": advice["method"], "gamma": advice["gamma_start"],
