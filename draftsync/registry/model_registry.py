@@ -9,17 +9,17 @@ Checkpoints are logged as plain files (safetensors + config), never as pickled m
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
+from draftsync.registry.checkpoint_checks import check_checkpoint_dir
+from draftsync.registry.outages import NamedOutages, first_line, is_outage, outage, quick_http
 from draftsync.speculative.methods import TRAINED_METHODS
 
 if TYPE_CHECKING:
@@ -131,18 +131,18 @@ class Registry:
             from mlflow import MlflowClient
 
             client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
-            self._client_instance = _NamedOutages(client, self.tracking_uri)
+            self._client_instance = NamedOutages(client, self.tracking_uri)
         return self._client_instance
 
     def ping(self) -> None:
         """Fail fast, with the fix, when the tracking server cannot be reached (no retry storm)."""
-        with _quick_http():
+        with quick_http():
             try:
                 self._client.search_experiments(max_results=1)
             except Exception as error:  # any transport or store failure means "not usable"
                 cause = error.__cause__ if isinstance(error, DraftsyncError) and error.__cause__ else error
                 raise DraftsyncError(
-                    f"MLflow at {self.tracking_uri} is not reachable ({_first_line(cause)})",
+                    f"MLflow at {self.tracking_uri} is not reachable ({first_line(cause)})",
                     "start `mlflow server` there or set MLFLOW_TRACKING_URI to a reachable server "
                     "(or unset it to use the embedded sqlite store under the work dir)",
                 ) from error
@@ -175,7 +175,7 @@ class Registry:
         The version is created only after every file is stored, so a failure leaves no version.
         """
         _check_name(name)
-        checkpoint_dir = _check_checkpoint_dir(checkpoint_dir, "target")
+        checkpoint_dir = check_checkpoint_dir(checkpoint_dir, "target")
         missing = [key for key in TARGET_TAGS if not str(tags.get(key, "")).strip()]
         if missing:
             raise DraftsyncError(
@@ -239,7 +239,7 @@ class Registry:
             )
         if int(gamma) < 1:
             raise DraftsyncError(f"drafter gamma {gamma} is below 1", "pass the number of speculative tokens (>= 1)")
-        drafter_dir = _check_checkpoint_dir(drafter_dir, "drafter")
+        drafter_dir = check_checkpoint_dir(drafter_dir, "drafter")
         model_name = drafter_model_name(target_name)
         if sync_key is not None:
             existing = self._drafter_with_sync_key(model_name, target_version, method, sync_key)
@@ -445,9 +445,9 @@ class Registry:
                 local = Path(mlflow.artifacts.download_artifacts(
                     artifact_uri=source, dst_path=str(staging), tracking_uri=self.tracking_uri))
             except Exception as error:
-                if not _is_outage(error):
+                if not is_outage(error):
                     raise
-                raise _outage(self.tracking_uri, f"the download of {name} v{version}", error) from error
+                raise outage(self.tracking_uri, f"the download of {name} v{version}", error) from error
             try:
                 local.rename(destination)
             except OSError:  # another process finished first
@@ -547,68 +547,6 @@ class Registry:
         )
 
 
-class _NamedOutages:
-    """The MLflow client, with a transport failure (server down, connection cut, retries used up) turned into an
-    error that names the tracking server and the fix. MLflow has already retried with backoff by then
-    (MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR); errors the server answered pass as they are."""
-
-    def __init__(self, client: Any, tracking_uri: str):
-        self._wrapped, self._tracking_uri = client, tracking_uri
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._wrapped, name)
-        if not callable(attribute):
-            return attribute
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return attribute(*args, **kwargs)
-            except Exception as error:
-                if not _is_outage(error):
-                    raise
-                raise _outage(self._tracking_uri, name, error) from error
-
-        return call
-
-
-def _outage(tracking_uri: str, during: str, error: BaseException) -> DraftsyncError:
-    return DraftsyncError(
-        f"MLflow at {tracking_uri} could not be reached during {during} ({_first_line(error)[:300]})",
-        "start the tracking server again (or fix MLFLOW_TRACKING_URI) and rerun: a sync resumes from its "
-        "dataset and checkpoints, and registration finds a version already created",
-    )
-
-
-def _is_outage(error: BaseException) -> bool:
-    """Whether the request never got an answer from the server: refused, reset, timed out after MLflow's retries."""
-    import requests
-
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, (requests.ConnectionError, requests.Timeout, requests.exceptions.RetryError)):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    text = str(error)
-    return "API request to" in text and any(
-        sign in text for sign in ("Max retries exceeded", "Connection refused", "Connection aborted", "timed out"))
-
-
-@contextmanager
-def _quick_http() -> Iterator[None]:
-    """MLflow retries HTTP for minutes by default; a reachability check must answer in seconds."""
-    quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
-    saved = {key: os.environ.get(key) for key in quick}
-    os.environ.update(quick)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def _status(passed: bool | None) -> str:
     return "pending" if passed is None else "passed" if passed else "failed"
 
@@ -622,68 +560,9 @@ def _check_name(name: str) -> None:
         )
 
 
-def _check_checkpoint_dir(path: Path, what: str) -> Path:
-    """The checkpoint's real path, once it is known to lie inside a model root and to hold config and safetensors.
-
-    The root check comes first, so nothing outside the roots is read, let alone uploaded."""
-    from draftsync.model_paths import confined_model_path
-
-    path = confined_model_path(path, f"{what} checkpoint")
-    if not (path / "config.json").is_file():
-        raise DraftsyncError(
-            f"{what} checkpoint {path} has no config.json",
-            f"point at the {what}'s saved checkpoint directory (config.json + *.safetensors)",
-        )
-    weights = sorted(path.glob("*.safetensors"))
-    if not weights:
-        raise DraftsyncError(
-            f"{what} checkpoint {path} has no *.safetensors weights",
-            "save it again; weights must be stored as safetensors",
-        )
-    for file in weights:
-        _check_safetensors(file, what)
-    return path
-
-
-SAFETENSORS_MAX_HEADER_BYTES = 100_000_000  # the format's own limit
-
-
-def _check_safetensors(file: Path, what: str) -> None:
-    """Header and size must agree, as the format requires: a torn or garbled file is refused before it is stored.
-
-    Reads the header only (8-byte length, then JSON), so a large checkpoint costs nothing to check."""
-    size = file.stat().st_size
-    problem = None
-    try:
-        with file.open("rb") as handle:
-            prefix = handle.read(8)
-            header_bytes = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
-            if not 0 < header_bytes <= min(size - 8, SAFETENSORS_MAX_HEADER_BYTES):
-                problem = f"its header length {header_bytes} does not fit a file of {size} bytes"
-            else:
-                header = json.loads(handle.read(header_bytes))
-                end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"),
-                          default=0)
-                held = size - 8 - header_bytes
-                if end != held:
-                    problem = f"its header describes {end} bytes of tensors but the file holds {held}"
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as error:
-        problem = f"its header cannot be read ({type(error).__name__}: {error})"
-    if problem:
-        raise DraftsyncError(
-            f"{what} weights {file} are corrupt: {problem}",
-            f"save the {what} checkpoint again (or copy it again from where it was trained); nothing was registered",
-        )
-
-
 def _format_metric(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
         return f"{value:.6g}"
     return str(value)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:300] if text else type(error).__name__
