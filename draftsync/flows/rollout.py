@@ -20,7 +20,8 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from draftsync.errors import DraftsyncError
-from draftsync.registry.model_registry import trained_for_version
+from draftsync.registry.model_registry import PRODUCTION
+from draftsync.registry.tags import DrafterVersion
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.speculative.methods import DEFAULT_METHOD
 from draftsync.tasks import context, events
@@ -61,15 +62,16 @@ def choose_pair(deployment: ServingDeployment, drafter_version: int | None, spec
         )
     drafter_name = drafter_model_name(deployment.target_name)
     if drafter_version is not None:
-        tags = registry.version_tags(drafter_name, drafter_version)
-        trained_for = trained_for_version(drafter_name, drafter_version, tags)
+        drafter = DrafterVersion.from_tags(drafter_name, drafter_version, registry.version_tags(drafter_name,
+                                                                                                drafter_version))
+        trained_for = drafter.trained_for_version()
         if trained_for != target_version:
             raise DraftsyncError(
                 f"drafter {drafter_name} v{drafter_version} was trained for {deployment.target_name} v{trained_for}, "
                 f"but deployment {deployment.name} serves v{target_version} (alias {deployment.target_alias})",
                 "never serve a mismatched pair: sync a drafter for the served version, or pick one trained for it",
             )
-        if tags.get("draftsync.validation.passed") != "true":
+        if not drafter.validation_passed:
             raise DraftsyncError(f"drafter {drafter_name} v{drafter_version} has not passed validation",
                                  f"run `draftsync validate {deployment.target_name} {drafter_version}` first")
     elif speculation:
@@ -77,10 +79,9 @@ def choose_pair(deployment: ServingDeployment, drafter_version: int | None, spec
     pair = {"target_version": target_version, "drafter_name": drafter_name, "drafter_version": drafter_version,
             "gamma": 0, "method": DEFAULT_METHOD, "schedule": None}
     if drafter_version is not None:
-        tags = registry.version_tags(drafter_name, drafter_version)
-        pair.update(gamma=int(tags["draftsync.gamma"]), method=tags["draftsync.method"],
-                    schedule=json.loads(tags["draftsync.gamma_schedule"]) if "draftsync.gamma_schedule" in tags
-                    else None)
+        drafter = DrafterVersion.from_tags(drafter_name, drafter_version, registry.version_tags(drafter_name,
+                                                                                                drafter_version))
+        pair.update(gamma=drafter.served_gamma(), method=drafter.method, schedule=drafter.gamma_schedule())
     return pair
 
 
@@ -89,11 +90,10 @@ def _production_drafter_for(target_name: str, target_version: int) -> int | None
     (the team's choice; a rollback moves it), else the newest validated drafter for the version, else None."""
     registry = context.registry()
     name = drafter_model_name(target_name)
-    production = registry.alias_version(name, "production")
+    production = registry.alias_version(name, PRODUCTION)
     if production is not None:
-        tags = registry.version_tags(name, production)
-        if tags.get("draftsync.target.version") == str(target_version) and tags.get("draftsync.validation.passed") \
-                == "true":
+        drafter = DrafterVersion.from_tags(name, production, registry.version_tags(name, production))
+        if drafter.trained_for == int(target_version) and drafter.validation_passed:
             return production
     return registry.drafter_for_target_version(target_name, target_version)
 
@@ -172,7 +172,7 @@ def rollout(deployment: ServingDeployment, speculation: bool = True, reason: str
     else:
         endpoint, replaced, canary = _launch_and_switch(deployment, pair, launch, steps)
     snapshot = registry.alias_snapshot(deployment.target_name)
-    if pair["drafter_version"] is not None and snapshot["production"] != pair["drafter_version"]:
+    if pair["drafter_version"] is not None and snapshot[PRODUCTION] != pair["drafter_version"]:
         registry.promote(deployment.target_name, pair["drafter_version"])
         steps.append(f"aliases: production -> v{pair['drafter_version']}, previous -> v{snapshot['production']}")
     _record_pair(deployment, pair, endpoint, new_state)
@@ -257,11 +257,11 @@ def rollout_previous(deployment: ServingDeployment, snapshot: dict, reason: str)
     steps: list[str] = []
     registry = context.registry()
     target_version = registry.alias_version(deployment.target_name, deployment.target_alias)
-    previous = snapshot.get("production")
+    previous = snapshot.get(PRODUCTION)
     trained_for = None
     if previous is not None:
-        tags = registry.version_tags(drafter_model_name(deployment.target_name), previous)
-        trained_for = trained_for_version(drafter_model_name(deployment.target_name), previous, tags)
+        name = drafter_model_name(deployment.target_name)
+        trained_for = DrafterVersion.from_tags(name, previous, registry.version_tags(name, previous)).trained_for_version()
     if previous is not None and trained_for == target_version:
         pair = choose_pair(deployment, previous, True)
     else:
@@ -328,6 +328,6 @@ def rollback(deployment: ServingDeployment, reason: str = "rolled back by hand")
     registry = context.registry()
     before = registry.alias_snapshot(deployment.target_name)
     restored = registry.rollback(deployment.target_name)
-    back = rollout_previous(deployment, {"production": restored}, reason)
+    back = rollout_previous(deployment, {PRODUCTION: restored}, reason)
     return {"deployment": deployment.name, "aliases_before": before,
             "aliases_after": registry.alias_snapshot(deployment.target_name), **back}

@@ -1,4 +1,5 @@
-"""Checkpoint checks before an upload: a directory is confined to the model roots and holds sound safetensors.
+"""What the registry checks before it writes: a model name its filters can quote, and a checkpoint directory
+confined to the model roots that holds sound safetensors.
 
 The registry refuses a torn or garbled checkpoint before it stores anything, so a version is never created
 over weights no engine can load.
@@ -7,9 +8,21 @@ over weights no engine can load.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from draftsync.errors import DraftsyncError
+
+_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def check_name(name: str) -> None:
+    """Names end up inside registry filter strings: allow only characters that need no quoting."""
+    if not _NAME_PATTERN.match(name or ""):
+        raise DraftsyncError(
+            f"model name {name!r} has characters the registry filters cannot quote",
+            "use letters, digits, '.', '_' and '-' only",
+        )
 
 
 def check_checkpoint_dir(path: Path, what: str) -> Path:

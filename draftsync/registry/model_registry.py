@@ -3,13 +3,12 @@
 Stages are deprecated in MLflow, so state lives in version tags and aliases: a drafter version
 carries the target version it was trained for, and the aliases `candidate` (registered, not
 serving), `production` (serving) and `previous` (what `production` pointed at before the last flip).
-Checkpoints are logged as plain files (safetensors + config), never as pickled models.
+Checkpoints are logged as plain files (safetensors + config), never as pickled models. The tag keys and
+their readers are in tags.py, the outage errors in outages.py, the checks before an upload in checkpoint_checks.py.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -18,8 +17,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
-from draftsync.registry.checkpoint_checks import check_checkpoint_dir
+from draftsync.registry.checkpoint_checks import check_checkpoint_dir, check_name
 from draftsync.registry.outages import NamedOutages, first_line, is_outage, outage, quick_http
+from draftsync.registry.tags import (
+    FAILED_GATES_TAG,
+    GAMMA_TAG,
+    KIND_TAG,
+    METHOD_TAG,
+    PENDING,
+    SYNC_KEY_TAG,
+    TARGET_KIND,
+    TARGET_VERSION_TAG,
+    VALIDATION_PASSED_TAG,
+    VALIDATION_STATUS_TAG,
+    check_target_tags,
+    drafter_tags,
+    flag,
+    validation_metric_tags,
+    validation_status,
+)
 from draftsync.speculative.methods import TRAINED_METHODS
 
 if TYPE_CHECKING:
@@ -29,30 +45,10 @@ EXPERIMENT_NAME = "draftsync"
 CHECKPOINT_ARTIFACT_PATH = "checkpoint"
 REPORTS_ARTIFACT_PATH = "reports"
 
-KIND_TAG = "draftsync.kind"
-TARGET_TAGS = (
-    "draftsync.task_mix",
-    "draftsync.architecture",
-    "draftsync.hidden_size",
-    "draftsync.num_hidden_layers",
-    "draftsync.vocab_size",
-    "draftsync.num_parameters",
-)
-TARGET_NAME_TAG = "draftsync.target.name"
-TARGET_VERSION_TAG = "draftsync.target.version"
-METHOD_TAG = "draftsync.method"
-GAMMA_TAG = "draftsync.gamma"
-VALIDATION_PREFIX = "draftsync.validation."
-VALIDATION_PASSED_TAG = "draftsync.validation.passed"
-VALIDATION_STATUS_TAG = "draftsync.validation.status"  # pending | passed | failed
-FAILED_GATES_TAG = "draftsync.validation.failed_gates"
-SYNC_KEY_TAG = "draftsync.sync_key"
-
 CANDIDATE = "candidate"
 PRODUCTION = "production"
 PREVIOUS = "previous"
 
-_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(frozen=True)
@@ -71,40 +67,6 @@ class ModelVersionInfo:
 def drafter_model_name(target_name: str) -> str:
     """Each target gets one drafter registered model; its versions say which target version they fit."""
     return f"{target_name}-drafter"
-
-
-def trained_for_version(model_name: str, version: int, tags: Mapping[str, str]) -> int:
-    """The target version a drafter version was trained for (its lineage tag); a missing or bad tag is named."""
-    raw = tags.get(TARGET_VERSION_TAG)
-    try:
-        return int(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError) as error:
-        found = f"no {TARGET_VERSION_TAG} tag" if raw is None else f"{TARGET_VERSION_TAG}={raw!r}"
-        raise DraftsyncError(
-            f"drafter {model_name} version {version} has {found}: the target version it was trained for is unknown",
-            f"set {TARGET_VERSION_TAG} on the version to that target version, or register drafters with "
-            "`draftsync sync` (it writes the lineage tags)",
-        ) from error
-
-
-def target_tags(
-    *,
-    architecture: str,
-    hidden_size: int,
-    num_layers: int,
-    vocab_size: int,
-    parameter_count: int,
-    task_mix: Mapping[str, float],
-) -> dict[str, str]:
-    """The tags `register_target` requires, as strings; `target_tags(**describe_target(dir))` fits."""
-    return {
-        "draftsync.task_mix": json.dumps(dict(task_mix), sort_keys=True),
-        "draftsync.architecture": str(architecture),
-        "draftsync.hidden_size": str(int(hidden_size)),
-        "draftsync.num_hidden_layers": str(int(num_layers)),
-        "draftsync.vocab_size": str(int(vocab_size)),
-        "draftsync.num_parameters": str(int(parameter_count)),
-    }
 
 
 class Registry:
@@ -174,34 +136,22 @@ class Registry:
 
         The version is created only after every file is stored, so a failure leaves no version.
         """
-        _check_name(name)
+        check_name(name)
         checkpoint_dir = check_checkpoint_dir(checkpoint_dir, "target")
-        missing = [key for key in TARGET_TAGS if not str(tags.get(key, "")).strip()]
-        if missing:
-            raise DraftsyncError(
-                f"target {name}: required tags missing: {', '.join(missing)}",
-                "pass them all; draftsync.registry.target_tags(...) builds them from the checkpoint's facts",
-            )
-        try:
-            json.loads(tags["draftsync.task_mix"])
-        except ValueError as error:
-            raise DraftsyncError(
-                f"target {name}: tag draftsync.task_mix is not JSON ({tags['draftsync.task_mix']!r})",
-                'pass the task mix as a JSON object, e.g. {"code": 0.5, "math": 0.5}',
-            ) from error
-        version_tags = {**{k: str(v) for k, v in tags.items()}, KIND_TAG: "target"}
+        check_target_tags(name, tags)
+        version_tags = {**{k: str(v) for k, v in tags.items()}, KIND_TAG: TARGET_KIND}
         run_id = self._log_run(f"target {name}", checkpoint_dir, version_tags, metrics={}, reports_dir=None)
         return self._create_version(name, run_id, version_tags)
 
     def target_versions_after(self, name: str, version: int) -> list[ModelVersionInfo]:
         """Versions of `name` newer than the watermark `version`, oldest first."""
-        _check_name(name)
+        check_name(name)
         found = self._client.search_model_versions(f"name='{name}' and version_number > {int(version)}")
         return sorted((self._info(mv) for mv in found), key=lambda info: info.version)
 
     def target_names(self) -> list[str]:
         """Registered models with versions tagged `draftsync.kind=target`, sorted."""
-        found = self._client.search_model_versions(f"tags.`{KIND_TAG}` = 'target'")
+        found = self._client.search_model_versions(f"tags.`{KIND_TAG}` = '{TARGET_KIND}'")
         return sorted({mv.name for mv in found})
 
     def set_target_alias(self, name: str, alias: str, version: int) -> None:
@@ -231,7 +181,7 @@ class Registry:
         training loss and per-position accuracy) is logged as step series, the curves of the run. With `sync_key`, a retried sync that already
         registered this drafter gets the same version back instead of a duplicate.
         """
-        _check_name(target_name)
+        check_name(target_name)
         if method not in TRAINED_METHODS:
             raise DraftsyncError(
                 f"drafter method {method!r} is not one of {', '.join(TRAINED_METHODS)}",
@@ -247,14 +197,8 @@ class Registry:
                 self._restore_candidate(model_name, existing)
                 return existing
         tags = {
-            KIND_TAG: "drafter",
-            TARGET_NAME_TAG: target_name,
-            TARGET_VERSION_TAG: str(int(target_version)),
-            METHOD_TAG: method,
-            GAMMA_TAG: str(int(gamma)),
-            VALIDATION_PASSED_TAG: "true" if validation_passed else "false",
-            VALIDATION_STATUS_TAG: _status(validation_passed),
-            **{f"{VALIDATION_PREFIX}{key}": _format_metric(value) for key, value in metrics.items()},
+            **drafter_tags(target_name, target_version, method, gamma, validation_passed=validation_passed,
+                           metrics=metrics),
             **{k: str(v) for k, v in (extra_tags or {}).items()},
         }
         if sync_key is not None:
@@ -294,15 +238,14 @@ class Registry:
                 self._client.log_metric(run_id, key, float(value))
         self._log_history(run_id, metric_history or {})
         version = str(int(drafter_version))
-        updates = {**{k: str(v) for k, v in tags.items()},
-                   **{f"{VALIDATION_PREFIX}{k}": _format_metric(v) for k, v in metrics.items() if v is not None}}
+        updates = {**{k: str(v) for k, v in tags.items()}, **validation_metric_tags(metrics)}
         if gamma is not None:
             updates[GAMMA_TAG] = str(int(gamma))
         updates[FAILED_GATES_TAG] = ",".join(failed_gates) or "none"
         for key, value in updates.items():
             self._client.set_model_version_tag(model_name, version, key, value)
-        self._client.set_model_version_tag(model_name, version, VALIDATION_STATUS_TAG, _status(passed))
-        self._client.set_model_version_tag(model_name, version, VALIDATION_PASSED_TAG, "true" if passed else "false")
+        self._client.set_model_version_tag(model_name, version, VALIDATION_STATUS_TAG, validation_status(passed))
+        self._client.set_model_version_tag(model_name, version, VALIDATION_PASSED_TAG, flag(passed))
 
     def tag_version(self, model_name: str, version: int, key: str, value: str) -> None:
         self._client.set_model_version_tag(model_name, str(int(version)), key, value)
@@ -322,7 +265,7 @@ class Registry:
     def _restore_candidate(self, model_name: str, version: int) -> None:
         """A run killed between creating the version and aliasing it left a pending version without `candidate`."""
         tags = self.version_tags(model_name, version)
-        if tags.get(VALIDATION_STATUS_TAG) == "pending" and self.alias_version(model_name, CANDIDATE) != version \
+        if tags.get(VALIDATION_STATUS_TAG) == PENDING and self.alias_version(model_name, CANDIDATE) != version \
                 and self.alias_version(model_name, PRODUCTION) != version:
             self._client.set_registered_model_alias(model_name, CANDIDATE, str(version))
 
@@ -514,7 +457,7 @@ class Registry:
         return int(version.version)
 
     def _versions(self, model_name: str) -> list[ModelVersionInfo]:
-        _check_name(model_name)
+        check_name(model_name)
         found = self._client.search_model_versions(f"name='{model_name}'")
         return sorted((self._info(mv, with_aliases=False) for mv in found), key=lambda info: info.version)
 
@@ -545,24 +488,3 @@ class Registry:
             aliases=sorted(aliases),
             created_ms=int(model_version.creation_timestamp or 0),
         )
-
-
-def _status(passed: bool | None) -> str:
-    return "pending" if passed is None else "passed" if passed else "failed"
-
-
-def _check_name(name: str) -> None:
-    """Names end up inside registry filter strings: allow only characters that need no quoting."""
-    if not _NAME_PATTERN.match(name or ""):
-        raise DraftsyncError(
-            f"model name {name!r} has characters the registry filters cannot quote",
-            "use letters, digits, '.', '_' and '-' only",
-        )
-
-
-def _format_metric(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
