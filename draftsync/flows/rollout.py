@@ -261,7 +261,8 @@ def rollout_previous(deployment: ServingDeployment, snapshot: dict, reason: str)
     trained_for = None
     if previous is not None:
         name = drafter_model_name(deployment.target_name)
-        trained_for = DrafterVersion.from_tags(name, previous, registry.version_tags(name, previous)).trained_for_version()
+        drafter = DrafterVersion.from_tags(name, previous, registry.version_tags(name, previous))
+        trained_for = drafter.trained_for_version()
     if previous is not None and trained_for == target_version:
         pair = choose_pair(deployment, previous, True)
     else:

@@ -317,17 +317,14 @@ class DrafterVersion:
     gamma_measured: int | None
     validation: str  # pending | passed | failed | unknown (no status tag)
     validation_passed: bool
-    failed_gates: tuple[str, ...]
     recommended_method: str | None
     recommended_gamma_range: list[int] | None
     recommended_gamma_start: int | None
-    sync_key: str | None
     data_check_failures: int | None
     tags: Mapping[str, str]
 
     @classmethod
     def from_tags(cls, name: str, version: int, tags: Mapping[str, str]) -> DrafterVersion:
-        failed = tags.get(FAILED_GATES_TAG)
         return cls(
             name=name,
             version=int(version),
@@ -338,11 +335,9 @@ class DrafterVersion:
             gamma_measured=measured_gamma(tags),
             validation=tags.get(VALIDATION_STATUS_TAG, "unknown"),
             validation_passed=tags.get(VALIDATION_PASSED_TAG) == "true",
-            failed_gates=tuple(g for g in (failed or "").split(",") if g and g != "none"),
             recommended_method=tags.get(RECOMMENDED_METHOD_TAG),
             recommended_gamma_range=parse_gamma_range(tags.get(RECOMMENDED_GAMMA_RANGE_TAG)),
             recommended_gamma_start=as_int(tags.get(RECOMMENDED_GAMMA_START_TAG)),
-            sync_key=tags.get(SYNC_KEY_TAG),
             data_check_failures=as_int(tags.get(DATA_CHECK_FAILURES_TAG)),
             tags=dict(tags),
         )

@@ -304,7 +304,8 @@ def recommend(workload: Workload) -> Recommendation:
     if medusa_line:
         reasons.append(medusa_line)
     if method == MEDUSA.name:
-        reasons.append(f"serving [serving:vllm-medusa]: vLLM serves it (method {MEDUSA.vllm_method!r}) with one gamma at every batch "
+        reasons.append(f"serving [serving:vllm-medusa]: vLLM serves it (method {MEDUSA.vllm_method!r}) with one "
+                       "gamma at every batch "
                        "size, since its Medusa drafts exactly num_speculative_tokens (validation records no per-batch-size "
                        f"schedule), and with at most one draft token per head: train at least {gamma[1]} heads "
                        "(the sync profile's medusa_heads) to serve the whole range")

@@ -225,7 +225,8 @@ def speculative_config(target_dir: str | Path, method: str | None, drafter_dir: 
                                      tensor_parallel_size)
         return launch.speculative_config
     if method == DRAFT_MODEL.name:
-        config: dict[str, Any] = {"method": DRAFT_MODEL.vllm_method, "model": str(drafter_dir), "num_speculative_tokens": gamma}
+        config: dict[str, Any] = {"method": DRAFT_MODEL.vllm_method, "model": str(drafter_dir),
+                                  "num_speculative_tokens": gamma}
         if tensor_parallel_size > 1:
             config["draft_tensor_parallel_size"] = tensor_parallel_size
         return config

@@ -48,10 +48,6 @@ class DrafterMethod:
     def __str__(self) -> str:
         return self.name
 
-    @property
-    def is_eagle3_family(self) -> bool:
-        return self.family == EAGLE3_FAMILY
-
 
 EAGLE3 = DrafterMethod("eagle3", EAGLE3_FAMILY, vllm_method="eagle3", chains=True, speculators_type="eagle3",
                        reads_aux_states=True)
@@ -74,13 +70,10 @@ CHECKPOINT_METHODS: tuple[str, ...] = tuple(method.name for method in _ALL if me
 DEFAULT_METHOD = EAGLE3.name
 
 
-def method_named(name: str | DrafterMethod, *, among: tuple[str, ...] = VLLM_METHODS,
-                 what: str = "drafter method") -> DrafterMethod:
+def method_named(name: str, *, among: tuple[str, ...] = VLLM_METHODS) -> DrafterMethod:
     """The descriptor of method `name`, which must be one of `among`; an unknown name is refused with the list."""
-    if isinstance(name, DrafterMethod):
-        name = name.name
     if name not in among:
-        raise DraftsyncError(f"{what} {name!r} is unknown", f"use one of {', '.join(among)}")
+        raise DraftsyncError(f"drafter method {name!r} is unknown", f"use one of {', '.join(among)}")
     return METHODS[name]
 
 
