@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+from draftsync.speculative.methods import DEFAULT_METHOD, METHODS, TRAINED_METHODS
 
 
 class ValidationProfile(BaseModel):
@@ -72,7 +74,7 @@ class SyncProfile(BaseModel):
     in minutes; `test` is smaller still."""
 
     name: str = "demo"
-    method: Literal["eagle3", "eagle3.1", "eagle", "medusa"] = "eagle3"
+    method: str = DEFAULT_METHOD  # one of TRAINED_METHODS (methods.py)
     gamma: int = Field(2, ge=1, le=16)
     draft_vocab_size: int = Field(256, ge=16)
     aux_layer_ids: tuple[int, int, int] | None = None  # EAGLE-3 depths; None: low/mid/high of the target
@@ -101,13 +103,20 @@ class SyncProfile(BaseModel):
     # hardware (`draftsync recommend`); off, the recommendation is only recorded on the drafter version.
     follow_recommendation: bool = False
 
+    @field_validator("method")
+    @classmethod
+    def _a_trained_method(cls, method: str) -> str:
+        if method not in TRAINED_METHODS:
+            raise ValueError(f"method {method!r} is not one a sync trains: use one of {', '.join(TRAINED_METHODS)}")
+        return method
+
     def dataset_key(self) -> str:
         """What the dataset depends on: a rerun with the same key resumes it, another key builds anew."""
         import hashlib
 
         fields = ("training_texts", "generated_samples", "generated_max_tokens", "seed", "aux_layer_ids",
                   "dataset_max_seq_len")
-        data = [getattr(self, f) for f in fields] + [self.method in ("eagle3", "eagle3.1")]
+        data = [getattr(self, f) for f in fields] + [METHODS[self.method].reads_aux_states]
         return hashlib.sha256(repr(data).encode()).hexdigest()[:12]
 
 

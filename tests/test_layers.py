@@ -12,6 +12,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "draftsync"
 # Modules every layer may use: the error type, the settings and the sync profiles, the model-path confinement.
 BASE = {"errors", "settings", "profiles", "model_paths", "__init__", "__main__"}
+# Modules of a package that every layer may use: the drafter methods' registry (names, families, vLLM's names).
+SHARED = {"draftsync.speculative.methods"}
 # Each package and the draftsync packages it may import (besides BASE); anything absent is not allowed.
 ALLOWED = {
     "speculative": set(),
@@ -52,11 +54,19 @@ def test_every_import_points_down_the_layers():
             if parts[0] != "draftsync" or len(parts) < 2:
                 continue
             target = parts[1]
-            if target == layer or target in BASE:
+            if target == layer or target in BASE or name in SHARED:
                 continue
             if layer in BASE or target not in ALLOWED.get(layer, set()):
                 wrong.append(f"{path.relative_to(PACKAGE.parent)} imports {name}")
     assert not wrong, "imports that point up or sideways:\n" + "\n".join(wrong)
+
+
+def test_the_shared_modules_use_nothing_but_the_base():
+    """A module every layer may import must itself stand below every layer."""
+    wrong = [f"{module} imports {name}" for module in sorted(SHARED)
+             for name in _imports(PACKAGE.parent / (module.replace(".", "/") + ".py"))
+             if name.split(".")[0] == "draftsync" and name.split(".")[1] not in BASE]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_the_lower_layers_know_nothing_of_prefect():

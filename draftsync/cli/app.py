@@ -86,12 +86,11 @@ def sync(
     A version already synced with this method is skipped (the result says `skipped`) unless --retrain."""
     from draftsync.flows.sync import sync as sync_flow
     from draftsync.profiles import profile as named_profile
+    from draftsync.speculative.methods import TRAINED_METHODS, method_named
 
     chosen = named_profile(profile)
     if method is not None:
-        methods = ("eagle3", "eagle3.1", "eagle", "medusa")
-        if method not in methods:
-            raise DraftsyncError(f"drafter method {method!r} is unknown", f"use one of {', '.join(methods)}")
+        method_named(method, among=TRAINED_METHODS)
         chosen = chosen.model_copy(update={"method": method})
     check_registry()
     if retrain:

@@ -141,7 +141,8 @@ def run_demo(engine: str = "auto") -> dict:
     `engine`: "auto" (vLLM when one is installed, else the CPU reference server), "vllm" or "reference"."""
     from draftsync.flows.watch import watch
     from draftsync.flows.weekly_report import weekly_report
-    from draftsync.registry.model_registry import drafter_model_name, trained_for_version
+    from draftsync.registry.model_registry import drafter_model_name
+    from draftsync.registry.tags import DrafterVersion
     from draftsync.speculative.targets import build_target, builtin_recipe
     from draftsync.profiles import profile
     from draftsync.tasks.registration import publish_target
@@ -231,17 +232,18 @@ def run_demo(engine: str = "auto") -> dict:
     drafter_name = drafter_model_name(TARGET_NAME)
     drafters = []
     for info in registry.target_versions_after(drafter_name, 0):
-        tags = info.tags
+        drafter = DrafterVersion.from_tags(drafter_name, info.version, info.tags)
+        start = drafter.recommended_gamma_start
         drafters.append({
             "name": drafter_name,
             "version": info.version,
-            "target_version": trained_for_version(drafter_name, info.version, tags),
-            "method": tags["draftsync.method"],
-            "gamma": int(tags["draftsync.gamma"]),  # measured: validation's knee
-            "gamma_recommended": {"range": json.loads(tags.get("draftsync.recommended.gamma_range", "null")),
-                                  "start": tags.get("draftsync.recommended.gamma_start"),
-                                  "method": tags.get("draftsync.recommended.method")},
-            "validation_passed": tags.get("draftsync.validation.passed") == "true",
+            "target_version": drafter.trained_for_version(),
+            "method": drafter.method,
+            "gamma": drafter.served_gamma(),  # measured: validation's knee
+            "gamma_recommended": {"range": drafter.recommended_gamma_range,
+                                  "start": None if start is None else str(start),  # as the tag reads
+                                  "method": drafter.recommended_method},
+            "validation_passed": drafter.validation_passed,
             "aliases": registry.aliases_of(drafter_name, info.version),
             "path": str(registry.download(drafter_name, info.version)),
         })

@@ -9,26 +9,15 @@ the last 7 days' acceptance (summed from the hourly rollups as the weekly report
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from draftsync.registry.model_registry import (
-    GAMMA_TAG,
-    METHOD_TAG,
-    TARGET_VERSION_TAG,
-    VALIDATION_PREFIX,
-    VALIDATION_STATUS_TAG,
-    drafter_model_name,
-)
+from draftsync.registry.model_registry import drafter_model_name
+from draftsync.registry.tags import DrafterVersion
 
 LAST_WEEK = timedelta(days=7)
-GAMMA_KNEE_TAG = f"{VALIDATION_PREFIX}gamma_knee"  # record_validation writes each metric as a version tag
-RECOMMENDED_GAMMA_START_TAG = "draftsync.recommended.gamma_start"
-RECOMMENDED_GAMMA_RANGE_TAG = "draftsync.recommended.gamma_range"
 
 
 @dataclass(frozen=True)
@@ -66,63 +55,15 @@ class TargetStatus:
     last_sync: dict[str, Any] | None = None
 
 
-def _as_int(text: str | None) -> int | None:
-    """A version or gamma tag as an int; metric tags may read "3" or "3.0"."""
-    if text is None or not str(text).strip():
-        return None
-    try:
-        return int(float(text))
-    except ValueError:
-        return None
-
-
-def measured_gamma(tags: Mapping[str, str]) -> int | None:
-    """The knee validation measured; the version's gamma tag once validated (a pending one is only configured)."""
-    knee = _as_int(tags.get(GAMMA_KNEE_TAG))
-    if knee is not None:
-        return knee
-    if tags.get(VALIDATION_STATUS_TAG) in ("passed", "failed"):
-        return _as_int(tags.get(GAMMA_TAG))
-    return None
-
-
-def parse_gamma_range(text: str | None) -> list[int] | None:
-    """`[2, 4]` (JSON), `2-4`, `2,4` or `2..4` as [lo, hi]; one number as [n, n]; anything else None."""
-    if text is None or not str(text).strip():
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = [int(n) for n in re.findall(r"\d+", text)]
-    if isinstance(value, (int, float)):
-        value = [value, value]
-    if not isinstance(value, list) or not 1 <= len(value) <= 2:
-        return None
-    try:
-        numbers = [int(v) for v in value]
-    except (TypeError, ValueError):
-        return None
-    return [min(numbers), max(numbers)]
-
-
-def recommended_gamma(tags: Mapping[str, str]) -> dict[str, Any] | None:
-    """What the decision framework recommended for this drafter, or None when the sync recorded nothing."""
-    start = _as_int(tags.get(RECOMMENDED_GAMMA_START_TAG))
-    gamma_range = parse_gamma_range(tags.get(RECOMMENDED_GAMMA_RANGE_TAG))
-    if start is None and gamma_range is None:
-        return None
-    return {"start": start, "range": gamma_range}
-
-
-def drafter_status(version: int, tags: Mapping[str, str], aliases: Sequence[str]) -> DrafterStatus:
+def drafter_status(drafter: DrafterVersion, aliases: Sequence[str]) -> DrafterStatus:
     return DrafterStatus(
-        version=int(version),
-        trained_for=_as_int(tags.get(TARGET_VERSION_TAG)),
-        method=tags.get(METHOD_TAG),
-        validation=tags.get(VALIDATION_STATUS_TAG, "unknown"),
+        version=drafter.version,
+        trained_for=drafter.trained_for,
+        method=drafter.method,
+        validation=drafter.validation,
         aliases=sorted(aliases),
-        gamma_measured=measured_gamma(tags),
-        gamma_recommended=recommended_gamma(tags),
+        gamma_measured=drafter.gamma_measured,
+        gamma_recommended=drafter.gamma_recommended,
     )
 
 
@@ -177,7 +118,7 @@ def gather_status(registry, store, ledger, target_names: Iterable[str] = (),
     for name in names:
         versions = registry.target_versions_after(name, 0)
         aliases = {alias: info.version for info in versions for alias in info.aliases}
-        drafters = [drafter_status(info.version, info.tags, info.aliases)
+        drafters = [drafter_status(DrafterVersion.from_tags(info.name, info.version, info.tags), info.aliases)
                     for info in registry.target_versions_after(drafter_model_name(name), 0)]
         deployments = [
             DeploymentStatus(

@@ -20,8 +20,11 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from draftsync.errors import DraftsyncError
-from draftsync.registry.model_registry import trained_for_version
+from draftsync.monitors.tables import ServedPair
+from draftsync.registry.model_registry import PRODUCTION
+from draftsync.registry.tags import DrafterVersion
 from draftsync.serving.deployment import ServingDeployment
+from draftsync.speculative.methods import DEFAULT_METHOD
 from draftsync.tasks import context, events
 from draftsync.tasks.alerts import send_alert
 from draftsync.profiles import SyncProfile
@@ -49,7 +52,7 @@ def _prompts(deployment: ServingDeployment, count: int, seed: int) -> list[str]:
     return prompts_for_mix(deployment.task_mix, count, seed=seed)
 
 
-def choose_pair(deployment: ServingDeployment, drafter_version: int | None, speculation: bool) -> dict:
+def choose_pair(deployment: ServingDeployment, drafter_version: int | None, speculation: bool) -> ServedPair:
     """The target version the alias points at and the drafter to serve with it (None: speculation off)."""
     registry = context.registry()
     target_version = registry.alias_version(deployment.target_name, deployment.target_alias)
@@ -60,27 +63,26 @@ def choose_pair(deployment: ServingDeployment, drafter_version: int | None, spec
         )
     drafter_name = drafter_model_name(deployment.target_name)
     if drafter_version is not None:
-        tags = registry.version_tags(drafter_name, drafter_version)
-        trained_for = trained_for_version(drafter_name, drafter_version, tags)
+        drafter = DrafterVersion.from_tags(drafter_name, drafter_version, registry.version_tags(drafter_name,
+                                                                                                drafter_version))
+        trained_for = drafter.trained_for_version()
         if trained_for != target_version:
             raise DraftsyncError(
                 f"drafter {drafter_name} v{drafter_version} was trained for {deployment.target_name} v{trained_for}, "
                 f"but deployment {deployment.name} serves v{target_version} (alias {deployment.target_alias})",
                 "never serve a mismatched pair: sync a drafter for the served version, or pick one trained for it",
             )
-        if tags.get("draftsync.validation.passed") != "true":
+        if not drafter.validation_passed:
             raise DraftsyncError(f"drafter {drafter_name} v{drafter_version} has not passed validation",
                                  f"run `draftsync validate {deployment.target_name} {drafter_version}` first")
     elif speculation:
         drafter_version = _production_drafter_for(deployment.target_name, target_version)
-    pair = {"target_version": target_version, "drafter_name": drafter_name, "drafter_version": drafter_version,
-            "gamma": 0, "method": "eagle3", "schedule": None}
-    if drafter_version is not None:
-        tags = registry.version_tags(drafter_name, drafter_version)
-        pair.update(gamma=int(tags["draftsync.gamma"]), method=tags["draftsync.method"],
-                    schedule=json.loads(tags["draftsync.gamma_schedule"]) if "draftsync.gamma_schedule" in tags
-                    else None)
-    return pair
+    if drafter_version is None:
+        return ServedPair(deployment.target_name, target_version, None, 0, method=DEFAULT_METHOD)
+    drafter = DrafterVersion.from_tags(drafter_name, drafter_version, registry.version_tags(drafter_name,
+                                                                                            drafter_version))
+    return ServedPair(deployment.target_name, target_version, drafter_version, drafter.served_gamma(),
+                      drafter_name=drafter_name, method=drafter.method, schedule=drafter.gamma_schedule())
 
 
 def _production_drafter_for(target_name: str, target_version: int) -> int | None:
@@ -88,40 +90,39 @@ def _production_drafter_for(target_name: str, target_version: int) -> int | None
     (the team's choice; a rollback moves it), else the newest validated drafter for the version, else None."""
     registry = context.registry()
     name = drafter_model_name(target_name)
-    production = registry.alias_version(name, "production")
+    production = registry.alias_version(name, PRODUCTION)
     if production is not None:
-        tags = registry.version_tags(name, production)
-        if tags.get("draftsync.target.version") == str(target_version) and tags.get("draftsync.validation.passed") \
-                == "true":
+        drafter = DrafterVersion.from_tags(name, production, registry.version_tags(name, production))
+        if drafter.trained_for == int(target_version) and drafter.validation_passed:
             return production
     return registry.drafter_for_target_version(target_name, target_version)
 
 
-def render_launch(deployment: ServingDeployment, pair: dict) -> dict:
+def render_launch(deployment: ServingDeployment, pair: ServedPair) -> dict:
     """The vLLM launch for the pair, as `--dry-run` prints it and as `launch: external` hands it over; for
     `launch: vllm` it is the command line of the engine installed here (vllm_engine.py), when there is one."""
     registry = context.registry()
-    target_dir = registry.download(deployment.target_name, pair["target_version"])
-    drafter_dir = (registry.download(pair["drafter_name"], pair["drafter_version"])
-                   if pair["drafter_version"] is not None else None)
+    target_dir = registry.download(deployment.target_name, pair.target_version)
+    drafter_dir = (registry.download(pair.drafter_name, pair.drafter_version)
+                   if pair.drafter_version is not None else None)
     engine = None
     if deployment.launch == "vllm":
         from draftsync.serving.vllm_engine import find_vllm_engine
 
         engine = find_vllm_engine(required=False)  # none here: the `vllm serve` a GPU worker's image runs
-    launch = deployment.vllm_launch(target_dir, drafter_dir, pair["method"], pair["gamma"], schedule=pair["schedule"],
+    launch = deployment.vllm_launch(target_dir, drafter_dir, pair.method, pair.gamma, schedule=pair.schedule,
                                     engine=engine)
     return {"target_dir": str(target_dir), "drafter_dir": str(drafter_dir) if drafter_dir else None,
             **launch.as_record()}
 
 
 def planned_launch(deployment: ServingDeployment, drafter_version: int | None = None, speculation: bool = True,
-                   reason: str = "") -> tuple[dict, dict, dict]:
+                   reason: str = "") -> tuple[ServedPair, dict, dict]:
     """The pair, its rendered launch and the summary both a rollout and `rollout --dry-run` report."""
     pair = choose_pair(deployment, drafter_version, speculation)
     launch = render_launch(deployment, pair)
-    summary = {"deployment": deployment.name, "target_version": pair["target_version"],
-               "drafter_version": pair["drafter_version"], "gamma": pair["gamma"],
+    summary = {"deployment": deployment.name, "target_version": pair.target_version,
+               "drafter_version": pair.drafter_version, "gamma": pair.gamma,
                "argv": launch["argv"], "speculative_config": launch["speculative_config"],
                "vllm": {"argv": launch["argv"], "speculative_config": launch["speculative_config"]}, "reason": reason}
     return pair, launch, summary
@@ -159,8 +160,8 @@ def rollout(deployment: ServingDeployment, speculation: bool = True, reason: str
     logger = get_run_logger()
     registry, settings = context.registry(), context.settings()
     pair, launch, summary = planned_launch(deployment, drafter_version, speculation, reason)
-    missing_drafter = speculation and pair["drafter_version"] is None
-    new_state = state or ("serving" if pair["drafter_version"] is not None else "fallback")
+    missing_drafter = speculation and pair.drafter_version is None
+    new_state = state or ("serving" if pair.drafter_version is not None else "fallback")
     steps: list[str] = []
     if deployment.launch == "external":
         path = settings.root / "serving" / "external" / f"{deployment.name}.json"
@@ -171,15 +172,15 @@ def rollout(deployment: ServingDeployment, speculation: bool = True, reason: str
     else:
         endpoint, replaced, canary = _launch_and_switch(deployment, pair, launch, steps)
     snapshot = registry.alias_snapshot(deployment.target_name)
-    if pair["drafter_version"] is not None and snapshot["production"] != pair["drafter_version"]:
-        promote_drafter(deployment.target_name, pair["drafter_version"])
-        steps.append(f"aliases: production -> v{pair['drafter_version']}, previous -> v{snapshot['production']}")
+    if pair.drafter_version is not None and snapshot[PRODUCTION] != pair.drafter_version:
+        promote_drafter(deployment.target_name, pair.drafter_version)
+        steps.append(f"aliases: production -> v{pair.drafter_version}, previous -> v{snapshot[PRODUCTION]}")
     _record_pair(deployment, pair, endpoint, new_state)
-    steps.append(f"serving pair recorded: target v{pair['target_version']}, drafter "
-                 f"{'v%s' % pair['drafter_version'] if pair['drafter_version'] else 'none'} ({new_state})")
+    steps.append(f"serving pair recorded: target v{pair.target_version}, drafter "
+                 f"{'v%s' % pair.drafter_version if pair.drafter_version else 'none'} ({new_state})")
     result = {**summary, "state": new_state, "endpoint": endpoint, "replaced": replaced, "canary": None,
               "rolled_back": False}
-    if canary is not None and pair["drafter_version"] is not None and canary_requests > 0:
+    if canary is not None and pair.drafter_version is not None and canary_requests > 0:
         threshold = settings.mismatch_threshold if canary_threshold is None else canary_threshold
         verdict = _canary(deployment, endpoint, canary_requests, threshold, canary)
         result["canary"] = verdict
@@ -189,10 +190,10 @@ def rollout(deployment: ServingDeployment, speculation: bool = True, reason: str
         if not verdict["passed"]:
             restore_drafter_aliases(deployment.target_name, snapshot)
             steps.append(f"rolled back: aliases restored to {snapshot}")
-            back = rollout_previous(deployment, snapshot, reason=f"canary failed for drafter v{pair['drafter_version']}")
+            back = rollout_previous(deployment, snapshot, reason=f"canary failed for drafter v{pair.drafter_version}")
             steps.extend(back["steps"])
             send_alert(deployment.name, "canary-rollback",
-                       f"{deployment.name}: drafter v{pair['drafter_version']} rolled back by its canary",
+                       f"{deployment.name}: drafter v{pair.drafter_version} rolled back by its canary",
                        "\n".join(steps), value=verdict["acceptance"] or 0.0)
             result.update(rolled_back=True, state=back["state"], drafter_version=back["drafter_version"],
                           gamma=back["gamma"])
@@ -205,18 +206,18 @@ def rollout(deployment: ServingDeployment, speculation: bool = True, reason: str
                   + f"\n\nOn a GPU worker the pair runs as:\n\n```\n{' '.join(launch['argv'])}\n```\n"),
         description="rollout",
     )
-    logger.info("%s now %s: target v%d, drafter %s", deployment.name, result["state"], pair["target_version"],
+    logger.info("%s now %s: target v%d, drafter %s", deployment.name, result["state"], pair.target_version,
                 result["drafter_version"])
     return result
 
 
-def _launch_and_switch(deployment: ServingDeployment, pair: dict, launch: dict, steps: list[str]
+def _launch_and_switch(deployment: ServingDeployment, pair: ServedPair, launch: dict, steps: list[str]
                        ) -> tuple[str, str | None, float | None]:
     """Start the candidate, check it, benchmark it against the current instance, move traffic to it."""
     current = (serving_record(deployment.name) or {}).get("backend")
     try:
-        candidate = launch_server(deployment, launch["target_dir"], launch["drafter_dir"], pair["gamma"],
-                                  pair["method"], pair["schedule"])
+        candidate = launch_server(deployment, launch["target_dir"], launch["drafter_dir"], pair.gamma,
+                                  pair.method, pair.schedule)
     except DraftsyncError as error:
         kept = f"it keeps serving {current['endpoint']}" if current else "nothing was serving it"
         send_alert(deployment.name, "launch-failed",
@@ -241,13 +242,13 @@ def _launch_and_switch(deployment: ServingDeployment, pair: dict, launch: dict, 
     return switched["endpoint"], switched["replaced"], bench["current_ms_per_token"]
 
 
-def _record_pair(deployment: ServingDeployment, pair: dict, endpoint: str, state: str) -> None:
+def _record_pair(deployment: ServingDeployment, pair: ServedPair, endpoint: str, state: str) -> None:
     store = context.store()
     store.forget_scrape_baseline(deployment.name)  # the new instance's counters start from zero
     store.set_serving_pair(
-        deployment.name, target_name=deployment.target_name, target_version=pair["target_version"],
-        drafter_name=pair["drafter_name"] if pair["drafter_version"] is not None else None,
-        drafter_version=pair["drafter_version"], gamma=pair["gamma"], endpoint=endpoint, state=state,
+        deployment.name, target_name=deployment.target_name, target_version=pair.target_version,
+        drafter_name=pair.drafter_name,
+        drafter_version=pair.drafter_version, gamma=pair.gamma, endpoint=endpoint, state=state,
     )
 
 
@@ -256,11 +257,12 @@ def rollout_previous(deployment: ServingDeployment, snapshot: dict, reason: str)
     steps: list[str] = []
     registry = context.registry()
     target_version = registry.alias_version(deployment.target_name, deployment.target_alias)
-    previous = snapshot.get("production")
+    previous = snapshot.get(PRODUCTION)
     trained_for = None
     if previous is not None:
-        tags = registry.version_tags(drafter_model_name(deployment.target_name), previous)
-        trained_for = trained_for_version(drafter_model_name(deployment.target_name), previous, tags)
+        name = drafter_model_name(deployment.target_name)
+        drafter = DrafterVersion.from_tags(name, previous, registry.version_tags(name, previous))
+        trained_for = drafter.trained_for_version()
     if previous is not None and trained_for == target_version:
         pair = choose_pair(deployment, previous, True)
     else:
@@ -268,22 +270,22 @@ def rollout_previous(deployment: ServingDeployment, snapshot: dict, reason: str)
         steps.append(f"no validated drafter for target v{target_version} to return to: speculation off")
     launch = render_launch(deployment, pair)
     endpoint, _, _ = _launch_and_switch(deployment, pair, launch, steps)
-    state = "serving" if pair["drafter_version"] is not None else "fallback"
+    state = "serving" if pair.drafter_version is not None else "fallback"
     _record_pair(deployment, pair, endpoint, state)
-    steps.append(f"{reason}: serving drafter {pair['drafter_version']} again ({state})")
-    return {"state": state, "drafter_version": pair["drafter_version"], "gamma": pair["gamma"], "steps": steps}
+    steps.append(f"{reason}: serving drafter {pair.drafter_version} again ({state})")
+    return {"state": state, "drafter_version": pair.drafter_version, "gamma": pair.gamma, "steps": steps}
 
 
-def _missing_drafter(deployment: ServingDeployment, pair: dict, steps: list[str],
+def _missing_drafter(deployment: ServingDeployment, pair: ServedPair, steps: list[str],
                      sync_profile: str | SyncProfile | None) -> None:
     """The pair rule's other half: alert, request a sync, and (with a profile) run it and roll the pair out."""
-    target = f"{deployment.target_name} v{pair['target_version']}"
+    target = f"{deployment.target_name} v{pair.target_version}"
     send_alert(deployment.name, "fallback-no-drafter",
                f"{deployment.name} serves {target} with speculation off: no validated drafter",
-               f"The alias {deployment.target_alias!r} of {deployment.target_name} points at v{pair['target_version']}, "
+               f"The alias {deployment.target_alias!r} of {deployment.target_name} points at v{pair.target_version}, "
                f"which has no validated drafter. {deployment.name} serves it with speculation off (state fallback) "
                f"until a drafter for it passes validation; a sync was requested.")
-    asked = request_sync(deployment.target_name, pair["target_version"], source="rollout",
+    asked = request_sync(deployment.target_name, pair.target_version, source="rollout",
                          reason=f"{deployment.name} serves {target} without a drafter")
     steps.append(f"alert sent; sync {'requested' if asked['requested'] else 'already requested'} "
                  f"(event {events.SYNC_REQUESTED} for {target})")
@@ -291,7 +293,7 @@ def _missing_drafter(deployment: ServingDeployment, pair: dict, steps: list[str]
         return
     from draftsync.flows.sync import sync
 
-    synced = sync(deployment.target_name, pair["target_version"], sync_profile, reason=f"{target} has no drafter")
+    synced = sync(deployment.target_name, pair.target_version, sync_profile, reason=f"{target} has no drafter")
     steps.append(f"sync ran: drafter v{synced['drafter_version']} {'passed' if synced['passed'] else 'FAILED'}")
     if synced["passed"]:
         again = rollout(deployment, reason=f"drafter v{synced['drafter_version']} arrived for {target}")
@@ -310,9 +312,9 @@ def rollout_target(target_name: str, alias: str | None = None, reason: str = "")
             continue
         pair = choose_pair(spec, None, True)
         current = store.serving_pair(spec.name)
-        if current is not None and current.state == "serving" and current.target_version == pair["target_version"] \
-                and current.drafter_version == pair["drafter_version"]:
-            results.append({"deployment": spec.name, "state": "unchanged", "drafter_version": pair["drafter_version"]})
+        if current is not None and current.state == "serving" and current.target_version == pair.target_version \
+                and current.drafter_version == pair.drafter_version:
+            results.append({"deployment": spec.name, "state": "unchanged", "drafter_version": pair.drafter_version})
             continue
         results.append(rollout(spec, reason=reason or f"{target_name} changed"))
     if not results:
@@ -327,6 +329,6 @@ def rollback(deployment: ServingDeployment, reason: str = "rolled back by hand")
     registry = context.registry()
     before = registry.alias_snapshot(deployment.target_name)
     restored = rollback_drafter(deployment.target_name)
-    back = rollout_previous(deployment, {"production": restored}, reason)
+    back = rollout_previous(deployment, {PRODUCTION: restored}, reason)
     return {"deployment": deployment.name, "aliases_before": before,
             "aliases_after": registry.alias_snapshot(deployment.target_name), **back}

@@ -14,10 +14,13 @@ from __future__ import annotations
 import shutil
 import time
 import traceback
+from dataclasses import dataclass, fields
+from typing import Any
 
 from prefect import flow, get_run_logger
 
 from draftsync.flows.validate import validate
+from draftsync.registry.model_registry import PRODUCTION
 from draftsync.tasks import context, links
 from draftsync.tasks.dataset import build_dataset, target_task_mix
 from draftsync.tasks.drafting import HISTORY_FILE, train_drafter
@@ -25,6 +28,45 @@ from draftsync.tasks.planning import plan_drafter, recommendation_tags
 from draftsync.profiles import SyncProfile, profile as named_profile
 from draftsync.tasks.registration import drafter_model_name, fetch_drafter, fetch_target, register_drafter, tag_drafter
 from draftsync.tasks.sync_requests import owner_is_gone, run_owner
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """What a sync trained and how it validated. `as_dict()` is the flow's return value and `draftsync sync
+    --json`: its keys are what users read, so they change only with a note to them."""
+
+    target_name: str
+    target_version: int
+    drafter_name: str
+    drafter_version: int
+    method: str
+    gamma: int  # the knee validation measured
+    recommendation: dict[str, Any]  # the decision framework's advice, whether it was applied, and its assumptions
+    passed: bool
+    validation: dict[str, Any]
+    training: dict[str, Any]
+    dataset: dict[str, Any]
+    data_checks: dict[str, Any]
+    stages_s: dict[str, float]
+    generation: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+
+@dataclass(frozen=True)
+class SkippedSync:
+    """A sync the ledger did not let run: `skipped` says why (synced already, or another live run has it)."""
+
+    target_name: str
+    target_version: int
+    method: str
+    skipped: str
+    drafter_version: int | None
+    run_id: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
 
 @flow(name="drafter-sync", log_prints=True)
@@ -41,8 +83,8 @@ def sync(target_name: str, target_version: int, profile: str | SyncProfile | Non
     if claim.outcome != "claimed":
         job = claim.job
         logger.info("sync of %s v%d (%s) skipped: %s", target_name, target_version, chosen.method, claim.outcome)
-        return {"target_name": target_name, "target_version": target_version, "method": chosen.method,
-                "skipped": claim.outcome, "drafter_version": job.drafter_version, "run_id": job.run_id}
+        return SkippedSync(target_name, target_version, chosen.method, claim.outcome, job.drafter_version,
+                           job.run_id).as_dict()
     job = claim.job
     try:
         result = _train_and_validate(target_name, target_version, chosen, job.generation)
@@ -50,30 +92,30 @@ def sync(target_name: str, target_version: int, profile: str | SyncProfile | Non
         detail = "".join(traceback.format_exception_only(error)).strip()[:2000]
         context.sync_ledger().finish(job.id, "failed", detail=detail)
         raise
-    context.sync_ledger().finish(job.id, "succeeded", drafter_version=result["drafter_version"],
-                                 detail="passed" if result["passed"] else "failed validation")
+    context.sync_ledger().finish(job.id, "succeeded", drafter_version=result.drafter_version,
+                                 detail="passed" if result.passed else "failed validation")
     _summary_artifact(result, reason)
-    return {**result, "generation": job.generation}
+    return result.as_dict()
 
 
-def _summary_artifact(result: dict, reason: str) -> None:
+def _summary_artifact(result: SyncResult, reason: str) -> None:
     """The sync's page in the Prefect UI: what was trained, the gates, and where to look next."""
     from prefect.artifacts import create_markdown_artifact
     from prefect.runtime import flow_run
 
-    target, version = result["target_name"], result["target_version"]
-    validation, training, advice = result["validation"], result["training"], result["recommendation"]
+    target, version = result.target_name, result.target_version
+    validation, training, advice = result.validation, result.training, result.recommendation
     rows = "\n".join(f"| {g['name']} | {g['value']} | {g['comparison']} {g['threshold']} | "
                      f"{'pass' if g['passed'] else '**FAIL**'} |" for g in validation["gates"])
     verdict = "passed every gate and is `production`" if validation.get("promoted") else \
-        ("passed" if result["passed"] else "**failed** validation and stays a candidate")
+        ("passed" if result.passed else "**failed** validation and stays a candidate")
     markdown = f"""# Drafter sync: {target} v{version}
 
-Drafter **{result['drafter_name']} v{result['drafter_version']}** ({result['method']}, gamma knee
-{result['gamma']}) {verdict}. Started by: {reason}.
+Drafter **{result.drafter_name} v{result.drafter_version}** ({result.method}, gamma knee
+{result.gamma}) {verdict}. Started by: {reason}.
 
 Gamma: recommended {advice['gamma_range'][0]}-{advice['gamma_range'][1]} starting at {advice['gamma_start']}
-({advice['method']}{', followed' if advice['applied'] else ', recorded only'}); measured knee {result['gamma']}.
+({advice['method']}{', followed' if advice['applied'] else ', recorded only'}); measured knee {result.gamma}.
 
 Training: {training['steps']} steps{' (warm start)' if training.get('warm_start') else ''}, final loss
 {training['final_loss']}, {training['tokens_per_s']} tokens/s, {training['parameters_pct_of_target']}% of the target.
@@ -82,7 +124,7 @@ Training: {training['steps']} steps{' (warm start)' if training.get('warm_start'
 |---|---|---|---|
 {rows}
 
-- [Drafter version in MLflow]({links.model_version_url(result['drafter_name'], result['drafter_version'])})
+- [Drafter version in MLflow]({links.model_version_url(result.drafter_name, result.drafter_version)})
 - [Target version in MLflow]({links.model_version_url(target, version)})
 - [This flow run]({links.flow_run_url(flow_run.id)})
 """
@@ -103,7 +145,7 @@ def _claim(target_name: str, target_version: int, method: str, reason: str):
     return claim
 
 
-def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfile, generation: int) -> dict:
+def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfile, generation: int) -> SyncResult:
     logger = get_run_logger()
     if generation:  # a retrain of the same target version: fresh data and a fresh drafter version
         chosen = chosen.model_copy(update={"seed": chosen.seed + generation})
@@ -132,7 +174,7 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     lap("dataset")
 
     drafter_model = drafter_model_name(target_name)
-    previous = registry.alias_version(drafter_model, "production")
+    previous = registry.alias_version(drafter_model, PRODUCTION)
     warm_start_dir = fetch_drafter(target_name, previous) if previous is not None else None
     out_dir = settings.root / "drafters" / target_name / f"target-v{target_version}-{chosen.method}{suffix}"
     checkpoints = work / "checkpoints"
@@ -149,18 +191,19 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     lap("validation")
     if not validation["passed"]:
         logger.warning("drafter %s v%d stays a candidate and does not serve", drafter_model, version)
-    return {
-        "target_name": target_name,
-        "target_version": target_version,
-        "drafter_name": drafter_model,
-        "drafter_version": version,
-        "method": chosen.method,
-        "gamma": validation["gamma_knee"],
-        "recommendation": {**plan["recommendation"], "applied": plan["applied"], "assumptions": plan["assumptions"]},
-        "passed": validation["passed"],
-        "validation": validation,
-        "training": training,
-        "dataset": {k: v for k, v in data.items() if k != "checks"},
-        "data_checks": data["checks"],
-        "stages_s": stages,
-    }
+    return SyncResult(
+        target_name=target_name,
+        target_version=target_version,
+        drafter_name=drafter_model,
+        drafter_version=version,
+        method=chosen.method,
+        gamma=validation["gamma_knee"],
+        recommendation={**plan["recommendation"], "applied": plan["applied"], "assumptions": plan["assumptions"]},
+        passed=validation["passed"],
+        validation=validation,
+        training=training,
+        dataset={k: v for k, v in data.items() if k != "checks"},
+        data_checks=data["checks"],
+        stages_s=stages,
+        generation=generation,
+    )

@@ -17,12 +17,11 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from draftsync.registry.model_registry import trained_for_version
+from draftsync.registry.tags import DrafterVersion, crosscheck_tag
 from draftsync.tasks import context, events
 from draftsync.tasks.dataset import target_task_mix
 from draftsync.profiles import ValidationProfile, validation_profile
 from draftsync.tasks.registration import (
-    DATA_CHECK_FAILURES_TAG,
     drafter_model_name,
     fetch_drafter,
     fetch_target,
@@ -94,15 +93,14 @@ def validate(target_name: str, drafter_version: int, profile: str | ValidationPr
     chosen = validation_profile(profile) if isinstance(profile, str) else profile
     registry, settings = context.registry(), context.settings()
     name = drafter_model_name(target_name)
-    tags = registry.version_tags(name, drafter_version)
-    trained_for = trained_for_version(name, drafter_version, tags)
+    drafter = DrafterVersion.from_tags(name, drafter_version, registry.version_tags(name, drafter_version))
+    trained_for = drafter.trained_for_version()
     against = trained_for if target_version is None else int(target_version)
     target = fetch_target(target_name, against)
     drafter_dir = fetch_drafter(target_name, drafter_version)
     task_mix = target_task_mix(Path(target["path"]), target["tags"])
-    failures = tags.get(DATA_CHECK_FAILURES_TAG)
-    result = validate_drafter(target["path"], drafter_dir, task_mix, chosen, seed,
-                              int(failures) if failures is not None else None, backend=backend)
+    result = validate_drafter(target["path"], drafter_dir, task_mix, chosen, seed, drafter.data_check_failures,
+                              backend=backend)
 
     validation_rows = [r for r in result["rows"] if r["phase"] == "validation"]
     result["suite"] = run_validation_suite(validation_rows, {
@@ -119,8 +117,8 @@ def validate(target_name: str, drafter_version: int, profile: str | ValidationPr
     if against == trained_for:
         record_validation(target_name, drafter_version, result, str(reports), settings.mismatch_threshold)
     else:
-        tag_drafter(target_name, drafter_version, {f"draftsync.crosscheck.target_v{against}":
-                                                   "passed" if result["passed"] else "failed: " + ",".join(failed)})
+        tag_drafter(target_name, drafter_version,
+                    {crosscheck_tag(against): "passed" if result["passed"] else "failed: " + ",".join(failed)})
     promoted = False
     if result["passed"] and promote and against == trained_for:
         promote_drafter(target_name, drafter_version)

@@ -152,12 +152,19 @@ class PairInfo(Protocol):
 
 @dataclass(frozen=True)
 class ServedPair:
-    """A plain PairInfo for callers that have no serving_pairs row at hand."""
+    """The pair a deployment serves, as plain data: a target version and the drafter trained for it (None:
+    speculation off), launched with `gamma`, `method` and the per-batch-size `schedule` (None: one gamma).
+
+    A rollout chooses one (flows/rollout.py `choose_pair`) and records it as the deployment's `ServingPair`
+    row; it is also the PairInfo a sample is attributed to where no row is at hand."""
 
     target_name: str
     target_version: int
     drafter_version: int | None
     gamma: int
+    drafter_name: str | None = None
+    method: str | None = None
+    schedule: list | None = None
 
 
 class Alert(Base):

@@ -7,15 +7,17 @@ from draftsync.registry.model_registry import (
     ModelVersionInfo,
     Registry,
     drafter_model_name,
-    target_tags,
 )
+from draftsync.registry.tags import DrafterVersion, TargetVersion, target_tags
 
 __all__ = [
     "CANDIDATE",
     "PREVIOUS",
     "PRODUCTION",
+    "DrafterVersion",
     "ModelVersionInfo",
     "Registry",
+    "TargetVersion",
     "drafter_model_name",
     "target_tags",
 ]

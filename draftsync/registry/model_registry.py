@@ -3,23 +3,40 @@
 Stages are deprecated in MLflow, so state lives in version tags and aliases: a drafter version
 carries the target version it was trained for, and the aliases `candidate` (registered, not
 serving), `production` (serving) and `previous` (what `production` pointed at before the last flip).
-Checkpoints are logged as plain files (safetensors + config), never as pickled models.
+Checkpoints are logged as plain files (safetensors + config), never as pickled models. The tag keys and
+their readers are in tags.py, the outage errors in outages.py, the checks before an upload in checkpoint_checks.py.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
+from draftsync.registry.checkpoint_checks import check_checkpoint_dir, check_name
+from draftsync.registry.outages import NamedOutages, first_line, is_outage, outage, quick_http
+from draftsync.registry.tags import (
+    FAILED_GATES_TAG,
+    GAMMA_TAG,
+    KIND_TAG,
+    METHOD_TAG,
+    PENDING,
+    SYNC_KEY_TAG,
+    TARGET_KIND,
+    TARGET_VERSION_TAG,
+    VALIDATION_PASSED_TAG,
+    VALIDATION_STATUS_TAG,
+    check_target_tags,
+    drafter_tags,
+    flag,
+    validation_metric_tags,
+    validation_status,
+)
+from draftsync.speculative.methods import TRAINED_METHODS
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -28,31 +45,10 @@ EXPERIMENT_NAME = "draftsync"
 CHECKPOINT_ARTIFACT_PATH = "checkpoint"
 REPORTS_ARTIFACT_PATH = "reports"
 
-KIND_TAG = "draftsync.kind"
-TARGET_TAGS = (
-    "draftsync.task_mix",
-    "draftsync.architecture",
-    "draftsync.hidden_size",
-    "draftsync.num_hidden_layers",
-    "draftsync.vocab_size",
-    "draftsync.num_parameters",
-)
-TARGET_NAME_TAG = "draftsync.target.name"
-TARGET_VERSION_TAG = "draftsync.target.version"
-METHOD_TAG = "draftsync.method"
-GAMMA_TAG = "draftsync.gamma"
-VALIDATION_PREFIX = "draftsync.validation."
-VALIDATION_PASSED_TAG = "draftsync.validation.passed"
-VALIDATION_STATUS_TAG = "draftsync.validation.status"  # pending | passed | failed
-FAILED_GATES_TAG = "draftsync.validation.failed_gates"
-SYNC_KEY_TAG = "draftsync.sync_key"
-
 CANDIDATE = "candidate"
 PRODUCTION = "production"
 PREVIOUS = "previous"
 
-DRAFTER_METHODS = ("eagle3", "eagle3.1", "eagle", "medusa")
-_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(frozen=True)
@@ -71,40 +67,6 @@ class ModelVersionInfo:
 def drafter_model_name(target_name: str) -> str:
     """Each target gets one drafter registered model; its versions say which target version they fit."""
     return f"{target_name}-drafter"
-
-
-def trained_for_version(model_name: str, version: int, tags: Mapping[str, str]) -> int:
-    """The target version a drafter version was trained for (its lineage tag); a missing or bad tag is named."""
-    raw = tags.get(TARGET_VERSION_TAG)
-    try:
-        return int(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError) as error:
-        found = f"no {TARGET_VERSION_TAG} tag" if raw is None else f"{TARGET_VERSION_TAG}={raw!r}"
-        raise DraftsyncError(
-            f"drafter {model_name} version {version} has {found}: the target version it was trained for is unknown",
-            f"set {TARGET_VERSION_TAG} on the version to that target version, or register drafters with "
-            "`draftsync sync` (it writes the lineage tags)",
-        ) from error
-
-
-def target_tags(
-    *,
-    architecture: str,
-    hidden_size: int,
-    num_layers: int,
-    vocab_size: int,
-    parameter_count: int,
-    task_mix: Mapping[str, float],
-) -> dict[str, str]:
-    """The tags `register_target` requires, as strings; `target_tags(**describe_target(dir))` fits."""
-    return {
-        "draftsync.task_mix": json.dumps(dict(task_mix), sort_keys=True),
-        "draftsync.architecture": str(architecture),
-        "draftsync.hidden_size": str(int(hidden_size)),
-        "draftsync.num_hidden_layers": str(int(num_layers)),
-        "draftsync.vocab_size": str(int(vocab_size)),
-        "draftsync.num_parameters": str(int(parameter_count)),
-    }
 
 
 class Registry:
@@ -131,18 +93,18 @@ class Registry:
             from mlflow import MlflowClient
 
             client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
-            self._client_instance = _NamedOutages(client, self.tracking_uri)
+            self._client_instance = NamedOutages(client, self.tracking_uri)
         return self._client_instance
 
     def ping(self) -> None:
         """Fail fast, with the fix, when the tracking server cannot be reached (no retry storm)."""
-        with _quick_http():
+        with quick_http():
             try:
                 self._client.search_experiments(max_results=1)
             except Exception as error:  # any transport or store failure means "not usable"
                 cause = error.__cause__ if isinstance(error, DraftsyncError) and error.__cause__ else error
                 raise DraftsyncError(
-                    f"MLflow at {self.tracking_uri} is not reachable ({_first_line(cause)})",
+                    f"MLflow at {self.tracking_uri} is not reachable ({first_line(cause)})",
                     "start `mlflow server` there or set MLFLOW_TRACKING_URI to a reachable server "
                     "(or unset it to use the embedded sqlite store under the work dir)",
                 ) from error
@@ -174,34 +136,22 @@ class Registry:
 
         The version is created only after every file is stored, so a failure leaves no version.
         """
-        _check_name(name)
-        checkpoint_dir = _check_checkpoint_dir(checkpoint_dir, "target")
-        missing = [key for key in TARGET_TAGS if not str(tags.get(key, "")).strip()]
-        if missing:
-            raise DraftsyncError(
-                f"target {name}: required tags missing: {', '.join(missing)}",
-                "pass them all; draftsync.registry.target_tags(...) builds them from the checkpoint's facts",
-            )
-        try:
-            json.loads(tags["draftsync.task_mix"])
-        except ValueError as error:
-            raise DraftsyncError(
-                f"target {name}: tag draftsync.task_mix is not JSON ({tags['draftsync.task_mix']!r})",
-                'pass the task mix as a JSON object, e.g. {"code": 0.5, "math": 0.5}',
-            ) from error
-        version_tags = {**{k: str(v) for k, v in tags.items()}, KIND_TAG: "target"}
+        check_name(name)
+        checkpoint_dir = check_checkpoint_dir(checkpoint_dir, "target")
+        check_target_tags(name, tags)
+        version_tags = {**{k: str(v) for k, v in tags.items()}, KIND_TAG: TARGET_KIND}
         run_id = self._log_run(f"target {name}", checkpoint_dir, version_tags, metrics={}, reports_dir=None)
         return self._create_version(name, run_id, version_tags)
 
     def target_versions_after(self, name: str, version: int) -> list[ModelVersionInfo]:
         """Versions of `name` newer than the watermark `version`, oldest first."""
-        _check_name(name)
+        check_name(name)
         found = self._client.search_model_versions(f"name='{name}' and version_number > {int(version)}")
         return sorted((self._info(mv) for mv in found), key=lambda info: info.version)
 
     def target_names(self) -> list[str]:
         """Registered models with versions tagged `draftsync.kind=target`, sorted."""
-        found = self._client.search_model_versions(f"tags.`{KIND_TAG}` = 'target'")
+        found = self._client.search_model_versions(f"tags.`{KIND_TAG}` = '{TARGET_KIND}'")
         return sorted({mv.name for mv in found})
 
     def set_target_alias(self, name: str, alias: str, version: int) -> None:
@@ -231,15 +181,15 @@ class Registry:
         training loss and per-position accuracy) is logged as step series, the curves of the run. With `sync_key`, a retried sync that already
         registered this drafter gets the same version back instead of a duplicate.
         """
-        _check_name(target_name)
-        if method not in DRAFTER_METHODS:
+        check_name(target_name)
+        if method not in TRAINED_METHODS:
             raise DraftsyncError(
-                f"drafter method {method!r} is not one of {', '.join(DRAFTER_METHODS)}",
+                f"drafter method {method!r} is not one of {', '.join(TRAINED_METHODS)}",
                 "pass one of the supported methods",
             )
         if int(gamma) < 1:
             raise DraftsyncError(f"drafter gamma {gamma} is below 1", "pass the number of speculative tokens (>= 1)")
-        drafter_dir = _check_checkpoint_dir(drafter_dir, "drafter")
+        drafter_dir = check_checkpoint_dir(drafter_dir, "drafter")
         model_name = drafter_model_name(target_name)
         if sync_key is not None:
             existing = self._drafter_with_sync_key(model_name, target_version, method, sync_key)
@@ -247,14 +197,8 @@ class Registry:
                 self._restore_candidate(model_name, existing)
                 return existing
         tags = {
-            KIND_TAG: "drafter",
-            TARGET_NAME_TAG: target_name,
-            TARGET_VERSION_TAG: str(int(target_version)),
-            METHOD_TAG: method,
-            GAMMA_TAG: str(int(gamma)),
-            VALIDATION_PASSED_TAG: "true" if validation_passed else "false",
-            VALIDATION_STATUS_TAG: _status(validation_passed),
-            **{f"{VALIDATION_PREFIX}{key}": _format_metric(value) for key, value in metrics.items()},
+            **drafter_tags(target_name, target_version, method, gamma, validation_passed=validation_passed,
+                           metrics=metrics),
             **{k: str(v) for k, v in (extra_tags or {}).items()},
         }
         if sync_key is not None:
@@ -294,15 +238,14 @@ class Registry:
                 self._client.log_metric(run_id, key, float(value))
         self._log_history(run_id, metric_history or {})
         version = str(int(drafter_version))
-        updates = {**{k: str(v) for k, v in tags.items()},
-                   **{f"{VALIDATION_PREFIX}{k}": _format_metric(v) for k, v in metrics.items() if v is not None}}
+        updates = {**{k: str(v) for k, v in tags.items()}, **validation_metric_tags(metrics)}
         if gamma is not None:
             updates[GAMMA_TAG] = str(int(gamma))
         updates[FAILED_GATES_TAG] = ",".join(failed_gates) or "none"
         for key, value in updates.items():
             self._client.set_model_version_tag(model_name, version, key, value)
-        self._client.set_model_version_tag(model_name, version, VALIDATION_STATUS_TAG, _status(passed))
-        self._client.set_model_version_tag(model_name, version, VALIDATION_PASSED_TAG, "true" if passed else "false")
+        self._client.set_model_version_tag(model_name, version, VALIDATION_STATUS_TAG, validation_status(passed))
+        self._client.set_model_version_tag(model_name, version, VALIDATION_PASSED_TAG, flag(passed))
 
     def tag_version(self, model_name: str, version: int, key: str, value: str) -> None:
         self._client.set_model_version_tag(model_name, str(int(version)), key, value)
@@ -322,7 +265,7 @@ class Registry:
     def _restore_candidate(self, model_name: str, version: int) -> None:
         """A run killed between creating the version and aliasing it left a pending version without `candidate`."""
         tags = self.version_tags(model_name, version)
-        if tags.get(VALIDATION_STATUS_TAG) == "pending" and self.alias_version(model_name, CANDIDATE) != version \
+        if tags.get(VALIDATION_STATUS_TAG) == PENDING and self.alias_version(model_name, CANDIDATE) != version \
                 and self.alias_version(model_name, PRODUCTION) != version:
             self._client.set_registered_model_alias(model_name, CANDIDATE, str(version))
 
@@ -445,9 +388,9 @@ class Registry:
                 local = Path(mlflow.artifacts.download_artifacts(
                     artifact_uri=source, dst_path=str(staging), tracking_uri=self.tracking_uri))
             except Exception as error:
-                if not _is_outage(error):
+                if not is_outage(error):
                     raise
-                raise _outage(self.tracking_uri, f"the download of {name} v{version}", error) from error
+                raise outage(self.tracking_uri, f"the download of {name} v{version}", error) from error
             try:
                 local.rename(destination)
             except OSError:  # another process finished first
@@ -514,7 +457,7 @@ class Registry:
         return int(version.version)
 
     def _versions(self, model_name: str) -> list[ModelVersionInfo]:
-        _check_name(model_name)
+        check_name(model_name)
         found = self._client.search_model_versions(f"name='{model_name}'")
         return sorted((self._info(mv, with_aliases=False) for mv in found), key=lambda info: info.version)
 
@@ -545,145 +488,3 @@ class Registry:
             aliases=sorted(aliases),
             created_ms=int(model_version.creation_timestamp or 0),
         )
-
-
-class _NamedOutages:
-    """The MLflow client, with a transport failure (server down, connection cut, retries used up) turned into an
-    error that names the tracking server and the fix. MLflow has already retried with backoff by then
-    (MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR); errors the server answered pass as they are."""
-
-    def __init__(self, client: Any, tracking_uri: str):
-        self._wrapped, self._tracking_uri = client, tracking_uri
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._wrapped, name)
-        if not callable(attribute):
-            return attribute
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return attribute(*args, **kwargs)
-            except Exception as error:
-                if not _is_outage(error):
-                    raise
-                raise _outage(self._tracking_uri, name, error) from error
-
-        return call
-
-
-def _outage(tracking_uri: str, during: str, error: BaseException) -> DraftsyncError:
-    return DraftsyncError(
-        f"MLflow at {tracking_uri} could not be reached during {during} ({_first_line(error)[:300]})",
-        "start the tracking server again (or fix MLFLOW_TRACKING_URI) and rerun: a sync resumes from its "
-        "dataset and checkpoints, and registration finds a version already created",
-    )
-
-
-def _is_outage(error: BaseException) -> bool:
-    """Whether the request never got an answer from the server: refused, reset, timed out after MLflow's retries."""
-    import requests
-
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, (requests.ConnectionError, requests.Timeout, requests.exceptions.RetryError)):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    text = str(error)
-    return "API request to" in text and any(
-        sign in text for sign in ("Max retries exceeded", "Connection refused", "Connection aborted", "timed out"))
-
-
-@contextmanager
-def _quick_http() -> Iterator[None]:
-    """MLflow retries HTTP for minutes by default; a reachability check must answer in seconds."""
-    quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
-    saved = {key: os.environ.get(key) for key in quick}
-    os.environ.update(quick)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def _status(passed: bool | None) -> str:
-    return "pending" if passed is None else "passed" if passed else "failed"
-
-
-def _check_name(name: str) -> None:
-    """Names end up inside registry filter strings: allow only characters that need no quoting."""
-    if not _NAME_PATTERN.match(name or ""):
-        raise DraftsyncError(
-            f"model name {name!r} has characters the registry filters cannot quote",
-            "use letters, digits, '.', '_' and '-' only",
-        )
-
-
-def _check_checkpoint_dir(path: Path, what: str) -> Path:
-    """The checkpoint's real path, once it is known to lie inside a model root and to hold config and safetensors.
-
-    The root check comes first, so nothing outside the roots is read, let alone uploaded."""
-    from draftsync.model_paths import confined_model_path
-
-    path = confined_model_path(path, f"{what} checkpoint")
-    if not (path / "config.json").is_file():
-        raise DraftsyncError(
-            f"{what} checkpoint {path} has no config.json",
-            f"point at the {what}'s saved checkpoint directory (config.json + *.safetensors)",
-        )
-    weights = sorted(path.glob("*.safetensors"))
-    if not weights:
-        raise DraftsyncError(
-            f"{what} checkpoint {path} has no *.safetensors weights",
-            "save it again; weights must be stored as safetensors",
-        )
-    for file in weights:
-        _check_safetensors(file, what)
-    return path
-
-
-SAFETENSORS_MAX_HEADER_BYTES = 100_000_000  # the format's own limit
-
-
-def _check_safetensors(file: Path, what: str) -> None:
-    """Header and size must agree, as the format requires: a torn or garbled file is refused before it is stored.
-
-    Reads the header only (8-byte length, then JSON), so a large checkpoint costs nothing to check."""
-    size = file.stat().st_size
-    problem = None
-    try:
-        with file.open("rb") as handle:
-            prefix = handle.read(8)
-            header_bytes = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
-            if not 0 < header_bytes <= min(size - 8, SAFETENSORS_MAX_HEADER_BYTES):
-                problem = f"its header length {header_bytes} does not fit a file of {size} bytes"
-            else:
-                header = json.loads(handle.read(header_bytes))
-                end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"),
-                          default=0)
-                held = size - 8 - header_bytes
-                if end != held:
-                    problem = f"its header describes {end} bytes of tensors but the file holds {held}"
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as error:
-        problem = f"its header cannot be read ({type(error).__name__}: {error})"
-    if problem:
-        raise DraftsyncError(
-            f"{what} weights {file} are corrupt: {problem}",
-            f"save the {what} checkpoint again (or copy it again from where it was trained); nothing was registered",
-        )
-
-
-def _format_metric(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:300] if text else type(error).__name__

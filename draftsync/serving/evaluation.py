@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.methods import MEDUSA
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class ReferenceBackend:
         self.drafter = load_drafter(Path(drafter_dir)) if drafter_dir is not None else None
         if self.drafter is None:
             self.max_gamma = 0
-        elif getattr(self.drafter, "method", "") == "medusa":
+        elif getattr(self.drafter, "method", "") == MEDUSA.name:
             self.max_gamma = int(self.drafter.config.num_heads)  # one proposal per head
         else:
             self.max_gamma = 16  # chains draft as far as asked

@@ -17,9 +17,12 @@ from dataclasses import asdict, dataclass
 from typing import Literal, get_args
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.methods import EAGLE3, EAGLE3_1, MEDUSA
 
 Task = Literal["code", "math", "chat", "creative", "translation", "summary"]
-Method = Literal["none", "eagle3", "eagle3.1", "medusa"]
+NO_DRAFTER = "none"  # the recommendation's method when speculative decoding does not pay
+# What the framework can recommend: no drafter, or one of these methods (methods.py names them).
+METHODS: tuple[str, ...] = (NO_DRAFTER, EAGLE3.name, EAGLE3_1.name, MEDUSA.name)
 TASKS: tuple[str, ...] = get_args(Task)
 
 # --- The seed's thresholds -------------------------------------------------------------------------------
@@ -59,7 +62,7 @@ BYTES_PER_PARAM = 2  # target weights in bf16
 # Drafter weights as a share of the target's weights. EAGLE-3/3.1: the seed's "< 3%" on one GPU, inside
 # "2-4% extra" on 4x A100-80GB (a real 70B EAGLE-3 drafter is ~1.3-2%, so this is an upper budget).
 # Medusa: the seed gives no figure; 5 heads (residual block + vocabulary projection each) ~5%.
-DRAFTER_SHARE: dict[str, float] = {"none": 0.0, "eagle3": 0.03, "eagle3.1": 0.03, "medusa": 0.05}
+DRAFTER_SHARE: dict[str, float] = {NO_DRAFTER: 0.0, EAGLE3.name: 0.03, EAGLE3_1.name: 0.03, MEDUSA.name: 0.05}
 # Kept free for the KV cache, activations and CUDA graphs (vLLM itself takes only 90% of each GPU).
 KV_HEADROOM_SHARE = 0.20
 
@@ -135,7 +138,7 @@ class MemoryBudget:
 class Recommendation:
     """The method and gamma range to start a target's drafter with, and why."""
 
-    method: Method
+    method: str  # one of METHODS
     gamma_range: tuple[int, int]
     gamma_start: int
     expected_speedup: tuple[float, float]
@@ -257,16 +260,16 @@ def recommend(workload: Workload) -> Recommendation:
     if TASK_GROUP[w.task] == "code-math":
         triggers.append(("upgrade:code-math", f"task {w.task} (code / math gain most from 3.1)"))
 
-    method: str = "none"
+    method: str = NO_DRAFTER
     if speculate:
-        method = "eagle3.1" if triggers else "eagle3"
+        method = EAGLE3_1.name if triggers else EAGLE3.name
 
     # Step 2's Medusa option, read as: 8+ GPUs, a > 70B target (step 1: drafter training cost is the
     # constraint; Medusa trains on the target's own text, no hidden states), the Medusa budget fits
     # ("memory no longer binds", checked), and nothing asks for EAGLE 3.1 (Medusa has no drift fix).
     medusa_line = None
     if w.gpus >= CLUSTER_GPUS and speculate:
-        medusa_fits = memory_budget(w, "medusa").fits
+        medusa_fits = memory_budget(w, MEDUSA.name).fits
         blockers = []
         if size_class != "large":
             blockers.append(f"the target is {size}B <= 70B, where an EAGLE-3 drafter costs little to train")
@@ -279,14 +282,14 @@ def recommend(workload: Workload) -> Recommendation:
                            + "; the seed's default is EAGLE-3 (Medusa changes the target, a burden in multi-tenant "
                            "serving)")
         else:
-            method = "medusa"
+            method = MEDUSA.name
             gamma = (min(gamma[0], MEDUSA_MAX_HEADS), min(gamma[1], MEDUSA_MAX_HEADS))
             medusa_line = (f"medusa [medusa:taken]: 8+ GPUs, a {size}B > 70B target whose drafter training cost binds, "
                            "the Medusa budget fits and nothing asks for EAGLE 3.1: Medusa with "
                            f"{_gamma_text(gamma)} heads (training needs only the target's own text)")
 
     memory = memory_budget(w, method)
-    if method == "none":
+    if method == NO_DRAFTER:
         gamma, gamma_start = (0, 0), 0
     else:
         gamma_start = min(max(GAMMA_START, gamma[0]), gamma[1])
@@ -300,12 +303,13 @@ def recommend(workload: Workload) -> Recommendation:
     ]
     if medusa_line:
         reasons.append(medusa_line)
-    if method == "medusa":
-        reasons.append("serving [serving:vllm-medusa]: vLLM serves it (method 'medusa') with one gamma at every batch "
+    if method == MEDUSA.name:
+        reasons.append(f"serving [serving:vllm-medusa]: vLLM serves it (method {MEDUSA.vllm_method!r}) with one "
+                       "gamma at every batch "
                        "size, since its Medusa drafts exactly num_speculative_tokens (validation records no per-batch-size "
                        f"schedule), and with at most one draft token per head: train at least {gamma[1]} heads "
                        "(the sync profile's medusa_heads) to serve the whole range")
-    if method != "none":
+    if method != NO_DRAFTER:
         reasons.append(f"gamma start [gamma:start-4]: the seed starts at {GAMMA_START} and finds the knee by "
                        f"measurement (5-6 typical): {GAMMA_START} within {_gamma_text(gamma)} -> {gamma_start}; "
                        "validation's measured knee replaces it")
@@ -338,7 +342,7 @@ def _hardware_reason(w: Workload, method: str, memory: MemoryBudget) -> str:
     hardware = f"{w.gpus} x {_num(w.gpu_memory_gb)} GB"
     fit_word = "fits" if memory.fits else "does not fit"
     same_size_note = ""
-    if method == "eagle3.1":
+    if method == EAGLE3_1.name:
         same_size_note = ("; the rule names an EAGLE-3 drafter, and EAGLE 3.1 is the same drafter plus two norms "
                           "(a few kB), so the 3.1 upgrade keeps the < 3% budget")
     if w.gpus == 1 and w.gpu_memory_gb <= SEED_SINGLE_GPU_MEMORY_GB:
@@ -400,7 +404,7 @@ def _task_reason(w: Workload, task_gamma: tuple[int, int], latency_gamma: tuple[
 
 
 def _upgrade_reason(method: str, triggers: list[tuple[str, str]], latency_class: str) -> str:
-    if method == "none":
+    if method == NO_DRAFTER:
         return "upgrade [upgrade:not-applied]: no speculative decoding, nothing to upgrade"
     if not triggers:
         return ("upgrade [upgrade:none]: no EAGLE 3.1 trigger (outputs <= 4K tokens, gamma <= 5, task not code / "
@@ -408,17 +412,17 @@ def _upgrade_reason(method: str, triggers: list[tuple[str, str]], latency_class:
     ids = ", ".join(rule for rule, _ in triggers)
     because = "; ".join(text for _, text in triggers)
     floor = "" if latency_class == "interactive" else "; step 3's 'EAGLE-3' is read as enough, not as a ceiling"
-    return f"upgrade [{ids}]: eagle3 -> eagle3.1 because {because}{floor}"
+    return f"upgrade [{ids}]: {EAGLE3} -> {EAGLE3_1} because {because}{floor}"
 
 
 def _expected_speedup(w: Workload, method: str, size_class: str,
                       gamma: tuple[int, int]) -> tuple[tuple[float, float], str]:
     """The seed's figures for the chosen method and size, and the line that says where they come from."""
     size = _num(w.params_b)
-    if method == "none":
+    if method == NO_DRAFTER:
         below = f" (the seed: < {SMALL_TARGET_SPEEDUP_BELOW}x for < 13B)" if size_class.startswith("small") else ""
         return (1.0, 1.0), f"speedup [speedup:none]: 1.0x without speculative decoding{below}"
-    if method == "medusa":
+    if method == MEDUSA.name:
         return MEDUSA_SPEEDUP, ("speedup [speedup:medusa-paper]: 2.0-2.5x, the seed's only Medusa figure (Llama-2-Chat "
                                 "7B), not measured at this size")
     if size_class == "small-batched":
@@ -427,12 +431,12 @@ def _expected_speedup(w: Workload, method: str, size_class: str,
     base = round(eagle3_speedup_for_size(w.params_b), 2)
     anchors = "13B 1.4x, 30B 1.7x, 70B 2.1x"
     curve = f"vLLM's EAGLE-3 figures ({anchors}) linear in log(params), held at 2.1x past 70B: {size}B -> {base}x"
-    if method == "eagle3.1" and gamma[1] > HIGH_GAMMA_ABOVE:
+    if method == EAGLE3_1.name and gamma[1] > HIGH_GAMMA_ABOVE:
         lifted = round(base * EAGLE31_ACCEPTANCE_LIFT, 2)
         return (base, lifted), (f"speedup [speedup:vllm-size-curve, speedup:eagle31-lift]: {curve}; the upper end "
                                 f"scales it by 3.1's acceptance lift at gamma 8 (75% -> 88%): {lifted}x")
     note = ""
-    if method == "eagle3.1":
+    if method == EAGLE3_1.name:
         note = "; no 3.1 lift at gamma <= 5 (the seed: 3 ~ 3.1 there)"
     if gamma[1] <= 3:
         note += "; the figures are not broken down by gamma, so at gamma 2-3 read this as an upper bound"

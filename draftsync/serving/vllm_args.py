@@ -38,16 +38,10 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.methods import METHODS, NGRAM, VLLM_METHODS
 
-DrafterMethod = Literal["eagle3", "eagle3.1", "eagle", "medusa", "draft_model", "ngram"]
-
-# Our drafter methods -> vLLM's `method`. EAGLE 3.1 checkpoints are eagle3 checkpoints with extra norms that
-# vLLM reads from their config; ngram drafts from the prompt and has no checkpoint.
-_VLLM_METHOD = {"eagle3": "eagle3", "eagle3.1": "eagle3", "eagle": "eagle", "medusa": "medusa",
-                "draft_model": "draft_model", "ngram": "ngram"}
 
 # The `SpeculativeConfig` fields this module writes, checked by name against vllm/config/speculative.py
 # (vllm-project/vllm, `class SpeculativeConfig`, read at commit 002e77c1). Its `tensor_parallel_size` field
@@ -211,7 +205,7 @@ def check_schedule(schedule: Sequence[Sequence[int]], gamma: int) -> list[list[i
 def render_vllm_command(
     target_dir: Path | str,
     drafter_dir: Path | str | None,
-    method: DrafterMethod,
+    method: str,
     gamma: int,
     host: str,
     port: int,
@@ -255,7 +249,7 @@ def render_vllm_command(
     if trusted:
         argv.append(TRUST_REMOTE_CODE_FLAG)
     speculative_config = None
-    if drafter_dir is not None or method == "ngram":
+    if drafter_dir is not None or method == NGRAM.name:
         speculative_config = _speculative_config(drafter_dir, method, gamma, tensor_parallel_size, schedule,
                                                  prompt_lookup_min, prompt_lookup_max)
         argv += ["--speculative-config", json.dumps(speculative_config)]
@@ -268,20 +262,21 @@ def render_vllm_command(
 def _speculative_config(drafter_dir: Path | str | None, method: str, gamma: int, tensor_parallel_size: int,
                         schedule: Sequence[Sequence[int]] | None, prompt_lookup_min: int | None,
                         prompt_lookup_max: int | None) -> dict:
-    if method not in _VLLM_METHOD:
+    if method not in VLLM_METHODS:
         raise DraftsyncError(f"drafter method {method!r} cannot be served by vLLM",
-                             f"use one of {', '.join(_VLLM_METHOD)}, or serve the target alone")
+                             f"use one of {', '.join(VLLM_METHODS)}, or serve the target alone")
+    descriptor = METHODS[method]
     gamma = _integer(gamma, "gamma")
     if gamma < 1:
         raise DraftsyncError(f"gamma {gamma} is below 1", "pass the number of speculative tokens (>= 1)")
-    config: dict = {"method": _VLLM_METHOD[method]}
-    if method != "ngram":
+    config: dict = {"method": descriptor.vllm_method}
+    if descriptor.needs_checkpoint:
         config["model"] = str(drafter_dir)
     config["num_speculative_tokens"] = gamma
-    if method == "ngram":
+    if not descriptor.needs_checkpoint:
         if drafter_dir is not None:
             raise DraftsyncError(
-                f"a drafter directory ({drafter_dir}) was given with method 'ngram', which drafts from the "
+                f"a drafter directory ({drafter_dir}) was given with method {NGRAM.name!r}, which drafts from the "
                 "prompt and loads no checkpoint",
                 "pass no drafter directory for ngram, or the directory's own method",
             )
@@ -297,10 +292,10 @@ def _speculative_config(drafter_dir: Path | str | None, method: str, gamma: int,
     else:
         if prompt_lookup_min is not None or prompt_lookup_max is not None:
             raise DraftsyncError(f"n-gram lookup lengths were given for method {method!r}",
-                                 "pass prompt_lookup_min/max only with method 'ngram'")
+                                 f"pass prompt_lookup_min/max only with method {NGRAM.name!r}")
         if tensor_parallel_size > 1:
             config["draft_tensor_parallel_size"] = tensor_parallel_size
-    if method == "medusa":
+    if descriptor.fixed_heads:
         _check_medusa(drafter_dir, gamma, schedule)
     if schedule:
         config["num_speculative_tokens_per_batch_size"] = check_schedule(schedule, gamma)

@@ -37,6 +37,14 @@ from typing import Any
 
 from draftsync.errors import DraftsyncError
 from draftsync.serving.evaluation import EvalRequest, RequestResult
+from draftsync.speculative.methods import (
+    CHECKPOINT_METHODS,
+    DRAFT_MODEL,
+    METHODS,
+    NGRAM,
+    TRAINED_METHODS,
+    VLLM_METHODS,
+)
 
 # vLLM's counter names as `LLM.get_metrics()` reports them (the `/metrics` text adds `_total`).
 DRAFTS = "vllm:spec_decode_num_drafts"
@@ -44,10 +52,6 @@ DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
-# Our drafter methods -> vLLM's `method`. EAGLE 3.1 checkpoints are eagle3 checkpoints whose extra norms
-# vLLM reads from their config; ngram drafts from the prompt and has no checkpoint.
-VLLM_METHODS = {"eagle3": "eagle3", "eagle3.1": "eagle3", "eagle": "eagle", "medusa": "medusa",
-                "draft_model": "draft_model", "ngram": "ngram"}
 WARM_UP_PROMPT = "def main():\n    return 0\n"
 MAX_CHAIN_GAMMA = 16  # chained drafters propose as far as asked; the reference backend stops at 16 too
 
@@ -153,12 +157,12 @@ def resolve_method(drafter_dir: str | Path | None, method: str | None) -> str | 
     if method is not None and method not in VLLM_METHODS:
         raise DraftsyncError(f"drafter method {method!r} is unknown to the vLLM backend",
                              f"use one of {', '.join(VLLM_METHODS)}, or leave it unset to read it from the drafter")
-    if method == "ngram":
+    if method == NGRAM.name:
         if drafter_dir is not None:
-            raise DraftsyncError(f"a drafter directory ({drafter_dir}) was given with method 'ngram', which drafts "
-                                 "from the prompt and loads no checkpoint",
+            raise DraftsyncError(f"a drafter directory ({drafter_dir}) was given with method {NGRAM.name!r}, which "
+                                 "drafts from the prompt and loads no checkpoint",
                                  "pass drafter_dir=None for ngram, or the drafter's own method for the directory")
-        return "ngram"
+        return NGRAM.name
     if drafter_dir is None:
         if method is not None:
             raise DraftsyncError(f"method {method!r} was given without a drafter directory",
@@ -169,8 +173,8 @@ def resolve_method(drafter_dir: str | Path | None, method: str | None) -> str | 
     saved = drafter_method(drafter_dir)
     if saved not in VLLM_METHODS:
         raise DraftsyncError(f"drafter {drafter_dir} is a {saved!r} drafter, which the vLLM backend cannot run",
-                             f"use a drafter of one of {', '.join(m for m in VLLM_METHODS if m != 'ngram')}")
-    if method is not None and VLLM_METHODS[method] != VLLM_METHODS[saved]:
+                             f"use a drafter of one of {', '.join(CHECKPOINT_METHODS)}")
+    if method is not None and METHODS[method].vllm_method != METHODS[saved].vllm_method:
         raise DraftsyncError(f"method {method!r} was given for drafter {drafter_dir}, which holds a {saved!r} drafter",
                              f"pass method={saved!r}, or leave it unset to read it from the drafter")
     return saved
@@ -181,7 +185,7 @@ def proposable_tokens(method: str | None, drafter_dir: str | Path | None) -> int
     asked for more), chained drafters and ngram MAX_CHAIN_GAMMA, none without speculation."""
     if method is None:
         return 0
-    if method != "medusa":
+    if not METHODS[method].fixed_heads:
         return MAX_CHAIN_GAMMA
     from draftsync.speculative.checkpoint_files import read_json
 
@@ -208,9 +212,9 @@ def speculative_config(target_dir: str | Path, method: str | None, drafter_dir: 
     if gamma == 0 or method is None:
         if gamma:
             raise DraftsyncError(f"gamma {gamma} was asked of a backend without a drafter",
-                                 "use gamma 0, or give the backend a drafter (or method 'ngram')")
+                                 f"use gamma 0, or give the backend a drafter (or method {NGRAM.name!r})")
         return None
-    if method in ("eagle3", "eagle3.1", "eagle", "medusa"):
+    if method in TRAINED_METHODS:
         from draftsync.serving.vllm_args import render_vllm_command
 
         if drafter_dir is None:
@@ -220,12 +224,13 @@ def speculative_config(target_dir: str | Path, method: str | None, drafter_dir: 
         launch = render_vllm_command(target_dir, drafter_dir, method, gamma, "127.0.0.1", 0, "evaluation",
                                      tensor_parallel_size)
         return launch.speculative_config
-    if method == "draft_model":
-        config: dict[str, Any] = {"method": "draft_model", "model": str(drafter_dir), "num_speculative_tokens": gamma}
+    if method == DRAFT_MODEL.name:
+        config: dict[str, Any] = {"method": DRAFT_MODEL.vllm_method, "model": str(drafter_dir),
+                                  "num_speculative_tokens": gamma}
         if tensor_parallel_size > 1:
             config["draft_tensor_parallel_size"] = tensor_parallel_size
         return config
-    if method == "ngram":
+    if method == NGRAM.name:
         low, high = prompt_lookup_min, prompt_lookup_max
         if low is None and high is None:
             low = high = 5
@@ -234,7 +239,7 @@ def speculative_config(target_dir: str | Path, method: str | None, drafter_dir: 
         if not 1 <= int(low) <= int(high):
             raise DraftsyncError(f"n-gram lookup lengths min={low}, max={high} are not 1 <= min <= max",
                                  "choose prompt_lookup_min >= 1 and prompt_lookup_max >= prompt_lookup_min")
-        return {"method": "ngram", "num_speculative_tokens": gamma, "prompt_lookup_min": int(low),
+        return {"method": NGRAM.vllm_method, "num_speculative_tokens": gamma, "prompt_lookup_min": int(low),
                 "prompt_lookup_max": int(high)}
     raise DraftsyncError(f"drafter method {method!r} is unknown to the vLLM backend",
                          f"use one of {', '.join(VLLM_METHODS)}")
@@ -270,8 +275,8 @@ class VllmBackend:
         self.tensor_parallel_size = int(tensor_parallel_size)
         self.ignore_eos = bool(ignore_eos)
         self.prompt_lookup = (prompt_lookup_min, prompt_lookup_max)
-        if self.method == "ngram":  # a bad lookup window fails here, not when the engine is built
-            speculative_config(self.target_dir, "ngram", None, 1, 1, *self.prompt_lookup)
+        if self.method == NGRAM.name:  # a bad lookup window fails here, not when the engine is built
+            speculative_config(self.target_dir, NGRAM.name, None, 1, 1, *self.prompt_lookup)
         self.max_gamma = proposable_tokens(self.method, self.drafter_dir)
         if importlib.util.find_spec("vllm") is None:
             raise DraftsyncError("vllm is not installed in this environment",

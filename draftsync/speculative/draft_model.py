@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.methods import DRAFT_MODEL
 from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
 
 MARKER_FILE = "draftsync_drafter.json"
@@ -81,7 +82,7 @@ class DraftModelDrafter(nn.Module):
     which also carries `draft_vocab_size` (= vocab_size: a draft model predicts the whole vocabulary)
     and `target_hidden_size` (of the target it was sized for)."""
 
-    method = "draft_model"
+    method = DRAFT_MODEL.name
     target_states = "none"
     target_copy_names: tuple[str, ...] = ()  # vLLM serves a draft model with its own embedding and head
 
@@ -247,7 +248,7 @@ def load_draft_model(path: Path | str, dtype: torch.dtype | None = None) -> Draf
     except json.JSONDecodeError as error:
         raise DraftsyncError(f"{marker_path} is not valid JSON ({error})", "rewrite it with save_draft_model") from None
     if marker.get("method") != DraftModelDrafter.method:
-        raise DraftsyncError(f"{marker_path} names method {marker.get('method')!r}, not 'draft_model'",
+        raise DraftsyncError(f"{marker_path} names method {marker.get('method')!r}, not {DRAFT_MODEL.name!r}",
                              "load it with the loader of its own method (load_drafter)")
     weights = sorted(path.glob("*.safetensors"))
     if not weights:

@@ -1,11 +1,11 @@
 """Every drafter method behind one door: build, save, load and size a drafter by its method name.
 
-Methods and their checkpoint formats:
-- "eagle3", "eagle3.1" (EAGLE-3 with fc_norm and norm_output): the speculators format vLLM detects;
-- "eagle" (EAGLE-1): the one-layer Llama layout vLLM's `method: "eagle"` loads;
-- "medusa": the layout vLLM's `method: "medusa"` loads (medusa_format.py), plus draftsync's own keys;
-- "draft_model" (the benchmarks' independent small LM, vLLM's `method: "draft_model"`): a plain HF
-  checkpoint. It is a baseline, not a sync method, so `new_drafter` does not build it (the trainer sizes it).
+Methods (named in methods.py) and their checkpoint formats:
+- the EAGLE-3 family (EAGLE-3, and EAGLE 3.1 with fc_norm and norm_output): the speculators format vLLM detects;
+- EAGLE-1: the one-layer Llama layout vLLM's EAGLE method loads (eagle1_format.py);
+- Medusa: the layout vLLM's Medusa method loads (medusa_format.py), plus draftsync's own keys;
+- the draft model (the benchmarks' independent small LM): a plain HF checkpoint. It is a baseline, not a
+  sync method, so `new_drafter` does not build it (the trainer sizes it).
 A directory's config.json says which one it holds, so loading needs no method name.
 """
 
@@ -16,26 +16,36 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.methods import (
+    CHECKPOINT_METHODS,
+    DRAFT_MODEL,
+    EAGLE,
+    EAGLE3,
+    EAGLE3_1,
+    MEDUSA,
+    TRAINED_METHODS,
+    eagle3_variant,
+    is_eagle3_family,
+)
 
 if TYPE_CHECKING:
     import torch
 
-METHODS = ("eagle3", "eagle3.1", "eagle", "medusa")
-
 # Options each method takes beyond the target's shapes, the draft vocabulary and the aux layer ids.
 OPTIONS = {
-    "eagle3": ("norm_before_residual", "fc_norm", "norm_output", "norm_before_fc"),
-    "eagle3.1": ("norm_before_residual", "fc_norm", "norm_output"),
-    "eagle": ("feature_loss_weight", "token_loss_weight"),
-    "medusa": ("num_heads", "num_layers", "loss_decay"),
+    EAGLE3.name: ("norm_before_residual", "fc_norm", "norm_output", "norm_before_fc"),
+    EAGLE3_1.name: ("norm_before_residual", "fc_norm", "norm_output"),
+    EAGLE.name: ("feature_loss_weight", "token_loss_weight"),
+    MEDUSA.name: ("num_heads", "num_layers", "loss_decay"),
 }
 
 
 def _check_method(method: str) -> None:
-    if method not in METHODS:
+    if method not in TRAINED_METHODS:
         raise DraftsyncError(
             f"drafter method {method!r} is unknown",
-            f"use one of {', '.join(METHODS)} (ngram and draft_model are benchmark baselines, not trained heads)",
+            f"use one of {', '.join(TRAINED_METHODS)} (ngram and draft_model are benchmark baselines, not trained "
+            "heads)",
         )
 
 
@@ -56,28 +66,30 @@ def new_drafter(method: str, target_config: Any, draft_vocab_size: int | None = 
     """
     _check_method(method)
     _check_options(method, options)
-    if method in ("eagle3", "eagle3.1"):
+    if is_eagle3_family(method):
         from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
 
         flags = dict(options)
-        if method == "eagle3.1":
+        if method == EAGLE3_1.name:
             if flags.get("fc_norm") is False or flags.get("norm_output") is False:
-                raise DraftsyncError("an eagle3.1 drafter was asked to go without fc_norm or norm_output",
-                                     "EAGLE 3.1 is EAGLE-3 with both: use method 'eagle3' to choose the flags")
+                raise DraftsyncError(f"an {EAGLE3_1} drafter was asked to go without fc_norm or norm_output",
+                                     f"EAGLE 3.1 is EAGLE-3 with both: use method {EAGLE3.name!r} to choose the "
+                                     "flags")
             flags.update(fc_norm=True, norm_output=True)
         return Eagle3Drafter(Eagle3Config.for_target(target_config, draft_vocab_size, aux_layer_ids, **flags))
     if aux_layer_ids is not None:
         raise DraftsyncError(f"aux layer ids {list(aux_layer_ids)} were given for a {method} drafter, which reads "
                              "the target's final hidden state only",
-                             f"leave aux_layer_ids unset for method {method!r} (they apply to eagle3 and eagle3.1)")
-    if method == "eagle":
+                             f"leave aux_layer_ids unset for method {method!r} (they apply to {EAGLE3} and {EAGLE3_1})")
+    if method == EAGLE.name:
         from draftsync.speculative.eagle1 import EagleConfig, EagleDrafter
 
         if draft_vocab_size not in (None, target_config.vocab_size):
             raise DraftsyncError(
                 f"a draft vocabulary of {draft_vocab_size} was asked of an EAGLE-1 drafter",
-                "leave draft_vocab_size unset for method 'eagle' (vLLM's EAGLE-1 predicts through the target's "
-                "lm_head, over the whole vocabulary); use eagle3 or medusa for a reduced draft vocabulary",
+                f"leave draft_vocab_size unset for method {EAGLE.name!r} (vLLM's EAGLE-1 predicts through the "
+                f"target's lm_head, over the whole vocabulary); use {EAGLE3} or {MEDUSA} for a reduced draft "
+                "vocabulary",
             )
         return EagleDrafter(EagleConfig.for_target(target_config, **options))
     from draftsync.speculative.medusa import MedusaConfig, MedusaDrafter
@@ -89,13 +101,13 @@ def save_drafter(drafter: Any, out_dir: str | Path, verifier_name_or_path: str, 
                  speculative_tokens: int) -> Path:
     """Write `drafter` in its method's format to `out_dir` and return the directory."""
     method = getattr(drafter, "method", None)
-    if method in ("eagle3", "eagle3.1"):
+    if is_eagle3_family(method):
         from draftsync.speculative.speculators_format import save_eagle3 as save
-    elif method == "eagle":
+    elif method == EAGLE.name:
         from draftsync.speculative.eagle1_format import save_eagle as save
-    elif method == "medusa":
+    elif method == MEDUSA.name:
         from draftsync.speculative.medusa_format import save_medusa as save
-    elif method == "draft_model":
+    elif method == DRAFT_MODEL.name:
         from draftsync.speculative.draft_model import save_draft_model
 
         return save_draft_model(drafter, out_dir, verifier_name_or_path=verifier_name_or_path,
@@ -103,7 +115,7 @@ def save_drafter(drafter: Any, out_dir: str | Path, verifier_name_or_path: str, 
                                 speculative_tokens=int(speculative_tokens))
     else:
         raise DraftsyncError(f"a drafter of method {method!r} ({type(drafter).__name__}) has no checkpoint format here",
-                             f"save_drafter writes {', '.join(METHODS)} drafters")
+                             f"save_drafter writes {', '.join(CHECKPOINT_METHODS)} drafters")
     return save(drafter, out_dir, verifier_name_or_path, verifier_architectures, speculative_tokens)
 
 
@@ -112,15 +124,15 @@ def drafter_method(directory: str | Path) -> str:
     from draftsync.speculative.checkpoint_files import read_json
 
     path, config = read_json(directory)
-    if config.get("speculators_model_type") == "eagle3":
-        return "eagle3.1" if config.get("fc_norm") and config.get("norm_output") else "eagle3"
+    if config.get("speculators_model_type") == EAGLE3.speculators_type:
+        return eagle3_variant(config.get("fc_norm"), config.get("norm_output"))
     kind = config.get("draftsync_drafter")
-    if kind in ("eagle", "medusa", "draft_model"):
+    if kind in (EAGLE.name, MEDUSA.name, DRAFT_MODEL.name):
         return kind
     found = {key: config.get(key) for key in ("speculators_model_type", "draftsync_drafter", "model_type")}
     raise DraftsyncError(
         f"{path} is not the config of a drafter draftsync can read ({', '.join(f'{k}={v!r}' for k, v in found.items())})",
-        f"point at a directory written by save_drafter ({', '.join(METHODS)}); a target model's directory "
+        f"point at a directory written by save_drafter ({', '.join(CHECKPOINT_METHODS)}); a target model's directory "
         "is not a drafter",
     )
 
@@ -128,15 +140,15 @@ def drafter_method(directory: str | Path) -> str:
 def load_drafter(directory: str | Path, dtype: torch.dtype | None = None):
     """The drafter saved in `directory`, whatever its method (float32 unless `dtype` says otherwise)."""
     method = drafter_method(directory)
-    if method in ("eagle3", "eagle3.1"):
+    if is_eagle3_family(method):
         from draftsync.speculative.speculators_format import load_eagle3
 
         return load_eagle3(directory, dtype)
-    if method == "eagle":
+    if method == EAGLE.name:
         from draftsync.speculative.eagle1_format import load_eagle
 
         return load_eagle(directory, dtype)
-    if method == "draft_model":
+    if method == DRAFT_MODEL.name:
         from draftsync.speculative.draft_model import load_draft_model
 
         return load_draft_model(directory, dtype)

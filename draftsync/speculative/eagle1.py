@@ -1,6 +1,6 @@
 """The EAGLE-1 drafter: one Llama decoder layer over fc(token embedding ++ the target's final hidden state).
 
-The layout is what vLLM's `method: "eagle"` runs (`EagleLlamaForCausalLM` in
+The layout is what vLLM's EAGLE method runs (`EagleLlamaForCausalLM` in
 vllm/model_executor/models/llama_eagle.py, fed by the EAGLE proposer in vllm/v1/spec_decode/):
 - the input state is the target's post-norm last hidden state (`final`: what its lm_head reads);
 - `fc` (2H -> H, no bias) reads the token embedding *first*, then the hidden state;
@@ -43,6 +43,7 @@ from draftsync.speculative.eagle3 import (
     llama_layer_shape,
     training_time_test_mask,
 )
+from draftsync.speculative.methods import EAGLE, EAGLE3, MEDUSA
 from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
 
 # EAGLE-1's loss weights: feature regression dominates, the token loss (through the frozen head) steers it.
@@ -67,8 +68,8 @@ class EagleConfig(DraftLayerConfig):
             raise DraftsyncError(
                 f"EAGLE-1 draft vocabulary {self.draft_vocab_size} is not the target's whole vocabulary "
                 f"({self.vocab_size})",
-                "leave draft_vocab_size unset for method 'eagle' (vLLM's EAGLE-1 reads the target's lm_head); "
-                "use eagle3 or medusa for a reduced draft vocabulary",
+                f"leave draft_vocab_size unset for method {EAGLE.name!r} (vLLM's EAGLE-1 reads the target's "
+                f"lm_head); use {EAGLE3} or {MEDUSA} for a reduced draft vocabulary",
             )
 
     @classmethod
@@ -96,7 +97,7 @@ class EagleDecoderLayer(nn.Module):
 class EagleDrafter(nn.Module):
     """EAGLE-1 draft head; see the module docstring for the computation and the names."""
 
-    method = "eagle"
+    method = EAGLE.name
     target_states = "final"  # reads the target's post-norm last hidden state
     target_copy_names = ("embed_tokens.weight", "lm_head.weight")  # frozen copies of the target's
 
@@ -139,7 +140,8 @@ class EagleDrafter(nn.Module):
         if not freeze_embeddings:
             raise DraftsyncError(
                 "an EAGLE-1 drafter was asked to train its embedding",
-                "keep freeze_embeddings=True for method 'eagle': vLLM serves it with the target's own embedding",
+                f"keep freeze_embeddings=True for method {EAGLE.name!r}: vLLM serves it with the target's own "
+                "embedding",
             )
         embed = target.get_input_embeddings().weight
         head = target.get_output_embeddings().weight
@@ -147,7 +149,7 @@ class EagleDrafter(nn.Module):
             raise DraftsyncError(
                 f"the target's embedding {tuple(embed.shape)} / lm_head {tuple(head.shape)} do not fit the EAGLE-1 "
                 f"drafter ({tuple(self.embed_tokens.weight.shape)} each)",
-                "build the drafter for this target (drafters.new_drafter('eagle', target.config))",
+                f"build the drafter for this target (drafters.new_drafter({EAGLE.name!r}, target.config))",
             )
         with torch.no_grad():
             self.embed_tokens.weight.copy_(embed)

@@ -1,8 +1,8 @@
-"""EAGLE-1 drafters on disk in the layout vLLM's `method: "eagle"` loads without conversion.
+"""EAGLE-1 drafters on disk in the layout vLLM's EAGLE method loads without conversion.
 
 A directory holds:
 - `config.json`: a one-layer Llama config (`model_type` "llama", `architectures` ["LlamaForCausalLM"], which
-  vLLM renames EagleLlamaForCausalLM for method "eagle"; `vocab_size` is the target's) plus our own
+  vLLM renames EagleLlamaForCausalLM for its EAGLE method; `vocab_size` is the target's) plus our own
   `draftsync_*` fields (drafter kind, verifier, speculative tokens, loss weights) that vLLM ignores;
 - `model.safetensors` (bf16): exactly the weights vLLM's EagleLlamaForCausalLM accepts, without a `model.`
   prefix: `fc.weight` [H, 2H], `layers.0.self_attn.{q,k,v,o}_proj.weight`, `layers.0.mlp.{gate,up,down}_proj.weight`,
@@ -31,6 +31,7 @@ from draftsync.speculative.checkpoint_files import (
     read_safetensors,
     write_directory,
 )
+from draftsync.speculative.methods import EAGLE
 
 if TYPE_CHECKING:
     import torch
@@ -41,7 +42,7 @@ WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TARGET_EMBEDDINGS_FILE = "target_embeddings.safetensors"
 ARCHITECTURE = "LlamaForCausalLM"
-DRAFTER_KIND = "eagle"
+DRAFTER_KIND = EAGLE.name  # config.json's `draftsync_drafter`
 
 
 def eagle_config(drafter: EagleDrafter, verifier_name_or_path: str, verifier_architectures: list[str],
@@ -120,7 +121,7 @@ def load_eagle(directory: str | Path, dtype: torch.dtype | None = None) -> Eagle
     path, config = read_json(directory)
     if not is_eagle_config(config):
         raise DraftsyncError(f"{path} is not an EAGLE-1 drafter config (draftsync_drafter is "
-                             f"{config.get('draftsync_drafter')!r}, not 'eagle')",
+                             f"{config.get('draftsync_drafter')!r}, not {DRAFTER_KIND!r})",
                              "load it with drafters.load_drafter, which detects the format, or re-save it")
     drafter = EagleDrafter(_drafter_config(config, path))
     folder = Path(directory)

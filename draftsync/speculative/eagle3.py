@@ -24,6 +24,7 @@ from torch import nn
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_loss import check_window, distribution_terms, gaussian_noise
 from draftsync.speculative.draft_vocab import DraftVocabBuffers, check_draft_vocab_size
+from draftsync.speculative.methods import eagle3_variant
 from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
 
 
@@ -303,7 +304,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
 
     @property
     def method(self) -> str:
-        return "eagle3.1" if self.config.fc_norm and self.config.norm_output else "eagle3"
+        return eagle3_variant(self.config.fc_norm, self.config.norm_output)
 
     # ---- initialisation from the target -----------------------------------------------------------
     def initialise_from_target(self, target: Any, freeze_embeddings: bool = True) -> None:

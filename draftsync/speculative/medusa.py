@@ -24,6 +24,7 @@ from torch import nn
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_loss import check_window, distribution_terms, gaussian_noise
 from draftsync.speculative.draft_vocab import DraftVocabBuffers, check_draft_vocab_size
+from draftsync.speculative.methods import MEDUSA
 from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
 
 LOSS_DECAY = 0.8  # head k's loss weighs decay**k (the Medusa paper's), later heads being harder
@@ -81,7 +82,7 @@ class MedusaBlocks(nn.Module):
 class MedusaDrafter(DraftVocabBuffers, nn.Module):
     """Medusa heads; see the module docstring for the computation and the names."""
 
-    method = "medusa"
+    method = MEDUSA.name
     target_states = "final"  # reads the target's post-norm last hidden state
     target_copy_names: tuple[str, ...] = ()  # every head is trained
 
@@ -107,7 +108,7 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
         if head.shape[1] != self.config.hidden_size:
             raise DraftsyncError(
                 f"the target's lm_head reads {head.shape[1]} features, the Medusa heads {self.config.hidden_size}",
-                "build the drafter for this target (drafters.new_drafter('medusa', target.config))",
+                f"build the drafter for this target (drafters.new_drafter({MEDUSA.name!r}, target.config))",
             )
         rows = head[self.draft_token_ids.to(head.device)]
         with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Medusa drafters on disk, in the layout vLLM's `method: "medusa"` loads as a sync writes it.
+"""Medusa drafters on disk, in the layout vLLM's Medusa method loads as a sync writes it.
 
 vLLM (`model_executor/models/medusa.py`, `transformers_utils/configs/medusa.py`) gives every head an lm_head
 over the whole vocabulary V. Its reduced vocabulary (`truncated_vocab_size` < V with a `token_map`) works
@@ -13,12 +13,12 @@ vLLM loads with a head per lm_head.
 A directory holds `config.json` and `model.safetensors` (bf16; integer and bool buffers as they are).
 
 config.json fields, read by vLLM's MedusaConfig:
-- `model_type` "medusa", `architectures` ["MedusaModel"];
+- `model_type` (vLLM's method name for Medusa), `architectures` ["MedusaModel"];
 - `hidden_size` (the target's), `vocab_size` (the target's V), `num_heads` (K, one proposal each),
   `num_hidden_layers` (residual blocks per head), `truncated_vocab_size` (V: every lm_head spans the
   vocabulary), `medusa_fc_bias` (true: each block is x + SiLU(W x + b)).
 draftsync's own, which vLLM keeps as plain attributes:
-- `draftsync_drafter` "medusa" (how load_drafter recognises the format), `draft_vocab_size` (Dv, the rows
+- `draftsync_drafter`, the method's name (how load_drafter recognises the format), `draft_vocab_size` (Dv, the rows
   the heads were trained over), `loss_decay` (head k's training weight is decay**k), `speculative_tokens`
   (the gamma the drafter was validated at, at most K), `verifier` ({name_or_path, architectures} of the
   target), `torch_dtype` "bfloat16".
@@ -44,6 +44,7 @@ from draftsync.speculative.checkpoint_files import (
     read_safetensors,
     write_directory,
 )
+from draftsync.speculative.methods import MEDUSA
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 
 WEIGHTS_FILE = "model.safetensors"
 ARCHITECTURE = "MedusaModel"
-DRAFTER_KIND = "medusa"
+DRAFTER_KIND = MEDUSA.name  # config.json's `draftsync_drafter`
 
 
 def medusa_config(drafter: MedusaDrafter, verifier_name_or_path: str, verifier_architectures: list[str],
@@ -62,7 +63,7 @@ def medusa_config(drafter: MedusaDrafter, verifier_name_or_path: str, verifier_a
     return {
         "draftsync_drafter": DRAFTER_KIND,
         "architectures": [ARCHITECTURE],
-        "model_type": "medusa",
+        "model_type": MEDUSA.vllm_method,  # vLLM's MedusaConfig is registered under its method name
         "hidden_size": config.hidden_size,
         "vocab_size": config.vocab_size,
         "num_heads": config.num_heads,
@@ -120,7 +121,7 @@ def load_medusa(directory: str | Path, dtype: torch.dtype | None = None) -> Medu
     path, config = read_json(directory)
     if not is_medusa_config(config):
         raise DraftsyncError(f"{path} is not a Medusa drafter config (draftsync_drafter is "
-                             f"{config.get('draftsync_drafter')!r}, not 'medusa')",
+                             f"{config.get('draftsync_drafter')!r}, not {DRAFTER_KIND!r})",
                              "load it with drafters.load_drafter, which detects the format, or re-save it")
     drafter = MedusaDrafter(MedusaConfig(
         hidden_size=config_value(config, path, "hidden_size"),

@@ -20,9 +20,10 @@ from typing import Any, Protocol
 import torch
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.methods import DRAFT_MODEL, MEDUSA, METHODS, NGRAM, eagle3_variant
 
 TARGET_STATES = ("aux", "final", "none")
-CHAIN_METHODS = ("eagle3", "eagle3.1", "eagle")
+CHAIN_METHODS = tuple(method.name for method in METHODS.values() if method.chains)
 
 
 class Proposer(Protocol):
@@ -50,7 +51,7 @@ def drafter_method(drafter: Any) -> str:
     from draftsync.speculative.eagle3 import Eagle3Drafter
 
     if isinstance(drafter, Eagle3Drafter):
-        return "eagle3.1" if drafter.config.fc_norm and drafter.config.norm_output else "eagle3"
+        return eagle3_variant(drafter.config.fc_norm, drafter.config.norm_output)
     raise DraftsyncError(f"{type(drafter).__name__} names no speculative method (no `method` attribute)",
                          "pass an Eagle3Drafter, EagleDrafter, MedusaDrafter, DraftModelDrafter or a proposer")
 
@@ -163,7 +164,7 @@ class MedusaProposer:
     earlier proposals, which rejection sampling allows: the output still follows the target exactly).
     """
 
-    method = "medusa"
+    method = MEDUSA.name
     target_states = "final"
     aux_layer_ids: tuple[int, ...] = ()
 
@@ -224,7 +225,7 @@ class NgramProposer:
     Defaults follow vLLM: both 5 when neither is given, one given sets the other.
     """
 
-    method = "ngram"
+    method = NGRAM.name
     target_states = "none"
     aux_layer_ids: tuple[int, ...] = ()
 
@@ -296,7 +297,7 @@ class DraftModelProposer:
     one and cropped off afterwards, so the cache always holds committed tokens only.
     """
 
-    method = "draft_model"
+    method = DRAFT_MODEL.name
     target_states = "none"
     aux_layer_ids: tuple[int, ...] = ()
 
@@ -333,7 +334,7 @@ def make_proposer(drafter_or_name: Any, **options: Any) -> Proposer:
     """A proposer for a drafter object (by its `method`), for the name "ngram" (options: prompt_lookup_min,
     prompt_lookup_max), or the proposer itself when one is given."""
     if isinstance(drafter_or_name, str):
-        if drafter_or_name == "ngram":
+        if drafter_or_name == NGRAM.name:
             return NgramProposer(**options)
         raise DraftsyncError(f"no proposer is named {drafter_or_name!r}",
                              "name 'ngram', or pass a drafter object (load it with load_drafter)")
@@ -342,9 +343,9 @@ def make_proposer(drafter_or_name: Any, **options: Any) -> Proposer:
     method = drafter_method(drafter_or_name)
     if method in CHAIN_METHODS:
         return ChainProposer(drafter_or_name, **options)
-    if method == "medusa":
+    if method == MEDUSA.name:
         return MedusaProposer(drafter_or_name, **options)
-    if method == "draft_model":
+    if method == DRAFT_MODEL.name:
         return DraftModelProposer(drafter_or_name, **options)
     raise DraftsyncError(f"drafter method {method!r} has no proposer",
-                         f"use one of {', '.join(CHAIN_METHODS + ('medusa', 'draft_model', 'ngram'))}")
+                         f"use one of {', '.join(CHAIN_METHODS + (MEDUSA.name, DRAFT_MODEL.name, NGRAM.name))}")

@@ -1,6 +1,6 @@
 """EAGLE-3 drafters on disk in the speculators format, which vLLM recognises without extra flags.
 
-A directory holds `config.json` (speculators_model_type "eagle3", the speculators_config with the
+A directory holds `config.json` (speculators_model_type the EAGLE-3 family's, the speculators_config with the
 verifier, the draft layer's Llama config, draft vocabulary size, aux layer ids and norm flags) and
 `model.safetensors` (bf16 weights under the speculators/vLLM names; d2t int64 and t2d bool as they are).
 """
@@ -19,6 +19,7 @@ from draftsync.speculative.checkpoint_files import (
     read_safetensors,
     write_directory,
 )
+from draftsync.speculative.methods import EAGLE3
 
 if TYPE_CHECKING:
     import torch
@@ -64,10 +65,10 @@ def speculators_config(drafter: "Eagle3Drafter", verifier_name_or_path: str, ver
     config = drafter.config
     return {
         "architectures": [ARCHITECTURE],
-        "speculators_model_type": "eagle3",
+        "speculators_model_type": EAGLE3.speculators_type,
         "speculators_version": SPECULATORS_VERSION,
         "speculators_config": {
-            "algorithm": "eagle3",
+            "algorithm": EAGLE3.speculators_type,
             "proposal_methods": [
                 {
                     "proposal_type": "greedy",
@@ -106,9 +107,9 @@ def save_eagle3(drafter: "Eagle3Drafter", out_dir: str | Path, verifier_name_or_
 def read_config(directory: str | Path) -> dict[str, Any]:
     """config.json of a drafter directory, checked to be a speculators eagle3 config."""
     config_path, config = read_json(directory)
-    if config.get("speculators_model_type") != "eagle3":
+    if config.get("speculators_model_type") != EAGLE3.speculators_type:
         found = config.get("speculators_model_type")
-        raise DraftsyncError(f"{config_path} has speculators_model_type {found!r}, not 'eagle3'",
+        raise DraftsyncError(f"{config_path} has speculators_model_type {found!r}, not {EAGLE3.speculators_type!r}",
                              "load an EAGLE-3 drafter saved in the speculators format")
     return config
 

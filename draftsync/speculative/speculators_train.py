@@ -37,13 +37,14 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.methods import EAGLE, EAGLE3, EAGLE3_1, MEDUSA
 
-METHODS = ("eagle3", "eagle3.1")
-# speculators' flags for each method's norms (eagle3.1 = per-aux-state fc norms + post-norm fed back).
+# speculators' flags for each method's norms (EAGLE 3.1 = per-aux-state fc norms + post-norm fed back).
 METHOD_FLAGS = {
-    "eagle3": ("--no-norm-before-fc", "--no-norm-output"),
-    "eagle3.1": ("--fc-norm", "--no-norm-before-fc", "--norm-output"),
+    EAGLE3.name: ("--no-norm-before-fc", "--no-norm-output"),
+    EAGLE3_1.name: ("--fc-norm", "--no-norm-before-fc", "--norm-output"),
 }
+METHODS = tuple(METHOD_FLAGS)  # the EAGLE-3 family: what speculators trains
 TRAIN_MODULE = "speculators.train"
 INSTALL_FIX = "install speculators and vllm on the GPU worker (pip install speculators vllm), or run the job there"
 
@@ -56,7 +57,7 @@ class SpeculatorsTrainJob:
     data: tuple[str, ...]  # JSONL files or dirs (prepare-data --data, repeated)
     work_dir: str  # prepared dataset and hidden states (<work_dir>/prepared, its hidden_states/)
     output_dir: str  # checkpoints (--save-path); speculators resumes from the latest one found there
-    method: str = "eagle3"  # eagle3 | eagle3.1
+    method: str = EAGLE3.name  # one of METHODS
     draft_vocab_size: int | None = None  # None: the target's whole vocabulary
     aux_layer_ids: tuple[int, ...] | None = None  # None: default_aux_layer_ids(target layers)
     target_num_layers: int | None = None  # None: read from <target>/config.json
@@ -94,7 +95,7 @@ class SpeculatorsTrainJob:
             object.__setattr__(self, "from_pretrained", str(self.from_pretrained))
         if self.method not in METHODS:
             raise DraftsyncError(f"speculators backend method {self.method!r} is not one of {list(METHODS)}",
-                                 "train eagle and medusa drafters with draftsync's own trainer")
+                                 f"train {EAGLE} and {MEDUSA} drafters with draftsync's own trainer")
         if self.aux_layer_ids is not None:
             ids = tuple(int(k) for k in self.aux_layer_ids)
             if len(ids) != 3 or len(set(ids)) != 3 or min(ids) < 0:
@@ -208,7 +209,7 @@ def train_arguments(job: SpeculatorsTrainJob) -> list[str]:
     """The flags of `speculators train` (identical under torchrun's `-m speculators.train`)."""
     args = [
         "--verifier-name-or-path", job.target,
-        "--speculator-type", "eagle3",
+        "--speculator-type", EAGLE3.speculators_type,
         "--data-path", job.prepared_dir,
         "--save-path", job.output_dir,
     ]

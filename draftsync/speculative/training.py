@@ -25,6 +25,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.methods import (
+    DEFAULT_METHOD,
+    DRAFT_MODEL,
+    EAGLE,
+    EAGLE3,
+    MEDUSA,
+    TRAINED_METHODS,
+    is_eagle3_family,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -39,7 +48,7 @@ CHECKPOINT_FILE = "trainer-state.pt"
 class TrainConfig:
     """How to train one drafter; the defaults suit the built-in CPU targets."""
 
-    method: str = "eagle3"
+    method: str = DEFAULT_METHOD
     draft_vocab_size: int | None = None  # None: the target's whole vocabulary
     aux_layer_ids: tuple[int, ...] | None = None  # EAGLE-3 only; None: default_aux_layer_ids(target layers)
     medusa_heads: int = 4
@@ -119,21 +128,22 @@ def new_drafter_for(target_model: Any, dataset: "ShardDataset", config: TrainCon
     draft_vocab_size = config.draft_vocab_size or vocab_size
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        if config.method in ("eagle3", "eagle3.1"):
+        if is_eagle3_family(config.method):
             aux = config.aux_layer_ids if config.aux_layer_ids is not None else dataset.aux_layer_ids
             drafter = new_drafter(config.method, target_config, draft_vocab_size, aux)
-        elif config.method == "eagle":
-            drafter = new_drafter("eagle", target_config, None if draft_vocab_size == vocab_size else draft_vocab_size)
-        elif config.method == "medusa":
-            drafter = new_drafter("medusa", target_config, draft_vocab_size, num_heads=config.medusa_heads)
-        elif config.method == "draft_model":
+        elif config.method == EAGLE.name:
+            drafter = new_drafter(EAGLE.name, target_config,
+                                  None if draft_vocab_size == vocab_size else draft_vocab_size)
+        elif config.method == MEDUSA.name:
+            drafter = new_drafter(MEDUSA.name, target_config, draft_vocab_size, num_heads=config.medusa_heads)
+        elif config.method == DRAFT_MODEL.name:
             from draftsync.speculative.draft_model import DraftModelDrafter
 
-            budget = config.draft_model_parameters or parameter_count(new_drafter("eagle3", target_config)).own
+            budget = config.draft_model_parameters or parameter_count(new_drafter(EAGLE3.name, target_config)).own
             drafter = DraftModelDrafter.for_budget(target_config, budget)  # vLLM serves it over the whole vocabulary
         else:
             raise DraftsyncError(f"unknown drafter method {config.method!r}",
-                                 "use eagle3, eagle3.1, eagle, medusa (or draft_model for the benchmark baseline)")
+                                 f"use {', '.join(TRAINED_METHODS)} (or {DRAFT_MODEL} for the benchmark baseline)")
     if drafter.config.draft_vocab_size < vocab_size:
         d2t, t2d = build_draft_vocab(dataset.token_counts(), drafter.config.draft_vocab_size)
         drafter.set_draft_vocab(d2t, t2d)
@@ -261,7 +271,7 @@ def _check_dataset(dataset: "ShardDataset", target_model: Any, config: TrainConf
             f"dataset {dataset.path} was built from another target ({built_for['name_or_path'] or 'unnamed'})",
             "rebuild the dataset from this target version: its hidden states are what the drafter learns",
         )
-    if config.method in ("eagle3", "eagle3.1"):
+    if is_eagle3_family(config.method):
         wanted = tuple(config.aux_layer_ids) if config.aux_layer_ids is not None else dataset.aux_layer_ids
         if not dataset.has_aux or tuple(dataset.aux_layer_ids) != wanted:
             raise DraftsyncError(

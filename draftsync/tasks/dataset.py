@@ -9,26 +9,23 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.errors import DraftsyncError
+from draftsync.registry.tags import TASK_MIX_TAG, TargetVersion
+from draftsync.speculative.methods import METHODS
 from draftsync.tasks import context
 from draftsync.profiles import SyncProfile
 
 
 def target_task_mix(target_dir: Path, tags: dict[str, str] | None = None) -> dict[str, float]:
     """The task mix declared on the registry version, else in the checkpoint's draftsync_target.json."""
-    if tags and tags.get("draftsync.task_mix"):
-        try:
-            return {k: float(v) for k, v in json.loads(tags["draftsync.task_mix"]).items()}
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise DraftsyncError(
-                f"registry tag draftsync.task_mix={tags['draftsync.task_mix']!r} is not a JSON object of shares",
-                'set it to e.g. {"code": 0.5, "math": 0.5}',
-            ) from exc
+    declared = TargetVersion.from_tags(str(target_dir), None, tags).task_mix()
+    if declared:
+        return declared
     info = Path(target_dir) / "draftsync_target.json"
     if info.exists():
         return json.loads(info.read_text())["task_mix"]
     raise DraftsyncError(
         f"target {target_dir} declares no task mix",
-        "register it with the draftsync.task_mix tag (JSON shares per task)",
+        f"register it with the {TASK_MIX_TAG} tag (JSON shares per task)",
     )
 
 
@@ -72,7 +69,7 @@ def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProf
                     len(manifest["shards"]))
 
     manifest = build_shards(
-        model, concat_samples(*sources), out_dir, layer_ids, store_aux=profile.method in ("eagle3", "eagle3.1"),
+        model, concat_samples(*sources), out_dir, layer_ids, store_aux=METHODS[profile.method].reads_aux_states,
         max_seq_len=profile.dataset_max_seq_len, target_name=target_dir, on_progress=progress,
     )
     try:

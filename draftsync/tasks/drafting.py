@@ -9,6 +9,7 @@ from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NONE
 
+from draftsync.speculative.methods import METHODS
 from draftsync.tasks import context
 from draftsync.profiles import SyncProfile
 
@@ -60,7 +61,7 @@ def train_drafter(
     init_from = _warm_start_source(warm_start_dir, profile, target)
     config = TrainConfig(
         method=profile.method,
-        draft_vocab_size=profile.draft_vocab_size if profile.method != "eagle" else None,
+        draft_vocab_size=None if METHODS[profile.method].full_vocabulary else profile.draft_vocab_size,
         aux_layer_ids=profile.aux_layer_ids,
         medusa_heads=profile.medusa_heads,
         steps=profile.warm_start_steps if init_from is not None else profile.train_steps,

@@ -61,7 +61,7 @@ def review_deployment(deployment: str, now: datetime) -> dict:
     previous = week(now - 2 * WEEK)
     trained_for, baseline = None, None
     if pair is not None and pair.drafter_version is not None:
-        from draftsync.registry.model_registry import trained_for_version
+        from draftsync.registry.tags import trained_for_version
 
         drafter_name = drafter_model_name(pair.target_name)
         tags = context.registry().version_tags(drafter_name, pair.drafter_version)

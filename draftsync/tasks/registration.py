@@ -13,9 +13,8 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.registry.model_registry import drafter_model_name
+from draftsync.registry.tags import checklist_tags, training_tags
 from draftsync.tasks import context
-
-DATA_CHECK_FAILURES_TAG = "draftsync.data_checks.failed"
 
 __all__ = ["drafter_model_name", "fetch_drafter", "fetch_target", "promote_drafter", "publish_target",
            "record_validation", "register_drafter", "restore_drafter_aliases", "rollback_drafter", "tag_drafter"]
@@ -24,7 +23,7 @@ __all__ = ["drafter_model_name", "fetch_drafter", "fetch_target", "promote_draft
 @task(name="publish-target", cache_policy=NONE)
 def publish_target(name: str, checkpoint_dir: str, task_mix: dict[str, float], alias: str = "production") -> int:
     """Register a target checkpoint as a new version and point `alias` at it (what a model team does)."""
-    from draftsync.registry.model_registry import target_tags
+    from draftsync.registry.tags import target_tags
     from draftsync.speculative.targets import describe_target
 
     registry = context.registry()
@@ -76,10 +75,8 @@ def register_drafter(
 
     registry = context.registry()
     history = json.loads(Path(history_path).read_text()) if history_path and Path(history_path).exists() else None
-    tags = {f"draftsync.training.{k}": str(v) for k, v in training.items()}
-    tags["draftsync.sync.generation"] = str(generation)
-    if data_checks is not None:
-        tags[DATA_CHECK_FAILURES_TAG] = str(sum(not o["passed"] for o in data_checks.get("outcomes", [])))
+    failures = sum(not o["passed"] for o in data_checks.get("outcomes", [])) if data_checks is not None else None
+    tags = training_tags(training, generation, failures)
     version = registry.register_drafter(
         target_name,
         target_version,
@@ -119,17 +116,11 @@ def record_validation(target_name: str, drafter_version: int, result: dict, repo
                       mismatch_threshold: float) -> None:
     """The verdict, gates, knee and baseline onto the drafter version; plots and tables onto its run."""
     metrics, sweep = validation_metrics(result)
-    tags = {f"draftsync.gate.{g['name']}": "pass" if g["passed"] else "fail" for g in result["gates"]}
-    tags.update({
-        "draftsync.validation.profile": result["profile"],
-        "draftsync.validation.backend": result["backend"],
-        "draftsync.validation.temperature": str(result["temperature"]),
-        # the seed's baseline for the next iteration: the best gamma, its acceptance, and the live threshold
-        "draftsync.baseline.acceptance_rate": str(result["acceptance"]["mean"]),
-        "draftsync.baseline.threshold": str(mismatch_threshold),
-    })
-    if result.get("speculation_schedule"):
-        tags["draftsync.gamma_schedule"] = json.dumps(result["speculation_schedule"])
+    # the seed's baseline for the next iteration: the best gamma's acceptance and the live threshold
+    tags = checklist_tags(((g["name"], g["passed"]) for g in result["gates"]), profile=result["profile"],
+                          backend=result["backend"], temperature=result["temperature"],
+                          acceptance_rate=result["acceptance"]["mean"], threshold=mismatch_threshold,
+                          schedule=result.get("speculation_schedule"))
     failed = [g["name"] for g in result["gates"] if not g["passed"]]
     context.registry().record_validation(
         target_name, drafter_version, passed=result["passed"], metrics=metrics, tags=tags, failed_gates=failed,

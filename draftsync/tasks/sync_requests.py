@@ -13,13 +13,11 @@ import socket
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from draftsync.registry.tags import is_target as is_target_version
 from draftsync.tasks import context, events
 
 if TYPE_CHECKING:
     from draftsync.registry.webhooks import RegistryChange
-
-KIND_TAG = "draftsync.kind"
-
 
 def planned_method(profile_name: str | None = None) -> str:
     """The method a sync of the configured profile trains: part of the sync's idempotency key."""
@@ -128,7 +126,7 @@ def is_target(model_name: str, tags: dict[str, str] | None = None, version: int 
         return True
     if tags is None and version is not None:
         tags = context.registry().version_tags(model_name, version)
-    return (tags or {}).get(KIND_TAG) == "target"
+    return is_target_version(tags)
 
 
 def handle_registry_change(change: RegistryChange, delivery_id: str) -> dict:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from draftsync.serving.evaluation import RequestResult
+from draftsync.speculative.methods import MEDUSA
 
 Comparison = Literal[">", ">=", "<=", "=="]
 
@@ -142,8 +143,8 @@ def gamma_knee(sweep: Sequence[dict], tolerance: float = 0.02, min_acceptance: f
 # Drafter methods vLLM serves without `num_speculative_tokens_per_batch_size`, and why: validation makes them
 # no schedule, since the renderer (serving/vllm_args.py) refuses one and a rollout would then fail.
 UNSCHEDULED_METHODS = {
-    "medusa": "vLLM's Medusa drafts exactly num_speculative_tokens at every batch size, so it takes no "
-              "per-batch-size schedule; it is served at the knee",
+    MEDUSA.name: "vLLM's Medusa drafts exactly num_speculative_tokens at every batch size, so it takes no "
+                 "per-batch-size schedule; it is served at the knee",
 }
 
 

@@ -12,8 +12,9 @@ import typer
 from typer.testing import CliRunner
 
 from draftsync.errors import DraftsyncError
-from draftsync.cli.status_query import last_sync, measured_gamma, parse_gamma_range, recommended_gamma
 from draftsync.cli.status import status_command
+from draftsync.cli.status_query import last_sync
+from draftsync.registry.tags import measured_gamma, parse_gamma_range, recommended_gamma
 
 HOUR = timedelta(hours=1)
 WIDE = {"COLUMNS": "240"}  # rich wraps cells to the terminal's width
@@ -53,7 +54,7 @@ def status_world(workdir, tmp_path, monkeypatch):
 
     Tiny random targets and drafters: status reads tags, aliases and counters, never weights."""
     from draftsync.monitors.tables import ServedPair
-    from draftsync.registry.model_registry import target_tags
+    from draftsync.registry.tags import target_tags
     from draftsync.speculative.targets import describe_target
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target

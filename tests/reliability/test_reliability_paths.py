@@ -113,7 +113,7 @@ def test_registering_a_directory_outside_the_roots_is_refused_and_stores_nothing
         workdir, tiny_target, tiny_drafter, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
-    from draftsync.registry.model_registry import target_tags
+    from draftsync.registry.tags import target_tags
     from draftsync.speculative.targets import describe_target
     from draftsync.tasks import context
 

@@ -72,7 +72,7 @@ def test_corrupt_drafter_weights_are_refused_before_anything_is_stored(world, ti
 
 def test_corrupt_target_weights_are_refused_by_the_registry_itself(world, tiny_target, tmp_path):
     """publish_target reads the headers first; a caller of Registry.register_target is protected too."""
-    from draftsync.registry.model_registry import target_tags
+    from draftsync.registry.tags import target_tags
     from draftsync.speculative.targets import describe_target
 
     before = stored_state(world)

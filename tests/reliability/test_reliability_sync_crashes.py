@@ -83,7 +83,7 @@ def wait_until(what: str, check: Callable[[], bool], process: subprocess.Popen, 
 
 def publish(registry, targets: dict[int, Path], tmp_path: Path) -> int:
     """Target v1 with a production drafter (the old one), then target v2 with no drafter: what a sync starts from."""
-    from draftsync.registry.model_registry import target_tags
+    from draftsync.registry.tags import target_tags
     from draftsync.speculative.targets import describe_target
     from tests.serving.tiny_models import build_tiny_drafter
 
@@ -100,7 +100,8 @@ def publish(registry, targets: dict[int, Path], tmp_path: Path) -> int:
 
 
 def drafters_for_v2(registry) -> list[int]:
-    from draftsync.registry.model_registry import TARGET_VERSION_TAG, drafter_model_name
+    from draftsync.registry.model_registry import drafter_model_name
+    from draftsync.registry.tags import TARGET_VERSION_TAG
 
     return [v.version for v in registry._versions(drafter_model_name(TARGET)) if v.tags.get(TARGET_VERSION_TAG) == "2"]
 
@@ -136,12 +137,8 @@ def test_a_sync_killed_at_every_stage_converges_to_one_drafter_with_whole_aliase
                                                                                   monkeypatch):
     from draftsync.monitors.store import Store
     from draftsync.monitors.sync_jobs import SyncLedger
-    from draftsync.registry.model_registry import (
-        SYNC_KEY_TAG,
-        VALIDATION_STATUS_TAG,
-        Registry,
-        drafter_model_name,
-    )
+    from draftsync.registry.model_registry import Registry, drafter_model_name
+    from draftsync.registry.tags import SYNC_KEY_TAG, VALIDATION_STATUS_TAG
 
     monkeypatch.setenv("DRAFTSYNC_MODEL_ROOTS", f"{tmp_path},{built_targets[1].parent}")
     profile = tmp_path / "profile.yaml"

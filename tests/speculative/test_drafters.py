@@ -9,7 +9,6 @@ import torch
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_vocab import build_draft_vocab
 from draftsync.speculative.drafters import (
-    METHODS,
     drafter_method,
     load_drafter,
     new_drafter,
@@ -18,6 +17,7 @@ from draftsync.speculative.drafters import (
 )
 from draftsync.speculative.eagle3 import DrafterKVCache, Eagle3Config, Eagle3Drafter
 from draftsync.speculative.hidden_states import capture
+from draftsync.speculative.methods import TRAINED_METHODS as METHODS
 from draftsync.speculative.training_batch import TrainingBatch
 
 VOCAB = 384  # the tiny targets' vocabulary (conftest)
