@@ -106,7 +106,6 @@ def main() -> None:
     quiet_offline_environment()
 
     import torch
-
     from draftsync.speculative.corpora import prompts
     from draftsync.speculative.drafters import parameter_count
     from draftsync.speculative.engine import SpeculativeEngine

@@ -25,7 +25,6 @@ TASK_MIX = {"code": 0.5, "math": 0.5}
 
 def build_child(target_dir: str, samples: int, out: str, shard_tokens: int, batch_size: int) -> dict:
     import torch
-
     from draftsync.speculative.corpora import mixed_texts
     from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
     from draftsync.speculative.samples import teacher_forced_samples

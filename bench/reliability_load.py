@@ -440,7 +440,6 @@ def receiver_process(run_dir: Path, secret: str, monitor_url: str, prefect_api_u
 def warm_up(url: str, secret: str) -> dict:
     """One valid delivery for the target before the load: it requests the sync (and loads the receiver's code)."""
     import httpx
-
     from draftsync.registry.webhooks import sign_delivery
 
     body = version_created(TARGET_NAME, TARGET_VERSION, {"draftsync.kind": "target"})
@@ -452,9 +451,9 @@ def warm_up(url: str, secret: str) -> dict:
 
 def measure_webhook(run_dir: Path, monitor_url: str, prefect_api_url: str, rate: float, seconds: float) -> dict:
     """The receiver under the open-loop load (see the module docstring), with the ledger checked afterwards."""
-    from draftsync.receiver.app import WEBHOOK_PATH
     from draftsync.monitors.store import Store
     from draftsync.monitors.sync_jobs import SyncLedger
+    from draftsync.receiver.app import WEBHOOK_PATH
 
     secret = secrets.token_hex(32)
     with receiver_process(run_dir, secret, monitor_url, prefect_api_url) as receiver:

@@ -110,7 +110,6 @@ def step_costs(target, drafter, context_ids: list[int], verify_tokens: int, repe
     so every repetition sees the same context. The three are timed in turn within each repetition.
     """
     import torch
-
     from draftsync.speculative.eagle3 import DrafterKVCache
     from draftsync.speculative.hidden_states import cache_keyword, capture, crop_kv_cache, new_kv_cache
 
@@ -187,7 +186,6 @@ def main() -> None:
     quiet_offline_environment()
 
     import torch
-
     from draftsync.serving.evaluation import EvalRequest, ReferenceBackend, checkpoint_weight_bytes
     from draftsync.speculative.corpora import prompts
     from draftsync.speculative.drafters import parameter_count

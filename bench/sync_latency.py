@@ -97,7 +97,6 @@ def start_mlflow_server(root: Path):
 def asgi_in_thread(app, host: str = "127.0.0.1") -> Iterator[tuple[str, threading.Thread]]:
     """The app under uvicorn in a background thread on a free loopback port; stopped on exit."""
     import uvicorn
-
     from draftsync.errors import DraftsyncError
     from draftsync.serving.process import free_port
 
@@ -130,8 +129,8 @@ def sync_profile(quick: bool):
 
 def judged_by_profile(gates: list[dict], profile_name: str) -> dict:
     """Each measured gate value against the named validation profile's own threshold."""
-    from draftsync.validation.checklist import Gate
     from draftsync.profiles import validation_profile
+    from draftsync.validation.checklist import Gate
 
     own = validation_profile(profile_name)
     judged = {}

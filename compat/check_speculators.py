@@ -84,7 +84,6 @@ def tiny_target(directory: Path):
 def random_drafter(target_config, flags: dict, seed: int):
     """An Eagle3Drafter with every weight redrawn at a scale that gives logits of order one."""
     import torch
-
     from draftsync.speculative.draft_vocab import build_draft_vocab
     from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
 
@@ -180,7 +179,6 @@ def tensors_agree(directory: Path, ours, theirs) -> dict:
 
 def check_variant(name: str, flags: dict, target, target_dir: Path, work: Path, seed: int) -> dict:
     import torch
-
     from draftsync.speculative.speculators_format import load_eagle3, save_eagle3
 
     drafter = random_drafter(target.config, flags, seed)
@@ -251,9 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from importlib.metadata import version
 
-    from loguru import logger
-
     from compat.speculators_cli import check_rendered_commands
+    from loguru import logger
 
     logger.remove()  # speculators logs every file it opens
     transformers.logging.set_verbosity_error()

@@ -119,7 +119,6 @@ def _tiny_tokenizer(directory: Path, vocab_size: int) -> None:
 def dry_run(job, counts, env: dict[str, str]) -> dict:
     """`speculators train ... --dry-run` as rendered, then the checkpoint read back by draftsync."""
     import torch
-
     from draftsync.speculative import speculators_train as backend
     from draftsync.speculative.draft_vocab import build_draft_vocab
     from draftsync.speculative.speculators_format import load_eagle3
@@ -154,7 +153,6 @@ def dry_run(job, counts, env: dict[str, str]) -> dict:
 
 def check_rendered_commands(work: Path, target_dir: Path, vocab_size: int) -> dict:
     import torch
-
     from draftsync.speculative.speculators_train import SpeculatorsTrainJob
 
     odd = work / "data dir; $(touch x) & 'q'"

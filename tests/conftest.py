@@ -18,7 +18,6 @@ from email.policy import default as default_policy
 from pathlib import Path
 
 import pytest
-
 from draftsync.serving.process import free_port
 
 # Offline and quiet, whatever the shell exported: no telemetry, no hub lookups (as `make test` sets them).

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import profile
 

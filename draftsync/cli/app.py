@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -24,7 +24,7 @@ ProfileOption = Annotated[str, typer.Option(
 @app.callback()
 def main_options(
     workdir: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option("--workdir", envvar="DRAFTSYNC_WORKDIR", help="Holds MLflow, the monitor store, Prefect's home, the outbox."),
     ] = None,
 ) -> None:
@@ -110,7 +110,7 @@ def validate(
     profile: Annotated[str, typer.Option(
         "--profile", help="Checklist profile: 'production' (1000 requests, 3x QPS, 4K-token outputs), "
                           "'demo' (scaled to a 2-core CPU) or 'test'.")] = "demo",
-    target_version: Annotated[Optional[int], typer.Option(
+    target_version: Annotated[int | None, typer.Option(
         "--target-version", help="Validate against this target version (default: the one it was trained for).")
     ] = None,
     promote: Annotated[bool, typer.Option("--promote", help="Make the drafter `production` if every gate passes.")
@@ -156,7 +156,7 @@ def _deployment(name: str):
 @app.command()
 def rollout(
     deployment: DeploymentArgument,
-    drafter_version: Annotated[Optional[int], typer.Option(
+    drafter_version: Annotated[int | None, typer.Option(
         "--drafter-version", help="Serve this validated drafter version (default: the one for the served target).")
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the rendered launch; start nothing.")] = False,
@@ -194,10 +194,10 @@ def rollback(deployment: DeploymentArgument, json_path: JsonOption = None) -> No
 
 @app.command()
 def serve(
-    targets: Annotated[Optional[list[str]], typer.Option(
+    targets: Annotated[list[str] | None, typer.Option(
         "--target", help="Also sync this registered model (repeatable); versions tagged draftsync.kind=target "
                          "are synced without it.")] = None,
-    profile: Annotated[Optional[str], typer.Option(
+    profile: Annotated[str | None, typer.Option(
         "--profile", help="Sync profile of event-started syncs (default DRAFTSYNC_SYNC_PROFILE, else 'demo').")
     ] = None,
     watch_interval: Annotated[int, typer.Option("--watch-interval", min=10, help="Seconds between registry polls.")
@@ -206,7 +206,7 @@ def serve(
                                ] = 60,
     report_cron: Annotated[str, typer.Option("--report-cron", help="When the weekly report goes out (cron).")
                            ] = "0 9 * * 1",
-    timezone: Annotated[Optional[str], typer.Option(
+    timezone: Annotated[str | None, typer.Option(
         "--timezone", help="Time zone of --report-cron (default DRAFTSYNC_REPORT_TIMEZONE, else UTC).")] = None,
     sync_concurrency: Annotated[int, typer.Option(
         "--sync-concurrency", min=1, help="Syncs that may run at once (later ones wait in the queue).")] = 1,
@@ -217,8 +217,8 @@ def serve(
     import os
 
     from draftsync.flows.deployments import Schedules, build_deployments
-    from draftsync.tasks import context
     from draftsync.profiles import profile as named_profile
+    from draftsync.tasks import context
 
     if not os.environ.get("PREFECT_API_URL"):
         raise DraftsyncError("draftsync serve needs a Prefect server, but PREFECT_API_URL is unset",
@@ -272,7 +272,7 @@ def scrape(json_path: JsonOption = None) -> None:
 
 @app.command()
 def report(
-    week: Annotated[Optional[str], typer.Option(
+    week: Annotated[str | None, typer.Option(
         "--week", help="Report on this ISO week, YYYY-Www (Monday to Monday, UTC): a look back, no action taken. "
                        "Default: review the last 7 days up to now and act (fallback, retrain request).")] = None,
     send: Annotated[bool, typer.Option(

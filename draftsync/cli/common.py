@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
-JsonOption = Annotated[Optional[Path], typer.Option("--json", help="Also write the result as JSON to this path.")]
+JsonOption = Annotated[Path | None, typer.Option("--json", help="Also write the result as JSON to this path.")]
 
 
 def json_text(result: Any) -> str:

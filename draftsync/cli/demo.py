@@ -10,7 +10,6 @@ so `draftsync status`, `report` and `rollout` read the story afterwards as they 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -141,10 +140,10 @@ def run_demo(engine: str = "auto") -> dict:
     `engine`: "auto" (vLLM when one is installed, else the CPU reference server), "vllm" or "reference"."""
     from draftsync.flows.watch import watch
     from draftsync.flows.weekly_report import weekly_report
+    from draftsync.profiles import profile
     from draftsync.registry.model_registry import drafter_model_name
     from draftsync.registry.tags import DrafterVersion
     from draftsync.speculative.targets import build_target, builtin_recipe
-    from draftsync.profiles import profile
     from draftsync.tasks.registration import publish_target
     from draftsync.tasks.serving import serving_record, stop_all
 

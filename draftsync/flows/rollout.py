@@ -21,15 +21,14 @@ from prefect.artifacts import create_markdown_artifact
 
 from draftsync.errors import DraftsyncError
 from draftsync.monitors.tables import ServedPair
+from draftsync.profiles import SyncProfile
 from draftsync.registry.model_registry import PRODUCTION
 from draftsync.registry.tags import DrafterVersion
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.speculative.methods import DEFAULT_METHOD
 from draftsync.tasks import context, events
 from draftsync.tasks.alerts import send_alert
-from draftsync.profiles import SyncProfile
 from draftsync.tasks.registration import drafter_model_name, promote_drafter, restore_drafter_aliases, rollback_drafter
-from draftsync.tasks.sync_requests import request_sync
 from draftsync.tasks.serving import (
     benchmark_against_current,
     configured_deployments,
@@ -39,6 +38,7 @@ from draftsync.tasks.serving import (
     stop_candidate,
     switch_traffic,
 )
+from draftsync.tasks.sync_requests import request_sync
 
 SMOKE_REQUESTS = 3
 BENCHMARK_REQUESTS = 4

@@ -17,7 +17,6 @@ from draftsync.tasks import context
 from draftsync.tasks.monitoring import scrape_deployment
 from draftsync.tasks.serving import configured_deployments
 
-
 # Deployments scraped at once. Prefect's default runner starts a thread per task: 200 deployments held 200 threads
 # asking the store for 200 connections at once (its pool has 15; SQLite takes one writer at a time). A scrape waits
 # mostly on HTTP and the database, so a few threads cover a cycle: the scrapes of 200 endpoints take about 2 s on

@@ -20,12 +20,13 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from draftsync.flows.validate import validate
+from draftsync.profiles import SyncProfile
+from draftsync.profiles import profile as named_profile
 from draftsync.registry.model_registry import PRODUCTION
 from draftsync.tasks import context, links
 from draftsync.tasks.dataset import build_dataset, target_task_mix
 from draftsync.tasks.drafting import HISTORY_FILE, train_drafter
 from draftsync.tasks.planning import plan_drafter, recommendation_tags
-from draftsync.profiles import SyncProfile, profile as named_profile
 from draftsync.tasks.registration import drafter_model_name, fetch_drafter, fetch_target, register_drafter, tag_drafter
 from draftsync.tasks.sync_requests import owner_is_gone, run_owner
 

@@ -16,9 +16,9 @@ from prefect import flow, get_run_logger
 
 from draftsync.flows.rollout import rollout
 from draftsync.flows.sync import sync
+from draftsync.profiles import SyncProfile
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context, events
-from draftsync.profiles import SyncProfile
 from draftsync.tasks.sync_requests import planned_method, release_dead_runs, request_sync, resend_overdue
 
 UNCLAIMED_AFTER = timedelta(minutes=15)  # a sync request no run claimed by then had its event lost

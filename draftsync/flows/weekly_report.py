@@ -129,9 +129,9 @@ def weekly_report(
     `deployments`: the specs to relaunch on a fallback (default: the deployments file, when it exists).
     `send`: deliver by SMTP when configured; False writes the e-mail to the outbox folder only."""
     from draftsync.monitors.mailer import Mailer
-    from draftsync.tasks.secrets import smtp_password_block
     from draftsync.monitors.report import build_weekly_report
     from draftsync.monitors.staleness import Thresholds
+    from draftsync.tasks.secrets import smtp_password_block
 
     logger = get_run_logger()
     store, settings = context.store(), context.settings()

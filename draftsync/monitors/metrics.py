@@ -210,7 +210,7 @@ def delta(previous: SpecDecodeCounters, current: SpecDecodeCounters) -> tuple[Sp
 SCRAPE_KEEPALIVE = 64
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _http_client(process_id: int):
     """One HTTP client per process, shared by the scrape threads (httpx clients are thread-safe).
 

@@ -23,8 +23,8 @@ from draftsync.monitors.metrics import (
     DRAFTS,
     GENERATION_TOKENS,
     TPOT,
-    position_label,
     SpecDecodeCounters,
+    position_label,
 )
 
 LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -42,7 +42,6 @@ from pathlib import Path
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.methods import METHODS, NGRAM, VLLM_METHODS
 
-
 # The `SpeculativeConfig` fields this module writes, checked by name against vllm/config/speculative.py
 # (vllm-project/vllm, `class SpeculativeConfig`, read at commit 002e77c1). Its `tensor_parallel_size` field
 # exists only to reject it ("pass draft_tensor_parallel_size instead") and is never written.

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import torch
 
 
-def count_tokens(sequences: list[list[int]], loss_masks: list[list[int]] | None, vocab_size: int) -> "torch.Tensor":
+def count_tokens(sequences: list[list[int]], loss_masks: list[list[int]] | None, vocab_size: int) -> torch.Tensor:
     """Occurrences of each target id among loss-masked tokens (all tokens without masks)."""
     import torch
 
@@ -38,8 +38,8 @@ def check_draft_vocab_size(draft_vocab_size: int, vocab_size: int) -> None:
 
 
 def build_draft_vocab(
-    token_counts: "torch.Tensor", draft_vocab_size: int
-) -> tuple["torch.Tensor | None", "torch.Tensor | None"]:
+    token_counts: torch.Tensor, draft_vocab_size: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(d2t int64 [Dv], t2d bool [V]) for the Dv most frequent ids, sorted; (None, None) when Dv == V.
 
     Ties are broken towards the lower id, so the result is deterministic; target id = i + d2t[i].
@@ -77,7 +77,7 @@ class DraftVocabBuffers:
             self.d2t = None
             self.t2d = None
 
-    def set_draft_vocab(self, d2t: "torch.Tensor | None", t2d: "torch.Tensor | None") -> None:
+    def set_draft_vocab(self, d2t: torch.Tensor | None, t2d: torch.Tensor | None) -> None:
         if self.d2t is None:
             if d2t is not None:
                 raise DraftsyncError(
@@ -95,7 +95,7 @@ class DraftVocabBuffers:
         self.t2d.copy_(t2d)
 
     @property
-    def draft_token_ids(self) -> "torch.Tensor":
+    def draft_token_ids(self) -> torch.Tensor:
         """Target id of each draft-vocabulary entry, ascending: i + d2t[i]."""
         import torch
 
@@ -103,5 +103,5 @@ class DraftVocabBuffers:
         base = torch.arange(self.config.draft_vocab_size, device=device)
         return base if self.d2t is None else base + self.d2t
 
-    def to_target_ids(self, draft_ids: "torch.Tensor") -> "torch.Tensor":
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]

@@ -34,8 +34,8 @@ from draftsync.speculative.draft_loss import (
     prediction_rows,
 )
 from draftsync.speculative.eagle3 import (
-    DraftLayerConfig,
     DrafterKVCache,
+    DraftLayerConfig,
     Eagle3Attention,
     Eagle3MLP,
     RMSNorm,

@@ -26,10 +26,10 @@ class CapturedStates:
     EAGLE-1 and Medusa drafters as "the hidden state".
     """
 
-    aux: "torch.Tensor"
-    last: "torch.Tensor"
-    final: "torch.Tensor"
-    logits: "torch.Tensor"
+    aux: torch.Tensor
+    last: torch.Tensor
+    final: torch.Tensor
+    logits: torch.Tensor
 
 
 def num_decoder_layers(model: Any) -> int:
@@ -78,16 +78,16 @@ def crop_kv_cache(cache: Any, tokens_to_remove: int) -> None:
         cache.crop(-tokens_to_remove)
 
 
-def _layer_output(output: Any) -> "torch.Tensor":
+def _layer_output(output: Any) -> torch.Tensor:
     # Decoder layers return a tensor in transformers 5 and a tuple before.
     return output[0] if isinstance(output, tuple) else output
 
 
-def _layer_input(args: tuple, kwargs: dict) -> "torch.Tensor":
+def _layer_input(args: tuple, kwargs: dict) -> torch.Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
 
-def capture(model: Any, input_ids: "torch.Tensor", layer_ids: tuple[int, ...] | list[int], cache: Any = None,
+def capture(model: Any, input_ids: torch.Tensor, layer_ids: tuple[int, ...] | list[int], cache: Any = None,
             all_logits: bool = True) -> CapturedStates:
     """Run the target once and return its aux states at `layer_ids`, its last pre-norm state and its logits.
 

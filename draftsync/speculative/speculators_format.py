@@ -31,7 +31,7 @@ SPECULATORS_VERSION = "0.9.0"  # the speculators release whose eagle3 config sch
 ARCHITECTURE = "Eagle3DraftModel"
 
 
-def transformer_layer_config(drafter: "Eagle3Drafter") -> dict[str, Any]:
+def transformer_layer_config(drafter: Eagle3Drafter) -> dict[str, Any]:
     """The draft decoder layer as a Llama config; `vocab_size` is the target's vocabulary."""
     config = drafter.config
     return {
@@ -57,7 +57,7 @@ def transformer_layer_config(drafter: "Eagle3Drafter") -> dict[str, Any]:
     }
 
 
-def speculators_config(drafter: "Eagle3Drafter", verifier_name_or_path: str, verifier_architectures: list[str],
+def speculators_config(drafter: Eagle3Drafter, verifier_name_or_path: str, verifier_architectures: list[str],
                        speculative_tokens: int) -> dict[str, Any]:
     """The whole config.json of a drafter directory."""
     import transformers
@@ -94,7 +94,7 @@ def speculators_config(drafter: "Eagle3Drafter", verifier_name_or_path: str, ver
     }
 
 
-def save_eagle3(drafter: "Eagle3Drafter", out_dir: str | Path, verifier_name_or_path: str,
+def save_eagle3(drafter: Eagle3Drafter, out_dir: str | Path, verifier_name_or_path: str,
                 verifier_architectures: list[str], speculative_tokens: int) -> Path:
     """Write the drafter to `out_dir` (created; files replaced atomically) and return the directory."""
     if speculative_tokens < 1:
@@ -153,7 +153,7 @@ def _drafter_config(config: dict[str, Any], config_path: Path):
                              "re-save the drafter with save_eagle3") from error
 
 
-def load_eagle3(directory: str | Path, dtype: "torch.dtype | None" = None) -> "Eagle3Drafter":
+def load_eagle3(directory: str | Path, dtype: torch.dtype | None = None) -> Eagle3Drafter:
     """Read a drafter written by save_eagle3 (or by speculators) into an Eagle3Drafter (float32 default)."""
     import torch
 

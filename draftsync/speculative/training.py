@@ -94,7 +94,7 @@ class TrainReport:
     history: list[dict[str, float]] = field(default_factory=list)  # per-step metrics for the tracker
 
 
-def _device(name: str) -> "torch.device":
+def _device(name: str) -> torch.device:
     import torch
 
     if name == "auto":
@@ -105,14 +105,14 @@ def _device(name: str) -> "torch.device":
     return torch.device(name)
 
 
-def _bf16(config: TrainConfig, device: "torch.device") -> bool:
+def _bf16(config: TrainConfig, device: torch.device) -> bool:
     """Whether to train under bf16 autocast: the weights and optimiser stay fp32, the matmuls run in bf16."""
     if config.precision not in ("auto", "bf16", "fp32"):
         raise DraftsyncError(f"training precision {config.precision!r} is not known", "use auto, bf16 or fp32")
     return config.precision == "bf16" or (config.precision == "auto" and device.type == "cuda")
 
 
-def new_drafter_for(target_model: Any, dataset: "ShardDataset", config: TrainConfig):
+def new_drafter_for(target_model: Any, dataset: ShardDataset, config: TrainConfig):
     """A fresh drafter of `config.method` shaped for the target, with its draft vocabulary from the data.
 
     `draft_model` (the benchmark's independent small LM) gets the parameter budget of an EAGLE-3 drafter's
@@ -185,7 +185,7 @@ def _target_head(target_model: Any):
     return target_model.get_output_embeddings()
 
 
-def _to_device(batch: "TrainingBatch", device: "torch.device") -> "TrainingBatch":
+def _to_device(batch: TrainingBatch, device: torch.device) -> TrainingBatch:
     from draftsync.speculative.training_batch import TrainingBatch
 
     def move(tensor):
@@ -195,7 +195,7 @@ def _to_device(batch: "TrainingBatch", device: "torch.device") -> "TrainingBatch
                          aux=move(batch.aux), final=move(batch.final), target_logits=move(batch.target_logits))
 
 
-def _with_target_logits(batch: "TrainingBatch", head: Any) -> "TrainingBatch":
+def _with_target_logits(batch: TrainingBatch, head: Any) -> TrainingBatch:
     import torch
 
     if batch.target_logits is None:
@@ -238,8 +238,8 @@ def _load_checkpoint(path: Path, fingerprint: str, dataset_id: str) -> dict[str,
     return state
 
 
-def evaluate(drafter: Any, dataset: "ShardDataset", windows: "torch.Tensor", head: Any, batch_size: int,
-             device: "torch.device") -> tuple[list[float], int]:
+def evaluate(drafter: Any, dataset: ShardDataset, windows: torch.Tensor, head: Any, batch_size: int,
+             device: torch.device) -> tuple[list[float], int]:
     """Held-out top-1 accuracy per draft position (loss-masked positions) and the positions counted."""
     import torch
 
@@ -261,7 +261,7 @@ def evaluate(drafter: Any, dataset: "ShardDataset", windows: "torch.Tensor", hea
     return [h / c if c else 0.0 for h, c in zip(hits, counts)], (counts[0] if counts else 0)
 
 
-def _check_dataset(dataset: "ShardDataset", target_model: Any, config: TrainConfig) -> None:
+def _check_dataset(dataset: ShardDataset, target_model: Any, config: TrainConfig) -> None:
     """The states on disk must come from this target, and EAGLE-3 needs the aux states it was told to read."""
     from draftsync.speculative.shard_manifest import target_fingerprint
 
@@ -281,7 +281,7 @@ def _check_dataset(dataset: "ShardDataset", target_model: Any, config: TrainConf
             )
 
 
-def _dataset_identity(dataset: "ShardDataset") -> str:
+def _dataset_identity(dataset: ShardDataset) -> str:
     manifest = dataset.manifest
     return f"{manifest['target']['fingerprint']}:{manifest['samples_digest']}:{manifest['num_sequences']}"
 
@@ -293,7 +293,7 @@ def _positions(drafter: Any) -> int:
 
 def train_drafter(
     target_model: Any,
-    dataset: "ShardDataset",
+    dataset: ShardDataset,
     config: TrainConfig,
     init_from: Any = None,
     checkpoint_dir: str | Path | None = None,

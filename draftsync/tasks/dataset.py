@@ -9,10 +9,10 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.errors import DraftsyncError
+from draftsync.profiles import SyncProfile
 from draftsync.registry.tags import TASK_MIX_TAG, TargetVersion
 from draftsync.speculative.methods import METHODS
 from draftsync.tasks import context
-from draftsync.profiles import SyncProfile
 
 
 def target_task_mix(target_dir: Path, tags: dict[str, str] | None = None) -> dict[str, float]:

@@ -9,9 +9,9 @@ from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NONE
 
+from draftsync.profiles import SyncProfile
 from draftsync.speculative.methods import METHODS
 from draftsync.tasks import context
-from draftsync.profiles import SyncProfile
 
 HISTORY_FILE = "history.json"  # in the checkpoint directory: name -> [(step, value)]
 
@@ -54,7 +54,8 @@ def train_drafter(
     from draftsync.speculative.drafters import parameter_count, save_drafter
     from draftsync.speculative.shard_reader import ShardDataset
     from draftsync.speculative.targets import load_target
-    from draftsync.speculative.training import TrainConfig, train_drafter as train
+    from draftsync.speculative.training import TrainConfig
+    from draftsync.speculative.training import train_drafter as train
 
     logger = context.logger()
     target, _ = load_target(Path(target_dir))

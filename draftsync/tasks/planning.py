@@ -11,10 +11,10 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NONE
 
+from draftsync.profiles import SyncProfile
 from draftsync.registry.tags import TargetVersion, recommended_tags
 from draftsync.speculative.methods import is_eagle3_family
 from draftsync.tasks import context
-from draftsync.profiles import SyncProfile
 from draftsync.tasks.serving import configured_deployments
 
 # The built-in corpora's task names, in the framework's words: prose is conversational text, the

@@ -33,6 +33,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
+from draftsync.profiles import ValidationProfile
 from draftsync.serving.evaluation import EvalRequest, EvaluationBackend, checkpoint_weight_bytes
 from draftsync.tasks import context
 from draftsync.validation.checklist import (
@@ -45,7 +46,6 @@ from draftsync.validation.checklist import (
     pooled_tpot_ms,
     summarize_acceptance,
 )
-from draftsync.profiles import ValidationProfile
 
 REQUESTS_FILE = "validation_requests.jsonl"
 GREEDY_CHECK_REQUESTS = 8  # at T>0 the equivalence check reruns this many requests greedily

@@ -6,11 +6,11 @@ import json
 
 import pytest
 import typer
-from typer.testing import CliRunner
-
 from draftsync.cli.recommend import recommend_command
 from draftsync.errors import DraftsyncError
 from draftsync.serving.recommendation import recommend
+from typer.testing import CliRunner
+
 from tests.serving.test_recommendation import workload
 
 

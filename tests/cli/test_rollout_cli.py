@@ -13,6 +13,7 @@ pytestmark = pytest.mark.slow
 def _setup(workdir, built_targets, tmp_path):
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target
+
     from tests.serving.tiny_models import build_tiny_drafter
 
     registry = context.registry()

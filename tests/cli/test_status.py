@@ -9,12 +9,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import typer
-from typer.testing import CliRunner
-
-from draftsync.errors import DraftsyncError
 from draftsync.cli.status import status_command
 from draftsync.cli.status_query import last_sync
+from draftsync.errors import DraftsyncError
 from draftsync.registry.tags import measured_gamma, parse_gamma_range, recommended_gamma
+from typer.testing import CliRunner
 
 HOUR = timedelta(hours=1)
 WIDE = {"COLUMNS": "240"}  # rich wraps cells to the terminal's width
@@ -58,6 +57,7 @@ def status_world(workdir, tmp_path, monkeypatch):
     from draftsync.speculative.targets import describe_target
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target
+
     from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
 
     monkeypatch.setenv("DRAFTSYNC_TARGETS", "planned-llm")

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from draftsync.errors import DraftsyncError
 from typer.testing import CliRunner
 
-from draftsync.errors import DraftsyncError
 from tests.prefect_events import target_events
 
 PASSWORD = "block-kept-smtp-pw"
@@ -42,6 +42,7 @@ def test_smtp_password_from_a_prefect_secret_block(prefect_harness, tmp_path, sm
     from draftsync.monitors.store import Store
     from draftsync.settings import Settings
     from draftsync.tasks.secrets import smtp_password_block
+
     from tests.monitors.test_monitor_report import END, build, check_report
 
     save_secret_block(BLOCK, PASSWORD)
@@ -99,6 +100,7 @@ def report_setup(workdir, tmp_path, monkeypatch):
     from draftsync.monitors.tables import ServedPair
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target
+
     from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
 
     target_dir = build_tiny_target(tmp_path / "target")

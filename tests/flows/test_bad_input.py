@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from draftsync.errors import DraftsyncError
 
 
@@ -66,6 +65,7 @@ def test_a_drafter_for_another_vocabulary_is_refused_and_never_promoted(workdir,
     """A drafter trained for a target with another vocabulary fails validation loudly; no alias moves."""
     from draftsync.profiles import validation_profile
     from draftsync.tasks.validation import validate_drafter
+
     from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
 
     other_target = build_tiny_target(tmp_path / "other-target")
@@ -79,6 +79,7 @@ def test_a_drafter_for_another_vocabulary_is_refused_and_never_promoted(workdir,
 
 def test_promote_refuses_a_drafter_that_failed_validation(workdir, built_targets, tmp_path):
     from draftsync.tasks import context
+
     from tests.serving.tiny_models import build_tiny_drafter
 
     registry = context.registry()

@@ -14,15 +14,15 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import UTC, datetime
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
-
 from draftsync.serving.process import ServerProcess, free_port, log_tail
+
 from tests.servers import mlflow_server, prefect_server
 from tests.sync_profiles import tiny_sync_profile
 
@@ -73,8 +73,6 @@ def sync_runs(client, deployment_id) -> list:
 @pytest.mark.system
 def test_a_registered_target_version_becomes_one_completed_sync_run_through_prefect_and_mlflow_servers(
         postgres_server, tmp_path):
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
-
     from draftsync.flows.deployments import DEPLOYMENT_NAMES
     from draftsync.monitors.store import Store
     from draftsync.monitors.sync_jobs import SyncLedger
@@ -82,6 +80,7 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
     from draftsync.registry.tags import target_tags
     from draftsync.speculative.targets import build_target, builtin_recipe, describe_target
     from draftsync.tasks.events import target_resource
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 
     target_dir = build_target(builtin_recipe(1, "test"), tmp_path / "target-cache")
     monitor_url = postgres_server.create_database()

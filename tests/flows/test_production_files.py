@@ -339,7 +339,6 @@ def _draftsync_invocations(script: str) -> list[list[str]]:
 def _check_cli(argv: list[str]) -> None:
     """Walk the typer app like the shell would: every word a (sub)command, every --option one it takes."""
     import typer
-
     from draftsync.cli.app import app
 
     command = typer.main.get_command(app)  # typer's click: a group is a command with subcommands
@@ -488,9 +487,8 @@ def test_report_time_zone_comes_from_the_environment_prefect_deploy_runs_in():
 
 def _event(name: str, **labels: str):
     """An event as draftsync emits it (draftsync.tasks.events), received by the Prefect server."""
-    from prefect.server.events.schemas.events import ReceivedEvent
-
     from draftsync.tasks.events import target_resource
+    from prefect.server.events.schemas.events import ReceivedEvent
 
     now = datetime.now(UTC)
     return ReceivedEvent(occurred=now, received=now, event=name, id=uuid.uuid4(),
@@ -704,7 +702,6 @@ def test_postgres_init_script_creates_the_three_databases_and_can_run_again(post
 
 def _start_prefect_server(tmp_path: Path, database_url: str) -> tuple[subprocess.Popen, str, dict]:
     import httpx
-
     from draftsync.serving.process import free_port
 
     port = free_port()
@@ -793,7 +790,6 @@ def test_setup_script_creates_pools_and_deploys_prefect_yaml_on_a_real_server(tm
 def _runs_started_by_events(api: str, deployment_names: dict[str, str]) -> dict[str, dict]:
     """Post one sync event and one rollout event as draftsync emits them; the flow runs they start, by deployment."""
     import httpx
-
     from draftsync.tasks.events import target_resource
 
     now = datetime.now(UTC).isoformat()

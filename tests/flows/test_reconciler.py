@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 from draftsync.monitors.sync_jobs import MAX_ATTEMPTS
 from draftsync.tasks import context, events
+
 from tests.prefect_events import target_events
 
 

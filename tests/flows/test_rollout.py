@@ -141,9 +141,9 @@ def test_a_canary_under_the_threshold_rolls_back_by_itself_and_aliases_end_where
 
 def test_a_target_alias_moved_with_no_drafter_is_served_plain_alerted_and_synced(workdir, built_targets, tmp_path):
     from draftsync.flows.rollout import rollout
+    from draftsync.profiles import profile, validation_profile
     from draftsync.serving.deployment import ServingDeployment
     from draftsync.tasks import context
-    from draftsync.profiles import profile, validation_profile
     from draftsync.tasks.registration import publish_target
 
     registry = context.registry()

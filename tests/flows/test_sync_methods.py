@@ -11,8 +11,8 @@ import pytest
 @pytest.mark.parametrize("method", ["medusa", "eagle"])
 def test_a_sync_trains_registers_and_logs_curves_for_the_method(workdir, built_targets, method):
     from draftsync.flows.sync import sync
-    from draftsync.tasks import context
     from draftsync.profiles import profile, validation_profile
+    from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target
 
     checklist = validation_profile("test").model_copy(update={

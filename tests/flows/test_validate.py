@@ -106,9 +106,8 @@ def _check_mislabelled_drafter_fails(workdir, built_targets, first: dict) -> Non
         registry.promote("val-llm", mislabelled)
 
     # The same check from the command line: every gate listed with its value, exit code 1 on failure.
-    from typer.testing import CliRunner
-
     from draftsync.cli.app import app
+    from typer.testing import CliRunner
 
     out = Path(workdir).parent / "validate.json"
     cli = CliRunner().invoke(app, ["--workdir", str(workdir), "validate", "val-llm", str(mislabelled),

@@ -8,11 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
-
 from draftsync.errors import DraftsyncError
+from draftsync.monitors import sync_jobs  # noqa: F401  (registers its tables on Base.metadata)
 from draftsync.monitors.metrics import SpecDecodeCounters
 from draftsync.monitors.migrations import INITIAL_REVISION, alembic_config, current_revision, head_revision
-from draftsync.monitors import sync_jobs  # noqa: F401  (registers its tables on Base.metadata)
 from draftsync.monitors.rollups import hourly_rows
 from draftsync.monitors.store import Store
 from draftsync.monitors.tables import Base, ServedPair

@@ -7,7 +7,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from draftsync.errors import DraftsyncError
 from draftsync.monitors.metrics import SpecDecodeCounters, delta, parse, scrape, scrape_counters
 

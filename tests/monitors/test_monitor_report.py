@@ -10,14 +10,13 @@ from email.policy import default as default_policy
 from pathlib import Path
 
 import pytest
-from pydantic import SecretStr
-
 from draftsync.monitors.mailer import Mailer
 from draftsync.monitors.report import build_weekly_report, render_chart
 from draftsync.monitors.staleness import Thresholds, evaluate
 from draftsync.monitors.store import Store
 from draftsync.monitors.trends import summarize
 from draftsync.settings import Settings
+from pydantic import SecretStr
 
 START = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
 END = START + timedelta(days=7)

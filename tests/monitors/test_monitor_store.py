@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from draftsync.errors import DraftsyncError
 from draftsync.monitors.metrics import SpecDecodeCounters
 from draftsync.monitors.rollups import hourly_rows

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from draftsync.monitors.metrics import SpecDecodeCounters
 from draftsync.monitors.staleness import Thresholds, evaluate, suggested_gamma, worst
 from draftsync.monitors.store import Store

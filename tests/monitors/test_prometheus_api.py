@@ -15,13 +15,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-
 from bench.reliability_load import scaled_exposition
 from draftsync.errors import DraftsyncError
 from draftsync.monitors.metrics import SpecDecodeCounters, parse
 from draftsync.monitors.prometheus_api import counter_queries, label_selector, query_counters
 from draftsync.monitors.store import Store
 from draftsync.monitors.tables import ServedPair
+
 from tests.http_stub import HttpStub, StubRequest
 
 VLLM_TEXT = (Path(__file__).parent / "vllm_metrics.txt").read_text()

@@ -6,7 +6,6 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from draftsync.monitors.store import Store
 from draftsync.monitors.sync_jobs import MAX_ATTEMPTS, SyncLedger
 

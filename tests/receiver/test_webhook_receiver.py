@@ -15,13 +15,13 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from draftsync.cli.webhooks import webhooks_app
+from draftsync.errors import DraftsyncError
+from draftsync.receiver.app import HEALTH_PATH, WEBHOOK_PATH, create_app, resolve_webhook_secret
+from draftsync.registry.webhooks import RegistryChange, create_or_update_webhook
 from mlflow.webhooks.delivery import _generate_hmac_signature
 from typer.testing import CliRunner
 
-from draftsync.errors import DraftsyncError
-from draftsync.cli.webhooks import webhooks_app
-from draftsync.receiver.app import HEALTH_PATH, WEBHOOK_PATH, create_app, resolve_webhook_secret
-from draftsync.registry.webhooks import RegistryChange, create_or_update_webhook
 from tests.servers import mlflow_server, serve_asgi_in_thread
 
 SECRET = "receiver-secret-" + "x" * 24
@@ -328,9 +328,8 @@ def test_secret_comes_from_the_settings_environment(monkeypatch):
 
 @pytest.mark.slow
 def test_secret_from_a_prefect_secret_block(prefect_harness, monkeypatch):
-    from prefect.blocks.system import Secret
-
     from draftsync.settings import Settings
+    from prefect.blocks.system import Secret
 
     monkeypatch.delenv("DRAFTSYNC_WEBHOOK_SECRET", raising=False)
     block_name = f"webhook-secret-{uuid.uuid4().hex[:8]}"

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
-
 from draftsync.errors import DraftsyncError
 from draftsync.registry import CANDIDATE, PREVIOUS, PRODUCTION, Registry, drafter_model_name, target_tags
+from safetensors.numpy import save_file
 
 
 def make_checkpoint(directory: Path, hidden: int = 8, layers: int = 2, vocab: int = 32, seed: int = 0) -> Path:

@@ -6,7 +6,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from draftsync.errors import DraftsyncError
 from draftsync.registry.tags import (
     DrafterVersion,

@@ -10,10 +10,6 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
-from mlflow.entities.webhook import WebhookEvent
-from mlflow.webhooks.delivery import _generate_hmac_signature
-from mlflow.webhooks.types import get_example_payload_for_event
-
 from draftsync.errors import DraftsyncError
 from draftsync.registry.webhooks import (
     BAD_BODY,
@@ -32,6 +28,9 @@ from draftsync.registry.webhooks import (
     sign_delivery,
     verify_delivery,
 )
+from mlflow.entities.webhook import WebhookEvent
+from mlflow.webhooks.delivery import _generate_hmac_signature
+from mlflow.webhooks.types import get_example_payload_for_event
 
 SECRET = "s3cret-" + "k" * 24
 MAX_AGE = 300

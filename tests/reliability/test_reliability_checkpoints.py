@@ -9,7 +9,6 @@ import shutil
 import sys
 
 import pytest
-
 from draftsync.errors import DraftsyncError
 
 REMOTE_MODULE = '''
@@ -73,9 +72,8 @@ def test_a_llama_config_with_other_shapes_than_the_weights_is_refused(tiny_targe
 
 def test_a_real_checkpoint_that_is_not_a_llama_style_decoder_is_refused(tiny_target, tmp_path):
     """A complete GPT-2 loads fine in transformers, but has no decoder stack to read hidden states from."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     from draftsync.speculative.targets import load_target
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     target = tmp_path / "gpt2"
     GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=320)).save_pretrained(target)
@@ -90,9 +88,8 @@ def test_a_real_checkpoint_that_is_not_a_llama_style_decoder_is_refused(tiny_tar
 
 
 def test_a_tokenizer_with_more_tokens_than_the_vocabulary_is_refused(tiny_target, tmp_path):
-    from transformers import AutoTokenizer
-
     from draftsync.speculative.targets import load_target
+    from transformers import AutoTokenizer
 
     target = copy_of(tiny_target, tmp_path, "wide-tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(target)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from draftsync.errors import DraftsyncError
+
 from tests.http_stub import PROMETHEUS_TEXT, HttpStub
 
 COUNTERS = (
@@ -109,11 +109,10 @@ def test_counts_up_to_two_to_the_53_are_still_accepted():
 def test_a_dataset_without_a_usable_sequence_fails_the_data_checks(tmp_path):
     """No sample, or only samples too short to train on: the build writes an empty dataset, the checks refuse it."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from draftsync.speculative.samples import Sample
     from draftsync.speculative.shard_writer import build_shards
     from draftsync.validation.data_checks import run_data_checks
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -11,8 +11,8 @@ from email.message import EmailMessage
 from pathlib import Path
 
 import pytest
-
 from draftsync.serving.process import free_port
+
 from tests.reliability.test_reliability_data import MetricsEndpoint, counters_text
 
 START = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
@@ -94,14 +94,13 @@ def test_postgres_restarted_while_scraping_loses_and_doubles_nothing(workdir, re
     """Scrapes, a refused scrape while Postgres is down, scrapes after it is back, then a quick restart between two
     scrapes: the booked deltas add up to the counters' growth exactly, none is negative, and the interval after
     each outage spans it."""
-    from sqlalchemy import make_url, select
-    from sqlalchemy.exc import OperationalError
-
     from draftsync.errors import DraftsyncError
     from draftsync.monitors.metrics import scrape_counters
     from draftsync.monitors.tables import HourlyRollup, Sample, ScrapeState
     from draftsync.tasks import context
     from draftsync.tasks.monitoring import scrape_deployment
+    from sqlalchemy import make_url, select
+    from sqlalchemy.exc import OperationalError
 
     monkeypatch.setenv("DRAFTSYNC_MONITOR_DB_URL", restartable_postgres.create_database("monitor"))
     context.reset()

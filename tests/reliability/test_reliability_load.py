@@ -16,7 +16,6 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from bench.reliability_load import (
     OTHER_MODEL,
     TARGET_NAME,
@@ -66,12 +65,11 @@ def test_the_webhook_receiver_at_200_requests_a_second_answers_every_request_as_
     """2000 requests sent on schedule: no 5xx, no connection error, every answer the one its kind gets; afterwards
     one ledger job, accepted deliveries still refused as replays and forged ones never remembered."""
     import httpx
-    from sqlalchemy import func, select
-
-    from draftsync.receiver.app import WEBHOOK_PATH
     from draftsync.monitors.store import Store
     from draftsync.monitors.sync_jobs import SyncLedger, WebhookDelivery
+    from draftsync.receiver.app import WEBHOOK_PATH
     from draftsync.registry.webhooks import sign_delivery
+    from sqlalchemy import func, select
 
     secret = secrets.token_hex(32)
     with receiver_process(tmp_path, secret, postgres_url, prefect_api) as receiver:

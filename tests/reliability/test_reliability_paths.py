@@ -17,7 +17,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from draftsync.errors import DraftsyncError
 from draftsync.model_paths import confined_model_path
 
@@ -111,11 +110,10 @@ def registry_state(registry, client, artifacts: Path) -> dict:
 
 def test_registering_a_directory_outside_the_roots_is_refused_and_stores_nothing(
         workdir, tiny_target, tiny_drafter, tmp_path, monkeypatch):
-    from mlflow import MlflowClient
-
     from draftsync.registry.tags import target_tags
     from draftsync.speculative.targets import describe_target
     from draftsync.tasks import context
+    from mlflow import MlflowClient
 
     monkeypatch.delenv(ROOTS)  # the product default: the work dir is the only root
     inside_target, inside_drafter = workdir / "checkpoints" / "target", workdir / "checkpoints" / "drafter"

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
-
 from draftsync.errors import DraftsyncError
+
 from tests.reliability.workdirs import use_workdir
 
 TARGET = "tags-llm"
@@ -22,10 +22,9 @@ MIX = {"code": 0.5, "math": 0.5}
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, tiny_target, tiny_drafter):
-    from mlflow import MlflowClient
-
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target
+    from mlflow import MlflowClient
 
     with pytest.MonkeyPatch.context() as patch:
         use_workdir(patch, tmp_path_factory.mktemp("registry"))
@@ -140,9 +139,9 @@ def hand_registered(world, tiny_target):
 
 def plan_and_mix(version: int) -> tuple[DraftsyncError, DraftsyncError]:
     """The two sync steps that read a target version's tags: the plan, then the task mix of the dataset."""
+    from draftsync.profiles import profile
     from draftsync.tasks.dataset import target_task_mix
     from draftsync.tasks.planning import plan_drafter
-    from draftsync.profiles import profile
     from draftsync.tasks.registration import fetch_target
 
     target = fetch_target.fn("outside-llm", version)
@@ -173,8 +172,8 @@ def test_a_task_mix_tag_that_is_not_a_json_object_of_shares_is_named(world, hand
 
 
 def test_a_parameter_count_tag_that_is_not_a_count_is_named(world, hand_registered):
-    from draftsync.tasks.planning import plan_drafter
     from draftsync.profiles import profile
+    from draftsync.tasks.planning import plan_drafter
 
     tags = {"draftsync.kind": "target", "draftsync.task_mix": '{"code": 1.0}', "draftsync.num_parameters": "1.8B"}
     with pytest.raises(DraftsyncError, match="registry tag draftsync.num_parameters is '1.8B'"):

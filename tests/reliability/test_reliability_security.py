@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from draftsync.errors import DraftsyncError
 
 PACKAGE = Path(__file__).resolve().parents[2] / "draftsync"
@@ -66,10 +65,9 @@ def test_secrets_in_the_environment_never_reach_mlflow_or_the_logs(workdir, monk
                                                                     tiny_drafter, tmp_path):
     """Register a target and a drafter, record its validation and promote it, with secrets configured; then
     search MLflow's params and tags, every byte under the work dir (the SQLite store, the artifacts) and the logs."""
-    from mlflow import MlflowClient
-
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target, register_drafter
+    from mlflow import MlflowClient
 
     planted = {"DRAFTSYNC_SMTP_PASSWORD": f"smtp-pw-{uuid.uuid4().hex}",
                "DRAFTSYNC_WEBHOOK_SECRET": f"hook-secret-{uuid.uuid4().hex}"}

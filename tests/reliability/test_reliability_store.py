@@ -16,14 +16,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import event
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
-
 from draftsync.errors import DraftsyncError
 from draftsync.monitors.metrics import SpecDecodeCounters
 from draftsync.monitors.store import Store
-from draftsync.monitors.tables import ServedPair
 from draftsync.monitors.sync_jobs import SyncLedger
+from draftsync.monitors.tables import ServedPair
+from sqlalchemy import event
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 START = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 PAIR = ServedPair(target_name="t", target_version=1, drafter_version=1, gamma=2)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from draftsync.serving.process import log_tail
+
 from tests.reliability.fault_proxy import FaultProxy, KillRule, kill_process_tree
 from tests.servers import mlflow_server, prefect_server
 from tests.sync_profiles import tiny_sync_profile
@@ -85,6 +85,7 @@ def publish(registry, targets: dict[int, Path], tmp_path: Path) -> int:
     """Target v1 with a production drafter (the old one), then target v2 with no drafter: what a sync starts from."""
     from draftsync.registry.tags import target_tags
     from draftsync.speculative.targets import describe_target
+
     from tests.serving.tiny_models import build_tiny_drafter
 
     for version, path in targets.items():

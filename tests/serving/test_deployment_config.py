@@ -6,9 +6,8 @@ import json
 import re
 import textwrap
 
-import pytest
-
 import draftsync.serving.deployment as deployment_module
+import pytest
 from draftsync.errors import DraftsyncError
 from draftsync.serving.deployment import ServingDeployment, find_deployment, load_deployments
 

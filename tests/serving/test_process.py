@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from draftsync.errors import DraftsyncError
 from draftsync.serving.process import ServerProcess, free_port
 

@@ -7,7 +7,6 @@ import math
 import re
 
 import pytest
-
 from draftsync.errors import DraftsyncError
 from draftsync.serving.recommendation import (
     Workload,

@@ -6,11 +6,11 @@ import concurrent.futures
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from draftsync.errors import DraftsyncError
 from draftsync.serving.process import ServerProcess, free_port
 from draftsync.serving.reference_server import reference_server_command
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
 
 MODEL = "tiny"

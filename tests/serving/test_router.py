@@ -11,12 +11,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from draftsync.errors import DraftsyncError
 from draftsync.serving.process import ServerProcess, free_port
 from draftsync.serving.reference_server import reference_server_command
 from draftsync.serving.router import LIVE_PATH, RouterClient, router_command, write_token_file
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.serving.tiny_models import build_tiny_drafter
 
 MODEL = "tiny"

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from draftsync.errors import DraftsyncError
 from draftsync.serving.process import ServerProcess, free_port
 from draftsync.serving.vllm_args import (

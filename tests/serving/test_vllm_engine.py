@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from draftsync.errors import DraftsyncError
 from draftsync.serving import vllm_engine
 from draftsync.serving.deployment import ServingDeployment

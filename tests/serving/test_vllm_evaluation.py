@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 
 import pytest
-
 from draftsync.errors import DraftsyncError
 from draftsync.serving.evaluation import EvalRequest
 from draftsync.serving.vllm_args import render_vllm_command

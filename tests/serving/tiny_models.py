@@ -14,9 +14,8 @@ TEXTS = [
 
 def build_tiny_target(directory: Path, seed: int = 0, hidden_size: int = 32) -> Path:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from draftsync.speculative.tokenizer import train_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = train_tokenizer(TEXTS, vocab_size=320, out_dir=directory)
     torch.manual_seed(seed)
@@ -32,7 +31,6 @@ def build_tiny_target(directory: Path, seed: int = 0, hidden_size: int = 32) -> 
 def build_tiny_drafter(target_dir: Path, directory: Path, gamma: int, seed: int = 0) -> Path:
     """A random EAGLE-3 drafter for the tiny target, started from the target's embeddings and head."""
     import torch
-
     from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
     from draftsync.speculative.speculators_format import save_eagle3
     from draftsync.speculative.targets import load_target

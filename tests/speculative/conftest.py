@@ -111,7 +111,6 @@ def chain_data():
 @pytest.fixture(scope="session")
 def random_drafter(target):
     import torch
-
     from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
 
     torch.manual_seed(5)
@@ -148,7 +147,6 @@ def training_batch_of(target, ids, loss_mask=None, layer_ids=(1, 2, 3), aux=True
     """A TrainingBatch computed from `target`, as the trainer fills it; `aux=False` leaves out the aux states,
     as a dataset built for drafters that read the final state only does."""
     import torch
-
     from draftsync.speculative.hidden_states import capture
     from draftsync.speculative.training_batch import TrainingBatch
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_vocab import build_draft_vocab
 from draftsync.speculative.drafters import (

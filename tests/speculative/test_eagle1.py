@@ -6,13 +6,12 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_vocab import build_draft_vocab
 from draftsync.speculative.eagle1 import EagleConfig, EagleDrafter
 from draftsync.speculative.eagle1_format import load_eagle, save_eagle
 from draftsync.speculative.hidden_states import capture
+from safetensors.torch import load_file
 
 VOCAB = 384  # the tiny targets' vocabulary (conftest)
 HIDDEN = 64
@@ -85,10 +84,9 @@ def test_vocabulary_is_always_the_targets_whole_one(random_target):
 # ---- computation -----------------------------------------------------------------------------------
 def _llama_layer_without_input_norm(drafter):
     """transformers' own Llama decoder layer with the drafter's weights and vLLM's identity input norm."""
+    from draftsync.speculative.speculators_format import transformer_layer_config
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
-
-    from draftsync.speculative.speculators_format import transformer_layer_config
 
     config = LlamaConfig(**transformer_layer_config(drafter))
     config._attn_implementation = "eager"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_vocab import build_draft_vocab, count_tokens
 from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter

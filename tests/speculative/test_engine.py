@@ -6,7 +6,6 @@ import itertools
 
 import pytest
 import torch
-
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
 from draftsync.speculative.engine import SpeculativeEngine, greedy_reference, verify_proposals

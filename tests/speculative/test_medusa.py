@@ -6,8 +6,6 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_vocab import build_draft_vocab
 from draftsync.speculative.drafters import load_drafter
@@ -16,6 +14,7 @@ from draftsync.speculative.hidden_states import capture
 from draftsync.speculative.medusa import MedusaConfig, MedusaDrafter
 from draftsync.speculative.medusa_format import load_medusa, save_medusa
 from draftsync.speculative.training_batch import TrainingBatch
+from safetensors.torch import load_file, save_file
 
 VOCAB = 384  # the tiny targets' vocabulary (conftest)
 HIDDEN = 64

@@ -11,7 +11,6 @@ import itertools
 import numpy as np
 import pytest
 import torch
-
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_model import DraftModelDrafter
 from draftsync.speculative.draft_vocab import build_draft_vocab
@@ -311,9 +310,8 @@ def parameter_count(module) -> int:
 
 
 def test_a_draft_model_is_sized_to_the_budget_by_the_documented_rule(target):
-    from transformers import LlamaConfig
-
     from draftsync.speculative.draft_model import BUDGET_TOLERANCE, shape_for_budget
+    from transformers import LlamaConfig
 
     budget = parameter_count(Eagle3Drafter(Eagle3Config.for_target(target.config)))
     drafter = DraftModelDrafter.for_budget(target.config, budget)

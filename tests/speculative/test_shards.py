@@ -6,14 +6,13 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.hidden_states import capture
 from draftsync.speculative.samples import Sample, concat_samples, regenerated_samples, teacher_forced_samples
 from draftsync.speculative.shard_manifest import MANIFEST_FILE
 from draftsync.speculative.shard_reader import ShardDataset
 from draftsync.speculative.shard_writer import _length_groups, build_shards
+from safetensors.torch import load_file
 
 LAYERS = (1, 2, 4)
 TASKS = ("code", "math", "prose")
@@ -286,6 +285,7 @@ def test_summary_rows_describe_every_sequence(built, samples):
 @pytest.fixture(scope="module")
 def text_target(tmp_path_factory):
     from draftsync.speculative.targets import load_target
+
     from tests.serving.tiny_models import build_tiny_target
 
     return load_target(build_tiny_target(tmp_path_factory.mktemp("tiny-target")))

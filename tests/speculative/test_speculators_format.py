@@ -6,13 +6,12 @@ import json
 
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
-
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
 from draftsync.speculative.engine import SpeculativeEngine, greedy_reference
 from draftsync.speculative.speculators_format import load_eagle3, save_eagle3
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 TOP_LEVEL_KEYS = {
     "architectures", "speculators_model_type", "speculators_version", "speculators_config",

@@ -14,7 +14,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.speculators_train import (
     SpeculatorsTrainJob,

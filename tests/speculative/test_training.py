@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.shard_reader import ShardDataset
 from draftsync.speculative.training import CHECKPOINT_FILE, TrainConfig, evaluate, train_drafter
-
 
 SMALL = dict(draft_vocab_size=256, batch_size=8, seq_len=32, seed=0)
 

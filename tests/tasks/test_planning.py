@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from draftsync.profiles import profile
 
 TAGS_70B_CODE = {"draftsync.num_parameters": str(70_000_000_000), "draftsync.task_mix": json.dumps({"code": 0.8,

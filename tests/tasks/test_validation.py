@@ -5,7 +5,6 @@ stubbed here (its servers are tested in test_stress.py)."""
 from __future__ import annotations
 
 import pytest
-
 from draftsync.profiles import ValidationProfile
 from draftsync.tasks.validation import validate_drafter
 
@@ -22,6 +21,7 @@ def checkpoints(tmp_path_factory):
     """(target, EAGLE-3 drafter, Medusa drafter with 2 heads)."""
     from draftsync.speculative.drafters import new_drafter, save_drafter
     from draftsync.speculative.targets import load_target
+
     from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
 
     root = tmp_path_factory.mktemp("validation")

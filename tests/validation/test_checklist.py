@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-
 from draftsync.serving.evaluation import RequestResult
 from draftsync.validation.checklist import (
     Gate,

@@ -6,12 +6,11 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.samples import Sample
 from draftsync.speculative.shard_writer import build_shards
 from draftsync.validation.data_checks import run_data_checks
+from safetensors.torch import load_file, save_file
 
 VOCAB, HIDDEN = 96, 32
 MIX = {"code": 0.5, "math": 0.5}

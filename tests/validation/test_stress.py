@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from draftsync.serving.evaluation import EvalRequest
 
 pytestmark = pytest.mark.slow

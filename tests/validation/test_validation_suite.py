@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-
 from draftsync.errors import DraftsyncError
 from draftsync.serving.evaluation import RequestResult
 from draftsync.validation.suite import run_validation_suite

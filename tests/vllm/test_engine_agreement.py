@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from tests.servers import vllm_process
 
 pytestmark = pytest.mark.vllm
@@ -28,7 +29,6 @@ TOLERANCE = 0.05
 def family_drafters(built_targets, tmp_path_factory) -> dict[str, Path]:
     """One briefly trained drafter per family for target v1, saved as a sync saves it."""
     import torch
-
     from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
     from draftsync.speculative.drafters import save_drafter
     from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers

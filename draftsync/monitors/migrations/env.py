@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from alembic import context
 
-from draftsync.monitors.tables import Base
 from draftsync.monitors import sync_jobs  # noqa: F401  (its tables belong to the same schema)
+from draftsync.monitors.tables import Base
 
 connection = context.config.attributes.get("connection")
 if context.is_offline_mode() or connection is None:
