@@ -32,17 +32,38 @@ NOT_LOOPING = 0.9  # distinct-4-gram share of the target's outputs from which th
 SETTINGS = {
     # quick: the strong-size targets (the test shape trained 10x longer), small data, few prompts; about
     # 15 minutes on 2 CPU cores, 4 of them building the targets (cached in --workdir)
-    True: dict(size="strong", texts=300, generated=150, generated_tokens=64, steps=300, prompts=6, max_tokens=48,
-               warm_eval_every=25),
-    False: dict(size="strong", texts=800, generated=400, generated_tokens=96, steps=600, prompts=12, max_tokens=64,
-                warm_eval_every=25),
+    True: dict(
+        size="strong",
+        texts=300,
+        generated=150,
+        generated_tokens=64,
+        steps=300,
+        prompts=6,
+        max_tokens=48,
+        warm_eval_every=25,
+    ),
+    False: dict(
+        size="strong",
+        texts=800,
+        generated=400,
+        generated_tokens=96,
+        steps=600,
+        prompts=12,
+        max_tokens=64,
+        warm_eval_every=25,
+    ),
 }
 
 
 def quiet_offline_environment() -> None:
     """No hub access, no progress bars: a benchmark reads only what is on this machine."""
-    for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
-                       "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
+    for key, value in {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }.items():
         os.environ.setdefault(key, value)
 
 
@@ -73,8 +94,16 @@ def train(method, target, dataset, settings, init_from=None, **overrides):
     from draftsync.speculative.training import TrainConfig, train_drafter
 
     config = TrainConfig(
-        method=method, steps=settings["steps"], draft_vocab_size=None if method in ("eagle", "draft_model") else 512,
-        batch_size=8, seq_len=128, lr=5e-3, ttt_steps=3, medusa_heads=max(GAMMAS), seed=0, **overrides,
+        method=method,
+        steps=settings["steps"],
+        draft_vocab_size=None if method in ("eagle", "draft_model") else 512,
+        batch_size=8,
+        seq_len=128,
+        lr=5e-3,
+        ttt_steps=3,
+        medusa_heads=max(GAMMAS),
+        seed=0,
+        **overrides,
     )
     return train_drafter(target, dataset, config, init_from=init_from)
 
@@ -97,11 +126,16 @@ def measure(engine, tokenized_prompts, max_tokens, temperature):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="less data, fewer steps and prompts (about 10 minutes once the targets are cached)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="less data, fewer steps and prompts (about 10 minutes once the targets are cached)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--workdir", type=Path, help="where targets are cached (default: a temporary directory)")
-    parser.add_argument("--size", choices=("test", "deep", "demo", "strong"),
-                        help="built-in target size (default: strong)")
+    parser.add_argument(
+        "--size", choices=("test", "deep", "demo", "strong"), help="built-in target size (default: strong)"
+    )
     args = parser.parse_args()
     quiet_offline_environment()
 
@@ -132,10 +166,13 @@ def main() -> None:
         counts = parameter_count(drafter)
         drafters[method] = drafter
         training[method] = {
-            "steps": report.steps, "seconds": round(report.seconds, 1), "tokens_per_s": round(report.tokens_per_s),
+            "steps": report.steps,
+            "seconds": round(report.seconds, 1),
+            "tokens_per_s": round(report.tokens_per_s),
             "holdout_top1": round(report.top1_agreement, 4),
             "holdout_accuracy_by_position": [round(a, 4) for a in report.position_accuracy],
-            "parameters": counts.total, "own_parameters": counts.own,
+            "parameters": counts.total,
+            "own_parameters": counts.own,
             "own_pct_of_target": round(100 * counts.own / target_parameters, 2),
         }
         print(f"trained {method}: {training[method]}", file=sys.stderr)
@@ -143,31 +180,43 @@ def main() -> None:
     proposers = {m: make_proposer(d) for m, d in drafters.items()}
     proposers["ngram"] = make_proposer("ngram")
     results, text_quality = [], {}
-    prompts_by_task = {task: [tokenizer(p)["input_ids"] for p in prompts(task, settings["prompts"], seed=7)]
-                       for task in TASKS}
+    prompts_by_task = {
+        task: [tokenizer(p)["input_ids"] for p in prompts(task, settings["prompts"], seed=7)] for task in TASKS
+    }
     for task, tokenized in prompts_by_task.items():
         for temperature in (0.0, 1.0):
-            _, plain_outputs = measure(SpeculativeEngine(target, None, 0), tokenized, settings["max_tokens"],
-                                       temperature)
+            _, plain_outputs = measure(
+                SpeculativeEngine(target, None, 0), tokenized, settings["max_tokens"], temperature
+            )
             text_quality[f"{task}@T{temperature:g}"] = round(distinct_4gram_share(plain_outputs), 3)
             for method, proposer in proposers.items():
                 for gamma in GAMMAS:
-                    figures, _ = measure(SpeculativeEngine(target, proposer, gamma), tokenized,
-                                         settings["max_tokens"], temperature)
-                    results.append({"method": method, "task": task, "temperature": temperature, "gamma": gamma,
-                                    **{k: round(v, 4) for k, v in figures.items()}})
+                    figures, _ = measure(
+                        SpeculativeEngine(target, proposer, gamma), tokenized, settings["max_tokens"], temperature
+                    )
+                    results.append(
+                        {
+                            "method": method,
+                            "task": task,
+                            "temperature": temperature,
+                            "gamma": gamma,
+                            **{k: round(v, 4) for k, v in figures.items()},
+                        }
+                    )
             print(f"measured {task} at T={temperature:g}", file=sys.stderr)
 
     # Warm vs cold after a target update: v1's drafter continues on v2's data for half the steps, as a
     # sync does (warm_start_steps), against a drafter trained from scratch for the full budget.
     v1_target, v1_tokenizer = load_target(v1_dir)
-    v1_dataset = build_dataset(v1_target, v1_tokenizer, {"code": 0.5, "math": 0.5}, settings, workdir / "data-v1",
-                               seed=1)
+    v1_dataset = build_dataset(
+        v1_target, v1_tokenizer, {"code": 0.5, "math": 0.5}, settings, workdir / "data-v1", seed=1
+    )
     previous, _ = train("eagle3", v1_target, v1_dataset, settings)
     every = settings["warm_eval_every"]
     cold_drafter, cold = train("eagle3", target, dataset, settings, eval_every=every)
-    warm_drafter, warm = train("eagle3", target, dataset, {**settings, "steps": settings["steps"] // 2},
-                               eval_every=every, init_from=previous)
+    warm_drafter, warm = train(
+        "eagle3", target, dataset, {**settings, "steps": settings["steps"] // 2}, eval_every=every, init_from=previous
+    )
 
     def curve(report):
         points = [(int(r["step"]), r["holdout_accuracy_pos0"]) for r in report.history if "holdout_accuracy_pos0" in r]
@@ -183,14 +232,19 @@ def main() -> None:
         return round(sum(f["mean_acceptance_length"] for f in figures) / len(figures), 4)
 
     goals = {f"{int(fraction * 100)}%": fraction * cold.top1_agreement for fraction in (0.9, 0.95, 0.99, 1.0)}
-    validation = {f"T{t:g}": {"cold": pooled_acceptance(cold_drafter, t), "warm": pooled_acceptance(warm_drafter, t)}
-                  for t in (0.0, 1.0)}
+    validation = {
+        f"T{t:g}": {"cold": pooled_acceptance(cold_drafter, t), "warm": pooled_acceptance(warm_drafter, t)}
+        for t in (0.0, 1.0)
+    }
     warm_start = {
-        "cold_steps": cold.steps, "cold_holdout_top1": round(cold.top1_agreement, 4),
-        "warm_steps": warm.steps, "warm_holdout_top1": round(warm.top1_agreement, 4),
+        "cold_steps": cold.steps,
+        "cold_holdout_top1": round(cold.top1_agreement, 4),
+        "warm_steps": warm.steps,
+        "warm_holdout_top1": round(warm.top1_agreement, 4),
         # steps each run needs to come within a share of the cold drafter's final held-out accuracy
         "steps_to_share_of_cold_accuracy": {
-            share: {"cold": steps_to_reach(cold, goal), "warm": steps_to_reach(warm, goal)} for share, goal in goals.items()
+            share: {"cold": steps_to_reach(cold, goal), "warm": steps_to_reach(warm, goal)}
+            for share, goal in goals.items()
         },
         # mean acceptance length at gamma 5 on the held-out prompts of every task, after each run's last step
         "validation_mean_acceptance_length": validation,
@@ -201,16 +255,22 @@ def main() -> None:
     }
 
     def mal(method, temperature, gamma=5, task="code"):
-        return next(r["mean_acceptance_length"] for r in results if r["method"] == method and r["gamma"] == gamma
-                    and r["task"] == task and r["temperature"] == temperature)
+        return next(
+            r["mean_acceptance_length"]
+            for r in results
+            if r["method"] == method and r["gamma"] == gamma and r["task"] == task and r["temperature"] == temperature
+        )
 
     def comparison(temperature):
         share = text_quality[f"code@T{temperature:g}"]
         lengths = {m: mal(m, temperature) for m in (*METHODS, "ngram")}
         return {
-            "distinct_4gram_share": share, "looping": share < NOT_LOOPING,
+            "distinct_4gram_share": share,
+            "looping": share < NOT_LOOPING,
             "mean_acceptance_length": lengths,
-            **{f"eagle3_over_{m}": round(lengths["eagle3"] / lengths[m], 3) for m in ("medusa", "ngram", "draft_model")},
+            **{
+                f"eagle3_over_{m}": round(lengths["eagle3"] / lengths[m], 3) for m in ("medusa", "ngram", "draft_model")
+            },
         }
 
     comparisons = {f"code_gamma5_T{t:g}": comparison(t) for t in (0.0, 1.0)}
@@ -218,11 +278,17 @@ def main() -> None:
     # favours n-gram lookup): the lowest temperature whose code outputs clear NOT_LOOPING.
     comparisons["headline"] = next((k for k, v in comparisons.items() if not v["looping"]), None)
     out = {
-        "benchmark": "acceptance", "quick": args.quick, "target_size": settings["size"],
-        "target_parameters": target_parameters, "dataset": {"sequences": dataset.num_sequences,
-                                                             "tokens": dataset.manifest["total_tokens"]},
-        "distinct_4gram_share": text_quality, "training": training, "warm_start": warm_start,
-        "comparisons": comparisons, "results": results, "seconds": round(time.perf_counter() - started, 1),
+        "benchmark": "acceptance",
+        "quick": args.quick,
+        "target_size": settings["size"],
+        "target_parameters": target_parameters,
+        "dataset": {"sequences": dataset.num_sequences, "tokens": dataset.manifest["total_tokens"]},
+        "distinct_4gram_share": text_quality,
+        "training": training,
+        "warm_start": warm_start,
+        "comparisons": comparisons,
+        "results": results,
+        "seconds": round(time.perf_counter() - started, 1),
     }
     text = json.dumps(out, indent=2)
     print(text)

@@ -34,10 +34,19 @@ def build_child(target_dir: str, samples: int, out: str, shard_tokens: int, batc
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     model, tokenizer = load_target(Path(target_dir))
     source = teacher_forced_samples(tokenizer, mixed_texts(TASK_MIX, samples, seed=0))
-    manifest = build_shards(model, source, out, default_aux_layer_ids(num_decoder_layers(model)),
-                            shard_tokens=shard_tokens, batch_size=batch_size)
-    return {"tokens": manifest["total_tokens"], "sequences": manifest["num_sequences"],
-            "shards": len(manifest["shards"])}
+    manifest = build_shards(
+        model,
+        source,
+        out,
+        default_aux_layer_ids(num_decoder_layers(model)),
+        shard_tokens=shard_tokens,
+        batch_size=batch_size,
+    )
+    return {
+        "tokens": manifest["total_tokens"],
+        "sequences": manifest["num_sequences"],
+        "shards": len(manifest["shards"]),
+    }
 
 
 def read_child(out: str, batch_size: int, seq_len: int) -> dict:
@@ -59,9 +68,12 @@ def read_child(out: str, batch_size: int, seq_len: int) -> dict:
 def measured(args: list[str]) -> tuple[dict, float, float]:
     """Run this script as a child; (its JSON result, its peak RSS in MiB, seconds)."""
     started = time.perf_counter()
-    child = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, cwd=ROOT,
-                             env={"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_OFFLINE": "1", **os.environ,
-                                  "PYTHONPATH": str(ROOT)})
+    child = subprocess.Popen(
+        [sys.executable, __file__, *args],
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        env={"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_OFFLINE": "1", **os.environ, "PYTHONPATH": str(ROOT)},
+    )
     output = child.stdout.read()
     _, status, usage = os.wait4(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
@@ -100,13 +112,26 @@ def main() -> None:
     for label, samples in (("small", args.samples), ("large", 10 * args.samples)):
         out = workdir / f"shards-{samples}"
         shutil.rmtree(out, ignore_errors=True)
-        common = ["--samples", str(samples), "--out", str(out), "--shard-tokens", str(args.shard_tokens),
-                  "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len)]
+        common = [
+            "--samples",
+            str(samples),
+            "--out",
+            str(out),
+            "--shard-tokens",
+            str(args.shard_tokens),
+            "--batch-size",
+            str(args.batch_size),
+            "--seq-len",
+            str(args.seq_len),
+        ]
         built, build_rss, build_s = measured(["--child", "build", "--target", str(target_dir), *common])
         read, read_rss, read_s = measured(["--child", "read", *common])
         report[label] = {
-            "samples": samples, "tokens": built["tokens"], "shards": built["shards"],
-            "peak_rss_mb": round(max(build_rss, read_rss)), "seconds": round(build_s + read_s, 1),
+            "samples": samples,
+            "tokens": built["tokens"],
+            "shards": built["shards"],
+            "peak_rss_mb": round(max(build_rss, read_rss)),
+            "seconds": round(build_s + read_s, 1),
             "build": {"peak_rss_mb": round(build_rss), "seconds": round(build_s, 1)},
             "read": {"peak_rss_mb": round(read_rss), "seconds": round(read_s, 1), "windows": read["windows"]},
             "disk_mb": round(sum(p.stat().st_size for p in out.iterdir()) / 2**20),

@@ -40,7 +40,8 @@ def main() -> None:
     started = time.perf_counter()
     child = subprocess.Popen(
         [sys.executable, "-m", "draftsync.cli", "--workdir", args.workdir, "demo", "--engine", args.engine],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     root = psutil.Process(child.pid)
     peak_pss = peak_rss = peak_procs = 0
@@ -52,15 +53,20 @@ def main() -> None:
         peak_pss, peak_rss, peak_procs = max(peak_pss, pss), max(peak_rss, rss), max(peak_procs, count)
         time.sleep(0.2)
     summary = Path(args.workdir) / "demo.json"
-    print(json.dumps({
-        "command": f"draftsync demo --engine {args.engine}",
-        "engine": json.loads(summary.read_text()).get("engine") if summary.exists() else None,
-        "exit_code": child.returncode,
-        "wall_s": round(time.perf_counter() - started, 1),
-        "peak_pss_mb": round(peak_pss / 2**20),
-        "peak_rss_sum_mb": round(peak_rss / 2**20),
-        "peak_processes": peak_procs,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "command": f"draftsync demo --engine {args.engine}",
+                "engine": json.loads(summary.read_text()).get("engine") if summary.exists() else None,
+                "exit_code": child.returncode,
+                "wall_s": round(time.perf_counter() - started, 1),
+                "peak_pss_mb": round(peak_pss / 2**20),
+                "peak_rss_sum_mb": round(peak_rss / 2**20),
+                "peak_processes": peak_procs,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -16,25 +16,35 @@ def isolated_environment(run_dir: Path, settings: dict[str, str]) -> None:
 
     The work dir and Prefect's home go under `run_dir`; `settings` adds what the benchmark itself needs."""
     for key in list(os.environ):
-        if key.startswith(("DRAFTSYNC_", "MLFLOW_")) or key in ("PREFECT_API_URL", "PREFECT_API_KEY",
-                                                                "PREFECT_PROFILE"):
+        if key.startswith(("DRAFTSYNC_", "MLFLOW_")) or key in (
+            "PREFECT_API_URL",
+            "PREFECT_API_KEY",
+            "PREFECT_PROFILE",
+        ):
             del os.environ[key]
-    os.environ.update({
-        "DRAFTSYNC_WORKDIR": str(run_dir / "work"),
-        "PREFECT_HOME": str(run_dir / "prefect"),
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "DO_NOT_TRACK": "true",
-        **settings,
-    })
+    os.environ.update(
+        {
+            "DRAFTSYNC_WORKDIR": str(run_dir / "work"),
+            "PREFECT_HOME": str(run_dir / "prefect"),
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "DO_NOT_TRACK": "true",
+            **settings,
+        }
+    )
 
 
 def machine_facts(load_at_start: float, packages: tuple[str, ...] = ()) -> dict:
     """Cores, platform, versions of `packages`, and the 1-minute load average at the start and now: these
     machines are shared, so a figure is read beside the load it was measured under."""
     versions = {name: importlib.import_module(name).__version__ for name in packages}
-    return {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            **versions, "load_average_1min": {"start": load_at_start, "end": round(os.getloadavg()[0], 2)}}
+    return {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        **versions,
+        "load_average_1min": {"start": load_at_start, "end": round(os.getloadavg()[0], 2)},
+    }
 
 
 def emit_json(out: dict, json_path: Path | None, stdout: TextIO) -> None:

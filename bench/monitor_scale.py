@@ -45,14 +45,49 @@ sys.path.insert(0, str(ROOT))
 WEEK_START = datetime(2026, 11, 2, tzinfo=UTC)  # Monday of ISO week 2026-W45
 GAMMA = 3
 STALE_EVERY = 10  # every tenth deployment decays
-SAMPLE_COLUMNS = ("deployment", "ts", "interval_start", "target_name", "target_version", "drafter_version", "gamma",
-                  "drafts", "draft_tokens", "accepted", "accepted_per_position", "generation_tokens", "tpot_sum",
-                  "tpot_count", "reset")
-ROLLUP_COLUMNS = ("deployment", "hour", "target_name", "target_version", "drafter_version", "gamma", "intervals",
-                  "resets", "drafts", "draft_tokens", "accepted", "accepted_per_position", "generation_tokens",
-                  "tpot_sum", "tpot_count", "last_ts")
-POSTGRES_SETTINGS = {"fsync": "off", "full_page_writes": "off", "synchronous_commit": "off",
-                     "shared_buffers": "512MB", "maintenance_work_mem": "256MB", "max_wal_size": "4GB"}
+SAMPLE_COLUMNS = (
+    "deployment",
+    "ts",
+    "interval_start",
+    "target_name",
+    "target_version",
+    "drafter_version",
+    "gamma",
+    "drafts",
+    "draft_tokens",
+    "accepted",
+    "accepted_per_position",
+    "generation_tokens",
+    "tpot_sum",
+    "tpot_count",
+    "reset",
+)
+ROLLUP_COLUMNS = (
+    "deployment",
+    "hour",
+    "target_name",
+    "target_version",
+    "drafter_version",
+    "gamma",
+    "intervals",
+    "resets",
+    "drafts",
+    "draft_tokens",
+    "accepted",
+    "accepted_per_position",
+    "generation_tokens",
+    "tpot_sum",
+    "tpot_count",
+    "last_ts",
+)
+POSTGRES_SETTINGS = {
+    "fsync": "off",
+    "full_page_writes": "off",
+    "synchronous_commit": "off",
+    "shared_buffers": "512MB",
+    "maintenance_work_mem": "256MB",
+    "max_wal_size": "4GB",
+}
 
 
 # --- data ----------------------------------------------------------------------------------------
@@ -101,15 +136,47 @@ def rows_of(index: int, minutes: int, stamps: list[str], *, text: bool):
     false = "f" if text else 0
     samples = []
     for k in range(minutes):
-        values = (name, stamps[k + 1], stamps[k], "chat-llm", 1, 1, GAMMA, d[k], GAMMA * d[k], acc[k],
-                  json.dumps(pp[k]), gen[k], tpot[k], gen[k], false)
+        values = (
+            name,
+            stamps[k + 1],
+            stamps[k],
+            "chat-llm",
+            1,
+            1,
+            GAMMA,
+            d[k],
+            GAMMA * d[k],
+            acc[k],
+            json.dumps(pp[k]),
+            gen[k],
+            tpot[k],
+            gen[k],
+            false,
+        )
         samples.append("\t".join(map(str, values)) if text else values)
-    h_drafts, h_pp, h_acc, h_gen, h_tpot = (a.tolist() for a in hourly_sums(drafts, per_position, accepted,
-                                                                           generation_tokens, tpot_sum))
+    h_drafts, h_pp, h_acc, h_gen, h_tpot = (
+        a.tolist() for a in hourly_sums(drafts, per_position, accepted, generation_tokens, tpot_sum)
+    )
     rollups = []
     for h in range(len(h_drafts)):
-        values = (name, stamps[60 * h], "chat-llm", 1, 1, GAMMA, 60, 0, h_drafts[h], GAMMA * h_drafts[h], h_acc[h],
-                  json.dumps(h_pp[h]), h_gen[h], h_tpot[h], h_gen[h], stamps[60 * (h + 1)])
+        values = (
+            name,
+            stamps[60 * h],
+            "chat-llm",
+            1,
+            1,
+            GAMMA,
+            60,
+            0,
+            h_drafts[h],
+            GAMMA * h_drafts[h],
+            h_acc[h],
+            json.dumps(h_pp[h]),
+            h_gen[h],
+            h_tpot[h],
+            h_gen[h],
+            stamps[60 * (h + 1)],
+        )
         rollups.append("\t".join(map(str, values)) if text else values)
     return samples, rollups
 
@@ -148,17 +215,32 @@ def postgres_cluster(bin_dir: Path, root: Path) -> Iterator[str]:
             detail = done.stderr + (log.read_text() if log.exists() else "")
             raise RuntimeError(f"{Path(args[0]).name} failed: {detail}")
 
-    run(str(bin_dir / "initdb"), "-D", str(data), "-U", "draftsync", "-A", "trust", "-E", "UTF8", "--locale=C",
-        "--no-sync")
+    run(
+        str(bin_dir / "initdb"),
+        "-D",
+        str(data),
+        "-U",
+        "draftsync",
+        "-A",
+        "trust",
+        "-E",
+        "UTF8",
+        "--locale=C",
+        "--no-sync",
+    )
     options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 " + " ".join(
-        f"-c {key}={value}" for key, value in POSTGRES_SETTINGS.items())
+        f"-c {key}={value}" for key, value in POSTGRES_SETTINGS.items()
+    )
     run(str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(log), "-w", "-t", "120", "start")
     try:
         run(str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "draftsync", "monitor")
         yield f"postgresql+psycopg://draftsync@127.0.0.1:{port}/monitor"
     finally:
-        subprocess.run(prefix + [str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
-                       capture_output=True, timeout=300)
+        subprocess.run(
+            prefix + [str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
+            capture_output=True,
+            timeout=300,
+        )
 
 
 def _user_exists(name: str) -> bool:
@@ -192,11 +274,17 @@ def load_postgres(url: str, deployments: int, minutes: int) -> dict:
             t = time.perf_counter()
             with cursor.copy(f"COPY hourly_rollups ({', '.join(ROLLUP_COLUMNS)}) FROM STDIN") as rollup_copy:
                 rollup_copy.write("\n".join(rollup_lines) + "\n")
-            pairs = io.StringIO("".join(
-                f"{deployment_name(i)}\tchat-llm\t1\tchat-llm-drafter\t1\t{GAMMA}\thttp://10.0.0.{i % 250}:8000\t"
-                f"serving\t{stamps[0]}\n" for i in range(deployments)))
-            with cursor.copy("COPY serving_pairs (deployment, target_name, target_version, drafter_name, "
-                             "drafter_version, gamma, endpoint, state, updated_at) FROM STDIN") as pair_copy:
+            pairs = io.StringIO(
+                "".join(
+                    f"{deployment_name(i)}\tchat-llm\t1\tchat-llm-drafter\t1\t{GAMMA}\thttp://10.0.0.{i % 250}:8000\t"
+                    f"serving\t{stamps[0]}\n"
+                    for i in range(deployments)
+                )
+            )
+            with cursor.copy(
+                "COPY serving_pairs (deployment, target_name, target_version, drafter_name, "
+                "drafter_version, gamma, endpoint, state, updated_at) FROM STDIN"
+            ) as pair_copy:
                 pair_copy.write(pairs.getvalue())
         connection.commit()
         copy_s += time.perf_counter() - t
@@ -205,8 +293,12 @@ def load_postgres(url: str, deployments: int, minutes: int) -> dict:
         connection.execute("ANALYZE")
         analyze_s = time.perf_counter() - t
         size = connection.execute("SELECT pg_database_size(current_database())").fetchone()[0]
-    return {"generate_s": round(generate_s, 1), "copy_s": round(copy_s, 1), "analyze_s": round(analyze_s, 1),
-            "database_mib": round(size / 2**20)}
+    return {
+        "generate_s": round(generate_s, 1),
+        "copy_s": round(copy_s, 1),
+        "analyze_s": round(analyze_s, 1),
+        "database_mib": round(size / 2**20),
+    }
 
 
 # --- SQLite --------------------------------------------------------------------------------------
@@ -217,8 +309,9 @@ def load_sqlite(path: Path, deployments: int, minutes: int) -> dict:
     connection.execute("PRAGMA synchronous=OFF")  # this connection only: the load is rerun, not recovered
     connection.execute("PRAGMA journal_mode=MEMORY")
     sample_sql = f"INSERT INTO samples ({', '.join(SAMPLE_COLUMNS)}) VALUES ({', '.join('?' * len(SAMPLE_COLUMNS))})"
-    rollup_sql = (f"INSERT INTO hourly_rollups ({', '.join(ROLLUP_COLUMNS)}) "
-                  f"VALUES ({', '.join('?' * len(ROLLUP_COLUMNS))})")
+    rollup_sql = (
+        f"INSERT INTO hourly_rollups ({', '.join(ROLLUP_COLUMNS)}) VALUES ({', '.join('?' * len(ROLLUP_COLUMNS))})"
+    )
     with connection:
         for index in range(deployments):
             t = time.perf_counter()
@@ -231,10 +324,14 @@ def load_sqlite(path: Path, deployments: int, minutes: int) -> dict:
         connection.executemany(
             "INSERT INTO serving_pairs (deployment, target_name, target_version, drafter_name, drafter_version, gamma,"
             " endpoint, state, updated_at) VALUES (?, 'chat-llm', 1, 'chat-llm-drafter', 1, ?, ?, 'serving', ?)",
-            [(deployment_name(i), GAMMA, f"http://10.0.0.{i % 250}:8000", stamps[0]) for i in range(deployments)])
+            [(deployment_name(i), GAMMA, f"http://10.0.0.{i % 250}:8000", stamps[0]) for i in range(deployments)],
+        )
     connection.close()
-    return {"generate_s": round(generate_s, 1), "insert_s": round(insert_s, 1),
-            "database_mib": round(path.stat().st_size / 2**20)}
+    return {
+        "generate_s": round(generate_s, 1),
+        "insert_s": round(insert_s, 1),
+        "database_mib": round(path.stat().st_size / 2**20),
+    }
 
 
 # --- measurements --------------------------------------------------------------------------------
@@ -253,8 +350,12 @@ def ingest_rate(store, scrapes: int, start: datetime) -> dict:
         counters = SpecDecodeCounters(40 * n, 120 * n, 80 * n, (32 * n, 27 * n, 21 * n), 120 * n, 1.2 * n, 120 * n)
         store.record_scrape(fleet[step % len(fleet)], start + timedelta(minutes=n), counters, pair)
     seconds = time.perf_counter() - t
-    return {"scrapes": scrapes, "seconds": round(seconds, 2), "scrapes_per_s": round(scrapes / seconds, 1),
-            "ms_per_scrape": round(1000 * seconds / scrapes, 2)}
+    return {
+        "scrapes": scrapes,
+        "seconds": round(seconds, 2),
+        "scrapes_per_s": round(scrapes / seconds, 1),
+        "ms_per_scrape": round(1000 * seconds / scrapes, 2),
+    }
 
 
 def weekly_report_reads(store, since: datetime, until: datetime) -> dict:
@@ -269,8 +370,10 @@ def weekly_report_reads(store, since: datetime, until: datetime) -> dict:
     summaries = [summarize_hourly(window.get(p.deployment, []), since, until, deployment=p.deployment) for p in pairs]
     t2 = time.perf_counter()
     thresholds = Thresholds()
-    findings = [evaluate(summary, p.target_version, p.target_version, thresholds)  # lineage in order here
-                for summary, p in zip(summaries, pairs)]
+    findings = [
+        evaluate(summary, p.target_version, p.target_version, thresholds)  # lineage in order here
+        for summary, p in zip(summaries, pairs)
+    ]
     t3 = time.perf_counter()
     stale = sorted(s.deployment for s, found in zip(summaries, findings) if any(f.rule == "stale" for f in found))
     return {
@@ -314,8 +417,11 @@ def raw_path(store, since: datetime, until: datetime, deployments: int, sample_c
         summarize(store.samples(name, since, until), since, until, deployment=name)
     seconds = time.perf_counter() - t
     per_deployment = seconds / len(names)
-    return {"deployments_timed": len(names), "seconds_per_deployment": round(per_deployment, 3),
-            "extrapolated_all_s": round(per_deployment * deployments, 1)}
+    return {
+        "deployments_timed": len(names),
+        "seconds_per_deployment": round(per_deployment, 3),
+        "extrapolated_all_s": round(per_deployment * deployments, 1),
+    }
 
 
 def rollups_match_samples(store, since: datetime, until: datetime, deployments: int) -> bool:
@@ -356,13 +462,17 @@ def measure(backend: str, url: str, args, load) -> dict:
         result["weekly_report_aligned_week"] = timed_report(store, WEEK_START, week_end, args.repeats, args.deployments)
         odd_end = week_end - timedelta(minutes=17)
         result["weekly_report_last_7_days_at_a_minute"] = timed_report(
-            store, odd_end - timedelta(days=args.days), odd_end, args.repeats, args.deployments)
+            store, odd_end - timedelta(days=args.days), odd_end, args.repeats, args.deployments
+        )
         result["old_path_samples_and_summarize"] = raw_path(store, WEEK_START, week_end, args.deployments, 5)
         result["rollups_match_samples"] = rollups_match_samples(store, WEEK_START, week_end, args.deployments)
         scrapes = args.ingest_scrapes if backend == "postgres" else args.sqlite_ingest_scrapes
         result["record_scrape"] = ingest_rate(store, scrapes, week_end + timedelta(hours=1))
-        print(f"[{backend}] report {result['weekly_report_aligned_week']['total_s']} s; "
-              f"record_scrape {result['record_scrape']['scrapes_per_s']}/s", file=sys.stderr)
+        print(
+            f"[{backend}] report {result['weekly_report_aligned_week']['total_s']} s; "
+            f"record_scrape {result['record_scrape']['scrapes_per_s']}/s",
+            file=sys.stderr,
+        )
         return result
     finally:
         store.close()
@@ -376,8 +486,12 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=7)
     parser.add_argument("--backends", default="postgres,sqlite")
     parser.add_argument("--ingest-scrapes", type=int, default=2000, help="record_scrape calls timed on Postgres")
-    parser.add_argument("--sqlite-ingest-scrapes", type=int, default=300,
-                        help="record_scrape calls timed on SQLite (each commit is synced to disk)")
+    parser.add_argument(
+        "--sqlite-ingest-scrapes",
+        type=int,
+        default=300,
+        help="record_scrape calls timed on SQLite (each commit is synced to disk)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", type=Path, help="where the databases go (default: a temp dir, removed)")
     parser.add_argument("--keep", action="store_true", help="keep the workdir")
@@ -391,9 +505,14 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     minutes = args.days * 24 * 60
     result = {
-        "deployments": args.deployments, "days": args.days, "samples": args.deployments * minutes,
-        "machine": {"cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
-                    "python": platform.python_version()},
+        "deployments": args.deployments,
+        "days": args.days,
+        "samples": args.deployments * minutes,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "cpus_usable": len(os.sched_getaffinity(0)),
+            "python": platform.python_version(),
+        },
         "backends": {},
     }
     started = time.perf_counter()
@@ -403,12 +522,14 @@ def main() -> None:
             result["postgres_server"] = {"bin": str(bin_dir), "settings": POSTGRES_SETTINGS}
             with postgres_cluster(bin_dir, workdir / "pg") as url:
                 result["backends"]["postgres"] = measure(
-                    "postgres", url, args, lambda: load_postgres(url, args.deployments, minutes))
+                    "postgres", url, args, lambda: load_postgres(url, args.deployments, minutes)
+                )
         if "sqlite" in backends:
             path = workdir / "monitor.db"
             path.unlink(missing_ok=True)
             result["backends"]["sqlite"] = measure(
-                "sqlite", f"sqlite:///{path}", args, lambda: load_sqlite(path, args.deployments, minutes))
+                "sqlite", f"sqlite:///{path}", args, lambda: load_sqlite(path, args.deployments, minutes)
+            )
     finally:
         if not args.keep and args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -120,9 +120,16 @@ class MetricsFleet:
     def register(self, store) -> None:
         """One serving pair per endpoint in the monitor store, as a rollout records it."""
         for index, url in enumerate(self.urls):
-            store.set_serving_pair(self.deployment(index), target_name=TARGET_NAME, target_version=TARGET_VERSION,
-                                   drafter_name=f"{TARGET_NAME}-drafter", drafter_version=1, gamma=3, endpoint=url,
-                                   state="serving")
+            store.set_serving_pair(
+                self.deployment(index),
+                target_name=TARGET_NAME,
+                target_version=TARGET_VERSION,
+                drafter_name=f"{TARGET_NAME}-drafter",
+                drafter_version=1,
+                gamma=3,
+                endpoint=url,
+                state="serving",
+            )
 
     def grow(self) -> None:
         """Traffic between two cycles: endpoint i's counters grow by `growth_of(i)` x the base text."""
@@ -154,10 +161,22 @@ def sample_problems(store, fleet: MetricsFleet, first: datetime, second: datetim
             problems.append(f"{name}: samples at {[s.ts.isoformat() for s in samples]}, expected one per cycle")
             continue
         for sample, times in zip(samples, (index + 1, growth_of(index))):
-            got = (sample.drafts, sample.draft_tokens, sample.accepted, list(sample.accepted_per_position),
-                   sample.generation_tokens, sample.reset)
-            expected = (times * base.drafts, times * base.draft_tokens, times * base.accepted,
-                        [times * n for n in base.accepted_per_position], times * base.generation_tokens, False)
+            got = (
+                sample.drafts,
+                sample.draft_tokens,
+                sample.accepted,
+                list(sample.accepted_per_position),
+                sample.generation_tokens,
+                sample.reset,
+            )
+            expected = (
+                times * base.drafts,
+                times * base.draft_tokens,
+                times * base.accepted,
+                [times * n for n in base.accepted_per_position],
+                times * base.generation_tokens,
+                False,
+            )
             if got != expected:
                 problems.append(f"{name} at {sample.ts.isoformat()}: stored {got}, expected {expected}")
     return problems
@@ -227,11 +246,18 @@ def measure_scrape(endpoints: int) -> dict:
     scraped = [sorted(r["deployment"] for r in result["deployments"]) for result in results]
     expected = sorted(fleet.deployment(i) for i in range(endpoints))
     missing = sum(len(set(expected) - set(names)) for names in scraped)
-    return {"endpoints": endpoints, "cycle_s": round(max(cycles), 2), "cycles_s": [round(c, 2) for c in cycles],
-            "errors": len(trouble_lines) + len(problems) + missing + plain_errors,
-            "retries_or_failures": trouble_lines[:5], "wrong_samples": problems[:5], "missing": missing,
-            "metrics_requests": metrics_gets, "concurrency": SCRAPE_CONCURRENCY,
-            "without_prefect_cycle_s": round(plain_s, 2)}
+    return {
+        "endpoints": endpoints,
+        "cycle_s": round(max(cycles), 2),
+        "cycles_s": [round(c, 2) for c in cycles],
+        "errors": len(trouble_lines) + len(problems) + missing + plain_errors,
+        "retries_or_failures": trouble_lines[:5],
+        "wrong_samples": problems[:5],
+        "missing": missing,
+        "metrics_requests": metrics_gets,
+        "concurrency": SCRAPE_CONCURRENCY,
+        "without_prefect_cycle_s": round(plain_s, 2),
+    }
 
 
 # --- webhook --------------------------------------------------------------------------------------------------------
@@ -262,9 +288,21 @@ class Outcome:
 
 def version_created(model: str, version: int, tags: dict[str, str] | None = None) -> bytes:
     """MLflow's body for a new model version."""
-    return json.dumps({"entity": "model_version", "action": "created", "timestamp": datetime.now(UTC).isoformat(),
-                       "data": {"name": model, "version": str(version), "source": f"s3://models/{model}/{version}",
-                                "run_id": None, "tags": tags or {}, "description": None}}).encode()
+    return json.dumps(
+        {
+            "entity": "model_version",
+            "action": "created",
+            "timestamp": datetime.now(UTC).isoformat(),
+            "data": {
+                "name": model,
+                "version": str(version),
+                "source": f"s3://models/{model}/{version}",
+                "run_id": None,
+                "tags": tags or {},
+                "description": None,
+            },
+        }
+    ).encode()
 
 
 def plan_deliveries(secret: str, count: int, now: int) -> list[Delivery]:
@@ -301,8 +339,13 @@ async def _post(host: str, port: int, path: str, delivery: Delivery) -> tuple[in
     millisecond of the generator's CPU, so that what falls behind under load is the receiver, not the generator."""
     reader, writer = await asyncio.open_connection(host, port)
     try:
-        head = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(delivery.body)}",
-                "Connection: close", *(f"{name}: {value}" for name, value in delivery.headers.items())]
+        head = [
+            f"POST {path} HTTP/1.1",
+            f"Host: {host}:{port}",
+            f"Content-Length: {len(delivery.body)}",
+            "Connection: close",
+            *(f"{name}: {value}" for name, value in delivery.headers.items()),
+        ]
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + delivery.body)
         answer = await reader.read(-1)  # the server closes the connection after its answer
     finally:
@@ -317,8 +360,7 @@ async def _send(url: str, delivery: Delivery, scheduled: float) -> Outcome:
     loop = asyncio.get_running_loop()
     sent = loop.time()
     try:
-        status, body = await asyncio.wait_for(_post(parts.hostname, parts.port, parts.path, delivery),
-                                              ANSWER_TIMEOUT_S)
+        status, body = await asyncio.wait_for(_post(parts.hostname, parts.port, parts.path, delivery), ANSWER_TIMEOUT_S)
     except (OSError, IndexError, ValueError) as error:  # refused, reset, timed out, or an answer that is not HTTP
         return Outcome(delivery.index, None, None, f"{type(error).__name__}: {error}", scheduled, sent, loop.time())
     done = loop.time()
@@ -353,8 +395,11 @@ def outcome_problems(deliveries: list[Delivery], outcomes: list[Outcome]) -> lis
     by_index = {o.index: o for o in outcomes}
     kind_of = {d.index: d.kind for d in deliveries}
     replayed = {d.original for d in deliveries if d.original is not None}
-    expected = {"valid-other": (200, "ignored: not a target"), "valid-target": (200, "sync already requested"),
-                "forged": (401, "bad_signature")}
+    expected = {
+        "valid-other": (200, "ignored: not a target"),
+        "valid-target": (200, "sync already requested"),
+        "forged": (401, "bad_signature"),
+    }
     problems = []
     for delivery in deliveries:
         got = by_index[delivery.index]
@@ -367,16 +412,20 @@ def outcome_problems(deliveries: list[Delivery], outcomes: list[Outcome]) -> lis
             original = by_index[delivery.original]
             first, second = sorted([original, got], key=lambda o: o.status or 0)
             status, said = expected[kind_of[delivery.original]]
-            if (first.status, second.status, second.said) != (200, 409, "replayed") or \
-                    not (first.said or "").startswith(said):
-                problems.append(f"#{delivery.index} replay of #{delivery.original}: answers "
-                                f"{[(o.status, o.said) for o in (original, got)]}, expected one {status} {said!r} "
-                                "and one 409 'replayed'")
+            if (first.status, second.status, second.said) != (200, 409, "replayed") or not (
+                first.said or ""
+            ).startswith(said):
+                problems.append(
+                    f"#{delivery.index} replay of #{delivery.original}: answers "
+                    f"{[(o.status, o.said) for o in (original, got)]}, expected one {status} {said!r} "
+                    "and one 409 'replayed'"
+                )
         elif delivery.index not in replayed:  # an original's answer is judged with its replay's
             status, said = expected[delivery.kind]
             if got.status != status or not (got.said or "").startswith(said):
-                problems.append(f"#{delivery.index} {delivery.kind}: {got.status} {got.said!r}, expected {status} "
-                                f"{said!r}")
+                problems.append(
+                    f"#{delivery.index} {delivery.kind}: {got.status} {got.said!r}, expected {status} {said!r}"
+                )
     return problems
 
 
@@ -405,8 +454,10 @@ def load_summary(outcomes: list[Outcome], rate: float) -> dict:
         "send_lag_p99_ms": round(_percentile(lag, 0.99), 2),
         "send_lag_max_ms": round(max(lag), 2),
         "errors": sum(1 for o in outcomes if o.status is None or o.status >= 500),
-        "by_status": {str(status): n for status, n in sorted(Counter(o.status for o in outcomes).items(),
-                                                             key=lambda item: item[0] or 0)},
+        "by_status": {
+            str(status): n
+            for status, n in sorted(Counter(o.status for o in outcomes).items(), key=lambda item: item[0] or 0)
+        },
     }
 
 
@@ -426,12 +477,23 @@ def receiver_process(run_dir: Path, secret: str, monitor_url: str, prefect_api_u
 
     port = free_port()
     draftsync_bin = Path(sys.executable).with_name("draftsync")
-    env = {"DRAFTSYNC_WORKDIR": str(run_dir / "receiver-work"), "DRAFTSYNC_MONITOR_DB_URL": monitor_url,
-           "DRAFTSYNC_WEBHOOK_SECRET": secret, "MLFLOW_TRACKING_URI": f"sqlite:///{run_dir / 'receiver-mlflow.db'}",
-           "PREFECT_API_URL": prefect_api_url, "PREFECT_HOME": str(run_dir / "receiver-prefect"),
-           "DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    process = ServerProcess([str(draftsync_bin), "webhooks", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                            "127.0.0.1", port, run_dir / "receiver.log", env=env)
+    env = {
+        "DRAFTSYNC_WORKDIR": str(run_dir / "receiver-work"),
+        "DRAFTSYNC_MONITOR_DB_URL": monitor_url,
+        "DRAFTSYNC_WEBHOOK_SECRET": secret,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{run_dir / 'receiver-mlflow.db'}",
+        "PREFECT_API_URL": prefect_api_url,
+        "PREFECT_HOME": str(run_dir / "receiver-prefect"),
+        "DO_NOT_TRACK": "true",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+    process = ServerProcess(
+        [str(draftsync_bin), "webhooks", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        "127.0.0.1",
+        port,
+        run_dir / "receiver.log",
+        env=env,
+    )
     with process:
         process.wait_healthy(RECEIVER_STARTUP_S, health_path="/healthz")
         yield process
@@ -443,8 +505,9 @@ def warm_up(url: str, secret: str) -> dict:
     from draftsync.registry.webhooks import sign_delivery
 
     body = version_created(TARGET_NAME, TARGET_VERSION, {"draftsync.kind": "target"})
-    answer = httpx.post(url, content=body, headers=sign_delivery(secret, str(uuid.uuid4()), int(time.time()), body),
-                        timeout=120)
+    answer = httpx.post(
+        url, content=body, headers=sign_delivery(secret, str(uuid.uuid4()), int(time.time()), body), timeout=120
+    )
     answer.raise_for_status()
     return answer.json()
 
@@ -470,9 +533,15 @@ def measure_webhook(run_dir: Path, monitor_url: str, prefect_api_url: str, rate:
         jobs = [(job.target_name, job.target_version) for job in SyncLedger(store).jobs()]
     finally:
         store.close()
-    return {**load_summary(outcomes, rate), "wrong_answers": len(problems), "examples": problems[:5],
-            "warm_up": warmed.get("action"), "ledger_jobs": jobs,
-            "receiver_cpu_share": round(receiver_cpu / wall, 2), "generator_cpu_share": round(own_cpu / wall, 2)}
+    return {
+        **load_summary(outcomes, rate),
+        "wrong_answers": len(problems),
+        "examples": problems[:5],
+        "warm_up": warmed.get("action"),
+        "ledger_jobs": jobs,
+        "receiver_cpu_share": round(receiver_cpu / wall, 2),
+        "generator_cpu_share": round(own_cpu / wall, 2),
+    }
 
 
 # --- the run --------------------------------------------------------------------------------------------------------
@@ -504,8 +573,12 @@ def monitor_database(store: str, run_dir: Path, postgres_bin_dir: str | None) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the results to this file")
-    parser.add_argument("--store", choices=("postgres", "sqlite"), default="postgres",
-                        help="the monitor store and sync ledger (default: %(default)s)")
+    parser.add_argument(
+        "--store",
+        choices=("postgres", "sqlite"),
+        default="postgres",
+        help="the monitor store and sync ledger (default: %(default)s)",
+    )
     parser.add_argument("--endpoints", type=int, default=200, help="serving pairs scraped (default: %(default)s)")
     parser.add_argument("--rate", type=float, default=200.0, help="webhook requests per second (default: %(default)s)")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the webhook load (default: %(default)s)")
@@ -520,8 +593,9 @@ def main() -> None:
     load_at_start = round(os.getloadavg()[0], 2)
     stdout = sys.stdout
     with contextlib.redirect_stdout(sys.stderr), monitor_database(args.store, run_dir, args.postgres_bin) as url:
-        isolated_environment(run_dir, {"DRAFTSYNC_MONITOR_DB_URL": url,
-                                       "MLFLOW_TRACKING_URI": f"sqlite:///{run_dir / 'mlflow.db'}"})
+        isolated_environment(
+            run_dir, {"DRAFTSYNC_MONITOR_DB_URL": url, "MLFLOW_TRACKING_URI": f"sqlite:///{run_dir / 'mlflow.db'}"}
+        )
         from draftsync.tasks import context
 
         context.reset()
@@ -533,8 +607,13 @@ def main() -> None:
         finally:
             context.store().close()
             stop_ephemeral_prefect()
-    out = {"webhook": webhook, "scrape": scrape, "store": args.store,
-           "machine": machine_facts(load_at_start, ("prefect",)), "run_dir": str(run_dir)}
+    out = {
+        "webhook": webhook,
+        "scrape": scrape,
+        "store": args.store,
+        "machine": machine_facts(load_at_start, ("prefect",)),
+        "run_dir": str(run_dir),
+    }
     emit_json(out, args.json, stdout)
 
 

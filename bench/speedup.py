@@ -69,14 +69,15 @@ def sweep(backend, requests, rounds: int) -> tuple[dict, list[list[int]]]:
     runs: dict[int, list[dict]] = {gamma: [] for gamma in GAMMAS}
     plain_outputs: list[list[int]] = []
     for round_index in range(rounds):
-        order = GAMMAS[round_index % len(GAMMAS):] + GAMMAS[: round_index % len(GAMMAS)]
+        order = GAMMAS[round_index % len(GAMMAS) :] + GAMMAS[: round_index % len(GAMMAS)]
         for gamma in order:
             plain = backend.generate(requests, 0, temperature=0.0, seed=0)
             spec = backend.generate(requests, gamma, temperature=0.0, seed=0)
             plain_outputs = [r.token_ids for r in plain]
             identical = sum(s.token_ids == p.token_ids for s, p in zip(spec, plain, strict=True))
-            runs[gamma].append({"plain": run_figures(plain), "spec": run_figures(spec),
-                                "identical": identical / len(requests)})
+            runs[gamma].append(
+                {"plain": run_figures(plain), "spec": run_figures(spec), "identical": identical / len(requests)}
+            )
         print(f"round {round_index + 1}/{rounds} done", file=sys.stderr)
     return runs, plain_outputs
 
@@ -86,19 +87,24 @@ def summarise(runs: dict) -> tuple[list[dict], list[float]]:
     rows, plain_rates = [], []
     for gamma, rounds in runs.items():
         plain_rates += [r["plain"]["tokens_per_s"] for r in rounds]
-        rows.append({
-            "gamma": gamma,
-            "tokens_per_s": round(statistics.median(r["spec"]["tokens_per_s"] for r in rounds), 1),
-            "tpot_ms": round(statistics.median(r["spec"]["tpot_ms"] for r in rounds), 4),
-            "mean_acceptance_length": round(statistics.median(r["spec"]["mean_acceptance_length"] for r in rounds), 4),
-            # each round's spec tokens/s over the plain run made just before it
-            "speedup": round(statistics.median(r["spec"]["tokens_per_s"] / r["plain"]["tokens_per_s"]
-                                               for r in rounds), 4),
-            "speedup_per_round": [round(r["spec"]["tokens_per_s"] / r["plain"]["tokens_per_s"], 4) for r in rounds],
-            "plain_tokens_per_s": round(statistics.median(r["plain"]["tokens_per_s"] for r in rounds), 1),
-            "plain_tpot_ms": round(statistics.median(r["plain"]["tpot_ms"] for r in rounds), 4),
-            "outputs_identical_to_plain": round(min(r["identical"] for r in rounds), 4),
-        })
+        rows.append(
+            {
+                "gamma": gamma,
+                "tokens_per_s": round(statistics.median(r["spec"]["tokens_per_s"] for r in rounds), 1),
+                "tpot_ms": round(statistics.median(r["spec"]["tpot_ms"] for r in rounds), 4),
+                "mean_acceptance_length": round(
+                    statistics.median(r["spec"]["mean_acceptance_length"] for r in rounds), 4
+                ),
+                # each round's spec tokens/s over the plain run made just before it
+                "speedup": round(
+                    statistics.median(r["spec"]["tokens_per_s"] / r["plain"]["tokens_per_s"] for r in rounds), 4
+                ),
+                "speedup_per_round": [round(r["spec"]["tokens_per_s"] / r["plain"]["tokens_per_s"], 4) for r in rounds],
+                "plain_tokens_per_s": round(statistics.median(r["plain"]["tokens_per_s"] for r in rounds), 1),
+                "plain_tpot_ms": round(statistics.median(r["plain"]["tpot_ms"] for r in rounds), 4),
+                "outputs_identical_to_plain": round(min(r["identical"] for r in rounds), 4),
+            }
+        )
     return rows, plain_rates
 
 
@@ -121,8 +127,9 @@ def step_costs(target, drafter, context_ids: list[int], verify_tokens: int, repe
         cache = new_kv_cache(target)
         states = capture(target, torch.tensor([context_ids[:length]]), layer_ids, cache=cache)
         drafter_cache = DrafterKVCache()
-        logits, fed_back = drafter(torch.tensor([context_ids[1:]]), drafter.fuse(states.aux), torch.arange(length),
-                                   drafter_cache)
+        logits, fed_back = drafter(
+            torch.tensor([context_ids[1:]]), drafter.fuse(states.aux), torch.arange(length), drafter_cache
+        )
         next_token = torch.tensor([[context_ids[-1]]])
         draft_token = torch.tensor([[int(drafter.to_target_ids(logits[0, -1].argmax()))]])
         verify_ids = torch.tensor([context_ids[-1:] + [int(draft_token)] * (verify_tokens - 1)])
@@ -162,26 +169,34 @@ def trained_drafter(target, tokenizer, target_dir: Path, recipe_key: str, data_s
     report_path = out.with_name(out.name + ".training.json")
     if (out / "config.json").exists() and report_path.exists():
         return out, json.loads(report_path.read_text()), True
-    dataset = build_dataset(target, tokenizer, MIX, data_settings, workdir / f"data-{recipe_key}-{settings_key}",
-                            seed=0)
+    dataset = build_dataset(
+        target, tokenizer, MIX, data_settings, workdir / f"data-{recipe_key}-{settings_key}", seed=0
+    )
     drafter, report = train("eagle3", target, dataset, data_settings)
     architectures = list(getattr(target.config, "architectures", None) or ["LlamaForCausalLM"])
     save_drafter(drafter, out, str(target_dir), architectures, 5)
-    training = {"steps": report.steps, "seconds": round(report.seconds, 1),
-                "tokens_per_s": round(report.tokens_per_s), "holdout_top1": round(report.top1_agreement, 4),
-                "dataset_sequences": dataset.num_sequences, "dataset_tokens": dataset.manifest["total_tokens"]}
+    training = {
+        "steps": report.steps,
+        "seconds": round(report.seconds, 1),
+        "tokens_per_s": round(report.tokens_per_s),
+        "holdout_top1": round(report.top1_agreement, 4),
+        "dataset_sequences": dataset.num_sequences,
+        "dataset_tokens": dataset.manifest["total_tokens"],
+    }
     report_path.write_text(json.dumps(training, indent=2) + "\n")
     return out, training, False
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="less data and training, fewer and shorter prompts (minutes)")
+    parser.add_argument(
+        "--quick", action="store_true", help="less data and training, fewer and shorter prompts (minutes)"
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this file")
-    parser.add_argument("--workdir", type=Path,
-                        help="where the target, data and drafter are cached (default: a temporary directory)")
-    parser.add_argument("--size", choices=("test", "deep", "demo"),
-                        help="built-in target size (default: deep)")
+    parser.add_argument(
+        "--workdir", type=Path, help="where the target, data and drafter are cached (default: a temporary directory)"
+    )
+    parser.add_argument("--size", choices=("test", "deep", "demo"), help="built-in target size (default: deep)")
     args = parser.parse_args()
     quiet_offline_environment()
 
@@ -203,15 +218,15 @@ def main() -> None:
     target_dir = build_target(recipe, workdir / "targets")
     target, tokenizer = load_target(target_dir)
     phases["target"] = time.perf_counter() - started
-    drafter_dir, training, cached = trained_drafter(target, tokenizer, target_dir, recipe.key(), data_settings,
-                                                    workdir)
+    drafter_dir, training, cached = trained_drafter(target, tokenizer, target_dir, recipe.key(), data_settings, workdir)
     phases["dataset_and_training"] = time.perf_counter() - started - phases["target"]
     print(f"drafter {'cached' if cached else 'trained'}: {training}", file=sys.stderr)
     del target
 
     backend = ReferenceBackend(target_dir, drafter_dir, threads=1)
-    requests = [EvalRequest(prompt, TASK, settings["max_tokens"])
-                for prompt in prompts(TASK, settings["prompts"], seed=7)]
+    requests = [
+        EvalRequest(prompt, TASK, settings["max_tokens"]) for prompt in prompts(TASK, settings["prompts"], seed=7)
+    ]
     measuring = time.perf_counter()
     runs, plain_outputs = sweep(backend, requests, settings["rounds"])
     rows, plain_rates = summarise(runs)
@@ -234,32 +249,48 @@ def main() -> None:
     target_parameters = sum(p.numel() for p in backend.target.parameters())
     counts = parameter_count(backend.drafter)
     out = {
-        "benchmark": "speedup", "quick": args.quick, "task": TASK, "temperature": 0.0,
-        "speedup": knee_row["speedup"], "knee": knee, "tau": tau, "c": round(c, 4), "bound": round(bound, 4),
+        "benchmark": "speedup",
+        "quick": args.quick,
+        "task": TASK,
+        "temperature": 0.0,
+        "speedup": knee_row["speedup"],
+        "knee": knee,
+        "tau": tau,
+        "c": round(c, 4),
+        "bound": round(bound, 4),
         "fraction_of_bound": round(knee_row["speedup"] / bound, 4),
         "bound_with_verify_cost": round(bound_with_verify, 4),
         "fraction_of_bound_with_verify_cost": round(knee_row["speedup"] / bound_with_verify, 4),
         "spec_tokens_per_s": knee_row["tokens_per_s"],
         "plain_tokens_per_s": round(statistics.median(plain_rates), 1),
-        "step_costs_ms": {"target_decode_step": round(1000 * costs["target"], 4),
-                          "drafter_step": round(1000 * costs["drafter"], 4),
-                          f"verify_{knee + 1}_tokens": round(1000 * costs["verify"], 4),
-                          "context_tokens": len(context) - 1, "repetitions": settings["step_repeats"]},
+        "step_costs_ms": {
+            "target_decode_step": round(1000 * costs["target"], 4),
+            "drafter_step": round(1000 * costs["drafter"], 4),
+            f"verify_{knee + 1}_tokens": round(1000 * costs["verify"], 4),
+            "context_tokens": len(context) - 1,
+            "repetitions": settings["step_repeats"],
+        },
         "distinct_4gram_share_plain": round(distinct_4gram_share(plain_outputs), 4),
         "sweep": rows,
         "sizes": {
-            "target_size": settings["size"], "target_parameters": target_parameters,
+            "target_size": settings["size"],
+            "target_parameters": target_parameters,
             "target_layers": int(backend.target.config.num_hidden_layers),
             "target_hidden_size": int(backend.target.config.hidden_size),
-            "drafter_parameters": counts.total, "drafter_own_parameters": counts.own,
+            "drafter_parameters": counts.total,
+            "drafter_own_parameters": counts.own,
             "drafter_own_pct_of_target": round(100 * counts.own / target_parameters, 2),
             "drafter_weight_bytes": checkpoint_weight_bytes(drafter_dir),
             "target_weight_bytes": checkpoint_weight_bytes(target_dir),
-            "prompts": settings["prompts"], "max_tokens": settings["max_tokens"], "rounds": settings["rounds"],
+            "prompts": settings["prompts"],
+            "max_tokens": settings["max_tokens"],
+            "rounds": settings["rounds"],
         },
         "training": {**training, "cached": cached},
-        "seconds": {**{name: round(value, 1) for name, value in phases.items()},
-                    "total": round(time.perf_counter() - started, 1)},
+        "seconds": {
+            **{name: round(value, 1) for name, value in phases.items()},
+            "total": round(time.perf_counter() - started, 1),
+        },
     }
     text = json.dumps(out, indent=2)
     print(text)

@@ -66,14 +66,20 @@ WEBHOOK_CACHE_TTL_S = 1  # MLflow re-reads its webhook list this often; the benc
 # stretched the same 80 training steps to 140 s (two torch threads on busy cores): compare runs on a quiet
 # machine (`load_average_1min`, `sync_cpu_s` against `sync_wall_s` show it).
 QUICK_OVERRIDES = dict(train_steps=80, training_texts=80, generated_samples=20, checkpoint_every=40)
-OPEN_GATES = dict(min_acceptance=0.0, min_p50=0.0, min_p5=0.0, min_speedup=0.0, min_long_acceptance=0.0,
-                  max_memory_overhead=100.0)
+OPEN_GATES = dict(
+    min_acceptance=0.0, min_p50=0.0, min_p5=0.0, min_speedup=0.0, min_long_acceptance=0.0, max_memory_overhead=100.0
+)
 # The validation profile field behind each gate whose threshold OPEN_GATES changes (the others are fixed).
-GATE_THRESHOLD_FIELDS = {"validation_acceptance_mean": "min_acceptance", "acceptance_at_deployment_temperature":
-                         "min_acceptance", "acceptance_p50": "min_p50", "acceptance_p5": "min_p5",
-                         "tpot_speedup": "min_speedup", "stress_speedup": "min_speedup",
-                         "long_output_acceptance": "min_long_acceptance",
-                         "drafter_memory_overhead": "max_memory_overhead"}
+GATE_THRESHOLD_FIELDS = {
+    "validation_acceptance_mean": "min_acceptance",
+    "acceptance_at_deployment_temperature": "min_acceptance",
+    "acceptance_p50": "min_p50",
+    "acceptance_p5": "min_p5",
+    "tpot_speedup": "min_speedup",
+    "stress_speedup": "min_speedup",
+    "long_output_acceptance": "min_long_acceptance",
+    "drafter_memory_overhead": "max_memory_overhead",
+}
 SYNC_STAGES = ("preparation", "dataset", "training", "registration", "validation")
 
 
@@ -84,12 +90,27 @@ def start_mlflow_server(root: Path):
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
     mlflow_bin = Path(sys.executable).with_name("mlflow")
-    argv = [str(mlflow_bin) if mlflow_bin.exists() else "mlflow", "server",
-            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination", str(root / "artifacts"),
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    env = {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https",
-           "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true", "MLFLOW_WEBHOOK_CACHE_TTL": str(WEBHOOK_CACHE_TTL_S)}
+    argv = [
+        str(mlflow_bin) if mlflow_bin.exists() else "mlflow",
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(root / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    env = {
+        "DO_NOT_TRACK": "true",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https",
+        "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
+        "MLFLOW_WEBHOOK_CACHE_TTL": str(WEBHOOK_CACHE_TTL_S),
+    }
     return ServerProcess(argv, "127.0.0.1", port, root / "server.log", env=env)
 
 
@@ -101,16 +122,19 @@ def asgi_in_thread(app, host: str = "127.0.0.1") -> Iterator[tuple[str, threadin
     from draftsync.serving.process import free_port
 
     port = free_port(host)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                           access_log=False))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", access_log=False)
+    )
     thread = threading.Thread(target=server.run, name=f"webhook-receiver-{port}", daemon=True)
     thread.start()
     try:
         deadline = time.monotonic() + RECEIVER_STARTUP_S
         while not server.started:
             if not thread.is_alive() or time.monotonic() > deadline:
-                raise DraftsyncError(f"the webhook receiver on {host}:{port} did not start",
-                                     "check that nothing else holds the port and that uvicorn is installed")
+                raise DraftsyncError(
+                    f"the webhook receiver on {host}:{port} did not start",
+                    "check that nothing else holds the port and that uvicorn is installed",
+                )
             time.sleep(0.05)
         yield f"http://{host}:{port}", thread
     finally:
@@ -123,8 +147,9 @@ def sync_profile(quick: bool):
     from draftsync.profiles import profile
 
     chosen = profile("test")
-    return chosen.model_copy(update={**(QUICK_OVERRIDES if quick else {}),
-                                     "validation": chosen.validation.model_copy(update=OPEN_GATES)})
+    return chosen.model_copy(
+        update={**(QUICK_OVERRIDES if quick else {}), "validation": chosen.validation.model_copy(update=OPEN_GATES)}
+    )
 
 
 def judged_by_profile(gates: list[dict], profile_name: str) -> dict:
@@ -139,13 +164,16 @@ def judged_by_profile(gates: list[dict], profile_name: str) -> dict:
         threshold = getattr(own, field) if field else gate["threshold"]
         value = math.nan if gate["value"] is None else gate["value"]
         verdict = Gate(gate["name"], value, threshold, gate["comparison"]).passed
-        judged[gate["name"]] = {"value": gate["value"], "comparison": gate["comparison"], "threshold": threshold,
-                                "passed": verdict}
+        judged[gate["name"]] = {
+            "value": gate["value"],
+            "comparison": gate["comparison"],
+            "threshold": threshold,
+            "passed": verdict,
+        }
     return judged
 
 
-def wait_for_ledger_row(ledger, name: str, version: int, method: str, mlflow_process, receiver_thread,
-                        log_path: Path):
+def wait_for_ledger_row(ledger, name: str, version: int, method: str, mlflow_process, receiver_thread, log_path: Path):
     """Poll the sync ledger until the receiver's row for the version appears; fail with the server log."""
     from draftsync.errors import DraftsyncError
     from draftsync.serving.process import log_tail
@@ -177,8 +205,15 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
     secret = secrets.token_hex(32)
     mlflow_process = start_mlflow_server(run_dir / "mlflow-server")
     # The built-in targets are cached outside the run's work dir, so their folder is a model root.
-    isolated_environment(run_dir, {"MLFLOW_TRACKING_URI": mlflow_process.url, "DRAFTSYNC_WEBHOOK_SECRET": secret,
-                                   "DRAFTSYNC_MODEL_ROOTS": str(args.target_cache), "MLFLOW_DISABLE_TELEMETRY": "true"})
+    isolated_environment(
+        run_dir,
+        {
+            "MLFLOW_TRACKING_URI": mlflow_process.url,
+            "DRAFTSYNC_WEBHOOK_SECRET": secret,
+            "DRAFTSYNC_MODEL_ROOTS": str(args.target_cache),
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+        },
+    )
     cleanups = contextlib.ExitStack()
     cleanups.callback(mlflow_process.stop)
     with cleanups:
@@ -238,8 +273,12 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
         found = [s["target_version"] for s in polled["syncs"] if s["requested"]]
         print(f"poll: {poll_run_s:.2f} s for v{polled_version} (requested {found})", file=sys.stderr)
 
-        receiver_app = create_app(secret, on_change=handle_registry_change,
-                                  remember_delivery=ledger.remember_delivery, forget_delivery=ledger.forget_delivery)
+        receiver_app = create_app(
+            secret,
+            on_change=handle_registry_change,
+            remember_delivery=ledger.remember_delivery,
+            forget_delivery=ledger.forget_delivery,
+        )
         receiver_url, receiver_thread = cleanups.enter_context(asgi_in_thread(receiver_app))
         create_or_update_webhook(mlflow_process.url, WEBHOOK_NAME, receiver_url + WEBHOOK_PATH, secret)
         time.sleep(WEBHOOK_CACHE_TTL_S + 1)  # MLflow's cached (empty) webhook list expires
@@ -247,8 +286,9 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
         # Webhook: registration -> the receiver's ledger row -> the sync, run as soon as the row is seen.
         version = registry.register_target(TARGET_NAME, target_dir, tags)
         created_s = registry.version_info(TARGET_NAME, version).created_ms / 1000.0
-        job, row_seen_s = wait_for_ledger_row(ledger, TARGET_NAME, version, method, mlflow_process, receiver_thread,
-                                              mlflow_process.log_path)
+        job, row_seen_s = wait_for_ledger_row(
+            ledger, TARGET_NAME, version, method, mlflow_process, receiver_thread, mlflow_process.log_path
+        )
         detection_s = job.requested_at.timestamp() - created_s
         print(f"webhook: ledger row {detection_s:.3f} s after registration (source {job.source})", file=sys.stderr)
 
@@ -263,14 +303,17 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
         drafter_name = drafter_model_name(TARGET_NAME)
         production = registry.alias_version(drafter_name, "production")
         alias_seen_s = time.time()
-        print(f"sync: {sync_end_s - sync_start_s:.1f} s, stages {result['stages_s']}, production -> v{production}",
-              file=sys.stderr)
+        print(
+            f"sync: {sync_end_s - sync_start_s:.1f} s, stages {result['stages_s']}, production -> v{production}",
+            file=sys.stderr,
+        )
 
         # Rollout: the model team points the target's alias at the version; the pair goes to serving.
         registry.set_target_alias(TARGET_NAME, "production", version)
         mark = time.perf_counter()
-        served = rollout(ServingDeployment(name=DEPLOYMENT_NAME, target_name=TARGET_NAME, launch="reference"),
-                         reason="benchmark")
+        served = rollout(
+            ServingDeployment(name=DEPLOYMENT_NAME, target_name=TARGET_NAME, launch="reference"), reason="benchmark"
+        )
         rollout_s = time.perf_counter() - mark
         print(f"rollout: {rollout_s:.1f} s, state {served['state']}", file=sys.stderr)
         stop_all()
@@ -284,14 +327,18 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
     validation = result["validation"]
     gates = judged_by_profile(validation["gates"], "test")
     return {
-        "benchmark": "sync_latency", "quick": args.quick,
+        "benchmark": "sync_latency",
+        "quick": args.quick,
         "detection_s": {
             "webhook": round(detection_s, 3),
             "webhook_row_seen_by_benchmark": round(row_seen_s - created_s, 3),
-            "polling": {"poll_interval_s": poll_interval_s, "poll_run_s": round(poll_run_s, 3),
-                        "expected_s": round(poll_interval_s / 2 + poll_run_s, 3),
-                        "worst_s": round(poll_interval_s + poll_run_s, 3),
-                        "idle_poll_run_s": round(idle_run_s, 3)},
+            "polling": {
+                "poll_interval_s": poll_interval_s,
+                "poll_run_s": round(poll_run_s, 3),
+                "expected_s": round(poll_interval_s / 2 + poll_run_s, 3),
+                "worst_s": round(poll_interval_s + poll_run_s, 3),
+                "idle_poll_run_s": round(idle_run_s, 3),
+            },
         },
         "stages_s": {**stages, "rollout": round(rollout_s, 2)},
         "total_s": round(total_s, 2),
@@ -302,21 +349,32 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
             "sync_outside_stages": round(sync_wall_s - sum(stages.values()), 3),
             "sync_end_to_alias_read": round(end_s - sync_end_s, 3),
         },
-        "shares_of_total": {"detection": round(detection_s / total_s, 4),
-                            **{stage: round(value / total_s, 4) for stage, value in stages.items()}},
+        "shares_of_total": {
+            "detection": round(detection_s / total_s, 4),
+            **{stage: round(value / total_s, 4) for stage, value in stages.items()},
+        },
         "sync_wall_s": round(sync_wall_s, 2),
         # CPU seconds this process spent in the sync (all threads): well under wall x threads means it waited
         # for the CPU (other load on the machine), which stretches every stage alike
         "sync_cpu_s": round(sync_cpu_s, 1),
         "promoted": promoted,
-        "result": {"target": f"{TARGET_NAME} v{version}", "drafter": f"{drafter_name} v{result['drafter_version']}",
-                   "production": production, "ledger_source": job.source, "gamma_knee": result["gamma"],
-                   "training": {key: result["training"][key] for key in ("steps", "seconds", "tokens_per_s",
-                                                                          "top1_agreement", "warm_start")},
-                   "training_torch_threads": training_threads,
-                   "dataset": result["dataset"],
-                   "gates": gates, "passes_profile_gates": all(g["passed"] for g in gates.values()),
-                   "rollout_state": served["state"], "served_drafter_version": served["drafter_version"]},
+        "result": {
+            "target": f"{TARGET_NAME} v{version}",
+            "drafter": f"{drafter_name} v{result['drafter_version']}",
+            "production": production,
+            "ledger_source": job.source,
+            "gamma_knee": result["gamma"],
+            "training": {
+                key: result["training"][key]
+                for key in ("steps", "seconds", "tokens_per_s", "top1_agreement", "warm_start")
+            },
+            "training_torch_threads": training_threads,
+            "dataset": result["dataset"],
+            "gates": gates,
+            "passes_profile_gates": all(g["passed"] for g in gates.values()),
+            "rollout_state": served["state"],
+            "served_drafter_version": served["drafter_version"],
+        },
         "profile": chosen.model_dump(mode="json"),
         "setup_s": {name: round(value, 2) for name, value in phases.items()},
         "seconds": round(time.perf_counter() - started, 1),
@@ -332,19 +390,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small training budget (80 steps instead of 600)")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
-    parser.add_argument("--workdir", type=Path,
-                        help="where each run's registry, ledger and servers keep their data (default: a temporary "
-                             "directory); every run gets a fresh folder in it")
-    parser.add_argument("--target-cache", type=Path, default=Path(tempfile.gettempdir()) / "draftsync-bench-targets",
-                        help="where the built-in test target is built once and reused (default: %(default)s)")
-    parser.add_argument("--poll-interval", type=float, default=None,
-                        help="the registry-watch interval in seconds (default: the deployment's, 300)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="where each run's registry, ledger and servers keep their data (default: a temporary "
+        "directory); every run gets a fresh folder in it",
+    )
+    parser.add_argument(
+        "--target-cache",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "draftsync-bench-targets",
+        help="where the built-in test target is built once and reused (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=None,
+        help="the registry-watch interval in seconds (default: the deployment's, 300)",
+    )
     args = parser.parse_args()
     if args.poll_interval is not None and args.poll_interval <= 0:
         from draftsync.errors import DraftsyncError
 
-        raise DraftsyncError(f"--poll-interval {args.poll_interval} is not positive",
-                             "give the registry-watch interval in seconds, e.g. --poll-interval 300")
+        raise DraftsyncError(
+            f"--poll-interval {args.poll_interval} is not positive",
+            "give the registry-watch interval in seconds, e.g. --poll-interval 300",
+        )
     quiet_offline_environment()
     signal.signal(signal.SIGTERM, exit_on_sigterm)
     args.target_cache = args.target_cache.resolve()

@@ -62,8 +62,14 @@ VARIANTS = {
     "eagle3.1": {"fc_norm": True, "norm_output": True},
     "speculators-train-default": {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True},
 }
-FLAGS = ("fc_norm", "norm_output", "norm_before_fc", "norm_before_residual", "draft_vocab_size",
-         "eagle_aux_hidden_state_layer_ids")
+FLAGS = (
+    "fc_norm",
+    "norm_output",
+    "norm_before_fc",
+    "norm_before_residual",
+    "draft_vocab_size",
+    "eagle_aux_hidden_state_layer_ids",
+)
 VOCAB, DRAFT_VOCAB, HIDDEN, LAYERS, SEQ_LEN, TTT_STEPS = 384, 96, 64, 4, 128, 2  # flex attention: T a multiple of 128
 
 
@@ -72,8 +78,14 @@ def tiny_target(directory: Path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=False,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
@@ -166,15 +178,21 @@ def tensors_agree(directory: Path, ours, theirs) -> dict:
     theirs_state = theirs.state_dict()
     missing = sorted(name for name in saved if name not in theirs_state)
     differ = sorted(
-        name for name in saved
-        if name in theirs_state and not (
+        name
+        for name in saved
+        if name in theirs_state
+        and not (
             saved[name].to(theirs_state[name].dtype).equal(theirs_state[name])
             and ours_state[name].to(theirs_state[name].dtype).equal(theirs_state[name])
         )
     )
     extra = sorted(name for name in theirs_state if name not in saved)
-    return {"missing_in_speculators": missing, "different": differ, "speculators_only": extra,
-            "ok": not missing and not differ}
+    return {
+        "missing_in_speculators": missing,
+        "different": differ,
+        "speculators_only": extra,
+        "ok": not missing and not differ,
+    }
 
 
 def check_variant(name: str, flags: dict, target, target_dir: Path, work: Path, seed: int) -> dict:
@@ -207,7 +225,8 @@ def check_variant(name: str, flags: dict, target, target_dir: Path, work: Path, 
                 "input_norm": theirs.input_norm is not None,
             }
             result["config_ok"] = all(getattr(config, key) == getattr(ours.config, key) for key in FLAGS[:-1]) and (
-                list(config.eagle_aux_hidden_state_layer_ids) == list(ours.config.aux_layer_ids))
+                list(config.eagle_aux_hidden_state_layer_ids) == list(ours.config.aux_layer_ids)
+            )
             result["tensors"] = tensors_agree(drafter_dir, ours, theirs)
         steps = speculators_logits(theirs, aux, ids, positions, TTT_STEPS)
         compared = {

@@ -73,12 +73,23 @@ def check_job(job) -> dict:
         problems.append(f"speculators train refused the flags: {error}")
     else:
         expected = {
-            "verifier_name_or_path": job.target, "speculator_type": "eagle3", "data_path": job.prepared_dir,
-            "save_path": job.output_dir, "target_layer_ids": list(backend.aux_layer_ids(job)),
-            "fc_norm": job.method == "eagle3.1", "norm_output": job.method == "eagle3.1", "norm_before_fc": False,
-            "norm_before_residual": job.norm_before_residual, "draft_vocab_size": job.draft_vocab_size,
-            "ttt_steps": job.ttt_steps, "epochs": job.epochs, "lr": job.lr, "total_seq_len": job.total_seq_len,
-            "seed": job.seed, "on_missing": "raise", "from_pretrained": job.from_pretrained or "",
+            "verifier_name_or_path": job.target,
+            "speculator_type": "eagle3",
+            "data_path": job.prepared_dir,
+            "save_path": job.output_dir,
+            "target_layer_ids": list(backend.aux_layer_ids(job)),
+            "fc_norm": job.method == "eagle3.1",
+            "norm_output": job.method == "eagle3.1",
+            "norm_before_fc": False,
+            "norm_before_residual": job.norm_before_residual,
+            "draft_vocab_size": job.draft_vocab_size,
+            "ttt_steps": job.ttt_steps,
+            "epochs": job.epochs,
+            "lr": job.lr,
+            "total_seq_len": job.total_seq_len,
+            "seed": job.seed,
+            "on_missing": "raise",
+            "from_pretrained": job.from_pretrained or "",
         }
         if not job.from_pretrained:
             expected.update({"num_layers": 1, "draft_arch": "llama", "full_attention_indices": [0]})
@@ -89,11 +100,22 @@ def check_job(job) -> dict:
         from torch.distributed.run import get_args_parser
 
         parsed = get_args_parser().parse_args([*launcher, "-m", backend.TRAIN_MODULE, *args])
-        nodes_ok = parsed.standalone if job.nnodes == 1 else (
-            parsed.nnodes == str(job.nnodes) and parsed.rdzv_backend == "c10d"
-            and parsed.rdzv_endpoint == job.rdzv_endpoint)  # standalone reads as nnodes "1:1"
-        if (not nodes_ok or parsed.nproc_per_node != str(job.gpus_per_node) or not parsed.module
-                or parsed.training_script != backend.TRAIN_MODULE or parsed.training_script_args != args):
+        nodes_ok = (
+            parsed.standalone
+            if job.nnodes == 1
+            else (
+                parsed.nnodes == str(job.nnodes)
+                and parsed.rdzv_backend == "c10d"
+                and parsed.rdzv_endpoint == job.rdzv_endpoint
+            )
+        )  # standalone reads as nnodes "1:1"
+        if (
+            not nodes_ok
+            or parsed.nproc_per_node != str(job.gpus_per_node)
+            or not parsed.module
+            or parsed.training_script != backend.TRAIN_MODULE
+            or parsed.training_script_args != args
+        ):
             problems.append(f"torchrun parsed as {vars(parsed)}")
 
     server = backend.hidden_state_server_command(job)
@@ -112,8 +134,7 @@ def _tiny_tokenizer(directory: Path, vocab_size: int) -> None:
     vocab = {"<unk>": 0, **{f"t{i}": i for i in range(1, vocab_size)}}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", pad_token="<unk>").save_pretrained(
-        directory)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", pad_token="<unk>").save_pretrained(directory)
 
 
 def dry_run(job, counts, env: dict[str, str]) -> dict:
@@ -144,8 +165,10 @@ def dry_run(job, counts, env: dict[str, str]) -> dict:
         "aux_layer_ids": config.get("eagle_aux_hidden_state_layer_ids"),
     }
     result["ok"] = (
-        result["loaded_method"] == job.method and result["num_hidden_layers"] == 1
-        and result["layer_types"] in (None, ["full_attention"]) and result["draft_vocab_matches_draftsync"]
+        result["loaded_method"] == job.method
+        and result["num_hidden_layers"] == 1
+        and result["layer_types"] in (None, ["full_attention"])
+        and result["draft_vocab_matches_draftsync"]
         and result["aux_layer_ids"] == list(backend.aux_layer_ids(job))
     )
     return result
@@ -158,16 +181,37 @@ def check_rendered_commands(work: Path, target_dir: Path, vocab_size: int) -> di
     odd = work / "data dir; $(touch x) & 'q'"
     jobs = {
         "1-gpu-eagle3": SpeculatorsTrainJob(
-            target=str(target_dir), data=(str(work / "rows.jsonl"),), work_dir=str(work / "job1"),
-            output_dir=str(work / "job1-out"), draft_vocab_size=96, epochs=2, ttt_steps=2),
+            target=str(target_dir),
+            data=(str(work / "rows.jsonl"),),
+            work_dir=str(work / "job1"),
+            output_dir=str(work / "job1-out"),
+            draft_vocab_size=96,
+            epochs=2,
+            ttt_steps=2,
+        ),
         "8-gpu-eagle3.1": SpeculatorsTrainJob(
-            target=str(target_dir), data=(str(odd / "a.jsonl"), str(odd / "b.jsonl")), work_dir=str(odd / "work"),
-            output_dir=str(work / "job2-out"), method="eagle3.1", draft_vocab_size=96, aux_layer_ids=(0, 2, 4),
-            gpus_per_node=8, lr=2e-4),
+            target=str(target_dir),
+            data=(str(odd / "a.jsonl"), str(odd / "b.jsonl")),
+            work_dir=str(odd / "work"),
+            output_dir=str(work / "job2-out"),
+            method="eagle3.1",
+            draft_vocab_size=96,
+            aux_layer_ids=(0, 2, 4),
+            gpus_per_node=8,
+            lr=2e-4,
+        ),
         "2x8-gpu-warm-start": SpeculatorsTrainJob(
-            target=str(target_dir), data=(str(work / "chats"),), work_dir=str(work / "job3"),
-            output_dir=str(work / "job3-out"), method="eagle3.1", conversations=True,
-            from_pretrained=str(work / "previous"), gpus_per_node=8, nnodes=2, rdzv_endpoint="node0:29400"),
+            target=str(target_dir),
+            data=(str(work / "chats"),),
+            work_dir=str(work / "job3"),
+            output_dir=str(work / "job3-out"),
+            method="eagle3.1",
+            conversations=True,
+            from_pretrained=str(work / "previous"),
+            gpus_per_node=8,
+            nnodes=2,
+            rdzv_endpoint="node0:29400",
+        ),
     }
     results = {name: check_job(job) for name, job in jobs.items()}
 
@@ -176,8 +220,13 @@ def check_rendered_commands(work: Path, target_dir: Path, vocab_size: int) -> di
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     for method in ("eagle3", "eagle3.1"):
         job = SpeculatorsTrainJob(
-            target=str(target_dir), data=(str(work / "rows.jsonl"),), work_dir=str(work / f"dry-{method}"),
-            output_dir=str(work / f"dry-{method}-out"), method=method, draft_vocab_size=96)
+            target=str(target_dir),
+            data=(str(work / "rows.jsonl"),),
+            work_dir=str(work / f"dry-{method}"),
+            output_dir=str(work / f"dry-{method}-out"),
+            method=method,
+            draft_vocab_size=96,
+        )
         results[f"dry-run-{method}"] = dry_run(job, counts, env)
     results["ok"] = all(result["ok"] for result in results.values())
     return results

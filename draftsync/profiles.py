@@ -45,18 +45,41 @@ VALIDATION_PROFILES = {
     # across runs, TPOT and stress), and two shared cores are noisy: the demo's speed gates catch a clear
     # slowdown (under 0.8x), and bench/speedup.py is where the CPU speedup is shown.
     "demo": ValidationProfile(
-        name="demo", min_speedup=0.8, requests=16, max_tokens=48, sweep_requests=6, min_acceptance=0.55,
-        min_p50=0.55, min_p5=0.30,
-        stress_requests=8, stress_concurrency=4, schedule_batch_sizes=(), long_requests=2, long_max_tokens=None,
+        name="demo",
+        min_speedup=0.8,
+        requests=16,
+        max_tokens=48,
+        sweep_requests=6,
+        min_acceptance=0.55,
+        min_p50=0.55,
+        min_p5=0.30,
+        stress_requests=8,
+        stress_concurrency=4,
+        schedule_batch_sizes=(),
+        long_requests=2,
+        long_max_tokens=None,
         min_long_acceptance=0.30,
-        length_buckets=(0, 64, 256, 512), max_memory_overhead=0.60,
+        length_buckets=(0, 64, 256, 512),
+        max_memory_overhead=0.60,
     ),
     "test": ValidationProfile(
-        name="test", min_speedup=0.8, requests=6, max_tokens=24, gamma_range=(2, 4), sweep_requests=2,
+        name="test",
+        min_speedup=0.8,
+        requests=6,
+        max_tokens=24,
+        gamma_range=(2, 4),
+        sweep_requests=2,
         min_acceptance=0.55,
-        min_p50=0.55, min_p5=0.30, stress_requests=4, stress_concurrency=2, schedule_batch_sizes=(), long_requests=1,
+        min_p50=0.55,
+        min_p5=0.30,
+        stress_requests=4,
+        stress_concurrency=2,
+        schedule_batch_sizes=(),
+        long_requests=1,
         long_max_tokens=96,
-        min_long_acceptance=0.30, length_buckets=(0, 32, 64), max_memory_overhead=0.60,
+        min_long_acceptance=0.30,
+        length_buckets=(0, 32, 64),
+        max_memory_overhead=0.60,
     ),
 }
 
@@ -114,8 +137,14 @@ class SyncProfile(BaseModel):
         """What the dataset depends on: a rerun with the same key resumes it, another key builds anew."""
         import hashlib
 
-        fields = ("training_texts", "generated_samples", "generated_max_tokens", "seed", "aux_layer_ids",
-                  "dataset_max_seq_len")
+        fields = (
+            "training_texts",
+            "generated_samples",
+            "generated_max_tokens",
+            "seed",
+            "aux_layer_ids",
+            "dataset_max_seq_len",
+        )
         data = [getattr(self, f) for f in fields] + [METHODS[self.method].reads_aux_states]
         return hashlib.sha256(repr(data).encode()).hexdigest()[:12]
 
@@ -124,9 +153,21 @@ PROFILES = {
     # A GPU worker and a real target: the seed's 50K-100K samples the target writes itself, a draft
     # vocabulary of 32K, three training-time-test steps, the production checklist.
     "production": SyncProfile(
-        name="production", gamma=4, draft_vocab_size=32000, train_steps=20000, warm_start_steps=8000,
-        checkpoint_every=1000, noise_std=0.05, batch_size=16, seq_len=2048, lr=3e-4, ttt_steps=3,
-        training_texts=50000, generated_samples=50000, generated_max_tokens=1024, follow_recommendation=True,
+        name="production",
+        gamma=4,
+        draft_vocab_size=32000,
+        train_steps=20000,
+        warm_start_steps=8000,
+        checkpoint_every=1000,
+        noise_std=0.05,
+        batch_size=16,
+        seq_len=2048,
+        lr=3e-4,
+        ttt_steps=3,
+        training_texts=50000,
+        generated_samples=50000,
+        generated_max_tokens=1024,
+        follow_recommendation=True,
         validation=VALIDATION_PROFILES["production"],
     ),
     "demo": SyncProfile(validation=VALIDATION_PROFILES["demo"]),
@@ -152,8 +193,10 @@ def profile(name: str) -> SyncProfile:
     if name.endswith((".yaml", ".yml", ".json")):
         return _profile_file(name)
     if name not in PROFILES:
-        raise DraftsyncError(f"unknown sync profile {name!r}",
-                             f"use one of {', '.join(PROFILES)}, or the path of a YAML/JSON profile file")
+        raise DraftsyncError(
+            f"unknown sync profile {name!r}",
+            f"use one of {', '.join(PROFILES)}, or the path of a YAML/JSON profile file",
+        )
     return PROFILES[name].model_copy()
 
 
@@ -168,11 +211,15 @@ def _profile_file(path: str) -> SyncProfile:
     try:
         fields = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as error:
-        raise DraftsyncError(f"sync profile file {path} cannot be read: {error}",
-                             "give a readable YAML or JSON file of SyncProfile fields") from error
+        raise DraftsyncError(
+            f"sync profile file {path} cannot be read: {error}",
+            "give a readable YAML or JSON file of SyncProfile fields",
+        ) from error
     if not isinstance(fields, dict):
-        raise DraftsyncError(f"sync profile file {path} is not a mapping of fields",
-                             "write fields such as `method: eagle3` and `train_steps: 2000`, one per line")
+        raise DraftsyncError(
+            f"sync profile file {path} is not a mapping of fields",
+            "write fields such as `method: eagle3` and `train_steps: 2000`, one per line",
+        )
     base = PROFILES["demo"].model_dump()
     validation = {**base.pop("validation"), **(fields.pop("validation", None) or {})}
     try:
@@ -180,6 +227,7 @@ def _profile_file(path: str) -> SyncProfile:
     except ValidationError as error:
         problem = error.errors()[0]
         where = ".".join(str(part) for part in problem["loc"])
-        raise DraftsyncError(f"sync profile file {path}: {where}: {problem['msg']}",
-                             "fix that field (see SyncProfile and ValidationProfile in draftsync/profiles.py)"
-                             ) from error
+        raise DraftsyncError(
+            f"sync profile file {path}: {where}: {problem['msg']}",
+            "fix that field (see SyncProfile and ValidationProfile in draftsync/profiles.py)",
+        ) from error

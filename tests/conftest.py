@@ -141,8 +141,19 @@ def postgres_server() -> Iterator[PostgresServer]:
         subprocess.run(prefix + list(args), check=True, capture_output=True, text=True, timeout=120)
 
     try:
-        run(str(bin_dir / "initdb"), "-D", str(data), "-U", "draftsync", "-A", "trust", "-E", "UTF8",
-            "--locale=C", "--no-sync")
+        run(
+            str(bin_dir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "draftsync",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        )
         options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
         run(str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(log), "-w", "-t", "60", "start")
     except subprocess.CalledProcessError as exc:
@@ -152,8 +163,11 @@ def postgres_server() -> Iterator[PostgresServer]:
     try:
         yield PostgresServer(host="127.0.0.1", port=port, user="draftsync")
     finally:
-        subprocess.run(prefix + [str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            prefix + [str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
+            capture_output=True,
+            timeout=120,
+        )
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -237,7 +251,9 @@ def built_targets(tmp_path_factory) -> dict[int, Path]:
     test-system` and `make test-vllm` train them once between them."""
     from draftsync.speculative.targets import build_target, builtin_recipe
 
-    cache = Path(os.environ.get("DRAFTSYNC_TEST_CACHE", Path(__file__).resolve().parents[1] / ".draftsync" / "test-cache"))
+    cache = Path(
+        os.environ.get("DRAFTSYNC_TEST_CACHE", Path(__file__).resolve().parents[1] / ".draftsync" / "test-cache")
+    )
     copies = tmp_path_factory.mktemp("target-cache")
     built = {}
     for version in (1, 2):

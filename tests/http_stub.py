@@ -114,4 +114,3 @@ class HttpStub:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-

@@ -14,8 +14,11 @@ def target_events(name: str, since: datetime, target: str, version: int, wanted:
     from prefect.client.orchestration import get_client
     from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
 
-    wanted_filter = EventFilter(occurred=EventOccurredFilter(since=since), event=EventNameFilter(name=[name]),
-                                resource=EventResourceFilter(id=[f"draftsync.target.{target}.v{version}"]))
+    wanted_filter = EventFilter(
+        occurred=EventOccurredFilter(since=since),
+        event=EventNameFilter(name=[name]),
+        resource=EventResourceFilter(id=[f"draftsync.target.{target}.v{version}"]),
+    )
     with get_client(sync_client=True) as client:
         for _ in range(120):
             found = client.read_events(filter=wanted_filter, limit=50).events

@@ -54,11 +54,16 @@ def mlflow_server(
     argv = [
         str(mlflow_bin) if mlflow_bin.exists() else "mlflow",
         "server",
-        "--backend-store-uri", backend,
-        "--artifacts-destination", str(root / "artifacts"),
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--workers", "1",
+        "--backend-store-uri",
+        backend,
+        "--artifacts-destination",
+        str(root / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
     ]
     child_env = {
         "DO_NOT_TRACK": "true",
@@ -80,15 +85,31 @@ def prefect_server(tmp_path: Path, database_url: str | None = None) -> Iterator[
     """`prefect server start` on loopback, all services on; yields (API URL, process). Its database is SQLite under
     `tmp_path` unless `database_url` names Postgres (driven through asyncpg, as the server requires)."""
     port = free_port()
-    env = {"PREFECT_HOME": str(Path(tmp_path) / "prefect-server-home"),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true", "PREFECT_UI_ENABLED": "false",
-           "PREFECT_API_URL": ""}
+    env = {
+        "PREFECT_HOME": str(Path(tmp_path) / "prefect-server-home"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "true",
+        "PREFECT_UI_ENABLED": "false",
+        "PREFECT_API_URL": "",
+    }
     if database_url is not None:
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url.replace("+psycopg", "+asyncpg")
     prefect_bin = Path(sys.executable).with_name("prefect")
-    process = ServerProcess([str(prefect_bin) if prefect_bin.exists() else "prefect",
-                             "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            "127.0.0.1", port, Path(tmp_path) / "prefect-server.log", env=env)
+    process = ServerProcess(
+        [
+            str(prefect_bin) if prefect_bin.exists() else "prefect",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        "127.0.0.1",
+        port,
+        Path(tmp_path) / "prefect-server.log",
+        env=env,
+    )
     process.start()
     try:
         process.wait_healthy(240, health_path="/api/health")
@@ -122,8 +143,9 @@ def serve_asgi_in_thread(app, host: str = "127.0.0.1", startup_timeout: float = 
         thread.join(timeout=30)
 
 
-def vllm_process(engine, target_dir: Path, drafter_dir: Path | None, method: str, gamma: int, log_dir: Path,
-                 name: str = "agree") -> ServerProcess:
+def vllm_process(
+    engine, target_dir: Path, drafter_dir: Path | None, method: str, gamma: int, log_dir: Path, name: str = "agree"
+) -> ServerProcess:
     """A vLLM server for a pair, started (not yet healthy) exactly as `launch: vllm` starts one: same argv and
     environment. Several can start at once; stop each."""
     from draftsync.serving.deployment import ServingDeployment

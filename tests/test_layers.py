@@ -63,16 +63,23 @@ def test_every_import_points_down_the_layers():
 
 def test_the_shared_modules_use_nothing_but_the_base():
     """A module every layer may import must itself stand below every layer."""
-    wrong = [f"{module} imports {name}" for module in sorted(SHARED)
-             for name in _imports(PACKAGE.parent / (module.replace(".", "/") + ".py"))
-             if name.split(".")[0] == "draftsync" and name.split(".")[1] not in BASE]
+    wrong = [
+        f"{module} imports {name}"
+        for module in sorted(SHARED)
+        for name in _imports(PACKAGE.parent / (module.replace(".", "/") + ".py"))
+        if name.split(".")[0] == "draftsync" and name.split(".")[1] not in BASE
+    ]
     assert not wrong, "\n".join(wrong)
 
 
 def test_the_lower_layers_know_nothing_of_prefect():
-    wrong = [f"{path.relative_to(PACKAGE.parent)} imports {name}"
-             for layer in PREFECT_FREE for path in sorted((PACKAGE / layer).rglob("*.py"))
-             for name in _imports(path) if name.split(".")[0] == "prefect"]
+    wrong = [
+        f"{path.relative_to(PACKAGE.parent)} imports {name}"
+        for layer in PREFECT_FREE
+        for path in sorted((PACKAGE / layer).rglob("*.py"))
+        for name in _imports(path)
+        if name.split(".")[0] == "prefect"
+    ]
     assert not wrong, "\n".join(wrong)
 
 

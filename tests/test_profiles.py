@@ -17,13 +17,16 @@ def test_a_profile_file_overrides_the_demo_profile_field_by_field(tmp_path):
     assert chosen.batch_size == demo.batch_size and chosen.validation.max_tokens == demo.validation.max_tokens
 
 
-@pytest.mark.parametrize(("text", "named"), [
-    ("train_steps: -3\n", "train_steps"),
-    ("method: medusa2\n", "method"),
-    ("validation:\n  min_p50: 2\n", "validation.min_p50"),
-    ("- a list\n", "not a mapping"),
-    ("train_steps: [unclosed\n", "cannot be read"),
-])
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("train_steps: -3\n", "train_steps"),
+        ("method: medusa2\n", "method"),
+        ("validation:\n  min_p50: 2\n", "validation.min_p50"),
+        ("- a list\n", "not a mapping"),
+        ("train_steps: [unclosed\n", "cannot be read"),
+    ],
+)
 def test_a_bad_profile_file_names_the_field_and_the_file(tmp_path, text, named):
     path = tmp_path / "bad.yaml"
     path.write_text(text)

@@ -15,17 +15,28 @@ from draftsync.cli.status import status_command
 from draftsync.cli.webhooks import webhooks_app
 from draftsync.errors import DraftsyncError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Keep speculative-decoding drafters in sync with their target LLMs.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Keep speculative-decoding drafters in sync with their target LLMs.",
+)
 
-ProfileOption = Annotated[str, typer.Option(
-    "--profile", help="Sync profile: 'production' (GPU worker), 'demo' (2-core CPU), 'test' (smaller) or a YAML/JSON file.")]
+ProfileOption = Annotated[
+    str,
+    typer.Option(
+        "--profile",
+        help="Sync profile: 'production' (GPU worker), 'demo' (2-core CPU), 'test' (smaller) or a YAML/JSON file.",
+    ),
+]
 
 
 @app.callback()
 def main_options(
     workdir: Annotated[
         Path | None,
-        typer.Option("--workdir", envvar="DRAFTSYNC_WORKDIR", help="Holds MLflow, the monitor store, Prefect's home, the outbox."),
+        typer.Option(
+            "--workdir", envvar="DRAFTSYNC_WORKDIR", help="Holds MLflow, the monitor store, Prefect's home, the outbox."
+        ),
     ] = None,
 ) -> None:
     """Keep speculative-decoding drafters in sync with their target LLMs."""
@@ -40,9 +51,14 @@ def main_options(
 
 @app.command()
 def demo(
-    engine: Annotated[str, typer.Option(
-        "--engine", help="Serving engine: 'auto' (vLLM when one is installed, `make vllm`; else the CPU reference "
-                         "server), 'vllm' (fail when none is installed) or 'reference'.")] = "auto",
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="Serving engine: 'auto' (vLLM when one is installed, `make vllm`; else the CPU reference "
+            "server), 'vllm' (fail when none is installed) or 'reference'.",
+        ),
+    ] = "auto",
     json_path: JsonOption = None,
 ) -> None:
     """Run the whole loop on this machine: targets v1 and v2, drafters, serving, monitoring, a stale e-mail."""
@@ -77,8 +93,9 @@ def sync(
     method: Annotated[
         str | None, typer.Option(help="Drafter method: eagle3, eagle3.1, eagle or medusa (default: the profile's).")
     ] = None,
-    retrain: Annotated[bool, typer.Option(
-        "--retrain", help="Train again even though this version was synced (a new drafter version).")] = False,
+    retrain: Annotated[
+        bool, typer.Option("--retrain", help="Train again even though this version was synced (a new drafter version).")
+    ] = False,
     json_path: JsonOption = None,
 ) -> None:
     """Train, validate, register and (when it passes) promote a drafter for one target version.
@@ -96,8 +113,9 @@ def sync(
     if retrain:
         from draftsync.tasks import context
 
-        context.sync_ledger().request(target, version, chosen.method, source="cli", reason="retrain by hand",
-                                      retrain=True)
+        context.sync_ledger().request(
+            target, version, chosen.method, source="cli", reason="retrain by hand", retrain=True
+        )
     result = sync_flow(target_name=target, target_version=version, profile=chosen, reason="started by hand")
     echo_json(result)
     write_json(result, json_path)
@@ -107,16 +125,28 @@ def sync(
 def validate(
     target: Annotated[str, typer.Argument(help="Registered model name of the target.")],
     drafter_version: Annotated[int, typer.Argument(help="Version of the target's drafter (<target>-drafter).")],
-    profile: Annotated[str, typer.Option(
-        "--profile", help="Checklist profile: 'production' (1000 requests, 3x QPS, 4K-token outputs), "
-                          "'demo' (scaled to a 2-core CPU) or 'test'.")] = "demo",
-    target_version: Annotated[int | None, typer.Option(
-        "--target-version", help="Validate against this target version (default: the one it was trained for).")
+    profile: Annotated[
+        str,
+        typer.Option(
+            "--profile",
+            help="Checklist profile: 'production' (1000 requests, 3x QPS, 4K-token outputs), "
+            "'demo' (scaled to a 2-core CPU) or 'test'.",
+        ),
+    ] = "demo",
+    target_version: Annotated[
+        int | None,
+        typer.Option(
+            "--target-version", help="Validate against this target version (default: the one it was trained for)."
+        ),
     ] = None,
-    promote: Annotated[bool, typer.Option("--promote", help="Make the drafter `production` if every gate passes.")
-                       ] = False,
-    backend: Annotated[str, typer.Option(
-        "--backend", help="'reference' (CPU reference engine) or 'vllm' (offline vLLM; a GPU worker with vllm).")
+    promote: Annotated[
+        bool, typer.Option("--promote", help="Make the drafter `production` if every gate passes.")
+    ] = False,
+    backend: Annotated[
+        str,
+        typer.Option(
+            "--backend", help="'reference' (CPU reference engine) or 'vllm' (offline vLLM; a GPU worker with vllm)."
+        ),
     ] = "reference",
     json_path: JsonOption = None,
 ) -> None:
@@ -126,14 +156,22 @@ def validate(
 
     chosen = validation_profile(profile)
     check_registry()
-    result = validate_flow(target_name=target, drafter_version=drafter_version, profile=chosen,
-                           target_version=target_version, promote=promote, backend=backend)
+    result = validate_flow(
+        target_name=target,
+        drafter_version=drafter_version,
+        profile=chosen,
+        target_version=target_version,
+        promote=promote,
+        backend=backend,
+    )
     write_json(result, json_path)
     for gate in result["gates"]:
         mark = "pass" if gate["passed"] else "FAIL"
         typer.echo(f"{mark:4}  {gate['name']:38} {gate['value']!s:>10} {gate['comparison']} {gate['threshold']}")
-    typer.echo(f"gamma knee {result['gamma_knee']}; speedup {result['speedup']:.2f}x; "
-               f"{'PASSED' if result['passed'] else 'FAILED'} ({result['reports_dir']})")
+    typer.echo(
+        f"gamma knee {result['gamma_knee']}; speedup {result['speedup']:.2f}x; "
+        f"{'PASSED' if result['passed'] else 'FAILED'} ({result['reports_dir']})"
+    )
     if not result["passed"]:
         raise typer.Exit(code=1)
 
@@ -147,21 +185,30 @@ def _deployment(name: str):
 
     path = context.settings().deployments_path
     if not path.exists():
-        raise DraftsyncError(f"no deployments file at {path}",
-                             "declare deployments in YAML there, or point DRAFTSYNC_DEPLOYMENTS_FILE at yours "
-                             "(the format: README, 'Deployments')")
+        raise DraftsyncError(
+            f"no deployments file at {path}",
+            "declare deployments in YAML there, or point DRAFTSYNC_DEPLOYMENTS_FILE at yours "
+            "(the format: README, 'Deployments')",
+        )
     return find_deployment(load_deployments(path), name)
 
 
 @app.command()
 def rollout(
     deployment: DeploymentArgument,
-    drafter_version: Annotated[int | None, typer.Option(
-        "--drafter-version", help="Serve this validated drafter version (default: the one for the served target).")
+    drafter_version: Annotated[
+        int | None,
+        typer.Option(
+            "--drafter-version", help="Serve this validated drafter version (default: the one for the served target)."
+        ),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the rendered launch; start nothing.")] = False,
-    canary_requests: Annotated[int, typer.Option(
-        "--canary-requests", help="Canary requests to send after the switch (0: live traffic is the canary).")] = 0,
+    canary_requests: Annotated[
+        int,
+        typer.Option(
+            "--canary-requests", help="Canary requests to send after the switch (0: live traffic is the canary)."
+        ),
+    ] = 0,
     json_path: JsonOption = None,
 ) -> None:
     """Roll the deployment's pair out: candidate, checks, switch, canary; rolls back by itself on a bad canary."""
@@ -174,8 +221,9 @@ def rollout(
 
         result = {**planned_launch(spec, drafter_version)[2], "dry_run": True}
     else:
-        result = rollout_flow(spec, drafter_version=drafter_version, canary_requests=canary_requests,
-                              reason="rolled out by hand")
+        result = rollout_flow(
+            spec, drafter_version=drafter_version, canary_requests=canary_requests, reason="rolled out by hand"
+        )
     echo_json(result)
     write_json(result, json_path)
 
@@ -194,22 +242,37 @@ def rollback(deployment: DeploymentArgument, json_path: JsonOption = None) -> No
 
 @app.command()
 def serve(
-    targets: Annotated[list[str] | None, typer.Option(
-        "--target", help="Also sync this registered model (repeatable); versions tagged draftsync.kind=target "
-                         "are synced without it.")] = None,
-    profile: Annotated[str | None, typer.Option(
-        "--profile", help="Sync profile of event-started syncs (default DRAFTSYNC_SYNC_PROFILE, else 'demo').")
+    targets: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--target",
+            help="Also sync this registered model (repeatable); versions tagged draftsync.kind=target "
+            "are synced without it.",
+        ),
     ] = None,
-    watch_interval: Annotated[int, typer.Option("--watch-interval", min=10, help="Seconds between registry polls.")
-                              ] = 300,
-    scrape_interval: Annotated[int, typer.Option("--scrape-interval", min=5, help="Seconds between acceptance scrapes.")
-                               ] = 60,
-    report_cron: Annotated[str, typer.Option("--report-cron", help="When the weekly report goes out (cron).")
-                           ] = "0 9 * * 1",
-    timezone: Annotated[str | None, typer.Option(
-        "--timezone", help="Time zone of --report-cron (default DRAFTSYNC_REPORT_TIMEZONE, else UTC).")] = None,
-    sync_concurrency: Annotated[int, typer.Option(
-        "--sync-concurrency", min=1, help="Syncs that may run at once (later ones wait in the queue).")] = 1,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            "--profile", help="Sync profile of event-started syncs (default DRAFTSYNC_SYNC_PROFILE, else 'demo')."
+        ),
+    ] = None,
+    watch_interval: Annotated[
+        int, typer.Option("--watch-interval", min=10, help="Seconds between registry polls.")
+    ] = 300,
+    scrape_interval: Annotated[
+        int, typer.Option("--scrape-interval", min=5, help="Seconds between acceptance scrapes.")
+    ] = 60,
+    report_cron: Annotated[
+        str, typer.Option("--report-cron", help="When the weekly report goes out (cron).")
+    ] = "0 9 * * 1",
+    timezone: Annotated[
+        str | None,
+        typer.Option("--timezone", help="Time zone of --report-cron (default DRAFTSYNC_REPORT_TIMEZONE, else UTC)."),
+    ] = None,
+    sync_concurrency: Annotated[
+        int,
+        typer.Option("--sync-concurrency", min=1, help="Syncs that may run at once (later ones wait in the queue)."),
+    ] = 1,
 ) -> None:
     """Create or update the five Prefect deployments and run them here until stopped (Ctrl-C).
 
@@ -221,9 +284,11 @@ def serve(
     from draftsync.tasks import context
 
     if not os.environ.get("PREFECT_API_URL"):
-        raise DraftsyncError("draftsync serve needs a Prefect server, but PREFECT_API_URL is unset",
-                             "start one (`prefect server start`, or the compose stack) and set "
-                             "PREFECT_API_URL=http://127.0.0.1:4200/api; an in-process API would end with this process")
+        raise DraftsyncError(
+            "draftsync serve needs a Prefect server, but PREFECT_API_URL is unset",
+            "start one (`prefect server start`, or the compose stack) and set "
+            "PREFECT_API_URL=http://127.0.0.1:4200/api; an in-process API would end with this process",
+        )
     settings = context.settings()
     chosen = profile or settings.sync_profile
     named_profile(chosen)  # an unknown profile fails here
@@ -239,10 +304,16 @@ def serve(
 
     from prefect import serve as prefect_serve
 
-    deployments = build_deployments(Schedules(
-        watch_interval=timedelta(seconds=watch_interval), scrape_interval=timedelta(seconds=scrape_interval),
-        report_cron=report_cron, timezone=timezone or settings.report_timezone, profile=chosen,
-        sync_concurrency=sync_concurrency))
+    deployments = build_deployments(
+        Schedules(
+            watch_interval=timedelta(seconds=watch_interval),
+            scrape_interval=timedelta(seconds=scrape_interval),
+            report_cron=report_cron,
+            timezone=timezone or settings.report_timezone,
+            profile=chosen,
+            sync_concurrency=sync_concurrency,
+        )
+    )
     prefect_serve(*deployments, print_starting_message=True)
 
 
@@ -255,9 +326,11 @@ def _check_schedule(cron: str, timezone: str) -> None:
         CronSchedule(cron=cron, timezone=timezone)
     except ValidationError as error:
         problem = error.errors()[0]
-        raise DraftsyncError(f"weekly report schedule: {problem['msg']}",
-                             "--report-cron takes five cron fields (e.g. '0 9 * * 1'); --timezone an IANA name "
-                             "(e.g. UTC, Europe/Berlin)") from error
+        raise DraftsyncError(
+            f"weekly report schedule: {problem['msg']}",
+            "--report-cron takes five cron fields (e.g. '0 9 * * 1'); --timezone an IANA name "
+            "(e.g. UTC, Europe/Berlin)",
+        ) from error
 
 
 @app.command()
@@ -272,12 +345,22 @@ def scrape(json_path: JsonOption = None) -> None:
 
 @app.command()
 def report(
-    week: Annotated[str | None, typer.Option(
-        "--week", help="Report on this ISO week, YYYY-Www (Monday to Monday, UTC): a look back, no action taken. "
-                       "Default: review the last 7 days up to now and act (fallback, retrain request).")] = None,
-    send: Annotated[bool, typer.Option(
-        "--send/--no-send", help="Deliver by SMTP (DRAFTSYNC_SMTP_*), after any mail an earlier outage left "
-                                 "pending; without it the e-mail is only written to the outbox folder.")] = False,
+    week: Annotated[
+        str | None,
+        typer.Option(
+            "--week",
+            help="Report on this ISO week, YYYY-Www (Monday to Monday, UTC): a look back, no action taken. "
+            "Default: review the last 7 days up to now and act (fallback, retrain request).",
+        ),
+    ] = None,
+    send: Annotated[
+        bool,
+        typer.Option(
+            "--send/--no-send",
+            help="Deliver by SMTP (DRAFTSYNC_SMTP_*), after any mail an earlier outage left "
+            "pending; without it the e-mail is only written to the outbox folder.",
+        ),
+    ] = False,
     json_path: JsonOption = None,
 ) -> None:
     """Summarise the week per deployment, apply the staleness rules, act on them and write (or send) the e-mail.
@@ -289,9 +372,11 @@ def report(
     if week is not None:
         iso_week_period(week)  # a bad week fails here, before Prefect starts
     if send and not context.settings().smtp_host:
-        raise DraftsyncError("--send needs an SMTP server, but DRAFTSYNC_SMTP_HOST is unset",
-                             "set DRAFTSYNC_SMTP_HOST (and _PORT, _SECURITY, _USER, _PASSWORD or _PASSWORD_BLOCK), "
-                             "or leave --send out to write the e-mail to the outbox folder only")
+        raise DraftsyncError(
+            "--send needs an SMTP server, but DRAFTSYNC_SMTP_HOST is unset",
+            "set DRAFTSYNC_SMTP_HOST (and _PORT, _SECURITY, _USER, _PASSWORD or _PASSWORD_BLOCK), "
+            "or leave --send out to write the e-mail to the outbox folder only",
+        )
     result = weekly_report(week=week, send=send)
     echo_json(result)
     write_json(result, json_path)

@@ -106,8 +106,16 @@ def _declare(deployment: ServingDeployment, path: Path) -> None:
     partial.replace(path)
 
 
-def _phase(name: str, prompts_by_task: dict[str, int], intervals: int, seed: int, requests_per_interval: int,
-           clock: DemoClock, deployment: ServingDeployment, max_tokens: int) -> dict:
+def _phase(
+    name: str,
+    prompts_by_task: dict[str, int],
+    intervals: int,
+    seed: int,
+    requests_per_interval: int,
+    clock: DemoClock,
+    deployment: ServingDeployment,
+    max_tokens: int,
+) -> dict:
     """Send traffic interval by interval, scraping after each; acceptance is read back from the store."""
     from draftsync.flows.scrape import scrape
     from draftsync.monitors.trends import summarize
@@ -150,8 +158,13 @@ def run_demo(engine: str = "auto") -> dict:
     console = Console()
     settings = context.settings()
     serving_engine = choose_engine(engine)
-    deployment = ServingDeployment(name=DEPLOYMENT, target_name=TARGET_NAME, temperature=TEMPERATURE,
-                                   task_mix={"code": 0.5, "math": 0.5}, launch=serving_engine["name"])
+    deployment = ServingDeployment(
+        name=DEPLOYMENT,
+        target_name=TARGET_NAME,
+        temperature=TEMPERATURE,
+        task_mix={"code": 0.5, "math": 0.5},
+        launch=serving_engine["name"],
+    )
     _deployments_with(deployment, settings.deployments_path)  # a deployments file it cannot keep fails before the story
     archived = _archive_previous_story(settings.root)
     os.environ.setdefault("DRAFTSYNC_STALE_THRESHOLD", str(STALE_THRESHOLD))
@@ -175,8 +188,10 @@ def run_demo(engine: str = "auto") -> dict:
     console.rule("draftsync demo")
     console.print(f"work dir: {settings.root}" + (f" (previous story moved to {archived})" if archived else ""))
     console.print(f"serving engine: {serving_engine['name']} {serving_engine['version']}")
-    console.print(f"The monitor's clock is simulated: it starts {simulated.days} days ago and each scrape advances it "
-                  "12 hours, so the days up to now pass in minutes.")
+    console.print(
+        f"The monitor's clock is simulated: it starts {simulated.days} days ago and each scrape advances it "
+        "12 hours, so the days up to now pass in minutes."
+    )
     vllm_launches = {}
     try:
         # (a) target v1 appears; the watch syncs a drafter for it and rolls the pair out.
@@ -202,8 +217,11 @@ def run_demo(engine: str = "auto") -> dict:
         console.print("[bold](c)[/] traffic drifts to prose ...")
         phases.append(_phase(*TRAFFIC["c"], requests, clock, deployment, max_tokens))
         report = weekly_report(
-            now=clock.now, deployments=[deployment],
-            notes=["This is the draftsync demo: the monitor's clock was compressed, a simulated week took a few minutes."],
+            now=clock.now,
+            deployments=[deployment],
+            notes=[
+                "This is the draftsync demo: the monitor's clock was compressed, a simulated week took a few minutes."
+            ],
         )
         mark("phase_c_and_report", t)
 
@@ -233,19 +251,23 @@ def run_demo(engine: str = "auto") -> dict:
     for info in registry.target_versions_after(drafter_name, 0):
         drafter = DrafterVersion.from_tags(drafter_name, info.version, info.tags)
         start = drafter.recommended_gamma_start
-        drafters.append({
-            "name": drafter_name,
-            "version": info.version,
-            "target_version": drafter.trained_for_version(),
-            "method": drafter.method,
-            "gamma": drafter.served_gamma(),  # measured: validation's knee
-            "gamma_recommended": {"range": drafter.recommended_gamma_range,
-                                  "start": None if start is None else str(start),  # as the tag reads
-                                  "method": drafter.recommended_method},
-            "validation_passed": drafter.validation_passed,
-            "aliases": registry.aliases_of(drafter_name, info.version),
-            "path": str(registry.download(drafter_name, info.version)),
-        })
+        drafters.append(
+            {
+                "name": drafter_name,
+                "version": info.version,
+                "target_version": drafter.trained_for_version(),
+                "method": drafter.method,
+                "gamma": drafter.served_gamma(),  # measured: validation's knee
+                "gamma_recommended": {
+                    "range": drafter.recommended_gamma_range,
+                    "start": None if start is None else str(start),  # as the tag reads
+                    "method": drafter.recommended_method,
+                },
+                "validation_passed": drafter.validation_passed,
+                "aliases": registry.aliases_of(drafter_name, info.version),
+                "path": str(registry.download(drafter_name, info.version)),
+            }
+        )
     store = context.store()
     result = {
         "engine": serving_engine,
@@ -253,8 +275,12 @@ def run_demo(engine: str = "auto") -> dict:
         "drafters": drafters,
         "deployments": [
             {
-                "name": p.deployment, "target_version": p.target_version, "drafter_version": p.drafter_version,
-                "state_at_end": states_at_end.get(p.deployment), "state": p.state, "gamma": p.gamma,
+                "name": p.deployment,
+                "target_version": p.target_version,
+                "drafter_version": p.drafter_version,
+                "state_at_end": states_at_end.get(p.deployment),
+                "state": p.state,
+                "gamma": p.gamma,
                 "vllm": vllm_launches.get(p.deployment),
             }
             for p in store.serving_pairs()
@@ -263,7 +289,8 @@ def run_demo(engine: str = "auto") -> dict:
         "thresholds": {"stale": settings.stale_threshold, "mismatch": settings.mismatch_threshold},
         "alerts": [
             {"subject": report["subject"], "deployment": f["deployment"], "rule": f["rule"], "file": report["eml_path"]}
-            for f in report["findings"] if f["severity"] != "info"
+            for f in report["findings"]
+            if f["severity"] != "info"
         ],
         "weekly_report": {"subject": report["subject"], "file": report["eml_path"], "actions": report["actions"]},
         "timings_s": timings,
@@ -289,14 +316,20 @@ def _print_summary(console: Console, result: dict, settings) -> None:
     console.print(table)
     for d in result["drafters"]:
         recommended = d["gamma_recommended"]
-        console.print(f"drafter {d['name']} v{d['version']} for target v{d['target_version']} ({d['method']}, gamma "
-                      f"{d['gamma']} measured; recommended {recommended['method']} {recommended['range']}): "
-                      f"aliases {d['aliases']}")
+        console.print(
+            f"drafter {d['name']} v{d['version']} for target v{d['target_version']} ({d['method']}, gamma "
+            f"{d['gamma']} measured; recommended {recommended['method']} {recommended['range']}): "
+            f"aliases {d['aliases']}"
+        )
     console.print(f"weekly report: {result['weekly_report']['subject']}\n  {result['weekly_report']['file']}")
     for d in result["deployments"]:
-        console.print(f"{d['name']}: {d['state_at_end']} at the end, then {d['state']} (the demo stops its servers; "
-                      f"`draftsync --workdir {settings.root} rollout {d['name']}` serves the pair again)")
+        console.print(
+            f"{d['name']}: {d['state_at_end']} at the end, then {d['state']} (the demo stops its servers; "
+            f"`draftsync --workdir {settings.root} rollout {d['name']}` serves the pair again)"
+        )
     console.print(f"timings (s): {result['timings_s']}")
     console.print(f"summary: {settings.root / 'demo.json'}")
-    console.print(f"MLflow UI:  mlflow ui --backend-store-uri {settings.mlflow_tracking_uri} --default-artifact-root {settings.mlflow_artifacts_dir}")
+    console.print(
+        f"MLflow UI:  mlflow ui --backend-store-uri {settings.mlflow_tracking_uri} --default-artifact-root {settings.mlflow_artifacts_dir}"
+    )
     console.print(f"Prefect UI: PREFECT_HOME={settings.prefect_home} prefect server start")

@@ -27,8 +27,13 @@ def recommend_command(
     """Recommend a drafter method, gamma range and start for a target, with the seed's expected speedup, a memory
     check and the rule behind each step."""
     workload = Workload(
-        params_b=parse_params(params), gpus=gpus, gpu_memory_gb=gpu_memory_gb, tpot_ms=tpot_ms,
-        task=task.strip().lower(), output_tokens=output_tokens, batch=batch,
+        params_b=parse_params(params),
+        gpus=gpus,
+        gpu_memory_gb=gpu_memory_gb,
+        tpot_ms=tpot_ms,
+        task=task.strip().lower(),
+        output_tokens=output_tokens,
+        batch=batch,
     )
     recommendation = recommend(workload)
     typer.echo(format_recommendation(recommendation))

@@ -34,8 +34,10 @@ def status_command(json_path: JsonOption = None) -> None:
     if status["targets"]:
         console.print(status_table(status))
     else:
-        console.print("no targets: register a model version tagged draftsync.kind=target "
-                      "(draftsync demo does) or name one in DRAFTSYNC_TARGETS")
+        console.print(
+            "no targets: register a model version tagged draftsync.kind=target "
+            "(draftsync demo does) or name one in DRAFTSYNC_TARGETS"
+        )
     write_json(status, json_path)
 
 
@@ -105,8 +107,16 @@ def status_table(status: dict[str, Any]) -> Table:
     from rich.table import Table
 
     table = Table(title="draftsync status", show_lines=True)
-    for header in ("target", "drafters (version <- trained for)", "gamma recommended / measured", "deployment",
-                   "state", "serving", "acceptance 7d", "last sync"):
+    for header in (
+        "target",
+        "drafters (version <- trained for)",
+        "gamma recommended / measured",
+        "deployment",
+        "state",
+        "serving",
+        "acceptance 7d",
+        "last sync",
+    ):
         table.add_column(header)
     for target in status["targets"]:
         lineage, gammas = _drafter_lines(target["drafters"])

@@ -103,12 +103,14 @@ def week_acceptance(store, deployments: Sequence[str], now: datetime) -> dict[st
 
     start = now - LAST_WEEK
     rows = store.rollup_window(start, now, list(deployments)) if deployments else {}
-    return {name: summarize_hourly(rows.get(name, []), start, now, deployment=name).acceptance_rate
-            for name in deployments}
+    return {
+        name: summarize_hourly(rows.get(name, []), start, now, deployment=name).acceptance_rate for name in deployments
+    }
 
 
-def gather_status(registry, store, ledger, target_names: Iterable[str] = (),
-                  now: datetime | None = None) -> list[TargetStatus]:
+def gather_status(
+    registry, store, ledger, target_names: Iterable[str] = (), now: datetime | None = None
+) -> list[TargetStatus]:
     """Every target: those tagged in the registry, those named in `target_names`, and those a deployment serves."""
     now = now or datetime.now(UTC)
     pairs = store.serving_pairs()
@@ -118,21 +120,32 @@ def gather_status(registry, store, ledger, target_names: Iterable[str] = (),
     for name in names:
         versions = registry.target_versions_after(name, 0)
         aliases = {alias: info.version for info in versions for alias in info.aliases}
-        drafters = [drafter_status(DrafterVersion.from_tags(info.name, info.version, info.tags), info.aliases)
-                    for info in registry.target_versions_after(drafter_model_name(name), 0)]
+        drafters = [
+            drafter_status(DrafterVersion.from_tags(info.name, info.version, info.tags), info.aliases)
+            for info in registry.target_versions_after(drafter_model_name(name), 0)
+        ]
         deployments = [
             DeploymentStatus(
-                name=pair.deployment, state=pair.state, target_version=pair.target_version,
+                name=pair.deployment,
+                state=pair.state,
+                target_version=pair.target_version,
                 drafter_version=pair.drafter_version,
                 gamma=pair.gamma if pair.drafter_version is not None else None,
                 acceptance_7d=acceptance[pair.deployment],
             )
-            for pair in pairs if pair.target_name == name
+            for pair in pairs
+            if pair.target_name == name
         ]
-        targets.append(TargetStatus(
-            name=name, aliases=dict(sorted(aliases.items())), versions=[info.version for info in versions],
-            drafters=drafters, deployments=deployments, last_sync=last_sync(ledger.jobs(name)),
-        ))
+        targets.append(
+            TargetStatus(
+                name=name,
+                aliases=dict(sorted(aliases.items())),
+                versions=[info.version for info in versions],
+                drafters=drafters,
+                deployments=deployments,
+                last_sync=last_sync(ledger.jobs(name)),
+            )
+        )
     return targets
 
 
@@ -140,6 +153,7 @@ def current_status(now: datetime | None = None) -> dict[str, Any]:
     """The status of this work dir's registry and store, as the JSON `draftsync status --json` writes."""
     from draftsync.tasks import context
 
-    targets = gather_status(context.registry(), context.store(), context.sync_ledger(),
-                            context.settings().target_names, now)
+    targets = gather_status(
+        context.registry(), context.store(), context.sync_ledger(), context.settings().target_names, now
+    )
     return {"targets": [asdict(target) for target in targets]}

@@ -21,8 +21,9 @@ webhooks_app = typer.Typer(
 
 @webhooks_app.command()
 def serve(
-    host: Annotated[str, typer.Option("--host", help="Interface to listen on (0.0.0.0 inside a container).")
-                    ] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option("--host", help="Interface to listen on (0.0.0.0 inside a container).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8765,
 ) -> None:
     """Run the receiver: POST /mlflow/webhook (signed MLflow deliveries), GET /healthz."""
@@ -37,10 +38,12 @@ def serve(
 
 @webhooks_app.command()
 def register(
-    url: Annotated[str, typer.Option("--url", help="The receiver's URL as MLflow reaches it, ending in "
-                                                   "/mlflow/webhook.")],
-    name: Annotated[str, typer.Option("--name", help="Webhook name; an existing webhook of this name is updated."
-                                      )] = "draftsync",
+    url: Annotated[
+        str, typer.Option("--url", help="The receiver's URL as MLflow reaches it, ending in /mlflow/webhook.")
+    ],
+    name: Annotated[
+        str, typer.Option("--name", help="Webhook name; an existing webhook of this name is updated.")
+    ] = "draftsync",
     json_path: JsonOption = None,
 ) -> None:
     """Create (or update) the MLflow webhook that sends version and alias events, signed with the secret."""
@@ -53,5 +56,13 @@ def register(
     webhook_id = create_or_update_webhook(tracking_uri, name, url, resolve_webhook_secret(settings))
     typer.echo(webhook_id)
     typer.echo(f"MLflow at {tracking_uri} sends {', '.join(SUBSCRIBED_EVENTS)} to {url} (webhook {name!r})", err=True)
-    write_json({"webhook_id": webhook_id, "name": name, "url": url, "tracking_uri": tracking_uri,
-                "events": list(SUBSCRIBED_EVENTS)}, json_path)
+    write_json(
+        {
+            "webhook_id": webhook_id,
+            "name": name,
+            "url": url,
+            "tracking_uri": tracking_uri,
+            "events": list(SUBSCRIBED_EVENTS),
+        },
+        json_path,
+    )

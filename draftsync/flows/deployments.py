@@ -19,11 +19,18 @@ if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
 
 DEPLOYMENT_NAMES = ("registry-watch", "drafter-sync", "acceptance-scrape", "weekly-acceptance-report", "rollout")
-WORK_POOLS = {"registry-watch": "draftsync-cpu", "drafter-sync": "draftsync-gpu", "acceptance-scrape": "draftsync-cpu",
-              "weekly-acceptance-report": "draftsync-cpu", "rollout": "draftsync-gpu"}
-TARGET_PARAMETERS = {"target_name": "{{ event.resource['draftsync.target.name'] }}",
-                     # labels are strings; the server checks parameters against the flow's schema (an int)
-                     "target_version": "{{ event.resource['draftsync.target.version'] | int }}"}
+WORK_POOLS = {
+    "registry-watch": "draftsync-cpu",
+    "drafter-sync": "draftsync-gpu",
+    "acceptance-scrape": "draftsync-cpu",
+    "weekly-acceptance-report": "draftsync-cpu",
+    "rollout": "draftsync-gpu",
+}
+TARGET_PARAMETERS = {
+    "target_name": "{{ event.resource['draftsync.target.name'] }}",
+    # labels are strings; the server checks parameters against the flow's schema (an int)
+    "target_version": "{{ event.resource['draftsync.target.version'] | int }}",
+}
 
 
 @dataclass(frozen=True)
@@ -41,16 +48,22 @@ class Schedules:
 
 def sync_trigger() -> dict[str, Any]:
     """drafter-sync runs for each sync event: a new version, a request (alias move, missing drafter), a stale drafter."""
-    return {"expect": set(events.SYNC_EVENTS),
-            "parameters": {**TARGET_PARAMETERS, "reason": "{{ event.event }}: {{ event.payload.get('reason', '') }}"}}
+    return {
+        "expect": set(events.SYNC_EVENTS),
+        "parameters": {**TARGET_PARAMETERS, "reason": "{{ event.event }}: {{ event.payload.get('reason', '') }}"},
+    }
 
 
 def rollout_trigger() -> dict[str, Any]:
     """rollout runs when a drafter passed validation and when a target alias moved."""
-    return {"expect": set(events.ROLLOUT_EVENTS),
-            "parameters": {"target_name": TARGET_PARAMETERS["target_name"],
-                           "alias": "{{ event.resource.get('draftsync.alias', '') }}",
-                           "reason": "{{ event.event }} for {{ event.resource['prefect.resource.name'] }}"}}
+    return {
+        "expect": set(events.ROLLOUT_EVENTS),
+        "parameters": {
+            "target_name": TARGET_PARAMETERS["target_name"],
+            "alias": "{{ event.resource.get('draftsync.alias', '') }}",
+            "reason": "{{ event.event }} for {{ event.resource['prefect.resource.name'] }}",
+        },
+    }
 
 
 def build_deployments(schedules: Schedules | None = None) -> list[RunnerDeployment]:
@@ -72,24 +85,39 @@ def build_deployments(schedules: Schedules | None = None) -> list[RunnerDeployme
 
     return [
         watch.to_deployment(
-            "registry-watch", interval=chosen.watch_interval, tags=tags("registry-watch"),
+            "registry-watch",
+            interval=chosen.watch_interval,
+            tags=tags("registry-watch"),
             parameters={"dispatch": "event", "profile": chosen.profile},
-            description="Polls the registry for target versions the webhooks missed; re-sends lost sync requests."),
+            description="Polls the registry for target versions the webhooks missed; re-sends lost sync requests.",
+        ),
         sync.to_deployment(
-            "drafter-sync", tags=tags("drafter-sync"), parameters={"profile": chosen.profile},
+            "drafter-sync",
+            tags=tags("drafter-sync"),
+            parameters={"profile": chosen.profile},
             triggers=[DeploymentEventTrigger(name="sync-events", **sync_trigger())],
-            concurrency_limit=ConcurrencyLimitConfig(limit=chosen.sync_concurrency,
-                                                     collision_strategy=ConcurrencyLimitStrategy.ENQUEUE),
-            description="Dataset, training, validation, registration of a drafter for one target version."),
+            concurrency_limit=ConcurrencyLimitConfig(
+                limit=chosen.sync_concurrency, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE
+            ),
+            description="Dataset, training, validation, registration of a drafter for one target version.",
+        ),
         scrape.to_deployment(
-            "acceptance-scrape", interval=chosen.scrape_interval, tags=tags("acceptance-scrape"),
-            description="Scrapes acceptance from every serving deployment; falls back when it collapses."),
+            "acceptance-scrape",
+            interval=chosen.scrape_interval,
+            tags=tags("acceptance-scrape"),
+            description="Scrapes acceptance from every serving deployment; falls back when it collapses.",
+        ),
         weekly_report.to_deployment(
-            "weekly-acceptance-report", tags=tags("weekly-acceptance-report"), parameters={"send": True},
+            "weekly-acceptance-report",
+            tags=tags("weekly-acceptance-report"),
+            parameters={"send": True},
             schedule=CronSchedule(cron=chosen.report_cron, timezone=chosen.timezone),
-            description="The weekly acceptance review and e-mail; stale drafters get a retrain."),
+            description="The weekly acceptance review and e-mail; stale drafters get a retrain.",
+        ),
         rollout_target.to_deployment(
-            "rollout", tags=tags("rollout"),
+            "rollout",
+            tags=tags("rollout"),
             triggers=[DeploymentEventTrigger(name="rollout-events", **rollout_trigger())],
-            description="Serves each deployment's target alias with its validated drafter (vLLM)."),
+            description="Serves each deployment's target alias with its validated drafter (vLLM).",
+        ),
     ]

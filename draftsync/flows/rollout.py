@@ -63,8 +63,9 @@ def choose_pair(deployment: ServingDeployment, drafter_version: int | None, spec
         )
     drafter_name = drafter_model_name(deployment.target_name)
     if drafter_version is not None:
-        drafter = DrafterVersion.from_tags(drafter_name, drafter_version, registry.version_tags(drafter_name,
-                                                                                                drafter_version))
+        drafter = DrafterVersion.from_tags(
+            drafter_name, drafter_version, registry.version_tags(drafter_name, drafter_version)
+        )
         trained_for = drafter.trained_for_version()
         if trained_for != target_version:
             raise DraftsyncError(
@@ -73,16 +74,26 @@ def choose_pair(deployment: ServingDeployment, drafter_version: int | None, spec
                 "never serve a mismatched pair: sync a drafter for the served version, or pick one trained for it",
             )
         if not drafter.validation_passed:
-            raise DraftsyncError(f"drafter {drafter_name} v{drafter_version} has not passed validation",
-                                 f"run `draftsync validate {deployment.target_name} {drafter_version}` first")
+            raise DraftsyncError(
+                f"drafter {drafter_name} v{drafter_version} has not passed validation",
+                f"run `draftsync validate {deployment.target_name} {drafter_version}` first",
+            )
     elif speculation:
         drafter_version = _production_drafter_for(deployment.target_name, target_version)
     if drafter_version is None:
         return ServedPair(deployment.target_name, target_version, None, 0, method=DEFAULT_METHOD)
-    drafter = DrafterVersion.from_tags(drafter_name, drafter_version, registry.version_tags(drafter_name,
-                                                                                            drafter_version))
-    return ServedPair(deployment.target_name, target_version, drafter_version, drafter.served_gamma(),
-                      drafter_name=drafter_name, method=drafter.method, schedule=drafter.gamma_schedule())
+    drafter = DrafterVersion.from_tags(
+        drafter_name, drafter_version, registry.version_tags(drafter_name, drafter_version)
+    )
+    return ServedPair(
+        deployment.target_name,
+        target_version,
+        drafter_version,
+        drafter.served_gamma(),
+        drafter_name=drafter_name,
+        method=drafter.method,
+        schedule=drafter.gamma_schedule(),
+    )
 
 
 def _production_drafter_for(target_name: str, target_version: int) -> int | None:
@@ -103,55 +114,81 @@ def render_launch(deployment: ServingDeployment, pair: ServedPair) -> dict:
     `launch: vllm` it is the command line of the engine installed here (vllm_engine.py), when there is one."""
     registry = context.registry()
     target_dir = registry.download(deployment.target_name, pair.target_version)
-    drafter_dir = (registry.download(pair.drafter_name, pair.drafter_version)
-                   if pair.drafter_version is not None else None)
+    drafter_dir = (
+        registry.download(pair.drafter_name, pair.drafter_version) if pair.drafter_version is not None else None
+    )
     engine = None
     if deployment.launch == "vllm":
         from draftsync.serving.vllm_engine import find_vllm_engine
 
         engine = find_vllm_engine(required=False)  # none here: the `vllm serve` a GPU worker's image runs
-    launch = deployment.vllm_launch(target_dir, drafter_dir, pair.method, pair.gamma, schedule=pair.schedule,
-                                    engine=engine)
-    return {"target_dir": str(target_dir), "drafter_dir": str(drafter_dir) if drafter_dir else None,
-            **launch.as_record()}
+    launch = deployment.vllm_launch(
+        target_dir, drafter_dir, pair.method, pair.gamma, schedule=pair.schedule, engine=engine
+    )
+    return {
+        "target_dir": str(target_dir),
+        "drafter_dir": str(drafter_dir) if drafter_dir else None,
+        **launch.as_record(),
+    }
 
 
-def planned_launch(deployment: ServingDeployment, drafter_version: int | None = None, speculation: bool = True,
-                   reason: str = "") -> tuple[ServedPair, dict, dict]:
+def planned_launch(
+    deployment: ServingDeployment, drafter_version: int | None = None, speculation: bool = True, reason: str = ""
+) -> tuple[ServedPair, dict, dict]:
     """The pair, its rendered launch and the summary both a rollout and `rollout --dry-run` report."""
     pair = choose_pair(deployment, drafter_version, speculation)
     launch = render_launch(deployment, pair)
-    summary = {"deployment": deployment.name, "target_version": pair.target_version,
-               "drafter_version": pair.drafter_version, "gamma": pair.gamma,
-               "argv": launch["argv"], "speculative_config": launch["speculative_config"],
-               "vllm": {"argv": launch["argv"], "speculative_config": launch["speculative_config"]}, "reason": reason}
+    summary = {
+        "deployment": deployment.name,
+        "target_version": pair.target_version,
+        "drafter_version": pair.drafter_version,
+        "gamma": pair.gamma,
+        "argv": launch["argv"],
+        "speculative_config": launch["speculative_config"],
+        "vllm": {"argv": launch["argv"], "speculative_config": launch["speculative_config"]},
+        "reason": reason,
+    }
     return pair, launch, summary
 
 
-def _canary(deployment: ServingDeployment, endpoint: str, requests: int, threshold: float,
-            replaced_ms_per_token: float | None) -> dict:
+def _canary(
+    deployment: ServingDeployment, endpoint: str, requests: int, threshold: float, replaced_ms_per_token: float | None
+) -> dict:
     """Send canary traffic through the deployment's address; judge acceptance from /metrics and TPOT."""
     from draftsync.monitors.metrics import scrape_counters
     from draftsync.tasks.serving import ms_per_token
 
     before = scrape_counters(f"{endpoint}/metrics", timeout=30)
-    ms = ms_per_token(endpoint, deployment.name, _prompts(deployment, requests, seed=77), BENCHMARK_TOKENS,
-                      deployment.temperature)
+    ms = ms_per_token(
+        endpoint, deployment.name, _prompts(deployment, requests, seed=77), BENCHMARK_TOKENS, deployment.temperature
+    )
     after = scrape_counters(f"{endpoint}/metrics", timeout=30)
     draft_tokens = after.draft_tokens - before.draft_tokens
     acceptance = (after.accepted - before.accepted) / draft_tokens if draft_tokens > 0 else math.nan
     tpot_ok = replaced_ms_per_token is None or ms is None or ms <= replaced_ms_per_token * (1 + TPOT_TOLERANCE)
     passed = not math.isnan(acceptance) and acceptance >= threshold and tpot_ok
-    return {"requests": requests, "acceptance": None if math.isnan(acceptance) else round(acceptance, 4),
-            "threshold": threshold, "ms_per_token": ms, "replaced_ms_per_token": replaced_ms_per_token,
-            "tpot_ok": tpot_ok, "passed": passed}
+    return {
+        "requests": requests,
+        "acceptance": None if math.isnan(acceptance) else round(acceptance, 4),
+        "threshold": threshold,
+        "ms_per_token": ms,
+        "replaced_ms_per_token": replaced_ms_per_token,
+        "tpot_ok": tpot_ok,
+        "passed": passed,
+    }
 
 
 @flow(name="rollout", log_prints=True)
-def rollout(deployment: ServingDeployment, speculation: bool = True, reason: str = "",
-            drafter_version: int | None = None, canary_requests: int = 0,
-            canary_threshold: float | None = None, sync_profile: str | SyncProfile | None = None,
-            state: str | None = None) -> dict:
+def rollout(
+    deployment: ServingDeployment,
+    speculation: bool = True,
+    reason: str = "",
+    drafter_version: int | None = None,
+    canary_requests: int = 0,
+    canary_threshold: float | None = None,
+    sync_profile: str | SyncProfile | None = None,
+    state: str | None = None,
+) -> dict:
     """Serve the deployment's pair: launch, check, switch, canary; roll back by itself on a bad canary.
 
     `canary_requests` > 0 sends that many canary requests after the switch (production traffic is the
@@ -176,64 +213,99 @@ def rollout(deployment: ServingDeployment, speculation: bool = True, reason: str
         promote_drafter(deployment.target_name, pair.drafter_version)
         steps.append(f"aliases: production -> v{pair.drafter_version}, previous -> v{snapshot[PRODUCTION]}")
     _record_pair(deployment, pair, endpoint, new_state)
-    steps.append(f"serving pair recorded: target v{pair.target_version}, drafter "
-                 f"{'v%s' % pair.drafter_version if pair.drafter_version else 'none'} ({new_state})")
-    result = {**summary, "state": new_state, "endpoint": endpoint, "replaced": replaced, "canary": None,
-              "rolled_back": False}
+    steps.append(
+        f"serving pair recorded: target v{pair.target_version}, drafter "
+        f"{'v%s' % pair.drafter_version if pair.drafter_version else 'none'} ({new_state})"
+    )
+    result = {
+        **summary,
+        "state": new_state,
+        "endpoint": endpoint,
+        "replaced": replaced,
+        "canary": None,
+        "rolled_back": False,
+    }
     if canary is not None and pair.drafter_version is not None and canary_requests > 0:
         threshold = settings.mismatch_threshold if canary_threshold is None else canary_threshold
         verdict = _canary(deployment, endpoint, canary_requests, threshold, canary)
         result["canary"] = verdict
-        steps.append(f"canary: acceptance {verdict['acceptance']} (threshold {threshold}), "
-                     f"{verdict['ms_per_token']} ms/token vs {verdict['replaced_ms_per_token']}: "
-                     f"{'passed' if verdict['passed'] else 'FAILED'}")
+        steps.append(
+            f"canary: acceptance {verdict['acceptance']} (threshold {threshold}), "
+            f"{verdict['ms_per_token']} ms/token vs {verdict['replaced_ms_per_token']}: "
+            f"{'passed' if verdict['passed'] else 'FAILED'}"
+        )
         if not verdict["passed"]:
             restore_drafter_aliases(deployment.target_name, snapshot)
             steps.append(f"rolled back: aliases restored to {snapshot}")
             back = rollout_previous(deployment, snapshot, reason=f"canary failed for drafter v{pair.drafter_version}")
             steps.extend(back["steps"])
-            send_alert(deployment.name, "canary-rollback",
-                       f"{deployment.name}: drafter v{pair.drafter_version} rolled back by its canary",
-                       "\n".join(steps), value=verdict["acceptance"] or 0.0)
-            result.update(rolled_back=True, state=back["state"], drafter_version=back["drafter_version"],
-                          gamma=back["gamma"])
+            send_alert(
+                deployment.name,
+                "canary-rollback",
+                f"{deployment.name}: drafter v{pair.drafter_version} rolled back by its canary",
+                "\n".join(steps),
+                value=verdict["acceptance"] or 0.0,
+            )
+            result.update(
+                rolled_back=True, state=back["state"], drafter_version=back["drafter_version"], gamma=back["gamma"]
+            )
     if missing_drafter:
         _missing_drafter(deployment, pair, steps, sync_profile)
     result["steps"] = steps
     create_markdown_artifact(
         key=f"rollout-{deployment.name}".lower().replace("_", "-").replace(".", "-"),
-        markdown=(f"# {deployment.name}: {result['state']}\n\n{reason}\n\n" + "\n".join(f"1. {s}" for s in steps)
-                  + f"\n\nOn a GPU worker the pair runs as:\n\n```\n{' '.join(launch['argv'])}\n```\n"),
+        markdown=(
+            f"# {deployment.name}: {result['state']}\n\n{reason}\n\n"
+            + "\n".join(f"1. {s}" for s in steps)
+            + f"\n\nOn a GPU worker the pair runs as:\n\n```\n{' '.join(launch['argv'])}\n```\n"
+        ),
         description="rollout",
     )
-    logger.info("%s now %s: target v%d, drafter %s", deployment.name, result["state"], pair.target_version,
-                result["drafter_version"])
+    logger.info(
+        "%s now %s: target v%d, drafter %s",
+        deployment.name,
+        result["state"],
+        pair.target_version,
+        result["drafter_version"],
+    )
     return result
 
 
-def _launch_and_switch(deployment: ServingDeployment, pair: ServedPair, launch: dict, steps: list[str]
-                       ) -> tuple[str, str | None, float | None]:
+def _launch_and_switch(
+    deployment: ServingDeployment, pair: ServedPair, launch: dict, steps: list[str]
+) -> tuple[str, str | None, float | None]:
     """Start the candidate, check it, benchmark it against the current instance, move traffic to it."""
     current = (serving_record(deployment.name) or {}).get("backend")
     try:
-        candidate = launch_server(deployment, launch["target_dir"], launch["drafter_dir"], pair.gamma,
-                                  pair.method, pair.schedule)
+        candidate = launch_server(
+            deployment, launch["target_dir"], launch["drafter_dir"], pair.gamma, pair.method, pair.schedule
+        )
     except DraftsyncError as error:
         kept = f"it keeps serving {current['endpoint']}" if current else "nothing was serving it"
-        send_alert(deployment.name, "launch-failed",
-                   f"{deployment.name}: the candidate server did not start; {kept}",
-                   f"{error.what}\n\nfix: {error.fix}\n\nThe rollout stopped before any traffic or alias moved: "
-                   f"{deployment.name} {kept}.")
+        send_alert(
+            deployment.name,
+            "launch-failed",
+            f"{deployment.name}: the candidate server did not start; {kept}",
+            f"{error.what}\n\nfix: {error.fix}\n\nThe rollout stopped before any traffic or alias moved: "
+            f"{deployment.name} {kept}.",
+        )
         raise
     steps.append(f"candidate healthy on {candidate['endpoint']} (/health, /v1/models)")
     try:
         smoke = smoke_requests(candidate["endpoint"], deployment.name, _prompts(deployment, SMOKE_REQUESTS, seed=5))
         steps.append(f"smoke: {smoke['requests']} requests answered")
-        bench = benchmark_against_current(candidate["endpoint"], current["endpoint"] if current else None,
-                                          deployment.name, _prompts(deployment, BENCHMARK_REQUESTS, seed=6),
-                                          BENCHMARK_TOKENS, deployment.temperature)
-        steps.append(f"benchmark: candidate {bench['candidate_ms_per_token']:.2f} ms/token, current "
-                     f"{bench['current_ms_per_token'] if bench['current_ms_per_token'] is None else round(bench['current_ms_per_token'], 2)}")
+        bench = benchmark_against_current(
+            candidate["endpoint"],
+            current["endpoint"] if current else None,
+            deployment.name,
+            _prompts(deployment, BENCHMARK_REQUESTS, seed=6),
+            BENCHMARK_TOKENS,
+            deployment.temperature,
+        )
+        steps.append(
+            f"benchmark: candidate {bench['candidate_ms_per_token']:.2f} ms/token, current "
+            f"{bench['current_ms_per_token'] if bench['current_ms_per_token'] is None else round(bench['current_ms_per_token'], 2)}"
+        )
     except Exception:
         stop_candidate(candidate)
         raise
@@ -246,9 +318,14 @@ def _record_pair(deployment: ServingDeployment, pair: ServedPair, endpoint: str,
     store = context.store()
     store.forget_scrape_baseline(deployment.name)  # the new instance's counters start from zero
     store.set_serving_pair(
-        deployment.name, target_name=deployment.target_name, target_version=pair.target_version,
+        deployment.name,
+        target_name=deployment.target_name,
+        target_version=pair.target_version,
         drafter_name=pair.drafter_name,
-        drafter_version=pair.drafter_version, gamma=pair.gamma, endpoint=endpoint, state=state,
+        drafter_version=pair.drafter_version,
+        gamma=pair.gamma,
+        endpoint=endpoint,
+        state=state,
     )
 
 
@@ -276,19 +353,29 @@ def rollout_previous(deployment: ServingDeployment, snapshot: dict, reason: str)
     return {"state": state, "drafter_version": pair.drafter_version, "gamma": pair.gamma, "steps": steps}
 
 
-def _missing_drafter(deployment: ServingDeployment, pair: ServedPair, steps: list[str],
-                     sync_profile: str | SyncProfile | None) -> None:
+def _missing_drafter(
+    deployment: ServingDeployment, pair: ServedPair, steps: list[str], sync_profile: str | SyncProfile | None
+) -> None:
     """The pair rule's other half: alert, request a sync, and (with a profile) run it and roll the pair out."""
     target = f"{deployment.target_name} v{pair.target_version}"
-    send_alert(deployment.name, "fallback-no-drafter",
-               f"{deployment.name} serves {target} with speculation off: no validated drafter",
-               f"The alias {deployment.target_alias!r} of {deployment.target_name} points at v{pair.target_version}, "
-               f"which has no validated drafter. {deployment.name} serves it with speculation off (state fallback) "
-               f"until a drafter for it passes validation; a sync was requested.")
-    asked = request_sync(deployment.target_name, pair.target_version, source="rollout",
-                         reason=f"{deployment.name} serves {target} without a drafter")
-    steps.append(f"alert sent; sync {'requested' if asked['requested'] else 'already requested'} "
-                 f"(event {events.SYNC_REQUESTED} for {target})")
+    send_alert(
+        deployment.name,
+        "fallback-no-drafter",
+        f"{deployment.name} serves {target} with speculation off: no validated drafter",
+        f"The alias {deployment.target_alias!r} of {deployment.target_name} points at v{pair.target_version}, "
+        f"which has no validated drafter. {deployment.name} serves it with speculation off (state fallback) "
+        f"until a drafter for it passes validation; a sync was requested.",
+    )
+    asked = request_sync(
+        deployment.target_name,
+        pair.target_version,
+        source="rollout",
+        reason=f"{deployment.name} serves {target} without a drafter",
+    )
+    steps.append(
+        f"alert sent; sync {'requested' if asked['requested'] else 'already requested'} "
+        f"(event {events.SYNC_REQUESTED} for {target})"
+    )
     if sync_profile is None:
         return
     from draftsync.flows.sync import sync
@@ -312,14 +399,22 @@ def rollout_target(target_name: str, alias: str | None = None, reason: str = "")
             continue
         pair = choose_pair(spec, None, True)
         current = store.serving_pair(spec.name)
-        if current is not None and current.state == "serving" and current.target_version == pair.target_version \
-                and current.drafter_version == pair.drafter_version:
+        if (
+            current is not None
+            and current.state == "serving"
+            and current.target_version == pair.target_version
+            and current.drafter_version == pair.drafter_version
+        ):
             results.append({"deployment": spec.name, "state": "unchanged", "drafter_version": pair.drafter_version})
             continue
         results.append(rollout(spec, reason=reason or f"{target_name} changed"))
     if not results:
-        logger.info("no deployment in %s serves %s%s", context.settings().deployments_path, target_name,
-                    f" through alias {alias!r}" if alias else "")
+        logger.info(
+            "no deployment in %s serves %s%s",
+            context.settings().deployments_path,
+            target_name,
+            f" through alias {alias!r}" if alias else "",
+        )
     return {"target_name": target_name, "alias": alias, "rollouts": results}
 
 
@@ -330,5 +425,9 @@ def rollback(deployment: ServingDeployment, reason: str = "rolled back by hand")
     before = registry.alias_snapshot(deployment.target_name)
     restored = rollback_drafter(deployment.target_name)
     back = rollout_previous(deployment, {PRODUCTION: restored}, reason)
-    return {"deployment": deployment.name, "aliases_before": before,
-            "aliases_after": registry.alias_snapshot(deployment.target_name), **back}
+    return {
+        "deployment": deployment.name,
+        "aliases_before": before,
+        "aliases_after": registry.alias_snapshot(deployment.target_name),
+        **back,
+    }

@@ -39,8 +39,11 @@ def scrape(now: datetime | None = None, deployments: list[ServingDeployment] | N
             stopped.append({"deployment": pair.deployment, "skipped": "stopped"})
             continue
         spec = specs.get(pair.deployment)
-        source = {"prometheus_url": spec.prometheus_url, "prometheus_labels": spec.prometheus_labels} \
-            if spec is not None and spec.prometheus_url else {}
+        source = (
+            {"prometheus_url": spec.prometheus_url, "prometheus_labels": spec.prometheus_labels}
+            if spec is not None and spec.prometheus_url
+            else {}
+        )
         futures.append(scrape_deployment.submit(pair.deployment, now, **source))
     result = {"at": now.isoformat(), "deployments": [f.result() for f in futures] + stopped}
     if deployments:
@@ -61,14 +64,27 @@ def acceptance_guard(spec: ServingDeployment, now: datetime) -> dict:
     window = timedelta(minutes=spec.fallback_window_minutes)
     samples = [s for s in store.samples(spec.name, now - window, now) if s.drafter_version == pair.drafter_version]
     due, rate, draft_tokens = fallback_due(samples, spec.fallback_threshold, spec.fallback_min_draft_tokens)
-    outcome = {"deployment": spec.name, "acceptance": rate, "draft_tokens": draft_tokens,
-               "threshold": spec.fallback_threshold, "action": "none"}
+    outcome = {
+        "deployment": spec.name,
+        "acceptance": rate,
+        "draft_tokens": draft_tokens,
+        "threshold": spec.fallback_threshold,
+        "action": "none",
+    }
     if not due:
         return outcome
-    reason = (f"live acceptance {rate:.3f} over the last {spec.fallback_window_minutes} min ({draft_tokens} draft "
-              f"tokens) is under {spec.fallback_threshold}: speculation off")
+    reason = (
+        f"live acceptance {rate:.3f} over the last {spec.fallback_window_minutes} min ({draft_tokens} draft "
+        f"tokens) is under {spec.fallback_threshold}: speculation off"
+    )
     rollout(spec, speculation=False, reason=reason)
-    send_alert(spec.name, "acceptance-fallback", f"{spec.name} fell back to plain decoding (acceptance {rate:.2f})",
-               f"{reason}.\nDrafter v{pair.drafter_version} for {pair.target_name} v{pair.target_version} is "
-               f"mismatched or stale; the weekly review decides on a retrain.", value=rate, now=now)
+    send_alert(
+        spec.name,
+        "acceptance-fallback",
+        f"{spec.name} fell back to plain decoding (acceptance {rate:.2f})",
+        f"{reason}.\nDrafter v{pair.drafter_version} for {pair.target_name} v{pair.target_version} is "
+        f"mismatched or stale; the weekly review decides on a retrain.",
+        value=rate,
+        now=now,
+    )
     return {**outcome, "action": "fallback"}

@@ -71,21 +71,27 @@ class SkippedSync:
 
 
 @flow(name="drafter-sync", log_prints=True)
-def sync(target_name: str, target_version: int, profile: str | SyncProfile | None = None,
-         reason: str = "sync started directly") -> dict:
+def sync(
+    target_name: str,
+    target_version: int,
+    profile: str | SyncProfile | None = None,
+    reason: str = "sync started directly",
+) -> dict:
     """Train a drafter for one target version; promote it to `production` only when every gate passes.
 
     `profile` None: the configured one (DRAFTSYNC_SYNC_PROFILE). Returns `skipped` when the ledger says the
     version is synced already or another live run has it."""
     logger = get_run_logger()
-    chosen = named_profile(profile or context.settings().sync_profile) if not isinstance(profile, SyncProfile) \
-        else profile
+    chosen = (
+        named_profile(profile or context.settings().sync_profile) if not isinstance(profile, SyncProfile) else profile
+    )
     claim = _claim(target_name, target_version, chosen.method, reason)
     if claim.outcome != "claimed":
         job = claim.job
         logger.info("sync of %s v%d (%s) skipped: %s", target_name, target_version, chosen.method, claim.outcome)
-        return SkippedSync(target_name, target_version, chosen.method, claim.outcome, job.drafter_version,
-                           job.run_id).as_dict()
+        return SkippedSync(
+            target_name, target_version, chosen.method, claim.outcome, job.drafter_version, job.run_id
+        ).as_dict()
     job = claim.job
     try:
         result = _train_and_validate(target_name, target_version, chosen, job.generation)
@@ -93,8 +99,12 @@ def sync(target_name: str, target_version: int, profile: str | SyncProfile | Non
         detail = "".join(traceback.format_exception_only(error)).strip()[:2000]
         context.sync_ledger().finish(job.id, "failed", detail=detail)
         raise
-    context.sync_ledger().finish(job.id, "succeeded", drafter_version=result.drafter_version,
-                                 detail="passed" if result.passed else "failed validation")
+    context.sync_ledger().finish(
+        job.id,
+        "succeeded",
+        drafter_version=result.drafter_version,
+        detail="passed" if result.passed else "failed validation",
+    )
     _summary_artifact(result, reason)
     return result.as_dict()
 
@@ -106,20 +116,25 @@ def _summary_artifact(result: SyncResult, reason: str) -> None:
 
     target, version = result.target_name, result.target_version
     validation, training, advice = result.validation, result.training, result.recommendation
-    rows = "\n".join(f"| {g['name']} | {g['value']} | {g['comparison']} {g['threshold']} | "
-                     f"{'pass' if g['passed'] else '**FAIL**'} |" for g in validation["gates"])
-    verdict = "passed every gate and is `production`" if validation.get("promoted") else \
-        ("passed" if result.passed else "**failed** validation and stays a candidate")
+    rows = "\n".join(
+        f"| {g['name']} | {g['value']} | {g['comparison']} {g['threshold']} | {'pass' if g['passed'] else '**FAIL**'} |"
+        for g in validation["gates"]
+    )
+    verdict = (
+        "passed every gate and is `production`"
+        if validation.get("promoted")
+        else ("passed" if result.passed else "**failed** validation and stays a candidate")
+    )
     markdown = f"""# Drafter sync: {target} v{version}
 
 Drafter **{result.drafter_name} v{result.drafter_version}** ({result.method}, gamma knee
 {result.gamma}) {verdict}. Started by: {reason}.
 
-Gamma: recommended {advice['gamma_range'][0]}-{advice['gamma_range'][1]} starting at {advice['gamma_start']}
-({advice['method']}{', followed' if advice['applied'] else ', recorded only'}); measured knee {result.gamma}.
+Gamma: recommended {advice["gamma_range"][0]}-{advice["gamma_range"][1]} starting at {advice["gamma_start"]}
+({advice["method"]}{", followed" if advice["applied"] else ", recorded only"}); measured knee {result.gamma}.
 
-Training: {training['steps']} steps{' (warm start)' if training.get('warm_start') else ''}, final loss
-{training['final_loss']}, {training['tokens_per_s']} tokens/s, {training['parameters_pct_of_target']}% of the target.
+Training: {training["steps"]} steps{" (warm start)" if training.get("warm_start") else ""}, final loss
+{training["final_loss"]}, {training["tokens_per_s"]} tokens/s, {training["parameters_pct_of_target"]}% of the target.
 
 | gate | value | threshold | result |
 |---|---|---|---|
@@ -137,12 +152,18 @@ def _claim(target_name: str, target_version: int, method: str, reason: str):
     ledger = context.sync_ledger()
     owner = run_owner()
     claim = ledger.claim(target_name, target_version, method, run_id=owner, reason=reason)
-    if claim.outcome == "running" and claim.job.status == "running" and claim.job.run_id != owner \
-            and owner_is_gone(claim.job.run_id):
-        get_run_logger().warning("sync of %s v%d: run %s died; taking its job over", target_name, target_version,
-                                 claim.job.run_id)
-        claim = ledger.claim(target_name, target_version, method, run_id=owner, reason=reason,
-                             takeover_from=claim.job.run_id)
+    if (
+        claim.outcome == "running"
+        and claim.job.status == "running"
+        and claim.job.run_id != owner
+        and owner_is_gone(claim.job.run_id)
+    ):
+        get_run_logger().warning(
+            "sync of %s v%d: run %s died; taking its job over", target_name, target_version, claim.job.run_id
+        )
+        claim = ledger.claim(
+            target_name, target_version, method, run_id=owner, reason=reason, takeover_from=claim.job.run_id
+        )
     return claim
 
 
@@ -181,9 +202,17 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     checkpoints = work / "checkpoints"
     training = train_drafter(target["path"], data["path"], chosen, str(out_dir), str(checkpoints), warm_start_dir)
     lap("training")
-    version = register_drafter(target_name, target_version, str(out_dir), chosen.method, chosen.gamma, training,
-                               history_path=str(checkpoints / HISTORY_FILE), data_checks=data["checks"],
-                               generation=generation)
+    version = register_drafter(
+        target_name,
+        target_version,
+        str(out_dir),
+        chosen.method,
+        chosen.gamma,
+        training,
+        history_path=str(checkpoints / HISTORY_FILE),
+        data_checks=data["checks"],
+        generation=generation,
+    )
     tag_drafter(target_name, version, recommendation_tags(plan))
     if not chosen.keep_dataset:
         shutil.rmtree(dataset_dir, ignore_errors=True)

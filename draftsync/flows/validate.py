@@ -41,16 +41,24 @@ def _number(value: object) -> str:
 def _markdown(name: str, version: int, target_name: str, target_version: int, result: dict) -> str:
     gates = "\n".join(
         f"| {g['name']} | {_number(g['value'])} | {g['comparison']} {_number(g['threshold'])} | "
-        f"{'pass' if g['passed'] else '**FAIL**'} | {g['detail']} |" for g in result["gates"]
+        f"{'pass' if g['passed'] else '**FAIL**'} | {g['detail']} |"
+        for g in result["gates"]
     )
     sweep = "\n".join(
         f"| {r['gamma']}{' (knee)' if r['gamma'] == result['gamma_knee'] else ''} | {r['mean_acceptance_length']:.3f} | "
-        f"{r['acceptance_rate']:.3f} | {r['tpot_ms']:.3f} |" for r in result["gamma_sweep"]
+        f"{r['acceptance_rate']:.3f} | {r['tpot_ms']:.3f} |"
+        for r in result["gamma_sweep"]
     )
     a = result["acceptance"]
-    verdict = "PASSED" if result["passed"] else "FAILED: " + ", ".join(
-        [g["name"] for g in result["gates"] if not g["passed"]]
-        + [e["name"] for e in result.get("suite", {}).get("expectations", []) if not e["passed"]])
+    verdict = (
+        "PASSED"
+        if result["passed"]
+        else "FAILED: "
+        + ", ".join(
+            [g["name"] for g in result["gates"] if not g["passed"]]
+            + [e["name"] for e in result.get("suite", {}).get("expectations", []) if not e["passed"]]
+        )
+    )
     return (
         f"# {name} v{version} on {target_name} v{target_version}: {verdict}\n\n"
         f"Profile `{result['profile']}`, backend `{result['backend']}`, temperature {result['temperature']:g}, "
@@ -70,20 +78,33 @@ def _write_reports(out: Path, result: dict) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     rows = result["rows"]
-    (out / "validation.json").write_text(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2,
-                                                    default=str))
+    (out / "validation.json").write_text(
+        json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2, default=str)
+    )
     with (out / "requests.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    write_validation_plots(out, result["gamma_sweep"], result["acceptance_by_position"], knee=result["gamma_knee"],
-                           plain_tpot_ms=result["sweep_plain_tpot_ms"], gamma=result["gamma_knee"])
+    write_validation_plots(
+        out,
+        result["gamma_sweep"],
+        result["acceptance_by_position"],
+        knee=result["gamma_knee"],
+        plain_tpot_ms=result["sweep_plain_tpot_ms"],
+        gamma=result["gamma_knee"],
+    )
 
 
 @flow(name="validate-drafter", log_prints=True)
-def validate(target_name: str, drafter_version: int, profile: str | ValidationProfile = "demo",
-             target_version: int | None = None, promote: bool = False, seed: int = 0,
-             backend: str = "reference") -> dict:
+def validate(
+    target_name: str,
+    drafter_version: int,
+    profile: str | ValidationProfile = "demo",
+    target_version: int | None = None,
+    promote: bool = False,
+    seed: int = 0,
+    backend: str = "reference",
+) -> dict:
     """Run the checklist on a drafter version; record it; with `promote`, make a passing drafter `production`.
 
     `backend`: "reference" (the CPU engine) or "vllm" (offline vLLM on a GPU worker)."""
@@ -99,16 +120,30 @@ def validate(target_name: str, drafter_version: int, profile: str | ValidationPr
     target = fetch_target(target_name, against)
     drafter_dir = fetch_drafter(target_name, drafter_version)
     task_mix = target_task_mix(Path(target["path"]), target["tags"])
-    result = validate_drafter(target["path"], drafter_dir, task_mix, chosen, seed, drafter.data_check_failures,
-                              backend=backend)
+    result = validate_drafter(
+        target["path"], drafter_dir, task_mix, chosen, seed, drafter.data_check_failures, backend=backend
+    )
 
     validation_rows = [r for r in result["rows"] if r["phase"] == "validation"]
-    result["suite"] = run_validation_suite(validation_rows, {
-        "min_acceptance": chosen.min_acceptance, "p50": chosen.min_p50, "p5": chosen.min_p5,
-        "tasks": sorted(task_mix)})
+    result["suite"] = run_validation_suite(
+        validation_rows,
+        {
+            "min_acceptance": chosen.min_acceptance,
+            "p50": chosen.min_p50,
+            "p5": chosen.min_p5,
+            "tasks": sorted(task_mix),
+        },
+    )
     result["passed"] = result["passed"] and result["suite"]["passed"]
-    result.update({"target_name": target_name, "target_version": against, "drafter_name": name,
-                   "drafter_version": int(drafter_version), "trained_for_target_version": trained_for})
+    result.update(
+        {
+            "target_name": target_name,
+            "target_version": against,
+            "drafter_name": name,
+            "drafter_version": int(drafter_version),
+            "trained_for_target_version": trained_for,
+        }
+    )
     reports = settings.root / "validations" / target_name / f"drafter-v{drafter_version}-target-v{against}"
     _write_reports(reports, result)
     (reports / "suite.json").write_text(json.dumps(result["suite"], indent=2, default=str))
@@ -117,24 +152,44 @@ def validate(target_name: str, drafter_version: int, profile: str | ValidationPr
     if against == trained_for:
         record_validation(target_name, drafter_version, result, str(reports), settings.mismatch_threshold)
     else:
-        tag_drafter(target_name, drafter_version,
-                    {crosscheck_tag(against): "passed" if result["passed"] else "failed: " + ",".join(failed)})
+        tag_drafter(
+            target_name,
+            drafter_version,
+            {crosscheck_tag(against): "passed" if result["passed"] else "failed: " + ",".join(failed)},
+        )
     promoted = False
     if result["passed"] and promote and against == trained_for:
         promote_drafter(target_name, drafter_version)
         promoted = True
-        events.emit(events.DRAFTER_VALIDATED, target_name, against, drafter_version=str(drafter_version),
-                    payload={"gamma_knee": result.get("gamma_knee"), "speedup": result.get("speedup")})
+        events.emit(
+            events.DRAFTER_VALIDATED,
+            target_name,
+            against,
+            drafter_version=str(drafter_version),
+            payload={"gamma_knee": result.get("gamma_knee"), "speedup": result.get("speedup")},
+        )
         logger.info("drafter %s v%d passed every gate and is now production", name, drafter_version)
     elif not result["passed"]:
-        logger.warning("drafter %s v%d FAILED validation on %s v%d (gates: %s); production stays at v%s",
-                       name, drafter_version, target_name, against, ", ".join(failed) or "suite",
-                       registry.alias_version(name, "production"))
+        logger.warning(
+            "drafter %s v%d FAILED validation on %s v%d (gates: %s); production stays at v%s",
+            name,
+            drafter_version,
+            target_name,
+            against,
+            ", ".join(failed) or "suite",
+            registry.alias_version(name, "production"),
+        )
     result["promoted"] = promoted
     result["reports_dir"] = str(reports)
     key = f"validation-{target_name}-d{drafter_version}-t{against}".lower().replace("_", "-").replace(".", "-")
-    create_markdown_artifact(key=key, markdown=_markdown(name, drafter_version, target_name, against, result),
-                             description="drafter validation checklist")
-    create_table_artifact(key=f"{key}-gates", table=[{k: g[k] for k in ("name", "value", "threshold", "passed")}
-                                                     for g in result["gates"]], description="validation gates")
+    create_markdown_artifact(
+        key=key,
+        markdown=_markdown(name, drafter_version, target_name, against, result),
+        description="drafter validation checklist",
+    )
+    create_table_artifact(
+        key=f"{key}-gates",
+        table=[{k: g[k] for k in ("name", "value", "threshold", "passed")} for g in result["gates"]],
+        description="validation gates",
+    )
     return {k: v for k, v in result.items() if k != "rows"}

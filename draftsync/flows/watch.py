@@ -25,13 +25,18 @@ UNCLAIMED_AFTER = timedelta(minutes=15)  # a sync request no run claimed by then
 
 
 @flow(name="registry-watch", log_prints=True)
-def watch(target_name: str | None = None, deployment: ServingDeployment | None = None,
-          profile: str | SyncProfile | None = None, dispatch: Literal["inline", "event"] = "inline") -> dict:
+def watch(
+    target_name: str | None = None,
+    deployment: ServingDeployment | None = None,
+    profile: str | SyncProfile | None = None,
+    dispatch: Literal["inline", "event"] = "inline",
+) -> dict:
     """Poll the registry (the backstop for lost webhooks). `target_name` None: every target it knows."""
     registry = context.registry()
     registry.ping()
-    names = [target_name] if target_name else sorted(set(registry.target_names())
-                                                      | set(context.settings().target_names))
+    names = (
+        [target_name] if target_name else sorted(set(registry.target_names()) | set(context.settings().target_names))
+    )
     watched = [_watch_one(name, deployment, profile, dispatch) for name in names]
     released = release_dead_runs() if dispatch == "event" else []
     resent = resend_overdue(UNCLAIMED_AFTER) if dispatch == "event" else []
@@ -40,8 +45,9 @@ def watch(target_name: str | None = None, deployment: ServingDeployment | None =
     return {"targets": watched, "resent": resent, "released": released}
 
 
-def _watch_one(target_name: str, deployment: ServingDeployment | None, profile: str | SyncProfile | None,
-               dispatch: str) -> dict:
+def _watch_one(
+    target_name: str, deployment: ServingDeployment | None, profile: str | SyncProfile | None, dispatch: str
+) -> dict:
     logger = get_run_logger()
     registry, store = context.registry(), context.store()
     mark = store.get_watermark(target_name) or 0
@@ -51,14 +57,26 @@ def _watch_one(target_name: str, deployment: ServingDeployment | None, profile: 
     for version in new_versions:
         if dispatch == "event":
             method = profile.method if isinstance(profile, SyncProfile) else planned_method(profile)
-            syncs.append(request_sync(target_name, version, source="poll", method=method,
-                                      reason=f"version {version} found by the registry poll",
-                                      event=events.TARGET_VERSION_CREATED))
+            syncs.append(
+                request_sync(
+                    target_name,
+                    version,
+                    source="poll",
+                    method=method,
+                    reason=f"version {version} found by the registry poll",
+                    event=events.TARGET_VERSION_CREATED,
+                )
+            )
         else:
             syncs.append(sync(target_name, version, profile, reason=f"version {version} found by the registry poll"))
         store.set_watermark(target_name, version)
     rolled = None
     if deployment and new_versions and dispatch == "inline":
         rolled = rollout(deployment, reason=f"new target versions {new_versions}")
-    return {"target_name": target_name, "watermark_before": mark, "new_versions": new_versions, "syncs": syncs,
-            "rollout": rolled}
+    return {
+        "target_name": target_name,
+        "watermark_before": mark,
+        "new_versions": new_versions,
+        "syncs": syncs,
+        "rollout": rolled,
+    }

@@ -25,8 +25,10 @@ from draftsync.tasks.serving import configured_deployments
 from draftsync.tasks.sync_requests import request_sync
 
 ISO_WEEK = re.compile(r"^(\d{4})-W(\d{2})$")
-NOT_SENT = ("not sent: delivery was not asked for (`draftsync report --send` delivers by SMTP); "
-            "the e-mail is in the outbox folder only")
+NOT_SENT = (
+    "not sent: delivery was not asked for (`draftsync report --send` delivers by SMTP); "
+    "the e-mail is in the outbox folder only"
+)
 
 
 def iso_week_period(week: str, now: datetime | None = None) -> tuple[datetime, datetime]:
@@ -39,8 +41,10 @@ def iso_week_period(week: str, now: datetime | None = None) -> tuple[datetime, d
         except ValueError:
             start = None
     if start is None:
-        raise DraftsyncError(f"week {week!r} is not an ISO week of the calendar",
-                             "write it as YYYY-Www, e.g. 2026-W45 (weeks run 01..52, or 53 in long years)")
+        raise DraftsyncError(
+            f"week {week!r} is not an ISO week of the calendar",
+            "write it as YYYY-Www, e.g. 2026-W45 (weeks run 01..52, or 53 in long years)",
+        )
     end = start + WEEK
     now = now or datetime.now(UTC)
     if end > now:
@@ -53,8 +57,9 @@ def iso_week_period(week: str, now: datetime | None = None) -> tuple[datetime, d
 
 def _links(target_names: set[str]) -> dict[str, str]:
     settings = context.settings()
-    links_by_name = {f"MLflow: {name}-drafter": links.model_version_url(f"{name}-drafter")
-                     for name in sorted(target_names)}
+    links_by_name = {
+        f"MLflow: {name}-drafter": links.model_version_url(f"{name}-drafter") for name in sorted(target_names)
+    }
     links_by_name["Prefect flow runs"] = links.flow_run_url()
     if not settings.mlflow_tracking_uri.startswith(("http://", "https://")):
         links_by_name["MLflow UI on this work dir"] = f"mlflow ui --backend-store-uri {settings.mlflow_tracking_uri}"
@@ -70,8 +75,10 @@ def _act(pair, review: dict, specs: dict[str, ServingDeployment], fresh: set[str
     if any("fallback" in a for a in wanted) and pair.state == "serving":
         spec = specs.get(pair.deployment)
         if spec is None:
-            taken.append(f"fallback due, but {pair.deployment} is not in the deployments file "
-                         f"({context.settings().deployments_path}): not relaunched")
+            taken.append(
+                f"fallback due, but {pair.deployment} is not in the deployments file "
+                f"({context.settings().deployments_path}): not relaunched"
+            )
         else:
             try:
                 rollout(spec, speculation=False, reason="weekly review: acceptance below the fallback threshold")
@@ -83,20 +90,34 @@ def _act(pair, review: dict, specs: dict[str, ServingDeployment], fresh: set[str
     if any(f.rule == "stale" for f in findings) and pair.state != "stopped":
         current = store.serving_pair(pair.deployment)
         store.set_serving_pair(
-            pair.deployment, target_name=current.target_name, target_version=current.target_version,
-            drafter_name=current.drafter_name, drafter_version=current.drafter_version, gamma=current.gamma,
-            endpoint=current.endpoint, state="stale", now=now,
+            pair.deployment,
+            target_name=current.target_name,
+            target_version=current.target_version,
+            drafter_name=current.drafter_name,
+            drafter_version=current.drafter_version,
+            gamma=current.gamma,
+            endpoint=current.endpoint,
+            state="stale",
+            now=now,
         )
         taken.append("marked stale")
     retrain = [f for f in findings if "retrain" in f.action]
     if retrain and any(f.key in fresh for f in retrain):
-        asked = request_sync(pair.target_name, pair.target_version, source="weekly-review", retrain=True,
-                             event=events.DRAFTER_STALE, now=now,
-                             reason=f"{pair.deployment}: drafter v{pair.drafter_version} is stale "
-                                    f"({', '.join(f.rule for f in retrain)})")
-        taken.append(f"retrain requested (event {events.DRAFTER_STALE} for {pair.target_name} v{pair.target_version})"
-                     if asked["requested"] else
-                     f"retrain of {pair.target_name} v{pair.target_version} already requested: not repeated")
+        asked = request_sync(
+            pair.target_name,
+            pair.target_version,
+            source="weekly-review",
+            retrain=True,
+            event=events.DRAFTER_STALE,
+            now=now,
+            reason=f"{pair.deployment}: drafter v{pair.drafter_version} is stale "
+            f"({', '.join(f.rule for f in retrain)})",
+        )
+        taken.append(
+            f"retrain requested (event {events.DRAFTER_STALE} for {pair.target_name} v{pair.target_version})"
+            if asked["requested"]
+            else f"retrain of {pair.target_name} v{pair.target_version} already requested: not repeated"
+        )
     elif retrain:
         taken.append("retrain already requested this week for the same finding: not repeated")
     return taken
@@ -112,8 +133,14 @@ def _status(findings) -> str:
 
 
 def _finding_row(f) -> dict:
-    return {"deployment": f.deployment, "rule": f.rule, "severity": f.severity, "value": f.value,
-            "message": f.message, "action": f.action}
+    return {
+        "deployment": f.deployment,
+        "rule": f.rule,
+        "severity": f.severity,
+        "value": f.value,
+        "message": f.message,
+        "action": f.action,
+    }
 
 
 @flow(name="weekly-acceptance-report", log_prints=True)
@@ -165,55 +192,81 @@ def weekly_report(
         else:
             taken = [f"none: a look back at {week} (actions are taken by the review of the last 7 days)"]
         actions[pair.deployment] = taken
-        rows.append({
-            "name": pair.deployment,
-            "acceptance_rate": summary.acceptance_rate,
-            "p5": summary.interval_p5,
-            "p50": summary.interval_p50,
-            "trend_per_day": summary.slope_per_day,
-            "week_over_week": review["week_over_week"],
-            "baseline": None if review["baseline"] is None else {
-                "acceptance_rate": review["baseline"].acceptance_rate, "std": review["baseline"].std,
-                "start": review["baseline"].start.isoformat()},
-            "status": _status(found),
-            "findings": [_finding_row(f) for f in found],
-            "actions": taken,
-            "mean_acceptance_length": summary.mean_acceptance_length,
-            "draft_tokens": summary.draft_tokens,
-            "server_restarts": summary.resets,
-            "serving_state": (store.serving_pair(pair.deployment) or pair).state,
-            "target": {"name": pair.target_name, "version": pair.target_version},
-            "drafter_version": summary.drafter_version,
-        })
+        rows.append(
+            {
+                "name": pair.deployment,
+                "acceptance_rate": summary.acceptance_rate,
+                "p5": summary.interval_p5,
+                "p50": summary.interval_p50,
+                "trend_per_day": summary.slope_per_day,
+                "week_over_week": review["week_over_week"],
+                "baseline": None
+                if review["baseline"] is None
+                else {
+                    "acceptance_rate": review["baseline"].acceptance_rate,
+                    "std": review["baseline"].std,
+                    "start": review["baseline"].start.isoformat(),
+                },
+                "status": _status(found),
+                "findings": [_finding_row(f) for f in found],
+                "actions": taken,
+                "mean_acceptance_length": summary.mean_acceptance_length,
+                "draft_tokens": summary.draft_tokens,
+                "server_restarts": summary.resets,
+                "serving_state": (store.serving_pair(pair.deployment) or pair).state,
+                "target": {"name": pair.target_name, "version": pair.target_version},
+                "drafter_version": summary.drafter_version,
+            }
+        )
 
     thresholds = Thresholds.from_settings(settings)
     all_notes = list(notes or []) + problems
     if not acting:
         all_notes.append(f"A look back at ISO week {week}: no action was taken by this report.")
-    message = build_weekly_report(summaries, findings, actions, _links(targets), (start, end),
-                                  thresholds=thresholds, notes=all_notes)
+    message = build_weekly_report(
+        summaries, findings, actions, _links(targets), (start, end), thresholds=thresholds, notes=all_notes
+    )
     if send:
         entry = mailer.send(message, now=clock)
         eml_path, status, entry_id = entry.eml_path, entry.status, entry.id
         retry = "kept in the outbox and retried next run" if status == "pending" else "given up after repeated failures"
-        delivery = (f"sent by SMTP to {entry.recipients}" if status == "sent"
-                    else f"{status}: {entry.last_error or 'not delivered'}; {retry}")
+        delivery = (
+            f"sent by SMTP to {entry.recipients}"
+            if status == "sent"
+            else f"{status}: {entry.last_error or 'not delivered'}; {retry}"
+        )
     else:
         eml_path, status, entry_id, delivery = str(mailer.write_unsent(message, now=clock)), "not sent", None, NOT_SENT
     if acting:
         for finding in findings:
             if finding.key in fresh:
                 store.record_alert(
-                    finding.key, deployment=finding.deployment, rule=finding.rule, severity=finding.severity,
-                    value=finding.value, sent_at=end, outbox_id=entry_id,
+                    finding.key,
+                    deployment=finding.deployment,
+                    rule=finding.rule,
+                    severity=finding.severity,
+                    value=finding.value,
+                    sent_at=end,
+                    outbox_id=entry_id,
                 )
     logger.info("weekly report %r written to %s (%s)", message["Subject"], eml_path, status)
     create_table_artifact(
-        key="weekly-acceptance-report", description=f"Weekly acceptance review: {message['Subject']}",
-        table=[{"deployment": r["name"], "status": r["status"], "acceptance": r["acceptance_rate"], "p5": r["p5"],
-                "p50": r["p50"], "trend_per_day": r["trend_per_day"],
-                "findings": "; ".join(f["rule"] for f in r["findings"]) or "-", "actions": "; ".join(r["actions"])}
-               for r in rows])
+        key="weekly-acceptance-report",
+        description=f"Weekly acceptance review: {message['Subject']}",
+        table=[
+            {
+                "deployment": r["name"],
+                "status": r["status"],
+                "acceptance": r["acceptance_rate"],
+                "p5": r["p5"],
+                "p50": r["p50"],
+                "trend_per_day": r["trend_per_day"],
+                "findings": "; ".join(f["rule"] for f in r["findings"]) or "-",
+                "actions": "; ".join(r["actions"]),
+            }
+            for r in rows
+        ],
+    )
     return {
         "week": {"iso": week, "start": start.isoformat(), "end": end.isoformat()},
         "deployments": rows,

@@ -186,8 +186,10 @@ class Mailer:
 
     def _scrub(self, text: str) -> str:
         """Never let the SMTP password reach a log line or the store."""
-        passwords = [self.settings.smtp_password.get_secret_value() if self.settings.smtp_password else "",
-                     self._block_password or ""]
+        passwords = [
+            self.settings.smtp_password.get_secret_value() if self.settings.smtp_password else "",
+            self._block_password or "",
+        ]
         for password in passwords:
             if password:
                 text = text.replace(password, "***")

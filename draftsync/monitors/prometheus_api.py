@@ -121,8 +121,7 @@ def query_counters(
     per_position: dict[int, float] = {}
     for row in results["accepted_per_position"]:
         position = position_label(row.get("metric", {}), f"Prometheus at {shown}")
-        per_position[position] = per_position.get(position, 0.0) + _value(row, queries["accepted_per_position"],
-                                                                           shown)
+        per_position[position] = per_position.get(position, 0.0) + _value(row, queries["accepted_per_position"], shown)
     positions: tuple[int, ...] = ()
     if per_position:
         positions = tuple(int(per_position.get(i, 0.0)) for i in range(max(per_position) + 1))

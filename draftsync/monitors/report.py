@@ -13,8 +13,13 @@ from io import BytesIO
 from draftsync.monitors.staleness import SEVERITY_RANK, Finding, Thresholds, worst
 from draftsync.monitors.trends import DeploymentSummary, slope_text
 
-STATE_BY_RULE = {"stale": "STALE", "lineage": "LINEAGE MISMATCH", "mismatch": "MISMATCH", "trend": "DECLINING",
-                 "baseline": "BELOW BASELINE"}
+STATE_BY_RULE = {
+    "stale": "STALE",
+    "lineage": "LINEAGE MISMATCH",
+    "mismatch": "MISMATCH",
+    "trend": "DECLINING",
+    "baseline": "BELOW BASELINE",
+}
 ACCEPTANCE_RULES = {"stale", "mismatch"}
 
 
@@ -114,7 +119,10 @@ def _text_body(
     period: tuple[datetime, datetime],
     notes: Sequence[str],
 ) -> str:
-    lines = ["draftsync weekly acceptance report", f"Period: {period[0]:%Y-%m-%d %H:%M} -> {period[1]:%Y-%m-%d %H:%M} UTC"]
+    lines = [
+        "draftsync weekly acceptance report",
+        f"Period: {period[0]:%Y-%m-%d %H:%M} -> {period[1]:%Y-%m-%d %H:%M} UTC",
+    ]
     lines += [f"Note: {note}" for note in notes]
     for s in summaries:
         findings = by_deployment.get(s.deployment, [])
@@ -150,7 +158,7 @@ def _html_body(
     e = html.escape
     colors = {"STALE": "#c00000", "LINEAGE MISMATCH": "#c00000", "MISMATCH": "#e69500", "OK": "#2e7d32"}
     parts = [
-        "<html><body style=\"font-family: sans-serif\">",
+        '<html><body style="font-family: sans-serif">',
         "<h2>draftsync weekly acceptance report</h2>",
         f"<p>Period: {period[0]:%Y-%m-%d %H:%M} &rarr; {period[1]:%Y-%m-%d %H:%M} UTC</p>",
     ]
@@ -158,8 +166,8 @@ def _html_body(
     for s in summaries:
         findings = by_deployment.get(s.deployment, [])
         state = deployment_state(findings)
-        parts.append(f"<h3>{e(s.deployment)}: <span style=\"color:{colors[state]}\">{e(state)}</span></h3>")
-        parts.append("<table border=\"1\" cellpadding=\"4\" cellspacing=\"0\">")
+        parts.append(f'<h3>{e(s.deployment)}: <span style="color:{colors[state]}">{e(state)}</span></h3>')
+        parts.append('<table border="1" cellpadding="4" cellspacing="0">')
         rows = [
             ("Serving", _pair_text(s)),
             ("Acceptance trend", _trend(s)),
@@ -169,17 +177,17 @@ def _html_body(
             ("Draft tokens / accepted", f"{s.draft_tokens} / {s.accepted}"),
             ("Server restarts seen", str(s.resets)),
         ]
-        parts += [f"<tr><th align=\"left\">{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows]
+        parts += [f'<tr><th align="left">{e(k)}</th><td>{e(v)}</td></tr>' for k, v in rows]
         parts.append("</table>")
         if s.daily:
-            parts.append("<p>Daily acceptance:</p><table border=\"1\" cellpadding=\"4\" cellspacing=\"0\"><tr>")
+            parts.append('<p>Daily acceptance:</p><table border="1" cellpadding="4" cellspacing="0"><tr>')
             parts += [f"<th>{day:%m-%d}</th>" for day, _ in s.daily]
             parts.append("</tr><tr>")
             parts += [f"<td>{rate:.2f}</td>" for _, rate in s.daily]
             parts.append("</tr></table>")
         if s.deployment in chart_cids:
             parts.append(
-                f"<p><img src=\"cid:{chart_cids[s.deployment]}\" alt=\"acceptance of {e(s.deployment)} over the period\"></p>"
+                f'<p><img src="cid:{chart_cids[s.deployment]}" alt="acceptance of {e(s.deployment)} over the period"></p>'
             )
         parts.append("<p><b>Findings</b></p><ul>")
         parts += [f"<li>[{e(f.severity.upper())}] {e(f.message)} (action: {e(f.action)})</li>" for f in findings] or [
@@ -190,7 +198,7 @@ def _html_body(
         parts.append("</ul>")
     if links:
         parts.append("<p><b>Links</b></p><ul>")
-        parts += [f"<li><a href=\"{e(url, quote=True)}\">{e(label)}</a></li>" for label, url in links.items()]
+        parts += [f'<li><a href="{e(url, quote=True)}">{e(label)}</a></li>' for label, url in links.items()]
         parts.append("</ul>")
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -229,7 +237,10 @@ def build_weekly_report(
     html_part = message.get_payload()[1]
     for name, png in charts.items():
         html_part.add_related(
-            png, maintype="image", subtype="png", cid=f"<{chart_cids[name]}>",
+            png,
+            maintype="image",
+            subtype="png",
+            cid=f"<{chart_cids[name]}>",
             disposition="inline",
             filename=f"{_slug(name)}-acceptance.png",
         )

@@ -89,8 +89,14 @@ def hourly_rows(samples: Iterable) -> list[HourlyRow]:
     """Sum sample-like rows into hourly rows, the way `record_scrape` keeps them (oldest hour first)."""
     rows: dict[tuple, HourlyRow] = {}
     for sample in samples:
-        key = (sample.deployment, rollup_hour(sample.ts), sample.target_name, int(sample.target_version),
-               None if sample.drafter_version in (None, NO_DRAFTER) else int(sample.drafter_version), int(sample.gamma))
+        key = (
+            sample.deployment,
+            rollup_hour(sample.ts),
+            sample.target_name,
+            int(sample.target_version),
+            None if sample.drafter_version in (None, NO_DRAFTER) else int(sample.drafter_version),
+            int(sample.gamma),
+        )
         row = rows.get(key)
         if row is None:
             row = rows[key] = HourlyRow(*key)
@@ -111,8 +117,9 @@ def rolled_up_between(low: datetime, high: datetime):
     """Deployments with a rollup row for an hour touching (low, high]: the only ones with samples there."""
     return (
         select(HourlyRollup.deployment)
-        .where(HourlyRollup.hour >= rollup_hour(low + timedelta(microseconds=1)),
-               HourlyRollup.hour <= rollup_hour(high))
+        .where(
+            HourlyRollup.hour >= rollup_hour(low + timedelta(microseconds=1)), HourlyRollup.hour <= rollup_hour(high)
+        )
         .distinct()
     )
 
@@ -122,24 +129,61 @@ def summed_samples(session: Session, low: datetime, high: datetime, deployments)
     window = (Sample.deployment.in_(deployments), Sample.ts > low, Sample.ts <= high)
     width = session.scalar(select(func.max(func.json_array_length(Sample.accepted_per_position))).where(*window)) or 0
     pair = (Sample.deployment, Sample.target_name, Sample.target_version, Sample.drafter_version, Sample.gamma)
-    query = select(
-        *pair,
-        func.count(),
-        func.sum(case((Sample.reset, 1), else_=0)),
-        *(func.sum(getattr(Sample, name)) for name in ("drafts", "draft_tokens", "accepted", "generation_tokens",
-                                                       "tpot_sum", "tpot_count")),
-        func.max(Sample.ts),
-        *(func.sum(Sample.accepted_per_position[i].as_integer()) for i in range(width)),
-    ).where(*window).group_by(*pair)
+    query = (
+        select(
+            *pair,
+            func.count(),
+            func.sum(case((Sample.reset, 1), else_=0)),
+            *(
+                func.sum(getattr(Sample, name))
+                for name in ("drafts", "draft_tokens", "accepted", "generation_tokens", "tpot_sum", "tpot_count")
+            ),
+            func.max(Sample.ts),
+            *(func.sum(Sample.accepted_per_position[i].as_integer()) for i in range(width)),
+        )
+        .where(*window)
+        .group_by(*pair)
+    )
     hour = rollup_hour(high)
     rows = []
     for found in session.execute(query):
-        (deployment, target_name, target_version, drafter_version, gamma, intervals, resets, drafts, draft_tokens,
-         accepted, generation_tokens, tpot_sum, tpot_count, last_ts, *per_position) = found
+        (
+            deployment,
+            target_name,
+            target_version,
+            drafter_version,
+            gamma,
+            intervals,
+            resets,
+            drafts,
+            draft_tokens,
+            accepted,
+            generation_tokens,
+            tpot_sum,
+            tpot_count,
+            last_ts,
+            *per_position,
+        ) = found
         while per_position and per_position[-1] is None:  # positions this pair never reported
             per_position.pop()
-        rows.append(HourlyRow(deployment, hour, target_name, target_version, drafter_version, gamma, intervals,
-                              int(resets), int(drafts), int(draft_tokens), int(accepted),
-                              [int(count or 0) for count in per_position], generation_tokens, tpot_sum, tpot_count,
-                              last_ts))
+        rows.append(
+            HourlyRow(
+                deployment,
+                hour,
+                target_name,
+                target_version,
+                drafter_version,
+                gamma,
+                intervals,
+                int(resets),
+                int(drafts),
+                int(draft_tokens),
+                int(accepted),
+                [int(count or 0) for count in per_position],
+                generation_tokens,
+                tpot_sum,
+                tpot_count,
+                last_ts,
+            )
+        )
     return rows

@@ -95,8 +95,9 @@ def recent_acceptance(summary: DeploymentSummary, intervals: int) -> tuple[float
     return pooled, [p.rate for p in recent]
 
 
-def fallback_due(samples: Sequence[SampleRow], threshold: float, min_draft_tokens: int
-                 ) -> tuple[bool, float | None, int]:
+def fallback_due(
+    samples: Sequence[SampleRow], threshold: float, min_draft_tokens: int
+) -> tuple[bool, float | None, int]:
     """(due, pooled acceptance, draft tokens) over `samples`: the live acceptance guard's decision.
 
     Pooled, not per interval: one quiet interval must neither trigger nor veto it; too few draft tokens
@@ -165,8 +166,7 @@ def evaluate(
 
     week = summary.acceptance_rate
     recent, recent_rates = recent_acceptance(summary, thresholds.sustained_intervals)
-    sustained = (len(recent_rates) >= thresholds.sustained_intervals and recent is not None
-                 and recent < thresholds.stale)
+    sustained = len(recent_rates) >= thresholds.sustained_intervals and recent is not None and recent < thresholds.stale
     trend = _trend_text(summary)
     if sustained and recent is not None:
         findings.append(
@@ -220,29 +220,40 @@ def evaluate(
     return _ordered(findings)
 
 
-def _decline(summary: DeploymentSummary, week: float, thresholds: Thresholds, baseline: Baseline | None
-             ) -> list[Finding]:
+def _decline(
+    summary: DeploymentSummary, week: float, thresholds: Thresholds, baseline: Baseline | None
+) -> list[Finding]:
     """Early warnings above the fixed thresholds: a significant downward trend, a drop under the baseline."""
     name, found = summary.deployment, []
     slope = summary.slope_per_day
     t = slope_t_statistic([(p.midpoint, p.rate) for p in summary.points])
     if slope is not None and t is not None and slope < -thresholds.trend_drop_per_day and t < -thresholds.trend_t:
-        found.append(Finding(
-            name, "trend", "warning", slope,
-            f"{name}: acceptance is declining {slope:+.3f} per day ({abs(t):.1f} standard errors from flat; "
-            f"week {week:.2f}); watch it, and retrain if the target or the traffic changed",
-            "none",
-        ))
+        found.append(
+            Finding(
+                name,
+                "trend",
+                "warning",
+                slope,
+                f"{name}: acceptance is declining {slope:+.3f} per day ({abs(t):.1f} standard errors from flat; "
+                f"week {week:.2f}); watch it, and retrain if the target or the traffic changed",
+                "none",
+            )
+        )
     if baseline is not None and baseline.points >= thresholds.min_baseline_points:
         floor = baseline.floor(thresholds.baseline_sigmas)
         if week < floor:
-            found.append(Finding(
-                name, "baseline", "warning", week,
-                f"{name}: acceptance {week:.2f} is under its baseline {baseline.acceptance_rate:.2f} "
-                f"(+-{baseline.std:.2f}, the first week after rollout, {baseline.start:%Y-%m-%d}) by more than "
-                f"{thresholds.baseline_sigmas:g} deviations (floor {floor:.2f})",
-                "none",
-            ))
+            found.append(
+                Finding(
+                    name,
+                    "baseline",
+                    "warning",
+                    week,
+                    f"{name}: acceptance {week:.2f} is under its baseline {baseline.acceptance_rate:.2f} "
+                    f"(+-{baseline.std:.2f}, the first week after rollout, {baseline.start:%Y-%m-%d}) by more than "
+                    f"{thresholds.baseline_sigmas:g} deviations (floor {floor:.2f})",
+                    "none",
+                )
+            )
     return found
 
 

@@ -192,8 +192,16 @@ class Store:
         identity = tuple(key[name] for name in ROLLUP_KEY)
         row = session.get(HourlyRollup, identity, with_for_update=True)
         if row is None:
-            empty = {**key, "intervals": 0, "resets": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0,
-                     "accepted_per_position": [], "last_ts": sample.ts}
+            empty = {
+                **key,
+                "intervals": 0,
+                "resets": 0,
+                "drafts": 0,
+                "draft_tokens": 0,
+                "accepted": 0,
+                "accepted_per_position": [],
+                "last_ts": sample.ts,
+            }
             dialect = session.get_bind().dialect.name
             if dialect in ("postgresql", "sqlite"):
                 insert = dialect_insert(dialect)
@@ -223,16 +231,21 @@ class Store:
         names: set[str] = set()
         with self.transaction() as session:
             if inner is not None:
-                names.update(session.scalars(
-                    select(HourlyRollup.deployment).where(HourlyRollup.hour >= inner[0], HourlyRollup.hour < inner[1])
-                    .distinct()
-                ))
+                names.update(
+                    session.scalars(
+                        select(HourlyRollup.deployment)
+                        .where(HourlyRollup.hour >= inner[0], HourlyRollup.hour < inner[1])
+                        .distinct()
+                    )
+                )
             for low, high in edges:
-                names.update(session.scalars(
-                    select(Sample.deployment)
-                    .where(Sample.deployment.in_(rolled_up_between(low, high)), Sample.ts > low, Sample.ts <= high)
-                    .distinct()
-                ))
+                names.update(
+                    session.scalars(
+                        select(Sample.deployment)
+                        .where(Sample.deployment.in_(rolled_up_between(low, high)), Sample.ts > low, Sample.ts <= high)
+                        .distinct()
+                    )
+                )
         return sorted(names)
 
     def hourly(self, deployment: str, since: datetime, until: datetime) -> list[HourlyRow]:
@@ -270,7 +283,9 @@ class Store:
                         row.drafter_version = None
                     rows.append(row)
             for low, high in edges:
-                rows.extend(summed_samples(session, low, high, rolled_up_between(low, high) if names is None else names))
+                rows.extend(
+                    summed_samples(session, low, high, rolled_up_between(low, high) if names is None else names)
+                )
         if edges:
             rows.sort(key=lambda r: (r.deployment, r.hour, r.last_ts))
         by_deployment: dict[str, list[HourlyRow]] = {}
@@ -479,5 +494,6 @@ class Store:
 def _check_pair_state(deployment: str, state: str) -> None:
     states = get_args(PairState)
     if state not in states:
-        raise DraftsyncError(f"serving pair state {state!r} for {deployment}",
-                             "use one of " + ", ".join(repr(s) for s in states))
+        raise DraftsyncError(
+            f"serving pair state {state!r} for {deployment}", "use one of " + ", ".join(repr(s) for s in states)
+        )

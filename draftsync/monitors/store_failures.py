@@ -51,24 +51,28 @@ STORE_FAILURES = (
         "run the migrations: restart the worker or run any draftsync command (opening the store migrates it to the "
         "newest schema); if the schema is already marked current, a table was dropped by hand: restore it from a "
         "backup or point DRAFTSYNC_MONITOR_DB_URL at a new database",
-        frozenset({"42P01", "42703"}), ("no such table", "no such column"),
+        frozenset({"42P01", "42703"}),
+        ("no such table", "no such column"),
     ),
     StoreFailure(
         "is read-only",
         "make the database file and its folder writable by this user (SQLite writes a journal beside the file), or "
         "point DRAFTSYNC_MONITOR_DB_URL at a writable primary; after a refused write the store opens the file anew",
-        frozenset({"25006"}), ("readonly database",),
+        frozenset({"25006"}),
+        ("readonly database",),
     ),
     StoreFailure(
         "cannot read or write its storage",
         "check the disk and file system holding the database (full, remounted read-only, failing) and that this user "
         "may write the database file and its folder; the store opens the file anew on its next call",
-        frozenset({"58030"}), ("disk i/o error",),
+        frozenset({"58030"}),
+        ("disk i/o error",),
     ),
     StoreFailure(
         "is out of disk space",
         "free disk space where the database is stored (or grow its volume); the refused write changed nothing",
-        frozenset({"53100"}), ("database or disk is full", "no space left on device"),
+        frozenset({"53100"}),
+        ("database or disk is full", "no space left on device"),
     ),
     StoreFailure(
         "refused access",
@@ -80,7 +84,8 @@ STORE_FAILURES = (
     StoreFailure(
         "is busy: a concurrent transaction held a lock too long or conflicted with this one",
         "retry; the refused transaction changed nothing (with many concurrent writers, use Postgres)",
-        frozenset({"40001", "40P01", "55P03"}), ("database is locked",),
+        frozenset({"40001", "40P01", "55P03"}),
+        ("database is locked",),
     ),
 )
 STORE_UNAVAILABLE = StoreFailure(

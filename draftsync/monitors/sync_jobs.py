@@ -87,8 +87,11 @@ class SyncLedger:
 
     @staticmethod
     def _key(target_name: str, target_version: int, method: str):
-        return (SyncJob.target_name == target_name, SyncJob.target_version == int(target_version),
-                SyncJob.method == method)
+        return (
+            SyncJob.target_name == target_name,
+            SyncJob.target_version == int(target_version),
+            SyncJob.method == method,
+        )
 
     def get(self, target_name: str, target_version: int, method: str) -> SyncJob | None:
         with self._session() as session:
@@ -101,20 +104,40 @@ class SyncLedger:
         with self._session() as session:
             return list(session.scalars(query))
 
-    def request(self, target_name: str, target_version: int, method: str, *, source: str, reason: str,
-                retrain: bool = False, now: datetime | None = None) -> bool:
+    def request(
+        self,
+        target_name: str,
+        target_version: int,
+        method: str,
+        *,
+        source: str,
+        reason: str,
+        retrain: bool = False,
+        now: datetime | None = None,
+    ) -> bool:
         """Ask for a sync; True only for the one caller that should start it.
 
         A new key is inserted; a job that failed fewer than MAX_ATTEMPTS times is re-opened; a finished
         job is re-opened (as the next generation) only for a retrain. Everything else is a duplicate.
         """
         now = _now(now)
-        row = dict(target_name=target_name, target_version=int(target_version), method=method, status="requested",
-                   generation=0, attempts=0, source=source, reason=reason, requested_at=now)
+        row = dict(
+            target_name=target_name,
+            target_version=int(target_version),
+            method=method,
+            status="requested",
+            generation=0,
+            attempts=0,
+            source=source,
+            reason=reason,
+            requested_at=now,
+        )
         with self._session() as session:
             inserted = session.execute(
-                self._insert(SyncJob.__table__).values(**row).on_conflict_do_nothing(
-                    index_elements=["target_name", "target_version", "method"]).returning(SyncJob.id)
+                self._insert(SyncJob.__table__)
+                .values(**row)
+                .on_conflict_do_nothing(index_elements=["target_name", "target_version", "method"])
+                .returning(SyncJob.id)
             ).first()
         if inserted is not None:
             return True
@@ -128,15 +151,17 @@ class SyncLedger:
             changes.update(generation=SyncJob.generation + 1, attempts=0)
         with self._session() as session:
             result = session.execute(
-                update(SyncJob).where(*self._key(target_name, target_version, method), reopen).values(**changes))
+                update(SyncJob).where(*self._key(target_name, target_version, method), reopen).values(**changes)
+            )
             return result.rowcount == 1
 
     def overdue(self, older_than: timedelta, now: datetime | None = None) -> list[SyncJob]:
         """Jobs requested longer ago than `older_than` that no sync claimed: their event may have been lost."""
         cutoff = _now(now) - older_than
         with self._session() as session:
-            return list(session.scalars(
-                select(SyncJob).where(SyncJob.status == "requested", SyncJob.requested_at < cutoff)))
+            return list(
+                session.scalars(select(SyncJob).where(SyncJob.status == "requested", SyncJob.requested_at < cutoff))
+            )
 
     def running(self) -> list[SyncJob]:
         """Jobs a run holds now (or held when it died: the reconciler checks which)."""
@@ -153,24 +178,48 @@ class SyncLedger:
         held = (SyncJob.id == job_id, SyncJob.status == "running", SyncJob.run_id == run_id)
         died = f"run {run_id} died"
         with self._session() as session:
-            if session.execute(update(SyncJob).where(*held, SyncJob.attempts < MAX_ATTEMPTS).values(
-                    status="requested", requested_at=now, detail=f"{died}; requested again")).rowcount == 1:
+            if (
+                session.execute(
+                    update(SyncJob)
+                    .where(*held, SyncJob.attempts < MAX_ATTEMPTS)
+                    .values(status="requested", requested_at=now, detail=f"{died}; requested again")
+                ).rowcount
+                == 1
+            ):
                 return "requested"
-            if session.execute(update(SyncJob).where(*held).values(
-                    status="failed", finished_at=now,
-                    detail=f"{died}; gave up after {MAX_ATTEMPTS} attempts")).rowcount == 1:
+            if (
+                session.execute(
+                    update(SyncJob)
+                    .where(*held)
+                    .values(status="failed", finished_at=now, detail=f"{died}; gave up after {MAX_ATTEMPTS} attempts")
+                ).rowcount
+                == 1
+            ):
                 return "failed"
         return None
 
     def touch_request(self, job_id: int, now: datetime | None = None) -> None:
         """Restart an overdue request's clock after its event was sent again."""
         with self._session() as session:
-            session.execute(update(SyncJob).where(SyncJob.id == job_id, SyncJob.status == "requested")
-                            .values(requested_at=_now(now)))
+            session.execute(
+                update(SyncJob)
+                .where(SyncJob.id == job_id, SyncJob.status == "requested")
+                .values(requested_at=_now(now))
+            )
 
-    def claim(self, target_name: str, target_version: int, method: str, *, run_id: str | None,
-              source: str = "direct", reason: str = "sync started directly", retrain: bool = False,
-              takeover_from: str | None = None, now: datetime | None = None) -> Claim:
+    def claim(
+        self,
+        target_name: str,
+        target_version: int,
+        method: str,
+        *,
+        run_id: str | None,
+        source: str = "direct",
+        reason: str = "sync started directly",
+        retrain: bool = False,
+        takeover_from: str | None = None,
+        now: datetime | None = None,
+    ) -> Claim:
         """Take the job for this run: the sync trains only with outcome `claimed`.
 
         A sync started without a request (by hand, or by an event for a version nobody asked about)
@@ -183,22 +232,42 @@ class SyncLedger:
         if takeover_from is not None:
             claimable = claimable | ((SyncJob.status == "running") & (SyncJob.run_id == takeover_from))
         with self._session() as session:
-            claimed = session.execute(
-                update(SyncJob).where(*self._key(target_name, target_version, method), claimable)
-                .values(status="running", started_at=now, finished_at=None, run_id=run_id,
-                        attempts=SyncJob.attempts + 1, detail=None)
-            ).rowcount == 1
+            claimed = (
+                session.execute(
+                    update(SyncJob)
+                    .where(*self._key(target_name, target_version, method), claimable)
+                    .values(
+                        status="running",
+                        started_at=now,
+                        finished_at=None,
+                        run_id=run_id,
+                        attempts=SyncJob.attempts + 1,
+                        detail=None,
+                    )
+                ).rowcount
+                == 1
+            )
         job = self.get(target_name, target_version, method)
         if claimed:
             return Claim("claimed", job)
         outcome = {"succeeded": "done", "failed": "exhausted"}.get(job.status, "running")
         return Claim(outcome, job)
 
-    def finish(self, job_id: int, status: Literal["succeeded", "failed"], *, drafter_version: int | None = None,
-               detail: str | None = None, now: datetime | None = None) -> None:
+    def finish(
+        self,
+        job_id: int,
+        status: Literal["succeeded", "failed"],
+        *,
+        drafter_version: int | None = None,
+        detail: str | None = None,
+        now: datetime | None = None,
+    ) -> None:
         with self._session() as session:
-            session.execute(update(SyncJob).where(SyncJob.id == job_id).values(
-                status=status, finished_at=_now(now), drafter_version=drafter_version, detail=detail))
+            session.execute(
+                update(SyncJob)
+                .where(SyncJob.id == job_id)
+                .values(status=status, finished_at=_now(now), drafter_version=drafter_version, detail=detail)
+            )
 
     def remember_delivery(self, delivery_id: str, now: datetime | None = None) -> bool:
         """Record a webhook delivery id; False when it was seen before (a replay). Old ids are forgotten."""

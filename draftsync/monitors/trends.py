@@ -222,8 +222,16 @@ def summarize_hourly(
         IntervalPoint(max(hour, start), min(hour + HOUR, end), drafts, draft_tokens, accepted)
         for hour, (drafts, draft_tokens, accepted) in pooled.items()
     ]
-    return _summary(name, start, end, bucket, ordered, points, intervals=sum(r.intervals for r in ordered),
-                    resets=sum(r.resets for r in ordered))
+    return _summary(
+        name,
+        start,
+        end,
+        bucket,
+        ordered,
+        points,
+        intervals=sum(r.intervals for r in ordered),
+        resets=sum(r.resets for r in ordered),
+    )
 
 
 def _one_deployment(rows: Sequence, deployment: str | None, caller: str) -> str:

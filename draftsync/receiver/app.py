@@ -111,11 +111,15 @@ def create_app(
     `forget_delivery` undoes the memory of a delivery whose handling failed, so MLflow's retry of it is
     handled instead of refused as a replay."""
     if not secret:
-        raise DraftsyncError("the webhook receiver has no secret",
-                             "set DRAFTSYNC_WEBHOOK_SECRET (or DRAFTSYNC_WEBHOOK_SECRET_BLOCK) to a long random string")
+        raise DraftsyncError(
+            "the webhook receiver has no secret",
+            "set DRAFTSYNC_WEBHOOK_SECRET (or DRAFTSYNC_WEBHOOK_SECRET_BLOCK) to a long random string",
+        )
     if max_body_bytes < 1 or max_age_s < 1:
-        raise DraftsyncError(f"webhook limits max_body_bytes={max_body_bytes}, max_age_s={max_age_s} are not positive",
-                             "set DRAFTSYNC_WEBHOOK_MAX_BODY_BYTES and DRAFTSYNC_WEBHOOK_MAX_AGE_SECONDS above 0")
+        raise DraftsyncError(
+            f"webhook limits max_body_bytes={max_body_bytes}, max_age_s={max_age_s} are not positive",
+            "set DRAFTSYNC_WEBHOOK_MAX_BODY_BYTES and DRAFTSYNC_WEBHOOK_MAX_AGE_SECONDS above 0",
+        )
 
     async def receive_webhook(request: Request) -> Response:
         delivery_id = delivery_id_of(request.headers)
@@ -129,8 +133,13 @@ def create_app(
         try:
             first_time = await run_in_threadpool(remember_delivery, delivery_id, datetime.fromtimestamp(now, UTC))
         except Exception as error:  # 503: MLflow retries it, and the id was not recorded, so the retry is no replay
-            logger.error("webhook delivery memory failed: reason=%s delivery=%s client=%s error=%s",
-                         MEMORY_UNAVAILABLE, delivery_id, client, type(error).__name__)
+            logger.error(
+                "webhook delivery memory failed: reason=%s delivery=%s client=%s error=%s",
+                MEMORY_UNAVAILABLE,
+                delivery_id,
+                client,
+                type(error).__name__,
+            )
             return JSONResponse({"error": MEMORY_UNAVAILABLE, "reason": MEMORY_UNAVAILABLE}, status_code=503)
         if not first_time:
             return _refuse(REPLAYED, delivery_id, client)
@@ -144,22 +153,35 @@ def create_app(
         try:
             result = await run_in_threadpool(on_change, parsed.change, delivery_id)
         except Exception as error:  # the sender sees a 500 and retries; the registry poll is the backstop
-            logger.error("webhook handler failed: reason=%s delivery=%s client=%s error=%s",
-                         HANDLER_FAILED, delivery_id, client, type(error).__name__)
+            logger.error(
+                "webhook handler failed: reason=%s delivery=%s client=%s error=%s",
+                HANDLER_FAILED,
+                delivery_id,
+                client,
+                type(error).__name__,
+            )
             if forget_delivery is not None:
                 await run_in_threadpool(forget_delivery, delivery_id)
             return JSONResponse({"error": HANDLER_FAILED, "delivery_id": delivery_id}, status_code=500)
-        logger.info("webhook accepted: event=%s model=%s version=%s delivery=%s client=%s", parsed.event,
-                    ascii(parsed.change.model_name), parsed.change.version, delivery_id, client)
+        logger.info(
+            "webhook accepted: event=%s model=%s version=%s delivery=%s client=%s",
+            parsed.event,
+            ascii(parsed.change.model_name),
+            parsed.change.version,
+            delivery_id,
+            client,
+        )
         return Response(json.dumps(result if result is not None else {}, default=str), media_type="application/json")
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    return Starlette(routes=[
-        Route(WEBHOOK_PATH, receive_webhook, methods=["POST"]),
-        Route(HEALTH_PATH, health, methods=["GET"]),
-    ])
+    return Starlette(
+        routes=[
+            Route(WEBHOOK_PATH, receive_webhook, methods=["POST"]),
+            Route(HEALTH_PATH, health, methods=["GET"]),
+        ]
+    )
 
 
 async def _read_limited(request: Request, max_body_bytes: int) -> bytes:
@@ -185,8 +207,9 @@ def _refuse(reason: str, delivery_id: str | None, client: str) -> Response:
     """One log line per refusal: reason, delivery id (quoted, it is untrusted), client; never secrets or body."""
     logger.warning("webhook refused: reason=%s delivery=%s client=%s", reason, _loggable(delivery_id), client)
     status = REFUSAL_STATUS.get(reason, 400)
-    return JSONResponse({"error": REFUSAL_MESSAGE.get(reason, reason.replace("_", " ")), "reason": reason},
-                        status_code=status)
+    return JSONResponse(
+        {"error": REFUSAL_MESSAGE.get(reason, reason.replace("_", " ")), "reason": reason}, status_code=status
+    )
 
 
 def _loggable(delivery_id: str | None) -> str:

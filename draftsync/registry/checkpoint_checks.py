@@ -65,8 +65,9 @@ def check_safetensors(file: Path, what: str) -> None:
                 problem = f"its header length {header_bytes} does not fit a file of {size} bytes"
             else:
                 header = json.loads(handle.read(header_bytes))
-                end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"),
-                          default=0)
+                end = max(
+                    (entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0
+                )
                 held = size - 8 - header_bytes
                 if end != held:
                     problem = f"its header describes {end} bytes of tensors but the file holds {held}"

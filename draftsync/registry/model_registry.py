@@ -50,7 +50,6 @@ PRODUCTION = "production"
 PREVIOUS = "previous"
 
 
-
 @dataclass(frozen=True)
 class ModelVersionInfo:
     """One registered version as plain data, so callers never handle MLflow entities."""
@@ -197,15 +196,20 @@ class Registry:
                 self._restore_candidate(model_name, existing)
                 return existing
         tags = {
-            **drafter_tags(target_name, target_version, method, gamma, validation_passed=validation_passed,
-                           metrics=metrics),
+            **drafter_tags(
+                target_name, target_version, method, gamma, validation_passed=validation_passed, metrics=metrics
+            ),
             **{k: str(v) for k, v in (extra_tags or {}).items()},
         }
         if sync_key is not None:
             tags[SYNC_KEY_TAG] = sync_key
             self._close_abandoned_runs(sync_key)
         run_id = self._log_run(
-            f"drafter {model_name} for {target_name} v{target_version}", drafter_dir, tags, metrics, reports_dir,
+            f"drafter {model_name} for {target_name} v{target_version}",
+            drafter_dir,
+            tags,
+            metrics,
+            reports_dir,
             metric_history,
         )
         version = self._create_version(model_name, run_id, tags)
@@ -257,16 +261,21 @@ class Registry:
         from mlflow.entities import ViewType
 
         runs = self._client.search_runs(
-            [self._experiment()], filter_string=f"tags.`{SYNC_KEY_TAG}` = '{sync_key}' and attributes.status = 'RUNNING'",
-            run_view_type=ViewType.ACTIVE_ONLY)
+            [self._experiment()],
+            filter_string=f"tags.`{SYNC_KEY_TAG}` = '{sync_key}' and attributes.status = 'RUNNING'",
+            run_view_type=ViewType.ACTIVE_ONLY,
+        )
         for run in runs:
             self._client.set_terminated(run.info.run_id, "KILLED")
 
     def _restore_candidate(self, model_name: str, version: int) -> None:
         """A run killed between creating the version and aliasing it left a pending version without `candidate`."""
         tags = self.version_tags(model_name, version)
-        if tags.get(VALIDATION_STATUS_TAG) == PENDING and self.alias_version(model_name, CANDIDATE) != version \
-                and self.alias_version(model_name, PRODUCTION) != version:
+        if (
+            tags.get(VALIDATION_STATUS_TAG) == PENDING
+            and self.alias_version(model_name, CANDIDATE) != version
+            and self.alias_version(model_name, PRODUCTION) != version
+        ):
             self._client.set_registered_model_alias(model_name, CANDIDATE, str(version))
 
     def _drafter_with_sync_key(self, model_name: str, target_version: int, method: str, sync_key: str) -> int | None:
@@ -385,8 +394,11 @@ class Registry:
         staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=destination.parent))
         try:
             try:
-                local = Path(mlflow.artifacts.download_artifacts(
-                    artifact_uri=source, dst_path=str(staging), tracking_uri=self.tracking_uri))
+                local = Path(
+                    mlflow.artifacts.download_artifacts(
+                        artifact_uri=source, dst_path=str(staging), tracking_uri=self.tracking_uri
+                    )
+                )
             except Exception as error:
                 if not is_outage(error):
                     raise

@@ -58,7 +58,8 @@ def is_outage(error: BaseException) -> bool:
         seen = seen.__cause__ or seen.__context__
     text = str(error)
     return "API request to" in text and any(
-        sign in text for sign in ("Max retries exceeded", "Connection refused", "Connection aborted", "timed out"))
+        sign in text for sign in ("Max retries exceeded", "Connection refused", "Connection aborted", "timed out")
+    )
 
 
 @contextmanager

@@ -28,8 +28,14 @@ HIDDEN_SIZE_TAG = "draftsync.hidden_size"
 NUM_HIDDEN_LAYERS_TAG = "draftsync.num_hidden_layers"
 VOCAB_SIZE_TAG = "draftsync.vocab_size"
 NUM_PARAMETERS_TAG = "draftsync.num_parameters"
-TARGET_TAGS = (TASK_MIX_TAG, ARCHITECTURE_TAG, HIDDEN_SIZE_TAG, NUM_HIDDEN_LAYERS_TAG, VOCAB_SIZE_TAG,
-               NUM_PARAMETERS_TAG)
+TARGET_TAGS = (
+    TASK_MIX_TAG,
+    ARCHITECTURE_TAG,
+    HIDDEN_SIZE_TAG,
+    NUM_HIDDEN_LAYERS_TAG,
+    VOCAB_SIZE_TAG,
+    NUM_PARAMETERS_TAG,
+)
 
 # -- a drafter version: lineage, what it serves with, how it was trained ----------------------------------
 TARGET_NAME_TAG = "draftsync.target.name"
@@ -126,8 +132,15 @@ def check_target_tags(name: str, tags: Mapping[str, Any]) -> None:
         ) from error
 
 
-def drafter_tags(target_name: str, target_version: int, method: str, gamma: int, *,
-                 validation_passed: bool | None, metrics: Mapping[str, Any]) -> dict[str, str]:
+def drafter_tags(
+    target_name: str,
+    target_version: int,
+    method: str,
+    gamma: int,
+    *,
+    validation_passed: bool | None,
+    metrics: Mapping[str, Any],
+) -> dict[str, str]:
     """A new drafter version's lineage, served gamma and (pending, passed or failed) validation."""
     return {
         KIND_TAG: DRAFTER_KIND,
@@ -150,17 +163,27 @@ def training_tags(training: Mapping[str, Any], generation: int, data_check_failu
     return tags
 
 
-def checklist_tags(gates: Iterable[tuple[str, bool]], *, profile: str, backend: str, temperature: float,
-                   acceptance_rate: float, threshold: float, schedule: Any = None) -> dict[str, str]:
+def checklist_tags(
+    gates: Iterable[tuple[str, bool]],
+    *,
+    profile: str,
+    backend: str,
+    temperature: float,
+    acceptance_rate: float,
+    threshold: float,
+    schedule: Any = None,
+) -> dict[str, str]:
     """A validation's gates, where it ran, the next iteration's baseline and the per-batch-size schedule."""
     tags = {f"{GATE_PREFIX}{name}": "pass" if passed else "fail" for name, passed in gates}
-    tags.update({
-        VALIDATION_PROFILE_TAG: profile,
-        VALIDATION_BACKEND_TAG: backend,
-        VALIDATION_TEMPERATURE_TAG: str(temperature),
-        BASELINE_ACCEPTANCE_TAG: str(acceptance_rate),
-        BASELINE_THRESHOLD_TAG: str(threshold),
-    })
+    tags.update(
+        {
+            VALIDATION_PROFILE_TAG: profile,
+            VALIDATION_BACKEND_TAG: backend,
+            VALIDATION_TEMPERATURE_TAG: str(temperature),
+            BASELINE_ACCEPTANCE_TAG: str(acceptance_rate),
+            BASELINE_THRESHOLD_TAG: str(threshold),
+        }
+    )
     if schedule:
         tags[GAMMA_SCHEDULE_TAG] = json.dumps(schedule)
     return tags
@@ -171,13 +194,16 @@ def crosscheck_tag(target_version: int) -> str:
     return f"{CROSSCHECK_PREFIX}{int(target_version)}"
 
 
-def recommended_tags(method: str, gamma_range: Iterable[int], gamma_start: int, applied: bool,
-                        reasons: str) -> dict[str, str]:
-    return {RECOMMENDED_METHOD_TAG: method,
-            RECOMMENDED_GAMMA_RANGE_TAG: json.dumps(list(gamma_range)),
-            RECOMMENDED_GAMMA_START_TAG: str(gamma_start),
-            RECOMMENDED_APPLIED_TAG: flag(applied),
-            RECOMMENDED_REASONS_TAG: reasons[:REASONS_MAX_CHARS]}
+def recommended_tags(
+    method: str, gamma_range: Iterable[int], gamma_start: int, applied: bool, reasons: str
+) -> dict[str, str]:
+    return {
+        RECOMMENDED_METHOD_TAG: method,
+        RECOMMENDED_GAMMA_RANGE_TAG: json.dumps(list(gamma_range)),
+        RECOMMENDED_GAMMA_START_TAG: str(gamma_start),
+        RECOMMENDED_APPLIED_TAG: flag(applied),
+        RECOMMENDED_REASONS_TAG: reasons[:REASONS_MAX_CHARS],
+    }
 
 
 # -- readers ------------------------------------------------------------------------------------------------
@@ -355,8 +381,10 @@ class DrafterVersion:
 
     def served_gamma(self) -> int:
         if self.gamma is None:
-            raise DraftsyncError(f"drafter {self.name} version {self.version} has no {GAMMA_TAG} tag",
-                                 "register drafters with `draftsync sync`, which writes the gamma it serves with")
+            raise DraftsyncError(
+                f"drafter {self.name} version {self.version} has no {GAMMA_TAG} tag",
+                "register drafters with `draftsync sync`, which writes the gamma it serves with",
+            )
         return self.gamma
 
     def gamma_schedule(self) -> list | None:
@@ -366,6 +394,7 @@ class DrafterVersion:
         try:
             return json.loads(raw)
         except ValueError as error:
-            raise DraftsyncError(f"drafter {self.name} version {self.version} has {GAMMA_SCHEDULE_TAG}={raw!r}, "
-                                 "which is not JSON",
-                                 "validate the version again (it rewrites the schedule), or delete the tag") from error
+            raise DraftsyncError(
+                f"drafter {self.name} version {self.version} has {GAMMA_SCHEDULE_TAG}={raw!r}, which is not JSON",
+                "validate the version again (it rewrites the schedule), or delete the tag",
+            ) from error

@@ -193,11 +193,15 @@ def create_or_update_webhook(tracking_uri: str, name: str, url: str, secret: str
     if not _is_name(name):
         raise DraftsyncError("the webhook name is empty", "pass --name, e.g. --name draftsync")
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise DraftsyncError(f"webhook URL {url!r} is not an http(s) URL",
-                             "pass the receiver's public URL, e.g. https://draftsync.example.com/mlflow/webhook")
+        raise DraftsyncError(
+            f"webhook URL {url!r} is not an http(s) URL",
+            "pass the receiver's public URL, e.g. https://draftsync.example.com/mlflow/webhook",
+        )
     if not secret:
-        raise DraftsyncError("the webhook secret is empty",
-                             "set DRAFTSYNC_WEBHOOK_SECRET (or DRAFTSYNC_WEBHOOK_SECRET_BLOCK) before registering")
+        raise DraftsyncError(
+            "the webhook secret is empty",
+            "set DRAFTSYNC_WEBHOOK_SECRET (or DRAFTSYNC_WEBHOOK_SECRET_BLOCK) before registering",
+        )
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 

@@ -96,11 +96,15 @@ class ServingDeployment(BaseModel):
     def _known_tasks_with_shares(cls, mix: dict[str, float]) -> dict[str, float]:
         unknown = sorted(set(mix) - set(TASKS))
         if unknown:
-            raise _invalid(f"tasks {unknown} are not among {list(TASKS)}",
-                           f"use tasks among {', '.join(TASKS)} (the prompt sets draftsync has)")
+            raise _invalid(
+                f"tasks {unknown} are not among {list(TASKS)}",
+                f"use tasks among {', '.join(TASKS)} (the prompt sets draftsync has)",
+            )
         if any(share < 0 for share in mix.values()) or not any(share > 0 for share in mix.values()):
-            raise _invalid(f"shares {mix} are not >= 0 with at least one above 0",
-                           "give each task a share >= 0, e.g. {code: 0.5, math: 0.5}")
+            raise _invalid(
+                f"shares {mix} are not >= 0 with at least one above 0",
+                "give each task a share >= 0, e.g. {code: 0.5, math: 0.5}",
+            )
         return mix
 
     @field_validator("endpoint")
@@ -111,13 +115,17 @@ class ServingDeployment(BaseModel):
             return endpoint
         if launch != "external":
             if endpoint is not None:
-                raise _invalid(f"endpoint is set but launch is {launch!r}",
-                               "remove endpoint: draftsync starts this deployment's servers itself and knows "
-                               "where they listen; endpoint is for launch: external")
+                raise _invalid(
+                    f"endpoint is set but launch is {launch!r}",
+                    "remove endpoint: draftsync starts this deployment's servers itself and knows "
+                    "where they listen; endpoint is for launch: external",
+                )
             return None
         if endpoint is None:
-            raise _invalid("launch external needs the endpoint draftsync watches",
-                           "add endpoint: http://HOST:PORT (the URL the orchestrator serves the pair on)")
+            raise _invalid(
+                "launch external needs the endpoint draftsync watches",
+                "add endpoint: http://HOST:PORT (the URL the orchestrator serves the pair on)",
+            )
         parts = urlsplit(endpoint)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise _invalid(f"endpoint {endpoint!r} is not an http(s) URL", "write it as http://HOST:PORT")
@@ -154,8 +162,16 @@ class ServingDeployment(BaseModel):
         if drafter_dir is not None:
             drafter_dir = confined_model_path(drafter_dir, "drafter checkpoint")
         launch = render_vllm_command(
-            target_dir, drafter_dir, method, gamma, self.host, self.port if port is None else port, self.name,
-            self.tensor_parallel_size, self.extra_vllm_args, schedule=schedule,
+            target_dir,
+            drafter_dir,
+            method,
+            gamma,
+            self.host,
+            self.port if port is None else port,
+            self.name,
+            self.tensor_parallel_size,
+            self.extra_vllm_args,
+            schedule=schedule,
         )
         if engine is None:
             return launch
@@ -173,8 +189,10 @@ def load_deployments(path: Path | str) -> list[ServingDeployment]:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise DraftsyncError(f"deployments file {path} does not exist",
-                             "create it (see the example in draftsync/serving/deployment.py) or fix the path") from None
+        raise DraftsyncError(
+            f"deployments file {path} does not exist",
+            "create it (see the example in draftsync/serving/deployment.py) or fix the path",
+        ) from None
     except OSError as error:
         raise DraftsyncError(f"deployments file {path} cannot be read ({error})", "check its permissions") from None
     try:
@@ -183,16 +201,21 @@ def load_deployments(path: Path | str) -> list[ServingDeployment]:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(error, "problem", None) or str(error)
-        raise DraftsyncError(f"deployments file {path} is not valid YAML{where}: {problem}",
-                             "fix the YAML syntax there") from None
+        raise DraftsyncError(
+            f"deployments file {path} is not valid YAML{where}: {problem}", "fix the YAML syntax there"
+        ) from None
     entries = _entries(path, data)
     problems: list[tuple[str, str]] = []
     deployments: list[ServingDeployment] = []
     for index, entry in enumerate(entries, start=1):
         label = _label(entry, index)
         if not isinstance(entry, dict):
-            problems.append((f"deployment {label} is {type(entry).__name__} {entry!r}, not a mapping",
-                             "write each deployment as a mapping of fields (name: ..., target_name: ...)"))
+            problems.append(
+                (
+                    f"deployment {label} is {type(entry).__name__} {entry!r}, not a mapping",
+                    "write each deployment as a mapping of fields (name: ..., target_name: ...)",
+                )
+            )
             continue
         try:
             deployments.append(ServingDeployment.model_validate(entry))
@@ -204,8 +227,10 @@ def load_deployments(path: Path | str) -> list[ServingDeployment]:
         raise DraftsyncError(f"deployments file {path}: {message}", fix)
     if problems:
         lines = "\n".join(f"  - {message}\n      fix: {fix}" for message, fix in problems)
-        raise DraftsyncError(f"deployments file {path} has {len(problems)} problems:\n{lines}",
-                             "fix each problem as its line says, then load the file again")
+        raise DraftsyncError(
+            f"deployments file {path} has {len(problems)} problems:\n{lines}",
+            "fix each problem as its line says, then load the file again",
+        )
     return deployments
 
 
@@ -231,12 +256,15 @@ def _entries(path: Path, data: Any) -> list[Any]:
         raise DraftsyncError(f"deployments file {path} has no top-level `deployments` key", f"write {shape}")
     unknown = sorted(str(key) for key in data if key != "deployments")
     if unknown:
-        raise DraftsyncError(f"deployments file {path} has unknown top-level keys {unknown}",
-                             "remove them: only `deployments` is read at the top level")
+        raise DraftsyncError(
+            f"deployments file {path} has unknown top-level keys {unknown}",
+            "remove them: only `deployments` is read at the top level",
+        )
     entries = data["deployments"]
     if not isinstance(entries, list) or not entries:
-        raise DraftsyncError(f"deployments file {path}: `deployments` is {entries!r}, not a non-empty list",
-                             f"write {shape}")
+        raise DraftsyncError(
+            f"deployments file {path}: `deployments` is {entries!r}, not a non-empty list", f"write {shape}"
+        )
     return entries
 
 
@@ -253,8 +281,10 @@ def _describe(label: str, item: dict) -> tuple[str, str]:
     if kind == "extra_forbidden":
         close = difflib.get_close_matches(top, _FIELDS, n=1)
         guess = f" (did you mean {close[0]!r}?)" if close else ""
-        return (f"deployment {label}: field {field!r} is not a deployment field{guess}",
-                f"remove {field!r} or correct its spelling; deployment fields are {', '.join(_FIELDS)}")
+        return (
+            f"deployment {label}: field {field!r} is not a deployment field{guess}",
+            f"remove {field!r} or correct its spelling; deployment fields are {', '.join(_FIELDS)}",
+        )
     if kind == "missing":
         return f"deployment {label}: field {field!r} is required", f"add {field!r} to deployment {label}"
     message = item["msg"]
@@ -274,7 +304,10 @@ def _duplicate_names(entries: list[Any]) -> list[tuple[str, str]]:
         if isinstance(name, str):
             seen.setdefault(name, []).append(index)
     return [
-        (f"deployment {name!r}: field 'name' is declared {len(where)} times (entries "
-         f"{', '.join(map(str, where))})", "give each deployment its own name")
-        for name, where in seen.items() if len(where) > 1
+        (
+            f"deployment {name!r}: field 'name' is declared {len(where)} times (entries {', '.join(map(str, where))})",
+            "give each deployment its own name",
+        )
+        for name, where in seen.items()
+        if len(where) > 1
     ]

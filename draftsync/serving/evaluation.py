@@ -61,10 +61,17 @@ class RequestResult:
     def row(self) -> dict[str, Any]:
         """The request as a flat table row (the per-request results table)."""
         return {
-            "request": self.index, "task": self.task, "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens, "drafts": self.drafts, "draft_tokens": self.draft_tokens,
-            "accepted": self.accepted, "acceptance_rate": self.acceptance_rate,
-            "mean_acceptance_length": self.mean_acceptance_length, "seconds": self.seconds, "ttft_s": self.ttft_s,
+            "request": self.index,
+            "task": self.task,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "seconds": self.seconds,
+            "ttft_s": self.ttft_s,
             "tpot_ms": self.tpot_ms,
         }
 
@@ -78,12 +85,11 @@ class EvaluationBackend(Protocol):
     # False when it rebuilds an engine (vLLM): timings are then paired per batch instead of per request.
     cheap_gamma_switch: bool
 
-    def generate(self, requests: Sequence[EvalRequest], gamma: int, temperature: float,
-                 seed: int) -> list[RequestResult]:
-        ...
+    def generate(
+        self, requests: Sequence[EvalRequest], gamma: int, temperature: float, seed: int
+    ) -> list[RequestResult]: ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 def checkpoint_weight_bytes(directory: str | Path) -> int:
@@ -143,14 +149,17 @@ class ReferenceBackend:
         from draftsync.speculative.engine import SpeculativeEngine
 
         if gamma > self.max_gamma:
-            raise DraftsyncError(f"gamma {gamma} is more than this drafter proposes ({self.max_gamma})",
-                                 f"use a gamma of at most {self.max_gamma}")
+            raise DraftsyncError(
+                f"gamma {gamma} is more than this drafter proposes ({self.max_gamma})",
+                f"use a gamma of at most {self.max_gamma}",
+            )
         if gamma not in self._engines:
             self._engines[gamma] = SpeculativeEngine(self.target, self.drafter if gamma else None, gamma)
         return self._engines[gamma]
 
-    def generate(self, requests: Sequence[EvalRequest], gamma: int, temperature: float,
-                 seed: int) -> list[RequestResult]:
+    def generate(
+        self, requests: Sequence[EvalRequest], gamma: int, temperature: float, seed: int
+    ) -> list[RequestResult]:
         import torch
 
         engine = self.engine(gamma)
@@ -160,12 +169,21 @@ class ReferenceBackend:
                 ids = self.tokenizer(request.prompt)["input_ids"]
                 out = engine.generate(ids, request.max_tokens, temperature=temperature, seed=seed + index)
                 stats = out.stats
-                results.append(RequestResult(
-                    index=index, task=request.task, prompt_tokens=len(ids), output_tokens=len(out.token_ids),
-                    drafts=stats.drafts, draft_tokens=stats.draft_tokens, accepted=stats.accepted,
-                    accepted_per_position=list(stats.accepted_per_position), seconds=out.seconds,
-                    ttft_s=out.first_token_seconds, token_ids=list(out.token_ids),
-                ))
+                results.append(
+                    RequestResult(
+                        index=index,
+                        task=request.task,
+                        prompt_tokens=len(ids),
+                        output_tokens=len(out.token_ids),
+                        drafts=stats.drafts,
+                        draft_tokens=stats.draft_tokens,
+                        accepted=stats.accepted,
+                        accepted_per_position=list(stats.accepted_per_position),
+                        seconds=out.seconds,
+                        ttft_s=out.first_token_seconds,
+                        token_ids=list(out.token_ids),
+                    )
+                )
         return results
 
     @property

@@ -42,11 +42,20 @@ LATENCY_GAMMA: dict[str, tuple[int, int]] = {"interactive": (5, 8), "near-real-t
 # Step 4 gives no numbers beyond "gamma 4" for translation/summary; the seed's configuration section does:
 # num_speculative_tokens "code 6-8, chat 3-5" (Snowflake's "code 6-8, chat 4-5" lies inside).
 TASK_GAMMA: dict[str, tuple[int, int]] = {
-    "code": (6, 8), "math": (6, 8), "chat": (3, 5), "creative": (3, 5), "translation": (4, 4), "summary": (4, 4),
+    "code": (6, 8),
+    "math": (6, 8),
+    "chat": (3, 5),
+    "creative": (3, 5),
+    "translation": (4, 4),
+    "summary": (4, 4),
 }
 TASK_GROUP = {
-    "code": "code-math", "math": "code-math", "chat": "chat-creative", "creative": "chat-creative",
-    "translation": "translation-summary", "summary": "translation-summary",
+    "code": "code-math",
+    "math": "code-math",
+    "chat": "chat-creative",
+    "creative": "chat-creative",
+    "translation": "translation-summary",
+    "summary": "translation-summary",
 }
 
 # --- Expected speedup --------------------------------------------------------------------------------
@@ -71,8 +80,10 @@ def parse_params(text: str) -> float:
     """A parameter count as people write it ("70B", "7b", "1.5B", "500M", "1T") in billions."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([bBmMtT]?)\s*", str(text))
     if match is None:
-        raise DraftsyncError(f"--params {text!r} is not a parameter count",
-                             "write a number with an optional unit: 70B, 7b, 1.5B, 500M or 1T (plain means billions)")
+        raise DraftsyncError(
+            f"--params {text!r} is not a parameter count",
+            "write a number with an optional unit: 70B, 7b, 1.5B, 500M or 1T (plain means billions)",
+        )
     number = float(match.group(1))
     scale = {"": 1.0, "b": 1.0, "m": 1e-3, "t": 1e3}[match.group(2).lower()]
     if number <= 0:
@@ -194,9 +205,15 @@ def memory_budget(workload: Workload, method: str) -> MemoryBudget:
         f" {verdict}"
     )
     return MemoryBudget(
-        target_weights_gb=round(target_gb, 3), drafter_share=share, drafter_gb=round(drafter_gb, 3),
-        kv_headroom_share=KV_HEADROOM_SHARE, kv_headroom_gb=round(headroom_gb, 3), required_gb=round(required, 3),
-        available_gb=round(available, 3), fits=fits, arithmetic=arithmetic,
+        target_weights_gb=round(target_gb, 3),
+        drafter_share=share,
+        drafter_gb=round(drafter_gb, 3),
+        kv_headroom_share=KV_HEADROOM_SHARE,
+        kv_headroom_gb=round(headroom_gb, 3),
+        required_gb=round(required, 3),
+        available_gb=round(available, 3),
+        fits=fits,
+        arithmetic=arithmetic,
     )
 
 
@@ -253,8 +270,9 @@ def recommend(workload: Workload) -> Recommendation:
     if latency_class == "interactive":
         triggers.append(("upgrade:latency", f"step 3 asks for EAGLE 3.1 at TPOT {_num(w.tpot_ms)} ms < 30 ms"))
     if w.output_tokens > LONG_OUTPUT_ABOVE_TOKENS:
-        triggers.append(("upgrade:long-output",
-                         f"outputs of {w.output_tokens} tokens > 4K ({LONG_OUTPUT_ABOVE_TOKENS})"))
+        triggers.append(
+            ("upgrade:long-output", f"outputs of {w.output_tokens} tokens > 4K ({LONG_OUTPUT_ABOVE_TOKENS})")
+        )
     if gamma[1] > HIGH_GAMMA_ABOVE:
         triggers.append(("upgrade:gamma-over-5", f"gamma up to {gamma[1]} > {HIGH_GAMMA_ABOVE}"))
     if TASK_GROUP[w.task] == "code-math":
@@ -278,15 +296,20 @@ def recommend(workload: Workload) -> Recommendation:
         if triggers:
             blockers.append("EAGLE 3.1 is required (" + "; ".join(text for _, text in triggers) + ")")
         if blockers:
-            medusa_line = ("medusa [medusa:not-taken]: the option is declined: " + "; ".join(blockers)
-                           + "; the seed's default is EAGLE-3 (Medusa changes the target, a burden in multi-tenant "
-                           "serving)")
+            medusa_line = (
+                "medusa [medusa:not-taken]: the option is declined: "
+                + "; ".join(blockers)
+                + "; the seed's default is EAGLE-3 (Medusa changes the target, a burden in multi-tenant "
+                "serving)"
+            )
         else:
             method = MEDUSA.name
             gamma = (min(gamma[0], MEDUSA_MAX_HEADS), min(gamma[1], MEDUSA_MAX_HEADS))
-            medusa_line = (f"medusa [medusa:taken]: 8+ GPUs, a {size}B > 70B target whose drafter training cost binds, "
-                           "the Medusa budget fits and nothing asks for EAGLE 3.1: Medusa with "
-                           f"{_gamma_text(gamma)} heads (training needs only the target's own text)")
+            medusa_line = (
+                f"medusa [medusa:taken]: 8+ GPUs, a {size}B > 70B target whose drafter training cost binds, "
+                "the Medusa budget fits and nothing asks for EAGLE 3.1: Medusa with "
+                f"{_gamma_text(gamma)} heads (training needs only the target's own text)"
+            )
 
     memory = memory_budget(w, method)
     if method == NO_DRAFTER:
@@ -304,37 +327,53 @@ def recommend(workload: Workload) -> Recommendation:
     if medusa_line:
         reasons.append(medusa_line)
     if method == MEDUSA.name:
-        reasons.append(f"serving [serving:vllm-medusa]: vLLM serves it (method {MEDUSA.vllm_method!r}) with one "
-                       "gamma at every batch "
-                       "size, since its Medusa drafts exactly num_speculative_tokens (validation records no per-batch-size "
-                       f"schedule), and with at most one draft token per head: train at least {gamma[1]} heads "
-                       "(the sync profile's medusa_heads) to serve the whole range")
+        reasons.append(
+            f"serving [serving:vllm-medusa]: vLLM serves it (method {MEDUSA.vllm_method!r}) with one "
+            "gamma at every batch "
+            "size, since its Medusa drafts exactly num_speculative_tokens (validation records no per-batch-size "
+            f"schedule), and with at most one draft token per head: train at least {gamma[1]} heads "
+            "(the sync profile's medusa_heads) to serve the whole range"
+        )
     if method != NO_DRAFTER:
-        reasons.append(f"gamma start [gamma:start-4]: the seed starts at {GAMMA_START} and finds the knee by "
-                       f"measurement (5-6 typical): {GAMMA_START} within {_gamma_text(gamma)} -> {gamma_start}; "
-                       "validation's measured knee replaces it")
+        reasons.append(
+            f"gamma start [gamma:start-4]: the seed starts at {GAMMA_START} and finds the knee by "
+            f"measurement (5-6 typical): {GAMMA_START} within {_gamma_text(gamma)} -> {gamma_start}; "
+            "validation's measured knee replaces it"
+        )
     speedup, speedup_line = _expected_speedup(w, method, size_class, gamma)
     reasons.append(speedup_line)
     reasons.append(_memory_reason(w, memory, size_class))
 
     return Recommendation(
-        method=method, gamma_range=gamma, gamma_start=gamma_start, expected_speedup=speedup,
-        drafter_memory_gb=memory.drafter_gb, fits=memory.fits, memory=memory, reasons=tuple(reasons),
+        method=method,
+        gamma_range=gamma,
+        gamma_start=gamma_start,
+        expected_speedup=speedup,
+        drafter_memory_gb=memory.drafter_gb,
+        fits=memory.fits,
+        memory=memory,
+        reasons=tuple(reasons),
     )
 
 
 def _size_reason(w: Workload, size_class: str) -> str:
     size = _num(w.params_b)
     if size_class == "small":
-        return (f"step 1 size [size:small-none]: {size}B < 13B: usually no speculative decoding (< 1.3x); "
-                f"batch {w.batch} is not batched serving, so the EAGLE-3 exception does not apply")
+        return (
+            f"step 1 size [size:small-none]: {size}B < 13B: usually no speculative decoding (< 1.3x); "
+            f"batch {w.batch} is not batched serving, so the EAGLE-3 exception does not apply"
+        )
     if size_class == "small-batched":
-        return (f"step 1 size [size:small-batched]: {size}B < 13B, but batch {w.batch} is batched serving: "
-                "the exception, EAGLE-3 (1.3-1.5x)")
+        return (
+            f"step 1 size [size:small-batched]: {size}B < 13B, but batch {w.batch} is batched serving: "
+            "the exception, EAGLE-3 (1.3-1.5x)"
+        )
     if size_class == "sweet-spot":
         return f"step 1 size [size:sweet-spot]: {size}B is in 13-70B, the sweet spot: EAGLE-3 or 3.1"
-    return (f"step 1 size [size:large-required]: {size}B > 70B: speculative decoding is required; drafter training "
-            "cost and memory become the constraint")
+    return (
+        f"step 1 size [size:large-required]: {size}B > 70B: speculative decoding is required; drafter training "
+        "cost and memory become the constraint"
+    )
 
 
 def _hardware_reason(w: Workload, method: str, memory: MemoryBudget) -> str:
@@ -343,29 +382,43 @@ def _hardware_reason(w: Workload, method: str, memory: MemoryBudget) -> str:
     fit_word = "fits" if memory.fits else "does not fit"
     same_size_note = ""
     if method == EAGLE3_1.name:
-        same_size_note = ("; the rule names an EAGLE-3 drafter, and EAGLE 3.1 is the same drafter plus two norms "
-                          "(a few kB), so the 3.1 upgrade keeps the < 3% budget")
+        same_size_note = (
+            "; the rule names an EAGLE-3 drafter, and EAGLE 3.1 is the same drafter plus two norms "
+            "(a few kB), so the 3.1 upgrade keeps the < 3% budget"
+        )
     if w.gpus == 1 and w.gpu_memory_gb <= SEED_SINGLE_GPU_MEMORY_GB:
         if w.params_b > SEED_SINGLE_GPU_MAX_TARGET_B:
-            return (f"step 2 hardware [hw:single-24gb-too-large]: one GPU of <= 24 GB runs targets <= 30B only; "
-                    f"{size}B is beyond it: add GPUs (memory {fit_word})")
+            return (
+                f"step 2 hardware [hw:single-24gb-too-large]: one GPU of <= 24 GB runs targets <= 30B only; "
+                f"{size}B is beyond it: add GPUs (memory {fit_word})"
+            )
         quantised_note = ""
         if not memory.fits:
-            quantised_note = ("; the seed's '<= 30B' holds only with ~4-bit weights (30B x 0.5 bytes = 15 GB): in "
-                              "bf16 it does not fit, so quantise the target or add GPUs")
-        return (f"step 2 hardware [hw:single-24gb]: one GPU of <= 24 GB ({hardware}): target <= 30B with an EAGLE-3 "
-                f"drafter < 3% of the target, budgeted at 3%{same_size_note}{quantised_note}")
+            quantised_note = (
+                "; the seed's '<= 30B' holds only with ~4-bit weights (30B x 0.5 bytes = 15 GB): in "
+                "bf16 it does not fit, so quantise the target or add GPUs"
+            )
+        return (
+            f"step 2 hardware [hw:single-24gb]: one GPU of <= 24 GB ({hardware}): target <= 30B with an EAGLE-3 "
+            f"drafter < 3% of the target, budgeted at 3%{same_size_note}{quantised_note}"
+        )
     if w.gpus == 1:
-        return (f"step 2 hardware [hw:single-large]: one GPU of {_num(w.gpu_memory_gb)} GB; the seed names only the "
-                "24 GB case, so its 30B limit is replaced by the memory arithmetic and its drafter budget "
-                f"(< 3% of the target) is kept; memory {fit_word}{same_size_note}")
+        return (
+            f"step 2 hardware [hw:single-large]: one GPU of {_num(w.gpu_memory_gb)} GB; the seed names only the "
+            "24 GB case, so its 30B limit is replaced by the memory arithmetic and its drafter budget "
+            f"(< 3% of the target) is kept; memory {fit_word}{same_size_note}"
+        )
     if w.gpus < CLUSTER_GPUS:
-        return (f"step 2 hardware [hw:multi]: {hardware} is the seed's 4x A100-80GB case or its equivalent: a 70B "
-                "target with EAGLE 3.1, the drafter on the same GPUs (2-4% extra memory); this only says the drafter "
-                f"fits, it does not choose between EAGLE-3 and 3.1; memory {fit_word}")
-    return (f"step 2 hardware [hw:cluster-8plus]: {hardware}: 8+ GPUs, Medusa is an option and memory no longer "
-            "binds; taken only for a > 70B target whose Medusa budget fits and that needs no EAGLE 3.1 "
-            f"(see the medusa line); memory {fit_word}")
+        return (
+            f"step 2 hardware [hw:multi]: {hardware} is the seed's 4x A100-80GB case or its equivalent: a 70B "
+            "target with EAGLE 3.1, the drafter on the same GPUs (2-4% extra memory); this only says the drafter "
+            f"fits, it does not choose between EAGLE-3 and 3.1; memory {fit_word}"
+        )
+    return (
+        f"step 2 hardware [hw:cluster-8plus]: {hardware}: 8+ GPUs, Medusa is an option and memory no longer "
+        "binds; taken only for a > 70B target whose Medusa budget fits and that needs no EAGLE 3.1 "
+        f"(see the medusa line); memory {fit_word}"
+    )
 
 
 def _latency_reason(w: Workload, latency_class: str, drops: bool, speculate: bool) -> str:
@@ -374,18 +427,30 @@ def _latency_reason(w: Workload, latency_class: str, drops: bool, speculate: boo
     if latency_class == "interactive":
         return f"step 3 latency [latency:interactive]: TPOT {tpot} ms < 30 ms: EAGLE 3.1, gamma 5-8{not_applied}"
     if latency_class == "near-real-time":
-        return (f"step 3 latency [latency:near-real-time]: TPOT {tpot} ms in 30-80 ms: EAGLE-3, gamma 4-6 (EAGLE-3 is "
-                f"enough, a floor, not a ceiling on the 3.1 upgrade){not_applied}")
+        return (
+            f"step 3 latency [latency:near-real-time]: TPOT {tpot} ms in 30-80 ms: EAGLE-3, gamma 4-6 (EAGLE-3 is "
+            f"enough, a floor, not a ceiling on the 3.1 upgrade){not_applied}"
+        )
     if drops:
-        return (f"step 3 latency [latency:batch-none]: TPOT {tpot} ms > 80 ms: gamma 2-3 or none; none, because step 1 "
-                "already says < 13B targets usually gain little and the loose latency target does not need the "
-                "batched exception's 1.3-1.5x")
-    return (f"step 3 latency [latency:batch]: TPOT {tpot} ms > 80 ms: gamma 2-3 or none; speculation kept at gamma "
-            f"2-3, since 'none' is taken only for < 13B targets (step 1 says why){not_applied}")
+        return (
+            f"step 3 latency [latency:batch-none]: TPOT {tpot} ms > 80 ms: gamma 2-3 or none; none, because step 1 "
+            "already says < 13B targets usually gain little and the loose latency target does not need the "
+            "batched exception's 1.3-1.5x"
+        )
+    return (
+        f"step 3 latency [latency:batch]: TPOT {tpot} ms > 80 ms: gamma 2-3 or none; speculation kept at gamma "
+        f"2-3, since 'none' is taken only for < 13B targets (step 1 says why){not_applied}"
+    )
 
 
-def _task_reason(w: Workload, task_gamma: tuple[int, int], latency_gamma: tuple[int, int], gamma: tuple[int, int],
-                 conflict: bool, speculate: bool) -> str:
+def _task_reason(
+    w: Workload,
+    task_gamma: tuple[int, int],
+    latency_gamma: tuple[int, int],
+    gamma: tuple[int, int],
+    conflict: bool,
+    speculate: bool,
+) -> str:
     group = TASK_GROUP[w.task]
     wish = {
         "code-math": "larger gamma (the configuration's 6-8), 3.1 gains most",
@@ -396,45 +461,57 @@ def _task_reason(w: Workload, task_gamma: tuple[int, int], latency_gamma: tuple[
     if not speculate:
         return line + "; not applied: no speculative decoding"
     if conflict:
-        return (line + f"; conflict [gamma:latency-bounds]: the task's {_gamma_text(task_gamma)} and step 3's "
-                f"{_gamma_text(latency_gamma)} do not overlap; the latency target bounds gamma, so the end of "
-                f"{_gamma_text(latency_gamma)} nearest the task is taken: gamma {_gamma_text(gamma)}")
-    return (line + f"; [gamma:overlap] step 3's {_gamma_text(latency_gamma)} and the task's {_gamma_text(task_gamma)} "
-            f"overlap in gamma {_gamma_text(gamma)}")
+        return (
+            line + f"; conflict [gamma:latency-bounds]: the task's {_gamma_text(task_gamma)} and step 3's "
+            f"{_gamma_text(latency_gamma)} do not overlap; the latency target bounds gamma, so the end of "
+            f"{_gamma_text(latency_gamma)} nearest the task is taken: gamma {_gamma_text(gamma)}"
+        )
+    return (
+        line + f"; [gamma:overlap] step 3's {_gamma_text(latency_gamma)} and the task's {_gamma_text(task_gamma)} "
+        f"overlap in gamma {_gamma_text(gamma)}"
+    )
 
 
 def _upgrade_reason(method: str, triggers: list[tuple[str, str]], latency_class: str) -> str:
     if method == NO_DRAFTER:
         return "upgrade [upgrade:not-applied]: no speculative decoding, nothing to upgrade"
     if not triggers:
-        return ("upgrade [upgrade:none]: no EAGLE 3.1 trigger (outputs <= 4K tokens, gamma <= 5, task not code / "
-                f"math, TPOT >= 30 ms), so {method} stays")
+        return (
+            "upgrade [upgrade:none]: no EAGLE 3.1 trigger (outputs <= 4K tokens, gamma <= 5, task not code / "
+            f"math, TPOT >= 30 ms), so {method} stays"
+        )
     ids = ", ".join(rule for rule, _ in triggers)
     because = "; ".join(text for _, text in triggers)
     floor = "" if latency_class == "interactive" else "; step 3's 'EAGLE-3' is read as enough, not as a ceiling"
     return f"upgrade [{ids}]: {EAGLE3} -> {EAGLE3_1} because {because}{floor}"
 
 
-def _expected_speedup(w: Workload, method: str, size_class: str,
-                      gamma: tuple[int, int]) -> tuple[tuple[float, float], str]:
+def _expected_speedup(
+    w: Workload, method: str, size_class: str, gamma: tuple[int, int]
+) -> tuple[tuple[float, float], str]:
     """The seed's figures for the chosen method and size, and the line that says where they come from."""
     size = _num(w.params_b)
     if method == NO_DRAFTER:
         below = f" (the seed: < {SMALL_TARGET_SPEEDUP_BELOW}x for < 13B)" if size_class.startswith("small") else ""
         return (1.0, 1.0), f"speedup [speedup:none]: 1.0x without speculative decoding{below}"
     if method == MEDUSA.name:
-        return MEDUSA_SPEEDUP, ("speedup [speedup:medusa-paper]: 2.0-2.5x, the seed's only Medusa figure (Llama-2-Chat "
-                                "7B), not measured at this size")
+        return MEDUSA_SPEEDUP, (
+            "speedup [speedup:medusa-paper]: 2.0-2.5x, the seed's only Medusa figure (Llama-2-Chat "
+            "7B), not measured at this size"
+        )
     if size_class == "small-batched":
-        return BATCHED_SMALL_SPEEDUP, ("speedup [speedup:batched-small]: 1.3-1.5x, the seed's batched EAGLE-3 figure "
-                                       "for < 13B")
+        return BATCHED_SMALL_SPEEDUP, (
+            "speedup [speedup:batched-small]: 1.3-1.5x, the seed's batched EAGLE-3 figure for < 13B"
+        )
     base = round(eagle3_speedup_for_size(w.params_b), 2)
     anchors = "13B 1.4x, 30B 1.7x, 70B 2.1x"
     curve = f"vLLM's EAGLE-3 figures ({anchors}) linear in log(params), held at 2.1x past 70B: {size}B -> {base}x"
     if method == EAGLE3_1.name and gamma[1] > HIGH_GAMMA_ABOVE:
         lifted = round(base * EAGLE31_ACCEPTANCE_LIFT, 2)
-        return (base, lifted), (f"speedup [speedup:vllm-size-curve, speedup:eagle31-lift]: {curve}; the upper end "
-                                f"scales it by 3.1's acceptance lift at gamma 8 (75% -> 88%): {lifted}x")
+        return (base, lifted), (
+            f"speedup [speedup:vllm-size-curve, speedup:eagle31-lift]: {curve}; the upper end "
+            f"scales it by 3.1's acceptance lift at gamma 8 (75% -> 88%): {lifted}x"
+        )
     note = ""
     if method == EAGLE3_1.name:
         note = "; no 3.1 lift at gamma <= 5 (the seed: 3 ~ 3.1 there)"

@@ -36,7 +36,25 @@ from draftsync.errors import DraftsyncError
 
 # vLLM's time-per-output-token buckets, with finer ones in front for tiny CPU models.
 TPOT_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
 )
 ENGINE_LABEL = "0"  # vLLM labels every series with its engine index; one engine here
 
@@ -92,8 +110,10 @@ class ServingMetrics:
         labels = ["model_name", "engine"]
         values = (model_name, ENGINE_LABEL)
         self.request_success = Counter(
-            "vllm:request_success", "Count of successfully processed requests.",
-            labels + ["finished_reason"], registry=self.registry,
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels + ["finished_reason"],
+            registry=self.registry,
         )
         self._success_labels = values
         self.prompt_tokens = Counter(
@@ -103,14 +123,19 @@ class ServingMetrics:
             "vllm:generation_tokens", "Number of generation tokens processed.", labels, registry=self.registry
         ).labels(*values)
         self.time_per_output_token = Histogram(
-            "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.",
-            labels, buckets=TPOT_BUCKETS, registry=self.registry,
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds.",
+            labels,
+            buckets=TPOT_BUCKETS,
+            registry=self.registry,
         ).labels(*values)
         self.spec = None
         if gamma is not None:
             per_position = Counter(
-                "vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
-                labels + ["position"], registry=self.registry,
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "Accepted tokens per draft position.",
+                labels + ["position"],
+                registry=self.registry,
             )
             self.spec = {
                 "drafts": Counter(
@@ -120,7 +145,9 @@ class ServingMetrics:
                     "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", labels, registry=self.registry
                 ).labels(*values),
                 "accepted": Counter(
-                    "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", labels,
+                    "vllm:spec_decode_num_accepted_tokens",
+                    "Number of accepted tokens.",
+                    labels,
                     registry=self.registry,
                 ).labels(*values),
                 "per_position": [per_position.labels(*values, str(i)) for i in range(gamma)],
@@ -145,8 +172,16 @@ class ServingMetrics:
 class CompletionService:
     """One loaded engine, used by one request at a time (the lock), off the event loop."""
 
-    def __init__(self, engine: Any, tokenizer: Any, model_name: str, max_model_len: int, target_dir: str,
-                 drafter_dir: str | None, gamma: int | None):
+    def __init__(
+        self,
+        engine: Any,
+        tokenizer: Any,
+        model_name: str,
+        max_model_len: int,
+        target_dir: str,
+        drafter_dir: str | None,
+        gamma: int | None,
+    ):
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -193,7 +228,10 @@ class CompletionService:
         eos = self.tokenizer.eos_token_id
         with self._lock:
             generation = self.engine.generate(
-                prompt_ids, request.max_tokens, temperature=request.temperature, seed=request.seed,
+                prompt_ids,
+                request.max_tokens,
+                temperature=request.temperature,
+                seed=request.seed,
                 eos_token_id=eos,
             )
         tokens = list(generation.token_ids)
@@ -207,12 +245,14 @@ class CompletionService:
             "object": "text_completion",
             "created": int(time.time()),
             "model": self.model_name,
-            "choices": [{
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }],
+            "choices": [
+                {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            ],
             "usage": {
                 "prompt_tokens": len(prompt_ids),
                 "completion_tokens": len(tokens),
@@ -290,12 +330,14 @@ def create_app(service: CompletionService) -> Starlette:
 
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return Starlette(routes=[
-        Route("/health", health),
-        Route("/v1/models", models),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/metrics", metrics),
-    ])
+    return Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/v1/models", models),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/metrics", metrics),
+        ]
+    )
 
 
 def load_service(target_dir: Path, drafter_dir: Path | None, gamma: int | None, model_name: str) -> CompletionService:
@@ -312,7 +354,9 @@ def load_service(target_dir: Path, drafter_dir: Path | None, gamma: int | None, 
         drafter = load_drafter(drafter_dir)
     engine = SpeculativeEngine(model, drafter, gamma if drafter is not None else 0)
     return CompletionService(
-        engine, tokenizer, model_name,
+        engine,
+        tokenizer,
+        model_name,
         max_model_len=int(model.config.max_position_embeddings),
         target_dir=str(target_dir),
         drafter_dir=str(drafter_dir) if drafter_dir is not None else None,
@@ -352,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
 
             if not threads.isdigit() or int(threads) < 1:
                 raise DraftsyncError(
-                    f"DRAFTSYNC_TORCH_THREADS={threads!r} is not a positive integer", "set it to e.g. 1 or 2, or unset it"
+                    f"DRAFTSYNC_TORCH_THREADS={threads!r} is not a positive integer",
+                    "set it to e.g. 1 or 2, or unset it",
                 )
             torch.set_num_threads(int(threads))
         service = load_service(target, drafter, args.gamma, args.served_model_name)

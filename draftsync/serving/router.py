@@ -48,10 +48,21 @@ UPSTREAM_KEEPALIVE_SECONDS = 2.0
 # Clients hold their connections to the router longer than that; keep them open so they need not reconnect.
 CLIENT_KEEPALIVE_SECONDS = 30
 # Hop-by-hop headers (RFC 9110 section 7.6.1) and those the proxy recomputes; never forwarded either way.
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "transfer-encoding", "upgrade", "host", "content-length", "content-encoding",
-})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "content-encoding",
+    }
+)
 
 
 def router_command(host: str, port: int, upstream: str | None, token_file: Path | str | None) -> list[str]:
@@ -198,7 +209,8 @@ def create_app(
         if scheme.lower() != "bearer" or not presented:
             return JSONResponse(
                 {"error": "this endpoint needs the router's token as `Authorization: Bearer <token>`"},
-                401, headers={"WWW-Authenticate": "Bearer"},
+                401,
+                headers={"WWW-Authenticate": "Bearer"},
             )
         if not hmac.compare_digest(presented.strip().encode(), expected_token):
             return JSONResponse({"error": "the token is not the router's token"}, 403)
@@ -334,7 +346,8 @@ class RouterClient:
             raise DraftsyncError(
                 f"router at {self.url} refused {method} {ADMIN_PATH} (HTTP {response.status_code}): {message}",
                 "start the new upstream and wait until its /health answers 200 before switching to it"
-                if response.status_code == 409 else "send a body of the form {\"url\": \"http://HOST:PORT\"}",
+                if response.status_code == 409
+                else 'send a body of the form {"url": "http://HOST:PORT"}',
             )
         return response.json()
 
@@ -401,7 +414,11 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(upstream, token, args.upstream_timeout, args.health_timeout)
     print(f"routing http://{args.host}:{args.port} -> {upstream or '(no upstream yet)'}", flush=True)
     uvicorn.run(
-        app, host=args.host, port=args.port, log_level="warning", access_log=False,
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
         timeout_keep_alive=CLIENT_KEEPALIVE_SECONDS,
     )
     return 0

@@ -45,23 +45,31 @@ from draftsync.speculative.methods import METHODS, NGRAM, VLLM_METHODS
 # The `SpeculativeConfig` fields this module writes, checked by name against vllm/config/speculative.py
 # (vllm-project/vllm, `class SpeculativeConfig`, read at commit 002e77c1). Its `tensor_parallel_size` field
 # exists only to reject it ("pass draft_tensor_parallel_size instead") and is never written.
-SPECULATIVE_CONFIG_KEYS = frozenset({
-    "method",
-    "model",
-    "num_speculative_tokens",
-    "draft_tensor_parallel_size",
-    "num_speculative_tokens_per_batch_size",
-    "prompt_lookup_min",
-    "prompt_lookup_max",
-})
+SPECULATIVE_CONFIG_KEYS = frozenset(
+    {
+        "method",
+        "model",
+        "num_speculative_tokens",
+        "draft_tensor_parallel_size",
+        "num_speculative_tokens_per_batch_size",
+        "prompt_lookup_min",
+        "prompt_lookup_max",
+    }
+)
 
 # vLLM's default n-gram window when neither end is given (SpeculativeConfig.__post_init__).
 DEFAULT_PROMPT_LOOKUP = 5
 
 # Flags draftsync sets itself; an extra argument may not set them again (argparse keeps the last one, and
 # vLLM merges `--speculative-config.<key>` arguments into a second `--speculative-config`).
-RESERVED_VLLM_FLAGS = ("--model", "--speculative-config", "--port", "--host", "--served-model-name",
-                       "--tensor-parallel-size")
+RESERVED_VLLM_FLAGS = (
+    "--model",
+    "--speculative-config",
+    "--port",
+    "--host",
+    "--served-model-name",
+    "--tensor-parallel-size",
+)
 _RESERVED_SHORT_FLAGS = ("-tp",)  # vLLM's short form of --tensor-parallel-size
 TRUST_REMOTE_CODE_FLAG = "--trust-remote-code"
 # Per-request draft and accepted counts on each completion (`metrics.speculative_decoding`, vLLM >= 0.32): the
@@ -136,11 +144,16 @@ def check_extra_vllm_args(args: Sequence[str]) -> list[str]:
     checked = []
     for arg in args:
         if not isinstance(arg, str):
-            raise DraftsyncError(f"extra vLLM argument {arg!r} is not a string",
-                                 "write each argument as its own string, e.g. [\"--max-model-len\", \"4096\"]")
+            raise DraftsyncError(
+                f"extra vLLM argument {arg!r} is not a string",
+                'write each argument as its own string, e.g. ["--max-model-len", "4096"]',
+            )
         checked.append(arg)
-    trusting = [arg for arg in checked if (flag := _long_flag(arg)) and TRUST_REMOTE_CODE_FLAG.startswith(flag)
-                and flag.startswith("--tru")]
+    trusting = [
+        arg
+        for arg in checked
+        if (flag := _long_flag(arg)) and TRUST_REMOTE_CODE_FLAG.startswith(flag) and flag.startswith("--tru")
+    ]
     if trusting:
         raise DraftsyncError(
             f"extra vLLM arguments {trusting} would let vLLM run Python code shipped inside the checkpoint",
@@ -170,8 +183,10 @@ def _integer(value: object, what: str) -> int:
 def check_schedule(schedule: Sequence[Sequence[int]], gamma: int) -> list[list[int]]:
     """A batch-size schedule as vLLM reads it, sorted, or an error saying which entry is wrong and why."""
     if isinstance(schedule, (str, bytes)):
-        raise DraftsyncError(f"speculation schedule {schedule!r} is text, not a list of entries",
-                             "parse it first (json.loads of the draftsync.gamma_schedule tag)")
+        raise DraftsyncError(
+            f"speculation schedule {schedule!r} is text, not a list of entries",
+            "parse it first (json.loads of the draftsync.gamma_schedule tag)",
+        )
     entries = []
     for entry in schedule:
         if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 3:
@@ -181,8 +196,10 @@ def check_schedule(schedule: Sequence[Sequence[int]], gamma: int) -> list[list[i
             )
         start, end, k = (_integer(value, f"speculation schedule entry {list(entry)!r}") for value in entry)
         if start < 1 or end < start:
-            raise DraftsyncError(f"speculation schedule entry {[start, end, k]} has batch sizes {start}..{end}",
-                                 "use 1 <= first <= last (both inclusive)")
+            raise DraftsyncError(
+                f"speculation schedule entry {[start, end, k]} has batch sizes {start}..{end}",
+                "use 1 <= first <= last (both inclusive)",
+            )
         if not 0 <= k <= gamma:
             raise DraftsyncError(
                 f"speculation schedule entry {[start, end, k]} asks for k={k} with num_speculative_tokens={gamma}",
@@ -192,12 +209,15 @@ def check_schedule(schedule: Sequence[Sequence[int]], gamma: int) -> list[list[i
         entries.append([start, end, k])
     entries.sort()
     if entries and entries[0][0] != 1:
-        raise DraftsyncError(f"speculation schedule {entries} starts at batch size {entries[0][0]}",
-                             "start the first range at batch size 1, as vLLM requires")
+        raise DraftsyncError(
+            f"speculation schedule {entries} starts at batch size {entries[0][0]}",
+            "start the first range at batch size 1, as vLLM requires",
+        )
     for before, after in zip(entries, entries[1:]):
         if after[0] <= before[1]:
-            raise DraftsyncError(f"speculation schedule ranges {before} and {after} overlap",
-                                 "give each batch size one range")
+            raise DraftsyncError(
+                f"speculation schedule ranges {before} and {after} overlap", "give each batch size one range"
+            )
     return entries
 
 
@@ -249,8 +269,9 @@ def render_vllm_command(
         argv.append(TRUST_REMOTE_CODE_FLAG)
     speculative_config = None
     if drafter_dir is not None or method == NGRAM.name:
-        speculative_config = _speculative_config(drafter_dir, method, gamma, tensor_parallel_size, schedule,
-                                                 prompt_lookup_min, prompt_lookup_max)
+        speculative_config = _speculative_config(
+            drafter_dir, method, gamma, tensor_parallel_size, schedule, prompt_lookup_min, prompt_lookup_max
+        )
         argv += ["--speculative-config", json.dumps(speculative_config)]
         if not any(_long_flag(arg) == PER_REQUEST_METRICS_FLAG for arg in extra):
             argv += [PER_REQUEST_METRICS_FLAG, "summary"]
@@ -258,12 +279,20 @@ def render_vllm_command(
     return VllmLaunch(argv=argv, speculative_config=speculative_config)
 
 
-def _speculative_config(drafter_dir: Path | str | None, method: str, gamma: int, tensor_parallel_size: int,
-                        schedule: Sequence[Sequence[int]] | None, prompt_lookup_min: int | None,
-                        prompt_lookup_max: int | None) -> dict:
+def _speculative_config(
+    drafter_dir: Path | str | None,
+    method: str,
+    gamma: int,
+    tensor_parallel_size: int,
+    schedule: Sequence[Sequence[int]] | None,
+    prompt_lookup_min: int | None,
+    prompt_lookup_max: int | None,
+) -> dict:
     if method not in VLLM_METHODS:
-        raise DraftsyncError(f"drafter method {method!r} cannot be served by vLLM",
-                             f"use one of {', '.join(VLLM_METHODS)}, or serve the target alone")
+        raise DraftsyncError(
+            f"drafter method {method!r} cannot be served by vLLM",
+            f"use one of {', '.join(VLLM_METHODS)}, or serve the target alone",
+        )
     descriptor = METHODS[method]
     gamma = _integer(gamma, "gamma")
     if gamma < 1:
@@ -285,13 +314,17 @@ def _speculative_config(drafter_dir: Path | str | None, method: str, gamma: int,
         low = _integer(high if low is None else low, "prompt_lookup_min")
         high = _integer(low if high is None else high, "prompt_lookup_max")
         if not 1 <= low <= high:
-            raise DraftsyncError(f"n-gram lookup lengths min={low}, max={high} are not 1 <= min <= max",
-                                 "choose prompt_lookup_min >= 1 and prompt_lookup_max >= prompt_lookup_min")
+            raise DraftsyncError(
+                f"n-gram lookup lengths min={low}, max={high} are not 1 <= min <= max",
+                "choose prompt_lookup_min >= 1 and prompt_lookup_max >= prompt_lookup_min",
+            )
         config.update(prompt_lookup_min=low, prompt_lookup_max=high)
     else:
         if prompt_lookup_min is not None or prompt_lookup_max is not None:
-            raise DraftsyncError(f"n-gram lookup lengths were given for method {method!r}",
-                                 f"pass prompt_lookup_min/max only with method {NGRAM.name!r}")
+            raise DraftsyncError(
+                f"n-gram lookup lengths were given for method {method!r}",
+                f"pass prompt_lookup_min/max only with method {NGRAM.name!r}",
+            )
         if tensor_parallel_size > 1:
             config["draft_tensor_parallel_size"] = tensor_parallel_size
     if descriptor.fixed_heads:

@@ -63,8 +63,10 @@ class VllmEngine:
 
         An argument the launch already sets (a deployment's `extra_vllm_args`) wins over the CPU default."""
         if served_argv[:2] != ["vllm", "serve"] or len(served_argv) < 3:
-            raise DraftsyncError(f"launch {served_argv[:3]} is not a rendered `vllm serve DIR` launch",
-                                 "render it with render_vllm_command")
+            raise DraftsyncError(
+                f"launch {served_argv[:3]} is not a rendered `vllm serve DIR` launch",
+                "render it with render_vllm_command",
+            )
         model, rest = served_argv[2], served_argv[3:]
         head = [*self.command, "--model", model] if self.interpreter else [*self.command, "serve", model]
         given = {arg.split("=", 1)[0] for arg in rest if arg.startswith("--")}
@@ -83,22 +85,28 @@ class VllmEngine:
 @cache
 def _version(command: tuple[str, ...], interpreter: bool) -> str:
     if interpreter:
-        probe = ("from importlib.metadata import version, PackageNotFoundError\n"
-                 f"for name in {DISTRIBUTIONS!r}:\n"
-                 "    try:\n        print(name, version(name)); break\n"
-                 "    except PackageNotFoundError:\n        pass\n")
+        probe = (
+            "from importlib.metadata import version, PackageNotFoundError\n"
+            f"for name in {DISTRIBUTIONS!r}:\n"
+            "    try:\n        print(name, version(name)); break\n"
+            "    except PackageNotFoundError:\n        pass\n"
+        )
         argv = [command[0], "-c", probe]
     else:
         argv = [*command, "--version"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise DraftsyncError(f"vLLM engine {' '.join(command)} did not report its version ({error})",
-                             INSTALL_FIX) from None
+        raise DraftsyncError(
+            f"vLLM engine {' '.join(command)} did not report its version ({error})", INSTALL_FIX
+        ) from None
     words = done.stdout.split()
     if done.returncode != 0 or not words:
-        raise DraftsyncError(f"vLLM engine {' '.join(command)} has no vLLM installed "
-                             f"({(done.stderr.strip().splitlines() or ['no output'])[-1]})", INSTALL_FIX)
+        raise DraftsyncError(
+            f"vLLM engine {' '.join(command)} has no vLLM installed "
+            f"({(done.stderr.strip().splitlines() or ['no output'])[-1]})",
+            INSTALL_FIX,
+        )
     return words[-1]
 
 
@@ -156,14 +164,20 @@ def find_vllm_engine(required: bool = True) -> VllmEngine | None:
             found = ("vllm",), False
         if found is None:
             if required:
-                raise DraftsyncError("no vLLM engine is installed: there is no .venv-vllm, no `vllm` on PATH and "
-                                     "DRAFTSYNC_VLLM is unset", INSTALL_FIX)
+                raise DraftsyncError(
+                    "no vLLM engine is installed: there is no .venv-vllm, no `vllm` on PATH and "
+                    "DRAFTSYNC_VLLM is unset",
+                    INSTALL_FIX,
+                )
             return None
         command, interpreter = found
     device = _device(settings.vllm_device)
     if device == "cpu":
-        env = {"VLLM_CPU_KVCACHE_SPACE": _number(settings.vllm_cpu_kvcache_gb), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-               "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        env = {
+            "VLLM_CPU_KVCACHE_SPACE": _number(settings.vllm_cpu_kvcache_gb),
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        }
         args = (("--enforce-eager",), ("--dtype", settings.vllm_cpu_dtype))
     else:
         env, args = {}, ()
@@ -179,8 +193,10 @@ def _number(value: float) -> str:
 # core and wrapped by the API server ("See root cause above"). The first such line is the root cause; without a
 # traceback, vLLM's own ERROR lines are the next best.
 _PREFIX = r"^(?:\(\w+ pid=\d+\)\s+)?"
-_EXCEPTION = re.compile(_PREFIX + r"(?:(?:ERROR|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s+)?((?:\w+\.)*\w+(?:Error|Exception)\b:.*)$",
-                        re.MULTILINE)
+_EXCEPTION = re.compile(
+    _PREFIX + r"(?:(?:ERROR|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s+)?((?:\w+\.)*\w+(?:Error|Exception)\b:.*)$",
+    re.MULTILINE,
+)
 _ERROR = re.compile(_PREFIX + r"ERROR\b.*$", re.MULTILINE)
 _WRAPPER = "See root cause above"
 

@@ -72,8 +72,12 @@ class SpecDecodeCounts:
         """What was counted between `earlier` and now; a counter that went down means the engine restarted."""
         width = max(len(self.accepted_per_position), len(earlier.accepted_per_position))
         now, then = _padded(self.accepted_per_position, width), _padded(earlier.accepted_per_position, width)
-        delta = SpecDecodeCounts(self.drafts - earlier.drafts, self.draft_tokens - earlier.draft_tokens,
-                                 self.accepted - earlier.accepted, tuple(a - b for a, b in zip(now, then)))
+        delta = SpecDecodeCounts(
+            self.drafts - earlier.drafts,
+            self.draft_tokens - earlier.draft_tokens,
+            self.accepted - earlier.accepted,
+            tuple(a - b for a, b in zip(now, then)),
+        )
         if min((delta.drafts, delta.draft_tokens, delta.accepted, *delta.accepted_per_position)) < 0:
             raise DraftsyncError(
                 f"vLLM's spec-decode counters went down between two snapshots ({earlier} -> {self}): the engine "
@@ -90,11 +94,15 @@ def llm_keywords(llm_kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
     owned = sorted(set(llm_kwargs) & set(_OWNED_LLM_ARGS))
     if owned:
-        raise DraftsyncError(f"LLM argument(s) {', '.join(owned)} are set by the backend itself",
-                             "pass target_dir, drafter_dir, method and tensor_parallel_size instead")
+        raise DraftsyncError(
+            f"LLM argument(s) {', '.join(owned)} are set by the backend itself",
+            "pass target_dir, drafter_dir, method and tensor_parallel_size instead",
+        )
     if llm_kwargs.get("disable_log_stats"):
-        raise DraftsyncError("disable_log_stats=True was passed, which stops vLLM counting drafts",
-                             "leave disable_log_stats unset: the backend reads acceptance from those counters")
+        raise DraftsyncError(
+            "disable_log_stats=True was passed, which stops vLLM counting drafts",
+            "leave disable_log_stats unset: the backend reads acceptance from those counters",
+        )
     trusted = trust_remote_code_setting(llm_kwargs.get("trust_remote_code"))
     return {**llm_kwargs, "disable_log_stats": False, "trust_remote_code": trusted}
 
@@ -119,18 +127,21 @@ def read_spec_decode_counts(metrics: Iterable[Any]) -> SpecDecodeCounts:
         if name in totals:
             value = getattr(metric, "value", None)
             if value is None:
-                raise DraftsyncError(f"metric {name} has no counter value ({type(metric).__name__})",
-                                     "pass the list LLM.get_metrics() returns (vllm.v1.metrics.reader objects)")
+                raise DraftsyncError(
+                    f"metric {name} has no counter value ({type(metric).__name__})",
+                    "pass the list LLM.get_metrics() returns (vllm.v1.metrics.reader objects)",
+                )
             totals[name] += int(value)
         elif name == ACCEPTED_PER_POSITION:
             values = getattr(metric, "values", None)
             if values is None:
-                raise DraftsyncError(f"metric {name} is not a per-position Vector ({type(metric).__name__})",
-                                     "pass the list LLM.get_metrics() returns (vllm.v1.metrics.reader objects)")
+                raise DraftsyncError(
+                    f"metric {name} is not a per-position Vector ({type(metric).__name__})",
+                    "pass the list LLM.get_metrics() returns (vllm.v1.metrics.reader objects)",
+                )
             width = max(len(per_position), len(values))
             per_position = [a + b for a, b in zip(_padded(per_position, width), _padded(list(values), width))]
-    return SpecDecodeCounts(totals[DRAFTS], totals[DRAFT_TOKENS], totals[ACCEPTED],
-                            tuple(int(v) for v in per_position))
+    return SpecDecodeCounts(totals[DRAFTS], totals[DRAFT_TOKENS], totals[ACCEPTED], tuple(int(v) for v in per_position))
 
 
 def first_token_seconds(request_metrics: Any) -> float:
@@ -155,28 +166,38 @@ def resolve_method(drafter_dir: str | Path | None, method: str | None) -> str | 
     """The drafter method to serve: the one `drafter_dir` holds (read from its config.json), checked against
     `method` when both are given; "ngram" needs no drafter; None means speculation off."""
     if method is not None and method not in VLLM_METHODS:
-        raise DraftsyncError(f"drafter method {method!r} is unknown to the vLLM backend",
-                             f"use one of {', '.join(VLLM_METHODS)}, or leave it unset to read it from the drafter")
+        raise DraftsyncError(
+            f"drafter method {method!r} is unknown to the vLLM backend",
+            f"use one of {', '.join(VLLM_METHODS)}, or leave it unset to read it from the drafter",
+        )
     if method == NGRAM.name:
         if drafter_dir is not None:
-            raise DraftsyncError(f"a drafter directory ({drafter_dir}) was given with method {NGRAM.name!r}, which "
-                                 "drafts from the prompt and loads no checkpoint",
-                                 "pass drafter_dir=None for ngram, or the drafter's own method for the directory")
+            raise DraftsyncError(
+                f"a drafter directory ({drafter_dir}) was given with method {NGRAM.name!r}, which "
+                "drafts from the prompt and loads no checkpoint",
+                "pass drafter_dir=None for ngram, or the drafter's own method for the directory",
+            )
         return NGRAM.name
     if drafter_dir is None:
         if method is not None:
-            raise DraftsyncError(f"method {method!r} was given without a drafter directory",
-                                 "pass the drafter's checkpoint directory, or no method to run the target alone")
+            raise DraftsyncError(
+                f"method {method!r} was given without a drafter directory",
+                "pass the drafter's checkpoint directory, or no method to run the target alone",
+            )
         return None
     from draftsync.speculative.drafters import drafter_method
 
     saved = drafter_method(drafter_dir)
     if saved not in VLLM_METHODS:
-        raise DraftsyncError(f"drafter {drafter_dir} is a {saved!r} drafter, which the vLLM backend cannot run",
-                             f"use a drafter of one of {', '.join(CHECKPOINT_METHODS)}")
+        raise DraftsyncError(
+            f"drafter {drafter_dir} is a {saved!r} drafter, which the vLLM backend cannot run",
+            f"use a drafter of one of {', '.join(CHECKPOINT_METHODS)}",
+        )
     if method is not None and METHODS[method].vllm_method != METHODS[saved].vllm_method:
-        raise DraftsyncError(f"method {method!r} was given for drafter {drafter_dir}, which holds a {saved!r} drafter",
-                             f"pass method={saved!r}, or leave it unset to read it from the drafter")
+        raise DraftsyncError(
+            f"method {method!r} was given for drafter {drafter_dir}, which holds a {saved!r} drafter",
+            f"pass method={saved!r}, or leave it unset to read it from the drafter",
+        )
     return saved
 
 
@@ -192,14 +213,22 @@ def proposable_tokens(method: str | None, drafter_dir: str | Path | None) -> int
     path, config = read_json(drafter_dir)
     heads = config.get("num_heads")
     if not isinstance(heads, int) or heads < 1:
-        raise DraftsyncError(f"{path} gives no number of heads (num_heads={heads!r}) for its Medusa drafter",
-                             "re-save the drafter with save_drafter, which writes num_heads")
+        raise DraftsyncError(
+            f"{path} gives no number of heads (num_heads={heads!r}) for its Medusa drafter",
+            "re-save the drafter with save_drafter, which writes num_heads",
+        )
     return heads
 
 
-def speculative_config(target_dir: str | Path, method: str | None, drafter_dir: str | Path | None, gamma: int,
-                       tensor_parallel_size: int = 1, prompt_lookup_min: int | None = None,
-                       prompt_lookup_max: int | None = None) -> dict | None:
+def speculative_config(
+    target_dir: str | Path,
+    method: str | None,
+    drafter_dir: str | Path | None,
+    gamma: int,
+    tensor_parallel_size: int = 1,
+    prompt_lookup_min: int | None = None,
+    prompt_lookup_max: int | None = None,
+) -> dict | None:
     """The `speculative_config` an `LLM` of `target_dir` gets for `gamma` draft tokens; None at gamma 0.
 
     EAGLE and Medusa drafters get the config `vllm serve` is launched with for the same pair (vllm_args.py),
@@ -211,22 +240,29 @@ def speculative_config(target_dir: str | Path, method: str | None, drafter_dir: 
         raise DraftsyncError(f"gamma {gamma} is negative", "pass 0 (speculation off) or a number of draft tokens")
     if gamma == 0 or method is None:
         if gamma:
-            raise DraftsyncError(f"gamma {gamma} was asked of a backend without a drafter",
-                                 f"use gamma 0, or give the backend a drafter (or method {NGRAM.name!r})")
+            raise DraftsyncError(
+                f"gamma {gamma} was asked of a backend without a drafter",
+                f"use gamma 0, or give the backend a drafter (or method {NGRAM.name!r})",
+            )
         return None
     if method in TRAINED_METHODS:
         from draftsync.serving.vllm_args import render_vllm_command
 
         if drafter_dir is None:
-            raise DraftsyncError(f"method {method!r} was given without a drafter directory",
-                                 "pass the drafter's checkpoint directory")
+            raise DraftsyncError(
+                f"method {method!r} was given without a drafter directory", "pass the drafter's checkpoint directory"
+            )
         # Only the speculative config of the launch is used; host, port and name do not enter it.
-        launch = render_vllm_command(target_dir, drafter_dir, method, gamma, "127.0.0.1", 0, "evaluation",
-                                     tensor_parallel_size)
+        launch = render_vllm_command(
+            target_dir, drafter_dir, method, gamma, "127.0.0.1", 0, "evaluation", tensor_parallel_size
+        )
         return launch.speculative_config
     if method == DRAFT_MODEL.name:
-        config: dict[str, Any] = {"method": DRAFT_MODEL.vllm_method, "model": str(drafter_dir),
-                                  "num_speculative_tokens": gamma}
+        config: dict[str, Any] = {
+            "method": DRAFT_MODEL.vllm_method,
+            "model": str(drafter_dir),
+            "num_speculative_tokens": gamma,
+        }
         if tensor_parallel_size > 1:
             config["draft_tensor_parallel_size"] = tensor_parallel_size
         return config
@@ -237,12 +273,19 @@ def speculative_config(target_dir: str | Path, method: str | None, drafter_dir: 
         low = high if low is None else low
         high = low if high is None else high
         if not 1 <= int(low) <= int(high):
-            raise DraftsyncError(f"n-gram lookup lengths min={low}, max={high} are not 1 <= min <= max",
-                                 "choose prompt_lookup_min >= 1 and prompt_lookup_max >= prompt_lookup_min")
-        return {"method": NGRAM.vllm_method, "num_speculative_tokens": gamma, "prompt_lookup_min": int(low),
-                "prompt_lookup_max": int(high)}
-    raise DraftsyncError(f"drafter method {method!r} is unknown to the vLLM backend",
-                         f"use one of {', '.join(VLLM_METHODS)}")
+            raise DraftsyncError(
+                f"n-gram lookup lengths min={low}, max={high} are not 1 <= min <= max",
+                "choose prompt_lookup_min >= 1 and prompt_lookup_max >= prompt_lookup_min",
+            )
+        return {
+            "method": NGRAM.vllm_method,
+            "num_speculative_tokens": gamma,
+            "prompt_lookup_min": int(low),
+            "prompt_lookup_max": int(high),
+        }
+    raise DraftsyncError(
+        f"drafter method {method!r} is unknown to the vLLM backend", f"use one of {', '.join(VLLM_METHODS)}"
+    )
 
 
 class VllmBackend:
@@ -257,19 +300,30 @@ class VllmBackend:
     name = "vllm"
     cheap_gamma_switch = False  # each gamma is its own LLM engine
 
-    def __init__(self, target_dir: str | Path, drafter_dir: str | Path | None = None, method: str | None = None,
-                 tensor_parallel_size: int = 1, *, ignore_eos: bool = True, prompt_lookup_min: int | None = None,
-                 prompt_lookup_max: int | None = None, **llm_kwargs: Any):
+    def __init__(
+        self,
+        target_dir: str | Path,
+        drafter_dir: str | Path | None = None,
+        method: str | None = None,
+        tensor_parallel_size: int = 1,
+        *,
+        ignore_eos: bool = True,
+        prompt_lookup_min: int | None = None,
+        prompt_lookup_max: int | None = None,
+        **llm_kwargs: Any,
+    ):
         from draftsync.model_paths import confined_model_path
 
         self.target_dir = confined_model_path(target_dir, "target checkpoint")
         self.drafter_dir = confined_model_path(drafter_dir, "drafter checkpoint") if drafter_dir is not None else None
         if not (self.target_dir / "config.json").is_file():
-            raise DraftsyncError(f"target {self.target_dir} has no config.json",
-                                 "point at a saved checkpoint directory")
+            raise DraftsyncError(
+                f"target {self.target_dir} has no config.json", "point at a saved checkpoint directory"
+            )
         if int(tensor_parallel_size) < 1:
-            raise DraftsyncError(f"tensor_parallel_size {tensor_parallel_size} is below 1",
-                                 "pass the number of GPUs per engine")
+            raise DraftsyncError(
+                f"tensor_parallel_size {tensor_parallel_size} is below 1", "pass the number of GPUs per engine"
+            )
         self.llm_kwargs = llm_keywords(llm_kwargs)
         self.method = resolve_method(self.drafter_dir, method)
         self.tensor_parallel_size = int(tensor_parallel_size)
@@ -279,8 +333,10 @@ class VllmBackend:
             speculative_config(self.target_dir, NGRAM.name, None, 1, 1, *self.prompt_lookup)
         self.max_gamma = proposable_tokens(self.method, self.drafter_dir)
         if importlib.util.find_spec("vllm") is None:
-            raise DraftsyncError("vllm is not installed in this environment",
-                                 "run the vLLM backend on a GPU worker with vllm installed, or use ReferenceBackend")
+            raise DraftsyncError(
+                "vllm is not installed in this environment",
+                "run the vLLM backend on a GPU worker with vllm installed, or use ReferenceBackend",
+            )
         self._llm: Any = None
         self._llm_gamma: int | None = None
         self._tokenizer: Any = None
@@ -293,10 +349,13 @@ class VllmBackend:
     def speculative_config(self, gamma: int) -> dict | None:
         """The `speculative_config` the engine for `gamma` is built with (for the record)."""
         if gamma > self.max_gamma:
-            raise DraftsyncError(f"gamma {gamma} is more than this drafter proposes ({self.max_gamma})",
-                                 f"use a gamma of at most {self.max_gamma}")
-        return speculative_config(self.target_dir, self.method, self.drafter_dir, gamma, self.tensor_parallel_size,
-                                  *self.prompt_lookup)
+            raise DraftsyncError(
+                f"gamma {gamma} is more than this drafter proposes ({self.max_gamma})",
+                f"use a gamma of at most {self.max_gamma}",
+            )
+        return speculative_config(
+            self.target_dir, self.method, self.drafter_dir, gamma, self.tensor_parallel_size, *self.prompt_lookup
+        )
 
     def llm(self, gamma: int) -> Any:
         """The engine for `gamma`, building it (and releasing the one before) when gamma changes."""
@@ -306,8 +365,12 @@ class VllmBackend:
         self._release()
         from vllm import LLM
 
-        self._llm = LLM(model=str(self.target_dir), tensor_parallel_size=self.tensor_parallel_size,
-                        speculative_config=config, **self.llm_kwargs)
+        self._llm = LLM(
+            model=str(self.target_dir),
+            tensor_parallel_size=self.tensor_parallel_size,
+            speculative_config=config,
+            **self.llm_kwargs,
+        )
         self._llm_gamma = gamma
         self._warm_up(self._llm)
         return self._llm
@@ -327,20 +390,26 @@ class VllmBackend:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(str(self.target_dir),
-                                                            trust_remote_code=self.llm_kwargs["trust_remote_code"])
+            self._tokenizer = AutoTokenizer.from_pretrained(
+                str(self.target_dir), trust_remote_code=self.llm_kwargs["trust_remote_code"]
+            )
         return list(self._tokenizer(prompt)["input_ids"])
 
-    def generate(self, requests: Sequence[EvalRequest], gamma: int, temperature: float,
-                 seed: int) -> list[RequestResult]:
+    def generate(
+        self, requests: Sequence[EvalRequest], gamma: int, temperature: float, seed: int
+    ) -> list[RequestResult]:
         from vllm import SamplingParams
 
         llm = self.llm(gamma)
         results = []
         for index, request in enumerate(requests):
             ids = self._token_ids(request.prompt)
-            params = SamplingParams(temperature=float(temperature), max_tokens=int(request.max_tokens),
-                                    seed=int(seed) + index, ignore_eos=self.ignore_eos)
+            params = SamplingParams(
+                temperature=float(temperature),
+                max_tokens=int(request.max_tokens),
+                seed=int(seed) + index,
+                ignore_eos=self.ignore_eos,
+            )
             before = read_spec_decode_counts(llm.get_metrics())
             started = time.perf_counter()
             outputs = llm.generate([{"prompt_token_ids": ids}], sampling_params=params, use_tqdm=False)
@@ -348,12 +417,21 @@ class VllmBackend:
             counts = read_spec_decode_counts(llm.get_metrics()).since(before)
             output = outputs[0]
             token_ids = list(output.outputs[0].token_ids)
-            results.append(RequestResult(
-                index=index, task=request.task, prompt_tokens=len(ids), output_tokens=len(token_ids),
-                drafts=counts.drafts, draft_tokens=counts.draft_tokens, accepted=counts.accepted,
-                accepted_per_position=_padded(counts.accepted_per_position, gamma), seconds=seconds,
-                ttft_s=first_token_seconds(getattr(output, "metrics", None)), token_ids=token_ids,
-            ))
+            results.append(
+                RequestResult(
+                    index=index,
+                    task=request.task,
+                    prompt_tokens=len(ids),
+                    output_tokens=len(token_ids),
+                    drafts=counts.drafts,
+                    draft_tokens=counts.draft_tokens,
+                    accepted=counts.accepted,
+                    accepted_per_position=_padded(counts.accepted_per_position, gamma),
+                    seconds=seconds,
+                    ttft_s=first_token_seconds(getattr(output, "metrics", None)),
+                    token_ids=token_ids,
+                )
+            )
         return results
 
     def _release(self) -> None:

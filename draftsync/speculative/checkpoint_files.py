@@ -30,8 +30,9 @@ def bf16_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_directory(out_dir: str | Path, weights: dict[str, dict[str, torch.Tensor]],
-                    documents: dict[str, dict[str, Any]]) -> Path:
+def write_directory(
+    out_dir: str | Path, weights: dict[str, dict[str, torch.Tensor]], documents: dict[str, dict[str, Any]]
+) -> Path:
     """Write safetensors files (`weights`: file name -> tensors) then JSON files, each atomically."""
     from safetensors.torch import save_file
 
@@ -55,8 +56,10 @@ def read_json(directory: str | Path, name: str = CONFIG_FILE) -> tuple[Path, dic
     """(path, object) of a JSON file in a drafter directory."""
     folder = Path(directory)
     if not folder.is_dir():
-        raise DraftsyncError(f"drafter directory {folder} does not exist",
-                             "pass a directory written by save_drafter (or re-train the drafter)")
+        raise DraftsyncError(
+            f"drafter directory {folder} does not exist",
+            "pass a directory written by save_drafter (or re-train the drafter)",
+        )
     path = folder / name
     if not path.is_file():
         raise DraftsyncError(f"{path} is missing", f"the drafter directory is incomplete: {RESAVE}")
@@ -79,8 +82,9 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
-        raise DraftsyncError(f"{path} is not a readable safetensors file ({error})",
-                             f"the drafter weights are damaged: {RESAVE}") from error
+        raise DraftsyncError(
+            f"{path} is not a readable safetensors file ({error})", f"the drafter weights are damaged: {RESAVE}"
+        ) from error
 
 
 def check_tensors(found: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], where: str) -> None:

@@ -127,7 +127,9 @@ def documents(task: str, split: str = "train", math_count: int = 4000, seed: int
         raise DraftsyncError(f"unknown task {task!r}", f"use one of {', '.join(TASKS)}")
     if task == "math":
         # Held-out math problems come from another seed: same templates, new numbers and names.
-        return _math_documents(math_count if split == "train" else max(1, math_count // 10), seed + (0 if split == "train" else 1_000_003))
+        return _math_documents(
+            math_count if split == "train" else max(1, math_count // 10), seed + (0 if split == "train" else 1_000_003)
+        )
     code, prose = _stdlib_documents()
     pool = code if task == "code" else prose
     want_held_out = split != "train"
@@ -177,11 +179,14 @@ def mixed_texts(task_mix: dict[str, float], count: int, seed: int, split: str = 
     return out
 
 
-def task_prompts_for_mix(task_mix: dict[str, float], count: int, seed: int,
-                         split: str = "heldout") -> list[tuple[str, str]]:
+def task_prompts_for_mix(
+    task_mix: dict[str, float], count: int, seed: int, split: str = "heldout"
+) -> list[tuple[str, str]]:
     """About `count` (task, prompt) pairs in the proportions of the task mix, at least one per task."""
     return [
-        (task, p) for task, n in _quotas(task_mix, count, minimum=1).items() for p in prompts(task, n, seed=seed, split=split)
+        (task, p)
+        for task, n in _quotas(task_mix, count, minimum=1).items()
+        for p in prompts(task, n, seed=seed, split=split)
     ]
 
 

@@ -31,8 +31,9 @@ MARKER_FILE = "draftsync_drafter.json"
 BUDGET_TOLERANCE = 0.05
 
 
-def llama_parameter_count(vocab: int, hidden: int, layers: int, intermediate: int, heads: int, kv_heads: int,
-                          head_dim: int, tied: bool) -> int:
+def llama_parameter_count(
+    vocab: int, hidden: int, layers: int, intermediate: int, heads: int, kv_heads: int, head_dim: int, tied: bool
+) -> int:
     """Exact parameter count of a bias-free LlamaForCausalLM of this shape."""
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o: heads; k, v: kv heads
     layer = attention + 3 * hidden * intermediate + 2 * hidden
@@ -50,8 +51,10 @@ def _kv_heads(heads: int, target_heads: int, target_kv_heads: int) -> int:
 def shape_for_budget(target_config: Any, parameters: int) -> dict[str, int]:
     """hidden_size, num_hidden_layers, intermediate_size and head counts by the rule in the module docstring."""
     if parameters <= 0:
-        raise DraftsyncError(f"draft model parameter budget {parameters} is not positive",
-                             "give the parameter count of the drafter it is compared with")
+        raise DraftsyncError(
+            f"draft model parameter budget {parameters} is not positive",
+            "give the parameter count of the drafter it is compared with",
+        )
     target_heads = target_config.num_attention_heads
     head_dim = getattr(target_config, "head_dim", None) or target_config.hidden_size // target_heads
     target_kv = getattr(target_config, "num_key_value_heads", None) or target_heads
@@ -64,13 +67,20 @@ def shape_for_budget(target_config: Any, parameters: int) -> dict[str, int]:
         kv = _kv_heads(heads, target_heads, target_kv)
         intermediate = max(1, round(hidden * ratio))
         for layers in range(1, target_config.num_hidden_layers + 1):
-            count = llama_parameter_count(target_config.vocab_size, hidden, layers, intermediate, heads, kv,
-                                          head_dim, tied)
+            count = llama_parameter_count(
+                target_config.vocab_size, hidden, layers, intermediate, heads, kv, head_dim, tied
+            )
             miss = abs(count - parameters) / parameters
             aspect = abs(math.log((hidden / layers) / target_width))
-            shape = {"hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": intermediate,
-                     "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
-                     "parameters": count}
+            shape = {
+                "hidden_size": hidden,
+                "num_hidden_layers": layers,
+                "intermediate_size": intermediate,
+                "num_attention_heads": heads,
+                "num_key_value_heads": kv,
+                "head_dim": head_dim,
+                "parameters": count,
+            }
             candidates.append((miss, aspect, shape))
     close = [c for c in candidates if c[0] <= BUDGET_TOLERANCE]
     best = min(close, key=lambda c: (c[1], c[0])) if close else min(candidates, key=lambda c: (c[0], c[1]))
@@ -190,14 +200,17 @@ class DraftModelDrafter(nn.Module):
         return self.lm(input_ids=input_ids, use_cache=True, **{self._cache_keyword: cache}).logits
 
     # ---- training -----------------------------------------------------------------------------------
-    def training_loss(self, batch: TrainingBatch, ttt_steps: int = 1, noise_std: float = 0.0,
-                      generator: torch.Generator | None = None) -> DraftLoss:
+    def training_loss(
+        self, batch: TrainingBatch, ttt_steps: int = 1, noise_std: float = 0.0, generator: torch.Generator | None = None
+    ) -> DraftLoss:
         """Soft cross-entropy of row t's logits against the target's distribution at t (token t+1),
         over rows whose token t+1 is loss-masked. One draft position; `ttt_steps` and `noise_std` (for
         drafters fed target states) do not apply to a model that reads tokens only."""
         if batch.target_logits is None:
-            raise DraftsyncError("the training batch has no target logits",
-                                 "fill batch.target_logits with the target's lm_head(final) before the loss")
+            raise DraftsyncError(
+                "the training batch has no target logits",
+                "fill batch.target_logits with the target's lm_head(final) before the loss",
+            )
         logits = self.lm(input_ids=batch.ids, attention_mask=batch.valid.long(), use_cache=False).logits
         mask = batch.loss_mask[:, 1:]
         rows = logits[:, :-1][mask].float()
@@ -206,8 +219,12 @@ class DraftModelDrafter(nn.Module):
             return DraftLoss(total=logits.sum() * 0.0, position_losses=[0.0], position_hits=[0], position_counts=[0])
         loss = -(torch.softmax(targets, -1) * torch.log_softmax(rows, -1)).sum(-1).mean()
         hits = int((rows.argmax(-1) == targets.argmax(-1)).sum())
-        return DraftLoss(total=loss, position_losses=[float(loss.detach())], position_hits=[hits],
-                         position_counts=[int(rows.shape[0])])
+        return DraftLoss(
+            total=loss,
+            position_losses=[float(loss.detach())],
+            position_hits=[hits],
+            position_counts=[int(rows.shape[0])],
+        )
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------------
@@ -241,15 +258,19 @@ def load_draft_model(path: Path | str, dtype: torch.dtype | None = None) -> Draf
     path = Path(path)
     marker_path = path / MARKER_FILE
     if not marker_path.is_file() or not (path / "config.json").is_file():
-        raise DraftsyncError(f"{path} is not a draft_model checkpoint (no {MARKER_FILE} or config.json)",
-                             "point at a directory written by save_draft_model")
+        raise DraftsyncError(
+            f"{path} is not a draft_model checkpoint (no {MARKER_FILE} or config.json)",
+            "point at a directory written by save_draft_model",
+        )
     try:
         marker = json.loads(marker_path.read_text())
     except json.JSONDecodeError as error:
         raise DraftsyncError(f"{marker_path} is not valid JSON ({error})", "rewrite it with save_draft_model") from None
     if marker.get("method") != DraftModelDrafter.method:
-        raise DraftsyncError(f"{marker_path} names method {marker.get('method')!r}, not {DRAFT_MODEL.name!r}",
-                             "load it with the loader of its own method (load_drafter)")
+        raise DraftsyncError(
+            f"{marker_path} names method {marker.get('method')!r}, not {DRAFT_MODEL.name!r}",
+            "load it with the loader of its own method (load_drafter)",
+        )
     weights = sorted(path.glob("*.safetensors"))
     if not weights:
         raise DraftsyncError(f"{path} holds no safetensors weights", "save the drafter again with save_draft_model")
@@ -260,8 +281,10 @@ def load_draft_model(path: Path | str, dtype: torch.dtype | None = None) -> Draf
     missing, unexpected = drafter.lm.load_state_dict(state, strict=False)
     missing = [name for name in missing if not (drafter.config.tie_word_embeddings and name == "lm_head.weight")]
     if missing or unexpected:
-        raise DraftsyncError(f"{path} weights do not fit its config (missing {missing[:3]}, unexpected {unexpected[:3]})",
-                             "save the drafter again with save_draft_model")
+        raise DraftsyncError(
+            f"{path} weights do not fit its config (missing {missing[:3]}, unexpected {unexpected[:3]})",
+            "save the drafter again with save_draft_model",
+        )
     if drafter.config.tie_word_embeddings:
         drafter.lm.tie_weights()
     if dtype is not None:

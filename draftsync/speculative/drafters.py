@@ -52,13 +52,20 @@ def _check_method(method: str) -> None:
 def _check_options(method: str, options: dict[str, Any]) -> None:
     unknown = sorted(set(options) - set(OPTIONS[method]))
     if unknown:
-        raise DraftsyncError(f"{', '.join(unknown)} {'is not an option' if len(unknown) == 1 else 'are not options'} "
-                             f"of {method} drafters",
-                             f"use only {', '.join(OPTIONS[method]) or 'no options'} for method {method!r}")
+        raise DraftsyncError(
+            f"{', '.join(unknown)} {'is not an option' if len(unknown) == 1 else 'are not options'} "
+            f"of {method} drafters",
+            f"use only {', '.join(OPTIONS[method]) or 'no options'} for method {method!r}",
+        )
 
 
-def new_drafter(method: str, target_config: Any, draft_vocab_size: int | None = None,
-                aux_layer_ids: tuple[int, ...] | list[int] | None = None, **options: Any):
+def new_drafter(
+    method: str,
+    target_config: Any,
+    draft_vocab_size: int | None = None,
+    aux_layer_ids: tuple[int, ...] | list[int] | None = None,
+    **options: Any,
+):
     """A freshly initialised drafter of `method` shaped for a target with `target_config` (a Llama config).
 
     `draft_vocab_size` None means the target's whole vocabulary; `aux_layer_ids` (EAGLE-3 only) None
@@ -72,15 +79,18 @@ def new_drafter(method: str, target_config: Any, draft_vocab_size: int | None = 
         flags = dict(options)
         if method == EAGLE3_1.name:
             if flags.get("fc_norm") is False or flags.get("norm_output") is False:
-                raise DraftsyncError(f"an {EAGLE3_1} drafter was asked to go without fc_norm or norm_output",
-                                     f"EAGLE 3.1 is EAGLE-3 with both: use method {EAGLE3.name!r} to choose the "
-                                     "flags")
+                raise DraftsyncError(
+                    f"an {EAGLE3_1} drafter was asked to go without fc_norm or norm_output",
+                    f"EAGLE 3.1 is EAGLE-3 with both: use method {EAGLE3.name!r} to choose the flags",
+                )
             flags.update(fc_norm=True, norm_output=True)
         return Eagle3Drafter(Eagle3Config.for_target(target_config, draft_vocab_size, aux_layer_ids, **flags))
     if aux_layer_ids is not None:
-        raise DraftsyncError(f"aux layer ids {list(aux_layer_ids)} were given for a {method} drafter, which reads "
-                             "the target's final hidden state only",
-                             f"leave aux_layer_ids unset for method {method!r} (they apply to {EAGLE3} and {EAGLE3_1})")
+        raise DraftsyncError(
+            f"aux layer ids {list(aux_layer_ids)} were given for a {method} drafter, which reads "
+            "the target's final hidden state only",
+            f"leave aux_layer_ids unset for method {method!r} (they apply to {EAGLE3} and {EAGLE3_1})",
+        )
     if method == EAGLE.name:
         from draftsync.speculative.eagle1 import EagleConfig, EagleDrafter
 
@@ -97,8 +107,13 @@ def new_drafter(method: str, target_config: Any, draft_vocab_size: int | None = 
     return MedusaDrafter(MedusaConfig.for_target(target_config, draft_vocab_size, **options))
 
 
-def save_drafter(drafter: Any, out_dir: str | Path, verifier_name_or_path: str, verifier_architectures: list[str],
-                 speculative_tokens: int) -> Path:
+def save_drafter(
+    drafter: Any,
+    out_dir: str | Path,
+    verifier_name_or_path: str,
+    verifier_architectures: list[str],
+    speculative_tokens: int,
+) -> Path:
     """Write `drafter` in its method's format to `out_dir` and return the directory."""
     method = getattr(drafter, "method", None)
     if is_eagle3_family(method):
@@ -110,12 +125,18 @@ def save_drafter(drafter: Any, out_dir: str | Path, verifier_name_or_path: str, 
     elif method == DRAFT_MODEL.name:
         from draftsync.speculative.draft_model import save_draft_model
 
-        return save_draft_model(drafter, out_dir, verifier_name_or_path=verifier_name_or_path,
-                                verifier_architectures=list(verifier_architectures),
-                                speculative_tokens=int(speculative_tokens))
+        return save_draft_model(
+            drafter,
+            out_dir,
+            verifier_name_or_path=verifier_name_or_path,
+            verifier_architectures=list(verifier_architectures),
+            speculative_tokens=int(speculative_tokens),
+        )
     else:
-        raise DraftsyncError(f"a drafter of method {method!r} ({type(drafter).__name__}) has no checkpoint format here",
-                             f"save_drafter writes {', '.join(CHECKPOINT_METHODS)} drafters")
+        raise DraftsyncError(
+            f"a drafter of method {method!r} ({type(drafter).__name__}) has no checkpoint format here",
+            f"save_drafter writes {', '.join(CHECKPOINT_METHODS)} drafters",
+        )
     return save(drafter, out_dir, verifier_name_or_path, verifier_architectures, speculative_tokens)
 
 

@@ -189,8 +189,9 @@ class EagleDrafter(nn.Module):
             cache.append(k, v)
         return self.lm_head(out), out
 
-    def _chain(self, input_ids: torch.Tensor, final: torch.Tensor,
-               ttt_steps: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def _chain(
+        self, input_ids: torch.Tensor, final: torch.Tensor, ttt_steps: int
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Logits and predicted features of each training-time-test step (see `unroll`)."""
         length = input_ids.shape[1]
         device = input_ids.device
@@ -203,8 +204,9 @@ class EagleDrafter(nn.Module):
         for step in range(ttt_steps):
             past = None if step == 0 else (torch.cat(keys, 2), torch.cat(values, 2))
             x = self._layer_input(ids, hidden)
-            out, k, v = self.layers[0](x, self._rope(positions + step, x.dtype), past,
-                                       training_time_test_mask(length, step, device))
+            out, k, v = self.layers[0](
+                x, self._rope(positions + step, x.dtype), past, training_time_test_mask(length, step, device)
+            )
             keys.append(k)
             values.append(v)
             logits = self.lm_head(out)
@@ -226,8 +228,9 @@ class EagleDrafter(nn.Module):
         return self._chain(input_ids, final, ttt_steps)[0]
 
     # ---- training ---------------------------------------------------------------------------------
-    def training_loss(self, batch: TrainingBatch, ttt_steps: int, noise_std: float = 0.0,
-                      generator: torch.Generator | None = None) -> DraftLoss:
+    def training_loss(
+        self, batch: TrainingBatch, ttt_steps: int, noise_std: float = 0.0, generator: torch.Generator | None = None
+    ) -> DraftLoss:
         """EAGLE-1's loss for each chained step: feature regression plus the token distribution.
 
         Row t of step s predicts the target's feature at t+s+1 (smooth L1 to `final`, mean over H) and,

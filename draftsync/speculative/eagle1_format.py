@@ -45,8 +45,9 @@ ARCHITECTURE = "LlamaForCausalLM"
 DRAFTER_KIND = EAGLE.name  # config.json's `draftsync_drafter`
 
 
-def eagle_config(drafter: EagleDrafter, verifier_name_or_path: str, verifier_architectures: list[str],
-                 speculative_tokens: int) -> dict[str, Any]:
+def eagle_config(
+    drafter: EagleDrafter, verifier_name_or_path: str, verifier_architectures: list[str], speculative_tokens: int
+) -> dict[str, Any]:
     """The whole config.json of an EAGLE-1 drafter directory."""
     import transformers
 
@@ -64,12 +65,19 @@ def eagle_config(drafter: EagleDrafter, verifier_name_or_path: str, verifier_arc
     }
 
 
-def save_eagle(drafter: EagleDrafter, out_dir: str | Path, verifier_name_or_path: str,
-               verifier_architectures: list[str], speculative_tokens: int) -> Path:
+def save_eagle(
+    drafter: EagleDrafter,
+    out_dir: str | Path,
+    verifier_name_or_path: str,
+    verifier_architectures: list[str],
+    speculative_tokens: int,
+) -> Path:
     """Write the drafter to `out_dir` (created; files replaced atomically) and return the directory."""
     if speculative_tokens < 1:
-        raise DraftsyncError(f"speculative_tokens={speculative_tokens} is below 1",
-                             "record the gamma the drafter is meant to run with (>= 1)")
+        raise DraftsyncError(
+            f"speculative_tokens={speculative_tokens} is below 1",
+            "record the gamma the drafter is meant to run with (>= 1)",
+        )
     state = bf16_tensors(drafter.state_dict())
     copies = {name: state.pop(name) for name in drafter.target_copy_names}
     index = {
@@ -77,8 +85,9 @@ def save_eagle(drafter: EagleDrafter, out_dir: str | Path, verifier_name_or_path
         "weight_map": {name: WEIGHTS_FILE for name in sorted(state)},
     }
     config = eagle_config(drafter, verifier_name_or_path, verifier_architectures, speculative_tokens)
-    return write_directory(out_dir, {WEIGHTS_FILE: state, TARGET_EMBEDDINGS_FILE: copies},
-                           {INDEX_FILE: index, CONFIG_FILE: config})
+    return write_directory(
+        out_dir, {WEIGHTS_FILE: state, TARGET_EMBEDDINGS_FILE: copies}, {INDEX_FILE: index, CONFIG_FILE: config}
+    )
 
 
 def is_eagle_config(config: dict[str, Any]) -> bool:
@@ -120,9 +129,11 @@ def load_eagle(directory: str | Path, dtype: torch.dtype | None = None) -> Eagle
 
     path, config = read_json(directory)
     if not is_eagle_config(config):
-        raise DraftsyncError(f"{path} is not an EAGLE-1 drafter config (draftsync_drafter is "
-                             f"{config.get('draftsync_drafter')!r}, not {DRAFTER_KIND!r})",
-                             "load it with drafters.load_drafter, which detects the format, or re-save it")
+        raise DraftsyncError(
+            f"{path} is not an EAGLE-1 drafter config (draftsync_drafter is "
+            f"{config.get('draftsync_drafter')!r}, not {DRAFTER_KIND!r})",
+            "load it with drafters.load_drafter, which detects the format, or re-save it",
+        )
     drafter = EagleDrafter(_drafter_config(config, path))
     folder = Path(directory)
     expected = drafter.state_dict()

@@ -395,8 +395,9 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
         return logits_per_step
 
     # ---- training ---------------------------------------------------------------------------------
-    def training_loss(self, batch: TrainingBatch, ttt_steps: int, noise_std: float = 0.0,
-                      generator: torch.Generator | None = None) -> DraftLoss:
+    def training_loss(
+        self, batch: TrainingBatch, ttt_steps: int, noise_std: float = 0.0, generator: torch.Generator | None = None
+    ) -> DraftLoss:
         """Soft cross-entropy to the target's distribution for each of `ttt_steps` chained draft steps.
 
         Row t of step s predicts token t+s+2 and is compared with target_logits[:, t+s+1] over the draft
@@ -405,8 +406,10 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
         sum over steps.
         """
         if batch.aux is None:
-            raise DraftsyncError("the training batch has no aux states, which an EAGLE-3 drafter reads",
-                                 "build the training dataset with aux states for eagle3/eagle3.1 drafters")
+            raise DraftsyncError(
+                "the training batch has no aux states, which an EAGLE-3 drafter reads",
+                "build the training dataset with aux states for eagle3/eagle3.1 drafters",
+            )
         check_window(batch.ids.shape[1], ttt_steps)
         aux = batch.aux[:, :-1]
         if noise_std > 0:
@@ -416,8 +419,9 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
         losses: list[torch.Tensor] = []
         result = DraftLoss(total=torch.zeros(()), position_losses=[], position_hits=[], position_counts=[])
         for step, logits in enumerate(logits_per_step):
-            terms = distribution_terms(logits, batch.target_logits, batch.loss_mask, step + 1, draft_ids,
-                                       self.to_target_ids)
+            terms = distribution_terms(
+                logits, batch.target_logits, batch.loss_mask, step + 1, draft_ids, self.to_target_ids
+            )
             if terms.loss is not None:
                 losses.append(terms.loss)
             result.position_losses.append(0.0 if terms.loss is None else float(terms.loss.detach()))

@@ -69,8 +69,13 @@ def greedy_reference(target: Any, prompt_ids: list[int], n: int) -> list[int]:
     return ids[len(prompt_ids) :]
 
 
-def verify_proposals(proposals: list[int], draft_distributions: list[torch.Tensor], target_logits: torch.Tensor,
-                     temperature: float, generator: torch.Generator) -> tuple[int, int]:
+def verify_proposals(
+    proposals: list[int],
+    draft_distributions: list[torch.Tensor],
+    target_logits: torch.Tensor,
+    temperature: float,
+    generator: torch.Generator,
+) -> tuple[int, int]:
     """(number of proposals accepted, the token that follows them), checked against the target.
 
     `target_logits` [len(proposals)+1, V] are the target's logits before each proposal and after the last.
@@ -149,16 +154,24 @@ class SpeculativeEngine:
         return states.logits[0].float(), (states.aux[0] if self.target_states == "aux" else states.final[0])
 
     # ---- generation -------------------------------------------------------------------------------
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
-                 seed: int | None = None, eos_token_id: int | None = None) -> Generation:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        eos_token_id: int | None = None,
+    ) -> Generation:
         import torch
 
         from draftsync.speculative.hidden_states import crop_kv_cache, new_kv_cache
 
         vocab = self.target.config.vocab_size
         if not prompt_ids or min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
-            raise DraftsyncError(f"the prompt is empty or has ids outside the vocabulary (0..{vocab - 1})",
-                                 "tokenize the prompt with the target's tokenizer")
+            raise DraftsyncError(
+                f"the prompt is empty or has ids outside the vocabulary (0..{vocab - 1})",
+                "tokenize the prompt with the target's tokenizer",
+            )
         started = time.perf_counter()
         generator = torch.Generator()
         generator.manual_seed(seed if seed is not None else int(torch.seed()) % (2**63))
@@ -184,8 +197,9 @@ class SpeculativeEngine:
                 gamma = min(self.gamma, max_new_tokens - len(out) - 1)
                 proposals: list[int] = []
                 if gamma > 0:
-                    proposals, distributions = proposer.propose(committed, pending, state, gamma, temperature,
-                                                                generator)
+                    proposals, distributions = proposer.propose(
+                        committed, pending, state, gamma, temperature, generator
+                    )
                     pending = None  # the proposer has consumed them
                 if not proposals:  # nothing to verify: one plain decoding step
                     logits, states = self._target_step(committed[-1:], target_cache)

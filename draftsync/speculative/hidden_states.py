@@ -87,8 +87,13 @@ def _layer_input(args: tuple, kwargs: dict) -> torch.Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
 
-def capture(model: Any, input_ids: torch.Tensor, layer_ids: tuple[int, ...] | list[int], cache: Any = None,
-            all_logits: bool = True) -> CapturedStates:
+def capture(
+    model: Any,
+    input_ids: torch.Tensor,
+    layer_ids: tuple[int, ...] | list[int],
+    cache: Any = None,
+    all_logits: bool = True,
+) -> CapturedStates:
     """Run the target once and return its aux states at `layer_ids`, its last pre-norm state and its logits.
 
     With a `cache` (a transformers KV cache) only the new tokens in `input_ids` are run, at the positions

@@ -89,7 +89,9 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
     def __init__(self, config: MedusaConfig):
         super().__init__()
         self.config = config
-        self.blocks = nn.ModuleList(MedusaBlocks(config.hidden_size, config.num_layers) for _ in range(config.num_heads))
+        self.blocks = nn.ModuleList(
+            MedusaBlocks(config.hidden_size, config.num_layers) for _ in range(config.num_heads)
+        )
         self.lm_heads = nn.ModuleList(
             nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False) for _ in range(config.num_heads)
         )
@@ -125,8 +127,9 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
         return self.heads(final)
 
     # ---- training ---------------------------------------------------------------------------------
-    def training_loss(self, batch: TrainingBatch, ttt_steps: int = 1, noise_std: float = 0.0,
-                      generator: torch.Generator | None = None) -> DraftLoss:
+    def training_loss(
+        self, batch: TrainingBatch, ttt_steps: int = 1, noise_std: float = 0.0, generator: torch.Generator | None = None
+    ) -> DraftLoss:
         """Soft cross-entropy of each head to the target's distribution over the token it guesses.
 
         Head k at row t is compared with target_logits[:, t+1+k] over the draft vocabulary, weighted by
@@ -143,8 +146,9 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
         losses: list[torch.Tensor] = []
         result = DraftLoss(total=torch.zeros(()), position_losses=[], position_hits=[], position_counts=[])
         for k in range(self.config.num_heads):
-            terms = distribution_terms(logits[:, :, k], batch.target_logits, batch.loss_mask, k + 1, draft_ids,
-                                       self.to_target_ids)
+            terms = distribution_terms(
+                logits[:, :, k], batch.target_logits, batch.loss_mask, k + 1, draft_ids, self.to_target_ids
+            )
             if terms.loss is not None:
                 losses.append(self.config.loss_decay**k * terms.loss)
             result.position_losses.append(0.0 if terms.loss is None else terms.loss.item())

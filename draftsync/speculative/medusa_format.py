@@ -56,8 +56,9 @@ ARCHITECTURE = "MedusaModel"
 DRAFTER_KIND = MEDUSA.name  # config.json's `draftsync_drafter`
 
 
-def medusa_config(drafter: MedusaDrafter, verifier_name_or_path: str, verifier_architectures: list[str],
-                  speculative_tokens: int) -> dict[str, Any]:
+def medusa_config(
+    drafter: MedusaDrafter, verifier_name_or_path: str, verifier_architectures: list[str], speculative_tokens: int
+) -> dict[str, Any]:
     """The whole config.json of a Medusa drafter directory."""
     config = drafter.config
     return {
@@ -86,13 +87,20 @@ def widened_head(rows: torch.Tensor, draft_ids: torch.Tensor, vocab_size: int) -
     return head.contiguous()
 
 
-def save_medusa(drafter: MedusaDrafter, out_dir: str | Path, verifier_name_or_path: str,
-                verifier_architectures: list[str], speculative_tokens: int) -> Path:
+def save_medusa(
+    drafter: MedusaDrafter,
+    out_dir: str | Path,
+    verifier_name_or_path: str,
+    verifier_architectures: list[str],
+    speculative_tokens: int,
+) -> Path:
     """Write the drafter to `out_dir` (created; files replaced atomically) and return the directory."""
     heads = drafter.config.num_heads
     if not 1 <= speculative_tokens <= heads:
-        raise DraftsyncError(f"speculative_tokens={speculative_tokens} does not fit a Medusa drafter of {heads} heads",
-                             f"record a gamma between 1 and {heads} (one token per head)")
+        raise DraftsyncError(
+            f"speculative_tokens={speculative_tokens} does not fit a Medusa drafter of {heads} heads",
+            f"record a gamma between 1 and {heads} (one token per head)",
+        )
     tensors = bf16_tensors(drafter.state_dict())
     if drafter.d2t is not None:
         draft_ids = drafter.draft_token_ids.cpu()
@@ -120,17 +128,21 @@ def load_medusa(directory: str | Path, dtype: torch.dtype | None = None) -> Medu
 
     path, config = read_json(directory)
     if not is_medusa_config(config):
-        raise DraftsyncError(f"{path} is not a Medusa drafter config (draftsync_drafter is "
-                             f"{config.get('draftsync_drafter')!r}, not {DRAFTER_KIND!r})",
-                             "load it with drafters.load_drafter, which detects the format, or re-save it")
-    drafter = MedusaDrafter(MedusaConfig(
-        hidden_size=config_value(config, path, "hidden_size"),
-        vocab_size=config_value(config, path, "vocab_size"),
-        draft_vocab_size=config_value(config, path, "draft_vocab_size"),
-        num_heads=config_value(config, path, "num_heads"),
-        num_layers=config_value(config, path, "num_hidden_layers"),
-        loss_decay=config.get("loss_decay", 0.8),
-    ))
+        raise DraftsyncError(
+            f"{path} is not a Medusa drafter config (draftsync_drafter is "
+            f"{config.get('draftsync_drafter')!r}, not {DRAFTER_KIND!r})",
+            "load it with drafters.load_drafter, which detects the format, or re-save it",
+        )
+    drafter = MedusaDrafter(
+        MedusaConfig(
+            hidden_size=config_value(config, path, "hidden_size"),
+            vocab_size=config_value(config, path, "vocab_size"),
+            draft_vocab_size=config_value(config, path, "draft_vocab_size"),
+            num_heads=config_value(config, path, "num_heads"),
+            num_layers=config_value(config, path, "num_hidden_layers"),
+            loss_decay=config.get("loss_decay", 0.8),
+        )
+    )
     weights_path = Path(directory) / WEIGHTS_FILE
     tensors = read_safetensors(weights_path)
     expected = drafter.state_dict()

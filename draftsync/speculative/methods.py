@@ -49,11 +49,13 @@ class DrafterMethod:
         return self.name
 
 
-EAGLE3 = DrafterMethod("eagle3", EAGLE3_FAMILY, vllm_method="eagle3", chains=True, speculators_type="eagle3",
-                       reads_aux_states=True)
+EAGLE3 = DrafterMethod(
+    "eagle3", EAGLE3_FAMILY, vllm_method="eagle3", chains=True, speculators_type="eagle3", reads_aux_states=True
+)
 # EAGLE 3.1: EAGLE-3 with fc_norm and norm_output; vLLM reads the extra norms from an eagle3 checkpoint's config.
-EAGLE3_1 = DrafterMethod("eagle3.1", EAGLE3_FAMILY, vllm_method="eagle3", chains=True, speculators_type="eagle3",
-                         reads_aux_states=True)
+EAGLE3_1 = DrafterMethod(
+    "eagle3.1", EAGLE3_FAMILY, vllm_method="eagle3", chains=True, speculators_type="eagle3", reads_aux_states=True
+)
 EAGLE = DrafterMethod("eagle", EAGLE_FAMILY, vllm_method="eagle", chains=True, full_vocabulary=True)
 MEDUSA = DrafterMethod("medusa", MEDUSA_FAMILY, vllm_method="medusa", fixed_heads=True)
 DRAFT_MODEL = DrafterMethod("draft_model", DRAFT_MODEL_FAMILY, vllm_method="draft_model", trained=False)

@@ -37,9 +37,15 @@ class Proposer(Protocol):
     def new_state(self) -> Any:
         """Per-request drafting state."""
 
-    def propose(self, committed: list[int], pending_states: torch.Tensor | None, state: Any, gamma: int,
-                temperature: float, generator: torch.Generator) -> tuple[list[int], list[torch.Tensor]]:
-        ...
+    def propose(
+        self,
+        committed: list[int],
+        pending_states: torch.Tensor | None,
+        state: Any,
+        gamma: int,
+        temperature: float,
+        generator: torch.Generator,
+    ) -> tuple[list[int], list[torch.Tensor]]: ...
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
@@ -52,8 +58,10 @@ def drafter_method(drafter: Any) -> str:
 
     if isinstance(drafter, Eagle3Drafter):
         return eagle3_variant(drafter.config.fc_norm, drafter.config.norm_output)
-    raise DraftsyncError(f"{type(drafter).__name__} names no speculative method (no `method` attribute)",
-                         "pass an Eagle3Drafter, EagleDrafter, MedusaDrafter, DraftModelDrafter or a proposer")
+    raise DraftsyncError(
+        f"{type(drafter).__name__} names no speculative method (no `method` attribute)",
+        "pass an Eagle3Drafter, EagleDrafter, MedusaDrafter, DraftModelDrafter or a proposer",
+    )
 
 
 def check_vocabulary(drafter: Any, target_model: Any) -> None:
@@ -117,8 +125,10 @@ class ChainProposer:
         if states is None:
             states = "aux" if hasattr(drafter.config, "aux_layer_ids") else "final"
         if states not in ("aux", "final"):
-            raise DraftsyncError(f"a chain drafter reading target states {states!r} cannot be drafted from",
-                                 "give an EAGLE-style drafter (target_states 'aux' or 'final')")
+            raise DraftsyncError(
+                f"a chain drafter reading target states {states!r} cannot be drafted from",
+                "give an EAGLE-style drafter (target_states 'aux' or 'final')",
+            )
         self.target_states = states
         self.aux_layer_ids = tuple(getattr(drafter.config, "aux_layer_ids", ())) if states == "aux" else ()
         self._dtype = next(drafter.parameters()).dtype
@@ -235,8 +245,10 @@ class NgramProposer:
         low = prompt_lookup_min if prompt_lookup_min is not None else prompt_lookup_max
         high = prompt_lookup_max if prompt_lookup_max is not None else prompt_lookup_min
         if not 1 <= low <= high:
-            raise DraftsyncError(f"n-gram lookup lengths min={low}, max={high} are not 1 <= min <= max",
-                                 "choose prompt_lookup_min >= 1 and prompt_lookup_max >= prompt_lookup_min")
+            raise DraftsyncError(
+                f"n-gram lookup lengths min={low}, max={high} are not 1 <= min <= max",
+                "choose prompt_lookup_min >= 1 and prompt_lookup_max >= prompt_lookup_min",
+            )
         self.min_n, self.max_n = int(low), int(high)
         self.vocab_size = 0  # set by check_target
 
@@ -336,8 +348,10 @@ def make_proposer(drafter_or_name: Any, **options: Any) -> Proposer:
     if isinstance(drafter_or_name, str):
         if drafter_or_name == NGRAM.name:
             return NgramProposer(**options)
-        raise DraftsyncError(f"no proposer is named {drafter_or_name!r}",
-                             "name 'ngram', or pass a drafter object (load it with load_drafter)")
+        raise DraftsyncError(
+            f"no proposer is named {drafter_or_name!r}",
+            "name 'ngram', or pass a drafter object (load it with load_drafter)",
+        )
     if hasattr(drafter_or_name, "propose") and hasattr(drafter_or_name, "new_state"):
         return drafter_or_name
     method = drafter_method(drafter_or_name)
@@ -347,5 +361,7 @@ def make_proposer(drafter_or_name: Any, **options: Any) -> Proposer:
         return MedusaProposer(drafter_or_name, **options)
     if method == DRAFT_MODEL.name:
         return DraftModelProposer(drafter_or_name, **options)
-    raise DraftsyncError(f"drafter method {method!r} has no proposer",
-                         f"use one of {', '.join(CHAIN_METHODS + (MEDUSA.name, DRAFT_MODEL.name, NGRAM.name))}")
+    raise DraftsyncError(
+        f"drafter method {method!r} has no proposer",
+        f"use one of {', '.join(CHAIN_METHODS + (MEDUSA.name, DRAFT_MODEL.name, NGRAM.name))}",
+    )

@@ -28,7 +28,9 @@ def generate_responses(
     try:
         for start in range(0, len(prompts), batch_size):
             batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True).to(model.device)
-            sampling = {"do_sample": True, "temperature": temperature, "top_k": 0} if temperature > 0 else {"do_sample": False}
+            sampling = (
+                {"do_sample": True, "temperature": temperature, "top_k": 0} if temperature > 0 else {"do_sample": False}
+            )
             with torch.no_grad():
                 output = model.generate(
                     **batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.eos_token_id, **sampling

@@ -25,6 +25,7 @@ class Sample:
     input_ids: list[int]
     loss_mask: list[int]
 
+
 # --- sample streams --------------------------------------------------------------------------------
 class SampleSource:
     """A re-iterable, fixed-length stream of samples that can start anywhere without producing the rest.
@@ -49,7 +50,9 @@ class SampleSource:
 
 
 def _tokenizer_identity(tokenizer: Any) -> str:
-    return f"{type(tokenizer).__name__}:{len(tokenizer)}:{tokenizer.eos_token_id}:{getattr(tokenizer, 'name_or_path', '')}"
+    return (
+        f"{type(tokenizer).__name__}:{len(tokenizer)}:{tokenizer.eos_token_id}:{getattr(tokenizer, 'name_or_path', '')}"
+    )
 
 
 def _digest_of(parts: Iterable[str]) -> str:
@@ -65,7 +68,9 @@ class _TeacherForced(SampleSource):
 
     def __init__(self, tokenizer: Any, pairs: Sequence[tuple[str, str]], chunk: int):
         if tokenizer.eos_token_id is None:
-            raise DraftsyncError("the tokenizer has no EOS token", "use the target's own tokenizer (it defines eos_token)")
+            raise DraftsyncError(
+                "the tokenizer has no EOS token", "use the target's own tokenizer (it defines eos_token)"
+            )
         self.tokenizer, self.pairs, self.chunk = tokenizer, list(pairs), chunk
 
     def __len__(self) -> int:
@@ -73,8 +78,11 @@ class _TeacherForced(SampleSource):
 
     @property
     def fingerprint(self) -> str:
-        return _digest_of(itertools.chain([self.mode, _tokenizer_identity(self.tokenizer)],
-                                          (f"{task}\x01{text}" for task, text in self.pairs)))
+        return _digest_of(
+            itertools.chain(
+                [self.mode, _tokenizer_identity(self.tokenizer)], (f"{task}\x01{text}" for task, text in self.pairs)
+            )
+        )
 
     def iter_from(self, start: int) -> Iterator[Sample]:
         eos = self.tokenizer.eos_token_id
@@ -89,10 +97,23 @@ class _TeacherForced(SampleSource):
 class _Regenerated(SampleSource):
     mode = "regenerated"
 
-    def __init__(self, model: Any, tokenizer: Any, task_prompts: Sequence[tuple[str, str]], max_new_tokens: int,
-                 batch_size: int, temperature: float, seed: int):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        task_prompts: Sequence[tuple[str, str]],
+        max_new_tokens: int,
+        batch_size: int,
+        temperature: float,
+        seed: int,
+    ):
         self.model, self.tokenizer, self.task_prompts = model, tokenizer, list(task_prompts)
-        self.max_new_tokens, self.batch_size, self.temperature, self.seed = max_new_tokens, batch_size, temperature, seed
+        self.max_new_tokens, self.batch_size, self.temperature, self.seed = (
+            max_new_tokens,
+            batch_size,
+            temperature,
+            seed,
+        )
 
     def __len__(self) -> int:
         return len(self.task_prompts)
@@ -100,8 +121,12 @@ class _Regenerated(SampleSource):
     @property
     def fingerprint(self) -> str:
         settings = f"{self.mode}:{self.max_new_tokens}:{self.batch_size}:{self.temperature}:{self.seed}"
-        return _digest_of(itertools.chain([settings, _tokenizer_identity(self.tokenizer)],
-                                          (f"{task}\x01{prompt}" for task, prompt in self.task_prompts)))
+        return _digest_of(
+            itertools.chain(
+                [settings, _tokenizer_identity(self.tokenizer)],
+                (f"{task}\x01{prompt}" for task, prompt in self.task_prompts),
+            )
+        )
 
     def iter_from(self, start: int) -> Iterator[Sample]:
         from draftsync.speculative.responses import generate_responses
@@ -112,8 +137,13 @@ class _Regenerated(SampleSource):
         for index in range(first, -(-len(self.task_prompts) // self.batch_size)):
             part = self.task_prompts[index * self.batch_size : (index + 1) * self.batch_size]
             sequences, masks = generate_responses(
-                self.model, self.tokenizer, [prompt for _, prompt in part], self.max_new_tokens,
-                batch_size=len(part), temperature=self.temperature, seed=self.seed + index,
+                self.model,
+                self.tokenizer,
+                [prompt for _, prompt in part],
+                self.max_new_tokens,
+                batch_size=len(part),
+                temperature=self.temperature,
+                seed=self.seed + index,
             )
             skip = start - index * self.batch_size if index == first else 0
             for (task, _), ids, mask in list(zip(part, sequences, masks))[skip:]:

@@ -83,9 +83,18 @@ def shard_name(index: int) -> str:
 
 
 # --- the manifest ---------------------------------------------------------------------------------
-def new_manifest(facts: dict, layer_ids: tuple[int, ...], dtype_name: str, store_aux: bool, mode: str,
-                 fingerprint: str | None, shard_tokens: int, batch_size: int, max_batch_tokens: int,
-                 max_seq_len: int | None) -> dict:
+def new_manifest(
+    facts: dict,
+    layer_ids: tuple[int, ...],
+    dtype_name: str,
+    store_aux: bool,
+    mode: str,
+    fingerprint: str | None,
+    shard_tokens: int,
+    batch_size: int,
+    max_batch_tokens: int,
+    max_seq_len: int | None,
+) -> dict:
     """The manifest of an empty build: its settings, and counters that each committed shard adds to."""
     return {
         "format": FORMAT,
@@ -117,8 +126,18 @@ def new_manifest(facts: dict, layer_ids: tuple[int, ...], dtype_name: str, store
 
 # --- resuming -------------------------------------------------------------------------------------
 # Fields a resumed build must share with the directory it continues: anything else would mix datasets.
-_RESUME_FIELDS = ("format_version", "aux_layer_ids", "store_aux", "dtype", "mode", "source_fingerprint",
-                  "shard_tokens", "batch_size", "max_batch_tokens", "max_seq_len")
+_RESUME_FIELDS = (
+    "format_version",
+    "aux_layer_ids",
+    "store_aux",
+    "dtype",
+    "mode",
+    "source_fingerprint",
+    "shard_tokens",
+    "batch_size",
+    "max_batch_tokens",
+    "max_seq_len",
+)
 _TARGET_FIELDS = ("hidden_size", "num_layers", "vocab_size", "fingerprint")
 
 
@@ -131,11 +150,14 @@ def check_resumable(out_dir: Path, old: dict, new: dict) -> None:
         if old["target"].get(key) != new["target"][key]:
             raise DraftsyncError(
                 f"{out_dir} was built for another target ({key} {old['target'].get(key)!r}, "
-                f"this target has {new['target'][key]!r}; built from {old['target'].get('name_or_path')!r})", fix)
+                f"this target has {new['target'][key]!r}; built from {old['target'].get('name_or_path')!r})",
+                fix,
+            )
     for key in _RESUME_FIELDS:
         if old.get(key) != new[key]:
             raise DraftsyncError(
-                f"{out_dir} was built with {key}={old.get(key)!r}, this build asks for {key}={new[key]!r}", fix)
+                f"{out_dir} was built with {key}={old.get(key)!r}, this build asks for {key}={new[key]!r}", fix
+            )
 
 
 def recount_tokens(out_dir: Path, manifest: dict, vocab_size: int) -> torch.Tensor:

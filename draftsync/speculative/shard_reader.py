@@ -40,10 +40,13 @@ class ShardDataset:
         if self.manifest.get("format") != FORMAT or self.manifest.get("format_version") != FORMAT_VERSION:
             raise DraftsyncError(
                 f"{self.path} holds format {self.manifest.get('format')!r} v{self.manifest.get('format_version')}",
-                f"rebuild it with this version of draftsync ({FORMAT} v{FORMAT_VERSION})")
+                f"rebuild it with this version of draftsync ({FORMAT} v{FORMAT_VERSION})",
+            )
         if not self.manifest.get("complete"):
-            raise DraftsyncError(f"the dataset in {self.path} is incomplete ({len(self.manifest['shards'])} shards)",
-                                 "rerun build_shards with the same inputs to finish it")
+            raise DraftsyncError(
+                f"the dataset in {self.path} is incomplete ({len(self.manifest['shards'])} shards)",
+                "rerun build_shards with the same inputs to finish it",
+            )
         self._open_handles = max(1, open_handles)
         self._handles: OrderedDict[int, Any] = OrderedDict()
         shard_of, starts, lengths, tasks = [], [], [], []
@@ -108,8 +111,9 @@ class ShardDataset:
         """
         if seq_len < MIN_WINDOW_TOKENS:
             raise DraftsyncError(f"seq_len={seq_len} is too short", f"use seq_len >= {MIN_WINDOW_TOKENS}")
-        ids = torch.as_tensor(list(sequence_ids) if not isinstance(sequence_ids, torch.Tensor) else sequence_ids,
-                              dtype=torch.int64)
+        ids = torch.as_tensor(
+            list(sequence_ids) if not isinstance(sequence_ids, torch.Tensor) else sequence_ids, dtype=torch.int64
+        )
         if ids.numel() == 0:
             return torch.zeros(0, 3, dtype=torch.int64)
         lengths = self._length[ids]
@@ -167,8 +171,9 @@ class ShardDataset:
             final[row, :length] = part["final"].to(torch.float32)
             if aux is not None:
                 aux[row, :length] = part["aux"].to(torch.float32)
-        return TrainingBatch(ids=ids, valid=valid, loss_mask=loss_mask & valid, aux=aux, final=final,
-                             target_logits=None)
+        return TrainingBatch(
+            ids=ids, valid=valid, loss_mask=loss_mask & valid, aux=aux, final=final, target_logits=None
+        )
 
     def _epoch_order(self, seed: int, epoch: int, count: int) -> torch.Tensor:
         key = (seed, epoch, count)
@@ -177,7 +182,9 @@ class ShardDataset:
             self._perm_cache = (key, torch.randperm(count, generator=torch.Generator().manual_seed(mixed)))
         return self._perm_cache[1]
 
-    def batch_for_step(self, step: int, batch_size: int, seq_len: int, seed: int, windows: torch.Tensor) -> TrainingBatch:
+    def batch_for_step(
+        self, step: int, batch_size: int, seq_len: int, seed: int, windows: torch.Tensor
+    ) -> TrainingBatch:
         """Step `step`'s batch: a pure function of its arguments, so training can resume mid-epoch.
 
         Each epoch is a permutation of `windows` drawn from (seed, epoch); an epoch has
@@ -228,14 +235,16 @@ class ShardDataset:
                         bad = bad + (~torch.isfinite(handle.get_slice("aux")[begin:end].float())).sum(-1)
                     for i in range(first, last):
                         a, b = int(offsets[i]) - begin, int(offsets[i + 1]) - begin
-                        rows.append({
-                            "task": names[tasks[i]] if 0 <= tasks[i] < len(names) else f"<task {tasks[i]}>",
-                            "length": b - a,
-                            "loss_tokens": int(mask[a:b].sum()),
-                            "max_token_id": int(ids[a:b].max()) if b > a else -1,
-                            "nonfinite": int(bad[a:b].sum()),
-                            "aux_width": int(aux_width),
-                            "final_width": int(final_width),
-                        })
+                        rows.append(
+                            {
+                                "task": names[tasks[i]] if 0 <= tasks[i] < len(names) else f"<task {tasks[i]}>",
+                                "length": b - a,
+                                "loss_tokens": int(mask[a:b].sum()),
+                                "max_token_id": int(ids[a:b].max()) if b > a else -1,
+                                "nonfinite": int(bad[a:b].sum()),
+                                "aux_width": int(aux_width),
+                                "final_width": int(final_width),
+                            }
+                        )
                     first = last
         return rows

@@ -112,13 +112,17 @@ def build_shards(
     if dtype_name is None:
         raise DraftsyncError(f"hidden states cannot be stored as {dtype}", "use torch.bfloat16 or torch.float16")
     if min(shard_tokens, batch_size, max_batch_tokens) < 1:
-        raise DraftsyncError(f"shard_tokens={shard_tokens}, batch_size={batch_size}, max_batch_tokens="
-                             f"{max_batch_tokens}", "use positive values")
+        raise DraftsyncError(
+            f"shard_tokens={shard_tokens}, batch_size={batch_size}, max_batch_tokens={max_batch_tokens}",
+            "use positive values",
+        )
     model.eval()
     layer_ids = validate_aux_layer_ids(aux_layer_ids, num_decoder_layers(model))
     if store_aux and len(layer_ids) != 3:
-        raise DraftsyncError(f"{len(layer_ids)} aux layer ids given {list(layer_ids)}",
-                             "EAGLE-3 reads exactly three depths; give three ids")
+        raise DraftsyncError(
+            f"{len(layer_ids)} aux layer ids given {list(layer_ids)}",
+            "EAGLE-3 reads exactly three depths; give three ids",
+        )
     facts = target_facts(model, target_name)
     vocab_size = facts["vocab_size"]
     if max_seq_len is None:
@@ -129,8 +133,18 @@ def build_shards(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = out_dir / MANIFEST_FILE
-    manifest = new_manifest(facts, layer_ids, dtype_name, store_aux, source_mode, fingerprint, shard_tokens,
-                            batch_size, max_batch_tokens, max_seq_len)
+    manifest = new_manifest(
+        facts,
+        layer_ids,
+        dtype_name,
+        store_aux,
+        source_mode,
+        fingerprint,
+        shard_tokens,
+        batch_size,
+        max_batch_tokens,
+        max_seq_len,
+    )
     if manifest_path.exists():
         old = json.loads(manifest_path.read_text())
         check_resumable(out_dir, old, manifest)
@@ -153,11 +167,15 @@ def build_shards(
         if len(sample.loss_mask) != len(sample.input_ids):
             raise DraftsyncError(
                 f"sample {position} ({sample.task}) has {len(sample.input_ids)} tokens but a loss mask of "
-                f"{len(sample.loss_mask)}", "give one loss-mask entry per token")
+                f"{len(sample.loss_mask)}",
+                "give one loss-mask entry per token",
+            )
         if sample.input_ids and (min(sample.input_ids) < 0 or max(sample.input_ids) >= vocab_size):
             raise DraftsyncError(
                 f"sample {position} ({sample.task}) holds token ids outside the target vocabulary "
-                f"(0..{vocab_size - 1})", "tokenize with the target's own tokenizer")
+                f"(0..{vocab_size - 1})",
+                "tokenize with the target's own tokenizer",
+            )
         digest = chain_digest(digest, sample)
         position += 1
         batch.take(sample, max_seq_len)
@@ -199,8 +217,16 @@ class _PendingBatch:
 class _ShardWriter:
     """Runs batches through the target into a shard buffer and commits shards with their manifest."""
 
-    def __init__(self, out_dir: Path, manifest: dict, counts: torch.Tensor, shard_tokens: int, aux_width: int,
-                 dtype: torch.dtype, on_progress: Any):
+    def __init__(
+        self,
+        out_dir: Path,
+        manifest: dict,
+        counts: torch.Tensor,
+        shard_tokens: int,
+        aux_width: int,
+        dtype: torch.dtype,
+        on_progress: Any,
+    ):
         self.out_dir, self.manifest, self.counts = out_dir, manifest, counts
         self.max_batch_tokens = manifest["max_batch_tokens"]
         self.shard_tokens, self.aux_width, self.dtype, self.on_progress = shard_tokens, aux_width, dtype, on_progress
@@ -260,7 +286,6 @@ class _ShardWriter:
                 out[index] = (aux[row, :length] if aux is not None else None, final[row, :length])
         return out
 
-
     def commit(self, consumed: int, digest: str) -> None:
         """Write the buffer as the next shard (if it holds anything), then the manifest that records it."""
         manifest = self.manifest
@@ -269,22 +294,28 @@ class _ShardWriter:
 
             tensors = self.buffer.tensors()
             name = shard_name(len(manifest["shards"]))
-            atomic_write(self.out_dir / name, lambda tmp: save_file(
-                tensors, str(tmp), metadata={"format": FORMAT, "format_version": str(FORMAT_VERSION)}))
+            atomic_write(
+                self.out_dir / name,
+                lambda tmp: save_file(
+                    tensors, str(tmp), metadata={"format": FORMAT, "format_version": str(FORMAT_VERSION)}
+                ),
+            )
             ids = tensors["input_ids"].to(torch.int64)
             mask = tensors["loss_mask"]
             self.counts += torch.bincount(ids[mask], minlength=self.counts.shape[0])
             lengths = self.buffer.lengths
             position = 0
             for task_id, length in zip(self.buffer.tasks, lengths):
-                entry = manifest["tasks"].setdefault(manifest["task_names"][task_id],
-                                                     {"sequences": 0, "tokens": 0, "loss_tokens": 0})
+                entry = manifest["tasks"].setdefault(
+                    manifest["task_names"][task_id], {"sequences": 0, "tokens": 0, "loss_tokens": 0}
+                )
                 entry["sequences"] += 1
                 entry["tokens"] += length
                 entry["loss_tokens"] += int(mask[position : position + length].sum())
                 position += length
-            manifest["shards"].append({"file": name, "sequences": len(lengths), "tokens": int(ids.shape[0]),
-                                       "samples_end": consumed})
+            manifest["shards"].append(
+                {"file": name, "sequences": len(lengths), "tokens": int(ids.shape[0]), "samples_end": consumed}
+            )
             manifest["num_sequences"] += len(lengths)
             manifest["total_tokens"] += int(ids.shape[0])
             manifest["loss_tokens"] += int(mask.sum())
@@ -311,8 +342,11 @@ def _length_groups(lengths: list[int], max_tokens: int, spread: float = 1.5) -> 
     """
     groups: list[list[int]] = []
     for index in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
-        if (groups and (len(groups[-1]) + 1) * lengths[index] <= max_tokens
-                and lengths[index] <= spread * lengths[groups[-1][0]]):
+        if (
+            groups
+            and (len(groups[-1]) + 1) * lengths[index] <= max_tokens
+            and lengths[index] <= spread * lengths[groups[-1][0]]
+        ):
             groups[-1].append(index)
         else:
             groups.append([index])

@@ -57,8 +57,9 @@ def transformer_layer_config(drafter: Eagle3Drafter) -> dict[str, Any]:
     }
 
 
-def speculators_config(drafter: Eagle3Drafter, verifier_name_or_path: str, verifier_architectures: list[str],
-                       speculative_tokens: int) -> dict[str, Any]:
+def speculators_config(
+    drafter: Eagle3Drafter, verifier_name_or_path: str, verifier_architectures: list[str], speculative_tokens: int
+) -> dict[str, Any]:
     """The whole config.json of a drafter directory."""
     import transformers
 
@@ -94,12 +95,19 @@ def speculators_config(drafter: Eagle3Drafter, verifier_name_or_path: str, verif
     }
 
 
-def save_eagle3(drafter: Eagle3Drafter, out_dir: str | Path, verifier_name_or_path: str,
-                verifier_architectures: list[str], speculative_tokens: int) -> Path:
+def save_eagle3(
+    drafter: Eagle3Drafter,
+    out_dir: str | Path,
+    verifier_name_or_path: str,
+    verifier_architectures: list[str],
+    speculative_tokens: int,
+) -> Path:
     """Write the drafter to `out_dir` (created; files replaced atomically) and return the directory."""
     if speculative_tokens < 1:
-        raise DraftsyncError(f"speculative_tokens={speculative_tokens} is below 1",
-                             "record the gamma the drafter is meant to run with (>= 1)")
+        raise DraftsyncError(
+            f"speculative_tokens={speculative_tokens} is below 1",
+            "record the gamma the drafter is meant to run with (>= 1)",
+        )
     config = speculators_config(drafter, verifier_name_or_path, verifier_architectures, speculative_tokens)
     return write_directory(out_dir, {WEIGHTS_FILE: bf16_tensors(drafter.state_dict())}, {CONFIG_FILE: config})
 
@@ -109,8 +117,10 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     config_path, config = read_json(directory)
     if config.get("speculators_model_type") != EAGLE3.speculators_type:
         found = config.get("speculators_model_type")
-        raise DraftsyncError(f"{config_path} has speculators_model_type {found!r}, not {EAGLE3.speculators_type!r}",
-                             "load an EAGLE-3 drafter saved in the speculators format")
+        raise DraftsyncError(
+            f"{config_path} has speculators_model_type {found!r}, not {EAGLE3.speculators_type!r}",
+            "load an EAGLE-3 drafter saved in the speculators format",
+        )
     return config
 
 
@@ -149,8 +159,9 @@ def _drafter_config(config: dict[str, Any], config_path: Path):
             norm_before_fc=bool(config.get("norm_before_fc", False)),
         )
     except (KeyError, TypeError, AttributeError, ValueError) as error:
-        raise DraftsyncError(f"{config_path} lacks a field an EAGLE-3 drafter needs ({error})",
-                             "re-save the drafter with save_eagle3") from error
+        raise DraftsyncError(
+            f"{config_path} lacks a field an EAGLE-3 drafter needs ({error})", "re-save the drafter with save_eagle3"
+        ) from error
 
 
 def load_eagle3(directory: str | Path, dtype: torch.dtype | None = None) -> Eagle3Drafter:

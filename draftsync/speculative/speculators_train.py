@@ -94,25 +94,42 @@ class SpeculatorsTrainJob:
         if self.from_pretrained is not None:
             object.__setattr__(self, "from_pretrained", str(self.from_pretrained))
         if self.method not in METHODS:
-            raise DraftsyncError(f"speculators backend method {self.method!r} is not one of {list(METHODS)}",
-                                 f"train {EAGLE} and {MEDUSA} drafters with draftsync's own trainer")
+            raise DraftsyncError(
+                f"speculators backend method {self.method!r} is not one of {list(METHODS)}",
+                f"train {EAGLE} and {MEDUSA} drafters with draftsync's own trainer",
+            )
         if self.aux_layer_ids is not None:
             ids = tuple(int(k) for k in self.aux_layer_ids)
             if len(ids) != 3 or len(set(ids)) != 3 or min(ids) < 0:
-                raise DraftsyncError(f"aux layer ids {list(ids)} are not three distinct ids >= 0",
-                                     "give three distinct target layer ids (or none for the default)")
+                raise DraftsyncError(
+                    f"aux layer ids {list(ids)} are not three distinct ids >= 0",
+                    "give three distinct target layer ids (or none for the default)",
+                )
             object.__setattr__(self, "aux_layer_ids", ids)
-        for name in ("epochs", "ttt_steps", "seq_length", "total_seq_len", "gpus_per_node", "nnodes",
-                     "vllm_tensor_parallel_size", "vllm_data_parallel_size"):
+        for name in (
+            "epochs",
+            "ttt_steps",
+            "seq_length",
+            "total_seq_len",
+            "gpus_per_node",
+            "nnodes",
+            "vllm_tensor_parallel_size",
+            "vllm_data_parallel_size",
+        ):
             if getattr(self, name) < 1:
-                raise DraftsyncError(f"speculators job field {name}={getattr(self, name)} is below 1",
-                                     f"set {name} to 1 or more")
+                raise DraftsyncError(
+                    f"speculators job field {name}={getattr(self, name)} is below 1", f"set {name} to 1 or more"
+                )
         if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
-            raise DraftsyncError(f"draft_vocab_size={self.draft_vocab_size} is below 1",
-                                 "set a positive draft vocabulary size, or None for the target's vocabulary")
+            raise DraftsyncError(
+                f"draft_vocab_size={self.draft_vocab_size} is below 1",
+                "set a positive draft vocabulary size, or None for the target's vocabulary",
+            )
         if self.nnodes > 1 and not self.rdzv_endpoint:
-            raise DraftsyncError(f"a {self.nnodes}-node speculators job has no rdzv_endpoint",
-                                 "set rdzv_endpoint to host:port of node 0 (torchrun's c10d rendezvous)")
+            raise DraftsyncError(
+                f"a {self.nnodes}-node speculators job has no rdzv_endpoint",
+                "set rdzv_endpoint to host:port of node 0 (torchrun's c10d rendezvous)",
+            )
 
     @property
     def prepared_dir(self) -> str:
@@ -139,8 +156,10 @@ def target_num_layers(job: SpeculatorsTrainJob) -> int:
     try:
         config = json.loads(config_path.read_text())
     except (OSError, ValueError) as error:
-        raise DraftsyncError(f"cannot read the target's layer count from {config_path} ({error})",
-                             "set target_num_layers on the job (a hub id is not read from here)") from error
+        raise DraftsyncError(
+            f"cannot read the target's layer count from {config_path} ({error})",
+            "set target_num_layers on the job (a hub id is not read from here)",
+        ) from error
     config = config.get("text_config", config)
     if not isinstance(config.get("num_hidden_layers"), int):
         raise DraftsyncError(f"{config_path} has no num_hidden_layers", "set target_num_layers on the job")
@@ -171,13 +190,21 @@ def hidden_state_server_command(job: SpeculatorsTrainJob) -> list[str]:
         "kv_connector_extra_config": {"shared_storage_path": job.server_scratch_dir},
     }
     return [
-        "vllm", "serve", job.target,
-        "--host", "127.0.0.1",
-        "--port", str(job.vllm_port),
-        "--tensor-parallel-size", str(job.vllm_tensor_parallel_size),
-        "--data-parallel-size", str(job.vllm_data_parallel_size),
-        "--speculative-config", json.dumps(speculative_config, separators=(",", ":")),
-        "--kv-transfer-config", json.dumps(kv_transfer_config, separators=(",", ":")),
+        "vllm",
+        "serve",
+        job.target,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(job.vllm_port),
+        "--tensor-parallel-size",
+        str(job.vllm_tensor_parallel_size),
+        "--data-parallel-size",
+        str(job.vllm_data_parallel_size),
+        "--speculative-config",
+        json.dumps(speculative_config, separators=(",", ":")),
+        "--kv-transfer-config",
+        json.dumps(kv_transfer_config, separators=(",", ":")),
     ]
 
 
@@ -197,10 +224,14 @@ def prepare_data_command(job: SpeculatorsTrainJob) -> list[str]:
 
 def generate_hidden_states_command(job: SpeculatorsTrainJob) -> list[str]:
     return [
-        "speculators", "generate-offline-data",
-        "--model", job.target,
-        "--endpoint", f"{job.endpoint}/v1",
-        "--preprocessed-data", job.prepared_dir,
+        "speculators",
+        "generate-offline-data",
+        "--model",
+        job.target,
+        "--endpoint",
+        f"{job.endpoint}/v1",
+        "--preprocessed-data",
+        job.prepared_dir,
         "--validate-outputs",
     ]
 
@@ -208,10 +239,14 @@ def generate_hidden_states_command(job: SpeculatorsTrainJob) -> list[str]:
 def train_arguments(job: SpeculatorsTrainJob) -> list[str]:
     """The flags of `speculators train` (identical under torchrun's `-m speculators.train`)."""
     args = [
-        "--verifier-name-or-path", job.target,
-        "--speculator-type", EAGLE3.speculators_type,
-        "--data-path", job.prepared_dir,
-        "--save-path", job.output_dir,
+        "--verifier-name-or-path",
+        job.target,
+        "--speculator-type",
+        EAGLE3.speculators_type,
+        "--data-path",
+        job.prepared_dir,
+        "--save-path",
+        job.output_dir,
     ]
     if job.from_pretrained:
         args += ["--from-pretrained", job.from_pretrained]  # its config fixes the layers; shaping flags conflict
@@ -223,12 +258,18 @@ def train_arguments(job: SpeculatorsTrainJob) -> list[str]:
     if job.draft_vocab_size is not None:
         args += ["--draft-vocab-size", str(job.draft_vocab_size)]
     args += [
-        "--ttt-steps", str(job.ttt_steps),
-        "--epochs", str(job.epochs),
-        "--lr", repr(float(job.lr)),
-        "--total-seq-len", str(job.total_seq_len),
-        "--on-missing", "raise",  # offline: every hidden state is on disk; a gap is an error, not a request
-        "--seed", str(job.seed),
+        "--ttt-steps",
+        str(job.ttt_steps),
+        "--epochs",
+        str(job.epochs),
+        "--lr",
+        repr(float(job.lr)),
+        "--total-seq-len",
+        str(job.total_seq_len),
+        "--on-missing",
+        "raise",  # offline: every hidden state is on disk; a gap is an error, not a request
+        "--seed",
+        str(job.seed),
     ]
     return args + list(job.extra_train_args)
 
@@ -241,8 +282,17 @@ def train_command(job: SpeculatorsTrainJob) -> list[str]:
         launcher = ["torchrun", "--standalone", "--nproc-per-node", str(job.gpus_per_node)]
     else:
         launcher = [
-            "torchrun", "--nnodes", str(job.nnodes), "--nproc-per-node", str(job.gpus_per_node),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", job.rdzv_endpoint, "--rdzv-id", job.rdzv_id,
+            "torchrun",
+            "--nnodes",
+            str(job.nnodes),
+            "--nproc-per-node",
+            str(job.gpus_per_node),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            job.rdzv_endpoint,
+            "--rdzv-id",
+            job.rdzv_id,
         ]
     return [*launcher, "-m", TRAIN_MODULE, *train_arguments(job)]
 
@@ -252,8 +302,9 @@ def render_commands(job: SpeculatorsTrainJob) -> list[list[str]]:
     return [prepare_data_command(job), generate_hidden_states_command(job), train_command(job)]
 
 
-def write_token_rows(path: str | Path, sequences: Sequence[Sequence[int]],
-                     loss_masks: Sequence[Sequence[int]] | None = None) -> Path:
+def write_token_rows(
+    path: str | Path, sequences: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]] | None = None
+) -> Path:
     """Token sequences as the JSONL rows prepare-data passes through untouched: {"input_ids", "loss_mask"}."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -261,8 +312,10 @@ def write_token_rows(path: str | Path, sequences: Sequence[Sequence[int]],
         for index, sequence in enumerate(sequences):
             mask = list(loss_masks[index]) if loss_masks is not None else [1] * len(sequence)
             if len(mask) != len(sequence):
-                raise DraftsyncError(f"row {index}: {len(sequence)} tokens but {len(mask)} loss-mask entries",
-                                     "give one loss-mask entry per token")
+                raise DraftsyncError(
+                    f"row {index}: {len(sequence)} tokens but {len(mask)} loss-mask entries",
+                    "give one loss-mask entry per token",
+                )
             handle.write(json.dumps({"input_ids": [int(t) for t in sequence], "loss_mask": [int(m) for m in mask]}))
             handle.write("\n")
     return out
@@ -288,8 +341,12 @@ def _print_line(line: str) -> None:
     sys.stdout.flush()
 
 
-def run_commands(commands: Sequence[Sequence[str]], env: dict[str, str] | None = None, cwd: str | Path | None = None,
-                 on_line: Callable[[str], None] = _print_line) -> None:
+def run_commands(
+    commands: Sequence[Sequence[str]],
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+    on_line: Callable[[str], None] = _print_line,
+) -> None:
     """Run each command in turn (no shell), streaming its output lines; stop at the first that fails.
 
     Every executable is looked up before the first command starts, so a worker without speculators
@@ -297,8 +354,16 @@ def run_commands(commands: Sequence[Sequence[str]], env: dict[str, str] | None =
     """
     _check_executables(commands, env)
     for command in commands:
-        process = subprocess.Popen(list(command), cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+        process = subprocess.Popen(
+            list(command),
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
         try:
             for line in process.stdout:
                 on_line(line.rstrip("\n"))
@@ -307,9 +372,11 @@ def run_commands(commands: Sequence[Sequence[str]], env: dict[str, str] | None =
             _stop(process)
             raise
         if code != 0:
-            raise DraftsyncError(f"`{' '.join(command[:2])}` exited with status {code}",
-                                 "read its output above; fix the cause and run the job again (training resumes "
-                                 "from the latest checkpoint in the output directory)")
+            raise DraftsyncError(
+                f"`{' '.join(command[:2])}` exited with status {code}",
+                "read its output above; fix the cause and run the job again (training resumes "
+                "from the latest checkpoint in the output directory)",
+            )
 
 
 def _stop(process: subprocess.Popen, grace_s: float = 30.0) -> None:
@@ -330,8 +397,10 @@ def _wait_until_serving(process: subprocess.Popen, url: str, timeout_s: float, l
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise DraftsyncError(f"the hidden-state server exited with status {process.returncode} before serving",
-                                 f"read {log_path}; check that vLLM supports extract_hidden_states and the target loads")
+            raise DraftsyncError(
+                f"the hidden-state server exited with status {process.returncode} before serving",
+                f"read {log_path}; check that vLLM supports extract_hidden_states and the target loads",
+            )
         try:
             with urllib.request.urlopen(url, timeout=5) as response:
                 if response.status == 200:
@@ -339,8 +408,10 @@ def _wait_until_serving(process: subprocess.Popen, url: str, timeout_s: float, l
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(2)
-    raise DraftsyncError(f"the hidden-state server did not answer {url} within {timeout_s:.0f} s",
-                         f"read {log_path}; raise server_timeout_s for a large target")
+    raise DraftsyncError(
+        f"the hidden-state server did not answer {url} within {timeout_s:.0f} s",
+        f"read {log_path}; raise server_timeout_s for a large target",
+    )
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path:
@@ -351,13 +422,20 @@ def latest_checkpoint(output_dir: str | Path) -> Path:
         return best
     epochs = [d for d in root.iterdir() if d.is_dir() and d.name.isdigit()] if root.is_dir() else []
     if not epochs:
-        raise DraftsyncError(f"{root} holds no speculators checkpoint (no epoch directory)",
-                             "run the training step to completion, or point at the save path it used")
+        raise DraftsyncError(
+            f"{root} holds no speculators checkpoint (no epoch directory)",
+            "run the training step to completion, or point at the save path it used",
+        )
     return max(epochs, key=lambda d: int(d.name))
 
 
-def run_job(job: SpeculatorsTrainJob, env: dict[str, str] | None = None, cwd: str | Path | None = None,
-            on_line: Callable[[str], None] = _print_line, server_timeout_s: float = 1800.0) -> Path:
+def run_job(
+    job: SpeculatorsTrainJob,
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+    on_line: Callable[[str], None] = _print_line,
+    server_timeout_s: float = 1800.0,
+) -> Path:
     """The whole pipeline on this worker; returns the trained drafter's directory (load_eagle3 reads it)."""
     server = hidden_state_server_command(job)
     data_steps = [prepare_data_command(job), generate_hidden_states_command(job)]
@@ -366,8 +444,9 @@ def run_job(job: SpeculatorsTrainJob, env: dict[str, str] | None = None, cwd: st
     Path(job.work_dir).mkdir(parents=True, exist_ok=True)
     log_path = Path(job.work_dir) / "vllm-server.log"
     with log_path.open("w") as log:
-        process = subprocess.Popen(server, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            server, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             _wait_until_serving(process, f"{job.endpoint}/v1/models", server_timeout_s, log_path)
             run_commands(data_steps, env=env, cwd=cwd, on_line=on_line)

@@ -54,8 +54,16 @@ class TargetRecipe:
 # "deep" is for benchmarks that need a drafter small relative to its target; "strong" is the test size
 # trained ten times longer, for the acceptance benchmark: a target that has learned more than a model of
 # a drafter's size can copy from the drafter's data alone, and whose greedy output loops less.
-_TEST_SHAPE = dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=352, vocab_size=1024, seq_len=96,
-                   batch_size=12, tokenizer_texts=1500)
+_TEST_SHAPE = dict(
+    hidden_size=128,
+    num_layers=4,
+    num_heads=4,
+    intermediate_size=352,
+    vocab_size=1024,
+    seq_len=96,
+    batch_size=12,
+    tokenizer_texts=1500,
+)
 _SIZES = {
     "demo": dict(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=704, vocab_size=2048),
     "test": _TEST_SHAPE,
@@ -103,7 +111,9 @@ def _tokenizer(recipe: TargetRecipe, cache_dir: Path):
 class TokenStreams:
     """Per-task token streams (documents joined by EOS) with seeded window sampling by task mix."""
 
-    def __init__(self, tokenizer, task_mix: dict[str, float], split: str = "train", max_docs: int = 3000, seed: int = 0):
+    def __init__(
+        self, tokenizer, task_mix: dict[str, float], split: str = "train", max_docs: int = 3000, seed: int = 0
+    ):
         self.task_mix = {t: s for t, s in task_mix.items() if s > 0}
         self.streams = {}
         eos = tokenizer.eos_token_id
@@ -221,7 +231,9 @@ def evaluate_loss(model, tokenizer, tasks: list[str], seq_len: int, batches: int
         streams = TokenStreams(tokenizer, {task: 1.0}, split="heldout", max_docs=400, seed=1)
         rng = random.Random(1)
         with torch.no_grad():
-            losses = [float(model(input_ids=(b := streams.batch(rng, 8, seq_len)), labels=b).loss) for _ in range(batches)]
+            losses = [
+                float(model(input_ids=(b := streams.batch(rng, 8, seq_len)), labels=b).loss) for _ in range(batches)
+            ]
         out[task] = sum(losses) / len(losses)
     return out
 
@@ -241,7 +253,9 @@ def _read_config(path: Path) -> dict:
     try:
         return json.loads(config_file.read_text())
     except json.JSONDecodeError as exc:
-        raise DraftsyncError(f"target config {config_file} is not valid JSON ({exc})", "restore or re-export the checkpoint") from exc
+        raise DraftsyncError(
+            f"target config {config_file} is not valid JSON ({exc})", "restore or re-export the checkpoint"
+        ) from exc
 
 
 def describe_target(path: Path) -> dict:
@@ -252,14 +266,18 @@ def describe_target(path: Path) -> dict:
     config = _read_config(path)
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
-        raise DraftsyncError(f"target checkpoint {path} has no *.safetensors weights", "save it with save_pretrained (safetensors)")
+        raise DraftsyncError(
+            f"target checkpoint {path} has no *.safetensors weights", "save it with save_pretrained (safetensors)"
+        )
     params = 0
     for shard in shards:
         try:
             with safe_open(str(shard), framework="pt") as f:
                 params += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
         except Exception as exc:  # safetensors raises its own error types for corrupt headers
-            raise DraftsyncError(f"target weights {shard} are corrupt ({exc})", "re-export or re-download the checkpoint") from exc
+            raise DraftsyncError(
+                f"target weights {shard} are corrupt ({exc})", "re-export or re-download the checkpoint"
+            ) from exc
     info_file = path / TARGET_INFO_FILE
     info = json.loads(info_file.read_text()) if info_file.exists() else {}
     return {
@@ -297,7 +315,9 @@ def load_target(path: Path, trust_remote_code: bool | None = None):
             path, dtype=torch.float32, trust_remote_code=trust_remote_code, output_loading_info=True
         )
     except Exception as exc:
-        raise DraftsyncError(f"target {path} could not be loaded ({type(exc).__name__}: {exc})", "re-export the checkpoint") from exc
+        raise DraftsyncError(
+            f"target {path} could not be loaded ({type(exc).__name__}: {exc})", "re-export the checkpoint"
+        ) from exc
     # transformers fills weights its config expects but the files lack with random values, silently.
     missing = sorted(loading.get("missing_keys") or ())
     if missing:
@@ -316,7 +336,9 @@ def load_target(path: Path, trust_remote_code: bool | None = None):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as exc:
-        raise DraftsyncError(f"tokenizer of target {path} could not be loaded ({exc})", "save the tokenizer files beside the weights") from exc
+        raise DraftsyncError(
+            f"tokenizer of target {path} could not be loaded ({exc})", "save the tokenizer files beside the weights"
+        ) from exc
     if len(tokenizer) > model.config.vocab_size:
         raise DraftsyncError(
             f"tokenizer of target {path} has {len(tokenizer)} tokens but the model's vocabulary is {model.config.vocab_size}",

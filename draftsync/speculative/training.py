@@ -100,8 +100,10 @@ def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise DraftsyncError("training was asked to run on CUDA but no CUDA device is visible",
-                             "run on a GPU worker or set the training device to cpu")
+        raise DraftsyncError(
+            "training was asked to run on CUDA but no CUDA device is visible",
+            "run on a GPU worker or set the training device to cpu",
+        )
     return torch.device(name)
 
 
@@ -132,8 +134,9 @@ def new_drafter_for(target_model: Any, dataset: ShardDataset, config: TrainConfi
             aux = config.aux_layer_ids if config.aux_layer_ids is not None else dataset.aux_layer_ids
             drafter = new_drafter(config.method, target_config, draft_vocab_size, aux)
         elif config.method == EAGLE.name:
-            drafter = new_drafter(EAGLE.name, target_config,
-                                  None if draft_vocab_size == vocab_size else draft_vocab_size)
+            drafter = new_drafter(
+                EAGLE.name, target_config, None if draft_vocab_size == vocab_size else draft_vocab_size
+            )
         elif config.method == MEDUSA.name:
             drafter = new_drafter(MEDUSA.name, target_config, draft_vocab_size, num_heads=config.medusa_heads)
         elif config.method == DRAFT_MODEL.name:
@@ -142,8 +145,10 @@ def new_drafter_for(target_model: Any, dataset: ShardDataset, config: TrainConfi
             budget = config.draft_model_parameters or parameter_count(new_drafter(EAGLE3.name, target_config)).own
             drafter = DraftModelDrafter.for_budget(target_config, budget)  # vLLM serves it over the whole vocabulary
         else:
-            raise DraftsyncError(f"unknown drafter method {config.method!r}",
-                                 f"use {', '.join(TRAINED_METHODS)} (or {DRAFT_MODEL} for the benchmark baseline)")
+            raise DraftsyncError(
+                f"unknown drafter method {config.method!r}",
+                f"use {', '.join(TRAINED_METHODS)} (or {DRAFT_MODEL} for the benchmark baseline)",
+            )
     if drafter.config.draft_vocab_size < vocab_size:
         d2t, t2d = build_draft_vocab(dataset.token_counts(), drafter.config.draft_vocab_size)
         drafter.set_draft_vocab(d2t, t2d)
@@ -191,8 +196,14 @@ def _to_device(batch: TrainingBatch, device: torch.device) -> TrainingBatch:
     def move(tensor):
         return None if tensor is None else tensor.to(device, non_blocking=True)
 
-    return TrainingBatch(ids=move(batch.ids), valid=move(batch.valid), loss_mask=move(batch.loss_mask),
-                         aux=move(batch.aux), final=move(batch.final), target_logits=move(batch.target_logits))
+    return TrainingBatch(
+        ids=move(batch.ids),
+        valid=move(batch.valid),
+        loss_mask=move(batch.loss_mask),
+        aux=move(batch.aux),
+        final=move(batch.final),
+        target_logits=move(batch.target_logits),
+    )
 
 
 def _with_target_logits(batch: TrainingBatch, head: Any) -> TrainingBatch:
@@ -228,8 +239,9 @@ def _load_checkpoint(path: Path, fingerprint: str, dataset_id: str) -> dict[str,
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as error:  # a torn or foreign file: say which and how to recover
-        raise DraftsyncError(f"training checkpoint {path} cannot be read ({error})",
-                             f"delete {path} to train from scratch") from error
+        raise DraftsyncError(
+            f"training checkpoint {path} cannot be read ({error})", f"delete {path} to train from scratch"
+        ) from error
     if state.get("fingerprint") != fingerprint or state.get("dataset") != dataset_id:
         raise DraftsyncError(
             f"training checkpoint {path} belongs to another run (different config or dataset)",
@@ -238,8 +250,9 @@ def _load_checkpoint(path: Path, fingerprint: str, dataset_id: str) -> dict[str,
     return state
 
 
-def evaluate(drafter: Any, dataset: ShardDataset, windows: torch.Tensor, head: Any, batch_size: int,
-             device: torch.device) -> tuple[list[float], int]:
+def evaluate(
+    drafter: Any, dataset: ShardDataset, windows: torch.Tensor, head: Any, batch_size: int, device: torch.device
+) -> tuple[list[float], int]:
     """Held-out top-1 accuracy per draft position (loss-masked positions) and the positions counted."""
     import torch
 
@@ -318,8 +331,10 @@ def train_drafter(
     train_windows = dataset.windows(train_ids, config.seq_len)
     holdout_windows = dataset.windows(holdout_ids or train_ids, config.seq_len)
     if train_windows.shape[0] == 0:
-        raise DraftsyncError(f"dataset {dataset.path} has no training window of 3 or more tokens",
-                             "build the dataset from longer texts or more samples")
+        raise DraftsyncError(
+            f"dataset {dataset.path} has no training window of 3 or more tokens",
+            "build the dataset from longer texts or more samples",
+        )
 
     drafter = new_drafter_for(target_model, dataset, config)
     warm_tensors = warm_start(drafter, init_from) if init_from is not None else 0
@@ -376,11 +391,19 @@ def train_drafter(
             if on_progress is not None:
                 on_progress(step, config.steps, metrics)
             if checkpoint_path is not None and config.checkpoint_every and step % config.checkpoint_every == 0:
-                _save_checkpoint(checkpoint_path, {
-                    "fingerprint": fingerprint, "dataset": dataset_id, "step": step, "tokens": tokens,
-                    "losses": losses, "history": history, "drafter": drafter.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                })
+                _save_checkpoint(
+                    checkpoint_path,
+                    {
+                        "fingerprint": fingerprint,
+                        "dataset": dataset_id,
+                        "step": step,
+                        "tokens": tokens,
+                        "losses": losses,
+                        "history": history,
+                        "drafter": drafter.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                    },
+                )
     finally:
         progress_bar.close()
 

@@ -17,8 +17,15 @@ from draftsync.tasks import context
 
 
 @task(name="send-alert", cache_policy=NONE)
-def send_alert(deployment: str, rule: str, subject: str, text: str, severity: str = "warning",
-               value: float = 0.0, now: datetime | None = None) -> dict:
+def send_alert(
+    deployment: str,
+    rule: str,
+    subject: str,
+    text: str,
+    severity: str = "warning",
+    value: float = 0.0,
+    now: datetime | None = None,
+) -> dict:
     """Write and send the alert unless the same one went out recently; returns what happened."""
     from draftsync.monitors.mailer import Mailer
     from draftsync.tasks.secrets import smtp_password_block
@@ -35,7 +42,8 @@ def send_alert(deployment: str, rule: str, subject: str, text: str, severity: st
     message["To"] = ", ".join(settings.alert_recipients)
     message.set_content(text)
     entry = Mailer(settings.outbox_dir, store, settings, secret_loader=smtp_password_block).send(message, now=now)
-    store.record_alert(key, deployment=deployment, rule=rule, severity=severity, value=value, sent_at=now,
-                       outbox_id=entry.id)
+    store.record_alert(
+        key, deployment=deployment, rule=rule, severity=severity, value=value, sent_at=now, outbox_id=entry.id
+    )
     context.logger().warning("alert sent: %s (%s)", message["Subject"], entry.eml_path)
     return {"sent": True, "key": key, "subject": message["Subject"], "eml_path": entry.eml_path}

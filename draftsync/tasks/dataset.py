@@ -34,8 +34,10 @@ def _checks_markdown(report: dict) -> str:
         f"| {o['name']} | {o['check']} | {o['observed']} | {o['expected']} | {'pass' if o['passed'] else 'FAIL'} |"
         for o in report["outcomes"]
     )
-    return (f"# Data checks ({report['sequences']} sequences)\n\n| expectation | checks | observed | expected | verdict |\n"
-            f"|---|---|---|---|---|\n{rows}\n")
+    return (
+        f"# Data checks ({report['sequences']} sequences)\n\n| expectation | checks | observed | expected | verdict |\n"
+        f"|---|---|---|---|---|\n{rows}\n"
+    )
 
 
 @task(name="build-dataset", cache_policy=NONE)
@@ -65,12 +67,19 @@ def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProf
     layer_ids = tuple(profile.aux_layer_ids or default_aux_layer_ids(num_decoder_layers(model)))
 
     def progress(consumed: int, manifest: dict) -> None:
-        logger.info("dataset: %d samples, %d tokens in %d shards", consumed, manifest["total_tokens"],
-                    len(manifest["shards"]))
+        logger.info(
+            "dataset: %d samples, %d tokens in %d shards", consumed, manifest["total_tokens"], len(manifest["shards"])
+        )
 
     manifest = build_shards(
-        model, concat_samples(*sources), out_dir, layer_ids, store_aux=METHODS[profile.method].reads_aux_states,
-        max_seq_len=profile.dataset_max_seq_len, target_name=target_dir, on_progress=progress,
+        model,
+        concat_samples(*sources),
+        out_dir,
+        layer_ids,
+        store_aux=METHODS[profile.method].reads_aux_states,
+        max_seq_len=profile.dataset_max_seq_len,
+        target_name=target_dir,
+        on_progress=progress,
     )
     try:
         checks = run_data_checks(ShardDataset(out_dir), model.config, task_mix).to_dict()
@@ -80,8 +89,12 @@ def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProf
             create_markdown_artifact(markdown=_checks_markdown(report.to_dict()), description="failed data checks")
         raise
     create_markdown_artifact(markdown=_checks_markdown(checks), description="data checks")
-    logger.info("dataset %s: %d sequences, %d tokens, data checks passed", out_dir, manifest["num_sequences"],
-                manifest["total_tokens"])
+    logger.info(
+        "dataset %s: %d sequences, %d tokens, data checks passed",
+        out_dir,
+        manifest["num_sequences"],
+        manifest["total_tokens"],
+    )
     return {
         "path": str(out_dir),
         "sequences": manifest["num_sequences"],

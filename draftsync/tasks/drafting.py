@@ -28,7 +28,10 @@ def _warm_start_source(warm_start_dir: str | None, profile: SyncProfile, target)
         logger.info("previous drafter is %s, this sync trains %s: training from scratch", method, profile.method)
         return None
     candidate = load_drafter(Path(warm_start_dir))
-    if candidate.config.target_hidden_size != target.config.hidden_size or candidate.config.vocab_size != target.config.vocab_size:
+    if (
+        candidate.config.target_hidden_size != target.config.hidden_size
+        or candidate.config.vocab_size != target.config.vocab_size
+    ):
         logger.info("previous drafter %s does not fit this target's shapes: training from scratch", warm_start_dir)
         return None
     return candidate
@@ -81,16 +84,26 @@ def train_drafter(
 
     def progress(step: int, total: int, metrics: dict[str, float]) -> None:
         if step % every == 0 or step == total:
-            logger.info("drafter training step %d/%d loss %.3f, %.0f tokens/s", step, total, metrics["loss"],
-                        metrics["tokens_per_s"])
+            logger.info(
+                "drafter training step %d/%d loss %.3f, %.0f tokens/s",
+                step,
+                total,
+                metrics["loss"],
+                metrics["tokens_per_s"],
+            )
         if step % shown == 0 or step == total:
             update_progress_artifact(bar, 100.0 * step / total)
 
     torch.manual_seed(profile.seed)
     # Checkpoints are kept per training config, so a sync rerun with other settings never resumes into them.
-    drafter, report = train(target, ShardDataset(dataset_dir), config, init_from=init_from,
-                            checkpoint_dir=Path(checkpoint_dir) / config.fingerprint(init_from is not None),
-                            on_progress=progress)
+    drafter, report = train(
+        target,
+        ShardDataset(dataset_dir),
+        config,
+        init_from=init_from,
+        checkpoint_dir=Path(checkpoint_dir) / config.fingerprint(init_from is not None),
+        on_progress=progress,
+    )
     out = Path(out_dir)
     save_drafter(
         drafter,

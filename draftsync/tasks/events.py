@@ -19,18 +19,23 @@ ROLLOUT_EVENTS = (DRAFTER_VALIDATED, TARGET_ALIAS_MOVED)
 
 
 def target_resource(target_name: str, target_version: int, **labels: str) -> dict[str, str]:
-    resource = {"prefect.resource.id": f"draftsync.target.{target_name}.v{int(target_version)}",
-                "prefect.resource.name": f"{target_name} v{int(target_version)}",
-                "draftsync.target.name": target_name, "draftsync.target.version": str(int(target_version))}
+    resource = {
+        "prefect.resource.id": f"draftsync.target.{target_name}.v{int(target_version)}",
+        "prefect.resource.name": f"{target_name} v{int(target_version)}",
+        "draftsync.target.name": target_name,
+        "draftsync.target.version": str(int(target_version)),
+    }
     resource.update({f"draftsync.{key}": str(value) for key, value in labels.items()})
     return resource
 
 
-def emit(event: str, target_name: str, target_version: int, payload: dict[str, Any] | None = None,
-         **labels: str) -> str | None:
+def emit(
+    event: str, target_name: str, target_version: int, payload: dict[str, Any] | None = None, **labels: str
+) -> str | None:
     """Emit one event about a target version; returns its id (None when events are off in this process)."""
     from prefect.events import emit_event
 
-    sent = emit_event(event=event, resource=target_resource(target_name, target_version, **labels),
-                      payload=payload or {})
+    sent = emit_event(
+        event=event, resource=target_resource(target_name, target_version, **labels), payload=payload or {}
+    )
     return str(sent.id) if sent is not None else None

@@ -13,8 +13,9 @@ WEEK = timedelta(days=7)
 
 
 @task(name="scrape-deployment", retries=2, retry_delay_seconds=2, cache_policy=NONE)
-def scrape_deployment(deployment: str, now: datetime, prometheus_url: str | None = None,
-                      prometheus_labels: dict[str, str] | None = None) -> dict:
+def scrape_deployment(
+    deployment: str, now: datetime, prometheus_url: str | None = None, prometheus_labels: dict[str, str] | None = None
+) -> dict:
     """Read the deployment's counters and store the delta since the previous scrape.
 
     From its endpoint's /metrics, or, with `prometheus_url`, from that Prometheus server's HTTP API (the series
@@ -68,9 +69,16 @@ def review_deployment(deployment: str, now: datetime) -> dict:
         trained_for = trained_for_version(drafter_name, pair.drafter_version, tags)
         if pair.state == "serving" and pair.updated_at + WEEK <= now - WEEK:  # a first week that is over
             baseline = Baseline.from_summary(week(pair.updated_at, pair.drafter_version))
-    findings = evaluate(summary, pair.target_version if pair else None, trained_for,
-                        Thresholds.from_settings(context.settings()), baseline=baseline)
-    change = (summary.acceptance_rate - previous.acceptance_rate
-              if summary.acceptance_rate is not None and previous.acceptance_rate is not None else None)
-    return {"summary": summary, "findings": findings, "pair": pair, "week_over_week": change,
-            "baseline": baseline}
+    findings = evaluate(
+        summary,
+        pair.target_version if pair else None,
+        trained_for,
+        Thresholds.from_settings(context.settings()),
+        baseline=baseline,
+    )
+    change = (
+        summary.acceptance_rate - previous.acceptance_rate
+        if summary.acceptance_rate is not None and previous.acceptance_rate is not None
+        else None
+    )
+    return {"summary": summary, "findings": findings, "pair": pair, "week_over_week": change, "baseline": baseline}

@@ -39,27 +39,45 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
             assumptions.append(f"deployment {spec.name} states no tpot_target_ms: {ASSUMED_TPOT_MS:g} ms assumed")
     else:
         gpus, memory, tpot = 1, ASSUMED_GPU_MEMORY_GB, ASSUMED_TPOT_MS
-        assumptions.append(f"no deployment serves {target_name}: 1 x {ASSUMED_GPU_MEMORY_GB:g} GB GPU and "
-                           f"TPOT {ASSUMED_TPOT_MS:g} ms assumed")
+        assumptions.append(
+            f"no deployment serves {target_name}: 1 x {ASSUMED_GPU_MEMORY_GB:g} GB GPU and "
+            f"TPOT {ASSUMED_TPOT_MS:g} ms assumed"
+        )
     target = TargetVersion.from_tags(target_name, None, target_tags)
     mix = target.task_mix() or {"prose": 1.0}
     main_task = max(mix, key=mix.get)
-    workload = Workload(params_b=target.parameter_count() / 1e9, gpus=gpus, gpu_memory_gb=memory,
-                        tpot_ms=tpot, task=FRAMEWORK_TASK.get(main_task, "chat"),
-                        output_tokens=profile.validation.long_max_tokens or 1024)
+    workload = Workload(
+        params_b=target.parameter_count() / 1e9,
+        gpus=gpus,
+        gpu_memory_gb=memory,
+        tpot_ms=tpot,
+        task=FRAMEWORK_TASK.get(main_task, "chat"),
+        output_tokens=profile.validation.long_max_tokens or 1024,
+    )
     advice = recommend(workload).to_dict()
     chosen, applied = profile, False
     if profile.follow_recommendation and is_eagle3_family(advice["method"]):
         low, high = advice["gamma_range"]
-        chosen = profile.model_copy(update={
-            "method": advice["method"], "gamma": advice["gamma_start"],
-            "validation": profile.validation.model_copy(update={"gamma_range": (low, high)})})
+        chosen = profile.model_copy(
+            update={
+                "method": advice["method"],
+                "gamma": advice["gamma_start"],
+                "validation": profile.validation.model_copy(update={"gamma_range": (low, high)}),
+            }
+        )
         applied = True
     elif profile.follow_recommendation:
-        assumptions.append(f"recommended method {advice['method']!r} is not trained by a sync: "
-                           f"the profile's {profile.method} is")
-    context.logger().info("recommendation for %s: %s, gamma %s (start %s)%s", target_name, advice["method"],
-                          advice["gamma_range"], advice["gamma_start"], "" if applied else " (recorded, not applied)")
+        assumptions.append(
+            f"recommended method {advice['method']!r} is not trained by a sync: the profile's {profile.method} is"
+        )
+    context.logger().info(
+        "recommendation for %s: %s, gamma %s (start %s)%s",
+        target_name,
+        advice["method"],
+        advice["gamma_range"],
+        advice["gamma_start"],
+        "" if applied else " (recorded, not applied)",
+    )
     return {"recommendation": advice, "applied": applied, "assumptions": assumptions, "profile": chosen}
 
 

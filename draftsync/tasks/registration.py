@@ -16,8 +16,18 @@ from draftsync.registry.model_registry import drafter_model_name
 from draftsync.registry.tags import checklist_tags, training_tags
 from draftsync.tasks import context
 
-__all__ = ["drafter_model_name", "fetch_drafter", "fetch_target", "promote_drafter", "publish_target",
-           "record_validation", "register_drafter", "restore_drafter_aliases", "rollback_drafter", "tag_drafter"]
+__all__ = [
+    "drafter_model_name",
+    "fetch_drafter",
+    "fetch_target",
+    "promote_drafter",
+    "publish_target",
+    "record_validation",
+    "register_drafter",
+    "restore_drafter_aliases",
+    "rollback_drafter",
+    "tag_drafter",
+]
 
 
 @task(name="publish-target", cache_policy=NONE)
@@ -96,35 +106,55 @@ def register_drafter(
 def validation_metrics(result: dict) -> tuple[dict[str, float], dict[str, list[tuple[int, float]]]]:
     """MLflow metrics of a validation, and the gamma sweep as step series (step = gamma) for the run's charts."""
     metrics = {f"acceptance_{k}": v for k, v in result["acceptance"].items()}
-    metrics.update({
-        "acceptance_greedy": result["acceptance_greedy"], "mean_acceptance_length": result["mean_acceptance_length"],
-        "tpot_ms_spec": result["tpot_ms"]["spec"], "tpot_ms_plain": result["tpot_ms"]["plain"],
-        "speedup": result["speedup"], "gamma_knee": result["gamma_knee"],
-        "memory_overhead": result["memory"]["overhead"],
-        **{f"acceptance_pos{i}": v for i, v in enumerate(result["acceptance_by_position"])},
-    })
+    metrics.update(
+        {
+            "acceptance_greedy": result["acceptance_greedy"],
+            "mean_acceptance_length": result["mean_acceptance_length"],
+            "tpot_ms_spec": result["tpot_ms"]["spec"],
+            "tpot_ms_plain": result["tpot_ms"]["plain"],
+            "speedup": result["speedup"],
+            "gamma_knee": result["gamma_knee"],
+            "memory_overhead": result["memory"]["overhead"],
+            **{f"acceptance_pos{i}": v for i, v in enumerate(result["acceptance_by_position"])},
+        }
+    )
     if result.get("stress"):
         metrics["stress_speedup"] = result["stress"]["speedup"]
         metrics["stress_errors"] = result["stress"]["errors"]
-    sweep = {f"sweep.{key}": [(row["gamma"], row[key]) for row in result["gamma_sweep"]]
-             for key in ("mean_acceptance_length", "acceptance_rate", "tpot_ms")}
+    sweep = {
+        f"sweep.{key}": [(row["gamma"], row[key]) for row in result["gamma_sweep"]]
+        for key in ("mean_acceptance_length", "acceptance_rate", "tpot_ms")
+    }
     return metrics, sweep
 
 
 @task(name="record-validation", retries=2, retry_delay_seconds=5, cache_policy=NONE)
-def record_validation(target_name: str, drafter_version: int, result: dict, reports_dir: str | None,
-                      mismatch_threshold: float) -> None:
+def record_validation(
+    target_name: str, drafter_version: int, result: dict, reports_dir: str | None, mismatch_threshold: float
+) -> None:
     """The verdict, gates, knee and baseline onto the drafter version; plots and tables onto its run."""
     metrics, sweep = validation_metrics(result)
     # the seed's baseline for the next iteration: the best gamma's acceptance and the live threshold
-    tags = checklist_tags(((g["name"], g["passed"]) for g in result["gates"]), profile=result["profile"],
-                          backend=result["backend"], temperature=result["temperature"],
-                          acceptance_rate=result["acceptance"]["mean"], threshold=mismatch_threshold,
-                          schedule=result.get("speculation_schedule"))
+    tags = checklist_tags(
+        ((g["name"], g["passed"]) for g in result["gates"]),
+        profile=result["profile"],
+        backend=result["backend"],
+        temperature=result["temperature"],
+        acceptance_rate=result["acceptance"]["mean"],
+        threshold=mismatch_threshold,
+        schedule=result.get("speculation_schedule"),
+    )
     failed = [g["name"] for g in result["gates"] if not g["passed"]]
     context.registry().record_validation(
-        target_name, drafter_version, passed=result["passed"], metrics=metrics, tags=tags, failed_gates=failed,
-        gamma=result["gamma_knee"], reports_dir=Path(reports_dir) if reports_dir else None, metric_history=sweep,
+        target_name,
+        drafter_version,
+        passed=result["passed"],
+        metrics=metrics,
+        tags=tags,
+        failed_gates=failed,
+        gamma=result["gamma_knee"],
+        reports_dir=Path(reports_dir) if reports_dir else None,
+        metric_history=sweep,
     )
 
 

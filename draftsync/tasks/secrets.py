@@ -24,8 +24,10 @@ def secret_block_value(name: str, what: str = "secret", setting: str | None = No
             "this process uses (PREFECT_API_URL) can see it",
         ) from exc
     if not isinstance(value, str):
-        raise DraftsyncError(f"{label} holds a {type(value).__name__}, not a string",
-                             "store the secret as the Secret block's plain string value")
+        raise DraftsyncError(
+            f"{label} holds a {type(value).__name__}, not a string",
+            "store the secret as the Secret block's plain string value",
+        )
     if not value:
         raise DraftsyncError(f"{label} is empty", "store the secret in it (a long random string for a webhook)")
     return value

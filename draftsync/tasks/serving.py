@@ -29,8 +29,9 @@ DRAIN_TIMEOUT_S = 600.0
 VLLM_START_TIMEOUT_S = 900.0  # loading a large checkpoint on a GPU worker; a tiny one on 2 CPU cores takes ~40 s
 
 
-def configured_deployments(given: list[ServingDeployment] | None = None,
-                           problems: list[str] | None = None) -> dict[str, ServingDeployment]:
+def configured_deployments(
+    given: list[ServingDeployment] | None = None, problems: list[str] | None = None
+) -> dict[str, ServingDeployment]:
     """The specs to act on: those given, else the deployments file's when it exists.
 
     With `problems`, a broken file is noted there instead of raised (the weekly e-mail is how the team hears of it)."""
@@ -81,8 +82,14 @@ def _stop_process(endpoint: str | None, pid: int | None) -> None:
 
 
 @task(name="launch-server", cache_policy=NONE)
-def launch_server(deployment: ServingDeployment, target_dir: str, drafter_dir: str | None, gamma: int, method: str,
-                  schedule: list | None = None) -> dict:
+def launch_server(
+    deployment: ServingDeployment,
+    target_dir: str,
+    drafter_dir: str | None,
+    gamma: int,
+    method: str,
+    schedule: list | None = None,
+) -> dict:
     """Start a server for the pair on a free port and wait until it is healthy; the vLLM launch is recorded
     whatever the launch mode (it is what a GPU worker runs). Its log stays under <workdir>/serving; a vLLM that
     does not come up is named by its own error line and that log."""
@@ -94,13 +101,16 @@ def launch_server(deployment: ServingDeployment, target_dir: str, drafter_dir: s
     log = _serving_dir() / f"{deployment.name}-{port}.log"
     if deployment.launch == "vllm":
         engine = find_vllm_engine()
-        vllm = deployment.vllm_launch(target_dir, drafter_dir, method, gamma, schedule=schedule, port=port,
-                                      engine=engine)
+        vllm = deployment.vllm_launch(
+            target_dir, drafter_dir, method, gamma, schedule=schedule, port=port, engine=engine
+        )
         argv, env = vllm.argv, engine.environment()
     else:
         vllm = deployment.vllm_launch(target_dir, drafter_dir, method, gamma, schedule=schedule, port=port)
-        argv, env = reference_server_command(target_dir, drafter_dir, gamma, deployment.host, port,
-                                             deployment.name), None
+        argv, env = (
+            reference_server_command(target_dir, drafter_dir, gamma, deployment.host, port, deployment.name),
+            None,
+        )
     server = ServerProcess(argv, deployment.host, port, log, env=env).start()
     try:
         server.wait_healthy(timeout=VLLM_START_TIMEOUT_S if deployment.launch == "vllm" else 180)
@@ -123,16 +133,19 @@ def check_models(endpoint: str, model: str) -> None:
     """`/v1/models` must list the deployment's served name: clients ask for it by that name."""
     listed = [m.get("id") for m in httpx.get(f"{endpoint}/v1/models", timeout=30).json().get("data", [])]
     if model not in listed:
-        raise DraftsyncError(f"{endpoint}/v1/models lists {listed}, not {model!r}",
-                             "serve the model under the deployment's name (--served-model-name)")
+        raise DraftsyncError(
+            f"{endpoint}/v1/models lists {listed}, not {model!r}",
+            "serve the model under the deployment's name (--served-model-name)",
+        )
 
 
 @task(name="smoke-requests", retries=2, retry_delay_seconds=2, cache_policy=NONE)
 def smoke_requests(endpoint: str, model: str, prompts: list[str], max_tokens: int = 8) -> dict:
     """Real completions: the candidate must answer each before any traffic moves to it."""
     with httpx.Client(base_url=endpoint, timeout=120) as client:
-        tokens = [complete(client, model, p, max_tokens, temperature=0.0)["usage"]["completion_tokens"]
-                  for p in prompts]
+        tokens = [
+            complete(client, model, p, max_tokens, temperature=0.0)["usage"]["completion_tokens"] for p in prompts
+        ]
     return {"requests": len(prompts), "completion_tokens": sum(tokens)}
 
 
@@ -146,11 +159,14 @@ def ms_per_token(endpoint: str, model: str, prompts: list[str], max_tokens: int,
 
 
 @task(name="benchmark-against-current", cache_policy=NONE)
-def benchmark_against_current(candidate: str, current: str | None, model: str, prompts: list[str],
-                              max_tokens: int, temperature: float) -> dict:
+def benchmark_against_current(
+    candidate: str, current: str | None, model: str, prompts: list[str], max_tokens: int, temperature: float
+) -> dict:
     """The same short load on the candidate and on the instance it would replace: ms per output token each."""
-    result = {"candidate_ms_per_token": ms_per_token(candidate, model, prompts, max_tokens, temperature),
-              "current_ms_per_token": None}
+    result = {
+        "candidate_ms_per_token": ms_per_token(candidate, model, prompts, max_tokens, temperature),
+        "current_ms_per_token": None,
+    }
     if current is not None:
         try:
             result["current_ms_per_token"] = ms_per_token(current, model, prompts, max_tokens, temperature)
@@ -202,8 +218,13 @@ def switch_traffic(deployment: ServingDeployment, launched: dict) -> dict:
         _stop_process(old["endpoint"], old.get("pid"))
     backend = {k: launched[k] for k in ("endpoint", "pid", "argv")}
     _write_record(deployment.name, {"router": router, "backend": backend, "vllm": launched["vllm"]})
-    context.logger().info("%s: router %s now forwards to %s (replaced %s)", deployment.name, router["url"],
-                          launched["endpoint"], old["endpoint"] if old else "nothing")
+    context.logger().info(
+        "%s: router %s now forwards to %s (replaced %s)",
+        deployment.name,
+        router["url"],
+        launched["endpoint"],
+        old["endpoint"] if old else "nothing",
+    )
     return {"endpoint": router["url"], "replaced": old["endpoint"] if old else None}
 
 

@@ -19,6 +19,7 @@ from draftsync.tasks import context, events
 if TYPE_CHECKING:
     from draftsync.registry.webhooks import RegistryChange
 
+
 def planned_method(profile_name: str | None = None) -> str:
     """The method a sync of the configured profile trains: part of the sync's idempotency key."""
     from draftsync.profiles import profile
@@ -26,20 +27,44 @@ def planned_method(profile_name: str | None = None) -> str:
     return profile(profile_name or context.settings().sync_profile).method
 
 
-def request_sync(target_name: str, target_version: int, *, source: str, reason: str,
-                 event: str = events.SYNC_REQUESTED, retrain: bool = False, method: str | None = None,
-                 now: datetime | None = None) -> dict:
+def request_sync(
+    target_name: str,
+    target_version: int,
+    *,
+    source: str,
+    reason: str,
+    event: str = events.SYNC_REQUESTED,
+    retrain: bool = False,
+    method: str | None = None,
+    now: datetime | None = None,
+) -> dict:
     """Record the request; emit `event` only when this call is the one that made (or re-opened) the job."""
     method = method or planned_method()
-    won = context.sync_ledger().request(target_name, target_version, method, source=source, reason=reason,
-                                        retrain=retrain, now=now)
+    won = context.sync_ledger().request(
+        target_name, target_version, method, source=source, reason=reason, retrain=retrain, now=now
+    )
     if won:
-        events.emit(event, target_name, target_version, payload={"reason": reason, "source": source,
-                                                                 "method": method, "retrain": retrain})
-    context.logger().info("sync of %s v%d (%s) %s: %s", target_name, target_version, method,
-                          "requested" if won else "already requested or done", reason)
-    return {"target_name": target_name, "target_version": int(target_version), "method": method,
-            "requested": won, "event": event if won else None}
+        events.emit(
+            event,
+            target_name,
+            target_version,
+            payload={"reason": reason, "source": source, "method": method, "retrain": retrain},
+        )
+    context.logger().info(
+        "sync of %s v%d (%s) %s: %s",
+        target_name,
+        target_version,
+        method,
+        "requested" if won else "already requested or done",
+        reason,
+    )
+    return {
+        "target_name": target_name,
+        "target_version": int(target_version),
+        "method": method,
+        "requested": won,
+        "event": event if won else None,
+    }
 
 
 def run_owner() -> str:
@@ -94,11 +119,22 @@ def release_dead_runs(now: datetime | None = None) -> list[dict]:
             continue
         if status == "requested":
             _send_again(job, f"re-sent: run {job.run_id} died")
-        context.logger().warning("sync of %s v%d (%s): run %s died; job %s", job.target_name, job.target_version,
-                                 job.method, job.run_id, "requested again" if status == "requested" else
-                                 "failed: too many attempts")
-        released.append({"target_name": job.target_name, "target_version": job.target_version,
-                         "method": job.method, "status": status})
+        context.logger().warning(
+            "sync of %s v%d (%s): run %s died; job %s",
+            job.target_name,
+            job.target_version,
+            job.method,
+            job.run_id,
+            "requested again" if status == "requested" else "failed: too many attempts",
+        )
+        released.append(
+            {
+                "target_name": job.target_name,
+                "target_version": job.target_version,
+                "method": job.method,
+                "status": status,
+            }
+        )
     return released
 
 
@@ -115,9 +151,12 @@ def resend_overdue(older_than: timedelta, now: datetime | None = None) -> list[d
 
 def _send_again(job, reason: str) -> None:
     """The reconciler's `draftsync.sync.requested` for a job already in the ledger (a retrain keeps its flag)."""
-    events.emit(events.SYNC_REQUESTED, job.target_name, job.target_version,
-                payload={"reason": reason, "source": "reconciler", "method": job.method,
-                         "retrain": job.generation > 0})
+    events.emit(
+        events.SYNC_REQUESTED,
+        job.target_name,
+        job.target_version,
+        payload={"reason": reason, "source": "reconciler", "method": job.method, "retrain": job.generation > 0},
+    )
 
 
 def is_target(model_name: str, tags: dict[str, str] | None = None, version: int | None = None) -> bool:
@@ -134,16 +173,36 @@ def handle_registry_change(change: RegistryChange, delivery_id: str) -> dict:
     now = datetime.now(UTC)
     answer = {"delivery_id": delivery_id, "model": change.model_name, "version": change.version}
     if not is_target(change.model_name, change.tags if change.kind == "version_created" else None, change.version):
-        return {**answer, "action": "ignored: not a target (tag its versions draftsync.kind=target or list it in "
-                                    "DRAFTSYNC_TARGETS)"}
+        return {
+            **answer,
+            "action": "ignored: not a target (tag its versions draftsync.kind=target or list it in DRAFTSYNC_TARGETS)",
+        }
     if change.kind == "version_created":
-        asked = request_sync(change.model_name, change.version, source="webhook", now=now,
-                             reason=f"version {change.version} registered (webhook {delivery_id})",
-                             event=events.TARGET_VERSION_CREATED)
+        asked = request_sync(
+            change.model_name,
+            change.version,
+            source="webhook",
+            now=now,
+            reason=f"version {change.version} registered (webhook {delivery_id})",
+            event=events.TARGET_VERSION_CREATED,
+        )
         return {**answer, "action": "sync requested" if asked["requested"] else "sync already requested"}
-    events.emit(events.TARGET_ALIAS_MOVED, change.model_name, change.version, alias=change.alias or "",
-                payload={"delivery_id": delivery_id})
-    asked = request_sync(change.model_name, change.version, source="webhook", now=now,
-                         reason=f"alias {change.alias!r} moved to version {change.version} (webhook {delivery_id})")
-    return {**answer, "alias": change.alias,
-            "action": "rollout announced; " + ("sync requested" if asked["requested"] else "sync already requested")}
+    events.emit(
+        events.TARGET_ALIAS_MOVED,
+        change.model_name,
+        change.version,
+        alias=change.alias or "",
+        payload={"delivery_id": delivery_id},
+    )
+    asked = request_sync(
+        change.model_name,
+        change.version,
+        source="webhook",
+        now=now,
+        reason=f"alias {change.alias!r} moved to version {change.version} (webhook {delivery_id})",
+    )
+    return {
+        **answer,
+        "alias": change.alias,
+        "action": "rollout announced; " + ("sync requested" if asked["requested"] else "sync already requested"),
+    }

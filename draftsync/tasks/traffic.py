@@ -9,7 +9,9 @@ from prefect.cache_policies import NONE
 from draftsync.errors import DraftsyncError
 
 
-def complete(client: httpx.Client, model: str, prompt: str, max_tokens: int, temperature: float, seed: int | None = None) -> dict:
+def complete(
+    client: httpx.Client, model: str, prompt: str, max_tokens: int, temperature: float, seed: int | None = None
+) -> dict:
     """One /v1/completions call; any answer but 200 is an error that points at the server log."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
     if seed is not None:
@@ -27,8 +29,11 @@ def spec_decode_counts(completion: dict) -> dict:
     """A completion's own draft and accepted tokens and gamma (0 each with speculation off), as vLLM reports
     them with `--per-request-spec-decode-metrics` and the reference server always does."""
     stats = (completion.get("metrics") or {}).get("speculative_decoding") or {}
-    return {"gamma": stats.get("num_spec_tokens", 0), "draft_tokens": stats.get("num_draft_tokens", 0),
-            "accepted": stats.get("num_accepted_draft_tokens", 0)}
+    return {
+        "gamma": stats.get("num_spec_tokens", 0),
+        "draft_tokens": stats.get("num_draft_tokens", 0),
+        "accepted": stats.get("num_accepted_draft_tokens", 0),
+    }
 
 
 @task(name="send-traffic", cache_policy=NONE)
@@ -42,4 +47,9 @@ def send_traffic(endpoint: str, model: str, prompts: list[str], temperature: flo
             stats = spec_decode_counts(data)
             accepted += stats["accepted"]
             draft_tokens += stats["draft_tokens"]
-    return {"requests": len(prompts), "completion_tokens": completion_tokens, "accepted": accepted, "draft_tokens": draft_tokens}
+    return {
+        "requests": len(prompts),
+        "completion_tokens": completion_tokens,
+        "accepted": accepted,
+        "draft_tokens": draft_tokens,
+    }

@@ -67,16 +67,19 @@ def _context_length(target_dir: str) -> int:
     return int(config.get("max_position_embeddings") or config.get("max_seq_len") or 2048)
 
 
-def _sweep(backend: EvaluationBackend, requests: list[EvalRequest], profile: ValidationProfile,
-           seed: int) -> tuple[list[dict], float]:
+def _sweep(
+    backend: EvaluationBackend, requests: list[EvalRequest], profile: ValidationProfile, seed: int
+) -> tuple[list[dict], float]:
     """Mean acceptance length, acceptance rate and TPOT per gamma; plain decoding measured before and after."""
     low, high = profile.gamma_range
     gammas = [g for g in range(low, high + 1) if g <= backend.max_gamma]
     if not gammas:
         from draftsync.errors import DraftsyncError
 
-        raise DraftsyncError(f"this drafter proposes at most {backend.max_gamma} tokens, below the sweep {low}..{high}",
-                             "lower the profile's gamma_range or give the drafter more heads")
+        raise DraftsyncError(
+            f"this drafter proposes at most {backend.max_gamma} tokens, below the sweep {low}..{high}",
+            "lower the profile's gamma_range or give the drafter more heads",
+        )
     for gamma in (0, gammas[0]):  # warm-up: first calls pay for allocations and lazy initialisation
         backend.generate(requests[:1], gamma, profile.temperature, seed)
     plain_before = pooled_tpot_ms(backend.generate(requests, 0, profile.temperature, seed))
@@ -84,16 +87,22 @@ def _sweep(backend: EvaluationBackend, requests: list[EvalRequest], profile: Val
     for gamma in gammas:
         results = backend.generate(requests, gamma, profile.temperature, seed)
         summary = summarize_acceptance(results)
-        rows.append({"gamma": gamma, "mean_acceptance_length": round(summary.mean_acceptance_length, 4),
-                     "acceptance_rate": round(summary.mean, 4),
-                     "acceptance_rate_lower": round(acceptance_rate_lower_bound(results), 4),
-                     "tpot_ms": round(pooled_tpot_ms(results), 4)})
+        rows.append(
+            {
+                "gamma": gamma,
+                "mean_acceptance_length": round(summary.mean_acceptance_length, 4),
+                "acceptance_rate": round(summary.mean, 4),
+                "acceptance_rate_lower": round(acceptance_rate_lower_bound(results), 4),
+                "tpot_ms": round(pooled_tpot_ms(results), 4),
+            }
+        )
     plain_after = pooled_tpot_ms(backend.generate(requests, 0, profile.temperature, seed))
     return rows, (plain_before + plain_after) / 2
 
 
-def _paired_runs(backend: EvaluationBackend, requests: list[EvalRequest], gamma: int, temperature: float,
-                 seed: int) -> tuple[list, list]:
+def _paired_runs(
+    backend: EvaluationBackend, requests: list[EvalRequest], gamma: int, temperature: float, seed: int
+) -> tuple[list, list]:
     """Each request with speculation and then without, back to back, so a change in machine load hits both
     sides of its ratio; a backend that rebuilds an engine per gamma runs the two halves as batches."""
     if not getattr(backend, "cheap_gamma_switch", False):
@@ -111,14 +120,25 @@ def paired_speedup(spec: list, plain: list) -> float:
     """Median over requests of plain TPOT / speculative TPOT: robust to a burst of load on a shared machine."""
     from statistics import median
 
-    ratios = [p.tpot_ms / s.tpot_ms for s, p in zip(spec, plain)
-              if s.tpot_ms > 0 and not math.isnan(s.tpot_ms) and not math.isnan(p.tpot_ms)]
+    ratios = [
+        p.tpot_ms / s.tpot_ms
+        for s, p in zip(spec, plain)
+        if s.tpot_ms > 0 and not math.isnan(s.tpot_ms) and not math.isnan(p.tpot_ms)
+    ]
     return median(ratios) if ratios else math.nan
 
 
-def run_checklist(backend: EvaluationBackend, target_dir: str, drafter_dir: str, task_mix: dict[str, float],
-                  profile: ValidationProfile, seed: int = 0, data_check_failures: int | None = None,
-                  stress: StressRunner | None = None, no_schedule_reason: str | None = None) -> dict[str, Any]:
+def run_checklist(
+    backend: EvaluationBackend,
+    target_dir: str,
+    drafter_dir: str,
+    task_mix: dict[str, float],
+    profile: ValidationProfile,
+    seed: int = 0,
+    data_check_failures: int | None = None,
+    stress: StressRunner | None = None,
+    no_schedule_reason: str | None = None,
+) -> dict[str, Any]:
     """Run every measurement through `backend` and judge the gates; returns the `draftsync validate` result.
 
     `no_schedule_reason`: why the drafter cannot be served with a per-batch-size schedule (its method's entry
@@ -129,13 +149,20 @@ def run_checklist(backend: EvaluationBackend, target_dir: str, drafter_dir: str,
     sweep, sweep_plain_tpot = _sweep(backend, requests[: profile.sweep_requests], profile, seed)
     fastest = gamma_knee(sweep, profile.knee_tolerance)
     knee = gamma_knee(sweep, profile.knee_tolerance, min_acceptance=profile.min_acceptance)
-    logger.info("gamma sweep (gamma, TPOT ms, acceptance) %s; knee %d (fastest %d)",
-                [(r["gamma"], r["tpot_ms"], r["acceptance_rate"]) for r in sweep], knee, fastest)
+    logger.info(
+        "gamma sweep (gamma, TPOT ms, acceptance) %s; knee %d (fastest %d)",
+        [(r["gamma"], r["tpot_ms"], r["acceptance_rate"]) for r in sweep],
+        knee,
+        fastest,
+    )
 
     spec, plain = _paired_runs(backend, requests, knee, temperature, seed)
     if temperature > 0:
         greedy_set = requests[:GREEDY_CHECK_REQUESTS]
-        spec_greedy, plain_greedy = backend.generate(greedy_set, knee, 0.0, seed), backend.generate(greedy_set, 0, 0.0, seed)
+        spec_greedy, plain_greedy = (
+            backend.generate(greedy_set, knee, 0.0, seed),
+            backend.generate(greedy_set, 0, 0.0, seed),
+        )
     else:
         spec_greedy, plain_greedy = spec, plain
     acceptance, greedy_acceptance = summarize_acceptance(spec), summarize_acceptance(spec_greedy)
@@ -146,8 +173,10 @@ def run_checklist(backend: EvaluationBackend, target_dir: str, drafter_dir: str,
     context_length = _context_length(target_dir)
     room = context_length - min(longest_prompt, context_length // 2) - 1
     long_tokens = min(profile.long_max_tokens or room, room)
-    long_requests = [EvalRequest(r.prompt, r.task, long_tokens)
-                     for r in validation_requests(task_mix, profile.long_requests, long_tokens, seed + 23)]
+    long_requests = [
+        EvalRequest(r.prompt, r.task, long_tokens)
+        for r in validation_requests(task_mix, profile.long_requests, long_tokens, seed + 23)
+    ]
     long = backend.generate(long_requests, knee, temperature, seed + 1000)
     long_summary = summarize_acceptance(long)
 
@@ -157,23 +186,50 @@ def run_checklist(backend: EvaluationBackend, target_dir: str, drafter_dir: str,
     overhead = drafter_bytes / target_bytes
 
     gates = [
-        Gate("data_coverage", data_check_failures, 0, "==",
-             "failed data expectations of the training set" if data_check_failures is not None
-             else "no data-check record for this drafter"),
+        Gate(
+            "data_coverage",
+            data_check_failures,
+            0,
+            "==",
+            "failed data expectations of the training set"
+            if data_check_failures is not None
+            else "no data-check record for this drafter",
+        ),
         Gate("validation_acceptance_mean", greedy_acceptance.mean, profile.min_acceptance, ">", "pooled, T=0"),
-        Gate("acceptance_at_deployment_temperature", acceptance.mean, profile.min_acceptance, ">", f"T={temperature:g}"),
+        Gate(
+            "acceptance_at_deployment_temperature", acceptance.mean, profile.min_acceptance, ">", f"T={temperature:g}"
+        ),
         Gate("acceptance_p50", acceptance.p50, profile.min_p50, ">", "per-request"),
         Gate("acceptance_p5", acceptance.p5, profile.min_p5, ">", "per-request"),
-        Gate("tpot_speedup", speedup, profile.min_speedup, ">",
-             f"median per-request TPOT off / on at gamma {knee}"),
-        Gate("stress_speedup", stress_result["speedup"] if stress_result else None, profile.min_speedup, ">",
-             f"{profile.stress_factor:g}x QPS" if stress_result else "not run"),
-        Gate("stress_errors", stress_result["errors"] if stress_result else None, 0, "==",
-             "failed requests under stress" if stress_result else "not run"),
-        Gate("long_output_acceptance", long_summary.mean, profile.min_long_acceptance, ">",
-             f"{len(long_requests)} requests of {long_tokens} tokens"),
-        Gate("fallback_equivalence", identical_outputs_share(spec_greedy, plain_greedy), 1.0, "==",
-             "share of greedy outputs identical with speculation off"),
+        Gate("tpot_speedup", speedup, profile.min_speedup, ">", f"median per-request TPOT off / on at gamma {knee}"),
+        Gate(
+            "stress_speedup",
+            stress_result["speedup"] if stress_result else None,
+            profile.min_speedup,
+            ">",
+            f"{profile.stress_factor:g}x QPS" if stress_result else "not run",
+        ),
+        Gate(
+            "stress_errors",
+            stress_result["errors"] if stress_result else None,
+            0,
+            "==",
+            "failed requests under stress" if stress_result else "not run",
+        ),
+        Gate(
+            "long_output_acceptance",
+            long_summary.mean,
+            profile.min_long_acceptance,
+            ">",
+            f"{len(long_requests)} requests of {long_tokens} tokens",
+        ),
+        Gate(
+            "fallback_equivalence",
+            identical_outputs_share(spec_greedy, plain_greedy),
+            1.0,
+            "==",
+            "share of greedy outputs identical with speculation off",
+        ),
         Gate("drafter_memory_overhead", overhead, profile.max_memory_overhead, "<=", "drafter / target weight bytes"),
     ]
     gate_dicts = [g.to_dict() for g in gates]
@@ -202,21 +258,39 @@ def run_checklist(backend: EvaluationBackend, target_dir: str, drafter_dir: str,
         "speculation_schedule": None if no_schedule_reason else (stress_result or {}).get("schedule"),
         "speculation_schedule_note": no_schedule_reason,
         "memory": {"drafter_bytes": drafter_bytes, "target_bytes": target_bytes, "overhead": round(overhead, 4)},
-        "requests": {"validation": len(requests), "sweep": min(len(requests), profile.sweep_requests),
-                     "long": len(long_requests), "long_max_tokens": long_tokens,
-                     "stress": min(len(requests), profile.stress_requests)},
+        "requests": {
+            "validation": len(requests),
+            "sweep": min(len(requests), profile.sweep_requests),
+            "long": len(long_requests),
+            "long_max_tokens": long_tokens,
+            "stress": min(len(requests), profile.stress_requests),
+        },
         "rows": rows,
     }
     failed = [g["name"] for g in gate_dicts if not g["passed"]]
-    logger.info("validation at gamma %d: acceptance %.3f (P5 %.3f, P50 %.3f), speedup %.2fx; failed gates: %s",
-                knee, acceptance.mean, acceptance.p5, acceptance.p50, speedup, failed or "none")
+    logger.info(
+        "validation at gamma %d: acceptance %.3f (P5 %.3f, P50 %.3f), speedup %.2fx; failed gates: %s",
+        knee,
+        acceptance.mean,
+        acceptance.p5,
+        acceptance.p50,
+        speedup,
+        failed or "none",
+    )
     return result
 
 
 @task(name="validate-drafter", cache_policy=NONE)
-def validate_drafter(target_dir: str, drafter_dir: str, task_mix: dict[str, float], profile: ValidationProfile,
-                     seed: int = 0, data_check_failures: int | None = None, run_stress: bool = True,
-                     backend: str = "reference") -> dict:
+def validate_drafter(
+    target_dir: str,
+    drafter_dir: str,
+    task_mix: dict[str, float],
+    profile: ValidationProfile,
+    seed: int = 0,
+    data_check_failures: int | None = None,
+    run_stress: bool = True,
+    backend: str = "reference",
+) -> dict:
     """The checklist on the CPU reference engine, or on vLLM on a GPU worker (`backend="vllm"`); stress runs
     against served instances of the same kind (the reference server, or `vllm serve`)."""
     from draftsync.errors import DraftsyncError
@@ -241,13 +315,32 @@ def validate_drafter(target_dir: str, drafter_dir: str, task_mix: dict[str, floa
 
     def stress(gamma: int, requests: list[EvalRequest]) -> dict:
         rate = profile.qps * profile.stress_factor
-        return stress_served_pair(backend, target_dir, drafter_dir, gamma, requests, rate,
-                                  profile.stress_concurrency, profile.temperature, seed, log_dir,
-                                  batch_sizes=batch_sizes)
+        return stress_served_pair(
+            backend,
+            target_dir,
+            drafter_dir,
+            gamma,
+            requests,
+            rate,
+            profile.stress_concurrency,
+            profile.temperature,
+            seed,
+            log_dir,
+            batch_sizes=batch_sizes,
+        )
 
     try:
-        return run_checklist(chosen, target_dir, drafter_dir, task_mix, profile, seed, data_check_failures,
-                             stress if run_stress else None, no_schedule_reason)
+        return run_checklist(
+            chosen,
+            target_dir,
+            drafter_dir,
+            task_mix,
+            profile,
+            seed,
+            data_check_failures,
+            stress if run_stress else None,
+            no_schedule_reason,
+        )
     finally:
         chosen.close()
 

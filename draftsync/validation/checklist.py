@@ -70,8 +70,10 @@ class AcceptanceSummary:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        return {k: (round(v, 4) if isinstance(v, float) else [round(x, 4) for x in v] if k == "per_position" else v)
-                for k, v in out.items()}
+        return {
+            k: (round(v, 4) if isinstance(v, float) else [round(x, 4) for x in v] if k == "per_position" else v)
+            for k, v in out.items()
+        }
 
 
 def summarize_acceptance(results: Sequence[RequestResult]) -> AcceptanceSummary:
@@ -81,13 +83,19 @@ def summarize_acceptance(results: Sequence[RequestResult]) -> AcceptanceSummary:
     draft_tokens = sum(r.draft_tokens for r in results)
     accepted = sum(r.accepted for r in results)
     positions = max((len(r.accepted_per_position) for r in results), default=0)
-    per_position = [sum(r.accepted_per_position[i] for r in results if i < len(r.accepted_per_position))
-                    / drafts if drafts else 0.0 for i in range(positions)]
+    per_position = [
+        sum(r.accepted_per_position[i] for r in results if i < len(r.accepted_per_position)) / drafts if drafts else 0.0
+        for i in range(positions)
+    ]
     return AcceptanceSummary(
-        requests=len(results), drafted_requests=len(drafted),
+        requests=len(results),
+        drafted_requests=len(drafted),
         mean=accepted / draft_tokens if draft_tokens else math.nan,
         mean_acceptance_length=1.0 + accepted / drafts if drafts else 1.0,
-        p5=percentile(rates, 5), p50=percentile(rates, 50), p90=percentile(rates, 90), p99=percentile(rates, 99),
+        p5=percentile(rates, 5),
+        p50=percentile(rates, 50),
+        p90=percentile(rates, 90),
+        p99=percentile(rates, 99),
         per_position=per_position,
     )
 
@@ -128,6 +136,7 @@ def gamma_knee(sweep: Sequence[dict], tolerance: float = 0.02, min_acceptance: f
     if not measured:
         raise ValueError("no gamma in the sweep has a measured TPOT")
     if min_acceptance is not None:
+
         def bound(row: dict) -> float:
             return row.get("acceptance_rate_lower", row.get("acceptance_rate", 0.0))
 
@@ -144,12 +153,13 @@ def gamma_knee(sweep: Sequence[dict], tolerance: float = 0.02, min_acceptance: f
 # no schedule, since the renderer (serving/vllm_args.py) refuses one and a rollout would then fail.
 UNSCHEDULED_METHODS = {
     MEDUSA.name: "vLLM's Medusa drafts exactly num_speculative_tokens at every batch size, so it takes no "
-                 "per-batch-size schedule; it is served at the knee",
+    "per-batch-size schedule; it is served at the knee",
 }
 
 
-def speculation_schedule(tpot_by_batch: dict[int, dict[int, float]], tolerance: float = 0.02
-                         ) -> list[tuple[int, int, int]]:
+def speculation_schedule(
+    tpot_by_batch: dict[int, dict[int, float]], tolerance: float = 0.02
+) -> list[tuple[int, int, int]]:
     """vLLM's `num_speculative_tokens_per_batch_size` from stress data: {batch size: {gamma: TPOT ms}}.
 
     Each measured batch size gets its knee (gamma 0, speculation off, when plain decoding is fastest),
@@ -177,10 +187,14 @@ def acceptance_by_length(results: Sequence[RequestResult], edges: Sequence[int])
     for low, high in zip(bounds[:-1], bounds[1:]):
         members = [r for r in results if low <= r.output_tokens < high]
         draft_tokens = sum(r.draft_tokens for r in members)
-        buckets.append({
-            "min_tokens": low, "max_tokens": None if high == math.inf else high - 1, "requests": len(members),
-            "acceptance_rate": round(sum(r.accepted for r in members) / draft_tokens, 4) if draft_tokens else None,
-        })
+        buckets.append(
+            {
+                "min_tokens": low,
+                "max_tokens": None if high == math.inf else high - 1,
+                "requests": len(members),
+                "acceptance_rate": round(sum(r.accepted for r in members) / draft_tokens, 4) if draft_tokens else None,
+            }
+        )
     return buckets
 
 

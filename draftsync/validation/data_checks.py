@@ -49,7 +49,9 @@ class DataCheckReport:
 def _config_value(target_config: Any, key: str) -> int:
     value = target_config.get(key) if isinstance(target_config, dict) else getattr(target_config, key, None)
     if value is None:
-        raise DraftsyncError(f"the target config has no {key}", "pass the target's transformers config or its config.json")
+        raise DraftsyncError(
+            f"the target config has no {key}", "pass the target's transformers config or its config.json"
+        )
     return int(value)
 
 
@@ -60,43 +62,70 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def _expectations(gxe: Any, frame: Any, task_mix: dict[str, float], tolerance: float, hidden_size: int,
-                  vocab_size: int, has_aux: bool) -> list[tuple[str, Any, str, Any]]:
+def _expectations(
+    gxe: Any, frame: Any, task_mix: dict[str, float], tolerance: float, hidden_size: int, vocab_size: int, has_aux: bool
+) -> list[tuple[str, Any, str, Any]]:
     """(what it guards, expectation, expected in words, observed value when GE reports none)."""
     total = sum(task_mix.values())
     declared = {task: share / total for task, share in sorted(task_mix.items()) if share > 0}
-    distinct = {column: sorted(_plain(v) for v in frame[column].unique()) for column in ("task", "final_width",
-                                                                                          "aux_width")}
+    distinct = {
+        column: sorted(_plain(v) for v in frame[column].unique()) for column in ("task", "final_width", "aux_width")
+    }
     checks = [
         ("at least one sequence", gxe.ExpectTableRowCountToBeBetween(min_value=1), ">= 1", None),
-        ("only declared tasks", gxe.ExpectColumnDistinctValuesToBeInSet(column="task", value_set=sorted(declared)),
-         f"within {sorted(declared)}", distinct["task"]),
+        (
+            "only declared tasks",
+            gxe.ExpectColumnDistinctValuesToBeInSet(column="task", value_set=sorted(declared)),
+            f"within {sorted(declared)}",
+            distinct["task"],
+        ),
     ]
     for task, share in declared.items():
         low, high = max(0.0, share - tolerance), min(1.0, share + tolerance)
-        checks.append((
-            f"share of task {task!r}",
-            gxe.ExpectColumnMeanToBeBetween(column=_share_column(task), min_value=low, max_value=high),
-            f"{share:.3f} +- {tolerance}", None,
-        ))
+        checks.append(
+            (
+                f"share of task {task!r}",
+                gxe.ExpectColumnMeanToBeBetween(column=_share_column(task), min_value=low, max_value=high),
+                f"{share:.3f} +- {tolerance}",
+                None,
+            )
+        )
     checks += [
         ("no empty sequence", gxe.ExpectColumnMinToBeBetween(column="length", min_value=2), "min length >= 2", None),
-        ("every sequence has a training target", gxe.ExpectColumnMinToBeBetween(column="loss_tokens", min_value=1),
-         "min loss tokens >= 1", None),
-        ("finite hidden states", gxe.ExpectColumnSumToBeBetween(column="nonfinite", min_value=0, max_value=0),
-         "0 non-finite values", None),
-        ("token ids inside the vocabulary", gxe.ExpectColumnMaxToBeBetween(column="max_token_id", max_value=vocab_size - 1),
-         f"max id <= {vocab_size - 1}", None),
-        ("final state width is the target's hidden size",
-         gxe.ExpectColumnDistinctValuesToEqualSet(column="final_width", value_set=[hidden_size]), f"{[hidden_size]}",
-         distinct["final_width"]),
+        (
+            "every sequence has a training target",
+            gxe.ExpectColumnMinToBeBetween(column="loss_tokens", min_value=1),
+            "min loss tokens >= 1",
+            None,
+        ),
+        (
+            "finite hidden states",
+            gxe.ExpectColumnSumToBeBetween(column="nonfinite", min_value=0, max_value=0),
+            "0 non-finite values",
+            None,
+        ),
+        (
+            "token ids inside the vocabulary",
+            gxe.ExpectColumnMaxToBeBetween(column="max_token_id", max_value=vocab_size - 1),
+            f"max id <= {vocab_size - 1}",
+            None,
+        ),
+        (
+            "final state width is the target's hidden size",
+            gxe.ExpectColumnDistinctValuesToEqualSet(column="final_width", value_set=[hidden_size]),
+            f"{[hidden_size]}",
+            distinct["final_width"],
+        ),
     ]
     if has_aux:
-        checks.append((
-            "aux state width is three hidden sizes",
-            gxe.ExpectColumnDistinctValuesToEqualSet(column="aux_width", value_set=[3 * hidden_size]),
-            f"{[3 * hidden_size]}", distinct["aux_width"],
-        ))
+        checks.append(
+            (
+                "aux state width is three hidden sizes",
+                gxe.ExpectColumnDistinctValuesToEqualSet(column="aux_width", value_set=[3 * hidden_size]),
+                f"{[3 * hidden_size]}",
+                distinct["aux_width"],
+            )
+        )
     return checks
 
 
@@ -116,8 +145,9 @@ def _frame(rows: list[dict], task_mix: dict[str, float]):
     return frame
 
 
-def run_data_checks(dataset: Any, target_config: Any, task_mix: dict[str, float],
-                    tolerance: float = DEFAULT_TOLERANCE) -> DataCheckReport:
+def run_data_checks(
+    dataset: Any, target_config: Any, task_mix: dict[str, float], tolerance: float = DEFAULT_TOLERANCE
+) -> DataCheckReport:
     """Validate a shard dataset (a `ShardDataset` or its directory) against its target and declared task mix.
 
     Returns the report when every expectation holds; otherwise raises DraftsyncError naming each failed
@@ -141,14 +171,18 @@ def run_data_checks(dataset: Any, target_config: Any, task_mix: dict[str, float]
     checks = _expectations(gxe, frame, task_mix, tolerance, hidden_size, vocab_size, dataset.has_aux)
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    batch_definition = (context.data_sources.add_pandas("shards").add_dataframe_asset("sequences")
-                        .add_batch_definition_whole_dataframe("all"))
+    batch_definition = (
+        context.data_sources.add_pandas("shards")
+        .add_dataframe_asset("sequences")
+        .add_batch_definition_whole_dataframe("all")
+    )
     suite = context.suites.add(gx.ExpectationSuite(name="hidden-state-dataset"))
     for index, (_, expectation, _, _) in enumerate(checks):
         expectation.meta = {"check_index": index}
         suite.add_expectation(expectation)
     validation = context.validation_definitions.add(
-        gx.ValidationDefinition(name="hidden-state-dataset", data=batch_definition, suite=suite))
+        gx.ValidationDefinition(name="hidden-state-dataset", data=batch_definition, suite=suite)
+    )
     result = validation.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
 
     report = DataCheckReport(sequences=len(frame))
@@ -156,8 +190,11 @@ def run_data_checks(dataset: Any, target_config: Any, task_mix: dict[str, float]
     for index, (check, _expectation, expected, observed_fallback) in enumerate(checks):
         outcome = by_index[index]
         kwargs = outcome.expectation_config.kwargs
-        name = f"{outcome.expectation_config.type}({kwargs['column']})" if "column" in kwargs else \
-            outcome.expectation_config.type
+        name = (
+            f"{outcome.expectation_config.type}({kwargs['column']})"
+            if "column" in kwargs
+            else outcome.expectation_config.type
+        )
         observed = _plain((outcome.result or {}).get("observed_value"))
         if observed is None:
             observed = observed_fallback
@@ -166,8 +203,9 @@ def run_data_checks(dataset: Any, target_config: Any, task_mix: dict[str, float]
             observed = f"error: {(outcome.exception_info or {}).get('exception_message')}"
         report.outcomes.append(ExpectationOutcome(name, check, observed, expected, bool(outcome.success)))
     if not report.passed:
-        lines = "; ".join(f"{o.name} [{o.check}] observed {o.observed!r}, expected {o.expected}"
-                          for o in report.failures)
+        lines = "; ".join(
+            f"{o.name} [{o.check}] observed {o.observed!r}, expected {o.expected}" for o in report.failures
+        )
         error = DraftsyncError(
             f"data checks failed on {getattr(dataset, 'path', 'the dataset')}: {lines}",
             "rebuild the dataset from the right target and task mix (or fix the declared draftsync.task_mix)",

@@ -29,8 +29,9 @@ def _check_sweep(sweep: Sequence[dict]) -> list[dict]:
     for row in sweep:
         missing = [key for key in SWEEP_KEYS if key not in row]
         if missing:
-            raise DraftsyncError(f"gamma sweep row {row!r} lacks {missing}",
-                                 f"give every row the keys {list(SWEEP_KEYS)}")
+            raise DraftsyncError(
+                f"gamma sweep row {row!r} lacks {missing}", f"give every row the keys {list(SWEEP_KEYS)}"
+            )
     return sorted(sweep, key=lambda row: int(row["gamma"]))
 
 
@@ -43,8 +44,9 @@ def _figure(width: float, height: float):
     return figure
 
 
-def plot_acceptance_vs_gamma(sweep: Sequence[dict], out_dir: str | Path, knee: int | None = None,
-                             plain_tpot_ms: float | None = None) -> Path:
+def plot_acceptance_vs_gamma(
+    sweep: Sequence[dict], out_dir: str | Path, knee: int | None = None, plain_tpot_ms: float | None = None
+) -> Path:
     """Acceptance rate and mean acceptance length (top) and TPOT (bottom, its own axis) against gamma.
 
     `sweep`: rows {gamma, mean_acceptance_length, acceptance_rate, tpot_ms}. `knee`: the chosen gamma
@@ -71,8 +73,9 @@ def plot_acceptance_vs_gamma(sweep: Sequence[dict], out_dir: str | Path, knee: i
     top.tick_params(axis="y", colors="tab:blue")
     top.grid(True, alpha=0.3)
     length_axis = top.twinx()
-    length_line = length_axis.plot(gammas, lengths, "s--", color="tab:green",
-                                   label="mean acceptance length (tokens / step)")
+    length_line = length_axis.plot(
+        gammas, lengths, "s--", color="tab:green", label="mean acceptance length (tokens / step)"
+    )
     length_axis.set_ylabel("mean acceptance length (tokens / step)", color="tab:green")
     length_axis.set_ylim(1.0, max([1.0 + max(gammas)] + [v for v in lengths if not math.isnan(v)]) + 0.2)
     length_axis.tick_params(axis="y", colors="tab:green")
@@ -80,8 +83,11 @@ def plot_acceptance_vs_gamma(sweep: Sequence[dict], out_dir: str | Path, knee: i
 
     tpot_lines = bottom.plot(gammas, tpots, "D-", color="tab:red", label="TPOT with speculation")
     if plain_tpot_ms is not None and not math.isnan(plain_tpot_ms):
-        tpot_lines += [bottom.axhline(plain_tpot_ms, color="gray", linestyle=":",
-                                      label=f"TPOT without speculation ({plain_tpot_ms:.2f} ms)")]
+        tpot_lines += [
+            bottom.axhline(
+                plain_tpot_ms, color="gray", linestyle=":", label=f"TPOT without speculation ({plain_tpot_ms:.2f} ms)"
+            )
+        ]
     bottom.set_ylabel("TPOT (ms / output token)")
     bottom.set_xlabel("gamma (draft tokens per step)")
     bottom.set_title("Time per output token (lower is better)")
@@ -94,8 +100,13 @@ def plot_acceptance_vs_gamma(sweep: Sequence[dict], out_dir: str | Path, knee: i
     if knee_row is not None and not math.isnan(_number(knee_row["tpot_ms"])):
         knee_tpot = _number(knee_row["tpot_ms"])
         bottom.plot([knee], [knee_tpot], marker="*", markersize=16, color="black", linestyle="none")
-        bottom.annotate(f"knee: gamma {knee}, {knee_tpot:.2f} ms", (knee, knee_tpot), xytext=(8, 10),
-                        textcoords="offset points", fontsize=9)
+        bottom.annotate(
+            f"knee: gamma {knee}, {knee_tpot:.2f} ms",
+            (knee, knee_tpot),
+            xytext=(8, 10),
+            textcoords="offset points",
+            fontsize=9,
+        )
     top.legend(handles=rate_line + length_line, loc="lower left", fontsize=8)
     bottom.legend(handles=tpot_lines, loc="best", fontsize=8)
 
@@ -105,8 +116,9 @@ def plot_acceptance_vs_gamma(sweep: Sequence[dict], out_dir: str | Path, knee: i
     return path
 
 
-def plot_acceptance_by_position(per_position: Sequence[float], out_dir: str | Path, gamma: int | None = None,
-                                drafts: int | None = None) -> Path:
+def plot_acceptance_by_position(
+    per_position: Sequence[float], out_dir: str | Path, gamma: int | None = None, drafts: int | None = None
+) -> Path:
     """Per-position acceptance rates (accepted at position i / drafts, e.g. `summarize_acceptance().per_position`).
 
     Position i counts a draft token only when every token before it was accepted too, so the bars fall
@@ -114,11 +126,15 @@ def plot_acceptance_by_position(per_position: Sequence[float], out_dir: str | Pa
     """
     rates = [_number(r) for r in per_position]
     if not rates:
-        raise DraftsyncError("no per-position acceptance rates to plot",
-                             "evaluate with speculation on (gamma >= 1) so drafts are counted per position")
+        raise DraftsyncError(
+            "no per-position acceptance rates to plot",
+            "evaluate with speculation on (gamma >= 1) so drafts are counted per position",
+        )
     if any(not math.isnan(r) and not 0.0 <= r <= 1.0 for r in rates):
-        raise DraftsyncError(f"per-position acceptance rates {rates} fall outside [0, 1]",
-                             "divide accepted_per_position[i] by the number of drafts, not by draft tokens")
+        raise DraftsyncError(
+            f"per-position acceptance rates {rates} fall outside [0, 1]",
+            "divide accepted_per_position[i] by the number of drafts, not by draft tokens",
+        )
     positions = list(range(1, len(rates) + 1))
 
     figure = _figure(max(5.0, 1.0 + 0.7 * len(rates)), 4.2)
@@ -140,9 +156,15 @@ def plot_acceptance_by_position(per_position: Sequence[float], out_dir: str | Pa
     return path
 
 
-def write_validation_plots(out_dir: str | Path, sweep: Sequence[dict], per_position: Sequence[float],
-                           knee: int | None = None, plain_tpot_ms: float | None = None,
-                           gamma: int | None = None, drafts: int | None = None) -> dict[str, Path]:
+def write_validation_plots(
+    out_dir: str | Path,
+    sweep: Sequence[dict],
+    per_position: Sequence[float],
+    knee: int | None = None,
+    plain_tpot_ms: float | None = None,
+    gamma: int | None = None,
+    drafts: int | None = None,
+) -> dict[str, Path]:
     """Both PNGs into `out_dir`; returns {"acceptance_vs_gamma": path, "acceptance_by_position": path}."""
     return {
         "acceptance_vs_gamma": plot_acceptance_vs_gamma(sweep, out_dir, knee=knee, plain_tpot_ms=plain_tpot_ms),

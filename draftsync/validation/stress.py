@@ -19,14 +19,21 @@ from pathlib import Path
 from draftsync.serving.evaluation import EvalRequest
 
 
-def drive_load(endpoint: str, model: str, requests: Sequence[EvalRequest], rate: float, concurrency: int,
-               temperature: float, seed: int, timeout: float = 600.0) -> dict:
+def drive_load(
+    endpoint: str,
+    model: str,
+    requests: Sequence[EvalRequest],
+    rate: float,
+    concurrency: int,
+    temperature: float,
+    seed: int,
+    timeout: float = 600.0,
+) -> dict:
     """Send `requests` at `rate` per second with at most `concurrency` in flight; latency per token and errors."""
     import httpx
 
     started = time.perf_counter()
-    with httpx.Client(base_url=endpoint, timeout=timeout,
-                      limits=httpx.Limits(max_connections=concurrency)) as client:
+    with httpx.Client(base_url=endpoint, timeout=timeout, limits=httpx.Limits(max_connections=concurrency)) as client:
 
         def one(index: int, request: EvalRequest) -> dict:
             if math.isfinite(rate):  # open loop: the request arrives on schedule, waiting counts
@@ -36,8 +43,13 @@ def drive_load(endpoint: str, model: str, requests: Sequence[EvalRequest], rate:
                     time.sleep(delay)
             else:  # closed loop: each request leaves as soon as a client is free
                 arrival = time.perf_counter()
-            body = {"model": model, "prompt": request.prompt, "max_tokens": request.max_tokens,
-                    "temperature": temperature, "seed": seed + index}
+            body = {
+                "model": model,
+                "prompt": request.prompt,
+                "max_tokens": request.max_tokens,
+                "temperature": temperature,
+                "seed": seed + index,
+            }
             try:
                 response = client.post("/v1/completions", json=body)
             except httpx.HTTPError as error:
@@ -53,16 +65,30 @@ def drive_load(endpoint: str, model: str, requests: Sequence[EvalRequest], rate:
     tokens = sum(o["tokens"] for o in done)
     errors = [o["error"] for o in outcomes if "error" in o]
     return {
-        "requests": len(requests), "errors": len(errors), "error_examples": errors[:3],
-        "rate_per_s": rate, "concurrency": concurrency, "completion_tokens": tokens,
+        "requests": len(requests),
+        "errors": len(errors),
+        "error_examples": errors[:3],
+        "rate_per_s": rate,
+        "concurrency": concurrency,
+        "completion_tokens": tokens,
         "ms_per_token": 1000.0 * sum(o["latency_s"] for o in done) / tokens if tokens else None,
         "seconds": round(time.perf_counter() - started, 2),
     }
 
 
-def stress_served_pair(server: str, target_dir: str, drafter_dir: str, gamma: int, requests: Sequence[EvalRequest],
-                       rate: float, concurrency: int, temperature: float, seed: int, log_dir: Path,
-                       batch_sizes: Sequence[int] = ()) -> dict:
+def stress_served_pair(
+    server: str,
+    target_dir: str,
+    drafter_dir: str,
+    gamma: int,
+    requests: Sequence[EvalRequest],
+    rate: float,
+    concurrency: int,
+    temperature: float,
+    seed: int,
+    log_dir: Path,
+    batch_sizes: Sequence[int] = (),
+) -> dict:
     """Serve the pair (`server`: "reference" for the CPU reference server, "vllm" for `vllm serve`), drive the
     load; again without the drafter; compare.
 
@@ -78,8 +104,9 @@ def stress_served_pair(server: str, target_dir: str, drafter_dir: str, gamma: in
     def launch(mode: str, drafter: str | None) -> ServerProcess:
         port = free_port()
         if server == "vllm":
-            argv = render_vllm_command(target_dir, drafter, drafter_method(drafter_dir), gamma, "127.0.0.1", port,
-                                       "stress").argv
+            argv = render_vllm_command(
+                target_dir, drafter, drafter_method(drafter_dir), gamma, "127.0.0.1", port, "stress"
+            ).argv
         else:
             argv = reference_server_command(target_dir, drafter, gamma, "127.0.0.1", port, "stress")
         env = {"DRAFTSYNC_TORCH_THREADS": "1"} if server == "reference" else None
@@ -111,7 +138,8 @@ def stress_served_pair(server: str, target_dir: str, drafter_dir: str, gamma: in
                 process.stop()
     spec, plain = runs["speculative"]["ms_per_token"], runs["plain"]["ms_per_token"]
     result = {
-        "speculative": runs["speculative"], "plain": runs["plain"],
+        "speculative": runs["speculative"],
+        "plain": runs["plain"],
         "errors": runs["speculative"]["errors"] + runs["plain"]["errors"],
         "speedup": plain / spec if spec and plain else None,
     }
@@ -121,8 +149,10 @@ def stress_served_pair(server: str, target_dir: str, drafter_dir: str, gamma: in
         by_size = runs["by_batch_size"]
         result["by_batch_size"] = by_size
         result["errors"] += sum(level["errors"] for modes in by_size.values() for level in modes.values())
-        measured = {size: {0: modes["plain"]["ms_per_token"], gamma: modes["speculative"]["ms_per_token"]}
-                    for size, modes in by_size.items()
-                    if modes["plain"]["ms_per_token"] and modes["speculative"]["ms_per_token"]}
+        measured = {
+            size: {0: modes["plain"]["ms_per_token"], gamma: modes["speculative"]["ms_per_token"]}
+            for size, modes in by_size.items()
+            if modes["plain"]["ms_per_token"] and modes["speculative"]["ms_per_token"]
+        }
         result["schedule"] = speculation_schedule(measured) if measured else None
     return result

@@ -38,17 +38,23 @@ QUANTILES = {"p5": 0.05, "p50": 0.5, "p90": 0.9, "p99": 0.99}  # one expectation
 def _check_thresholds(thresholds: dict) -> tuple[float, float, float, list[str]]:
     missing = [key for key in THRESHOLD_KEYS if key not in thresholds]
     if missing:
-        raise DraftsyncError(f"validation thresholds lack {missing}",
-                             'pass {"min_acceptance": 0.7, "p50": 0.7, "p5": 0.5, "tasks": ["code", "math"]}')
+        raise DraftsyncError(
+            f"validation thresholds lack {missing}",
+            'pass {"min_acceptance": 0.7, "p50": 0.7, "p5": 0.5, "tasks": ["code", "math"]}',
+        )
     tasks = thresholds["tasks"]
     if isinstance(tasks, str) or not tasks or not all(isinstance(t, str) for t in tasks):
-        raise DraftsyncError(f"validation threshold tasks={tasks!r} is not a non-empty list of task names",
-                             'list the tasks the requests must cover, e.g. ["code", "math"]')
+        raise DraftsyncError(
+            f"validation threshold tasks={tasks!r} is not a non-empty list of task names",
+            'list the tasks the requests must cover, e.g. ["code", "math"]',
+        )
     try:
         values = [float(thresholds[key]) for key in ("min_acceptance", "p50", "p5")]
     except (TypeError, ValueError) as exc:
-        raise DraftsyncError(f"validation thresholds {thresholds!r} hold a non-numeric acceptance bound",
-                             "give min_acceptance, p50 and p5 as numbers between 0 and 1") from exc
+        raise DraftsyncError(
+            f"validation thresholds {thresholds!r} hold a non-numeric acceptance bound",
+            "give min_acceptance, p50 and p5 as numbers between 0 and 1",
+        ) from exc
     return values[0], values[1], values[2], sorted(set(tasks))
 
 
@@ -57,13 +63,16 @@ def _frame(rows: list[dict]):
     import pandas as pd
 
     if not isinstance(rows, list):
-        raise DraftsyncError(f"per-request results of type {type(rows).__name__}",
-                             "pass a list of RequestResult.row() dicts")
+        raise DraftsyncError(
+            f"per-request results of type {type(rows).__name__}", "pass a list of RequestResult.row() dicts"
+        )
     present = set().union(*(row.keys() for row in rows)) if rows else set(REQUIRED_COLUMNS)
     missing = [column for column in REQUIRED_COLUMNS if column not in present]
     if missing:
-        raise DraftsyncError(f"per-request results lack the columns {missing}",
-                             "pass RequestResult.row() dicts (draftsync.serving.evaluation)")
+        raise DraftsyncError(
+            f"per-request results lack the columns {missing}",
+            "pass RequestResult.row() dicts (draftsync.serving.evaluation)",
+        )
     columns = list(REQUIRED_COLUMNS) + sorted(present - set(REQUIRED_COLUMNS) - {"error"}) + ["error"]
     frame = pd.DataFrame(rows, columns=columns)
     frame["output_tokens"] = frame["output_tokens"].fillna(0)
@@ -72,35 +81,66 @@ def _frame(rows: list[dict]):
     return frame
 
 
-def _expectations(gxe: Any, frame: Any, min_acceptance: float, p50: float, p5: float,
-                  tasks: list[str]) -> list[dict[str, Any]]:
+def _expectations(
+    gxe: Any, frame: Any, min_acceptance: float, p50: float, p5: float, tasks: list[str]
+) -> list[dict[str, Any]]:
     """Each gate: stable name, GE expectation, expected in words, the gates a quantile check splits into, fallback."""
     observed_tasks = sorted(_plain(t) for t in frame["task"].dropna().unique())
 
     return [
-        {"name": "at_least_one_request", "expected": ">= 1 request",
-         "expectation": gxe.ExpectTableRowCountToBeBetween(min_value=1)},
-        {"name": "every_request_produced_output", "expected": "output_tokens >= 1 on every request",
-         "expectation": gxe.ExpectColumnValuesToBeBetween(column="output_tokens", min_value=1)},
-        {"name": "no_request_failed", "expected": "error is null on every request",
-         "expectation": gxe.ExpectColumnValuesToBeNull(column="error")},
-        {"name": "acceptance_rate_within_0_1", "expected": "0 <= acceptance_rate <= 1 where drafted",
-         "expectation": gxe.ExpectColumnValuesToBeBetween(column="acceptance_rate", min_value=0, max_value=1)},
-        {"name": "accepted_at_most_draft_tokens", "expected": "accepted <= draft_tokens on every request",
-         "expectation": gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="draft_tokens", column_B="accepted",
-                                                                    or_equal=True)},
-        {"name": "acceptance_mean_above_min", "expected": f"mean per-request acceptance_rate > {min_acceptance}",
-         "expectation": gxe.ExpectColumnMeanToBeBetween(column="acceptance_rate", min_value=min_acceptance,
-                                                        strict_min=True)},
-        {"name": "acceptance_quantiles", "expected": "per-request acceptance_rate quantiles",
-         "expectation": gxe.ExpectColumnQuantileValuesToBeBetween(
-             column="acceptance_rate", allow_relative_error=QUANTILE_INTERPOLATION,
-             quantile_ranges={"quantiles": list(QUANTILES.values()),
-                              "value_ranges": [[p5, None], [p50, None], [None, None], [None, None]]}),
-         "gates": [("acceptance_p50_above_min", "p50", p50), ("acceptance_p5_above_min", "p5", p5)]},
-        {"name": "tasks_present", "expected": f"tasks == {tasks}",
-         "expectation": gxe.ExpectColumnDistinctValuesToEqualSet(column="task", value_set=tasks),
-         "fallback": observed_tasks},
+        {
+            "name": "at_least_one_request",
+            "expected": ">= 1 request",
+            "expectation": gxe.ExpectTableRowCountToBeBetween(min_value=1),
+        },
+        {
+            "name": "every_request_produced_output",
+            "expected": "output_tokens >= 1 on every request",
+            "expectation": gxe.ExpectColumnValuesToBeBetween(column="output_tokens", min_value=1),
+        },
+        {
+            "name": "no_request_failed",
+            "expected": "error is null on every request",
+            "expectation": gxe.ExpectColumnValuesToBeNull(column="error"),
+        },
+        {
+            "name": "acceptance_rate_within_0_1",
+            "expected": "0 <= acceptance_rate <= 1 where drafted",
+            "expectation": gxe.ExpectColumnValuesToBeBetween(column="acceptance_rate", min_value=0, max_value=1),
+        },
+        {
+            "name": "accepted_at_most_draft_tokens",
+            "expected": "accepted <= draft_tokens on every request",
+            "expectation": gxe.ExpectColumnPairValuesAToBeGreaterThanB(
+                column_A="draft_tokens", column_B="accepted", or_equal=True
+            ),
+        },
+        {
+            "name": "acceptance_mean_above_min",
+            "expected": f"mean per-request acceptance_rate > {min_acceptance}",
+            "expectation": gxe.ExpectColumnMeanToBeBetween(
+                column="acceptance_rate", min_value=min_acceptance, strict_min=True
+            ),
+        },
+        {
+            "name": "acceptance_quantiles",
+            "expected": "per-request acceptance_rate quantiles",
+            "expectation": gxe.ExpectColumnQuantileValuesToBeBetween(
+                column="acceptance_rate",
+                allow_relative_error=QUANTILE_INTERPOLATION,
+                quantile_ranges={
+                    "quantiles": list(QUANTILES.values()),
+                    "value_ranges": [[p5, None], [p50, None], [None, None], [None, None]],
+                },
+            ),
+            "gates": [("acceptance_p50_above_min", "p50", p50), ("acceptance_p5_above_min", "p5", p5)],
+        },
+        {
+            "name": "tasks_present",
+            "expected": f"tasks == {tasks}",
+            "expectation": gxe.ExpectColumnDistinctValuesToEqualSet(column="task", value_set=tasks),
+            "fallback": observed_tasks,
+        },
     ]
 
 
@@ -139,14 +179,19 @@ def run_validation_suite(rows: list[dict], thresholds: dict) -> dict:
     checks = _expectations(gxe, frame, min_acceptance, p50, p5, tasks)
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    batch = (context.data_sources.add_pandas("requests").add_dataframe_asset("per-request-results")
-             .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame}))
+    batch = (
+        context.data_sources.add_pandas("requests")
+        .add_dataframe_asset("per-request-results")
+        .add_batch_definition_whole_dataframe("all")
+        .get_batch(batch_parameters={"dataframe": frame})
+    )
     suite = gx.ExpectationSuite(name="drafter-validation-gates")
     for index, check in enumerate(checks):
         check["expectation"].meta = {"check_index": index}
         suite.add_expectation(check["expectation"])
-    result = batch.validate(suite, result_format={"result_format": "SUMMARY",
-                                                  "unexpected_index_column_names": ["request"]})
+    result = batch.validate(
+        suite, result_format={"result_format": "SUMMARY", "unexpected_index_column_names": ["request"]}
+    )
 
     by_index = {r.expectation_config.meta["check_index"]: r for r in result.results}  # GE reorders results
     expectations: list[dict[str, Any]] = []
@@ -167,15 +212,29 @@ def run_validation_suite(rows: list[dict], thresholds: dict) -> dict:
             quantiles = {key: None if _is_missing(values.get(key)) else values[key] for key in QUANTILES}
             for name, key, bound in check["gates"]:
                 value = quantiles[key]
-                expectations.append({
-                    "name": name, "observed": value if values else observed,
-                    "passed": value is not None and value > bound, "expected": f"{key.upper()} of per-request "
-                    f"acceptance_rate > {bound}", "expectation": label,
-                })
+                expectations.append(
+                    {
+                        "name": name,
+                        "observed": value if values else observed,
+                        "passed": value is not None and value > bound,
+                        "expected": f"{key.upper()} of per-request acceptance_rate > {bound}",
+                        "expectation": label,
+                    }
+                )
             continue
         if _is_missing(observed):
             observed, passed = None, False  # nothing to measure (no request drafted): JSON null, not passed
-        expectations.append({"name": check["name"], "observed": observed, "passed": passed,
-                             "expected": check["expected"], "expectation": label})
-    return {"passed": all(e["passed"] for e in expectations), "expectations": expectations,
-            "acceptance_quantiles": quantiles}
+        expectations.append(
+            {
+                "name": check["name"],
+                "observed": observed,
+                "passed": passed,
+                "expected": check["expected"],
+                "expectation": label,
+            }
+        )
+    return {
+        "passed": all(e["passed"] for e in expectations),
+        "expectations": expectations,
+        "acceptance_quantiles": quantiles,
+    }

@@ -22,8 +22,13 @@ def draftsync(workdir: Path, *args: str, timeout: float = 300) -> None:
 
     One that runs too long gets Ctrl-C first, so the demo stops the servers it started before it ends."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "DRAFTSYNC_"))}
-    process = subprocess.Popen([sys.executable, "-m", "draftsync.cli", "--workdir", str(workdir), *args],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "draftsync.cli", "--workdir", str(workdir), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -124,10 +129,21 @@ def test_the_drafter_directory_is_in_the_speculators_eagle3_layout(story):
     with safe_open(str(path / "model.safetensors"), framework="pt") as f:
         names = set(f.keys())
     expected = {
-        "embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
-        "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight", "layers.0.self_attn.v_proj.weight",
-        "layers.0.self_attn.o_proj.weight", "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight",
-        "layers.0.mlp.down_proj.weight", "layers.0.input_layernorm.weight", "layers.0.post_attention_layernorm.weight",
+        "embed_tokens.weight",
+        "fc.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "d2t",
+        "t2d",
+        "layers.0.self_attn.q_proj.weight",
+        "layers.0.self_attn.k_proj.weight",
+        "layers.0.self_attn.v_proj.weight",
+        "layers.0.self_attn.o_proj.weight",
+        "layers.0.mlp.gate_proj.weight",
+        "layers.0.mlp.up_proj.weight",
+        "layers.0.mlp.down_proj.weight",
+        "layers.0.input_layernorm.weight",
+        "layers.0.post_attention_layernorm.weight",
         "layers.0.hidden_norm.weight",
     }
     assert expected <= names
@@ -137,8 +153,11 @@ def test_the_demo_declares_its_deployment_for_the_other_commands(story, workdir)
     from draftsync.serving.deployment import load_deployments
 
     (declared,) = load_deployments(workdir / "deployments.yaml")
-    assert (declared.name, declared.target_name, declared.launch) == ("demo-assistant", "demo-llm",
-                                                                       story["engine"]["name"])
+    assert (declared.name, declared.target_name, declared.launch) == (
+        "demo-assistant",
+        "demo-llm",
+        story["engine"]["name"],
+    )
 
 
 def test_rollout_dry_run_after_the_demo_prints_the_v2_launch(story, after_the_demo):

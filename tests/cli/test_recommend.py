@@ -23,37 +23,79 @@ def _cli() -> typer.Typer:
 
 def test_cli_prints_the_answer_and_writes_json(tmp_path):
     json_path = tmp_path / "out" / "recommendation.json"
-    result = CliRunner().invoke(_cli(), [
-        "recommend", "--params", "70B", "--gpus", "4", "--gpu-memory-gb", "80", "--tpot-ms", "25", "--task", "code",
-        "--output-tokens", "6000", "--batch", "1", "--json", str(json_path),
-    ])
+    result = CliRunner().invoke(
+        _cli(),
+        [
+            "recommend",
+            "--params",
+            "70B",
+            "--gpus",
+            "4",
+            "--gpu-memory-gb",
+            "80",
+            "--tpot-ms",
+            "25",
+            "--task",
+            "code",
+            "--output-tokens",
+            "6000",
+            "--batch",
+            "1",
+            "--json",
+            str(json_path),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "method:   eagle3.1" in result.output
     assert "gamma:    6-8, start at 6" in result.output
     assert "fits:     yes" in result.output
     assert "[size:sweet-spot]" in result.output and "[upgrade:latency, upgrade:long-output" in result.output
     written = json.loads(json_path.read_text())
-    assert set(written) == {"method", "gamma_range", "gamma_start", "expected_speedup", "drafter_memory_gb", "fits",
-                            "memory", "reasons"}
+    assert set(written) == {
+        "method",
+        "gamma_range",
+        "gamma_start",
+        "expected_speedup",
+        "drafter_memory_gb",
+        "fits",
+        "memory",
+        "reasons",
+    }
     expected = recommend(workload(tpot_ms=25, task="code", output_tokens=6000)).to_dict()
     assert written == expected
     assert written["gamma_range"] == [6, 8] and written["memory"]["required_gb"] == pytest.approx(208.2)
 
 
 def test_cli_gives_vllms_limits_for_medusa():
-    result = CliRunner().invoke(_cli(), [
-        "recommend", "--params", "180B", "--gpus", "8", "--gpu-memory-gb", "80", "--tpot-ms", "50", "--task", "chat",
-    ])
+    result = CliRunner().invoke(
+        _cli(),
+        [
+            "recommend",
+            "--params",
+            "180B",
+            "--gpus",
+            "8",
+            "--gpu-memory-gb",
+            "80",
+            "--tpot-ms",
+            "50",
+            "--task",
+            "chat",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "method:   medusa\n" in result.output
     assert "[serving:vllm-medusa]: vLLM serves it (method 'medusa') with one gamma at every batch size" in result.output
 
 
-@pytest.mark.parametrize(("arguments", "named"), [
-    (["--params", "seventy"], "--params"),
-    (["--task", "poetry"], "task"),
-    (["--gpus", "0"], "gpus"),
-])
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        (["--params", "seventy"], "--params"),
+        (["--task", "poetry"], "task"),
+        (["--gpus", "0"], "gpus"),
+    ],
+)
 def test_cli_bad_input_raises_the_project_error(arguments, named):
     base = {"--params": "70B", "--gpus": "4", "--gpu-memory-gb": "80", "--tpot-ms": "25", "--task": "code"}
     options = {**base, **dict(zip(arguments[::2], arguments[1::2]))}

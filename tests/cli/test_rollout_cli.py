@@ -21,10 +21,12 @@ def _setup(workdir, built_targets, tmp_path):
     drafters = []
     for gamma in (2, 3):
         path = build_tiny_drafter(built_targets[1], tmp_path / f"drafter-{gamma}", gamma=gamma)
-        drafters.append(registry.register_drafter("cli-llm", version, path, "eagle3", gamma, {},
-                                                  validation_passed=True))
+        drafters.append(
+            registry.register_drafter("cli-llm", version, path, "eagle3", gamma, {}, validation_passed=True)
+        )
     (workdir / "deployments.yaml").write_text(
-        "deployments:\n  - name: cli\n    target_name: cli-llm\n    launch: reference\n")
+        "deployments:\n  - name: cli\n    target_name: cli-llm\n    launch: reference\n"
+    )
     return registry, version, drafters
 
 

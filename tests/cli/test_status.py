@@ -26,8 +26,9 @@ def _cli() -> typer.Typer:
     return app
 
 
-def record_hours(store, deployment: str, pair, first: datetime, hours: int, accepted_per_hour: int,
-                 totals: list[int]) -> None:
+def record_hours(
+    store, deployment: str, pair, first: datetime, hours: int, accepted_per_hour: int, totals: list[int]
+) -> None:
     """One scrape an hour; each hour adds 100 drafts of 3 tokens and `accepted_per_hour` accepted tokens.
 
     `totals` (drafts, draft tokens, accepted) carries the server's cumulative counters across calls."""
@@ -75,21 +76,32 @@ def status_world(workdir, tmp_path, monkeypatch):
     d1 = registry.register_drafter("status-llm", v1, drafter_dir(1, 3), "eagle3", 3, {}, validation_passed=True)
     registry.promote("status-llm", d1)
     recommended = {"draftsync.recommended.gamma_start": "3", "draftsync.recommended.gamma_range": "[2, 4]"}
-    d2 = registry.register_drafter("status-llm", v2, drafter_dir(2, 3), "eagle3", 3, {}, extra_tags=recommended,
-                                   validation_passed=None)
-    registry.record_validation("status-llm", d2, passed=True, metrics={"gamma_knee": 4, "acceptance_mean": 0.74},
-                               tags={}, gamma=4)
+    d2 = registry.register_drafter(
+        "status-llm", v2, drafter_dir(2, 3), "eagle3", 3, {}, extra_tags=recommended, validation_passed=None
+    )
+    registry.record_validation(
+        "status-llm", d2, passed=True, metrics={"gamma_knee": 4, "acceptance_mean": 0.74}, tags={}, gamma=4
+    )
     registry.promote("status-llm", d2)
     d3 = registry.register_drafter("status-llm", v2, drafter_dir(2, 5), "eagle3.1", 5, {}, validation_passed=None)
 
-    bare = registry.register_target("bare-llm", targets[1],
-                                    target_tags(**{**describe_target(targets[1]), "task_mix": {"code": 1.0}}))
+    bare = registry.register_target(
+        "bare-llm", targets[1], target_tags(**{**describe_target(targets[1]), "task_mix": {"code": 1.0}})
+    )
 
     # chat: 10 hours at 0.2 more than a week ago (outside the window), then 48 hours at 0.7 in it.
     now = datetime.now(UTC)
     chat_pair = ServedPair("status-llm", v2, d2, 4)
-    store.set_serving_pair("chat", target_name="status-llm", target_version=v2, drafter_name="status-llm-drafter",
-                           drafter_version=d2, gamma=4, endpoint="http://127.0.0.1:9", state="serving")
+    store.set_serving_pair(
+        "chat",
+        target_name="status-llm",
+        target_version=v2,
+        drafter_name="status-llm-drafter",
+        drafter_version=d2,
+        gamma=4,
+        endpoint="http://127.0.0.1:9",
+        state="serving",
+    )
     totals = [0, 0, 0]
     baseline_scrape(store, "chat", chat_pair, now - timedelta(days=9), totals)
     record_hours(store, "chat", chat_pair, now - timedelta(days=9) + HOUR, 10, 60, totals)
@@ -101,8 +113,16 @@ def status_world(workdir, tmp_path, monkeypatch):
     totals = [0, 0, 0]
     baseline_scrape(store, "batch", batch_pair, now - timedelta(days=2), totals)
     record_hours(store, "batch", batch_pair, now - timedelta(days=2) + HOUR, 24, 120, totals)
-    store.set_serving_pair("batch", target_name="status-llm", target_version=v1, drafter_name=None,
-                           drafter_version=None, gamma=3, endpoint="http://127.0.0.1:10", state="fallback")
+    store.set_serving_pair(
+        "batch",
+        target_name="status-llm",
+        target_version=v1,
+        drafter_name=None,
+        drafter_version=None,
+        gamma=3,
+        endpoint="http://127.0.0.1:10",
+        state="fallback",
+    )
     baseline_scrape(store, "batch", ServedPair("status-llm", v1, None, 3), now - timedelta(hours=2), totals)
 
     # The ledger: v2's sync succeeded after v1's, and a retrain of v1 was asked for last (the newest change).
@@ -113,10 +133,20 @@ def status_world(workdir, tmp_path, monkeypatch):
     ledger.request("status-llm", v2, "eagle3", source="webhook", reason="version created", now=start + 3 * HOUR)
     job = ledger.claim("status-llm", v2, "eagle3", run_id="run-2", now=start + 4 * HOUR).job
     ledger.finish(job.id, "succeeded", drafter_version=d2, now=start + 5 * HOUR)
-    assert ledger.request("status-llm", v1, "eagle3", source="weekly-review", reason="drafter stale", retrain=True,
-                          now=start + 6 * HOUR)
-    return {"v1": v1, "v2": v2, "d1": d1, "d2": d2, "d3": d3, "bare": bare, "retrain_at": start + 6 * HOUR,
-            "finished_at": start + 2 * HOUR, "workdir": workdir}
+    assert ledger.request(
+        "status-llm", v1, "eagle3", source="weekly-review", reason="drafter stale", retrain=True, now=start + 6 * HOUR
+    )
+    return {
+        "v1": v1,
+        "v2": v2,
+        "d1": d1,
+        "d2": d2,
+        "d3": d3,
+        "bare": bare,
+        "retrain_at": start + 6 * HOUR,
+        "finished_at": start + 2 * HOUR,
+        "workdir": workdir,
+    }
 
 
 def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
@@ -134,31 +164,74 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
     assert status["versions"] == [w["v1"], w["v2"]]
     assert status["aliases"] == {"canary": w["v1"], "production": w["v2"]}
     assert status["drafters"] == [
-        {"version": w["d1"], "trained_for": w["v1"], "method": "eagle3", "validation": "passed",
-         "aliases": ["previous"], "gamma_measured": 3, "gamma_recommended": None},
-        {"version": w["d2"], "trained_for": w["v2"], "method": "eagle3", "validation": "passed",
-         "aliases": ["production"], "gamma_measured": 4, "gamma_recommended": {"start": 3, "range": [2, 4]}},
-        {"version": w["d3"], "trained_for": w["v2"], "method": "eagle3.1", "validation": "pending",
-         "aliases": ["candidate"], "gamma_measured": None, "gamma_recommended": None},
+        {
+            "version": w["d1"],
+            "trained_for": w["v1"],
+            "method": "eagle3",
+            "validation": "passed",
+            "aliases": ["previous"],
+            "gamma_measured": 3,
+            "gamma_recommended": None,
+        },
+        {
+            "version": w["d2"],
+            "trained_for": w["v2"],
+            "method": "eagle3",
+            "validation": "passed",
+            "aliases": ["production"],
+            "gamma_measured": 4,
+            "gamma_recommended": {"start": 3, "range": [2, 4]},
+        },
+        {
+            "version": w["d3"],
+            "trained_for": w["v2"],
+            "method": "eagle3.1",
+            "validation": "pending",
+            "aliases": ["candidate"],
+            "gamma_measured": None,
+            "gamma_recommended": None,
+        },
     ]
     batch, chat = status["deployments"]
     assert batch["name"] == "batch" and batch["state"] == "fallback"
     assert (batch["target_version"], batch["drafter_version"], batch["gamma"]) == (w["v1"], None, None)
     assert batch["acceptance_7d"] == pytest.approx(0.4)  # the week before the fallback still counts
-    assert chat == {"name": "chat", "state": "serving", "target_version": w["v2"], "drafter_version": w["d2"],
-                    "gamma": 4, "acceptance_7d": pytest.approx(0.7)}  # the hours at 0.2 are over a week old
+    assert chat == {
+        "name": "chat",
+        "state": "serving",
+        "target_version": w["v2"],
+        "drafter_version": w["d2"],
+        "gamma": 4,
+        "acceptance_7d": pytest.approx(0.7),
+    }  # the hours at 0.2 are over a week old
     job = status["last_sync"]
-    assert (job["target_version"], job["method"], job["status"], job["generation"]) == (w["v1"], "eagle3",
-                                                                                        "requested", 1)
+    assert (job["target_version"], job["method"], job["status"], job["generation"]) == (
+        w["v1"],
+        "eagle3",
+        "requested",
+        1,
+    )
     assert (job["source"], job["reason"], job["attempts"]) == ("weekly-review", "drafter stale", 0)
     assert datetime.fromisoformat(job["requested_at"]) == w["retrain_at"]
     assert datetime.fromisoformat(job["finished_at"]) == w["finished_at"]  # the previous generation's finish
 
     bare = targets["bare-llm"]
-    assert bare == {"name": "bare-llm", "aliases": {}, "versions": [w["bare"]], "drafters": [], "deployments": [],
-                    "last_sync": None}
-    assert targets["planned-llm"] == {"name": "planned-llm", "aliases": {}, "versions": [], "drafters": [],
-                                      "deployments": [], "last_sync": None}
+    assert bare == {
+        "name": "bare-llm",
+        "aliases": {},
+        "versions": [w["bare"]],
+        "drafters": [],
+        "deployments": [],
+        "last_sync": None,
+    }
+    assert targets["planned-llm"] == {
+        "name": "planned-llm",
+        "aliases": {},
+        "versions": [],
+        "drafters": [],
+        "deployments": [],
+        "last_sync": None,
+    }
 
     out = result.output
     assert "production -> v2" in out and "canary -> v1" in out
@@ -202,10 +275,23 @@ def test_status_help_names_the_option():
     assert result.exit_code == 0 and "--json" in result.output
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("[2, 4]", [2, 4]), ("[4, 2]", [2, 4]), ("2-4", [2, 4]), ("2..4", [2, 4]), ("3,6", [3, 6]), ("5", [5, 5]),
-    ("[5]", [5, 5]), ("", None), (None, None), ("none", None), ("[1, 2, 3]", None), ('{"lo": 2}', None),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[2, 4]", [2, 4]),
+        ("[4, 2]", [2, 4]),
+        ("2-4", [2, 4]),
+        ("2..4", [2, 4]),
+        ("3,6", [3, 6]),
+        ("5", [5, 5]),
+        ("[5]", [5, 5]),
+        ("", None),
+        (None, None),
+        ("none", None),
+        ("[1, 2, 3]", None),
+        ('{"lo": 2}', None),
+    ],
+)
 def test_recommended_gamma_range_forms(text, expected):
     assert parse_gamma_range(text) == expected
 
@@ -215,8 +301,12 @@ def test_gammas_from_tags():
     assert recommended_gamma({"draftsync.recommended.gamma_start": "6"}) == {"start": 6, "range": None}
     assert recommended_gamma({"draftsync.recommended.gamma_range": "6-8"}) == {"start": None, "range": [6, 8]}
     # the knee wins; a validated version's gamma tag is measured; a pending version's is only configured
-    assert measured_gamma({"draftsync.validation.gamma_knee": "4", "draftsync.gamma": "7",
-                           "draftsync.validation.status": "passed"}) == 4
+    assert (
+        measured_gamma(
+            {"draftsync.validation.gamma_knee": "4", "draftsync.gamma": "7", "draftsync.validation.status": "passed"}
+        )
+        == 4
+    )
     assert measured_gamma({"draftsync.gamma": "7", "draftsync.validation.status": "failed"}) == 7
     assert measured_gamma({"draftsync.gamma": "7", "draftsync.validation.status": "pending"}) is None
 
@@ -225,12 +315,32 @@ def test_last_sync_is_the_most_recent_change_whatever_the_order():
     from draftsync.monitors.sync_jobs import SyncJob
 
     t0 = datetime(2026, 11, 2, 9, tzinfo=UTC)
-    finished_late = SyncJob(target_name="m", target_version=1, method="eagle3", status="succeeded", generation=0,
-                            attempts=1, source="watch", reason="r", requested_at=t0, started_at=t0 + HOUR,
-                            finished_at=t0 + 5 * HOUR)
-    started_later = SyncJob(target_name="m", target_version=2, method="eagle3", status="running", generation=0,
-                            attempts=1, source="webhook", reason="r", requested_at=t0 + 2 * HOUR,
-                            started_at=t0 + 6 * HOUR, finished_at=None)
+    finished_late = SyncJob(
+        target_name="m",
+        target_version=1,
+        method="eagle3",
+        status="succeeded",
+        generation=0,
+        attempts=1,
+        source="watch",
+        reason="r",
+        requested_at=t0,
+        started_at=t0 + HOUR,
+        finished_at=t0 + 5 * HOUR,
+    )
+    started_later = SyncJob(
+        target_name="m",
+        target_version=2,
+        method="eagle3",
+        status="running",
+        generation=0,
+        attempts=1,
+        source="webhook",
+        reason="r",
+        requested_at=t0 + 2 * HOUR,
+        started_at=t0 + 6 * HOUR,
+        finished_at=None,
+    )
     assert last_sync([]) is None
     assert last_sync([finished_late, started_later])["target_version"] == 2
     assert last_sync([started_later, finished_late])["status"] == "running"

@@ -25,8 +25,9 @@ def password_check(seen: list):
 
     def authenticate(server, session, envelope, mechanism, auth_data):
         seen.append((auth_data.login, auth_data.password))
-        return AuthResult(success=auth_data.login == b"reporter" and auth_data.password == PASSWORD.encode(),
-                          handled=False)
+        return AuthResult(
+            success=auth_data.login == b"reporter" and auth_data.password == PASSWORD.encode(), handled=False
+        )
 
     return authenticate
 
@@ -49,8 +50,9 @@ def test_smtp_password_from_a_prefect_secret_block(prefect_harness, tmp_path, sm
     seen: list = []
     server = smtp_server_factory(authenticator=password_check(seen), auth_require_tls=False)
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    settings = Settings(workdir=tmp_path, smtp_host=server.host, smtp_port=server.port, smtp_user="reporter",
-                        smtp_password_block=BLOCK)
+    settings = Settings(
+        workdir=tmp_path, smtp_host=server.host, smtp_port=server.port, smtp_user="reporter", smtp_password_block=BLOCK
+    )
     assert PASSWORD not in repr(settings)
     caplog.set_level("DEBUG")
     entry = Mailer(tmp_path / "outbox", store, settings, secret_loader=smtp_password_block).send(build(), now=END)
@@ -83,8 +85,12 @@ def record_week(store, deployment: str, pair, now: datetime) -> None:
         rate = rate_at(hour / 168)
         positions = tuple(round(100 * min(1.0, rate * f)) for f in (1.25, 1.0, 0.75))
         if hour:
-            totals = [totals[0] + 100, totals[1] + 300, totals[2] + sum(positions),
-                      tuple(a + b for a, b in zip(totals[3], positions))]
+            totals = [
+                totals[0] + 100,
+                totals[1] + 300,
+                totals[2] + sum(positions),
+                tuple(a + b for a, b in zip(totals[3], positions)),
+            ]
         counters = SpecDecodeCounters(totals[0], totals[1], totals[2], totals[3])
         store.record_scrape(deployment, min(first + hour * HOUR, now - timedelta(minutes=1)), counters, pair)
 
@@ -106,8 +112,15 @@ def report_setup(workdir, tmp_path, monkeypatch):
     target_dir = build_tiny_target(tmp_path / "target")
     version = publish_target("report-llm", str(target_dir), {"code": 0.5, "math": 0.5})
     registry = context.registry()
-    drafter = registry.register_drafter("report-llm", version, build_tiny_drafter(target_dir, tmp_path / "drafter", 3),
-                                        "eagle3", 3, {}, validation_passed=True)
+    drafter = registry.register_drafter(
+        "report-llm",
+        version,
+        build_tiny_drafter(target_dir, tmp_path / "drafter", 3),
+        "eagle3",
+        3,
+        {},
+        validation_passed=True,
+    )
     registry.promote("report-llm", drafter)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "deployments.yaml").write_text(
@@ -119,9 +132,16 @@ def report_setup(workdir, tmp_path, monkeypatch):
         "    port: 8000\n"
     )
     store = context.store()
-    store.set_serving_pair("chat", target_name="report-llm", target_version=version,
-                           drafter_name="report-llm-drafter", drafter_version=drafter, gamma=3,
-                           endpoint="http://127.0.0.1:9", state="serving")
+    store.set_serving_pair(
+        "chat",
+        target_name="report-llm",
+        target_version=version,
+        drafter_name="report-llm-drafter",
+        drafter_version=drafter,
+        gamma=3,
+        endpoint="http://127.0.0.1:9",
+        state="serving",
+    )
     record_week(store, "chat", ServedPair("report-llm", version, drafter, 3), datetime.now(UTC))
     save_secret_block(BLOCK, PASSWORD)
     return {"workdir": workdir, "target_version": version, "drafter_version": drafter}
@@ -147,8 +167,13 @@ def test_report_command_stale_week_smtp_down_then_delivered(report_setup, monkey
     caplog.set_level("DEBUG")
     started = datetime.now(UTC) - timedelta(seconds=5)
     port = free_port()
-    for key, value in {"SMTP_HOST": "127.0.0.1", "SMTP_PORT": str(port), "SMTP_USER": "reporter",
-                       "SMTP_PASSWORD_BLOCK": BLOCK, "ALERT_TO": "ml-platform@example.org"}.items():
+    for key, value in {
+        "SMTP_HOST": "127.0.0.1",
+        "SMTP_PORT": str(port),
+        "SMTP_USER": "reporter",
+        "SMTP_PASSWORD_BLOCK": BLOCK,
+        "ALERT_TO": "ml-platform@example.org",
+    }.items():
         monkeypatch.setenv(f"DRAFTSYNC_{key}", value)
     monkeypatch.delenv("DRAFTSYNC_SMTP_PASSWORD", raising=False)
 
@@ -175,8 +200,11 @@ def test_report_command_stale_week_smtp_down_then_delivered(report_setup, monkey
     from prefect.client.schemas.sorting import ArtifactSort
 
     with get_client(sync_client=True) as client:  # the report's table in the Prefect UI
-        table = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
-            any_=["weekly-acceptance-report"])), sort=ArtifactSort.CREATED_DESC, limit=1)[0]
+        table = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["weekly-acceptance-report"])),
+            sort=ArtifactSort.CREATED_DESC,
+            limit=1,
+        )[0]
     (row,) = json.loads(table.data)
     assert (row["deployment"], row["status"], row["findings"]) == ("chat", "STALE", "stale")
 
@@ -199,7 +227,9 @@ def test_report_command_stale_week_smtp_down_then_delivered(report_setup, monkey
     assert chat["actions"] == ["marked stale", "retrain already requested this week for the same finding: not repeated"]
     assert PASSWORD not in caplog.text and PASSWORD not in output
     version = report_setup["target_version"]
-    (event,) = target_events(STALE_EVENT, started, "report-llm", version, wanted=1)  # the sync trigger went out once, on run 1
+    (event,) = target_events(
+        STALE_EVENT, started, "report-llm", version, wanted=1
+    )  # the sync trigger went out once, on run 1
     assert event.resource["draftsync.target.name"] == "report-llm"
     assert event.resource["draftsync.target.version"] == str(version)
     assert event.payload["retrain"] is True and event.payload["source"] == "weekly-review"
@@ -226,8 +256,11 @@ def test_report_command_stale_week_smtp_down_then_delivered(report_setup, monkey
 
 def test_report_command_refuses_bad_input_before_starting_anything(workdir, monkeypatch):
     monkeypatch.delenv("DRAFTSYNC_SMTP_HOST", raising=False)
-    for week, expected in [("2026-W54", "not an ISO week"), ("2026-45", "not an ISO week"),
-                           (last_complete_iso_week(datetime.now(UTC) + timedelta(days=14)), "has not ended yet")]:
+    for week, expected in [
+        ("2026-W54", "not an ISO week"),
+        ("2026-45", "not an ISO week"),
+        (last_complete_iso_week(datetime.now(UTC) + timedelta(days=14)), "has not ended yet"),
+    ]:
         code, data, output, error = run_report(monkeypatch, "--week", week)
         assert isinstance(error, DraftsyncError) and expected in str(error) and data is None, (week, output)
     code, data, output, error = run_report(monkeypatch, "--send")
@@ -243,8 +276,16 @@ def test_a_broken_deployments_file_is_reported_not_fatal(workdir, monkeypatch):
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "deployments.yaml").write_text("deployments:\n  - name: chat\n    target_name: [unclosed\n")
     store = context.store()
-    store.set_serving_pair("chat", target_name="report-llm", target_version=1, drafter_name=None,
-                           drafter_version=None, gamma=3, endpoint="http://127.0.0.1:9", state="serving")
+    store.set_serving_pair(
+        "chat",
+        target_name="report-llm",
+        target_version=1,
+        drafter_name=None,
+        drafter_version=None,
+        gamma=3,
+        endpoint="http://127.0.0.1:9",
+        state="serving",
+    )
     record_week(store, "chat", ServedPair("report-llm", 1, 1, 3), datetime.now(UTC))
     code, report, output, error = run_report(monkeypatch)
     assert error is None and code == 0, output

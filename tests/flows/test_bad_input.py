@@ -23,7 +23,10 @@ def test_unreachable_mlflow_is_one_clear_error_from_the_cli(tmp_path):
     env["MLFLOW_TRACKING_URI"] = "http://127.0.0.1:9"
     result = subprocess.run(
         [sys.executable, "-m", "draftsync.cli", "--workdir", str(tmp_path), "watch", "demo-llm"],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
     assert "http://127.0.0.1:9" in result.stderr and "not reachable" in result.stderr
@@ -71,8 +74,9 @@ def test_a_drafter_for_another_vocabulary_is_refused_and_never_promoted(workdir,
     other_target = build_tiny_target(tmp_path / "other-target")
     other_drafter = build_tiny_drafter(other_target, tmp_path / "other-drafter", gamma=2)
     with pytest.raises(DraftsyncError) as error:
-        validate_drafter.fn(str(built_targets[1]), str(other_drafter), {"code": 0.5, "math": 0.5},
-                            validation_profile("test"))
+        validate_drafter.fn(
+            str(built_targets[1]), str(other_drafter), {"code": 0.5, "math": 0.5}, validation_profile("test")
+        )
     assert "vocabulary" in str(error.value)
     assert "draftsync sync" in error.value.fix
 

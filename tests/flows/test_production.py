@@ -59,8 +59,12 @@ def wait_for(what: str, check, timeout: float, logs: list[Path], every: float = 
 def signed(body: bytes, delivery_id: str) -> dict[str, str]:
     timestamp = str(int(time.time()))
     digest = hmac.new(SECRET.encode(), f"{delivery_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
-    return {"Content-Type": "application/json", "X-MLflow-Delivery-Id": delivery_id, "X-MLflow-Timestamp": timestamp,
-            "X-MLflow-Signature": "v1," + base64.b64encode(digest).decode()}
+    return {
+        "Content-Type": "application/json",
+        "X-MLflow-Delivery-Id": delivery_id,
+        "X-MLflow-Timestamp": timestamp,
+        "X-MLflow-Signature": "v1," + base64.b64encode(digest).decode(),
+    }
 
 
 def sync_runs(client, deployment_id) -> list:
@@ -72,7 +76,8 @@ def sync_runs(client, deployment_id) -> list:
 @pytest.mark.slow
 @pytest.mark.system
 def test_a_registered_target_version_becomes_one_completed_sync_run_through_prefect_and_mlflow_servers(
-        postgres_server, tmp_path):
+    postgres_server, tmp_path
+):
     from draftsync.flows.deployments import DEPLOYMENT_NAMES
     from draftsync.monitors.store import Store
     from draftsync.monitors.sync_jobs import SyncLedger
@@ -85,39 +90,61 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
     target_dir = build_target(builtin_recipe(1, "test"), tmp_path / "target-cache")
     monitor_url = postgres_server.create_database()
     (tmp_path / "profile.yaml").write_text(PROFILE)
-    with prefect_server(tmp_path, postgres_server.create_database()) as (api_url, prefect_process), \
-            mlflow_server(tmp_path, backend_store_uri=postgres_server.create_database()) as mlflow:
-        env = {"PREFECT_API_URL": api_url, "PREFECT_HOME": str(tmp_path / "prefect-client-home"),
-               "MLFLOW_TRACKING_URI": mlflow.url, "DRAFTSYNC_WORKDIR": str(tmp_path / "work"),
-               "DRAFTSYNC_MONITOR_DB_URL": monitor_url, "DRAFTSYNC_WEBHOOK_SECRET": SECRET,
-               "DRAFTSYNC_SYNC_PROFILE": str(tmp_path / "profile.yaml"), "PREFECT_RUNNER_POLL_FREQUENCY": "2",
-               "PREFECT_LOGGING_LEVEL": "INFO"}
+    with (
+        prefect_server(tmp_path, postgres_server.create_database()) as (api_url, prefect_process),
+        mlflow_server(tmp_path, backend_store_uri=postgres_server.create_database()) as mlflow,
+    ):
+        env = {
+            "PREFECT_API_URL": api_url,
+            "PREFECT_HOME": str(tmp_path / "prefect-client-home"),
+            "MLFLOW_TRACKING_URI": mlflow.url,
+            "DRAFTSYNC_WORKDIR": str(tmp_path / "work"),
+            "DRAFTSYNC_MONITOR_DB_URL": monitor_url,
+            "DRAFTSYNC_WEBHOOK_SECRET": SECRET,
+            "DRAFTSYNC_SYNC_PROFILE": str(tmp_path / "profile.yaml"),
+            "PREFECT_RUNNER_POLL_FREQUENCY": "2",
+            "PREFECT_LOGGING_LEVEL": "INFO",
+        }
         receiver_port = free_port()
-        receiver = ServerProcess([draftsync_bin(), "webhooks", "serve", "--host", "127.0.0.1", "--port",
-                                  str(receiver_port)], "127.0.0.1", receiver_port, tmp_path / "receiver.log", env=env)
+        receiver = ServerProcess(
+            [draftsync_bin(), "webhooks", "serve", "--host", "127.0.0.1", "--port", str(receiver_port)],
+            "127.0.0.1",
+            receiver_port,
+            tmp_path / "receiver.log",
+            env=env,
+        )
         serve_log = tmp_path / "serve.log"
-        serve = ServerProcess([draftsync_bin(), "serve", "--watch-interval", "600"], "127.0.0.1", free_port(),
-                              serve_log, env=env)
+        serve = ServerProcess(
+            [draftsync_bin(), "serve", "--watch-interval", "600"], "127.0.0.1", free_port(), serve_log, env=env
+        )
         logs = [serve_log, tmp_path / "receiver.log", tmp_path / "prefect-server.log", mlflow.log_path]
         with receiver, serve:
             receiver.wait_healthy(120, health_path="/healthz")
-            registered = subprocess.run([draftsync_bin(), "webhooks", "register", "--url",
-                                         f"{receiver.url}/mlflow/webhook"], env={**os.environ, **env},
-                                        capture_output=True, text=True, timeout=120)
+            registered = subprocess.run(
+                [draftsync_bin(), "webhooks", "register", "--url", f"{receiver.url}/mlflow/webhook"],
+                env={**os.environ, **env},
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert registered.returncode == 0, registered.stderr
             assert SECRET not in registered.stdout + registered.stderr
 
             with prefect_client(api_url) as client:
+
                 def served():
                     found = client.read_deployments(
-                        deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=list(DEPLOYMENT_NAMES))))
+                        deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=list(DEPLOYMENT_NAMES)))
+                    )
                     return found if len(found) == len(DEPLOYMENT_NAMES) else None
 
                 deployments = {d.name: d for d in wait_for("the five deployments", served, 240, logs)}
                 assert sorted(deployments) == sorted(DEPLOYMENT_NAMES)
-                intervals = {name: d.schedules[0].schedule.interval.total_seconds()
-                             for name, d in deployments.items() if d.schedules and
-                             hasattr(d.schedules[0].schedule, "interval")}
+                intervals = {
+                    name: d.schedules[0].schedule.interval.total_seconds()
+                    for name, d in deployments.items()
+                    if d.schedules and hasattr(d.schedules[0].schedule, "interval")
+                }
                 assert intervals == {"registry-watch": 600.0, "acceptance-scrape": 60.0}
                 cron = deployments["weekly-acceptance-report"].schedules[0].schedule
                 assert (cron.cron, cron.timezone) == ("0 9 * * 1", "UTC")
@@ -126,8 +153,11 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
                 assert sync_deployment.concurrency_options.collision_strategy.value == "ENQUEUE"
                 automations = {a.name: a for a in client.read_automations()}
                 triggers = {name: a.trigger.expect for name, a in automations.items()}
-                assert {"draftsync.target.version.created", "draftsync.sync.requested",
-                        "draftsync.drafter.stale"} in triggers.values()
+                assert {
+                    "draftsync.target.version.created",
+                    "draftsync.sync.requested",
+                    "draftsync.drafter.stale",
+                } in triggers.values()
                 assert {"draftsync.drafter.validated", "draftsync.target.alias.moved"} in triggers.values()
 
                 # A model team registers a target version: MLflow calls the receiver, which asks for one sync.
@@ -135,21 +165,40 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
                 facts = {**describe_target(target_dir), "task_mix": {"code": 0.5, "math": 0.5}}
                 version = registry.register_target("prod-llm", target_dir, target_tags(**facts))
                 ledger = SyncLedger(Store(monitor_url))
-                job = wait_for("the webhook's sync request", lambda: ledger.get("prod-llm", version, "eagle3"),
-                               60, logs, every=0.5)
+                job = wait_for(
+                    "the webhook's sync request", lambda: ledger.get("prod-llm", version, "eagle3"), 60, logs, every=0.5
+                )
                 assert job.source == "webhook"
 
                 # 20 more triggers for the same version at once, each a valid, distinct delivery: no second sync.
-                body = json.dumps({"entity": "model_version", "action": "created", "timestamp": "now",
-                                   "data": {"name": "prod-llm", "version": str(version), "source": "x",
-                                            "run_id": None, "tags": {"draftsync.kind": "target"},
-                                            "description": None}}).encode()
+                body = json.dumps(
+                    {
+                        "entity": "model_version",
+                        "action": "created",
+                        "timestamp": "now",
+                        "data": {
+                            "name": "prod-llm",
+                            "version": str(version),
+                            "source": "x",
+                            "run_id": None,
+                            "tags": {"draftsync.kind": "target"},
+                            "description": None,
+                        },
+                    }
+                ).encode()
                 deliveries = [str(uuid.uuid4()) for _ in range(20)]
                 with httpx.Client(timeout=60) as http, ThreadPoolExecutor(20) as pool:
-                    answers = list(pool.map(lambda d: http.post(f"{receiver.url}/mlflow/webhook", content=body,
-                                                                headers=signed(body, d)), deliveries))
-                    replay = http.post(f"{receiver.url}/mlflow/webhook", content=body,
-                                       headers=signed(body, deliveries[0]))
+                    answers = list(
+                        pool.map(
+                            lambda d: http.post(
+                                f"{receiver.url}/mlflow/webhook", content=body, headers=signed(body, d)
+                            ),
+                            deliveries,
+                        )
+                    )
+                    replay = http.post(
+                        f"{receiver.url}/mlflow/webhook", content=body, headers=signed(body, deliveries[0])
+                    )
                 assert [a.status_code for a in answers] == [200] * 20, [a.text for a in answers]
                 assert all("already requested" in a.json()["action"] for a in answers)
                 assert replay.status_code == 409
@@ -170,7 +219,8 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
                 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
                 artifacts = client.read_artifacts(
-                    artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+                    artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
+                )
                 summary = next(a for a in artifacts if a.key == f"sync-prod-llm-v{version}")
                 assert "| validation_acceptance_mean |" in summary.data and "| tpot_speedup |" in summary.data
                 assert f"{mlflow.url}/#/models/prod-llm-drafter/versions/" in summary.data
@@ -181,11 +231,21 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
                 # draftsync.drafter.stale (as `request_sync(..., retrain=True)` does); the same deployment
                 # trains the next generation.
                 first = ledger.get("prod-llm", version, "eagle3")
-                assert ledger.request("prod-llm", version, "eagle3", source="weekly-review", retrain=True,
-                                      reason="acceptance 0.41 sustained: stale")
-                stale = {"occurred": datetime.now(UTC).isoformat(), "event": "draftsync.drafter.stale",
-                         "id": str(uuid.uuid4()), "resource": target_resource("prod-llm", version),
-                         "payload": {"reason": "acceptance 0.41 sustained: stale", "retrain": True}}
+                assert ledger.request(
+                    "prod-llm",
+                    version,
+                    "eagle3",
+                    source="weekly-review",
+                    retrain=True,
+                    reason="acceptance 0.41 sustained: stale",
+                )
+                stale = {
+                    "occurred": datetime.now(UTC).isoformat(),
+                    "event": "draftsync.drafter.stale",
+                    "id": str(uuid.uuid4()),
+                    "resource": target_resource("prod-llm", version),
+                    "payload": {"reason": "acceptance 0.41 sustained: stale", "retrain": True},
+                }
                 assert httpx.post(f"{api_url}/events", json=[stale], timeout=30).status_code == 204
 
                 def retrained():
@@ -206,12 +266,15 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
         assert SECRET not in receiver.log_path.read_text() and SECRET not in serve_log.read_text()
 
 
-@pytest.mark.parametrize(("args", "api_url", "named"), [
-    ([], None, "PREFECT_API_URL is unset"),
-    (["--report-cron", "61 9 * * 1"], "http://127.0.0.1:9/api", "Invalid cron string"),
-    (["--timezone", "Mars/Olympus"], "http://127.0.0.1:9/api", "Invalid timezone"),
-    (["--profile", "turbo"], "http://127.0.0.1:9/api", "unknown sync profile 'turbo'"),
-])
+@pytest.mark.parametrize(
+    ("args", "api_url", "named"),
+    [
+        ([], None, "PREFECT_API_URL is unset"),
+        (["--report-cron", "61 9 * * 1"], "http://127.0.0.1:9/api", "Invalid cron string"),
+        (["--timezone", "Mars/Olympus"], "http://127.0.0.1:9/api", "Invalid timezone"),
+        (["--profile", "turbo"], "http://127.0.0.1:9/api", "unknown sync profile 'turbo'"),
+    ],
+)
 def test_serve_refuses_a_bad_setup_before_it_registers_anything(tmp_path, args, api_url, named):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_URL", "DRAFTSYNC_"))}
     env["DRAFTSYNC_WORKDIR"] = str(tmp_path / "work")

@@ -114,8 +114,9 @@ def test_compose_parses_with_the_stack_services_and_optional_user_env_file():
         paths = [entry["path"] if isinstance(entry, dict) else entry for entry in files]
         assert paths == ["deploy/stack.env", "deploy/draftsync.env"], f"{name} reads {paths}"
         user_file = files[1]
-        assert isinstance(user_file, dict) and user_file.get("required") is False, \
+        assert isinstance(user_file, dict) and user_file.get("required") is False, (
             f"{name}: deploy/draftsync.env must be optional (required: false) so compose parses without it"
+        )
 
 
 def test_compose_takes_nothing_from_the_host_shell():
@@ -145,8 +146,10 @@ def test_services_that_others_need_have_healthchecks_and_waits_are_in_order():
     services = _compose()["services"]
     for name in ("postgres", "mlflow", "prefect", "webhooks"):
         assert "healthcheck" in services[name], f"{name} has no healthcheck"
-    healthy = {name: {o for o, s in services[name].get("depends_on", {}).items()
-                      if s.get("condition") == "service_healthy"} for name in services}
+    healthy = {
+        name: {o for o, s in services[name].get("depends_on", {}).items() if s.get("condition") == "service_healthy"}
+        for name in services
+    }
     assert {"postgres"} <= healthy["mlflow"] and {"postgres"} <= healthy["prefect"]
     assert {"prefect", "mlflow"} <= healthy["setup"]
     for worker in ("worker-cpu", "worker-gpu"):
@@ -193,8 +196,9 @@ def test_published_ports_are_unique_and_listened_on():
             host, container = (int(part) for part in str(mapping).split(":")[-2:])
             assert host not in published, f"host port {host} published by both {published[host]} and {name}"
             published[host] = name
-            assert container in _listening_ports(name, service), \
+            assert container in _listening_ports(name, service), (
                 f"{name} publishes {mapping} but listens on {_listening_ports(name, service)}"
+            )
     assert {5000, 4200, 8025} <= set(published), "the MLflow, Prefect and Mailpit UIs must be reachable from the host"
 
 
@@ -213,8 +217,9 @@ def test_services_are_reached_where_they_listen():
     reached.add((stack["DRAFTSYNC_SMTP_HOST"], int(stack["DRAFTSYNC_SMTP_PORT"])))
     assert set(REACHED_AT.items()) <= reached, f"not reached by URL: {set(REACHED_AT.items()) - reached}"
     for host, port in sorted(reached):
-        assert port in _listening_ports(host, services[host]), \
+        assert port in _listening_ports(host, services[host]), (
             f"{host}:{port} is used, but {host} listens on {_listening_ports(host, services[host])}"
+        )
     for name, service in services.items():  # healthchecks ask the service itself
         for port in re.findall(r"localhost:(\d+)", " ".join(_strings(service.get("healthcheck", {})))):
             assert int(port) in _listening_ports(name, service), f"{name}'s healthcheck asks port {port}"
@@ -286,15 +291,19 @@ def test_secrets_and_virtual_environments_stay_out_of_every_build_context():
             path = ROOT / secret
             if context in path.parents:
                 relative = str(path.relative_to(context))
-                assert _ignored_by_build(context, dockerfile, relative), \
+                assert _ignored_by_build(context, dockerfile, relative), (
                     f"{name}: {secret} goes into the build context of {dockerfile.relative_to(ROOT)}"
+                )
 
 
 def test_the_filled_in_env_file_stays_out_of_version_control():
     from fnmatch import fnmatch
 
-    patterns = [line.strip().lstrip("/") for line in (ROOT / ".gitignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip().lstrip("/")
+        for line in (ROOT / ".gitignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     listed = any(fnmatch("deploy/draftsync.env", p) or ("/" not in p and fnmatch("draftsync.env", p)) for p in patterns)
     assert listed, ".gitignore must list deploy/draftsync.env (it holds the webhook secret and passwords)"
 
@@ -327,7 +336,7 @@ def _draftsync_invocations(script: str) -> list[list[str]]:
             if token != "draftsync" or (index and tokens[index - 1].startswith("-")):
                 continue
             argv = [token]
-            for rest in tokens[index + 1:]:
+            for rest in tokens[index + 1 :]:
                 if rest in (";", "&&", "||", "|", ")", "then", "fi"):
                     break
                 argv.append(rest)
@@ -351,8 +360,9 @@ def _check_cli(argv: list[str]) -> None:
             args = args[2:] if takes_value and "=" not in args[0] else args[1:]
         assert args and not args[0].startswith("-"), f"`{shlex.join(argv)}`: {' '.join(path)} needs a subcommand"
         name = args.pop(0)
-        assert name in command.commands, \
+        assert name in command.commands, (
             f"`{shlex.join(argv)}`: {' '.join(path)} has no command {name!r} (it has {sorted(command.commands)})"
+        )
         command, path = command.commands[name], path + [name]
     options = {opt for p in command.params for opt in p.opts + p.secondary_opts} | {"--help"}
     for arg in args:
@@ -387,12 +397,22 @@ def test_every_draftsync_command_is_a_real_cli_command():
 
 def test_images_start_through_the_entrypoint_that_builds_the_monitor_store_url(tmp_path):
     env = {"PATH": os.environ["PATH"], "POSTGRES_PASSWORD": "s3cret"}
-    shown = subprocess.run(["sh", str(ENTRYPOINT_SCRIPT), "sh", "-c", 'echo "$DRAFTSYNC_MONITOR_DB_URL"'],
-                           env=env, capture_output=True, text=True, check=True).stdout.strip()
+    shown = subprocess.run(
+        ["sh", str(ENTRYPOINT_SCRIPT), "sh", "-c", 'echo "$DRAFTSYNC_MONITOR_DB_URL"'],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert shown == "postgresql+psycopg://draftsync:s3cret@postgres:5432/draftsync"
     env["DRAFTSYNC_MONITOR_DB_URL"] = "sqlite:////tmp/monitor.db"
-    kept = subprocess.run(["sh", str(ENTRYPOINT_SCRIPT), "sh", "-c", 'echo "$DRAFTSYNC_MONITOR_DB_URL"'],
-                          env=env, capture_output=True, text=True, check=True).stdout.strip()
+    kept = subprocess.run(
+        ["sh", str(ENTRYPOINT_SCRIPT), "sh", "-c", 'echo "$DRAFTSYNC_MONITOR_DB_URL"'],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert kept == "sqlite:////tmp/monitor.db"
     for dockerfile in (ROOT / "Dockerfile", DEPLOY / "gpu.Dockerfile"):
         text = dockerfile.read_text()
@@ -480,8 +500,9 @@ def _schedule_key(schedule) -> tuple:
 
 def test_report_time_zone_comes_from_the_environment_prefect_deploy_runs_in():
     report = _prefect_deployments()["weekly-acceptance-report"]
-    assert [_schedule_key(s) for s in _rendered_schedules(report, "Europe/Berlin")] == \
-        [("cron", "0 9 * * 1", "Europe/Berlin")]
+    assert [_schedule_key(s) for s in _rendered_schedules(report, "Europe/Berlin")] == [
+        ("cron", "0 9 * * 1", "Europe/Berlin")
+    ]
     assert "DRAFTSYNC_REPORT_TIMEZONE" in _env_file(ENV_EXAMPLE, include_commented=True)
 
 
@@ -491,8 +512,14 @@ def _event(name: str, **labels: str):
     from prefect.server.events.schemas.events import ReceivedEvent
 
     now = datetime.now(UTC)
-    return ReceivedEvent(occurred=now, received=now, event=name, id=uuid.uuid4(),
-                         resource=target_resource("llama-chat", 7, **labels), payload={"reason": "a new version"})
+    return ReceivedEvent(
+        occurred=now,
+        received=now,
+        event=name,
+        id=uuid.uuid4(),
+        resource=target_resource("llama-chat", 7, **labels),
+        payload={"reason": "a new version"},
+    )
 
 
 def _render(parameters: dict, event) -> dict:
@@ -524,8 +551,9 @@ def test_trigger_templates_render_to_parameters_the_server_accepts():
         flow = _load_flow(deployment["entrypoint"])
         for trigger in deployment.get("triggers") or []:
             for event_name in trigger["expect"]:
-                parameters = _check_rendered(name, flow, deployment.get("parameters") or {}, trigger["parameters"],
-                                             event_name)
+                parameters = _check_rendered(
+                    name, flow, deployment.get("parameters") or {}, trigger["parameters"], event_name
+                )
                 assert parameters["target_name"] == "llama-chat"
                 if "target_version" in parameters:
                     assert parameters["target_version"] == 7
@@ -534,8 +562,12 @@ def test_trigger_templates_render_to_parameters_the_server_accepts():
 # --- prefect.yaml and `draftsync serve` cannot drift apart ----------------------------------------------------------
 def _shape(name: str, schedules: list, triggers: list[tuple[set[str], set[str]]], concurrency) -> dict:
     events = {event: frozenset(keys) for expect, keys in triggers for event in expect}
-    return {"deployment": name, "schedules": sorted(_schedule_key(s) for s in schedules), "events": events,
-            "concurrency": concurrency}
+    return {
+        "deployment": name,
+        "schedules": sorted(_schedule_key(s) for s in schedules),
+        "events": events,
+        "concurrency": concurrency,
+    }
 
 
 def _yaml_shapes() -> dict[str, dict]:
@@ -561,8 +593,9 @@ def _served_shapes() -> dict[str, dict]:
         options = getattr(deployment, "concurrency_options", None)
         strategy = getattr(getattr(options, "collision_strategy", None), "value", None)
         concurrency = (deployment.concurrency_limit, strategy) if deployment.concurrency_limit else None
-        shapes[deployment.name] = _shape(deployment.name, [s.schedule for s in deployment.schedules or []],
-                                         triggers, concurrency)
+        shapes[deployment.name] = _shape(
+            deployment.name, [s.schedule for s in deployment.schedules or []], triggers, concurrency
+        )
     return shapes
 
 
@@ -600,8 +633,9 @@ def test_served_trigger_templates_render_to_parameters_the_server_accepts():
         flow = _load_flow(_prefect_deployments()[deployment.name]["entrypoint"])
         for trigger in deployment.triggers or []:
             for event_name in sorted(trigger.expect):
-                _check_rendered(deployment.name, flow, deployment.parameters or {}, trigger.parameters or {},
-                                event_name)
+                _check_rendered(
+                    deployment.name, flow, deployment.parameters or {}, trigger.parameters or {}, event_name
+                )
 
 
 # --- GPU job variables for docker and kubernetes pools --------------------------------------------------------
@@ -690,12 +724,26 @@ def test_postgres_init_script_creates_the_three_databases_and_can_run_again(post
 
     psql = Path(os.environ.get("DRAFTSYNC_PG_BIN", "")) / "psql"
     psql_command = str(psql) if psql.is_file() else "psql"
-    arguments = [psql_command, "-v", "ON_ERROR_STOP=1", "-h", postgres_server.host, "-p", str(postgres_server.port),
-                 "-U", postgres_server.user, "-d", "postgres", "-f", str(DEPLOY / "postgres-init.sql")]
+    arguments = [
+        psql_command,
+        "-v",
+        "ON_ERROR_STOP=1",
+        "-h",
+        postgres_server.host,
+        "-p",
+        str(postgres_server.port),
+        "-U",
+        postgres_server.user,
+        "-d",
+        "postgres",
+        "-f",
+        str(DEPLOY / "postgres-init.sql"),
+    ]
     for _ in range(2):  # as the image runs it on a fresh volume, then once more: nothing fails
         subprocess.run(arguments, check=True, capture_output=True, text=True, timeout=60)
-    with psycopg.connect(host=postgres_server.host, port=postgres_server.port, user=postgres_server.user,
-                         dbname="postgres") as connection:
+    with psycopg.connect(
+        host=postgres_server.host, port=postgres_server.port, user=postgres_server.user, dbname="postgres"
+    ) as connection:
         names = {row[0] for row in connection.execute("SELECT datname FROM pg_database")}
     assert {"mlflow", "prefect", "draftsync"} <= names
 
@@ -705,14 +753,28 @@ def _start_prefect_server(tmp_path: Path, database_url: str) -> tuple[subprocess
     from draftsync.serving.process import free_port
 
     port = free_port()
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("PREFECT_", "DRAFTSYNC_WEBHOOK", "MLFLOW_TRACKING"))}
-    env.update({"PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_DATABASE_CONNECTION_URL": database_url,
-                "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "true",
-                "PREFECT_LOGGING_LEVEL": "WARNING", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PREFECT_", "DRAFTSYNC_WEBHOOK", "MLFLOW_TRACKING"))
+    }
+    env.update(
+        {
+            "PREFECT_HOME": str(tmp_path / "prefect-home"),
+            "PREFECT_API_DATABASE_CONNECTION_URL": database_url,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "DO_NOT_TRACK": "true",
+            "PREFECT_LOGGING_LEVEL": "WARNING",
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        }
+    )
     log = open(tmp_path / "prefect-server.log", "w")
-    server = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
-                               "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     api = f"http://127.0.0.1:{port}/api"
     for _ in range(240):
         try:
@@ -762,8 +824,10 @@ def test_setup_script_creates_pools_and_deploys_prefect_yaml_on_a_real_server(tm
         assert deployment["work_pool_name"] == expected[name]["work_pool"]["name"]
         assert deployment["pull_steps"] == _prefect_yaml()["pull"]
         assert deployment["entrypoint"] == expected[name]["entrypoint"]
-    schedules = {name: sorted(str(s["schedule"].get("interval") or s["schedule"].get("cron")) for s in d["schedules"])
-                 for name, d in deployments.items()}
+    schedules = {
+        name: sorted(str(s["schedule"].get("interval") or s["schedule"].get("cron")) for s in d["schedules"])
+        for name, d in deployments.items()
+    }
     assert schedules["registry-watch"] == ["300.0"] and schedules["acceptance-scrape"] == ["60.0"]
     assert schedules["weekly-acceptance-report"] == ["0 9 * * 1"]
     assert deployments["weekly-acceptance-report"]["schedules"][0]["schedule"]["timezone"] == "Europe/Berlin"
@@ -776,11 +840,15 @@ def test_setup_script_creates_pools_and_deploys_prefect_yaml_on_a_real_server(tm
     for automation in automations:
         (action,) = automation["actions"]
         by_deployment.setdefault(ids[action["deployment_id"]], []).append(set(automation["trigger"]["expect"]))
-    assert by_deployment == {name: [set(t["expect"]) for t in d["triggers"]]
-                             for name, d in expected.items() if d.get("triggers")}, "one automation per trigger"
+    assert by_deployment == {
+        name: [set(t["expect"]) for t in d["triggers"]] for name, d in expected.items() if d.get("triggers")
+    }, "one automation per trigger"
     # The server's own automations turned the events into runs, with parameters taken from the labels.
     assert triggered["drafter-sync"]["parameters"] == {
-        "target_name": "llama-chat", "target_version": 7, "reason": "draftsync.target.version.created: registered"}
+        "target_name": "llama-chat",
+        "target_version": 7,
+        "reason": "draftsync.target.version.created: registered",
+    }
     assert triggered["rollout"]["parameters"]["target_name"] == "llama-chat"
     assert triggered["rollout"]["parameters"]["reason"] == "draftsync.drafter.validated for llama-chat v7"
     for run in triggered.values():
@@ -793,9 +861,16 @@ def _runs_started_by_events(api: str, deployment_names: dict[str, str]) -> dict[
     from draftsync.tasks.events import target_resource
 
     now = datetime.now(UTC).isoformat()
-    events = [{"occurred": now, "event": name, "id": str(uuid.uuid4()), "payload": {"reason": "registered"},
-               "resource": target_resource("llama-chat", 7)}
-              for name in ("draftsync.target.version.created", "draftsync.drafter.validated")]
+    events = [
+        {
+            "occurred": now,
+            "event": name,
+            "id": str(uuid.uuid4()),
+            "payload": {"reason": "registered"},
+            "resource": target_resource("llama-chat", 7),
+        }
+        for name in ("draftsync.target.version.created", "draftsync.drafter.validated")
+    ]
     runs: dict[str, dict] = {}
     for _ in range(240):  # automations act within seconds; a slow machine gets two minutes
         if len(runs) < len(deployment_names) and _ % 20 == 0:  # until the triggers service has loaded them
@@ -807,7 +882,12 @@ def _runs_started_by_events(api: str, deployment_names: dict[str, str]) -> dict[
         if len(runs) == len(deployment_names):
             return runs
         time.sleep(0.5)
-    failures = httpx.post(f"{api}/events/filter", json={"filter": {"event": {"prefix": ["prefect.automation"]}}},
-                          timeout=30).json().get("events", [])
-    pytest.fail(f"events started {sorted(runs)} of {sorted(deployment_names.values())}; automation events: "
-                f"{[(e['event'], e.get('payload')) for e in failures][:10]}")
+    failures = (
+        httpx.post(f"{api}/events/filter", json={"filter": {"event": {"prefix": ["prefect.automation"]}}}, timeout=30)
+        .json()
+        .get("events", [])
+    )
+    pytest.fail(
+        f"events started {sorted(runs)} of {sorted(deployment_names.values())}; automation events: "
+        f"{[(e['event'], e.get('payload')) for e in failures][:10]}"
+    )

@@ -17,8 +17,9 @@ from tests.prefect_events import target_events
 
 def dead_pid() -> int:
     """The pid of a process that has exited (and been reaped) a moment ago."""
-    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True, check=True)
+    finished = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     return int(finished.stdout)
 
 
@@ -40,10 +41,14 @@ def test_the_watch_gives_back_a_dead_runs_job_and_leaves_a_live_one(workdir):
     result = watch(dispatch="event")
 
     assert sorted((r["target_name"], r["status"]) for r in result["released"]) == [
-        ("crashed-llm", "requested"), ("worn-llm", "failed")]
+        ("crashed-llm", "requested"),
+        ("worn-llm", "failed"),
+    ]
     assert ledger.get("crashed-llm", 3, "eagle3").status == "requested"
-    assert (ledger.get("busy-llm", 1, "eagle3").status, ledger.get("busy-llm", 1, "eagle3").run_id) == \
-        ("running", live_owner)
+    assert (ledger.get("busy-llm", 1, "eagle3").status, ledger.get("busy-llm", 1, "eagle3").run_id) == (
+        "running",
+        live_owner,
+    )
     assert ledger.get(worn, 2, "eagle3").status == "failed"
     (event,) = target_events(events.SYNC_REQUESTED, started, "crashed-llm", 3, wanted=1)
     assert event.payload["source"] == "reconciler" and "died" in event.payload["reason"]

@@ -12,6 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
+
 # The same rollout on both engines; the vllm runs need the engine `make vllm` installs.
 @pytest.fixture(params=["reference", pytest.param("vllm", marks=pytest.mark.vllm)])
 def launch(request) -> str:
@@ -54,8 +55,10 @@ class Client(threading.Thread):
         with httpx.Client(base_url=self.endpoint, timeout=60) as client:
             while not self.stop.is_set():
                 try:
-                    response = client.post("/v1/completions", json={
-                        "model": self.model, "prompt": "def add(a, b):", "max_tokens": 6, "temperature": 0})
+                    response = client.post(
+                        "/v1/completions",
+                        json={"model": self.model, "prompt": "def add(a, b):", "max_tokens": 6, "temperature": 0},
+                    )
                 except httpx.HTTPError as error:
                     self.failures.append(f"{type(error).__name__}: {error}")
                     continue
@@ -108,7 +111,8 @@ def test_swapping_drafters_under_load_fails_no_request(workdir, built_targets, t
 
 
 def test_a_canary_under_the_threshold_rolls_back_by_itself_and_aliases_end_where_they_began(
-        workdir, built_targets, tmp_path, launch):
+    workdir, built_targets, tmp_path, launch
+):
     from draftsync.flows.rollout import rollout
     from draftsync.serving.deployment import ServingDeployment
     from draftsync.tasks import context
@@ -131,11 +135,16 @@ def test_a_canary_under_the_threshold_rolls_back_by_itself_and_aliases_end_where
     assert registry.alias_snapshot("canary-llm") == aliases_before
     pair = context.store().serving_pair("canary")
     assert (pair.drafter_version, pair.state) == (good, "serving")
-    answer = httpx.post(f"{result['endpoint']}/v1/completions", timeout=60, json={
-        "model": "canary", "prompt": "def f(x):", "max_tokens": 4, "temperature": 0}).json()
+    answer = httpx.post(
+        f"{result['endpoint']}/v1/completions",
+        timeout=60,
+        json={"model": "canary", "prompt": "def f(x):", "max_tokens": 4, "temperature": 0},
+    ).json()
     assert _gamma(answer) == 2  # the good drafter serves again
-    subjects = [BytesParser(policy=policy.default).parsebytes(p.read_bytes())["Subject"]
-                for p in (workdir / "outbox").glob("*.eml")]
+    subjects = [
+        BytesParser(policy=policy.default).parsebytes(p.read_bytes())["Subject"]
+        for p in (workdir / "outbox").glob("*.eml")
+    ]
     assert any("rolled back by its canary" in s for s in subjects), subjects
 
 
@@ -153,11 +162,24 @@ def test_a_target_alias_moved_with_no_drafter_is_served_plain_alerted_and_synced
     rollout(deployment)
     v2 = publish_target("pair-llm", str(built_targets[2]), {"code": 0.25, "math": 0.25, "prose": 0.5})  # alias moves
 
-    tiny = profile("test").model_copy(update={
-        "train_steps": 10, "training_texts": 30, "generated_samples": 4, "checkpoint_every": 0,
-        "validation": validation_profile("test").model_copy(update={
-            "requests": 2, "max_tokens": 8, "gamma_range": (2, 2), "sweep_requests": 1, "stress_requests": 0,
-            "long_max_tokens": 8})})
+    tiny = profile("test").model_copy(
+        update={
+            "train_steps": 10,
+            "training_texts": 30,
+            "generated_samples": 4,
+            "checkpoint_every": 0,
+            "validation": validation_profile("test").model_copy(
+                update={
+                    "requests": 2,
+                    "max_tokens": 8,
+                    "gamma_range": (2, 2),
+                    "sweep_requests": 1,
+                    "stress_requests": 0,
+                    "long_max_tokens": 8,
+                }
+            ),
+        }
+    )
     result = rollout(deployment, sync_profile=tiny)
 
     assert result["state"] == "fallback" and result["drafter_version"] is None
@@ -165,19 +187,25 @@ def test_a_target_alias_moved_with_no_drafter_is_served_plain_alerted_and_synced
     assert result["speculative_config"] is None and "--speculative-config" not in result["argv"]
     pair = context.store().serving_pair("pair")
     assert (pair.target_version, pair.drafter_version) == (v2, None)
-    completion = httpx.post(f"{result['endpoint']}/v1/completions", timeout=60, json={
-        "model": "pair", "prompt": "def f(x):\n", "max_tokens": 4, "temperature": 0}).json()
+    completion = httpx.post(
+        f"{result['endpoint']}/v1/completions",
+        timeout=60,
+        json={"model": "pair", "prompt": "def f(x):\n", "max_tokens": 4, "temperature": 0},
+    ).json()
     assert _draft_tokens(completion) == 0  # speculation off: never v1's drafter on v2
-    subjects = [BytesParser(policy=policy.default).parsebytes(p.read_bytes())["Subject"]
-                for p in (workdir / "outbox").glob("*.eml")]
+    subjects = [
+        BytesParser(policy=policy.default).parsebytes(p.read_bytes())["Subject"]
+        for p in (workdir / "outbox").glob("*.eml")
+    ]
     assert any("speculation off" in s and "pair" in s for s in subjects), subjects
     assert any("sync requested" in step for step in result["steps"])
     assert any(step.startswith("sync ran") for step in result["steps"])
     assert registry.drafter_for_target_version("pair-llm", v2, validated_only=False) is not None
 
 
-def test_live_acceptance_under_the_threshold_falls_back_to_plain_decoding_and_alerts(workdir, built_targets, tmp_path,
-                                                                                     launch):
+def test_live_acceptance_under_the_threshold_falls_back_to_plain_decoding_and_alerts(
+    workdir, built_targets, tmp_path, launch
+):
     from draftsync.flows.rollout import rollout
     from draftsync.flows.scrape import scrape
     from draftsync.serving.deployment import ServingDeployment
@@ -187,21 +215,24 @@ def test_live_acceptance_under_the_threshold_falls_back_to_plain_decoding_and_al
     registry = context.registry()
     v1 = publish_target("guard-llm", str(built_targets[1]), {"code": 0.5, "math": 0.5})
     registry.promote("guard-llm", _drafter(registry, "guard-llm", v1, built_targets[1], tmp_path, gamma=3))
-    spec = ServingDeployment(name="guard", target_name="guard-llm", fallback_threshold=0.95,
-                             fallback_min_draft_tokens=30, launch=launch)
+    spec = ServingDeployment(
+        name="guard", target_name="guard-llm", fallback_threshold=0.95, fallback_min_draft_tokens=30, launch=launch
+    )
     served = rollout(spec)
     with httpx.Client(base_url=served["endpoint"], timeout=60) as client:
         for prompt in ("def add(a, b):", "The sum of 12 and 30", "Permission is hereby"):
-            client.post("/v1/completions", json={"model": "guard", "prompt": prompt, "max_tokens": 16,
-                                                 "temperature": 0}).raise_for_status()
+            client.post(
+                "/v1/completions", json={"model": "guard", "prompt": prompt, "max_tokens": 16, "temperature": 0}
+            ).raise_for_status()
 
     lenient = scrape(deployments=[spec.model_copy(update={"fallback_threshold": 0.0})])
     assert lenient["guard"][0]["action"] == "none" and lenient["guard"][0]["draft_tokens"] >= 30
     assert context.store().serving_pair("guard").state == "serving"
     with httpx.Client(base_url=served["endpoint"], timeout=60) as client:
         for prompt in ("def add(a, b):", "The sum of 12 and 30", "Permission is hereby"):
-            client.post("/v1/completions", json={"model": "guard", "prompt": prompt, "max_tokens": 16,
-                                                 "temperature": 0}).raise_for_status()
+            client.post(
+                "/v1/completions", json={"model": "guard", "prompt": prompt, "max_tokens": 16, "temperature": 0}
+            ).raise_for_status()
 
     result = scrape(deployments=[spec])
 
@@ -209,17 +240,23 @@ def test_live_acceptance_under_the_threshold_falls_back_to_plain_decoding_and_al
     assert decision["action"] == "fallback" and decision["acceptance"] < 0.95 and decision["draft_tokens"] >= 30
     pair = context.store().serving_pair("guard")
     assert (pair.state, pair.drafter_version) == ("fallback", None)
-    completion = httpx.post(f"{served['endpoint']}/v1/completions", timeout=60, json={
-        "model": "guard", "prompt": "def f(x):", "max_tokens": 4, "temperature": 0}).json()
+    completion = httpx.post(
+        f"{served['endpoint']}/v1/completions",
+        timeout=60,
+        json={"model": "guard", "prompt": "def f(x):", "max_tokens": 4, "temperature": 0},
+    ).json()
     assert _draft_tokens(completion) == 0
-    subjects = [BytesParser(policy=policy.default).parsebytes(p.read_bytes())["Subject"]
-                for p in (workdir / "outbox").glob("*.eml")]
+    subjects = [
+        BytesParser(policy=policy.default).parsebytes(p.read_bytes())["Subject"]
+        for p in (workdir / "outbox").glob("*.eml")
+    ]
     assert any("fell back to plain decoding" in s for s in subjects), subjects
 
 
 @pytest.mark.vllm
 def test_a_vllm_that_refuses_to_start_leaves_the_pair_serving_and_the_alert_names_its_error_and_log(
-        workdir, built_targets, tmp_path, vllm_engine, monkeypatch):
+    workdir, built_targets, tmp_path, vllm_engine, monkeypatch
+):
     from draftsync.errors import DraftsyncError
     from draftsync.flows.rollout import rollout
     from draftsync.serving.deployment import ServingDeployment
@@ -246,16 +283,20 @@ def test_a_vllm_that_refuses_to_start_leaves_the_pair_serving_and_the_alert_name
     pair = context.store().serving_pair("refuse")
     assert (pair.drafter_version, pair.state) == (good, "serving")
     assert registry.alias_snapshot("refuse-llm") == aliases
-    answer = httpx.post(f"{served['endpoint']}/v1/completions", timeout=60, json={
-        "model": "refuse", "prompt": "def f(x):", "max_tokens": 4, "temperature": 0}).json()
+    answer = httpx.post(
+        f"{served['endpoint']}/v1/completions",
+        timeout=60,
+        json={"model": "refuse", "prompt": "def f(x):", "max_tokens": 4, "temperature": 0},
+    ).json()
     assert _gamma(answer) == 2  # the current pair still answers at the same address
     mails = [BytesParser(policy=policy.default).parsebytes(p.read_bytes()) for p in (workdir / "outbox").glob("*.eml")]
     body = next(m for m in mails if "did not start" in m["Subject"]).get_body(("plain",)).get_content()
     assert str(failed_log) in body and error_line in body
 
 
-def test_without_a_vllm_engine_a_vllm_rollout_fails_naming_make_vllm_and_nothing_moves(workdir, built_targets,
-                                                                                      tmp_path, monkeypatch):
+def test_without_a_vllm_engine_a_vllm_rollout_fails_naming_make_vllm_and_nothing_moves(
+    workdir, built_targets, tmp_path, monkeypatch
+):
     from draftsync.errors import DraftsyncError
     from draftsync.flows.rollout import rollout
     from draftsync.serving import vllm_engine
@@ -284,7 +325,8 @@ def test_without_a_vllm_engine_a_vllm_rollout_fails_naming_make_vllm_and_nothing
 
 
 def test_a_pair_whose_servers_were_stopped_is_recorded_stopped_skipped_by_scrapes_and_back_after_a_rollout(
-        workdir, built_targets, tmp_path):
+    workdir, built_targets, tmp_path
+):
     from draftsync.flows.rollout import rollout
     from draftsync.flows.scrape import scrape
     from draftsync.serving.deployment import ServingDeployment
@@ -302,8 +344,11 @@ def test_a_pair_whose_servers_were_stopped_is_recorded_stopped_skipped_by_scrape
     stop_all()
 
     stopped = store.serving_pair("stopper")
-    assert (stopped.state, stopped.updated_at, stopped.drafter_version) == ("stopped", started.updated_at,
-                                                                             started.drafter_version)
+    assert (stopped.state, stopped.updated_at, stopped.drafter_version) == (
+        "stopped",
+        started.updated_at,
+        started.drafter_version,
+    )
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{served['endpoint']}/health", timeout=5)
     assert scrape(deployments=[spec])["deployments"] == [{"deployment": "stopper", "skipped": "stopped"}]

@@ -15,13 +15,28 @@ def test_a_sync_trains_registers_and_logs_curves_for_the_method(workdir, built_t
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target
 
-    checklist = validation_profile("test").model_copy(update={
-        "requests": 2, "max_tokens": 12, "gamma_range": (2, 3), "sweep_requests": 1, "stress_requests": 0,
-        "long_max_tokens": 16})
-    small = profile("test").model_copy(update={
-        "method": method, "train_steps": 20, "training_texts": 40, "generated_samples": 8, "checkpoint_every": 10,
-        "validation": checklist, "draft_vocab_size": 256, "medusa_heads": 3,
-    })
+    checklist = validation_profile("test").model_copy(
+        update={
+            "requests": 2,
+            "max_tokens": 12,
+            "gamma_range": (2, 3),
+            "sweep_requests": 1,
+            "stress_requests": 0,
+            "long_max_tokens": 16,
+        }
+    )
+    small = profile("test").model_copy(
+        update={
+            "method": method,
+            "train_steps": 20,
+            "training_texts": 40,
+            "generated_samples": 8,
+            "checkpoint_every": 10,
+            "validation": checklist,
+            "draft_vocab_size": 256,
+            "medusa_heads": 3,
+        }
+    )
     version = publish_target("methods-llm", str(built_targets[1]), {"code": 0.5, "math": 0.5})
     result = sync("methods-llm", version, small)
 
@@ -38,6 +53,9 @@ def test_a_sync_trains_registers_and_logs_curves_for_the_method(workdir, built_t
 
     work = Path(workdir) / "syncs" / "methods-llm" / f"v{version}-{method}"
     assert not list(work.glob("dataset-*")), "the shards are removed once the drafter is registered"
-    saved = json.loads((Path(workdir) / "drafters" / "methods-llm" / f"target-v{version}-{method}" /
-                        "draftsync_training.json").read_text())
+    saved = json.loads(
+        (
+            Path(workdir) / "drafters" / "methods-llm" / f"target-v{version}-{method}" / "draftsync_training.json"
+        ).read_text()
+    )
     assert saved["method"] == method

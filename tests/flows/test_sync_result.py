@@ -4,16 +4,42 @@ from __future__ import annotations
 
 from draftsync.flows.sync import SkippedSync, SyncResult
 
-SYNC_KEYS = ["target_name", "target_version", "drafter_name", "drafter_version", "method", "gamma", "recommendation",
-             "passed", "validation", "training", "dataset", "data_checks", "stages_s", "generation"]
+SYNC_KEYS = [
+    "target_name",
+    "target_version",
+    "drafter_name",
+    "drafter_version",
+    "method",
+    "gamma",
+    "recommendation",
+    "passed",
+    "validation",
+    "training",
+    "dataset",
+    "data_checks",
+    "stages_s",
+    "generation",
+]
 SKIPPED_KEYS = ["target_name", "target_version", "method", "skipped", "drafter_version", "run_id"]
 
 
 def test_a_sync_result_has_exactly_the_keys_users_read():
-    result = SyncResult(target_name="llm", target_version=2, drafter_name="llm-drafter", drafter_version=3,
-                        method="eagle3", gamma=4, recommendation={"method": "none"}, passed=True,
-                        validation={"gates": []}, training={"steps": 20}, dataset={"sequences": 8},
-                        data_checks={"passed": True}, stages_s={"dataset": 1.0}, generation=1)
+    result = SyncResult(
+        target_name="llm",
+        target_version=2,
+        drafter_name="llm-drafter",
+        drafter_version=3,
+        method="eagle3",
+        gamma=4,
+        recommendation={"method": "none"},
+        passed=True,
+        validation={"gates": []},
+        training={"steps": 20},
+        dataset={"sequences": 8},
+        data_checks={"passed": True},
+        stages_s={"dataset": 1.0},
+        generation=1,
+    )
     assert list(result.as_dict()) == SYNC_KEYS
     assert result.as_dict()["validation"] is result.validation  # shallow: the nested results are the ones built
 

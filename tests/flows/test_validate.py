@@ -11,9 +11,17 @@ import pytest
 pytestmark = pytest.mark.slow
 
 GATES = {
-    "data_coverage", "validation_acceptance_mean", "acceptance_at_deployment_temperature", "acceptance_p50",
-    "acceptance_p5", "tpot_speedup", "stress_speedup", "stress_errors", "long_output_acceptance",
-    "fallback_equivalence", "drafter_memory_overhead",
+    "data_coverage",
+    "validation_acceptance_mean",
+    "acceptance_at_deployment_temperature",
+    "acceptance_p50",
+    "acceptance_p5",
+    "tpot_speedup",
+    "stress_speedup",
+    "stress_errors",
+    "long_output_acceptance",
+    "fallback_equivalence",
+    "drafter_memory_overhead",
 }
 
 
@@ -46,8 +54,11 @@ def _check_sync_validation(result: dict) -> None:
     assert [r["gamma"] for r in validation["gamma_sweep"]] == [2, 3, 4]
     sweep = validation["gamma_sweep"]
     assert all(r["acceptance_rate_lower"] <= r["acceptance_rate"] for r in sweep)
-    clearing = ([r for r in sweep if r["acceptance_rate_lower"] > 0.55] or [r for r in sweep if r["acceptance_rate"] > 0.55]
-                or sweep)
+    clearing = (
+        [r for r in sweep if r["acceptance_rate_lower"] > 0.55]
+        or [r for r in sweep if r["acceptance_rate"] > 0.55]
+        or sweep
+    )
     best = min(r["tpot_ms"] for r in clearing)
     assert validation["gamma_knee"] == min(r["gamma"] for r in clearing if r["tpot_ms"] <= best * 1.02)
     acceptance = validation["acceptance"]
@@ -56,8 +67,11 @@ def _check_sync_validation(result: dict) -> None:
 
     # Percentiles come from per-request counts: recompute them from the per-request table.
     rows = list(__import__("csv").DictReader(open(f"{validation['reports_dir']}/requests.csv")))
-    rates = [int(r["accepted"]) / int(r["draft_tokens"]) for r in rows
-             if r["phase"] == "validation" and int(r["draft_tokens"]) > 0]
+    rates = [
+        int(r["accepted"]) / int(r["draft_tokens"])
+        for r in rows
+        if r["phase"] == "validation" and int(r["draft_tokens"]) > 0
+    ]
     assert acceptance["p5"] == pytest.approx(np.percentile(rates, 5), abs=1e-4)
     assert acceptance["p50"] == pytest.approx(np.percentile(rates, 50), abs=1e-4)
 
@@ -71,8 +85,12 @@ def _check_sync_validation(result: dict) -> None:
     assert tags["draftsync.validation.failed_gates"] == (",".join(failed) or "none")
     run_id = registry.version_info("val-llm-drafter", result["drafter_version"]).run_id
     reports = {a.path for a in registry._client.list_artifacts(run_id, "reports")}
-    assert {"reports/acceptance_vs_gamma.png", "reports/acceptance_by_position.png",
-            "reports/validation.json", "reports/requests.csv"} <= reports
+    assert {
+        "reports/acceptance_vs_gamma.png",
+        "reports/acceptance_by_position.png",
+        "reports/validation.json",
+        "reports/requests.csv",
+    } <= reports
     sweep = registry._client.get_metric_history(run_id, "sweep.tpot_ms")
     assert sorted(m.step for m in sweep) == [2, 3, 4]
     production = registry.alias_version("val-llm-drafter", "production")
@@ -110,8 +128,10 @@ def _check_mislabelled_drafter_fails(workdir, built_targets, first: dict) -> Non
     from typer.testing import CliRunner
 
     out = Path(workdir).parent / "validate.json"
-    cli = CliRunner().invoke(app, ["--workdir", str(workdir), "validate", "val-llm", str(mislabelled),
-                                   "--profile", "test", "--json", str(out)])
+    cli = CliRunner().invoke(
+        app,
+        ["--workdir", str(workdir), "validate", "val-llm", str(mislabelled), "--profile", "test", "--json", str(out)],
+    )
     assert cli.exit_code == 1, cli.output[-3000:]
     data = json.loads(out.read_text())
     assert {g["name"] for g in data["gates"]} == GATES

@@ -24,7 +24,8 @@ def legacy_metadata() -> sa.MetaData:
     moment = sa.DateTime(timezone=True)
     metadata = sa.MetaData()
     sa.Table(
-        "samples", metadata,
+        "samples",
+        metadata,
         sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("deployment", sa.String(200), nullable=False),
         sa.Column("ts", moment, nullable=False),
@@ -44,19 +45,22 @@ def legacy_metadata() -> sa.MetaData:
         sa.Index("ix_samples_deployment_ts", "deployment", "ts"),
     )
     sa.Table(
-        "scrape_state", metadata,
+        "scrape_state",
+        metadata,
         sa.Column("deployment", sa.String(200), primary_key=True),
         sa.Column("ts", moment, nullable=False),
         sa.Column("counters", sa.JSON, nullable=False),
     )
     sa.Table(
-        "watermarks", metadata,
+        "watermarks",
+        metadata,
         sa.Column("key", sa.String(300), primary_key=True),
         sa.Column("version", sa.Integer, nullable=False),
         sa.Column("updated_at", moment, nullable=False),
     )
     sa.Table(
-        "serving_pairs", metadata,
+        "serving_pairs",
+        metadata,
         sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("deployment", sa.String(200), nullable=False, unique=True),
         sa.Column("target_name", sa.String(200), nullable=False),
@@ -69,7 +73,8 @@ def legacy_metadata() -> sa.MetaData:
         sa.Column("updated_at", moment, nullable=False),
     )
     sa.Table(
-        "outbox", metadata,
+        "outbox",
+        metadata,
         sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("created_at", moment, nullable=False),
         sa.Column("subject", sa.Text, nullable=False),
@@ -81,7 +86,8 @@ def legacy_metadata() -> sa.MetaData:
         sa.Column("sent_at", moment, nullable=True),
     )
     sa.Table(
-        "alerts", metadata,
+        "alerts",
+        metadata,
         sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("key", sa.String(300), nullable=False),
         sa.Column("deployment", sa.String(200), nullable=False),
@@ -119,8 +125,9 @@ def schema(url: str) -> dict:
                     (tuple(k["constrained_columns"]), k["referred_table"], tuple(k["referred_columns"]))
                     for k in inspector.get_foreign_keys(table)
                 ),
-                "indexes": sorted((i["name"], tuple(i["column_names"]), bool(i["unique"]))
-                                  for i in inspector.get_indexes(table)),
+                "indexes": sorted(
+                    (i["name"], tuple(i["column_names"]), bool(i["unique"])) for i in inspector.get_indexes(table)
+                ),
                 "unique": sorted(tuple(u["column_names"]) for u in inspector.get_unique_constraints(table)),
             }
         return described
@@ -146,8 +153,9 @@ def test_a_new_database_is_migrated_to_head_and_matches_the_models(new_url):
     assert revision_of(url) == head_revision() == "0003_sync_jobs"
     engine = sa.create_engine(url)
     with engine.connect() as connection:
-        differences = compare_metadata(MigrationContext.configure(connection, opts={"compare_type": True}),
-                                       Base.metadata)
+        differences = compare_metadata(
+            MigrationContext.configure(connection, opts={"compare_type": True}), Base.metadata
+        )
     engine.dispose()
     assert differences == []
 
@@ -173,30 +181,112 @@ def test_a_database_made_by_create_all_is_adopted_with_its_rows(new_url):
     metadata = legacy_metadata()
     metadata.create_all(engine)
     t = metadata.tables
-    sample = dict(target_name="demo", target_version=1, gamma=3, drafts=10, draft_tokens=30, generation_tokens=None,
-                  tpot_sum=None, tpot_count=None, reset=False)
+    sample = dict(
+        target_name="demo",
+        target_version=1,
+        gamma=3,
+        drafts=10,
+        draft_tokens=30,
+        generation_tokens=None,
+        tpot_sum=None,
+        tpot_count=None,
+        reset=False,
+    )
     with engine.begin() as connection:
-        connection.execute(t["samples"].insert(), [
-            dict(sample, deployment="dep", ts=T0 + timedelta(minutes=30), interval_start=T0, drafter_version=1,
-                 accepted=20, accepted_per_position=[9, 7, 4]),
-            dict(sample, deployment="dep", ts=T0 + timedelta(hours=1), interval_start=T0 + timedelta(minutes=30),
-                 drafter_version=1, accepted=12, accepted_per_position=[6, 4, 2], generation_tokens=40, tpot_sum=0.5,
-                 tpot_count=40),
-            dict(sample, deployment="dep", ts=T0 + timedelta(hours=1, minutes=1),
-                 interval_start=T0 + timedelta(hours=1), drafter_version=None, gamma=0, drafts=0, draft_tokens=0,
-                 accepted=0, accepted_per_position=[], reset=True),
-        ])
-        connection.execute(t["scrape_state"].insert(), [dict(
-            deployment="dep", ts=T0 + timedelta(hours=1, minutes=1),
-            counters=SpecDecodeCounters(50, 150, 90, (40, 30, 20)).to_dict())])
+        connection.execute(
+            t["samples"].insert(),
+            [
+                dict(
+                    sample,
+                    deployment="dep",
+                    ts=T0 + timedelta(minutes=30),
+                    interval_start=T0,
+                    drafter_version=1,
+                    accepted=20,
+                    accepted_per_position=[9, 7, 4],
+                ),
+                dict(
+                    sample,
+                    deployment="dep",
+                    ts=T0 + timedelta(hours=1),
+                    interval_start=T0 + timedelta(minutes=30),
+                    drafter_version=1,
+                    accepted=12,
+                    accepted_per_position=[6, 4, 2],
+                    generation_tokens=40,
+                    tpot_sum=0.5,
+                    tpot_count=40,
+                ),
+                dict(
+                    sample,
+                    deployment="dep",
+                    ts=T0 + timedelta(hours=1, minutes=1),
+                    interval_start=T0 + timedelta(hours=1),
+                    drafter_version=None,
+                    gamma=0,
+                    drafts=0,
+                    draft_tokens=0,
+                    accepted=0,
+                    accepted_per_position=[],
+                    reset=True,
+                ),
+            ],
+        )
+        connection.execute(
+            t["scrape_state"].insert(),
+            [
+                dict(
+                    deployment="dep",
+                    ts=T0 + timedelta(hours=1, minutes=1),
+                    counters=SpecDecodeCounters(50, 150, 90, (40, 30, 20)).to_dict(),
+                )
+            ],
+        )
         connection.execute(t["watermarks"].insert(), [dict(key="demo", version=2, updated_at=T0)])
-        connection.execute(t["serving_pairs"].insert(), [dict(
-            deployment="dep", target_name="demo", target_version=1, drafter_name="demo-drafter", drafter_version=1,
-            gamma=3, endpoint="http://127.0.0.1:9000", state="serving", updated_at=T0)])
-        connection.execute(t["outbox"].insert(), [dict(
-            id=1, created_at=T0, subject="s", recipients="a@x", eml_path="/tmp/a.eml", status="pending", attempts=0)])
-        connection.execute(t["alerts"].insert(), [dict(
-            key="dep:stale", deployment="dep", rule="stale", severity="critical", value=0.4, sent_at=T0, outbox_id=1)])
+        connection.execute(
+            t["serving_pairs"].insert(),
+            [
+                dict(
+                    deployment="dep",
+                    target_name="demo",
+                    target_version=1,
+                    drafter_name="demo-drafter",
+                    drafter_version=1,
+                    gamma=3,
+                    endpoint="http://127.0.0.1:9000",
+                    state="serving",
+                    updated_at=T0,
+                )
+            ],
+        )
+        connection.execute(
+            t["outbox"].insert(),
+            [
+                dict(
+                    id=1,
+                    created_at=T0,
+                    subject="s",
+                    recipients="a@x",
+                    eml_path="/tmp/a.eml",
+                    status="pending",
+                    attempts=0,
+                )
+            ],
+        )
+        connection.execute(
+            t["alerts"].insert(),
+            [
+                dict(
+                    key="dep:stale",
+                    deployment="dep",
+                    rule="stale",
+                    severity="critical",
+                    value=0.4,
+                    sent_at=T0,
+                    outbox_id=1,
+                )
+            ],
+        )
     engine.dispose()
     assert revision_of(url) is None
 
@@ -205,7 +295,9 @@ def test_a_database_made_by_create_all_is_adopted_with_its_rows(new_url):
         assert revision_of(url) == head_revision()
         kept = store.samples("dep", T0, T0 + timedelta(hours=2))
         assert [(s.accepted, s.drafter_version, s.reset) for s in kept] == [
-            (20, 1, False), (12, 1, False), (0, None, True),
+            (20, 1, False),
+            (12, 1, False),
+            (0, None, True),
         ]
         assert store.get_watermark("demo") == 2
         assert store.serving_pair("dep").endpoint == "http://127.0.0.1:9000"
@@ -223,8 +315,9 @@ def test_a_database_made_by_create_all_is_adopted_with_its_rows(new_url):
 
         # the stored baseline is kept: the next scrape is a delta against it, booked into the same hour row
         pair = ServedPair("demo", 1, 1, 3)
-        after = store.record_scrape("dep", T0 + timedelta(hours=1, minutes=2),
-                                    SpecDecodeCounters(60, 180, 110, (47, 37, 26)), pair)
+        after = store.record_scrape(
+            "dep", T0 + timedelta(hours=1, minutes=2), SpecDecodeCounters(60, 180, 110, (47, 37, 26)), pair
+        )
         assert (after.drafts, after.accepted, after.reset) == (10, 20, False)
         assert store.hourly("dep", T0 + timedelta(hours=1), T0 + timedelta(hours=2))[-1].accepted == 20
     finally:
@@ -262,8 +355,9 @@ def test_downgrade_then_reopen_rebuilds_the_rollups(new_url):
     store = Store(url)
     pair = ServedPair("demo", 1, 2, 2)
     for minute in range(0, 150, 10):
-        store.record_scrape("dep", T0 + timedelta(minutes=minute),
-                            SpecDecodeCounters(minute, 2 * minute, minute, (minute,)), pair)
+        store.record_scrape(
+            "dep", T0 + timedelta(minutes=minute), SpecDecodeCounters(minute, 2 * minute, minute, (minute,)), pair
+        )
     before = store.hourly("dep", T0, T0 + timedelta(hours=3))
     store.close()
 

@@ -36,22 +36,37 @@ class Row:
 
 
 def report_inputs():
-    stale_rows = [Row("demo-deployment", START + h * HOUR, (0.9, 0.8, 0.7) if h <= 100 else (0.6, 0.35, 0.2))
-                  for h in range(1, 169)]
+    stale_rows = [
+        Row("demo-deployment", START + h * HOUR, (0.9, 0.8, 0.7) if h <= 100 else (0.6, 0.35, 0.2))
+        for h in range(1, 169)
+    ]
     healthy_rows = [Row("other-deployment", START + h * HOUR, (0.9, 0.8, 0.7)) for h in range(1, 169)]
     summaries = [summarize(healthy_rows, START, END), summarize(stale_rows, START, END)]
     findings = [f for s in summaries for f in evaluate(s, 1, 1)]
-    actions = {"demo-deployment": ["fell back to plain decoding (speculation off)",
-                                   "started sync for demo-target v1 (retrain the drafter)"]}
-    links = {"MLflow drafter versions": "http://127.0.0.1:5000/#/models/demo-target-drafter",
-             "Prefect flow run": "http://127.0.0.1:4200/runs/flow-run/abc"}
+    actions = {
+        "demo-deployment": [
+            "fell back to plain decoding (speculation off)",
+            "started sync for demo-target v1 (retrain the drafter)",
+        ]
+    }
+    links = {
+        "MLflow drafter versions": "http://127.0.0.1:5000/#/models/demo-target-drafter",
+        "Prefect flow run": "http://127.0.0.1:4200/runs/flow-run/abc",
+    }
     return summaries, findings, actions, links
 
 
 def build():
     summaries, findings, actions, links = report_inputs()
-    return build_weekly_report(summaries, findings, actions, links, (START, END), thresholds=Thresholds(),
-                               notes=["demo clock: one week compressed into minutes"])
+    return build_weekly_report(
+        summaries,
+        findings,
+        actions,
+        links,
+        (START, END),
+        thresholds=Thresholds(),
+        notes=["demo clock: one week compressed into minutes"],
+    )
 
 
 def parts_of(message):
@@ -179,8 +194,9 @@ def self_signed_tls() -> tuple[ssl.SSLContext, ssl.SSLContext]:
         .sign(key, hashes.SHA256())
     )
     cert_pem = cert.public_bytes(serialization.Encoding.PEM)
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     with tempfile.TemporaryDirectory() as folder:
         cert_file, key_file = Path(folder, "cert.pem"), Path(folder, "key.pem")
         cert_file.write_bytes(cert_pem)
@@ -207,15 +223,21 @@ def test_tls_with_login_and_the_password_stays_secret(tmp_path, smtp_server_fact
     server_tls, client_tls = self_signed_tls()
     seen: list = []
     if security == "starttls":
-        server = smtp_server_factory(tls_context=server_tls, require_starttls=True,
-                                     authenticator=password_check(seen), auth_require_tls=True)
+        server = smtp_server_factory(
+            tls_context=server_tls, require_starttls=True, authenticator=password_check(seen), auth_require_tls=True
+        )
     else:
         # implicit TLS: aiosmtpd cannot tell the socket is encrypted, so it must not insist on STARTTLS
-        server = smtp_server_factory(ssl_context=server_tls, authenticator=password_check(seen),
-                                     auth_require_tls=False)
+        server = smtp_server_factory(ssl_context=server_tls, authenticator=password_check(seen), auth_require_tls=False)
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    settings = Settings(workdir=tmp_path, smtp_host=server.host, smtp_port=server.port, smtp_security=security,
-                        smtp_user="reporter", smtp_password=SecretStr(PASSWORD))
+    settings = Settings(
+        workdir=tmp_path,
+        smtp_host=server.host,
+        smtp_port=server.port,
+        smtp_security=security,
+        smtp_user="reporter",
+        smtp_password=SecretStr(PASSWORD),
+    )
     caplog.set_level(logging.DEBUG)
     entry = Mailer(tmp_path / "outbox", store, settings, ssl_context=client_tls).send(build(), now=END)
     assert entry.status == "sent", entry.last_error
@@ -250,8 +272,9 @@ class BlockStore:
 
         self.reads.append(name)
         if name not in self.blocks:
-            raise DraftsyncError(f"SMTP password block {name!r} (a Prefect Secret) cannot be read: not found",
-                                 "create it")
+            raise DraftsyncError(
+                f"SMTP password block {name!r} (a Prefect Secret) cannot be read: not found", "create it"
+            )
         return self.blocks[name]
 
 
@@ -260,8 +283,13 @@ def test_password_from_a_secret_block_is_read_at_login_only_and_never_shown(tmp_
     server = smtp_server_factory(authenticator=password_check(seen), auth_require_tls=False)
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
     blocks = BlockStore({"smtp-password": PASSWORD, "old-smtp-password": "old-" + PASSWORD})
-    settings = Settings(workdir=tmp_path, smtp_host=server.host, smtp_port=server.port, smtp_user="reporter",
-                        smtp_password_block="smtp-password")
+    settings = Settings(
+        workdir=tmp_path,
+        smtp_host=server.host,
+        smtp_port=server.port,
+        smtp_user="reporter",
+        smtp_password_block="smtp-password",
+    )
     caplog.set_level(logging.DEBUG)
     mailer = Mailer(tmp_path / "outbox", store, settings, secret_loader=blocks)
     assert blocks.reads == []  # not read when the mailer is made
@@ -275,8 +303,7 @@ def test_password_from_a_secret_block_is_read_at_login_only_and_never_shown(tmp_
     assert "old-" + PASSWORD not in failed.last_error and PASSWORD not in caplog.text
     assert len(server.messages) == 1
 
-    both = Settings(**{**settings.model_dump(), "smtp_password": SecretStr(PASSWORD),
-                       "smtp_password_block": "missing"})
+    both = Settings(**{**settings.model_dump(), "smtp_password": SecretStr(PASSWORD), "smtp_password_block": "missing"})
     assert Mailer(tmp_path / "outbox", store, both, secret_loader=blocks).send(build(), now=END).status == "sent"
     assert "missing" not in blocks.reads  # DRAFTSYNC_SMTP_PASSWORD, when set, wins over the block
 
@@ -284,8 +311,13 @@ def test_password_from_a_secret_block_is_read_at_login_only_and_never_shown(tmp_
 def test_a_password_block_that_cannot_be_read_keeps_the_mail_pending(tmp_path, smtp_server_factory):
     server = smtp_server_factory(authenticator=password_check([]), auth_require_tls=False)
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    settings = Settings(workdir=tmp_path, smtp_host=server.host, smtp_port=server.port, smtp_user="reporter",
-                        smtp_password_block="smtp-pasword")
+    settings = Settings(
+        workdir=tmp_path,
+        smtp_host=server.host,
+        smtp_port=server.port,
+        smtp_user="reporter",
+        smtp_password_block="smtp-pasword",
+    )
     blocks = BlockStore({"smtp-password": PASSWORD})
     entry = Mailer(tmp_path / "outbox", store, settings, secret_loader=blocks).send(build(), now=END)
     assert entry.status == "pending" and "'smtp-pasword'" in entry.last_error

@@ -28,8 +28,12 @@ def store(request, tmp_path):
 
 def test_first_scrape_sets_the_baseline_then_deltas_are_stored(store):
     assert store.record_scrape("dep", T0, SpecDecodeCounters(100, 300, 210, (90, 70, 50)), PAIR) is None
-    first = store.record_scrape("dep", T0 + timedelta(minutes=1), SpecDecodeCounters(130, 390, 270, (117, 90, 63)), PAIR)
-    second = store.record_scrape("dep", T0 + timedelta(minutes=2), SpecDecodeCounters(130, 390, 270, (117, 90, 63)), PAIR)
+    first = store.record_scrape(
+        "dep", T0 + timedelta(minutes=1), SpecDecodeCounters(130, 390, 270, (117, 90, 63)), PAIR
+    )
+    second = store.record_scrape(
+        "dep", T0 + timedelta(minutes=2), SpecDecodeCounters(130, 390, 270, (117, 90, 63)), PAIR
+    )
     assert (first.drafts, first.draft_tokens, first.accepted) == (30, 90, 60)
     assert first.accepted_per_position == [27, 20, 13]
     assert first.interval_start == T0 and first.reset is False
@@ -39,7 +43,12 @@ def test_first_scrape_sets_the_baseline_then_deltas_are_stored(store):
     assert [r.ts for r in rows] == [T0 + timedelta(minutes=1), T0 + timedelta(minutes=2)]
     assert all(r.ts.tzinfo is not None for r in rows)  # aware UTC on SQLite too
     assert rows[0].accepted_per_position == [27, 20, 13]
-    assert (rows[0].target_name, rows[0].target_version, rows[0].drafter_version, rows[0].gamma) == ("demo-target", 1, 1, 3)
+    assert (rows[0].target_name, rows[0].target_version, rows[0].drafter_version, rows[0].gamma) == (
+        "demo-target",
+        1,
+        1,
+        3,
+    )
     # the window is (since, until]: a sample stamped at `since` belongs to the previous window
     assert [r.ts for r in store.samples("dep", T0 + timedelta(minutes=1), T0 + timedelta(hours=1))] == [
         T0 + timedelta(minutes=2)
@@ -66,7 +75,9 @@ def test_count_first_and_clock_must_move_forward(store):
 
 def test_tpot_and_generation_tokens_are_kept(store):
     store.record_scrape("dep", T0, SpecDecodeCounters(1, 3, 2, (1, 1, 0), 10, 0.5, 10), PAIR)
-    sample = store.record_scrape("dep", T0 + timedelta(minutes=1), SpecDecodeCounters(2, 6, 4, (2, 1, 1), 30, 1.25, 30), PAIR)
+    sample = store.record_scrape(
+        "dep", T0 + timedelta(minutes=1), SpecDecodeCounters(2, 6, 4, (2, 1, 1), 30, 1.25, 30), PAIR
+    )
     assert (sample.generation_tokens, sample.tpot_count) == (20, 20)
     assert sample.tpot_sum == pytest.approx(0.75)
 
@@ -81,26 +92,70 @@ def test_watermark(store):
 
 
 def test_serving_pair_is_replaced_not_duplicated(store):
-    store.set_serving_pair("dep", target_name="demo-target", target_version=1, drafter_name="demo-target-drafter",
-                           drafter_version=1, gamma=3, endpoint="http://127.0.0.1:9000", state="serving", now=T0)
-    store.set_serving_pair("dep", target_name="demo-target", target_version=2, drafter_name=None,
-                           drafter_version=None, gamma=0, endpoint="http://127.0.0.1:9001", state="fallback",
-                           now=T0 + timedelta(days=1))
-    store.set_serving_pair("b-dep", target_name="t", target_version=4, drafter_name="d", drafter_version=3,
-                           gamma=2, endpoint="http://127.0.0.1:9002", state="serving", now=T0)
+    store.set_serving_pair(
+        "dep",
+        target_name="demo-target",
+        target_version=1,
+        drafter_name="demo-target-drafter",
+        drafter_version=1,
+        gamma=3,
+        endpoint="http://127.0.0.1:9000",
+        state="serving",
+        now=T0,
+    )
+    store.set_serving_pair(
+        "dep",
+        target_name="demo-target",
+        target_version=2,
+        drafter_name=None,
+        drafter_version=None,
+        gamma=0,
+        endpoint="http://127.0.0.1:9001",
+        state="fallback",
+        now=T0 + timedelta(days=1),
+    )
+    store.set_serving_pair(
+        "b-dep",
+        target_name="t",
+        target_version=4,
+        drafter_name="d",
+        drafter_version=3,
+        gamma=2,
+        endpoint="http://127.0.0.1:9002",
+        state="serving",
+        now=T0,
+    )
     pair = store.serving_pair("dep")
     assert (pair.target_version, pair.drafter_version, pair.state, pair.gamma) == (2, None, "fallback", 0)
     assert pair.updated_at == T0 + timedelta(days=1)
     assert [p.deployment for p in store.serving_pairs()] == ["b-dep", "dep"]
     assert store.serving_pair("missing") is None
     with pytest.raises(DraftsyncError, match="state"):
-        store.set_serving_pair("dep", target_name="t", target_version=1, drafter_name=None, drafter_version=None,
-                               gamma=0, endpoint="x", state="broken", now=T0)
+        store.set_serving_pair(
+            "dep",
+            target_name="t",
+            target_version=1,
+            drafter_name=None,
+            drafter_version=None,
+            gamma=0,
+            endpoint="x",
+            state="broken",
+            now=T0,
+        )
 
 
 def test_a_pair_state_changes_alone_and_keeps_the_date_the_pair_started(store):
-    store.set_serving_pair("dep", target_name="t", target_version=1, drafter_name="d", drafter_version=2, gamma=3,
-                           endpoint="http://127.0.0.1:9000", state="serving", now=T0)
+    store.set_serving_pair(
+        "dep",
+        target_name="t",
+        target_version=1,
+        drafter_name="d",
+        drafter_version=2,
+        gamma=3,
+        endpoint="http://127.0.0.1:9000",
+        state="serving",
+        now=T0,
+    )
     store.set_pair_state("dep", "stopped")
     pair = store.serving_pair("dep")
     assert (pair.state, pair.updated_at, pair.drafter_version, pair.gamma) == ("stopped", T0, 2, 3)
@@ -161,7 +216,9 @@ def test_a_new_instance_is_not_diffed_against_the_one_it_replaced(tmp_path):
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     store.record_scrape("d", t0, SpecDecodeCounters(10, 20, 12, (8, 4)), pair)
     store.forget_scrape_baseline("d")
-    sample = store.record_scrape("d", t0 + timedelta(minutes=1), SpecDecodeCounters(30, 60, 40, (20, 20)), pair, count_first=True)
+    sample = store.record_scrape(
+        "d", t0 + timedelta(minutes=1), SpecDecodeCounters(30, 60, 40, (20, 20)), pair, count_first=True
+    )
     assert (sample.drafts, sample.draft_tokens, sample.accepted) == (30, 60, 40)
     assert not sample.reset
 
@@ -171,9 +228,14 @@ def _totals(rows) -> tuple:
     """What a window sums to, from samples or hourly rows alike."""
     width = max((len(r.accepted_per_position) for r in rows), default=0)
     per_position = [sum((r.accepted_per_position + [0] * width)[i] for r in rows) for i in range(width)]
-    return (sum(r.drafts for r in rows), sum(r.draft_tokens for r in rows), sum(r.accepted for r in rows), per_position,
-            sum(r.tpot_count or 0 for r in rows), sum(1 if getattr(r, "reset", False) else 0 for r in rows)
-            + sum(getattr(r, "resets", 0) for r in rows))
+    return (
+        sum(r.drafts for r in rows),
+        sum(r.draft_tokens for r in rows),
+        sum(r.accepted for r in rows),
+        per_position,
+        sum(r.tpot_count or 0 for r in rows),
+        sum(1 if getattr(r, "reset", False) else 0 for r in rows) + sum(getattr(r, "resets", 0) for r in rows),
+    )
 
 
 def _traffic(store, deployment: str, start: datetime, minutes: range, *, fallback_from: int | None = None) -> None:
@@ -191,9 +253,12 @@ def _traffic(store, deployment: str, start: datetime, minutes: range, *, fallbac
         generated += 50
         tpot += 0.8
         pair = ServedPair("demo-target", 1, None, 0) if off else PAIR
-        store.record_scrape(deployment, start + timedelta(minutes=minute),
-                            SpecDecodeCounters(drafts, tokens, accepted, tuple(per_position), generated, tpot,
-                                               generated), pair)
+        store.record_scrape(
+            deployment,
+            start + timedelta(minutes=minute),
+            SpecDecodeCounters(drafts, tokens, accepted, tuple(per_position), generated, tpot, generated),
+            pair,
+        )
 
 
 def test_record_scrape_keeps_hourly_rollups(store):
@@ -207,8 +272,10 @@ def test_record_scrape_keeps_hourly_rollups(store):
     assert _totals(rows) == _totals(samples)
     # one row per hour and pair; the speculation-off pair gets its own row with drafter_version None
     assert [(r.hour - T0, r.drafter_version, r.gamma) for r in rows] == [
-        (timedelta(hours=0), 1, 3), (timedelta(hours=1), 1, 3),
-        (timedelta(hours=2), None, 0), (timedelta(hours=2), 1, 3),
+        (timedelta(hours=0), 1, 3),
+        (timedelta(hours=1), 1, 3),
+        (timedelta(hours=2), None, 0),
+        (timedelta(hours=2), 1, 3),
     ]
     # the scrape at exactly 03:00 ends an interval inside (02:00, 03:00]: it counts in the 02:00 row
     assert rows[-1].last_ts == T0 + timedelta(hours=3) and rows[-1].resets == 1
@@ -227,8 +294,9 @@ def test_rollup_window_is_exact_for_any_window(store):
     _traffic(store, "b", T0 + timedelta(minutes=95), range(0, 60, 5))
     for minute in range(0, 200, 4):  # no TPOT or generation counters; a restart at minute 120
         n = minute if minute < 120 else minute - 119
-        store.record_scrape("c", T0 + timedelta(minutes=minute), SpecDecodeCounters(n, 2 * n, n, (n // 2, n - n // 2)),
-                            PAIR)
+        store.record_scrape(
+            "c", T0 + timedelta(minutes=minute), SpecDecodeCounters(n, 2 * n, n, (n // 2, n - n // 2)), PAIR
+        )
     windows = [
         (T0, T0 + timedelta(hours=5)),  # whole hours
         (T0 + timedelta(minutes=17), T0 + timedelta(hours=3, minutes=41)),  # both edges inside an hour
@@ -263,8 +331,12 @@ def test_the_week_summary_from_rollups_equals_the_one_from_samples(store):
         gained = [round(20 * rate + 2), round(20 * rate), round(20 * rate - 2)]
         per_position = [a + b for a, b in zip(per_position, gained)]
         accepted += sum(gained)
-        store.record_scrape("dep", start + timedelta(hours=hour), SpecDecodeCounters(drafts, tokens, accepted,
-                                                                                   tuple(per_position)), PAIR)
+        store.record_scrape(
+            "dep",
+            start + timedelta(hours=hour),
+            SpecDecodeCounters(drafts, tokens, accepted, tuple(per_position)),
+            PAIR,
+        )
     from_samples = summarize(store.samples("dep", start, end), start, end, deployment="dep")
     from_rollups = summarize_hourly(store.hourly("dep", start, end), start, end, deployment="dep")
     assert from_rollups == from_samples
@@ -278,8 +350,20 @@ def test_minute_scrapes_summarized_from_rollups_keep_the_sums(store):
     start, end = T0, T0 + timedelta(hours=4)
     from_samples = summarize(store.samples("dep", start, end), start, end, bucket=timedelta(hours=1))
     from_rollups = summarize_hourly(store.hourly("dep", start, end), start, end, bucket=timedelta(hours=1))
-    for name in ("intervals", "drafts", "draft_tokens", "accepted", "acceptance_rate", "mean_acceptance_length",
-                 "per_position_rate", "daily", "resets", "target_name", "drafter_version", "gamma"):
+    for name in (
+        "intervals",
+        "drafts",
+        "draft_tokens",
+        "accepted",
+        "acceptance_rate",
+        "mean_acceptance_length",
+        "per_position_rate",
+        "daily",
+        "resets",
+        "target_name",
+        "drafter_version",
+        "gamma",
+    ):
         assert getattr(from_rollups, name) == getattr(from_samples, name), name
     assert from_rollups.mean_tpot_s == pytest.approx(from_samples.mean_tpot_s)
     assert from_rollups.drafter_version is None  # the last hour was served with speculation off

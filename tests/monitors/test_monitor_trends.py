@@ -38,8 +38,16 @@ class Row:
 def row(ts: datetime, position_rates: tuple[float, ...], drafts: int = 100) -> Row:
     """One hourly interval where position i is accepted in position_rates[i] of the drafts."""
     per_position = [round(p * drafts) for p in position_rates]
-    return Row("dep", ts, ts - HOUR, drafts, drafts * len(position_rates), sum(per_position), per_position,
-               gamma=len(position_rates))
+    return Row(
+        "dep",
+        ts,
+        ts - HOUR,
+        drafts,
+        drafts * len(position_rates),
+        sum(per_position),
+        per_position,
+        gamma=len(position_rates),
+    )
 
 
 def week(*phases: tuple[int, tuple[float, ...]]) -> list[Row]:
@@ -113,10 +121,20 @@ def test_percentile_and_slope_helpers():
         ("mismatch all week", week((168, DRIFTED)), 1, 1, [("mismatch", "warning", "fallback")]),
         ("stale", week((120, HEALTHY), (48, STALE)), 1, 1, [("stale", "critical", "fallback+retrain")]),
         ("one bad hour is a blip", week((167, HEALTHY), (1, STALE)), 1, 1, []),
-        ("two bad hours: not sustained yet", week((166, HEALTHY), (2, STALE)), 1, 1,
-         [("mismatch", "warning", "fallback")]),
-        ("a noisy drop: one interval above 0.50, the window below", week((160, HEALTHY), (7, STALE), (1, NOISY_UP)),
-         1, 1, [("stale", "critical", "fallback+retrain")]),
+        (
+            "two bad hours: not sustained yet",
+            week((166, HEALTHY), (2, STALE)),
+            1,
+            1,
+            [("mismatch", "warning", "fallback")],
+        ),
+        (
+            "a noisy drop: one interval above 0.50, the window below",
+            week((160, HEALTHY), (7, STALE), (1, NOISY_UP)),
+            1,
+            1,
+            [("stale", "critical", "fallback+retrain")],
+        ),
         ("lineage mismatch", week((168, HEALTHY)), 2, 1, [("lineage", "critical", "retrain")]),
         ("gamma too large", week((168, (0.98, 0.97, 0.96, 0.05))), 1, 1, [("gamma", "info", "none")]),
         ("no drafter served", week((168, HEALTHY)), 2, None, []),
@@ -184,11 +202,26 @@ def _hourly_week(rates, start=datetime(2026, 11, 2, tzinfo=UTC)):
     """A week of hourly samples with the given acceptance rates (100 draft tokens each)."""
     from types import SimpleNamespace
 
-    return [SimpleNamespace(deployment="d", ts=start + timedelta(hours=i + 1), interval_start=start + timedelta(hours=i),
-                            target_name="t", target_version=1, drafter_version=1, gamma=2, drafts=50,
-                            draft_tokens=100, accepted=int(round(100 * r)), accepted_per_position=[int(round(50 * r))] * 2,
-                            reset=False, generation_tokens=None, tpot_sum=None, tpot_count=None)
-            for i, r in enumerate(rates)]
+    return [
+        SimpleNamespace(
+            deployment="d",
+            ts=start + timedelta(hours=i + 1),
+            interval_start=start + timedelta(hours=i),
+            target_name="t",
+            target_version=1,
+            drafter_version=1,
+            gamma=2,
+            drafts=50,
+            draft_tokens=100,
+            accepted=int(round(100 * r)),
+            accepted_per_position=[int(round(50 * r))] * 2,
+            reset=False,
+            generation_tokens=None,
+            tpot_sum=None,
+            tpot_count=None,
+        )
+        for i, r in enumerate(rates)
+    ]
 
 
 def test_a_steady_decline_above_the_thresholds_is_a_trend_finding_and_noise_is_not():
@@ -211,8 +244,9 @@ def test_acceptance_under_its_own_baseline_is_flagged_before_the_global_threshol
 
     first = datetime(2026, 10, 26, tzinfo=UTC)
     steady = [0.80 + (0.01 if i % 2 else -0.01) for i in range(168)]
-    baseline = Baseline.from_summary(summarize(_hourly_week(steady, first), first, first + timedelta(days=7),
-                                               deployment="d"))
+    baseline = Baseline.from_summary(
+        summarize(_hourly_week(steady, first), first, first + timedelta(days=7), deployment="d")
+    )
     assert baseline.acceptance_rate == pytest.approx(0.80, abs=0.01) and baseline.std < 0.02
     now_start = datetime(2026, 11, 23, tzinfo=UTC)
     lower = summarize(_hourly_week([0.68] * 168, now_start), now_start, now_start + timedelta(days=7), deployment="d")

@@ -63,10 +63,15 @@ class PrometheusStandIn:
             return status, {"status": "error", "errorType": error_type, "error": error}
         match = QUERY.match(params.get("query", ""))
         if match is None or match["by"] not in (None, "position"):
-            return 400, {"status": "error", "errorType": "bad_data",
-                         "error": f"the stand-in does not evaluate {params.get('query')!r}"}
-        wanted = {name: re.sub(r"\\(.)", lambda m: {"n": "\n"}.get(m[1], m[1]), value)
-                  for name, value in MATCHER.findall(match["matchers"] or "")}
+            return 400, {
+                "status": "error",
+                "errorType": "bad_data",
+                "error": f"the stand-in does not evaluate {params.get('query')!r}",
+            }
+        wanted = {
+            name: re.sub(r"\\(.)", lambda m: {"n": "\n"}.get(m[1], m[1]), value)
+            for name, value in MATCHER.findall(match["matchers"] or "")
+        }
         groups: dict[tuple, float] = {}
         for name, labels, value in self.series:
             if name == match["name"] and all(labels.get(k) == v for k, v in wanted.items()):
@@ -83,8 +88,12 @@ class PrometheusStandIn:
 @pytest.fixture
 def prometheus():
     stand_in = PrometheusStandIn()
-    stand_in.load({(("job", "chat"), ("instance", "10.0.0.5:8000")): VLLM_TEXT,
-                   (("job", "other"), ("instance", "10.0.0.6:8000")): scaled_exposition(VLLM_TEXT, 3)})
+    stand_in.load(
+        {
+            (("job", "chat"), ("instance", "10.0.0.5:8000")): VLLM_TEXT,
+            (("job", "other"), ("instance", "10.0.0.6:8000")): scaled_exposition(VLLM_TEXT, 3),
+        }
+    )
     yield stand_in
     stand_in.stop()
 
@@ -97,9 +106,10 @@ def test_the_api_gives_what_the_metrics_text_gives(prometheus):
     assert other == parse(scaled_exposition(VLLM_TEXT, 3)) and other.drafts == 3600
     both = query_counters(prometheus.url)  # no labels: every series Prometheus has
     assert both.drafts == chat.drafts + other.drafts
-    assert both.accepted_per_position == tuple(a + b for a, b in zip(chat.accepted_per_position,
-                                                                   other.accepted_per_position))
-    times = {q["time"] for q in prometheus.queries[:len(counter_queries())]}
+    assert both.accepted_per_position == tuple(
+        a + b for a, b in zip(chat.accepted_per_position, other.accepted_per_position)
+    )
+    times = {q["time"] for q in prometheus.queries[: len(counter_queries())]}
     assert len(times) == 1  # one instant for all counters of a scrape, so they agree with each other
 
 
@@ -115,13 +125,15 @@ def test_a_counter_reset_seen_through_prometheus_is_never_negative(prometheus, t
     start = datetime(2026, 11, 2, 12, tzinfo=UTC)
     store.record_scrape("chat", start, query_counters(prometheus.url, {"job": "chat"}), pair)
     prometheus.load({(("job", "chat"),): scaled_exposition(VLLM_TEXT, 1.5)})
-    grown = store.record_scrape("chat", start + timedelta(minutes=1), query_counters(prometheus.url, {"job": "chat"}),
-                                pair)
+    grown = store.record_scrape(
+        "chat", start + timedelta(minutes=1), query_counters(prometheus.url, {"job": "chat"}), pair
+    )
     assert (grown.reset, grown.draft_tokens, grown.accepted) == (False, 1800, 1260)
     assert grown.accepted_per_position == [540, 420, 300]
     prometheus.load({(("job", "chat"),): scaled_exposition(VLLM_TEXT, 0.1)})  # the server restarted: counting from zero
-    restarted = store.record_scrape("chat", start + timedelta(minutes=2),
-                                    query_counters(prometheus.url, {"job": "chat"}), pair)
+    restarted = store.record_scrape(
+        "chat", start + timedelta(minutes=2), query_counters(prometheus.url, {"job": "chat"}), pair
+    )
     assert restarted.reset
     assert (restarted.drafts, restarted.draft_tokens, restarted.accepted) == (120, 360, 252)
     assert restarted.accepted / restarted.draft_tokens == pytest.approx(0.7)
@@ -178,14 +190,23 @@ def test_the_scrape_task_can_read_from_prometheus(prometheus, tmp_path, monkeypa
     context.reset()
     try:
         store = context.store()
-        store.set_serving_pair("chat", target_name="demo-target", target_version=1, drafter_name="demo-target-drafter",
-                               drafter_version=1, gamma=3, endpoint="http://127.0.0.1:9", state="serving")
+        store.set_serving_pair(
+            "chat",
+            target_name="demo-target",
+            target_version=1,
+            drafter_name="demo-target-drafter",
+            drafter_version=1,
+            gamma=3,
+            endpoint="http://127.0.0.1:9",
+            state="serving",
+        )
         now = datetime(2026, 11, 2, 12, tzinfo=UTC)
         first = scrape_deployment.fn("chat", now, prometheus_url=prometheus.url, prometheus_labels={"job": "chat"})
         assert (first["draft_tokens"], first["accepted"]) == (3600, 2520)  # the endpoint itself is never asked
         prometheus.load({(("job", "chat"),): scaled_exposition(VLLM_TEXT, 2)})
-        second = scrape_deployment.fn("chat", now + timedelta(minutes=1), prometheus_url=prometheus.url,
-                                      prometheus_labels={"job": "chat"})
+        second = scrape_deployment.fn(
+            "chat", now + timedelta(minutes=1), prometheus_url=prometheus.url, prometheus_labels={"job": "chat"}
+        )
         assert (second["draft_tokens"], second["acceptance_rate"], second["reset"]) == (3600, 0.7, False)
     finally:
         context.reset()

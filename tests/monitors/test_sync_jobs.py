@@ -39,8 +39,9 @@ def test_twenty_concurrent_requests_for_one_version_let_exactly_one_caller_start
         thread.join()
     assert len(winners) == 1
     jobs = ledger.jobs("tiny")
-    assert [(j.target_version, j.method, j.status, j.source) for j in jobs] == [(3, "eagle3", "requested",
-                                                                                  f"caller-{winners[0]}")]
+    assert [(j.target_version, j.method, j.status, j.source) for j in jobs] == [
+        (3, "eagle3", "requested", f"caller-{winners[0]}")
+    ]
     # Another version or another method is another job.
     assert ledger.request("tiny", 4, "eagle3", source="poll", reason="new version", now=T0)
     assert ledger.request("tiny", 3, "medusa", source="poll", reason="new version", now=T0)
@@ -94,8 +95,9 @@ def test_a_crashed_run_is_taken_over_only_by_name_and_failures_retry_a_bounded_n
 def test_a_retrain_of_a_finished_job_is_asked_for_once_however_many_findings_arrive(ledger):
     claim = ledger.claim("tiny", 1, "eagle3", run_id="run-a", now=T0)
     ledger.finish(claim.job.id, "succeeded", drafter_version=1, now=T0)
-    answers = [ledger.request("tiny", 1, "eagle3", source="stale", reason="stale", retrain=True, now=T0)
-               for _ in range(5)]
+    answers = [
+        ledger.request("tiny", 1, "eagle3", source="stale", reason="stale", retrain=True, now=T0) for _ in range(5)
+    ]
     assert answers == [True, False, False, False, False]
     assert ledger.get("tiny", 1, "eagle3").generation == 1
 

@@ -60,8 +60,12 @@ class ChangeRecorder:
             raise RuntimeError(f"store unavailable (secret is {SECRET})")
         with self.lock:
             self.changes.append((change, delivery_id))
-        return {"sync_requested": True, "target_name": change.model_name, "target_version": change.version,
-                "at": datetime(2026, 1, 1, tzinfo=UTC)}
+        return {
+            "sync_requested": True,
+            "target_name": change.model_name,
+            "target_version": change.version,
+            "at": datetime(2026, 1, 1, tzinfo=UTC),
+        }
 
 
 @dataclass
@@ -85,9 +89,19 @@ def receiver():
 
 def version_created_body(name: str = "tiny-llama", version: str = "2") -> bytes:
     """The body MLflow sends for a new model version (same envelope and json.dumps as its delivery code)."""
-    envelope = {"entity": "model_version", "action": "created", "timestamp": datetime.now(UTC).isoformat(),
-                "data": {"name": name, "version": version, "source": "s3://models/tiny-llama/2", "run_id": None,
-                         "tags": {"draftsync.kind": "target"}, "description": None}}
+    envelope = {
+        "entity": "model_version",
+        "action": "created",
+        "timestamp": datetime.now(UTC).isoformat(),
+        "data": {
+            "name": name,
+            "version": version,
+            "source": "s3://models/tiny-llama/2",
+            "run_id": None,
+            "tags": {"draftsync.kind": "target"},
+            "description": None,
+        },
+    }
     return json.dumps(envelope).encode("utf-8")
 
 
@@ -95,9 +109,12 @@ def signed(body: bytes, secret: str = SECRET, timestamp: int | None = None, deli
     """Headers as MLflow signs them (its own signer)."""
     delivery_id = delivery_id or str(uuid.uuid4())
     timestamp = int(time.time()) if timestamp is None else timestamp
-    return {"Content-Type": "application/json", "X-MLflow-Delivery-Id": delivery_id,
-            "X-MLflow-Timestamp": str(timestamp),
-            "X-MLflow-Signature": _generate_hmac_signature(secret, delivery_id, str(timestamp), body.decode())}
+    return {
+        "Content-Type": "application/json",
+        "X-MLflow-Delivery-Id": delivery_id,
+        "X-MLflow-Timestamp": str(timestamp),
+        "X-MLflow-Signature": _generate_hmac_signature(secret, delivery_id, str(timestamp), body.decode()),
+    }
 
 
 def post(receiver: Receiver, body: bytes, headers: dict) -> httpx.Response:
@@ -225,7 +242,7 @@ def test_oversized_streamed_body_is_refused_while_reading(receiver):
 
     def chunks():
         for start in range(0, len(body), 1024):
-            yield body[start:start + 1024]
+            yield body[start : start + 1024]
 
     answer = httpx.post(receiver.webhook_url, content=chunks(), headers=signed(body), timeout=30)
     assert answer.status_code == 413
@@ -233,15 +250,19 @@ def test_oversized_streamed_body_is_refused_while_reading(receiver):
 
 def test_oversized_body_is_refused_before_it_is_read(receiver):
     """Headers promising a huge body, none of it sent: the 413 comes anyway, so nothing waited for the body."""
-    head = (f"POST {WEBHOOK_PATH} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {1 << 30}\r\n\r\n").encode()
+    head = (
+        f"POST {WEBHOOK_PATH} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {1 << 30}\r\n\r\n"
+    ).encode()
     assert raw_exchange(receiver.url, head).startswith(b"HTTP/1.1 413")
 
 
 def test_oversized_chunked_body_is_refused_before_it_ends(receiver):
     chunk = b" " * (SMALL_BODY_LIMIT + 1)
-    head = (f"POST {WEBHOOK_PATH} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-            "Transfer-Encoding: chunked\r\n\r\n").encode()
+    head = (
+        f"POST {WEBHOOK_PATH} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
     first = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"  # the terminating 0-chunk never comes
     assert raw_exchange(receiver.url, head, first).startswith(b"HTTP/1.1 413")
 
@@ -249,6 +270,7 @@ def test_oversized_chunked_body_is_refused_before_it_ends(receiver):
 def test_default_limit_is_one_mebibyte():
     app = create_app(SECRET, on_change=ChangeRecorder(), remember_delivery=DeliveryMemory())
     with serve_asgi_in_thread(app) as url:
+
         def head(length: int) -> bytes:
             return f"POST {WEBHOOK_PATH} HTTP/1.1\r\nHost: test\r\nContent-Length: {length}\r\n\r\n".encode()
 
@@ -259,8 +281,14 @@ def test_default_limit_is_one_mebibyte():
 
 
 def test_other_events_are_acknowledged_and_ignored(receiver):
-    body = json.dumps({"entity": "model_version_tag", "action": "set", "timestamp": "t",
-                       "data": {"name": "m", "version": "1", "key": "k", "value": "v"}}).encode()
+    body = json.dumps(
+        {
+            "entity": "model_version_tag",
+            "action": "set",
+            "timestamp": "t",
+            "data": {"name": "m", "version": "1", "key": "k", "value": "v"},
+        }
+    ).encode()
     answer = post(receiver, body, signed(body))
     assert answer.status_code == 200
     assert answer.json() == {"ignored": "model_version_tag.set"}
@@ -368,12 +396,12 @@ def test_mlflow_server_deliveries_start_exactly_one_change_each(mlflow, receiver
     named = [webhook for webhook in client.list_webhooks() if webhook.name == "draftsync-e2e"]
     assert len(named) == 1
     assert named[0].url == receiver.webhook_url
-    assert sorted(str(event) for event in named[0].events) == ["model_version.created",
-                                                                "model_version_alias.created"]
+    assert sorted(str(event) for event in named[0].events) == ["model_version.created", "model_version_alias.created"]
 
     client.create_registered_model("e2e-target")
-    version = client.create_model_version("e2e-target", "s3://draftsync-test/e2e-target/1",
-                                          tags={"draftsync.kind": "target"})
+    version = client.create_model_version(
+        "e2e-target", "s3://draftsync-test/e2e-target/1", tags={"draftsync.kind": "target"}
+    )
     client.set_registered_model_alias("e2e-target", "production", version.version)
 
     assert len(wait_for_changes(receiver.recorder, 2)) >= 2, f"MLflow delivered too little; log: {mlflow.log_path}"
@@ -401,8 +429,13 @@ def isolated_environment(tmp_path):
 
 @pytest.mark.slow
 def test_register_command_is_idempotent_and_never_prints_the_secret(mlflow, isolated_environment):
-    os.environ.update({"DRAFTSYNC_WORKDIR": str(isolated_environment), "MLFLOW_TRACKING_URI": mlflow.url,
-                       "DRAFTSYNC_WEBHOOK_SECRET": SECRET})
+    os.environ.update(
+        {
+            "DRAFTSYNC_WORKDIR": str(isolated_environment),
+            "MLFLOW_TRACKING_URI": mlflow.url,
+            "DRAFTSYNC_WEBHOOK_SECRET": SECRET,
+        }
+    )
     os.environ.pop("DRAFTSYNC_WEBHOOK_SECRET_BLOCK", None)
     runner = CliRunner()
     url = "http://127.0.0.1:8765/mlflow/webhook"
@@ -420,8 +453,7 @@ def test_register_command_is_idempotent_and_never_prints_the_secret(mlflow, isol
 
 
 def test_register_without_a_secret_says_how_to_set_one(isolated_environment):
-    os.environ.update({"DRAFTSYNC_WORKDIR": str(isolated_environment),
-                       "MLFLOW_TRACKING_URI": "http://127.0.0.1:1"})
+    os.environ.update({"DRAFTSYNC_WORKDIR": str(isolated_environment), "MLFLOW_TRACKING_URI": "http://127.0.0.1:1"})
     for key in ("DRAFTSYNC_WEBHOOK_SECRET", "DRAFTSYNC_WEBHOOK_SECRET_BLOCK"):
         os.environ.pop(key, None)
     result = CliRunner().invoke(webhooks_app, ["register", "--url", "http://127.0.0.1:8765/mlflow/webhook"])

@@ -25,7 +25,10 @@ def make_checkpoint(directory: Path, hidden: int = 8, layers: int = 2, vocab: in
     (directory / "config.json").write_text(json.dumps(config))
     rng = np.random.default_rng(seed)
     save_file(
-        {"embed.weight": rng.standard_normal((vocab, hidden)).astype(np.float32), "norm.weight": np.ones(hidden, np.float32)},
+        {
+            "embed.weight": rng.standard_normal((vocab, hidden)).astype(np.float32),
+            "norm.weight": np.ones(hidden, np.float32),
+        },
         str(directory / "model.safetensors"),
     )
     return directory
@@ -44,7 +47,11 @@ def target_dir(tmp_path) -> Path:
 
 def tags_for(task_mix: dict[str, float]) -> dict[str, str]:
     return target_tags(
-        architecture="LlamaForCausalLM", hidden_size=8, num_layers=2, vocab_size=32, parameter_count=264,
+        architecture="LlamaForCausalLM",
+        hidden_size=8,
+        num_layers=2,
+        vocab_size=32,
+        parameter_count=264,
         task_mix=task_mix,
     )
 
@@ -56,7 +63,11 @@ def register_two_targets(registry: Registry, name: str, target_dir: Path) -> tup
 
 def test_target_tags_are_strings_with_the_task_mix_as_json():
     tags = target_tags(
-        architecture="LlamaForCausalLM", hidden_size=8, num_layers=2, vocab_size=32, parameter_count=264,
+        architecture="LlamaForCausalLM",
+        hidden_size=8,
+        num_layers=2,
+        vocab_size=32,
+        parameter_count=264,
         task_mix={"math": 0.3, "code": 0.7},
     )
     assert tags == {
@@ -110,8 +121,14 @@ def test_drafter_lineage_tags_metrics_and_candidate_alias(registry, target_dir, 
     _, target_version = register_two_targets(registry, "tgt-c", target_dir)
     drafter_dir = make_checkpoint(tmp_path / "drafter", seed=1)
     version = registry.register_drafter(
-        "tgt-c", target_version, drafter_dir, "eagle3", 3, {"acceptance_rate": 0.8125},
-        {"draftsync.best_gamma": "3"}, validation_passed=True,
+        "tgt-c",
+        target_version,
+        drafter_dir,
+        "eagle3",
+        3,
+        {"acceptance_rate": 0.8125},
+        {"draftsync.best_gamma": "3"},
+        validation_passed=True,
     )
     name = drafter_model_name("tgt-c")
     assert name == "tgt-c-drafter"
@@ -220,8 +237,14 @@ def test_training_curves_are_logged_as_step_series_on_the_drafter_run(registry, 
     target_version = registry.register_target("tgt-curves", target_dir, tags_for({"code": 1.0}))
     history = {"train_loss": [(1, 2.5), (2, 2.0), (3, float("nan")), (4, 1.5)], "holdout_accuracy_pos0": [(4, 0.6)]}
     version = registry.register_drafter(
-        "tgt-curves", target_version, make_checkpoint(tmp_path / "drafter"), "medusa", 2, {"acceptance_rate": 0.5},
-        validation_passed=False, metric_history=history,
+        "tgt-curves",
+        target_version,
+        make_checkpoint(tmp_path / "drafter"),
+        "medusa",
+        2,
+        {"acceptance_rate": 0.5},
+        validation_passed=False,
+        metric_history=history,
     )
     run_id = registry.version_info(drafter_model_name("tgt-curves"), version).run_id
     loss = registry._client.get_metric_history(run_id, "train_loss")

@@ -25,16 +25,33 @@ NOT_TAGS = re.compile(r"""["']draftsync\.(serving\.|monitors[.:]|local|webhooks)
 
 
 def test_a_drafter_version_reads_back_what_a_sync_writes():
-    tags = {**drafter_tags("llm", 3, "eagle3.1", 4, validation_passed=True, metrics={"gamma_knee": 5.0}),
-            **training_tags({"steps": 20}, 1, 2),
-            **checklist_tags([("acceptance", True)], profile="test", backend="reference", temperature=0.0,
-                             acceptance_rate=0.7, threshold=0.5, schedule=[[1, 4, 5]]),
-            **recommended_tags("eagle3", [2, 4], 3, False, "because")}
+    tags = {
+        **drafter_tags("llm", 3, "eagle3.1", 4, validation_passed=True, metrics={"gamma_knee": 5.0}),
+        **training_tags({"steps": 20}, 1, 2),
+        **checklist_tags(
+            [("acceptance", True)],
+            profile="test",
+            backend="reference",
+            temperature=0.0,
+            acceptance_rate=0.7,
+            threshold=0.5,
+            schedule=[[1, 4, 5]],
+        ),
+        **recommended_tags("eagle3", [2, 4], 3, False, "because"),
+    }
     drafter = DrafterVersion.from_tags("llm-drafter", 7, tags)
     assert (drafter.trained_for, drafter.trained_for_version(), drafter.method, drafter.family) == (
-        3, 3, "eagle3.1", "eagle3")
+        3,
+        3,
+        "eagle3.1",
+        "eagle3",
+    )
     assert (drafter.served_gamma(), drafter.gamma_measured, drafter.validation, drafter.validation_passed) == (
-        4, 5, "passed", True)
+        4,
+        5,
+        "passed",
+        True,
+    )
     assert drafter.gamma_schedule() == [[1, 4, 5]] and drafter.data_check_failures == 2
     assert drafter.gamma_recommended == {"start": 3, "range": [2, 4]} and drafter.recommended_method == "eagle3"
 
@@ -51,19 +68,32 @@ def test_strict_readers_name_the_tag():
 
 
 def test_a_target_version_reads_its_facts():
-    tags = target_tags(architecture="LlamaForCausalLM", hidden_size=64, num_layers=2, vocab_size=384,
-                       parameter_count=25000, task_mix={"code": 0.5, "math": 0.5})
+    tags = target_tags(
+        architecture="LlamaForCausalLM",
+        hidden_size=64,
+        num_layers=2,
+        vocab_size=384,
+        parameter_count=25000,
+        task_mix={"code": 0.5, "math": 0.5},
+    )
     target = TargetVersion.from_tags("llm", 1, tags)
     assert (target.architecture, target.hidden_size, target.num_hidden_layers, target.vocab_size) == (
-        "LlamaForCausalLM", 64, 2, 384)
+        "LlamaForCausalLM",
+        64,
+        2,
+        384,
+    )
     assert target.task_mix() == {"code": 0.5, "math": 0.5} and target.parameter_count() == 25000
     assert TargetVersion.from_tags("llm", None, {}).task_mix() is None
 
 
 def test_no_other_module_spells_a_tag_key():
     spelled = re.compile(r"""["']draftsync\.""")
-    found = [f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"
-             for path in sorted(PACKAGE.rglob("*.py")) if path not in (HOME, PACKAGE / "tasks" / "events.py")
-             for number, line in enumerate(path.read_text().splitlines(), 1)
-             if "event.resource" not in line and spelled.search(NOT_TAGS.sub("", line))]
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path not in (HOME, PACKAGE / "tasks" / "events.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "event.resource" not in line and spelled.search(NOT_TAGS.sub("", line))
+    ]
     assert not found, "use the constants and readers of draftsync/registry/tags.py:\n" + "\n".join(found)

@@ -44,8 +44,9 @@ def mlflow_body(event: str, data: dict | None = None) -> bytes:
     return json.dumps(envelope).encode("utf-8")
 
 
-def mlflow_headers(body: bytes, secret: str = SECRET, timestamp: int | None = None,
-                   delivery_id: str | None = None) -> dict[str, str]:
+def mlflow_headers(
+    body: bytes, secret: str = SECRET, timestamp: int | None = None, delivery_id: str | None = None
+) -> dict[str, str]:
     """Headers signed by MLflow's own implementation, so the test does not share our code's assumptions."""
     delivery_id = delivery_id or str(uuid.uuid4())
     timestamp = int(time.time()) if timestamp is None else timestamp
@@ -125,8 +126,10 @@ def test_missing_header_is_refused(header):
     assert rejection(headers, body) == MISSING_HEADER
 
 
-@pytest.mark.parametrize("signature", ["v2,abc=", "v1,not base64!", "v1,", "v1", "sha256=abcdef",
-                                       "v1," + base64.b64encode(b"short").decode()])
+@pytest.mark.parametrize(
+    "signature",
+    ["v2,abc=", "v1,not base64!", "v1,", "v1", "sha256=abcdef", "v1," + base64.b64encode(b"short").decode()],
+)
 def test_malformed_signature_is_refused(signature):
     body = mlflow_body("model_version.created")
     headers = mlflow_headers(body)
@@ -181,21 +184,31 @@ def test_empty_secret_is_a_configuration_error_not_a_pass():
 
 # --- parsing ------------------------------------------------------------------------------------
 def test_version_created_payload_becomes_a_change():
-    data = {"name": "tiny-llama", "version": "3", "source": "s3://b/m", "run_id": None,
-            "tags": {"draftsync.kind": "target"}, "description": None}
+    data = {
+        "name": "tiny-llama",
+        "version": "3",
+        "source": "s3://b/m",
+        "run_id": None,
+        "tags": {"draftsync.kind": "target"},
+        "description": None,
+    }
     change = parse_registry_change(mlflow_body("model_version.created", data))
-    assert change == RegistryChange(kind="version_created", model_name="tiny-llama", version=3, alias=None,
-                                    tags={"draftsync.kind": "target"})
+    assert change == RegistryChange(
+        kind="version_created", model_name="tiny-llama", version=3, alias=None, tags={"draftsync.kind": "target"}
+    )
 
 
 def test_alias_created_payload_becomes_an_alias_move():
     change = parse_registry_change(mlflow_body("model_version_alias.created"))
-    assert change == RegistryChange(kind="alias_moved", model_name="example_model", version=1,
-                                    alias="example_alias", tags={})
+    assert change == RegistryChange(
+        kind="alias_moved", model_name="example_model", version=1, alias="example_alias", tags={}
+    )
 
 
-@pytest.mark.parametrize("event", ["model_version_tag.set", "model_version_alias.deleted", "registered_model.created",
-                                   "prompt_version.created"])
+@pytest.mark.parametrize(
+    "event",
+    ["model_version_tag.set", "model_version_alias.deleted", "registered_model.created", "prompt_version.created"],
+)
 def test_other_events_are_ignored(event):
     parsed = parse_delivery(mlflow_body(event))
     assert parsed.event == event
@@ -207,27 +220,32 @@ def _envelope(data) -> bytes:
     return json.dumps({"entity": "model_version", "action": "created", "timestamp": "t", "data": data}).encode()
 
 
-@pytest.mark.parametrize("body", [
-    b"not json",
-    b"\xff\xfe\x00",
-    b"",
-    b"[1, 2]",
-    b'"model_version.created"',
-    b'{"entity": "model_version"}',
-    b'{"entity": "model_version", "action": "created"}',
-    b'{"entity": 1, "action": "created", "data": {}}',
-    _envelope([]),
-    _envelope({"version": "1"}),
-    _envelope({"name": "", "version": "1"}),
-    _envelope({"name": "m"}),
-    _envelope({"name": "m", "version": "one"}),
-    _envelope({"name": "m", "version": "0"}),
-    _envelope({"name": "m", "version": True}),
-    _envelope({"name": "m", "version": "²"}),
-    _envelope({"name": "m", "version": "1", "tags": ["draftsync.kind"]}),
-    _envelope({"name": "m", "version": "1", "tags": {"draftsync.kind": 1}}),
-    json.dumps({"entity": "model_version_alias", "action": "created", "data": {"name": "m", "version": "1"}}).encode(),
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"\xff\xfe\x00",
+        b"",
+        b"[1, 2]",
+        b'"model_version.created"',
+        b'{"entity": "model_version"}',
+        b'{"entity": "model_version", "action": "created"}',
+        b'{"entity": 1, "action": "created", "data": {}}',
+        _envelope([]),
+        _envelope({"version": "1"}),
+        _envelope({"name": "", "version": "1"}),
+        _envelope({"name": "m"}),
+        _envelope({"name": "m", "version": "one"}),
+        _envelope({"name": "m", "version": "0"}),
+        _envelope({"name": "m", "version": True}),
+        _envelope({"name": "m", "version": "²"}),
+        _envelope({"name": "m", "version": "1", "tags": ["draftsync.kind"]}),
+        _envelope({"name": "m", "version": "1", "tags": {"draftsync.kind": 1}}),
+        json.dumps(
+            {"entity": "model_version_alias", "action": "created", "data": {"name": "m", "version": "1"}}
+        ).encode(),
+    ],
+)
 def test_bodies_of_the_wrong_shape_are_refused(body):
     with pytest.raises(WebhookRejected) as caught:
         parse_registry_change(body)
@@ -240,11 +258,14 @@ def test_version_as_int_and_missing_tags_are_accepted():
 
 
 # --- registration input checks (the real MLflow server round trip is in tests/flows) --------------
-@pytest.mark.parametrize("name, url, secret, fragment", [
-    ("draftsync", "ftp://host/hook", SECRET, "http(s)"),
-    ("draftsync", "http://127.0.0.1:1/mlflow/webhook", "", "secret"),
-    ("", "http://127.0.0.1:1/mlflow/webhook", SECRET, "name"),
-])
+@pytest.mark.parametrize(
+    "name, url, secret, fragment",
+    [
+        ("draftsync", "ftp://host/hook", SECRET, "http(s)"),
+        ("draftsync", "http://127.0.0.1:1/mlflow/webhook", "", "secret"),
+        ("", "http://127.0.0.1:1/mlflow/webhook", SECRET, "name"),
+    ],
+)
 def test_registration_refuses_bad_input_before_calling_mlflow(name, url, secret, fragment):
     with pytest.raises(DraftsyncError) as caught:
         create_or_update_webhook("http://127.0.0.1:1", name, url, secret)

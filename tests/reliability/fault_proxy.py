@@ -33,8 +33,11 @@ class KillRule:
     fired: threading.Event = field(default_factory=threading.Event)
 
     def matches(self, method: str, path: str, body: bytes) -> bool:
-        return (method == self.method and self.path_contains in path
-                and all(word.encode() in body for word in self.body_contains))
+        return (
+            method == self.method
+            and self.path_contains in path
+            and all(word.encode() in body for word in self.body_contains)
+        )
 
 
 def kill_process_tree(pid: int) -> None:
@@ -148,4 +151,3 @@ class FaultProxy:
             self._server.shutdown()
             self._server.server_close()
             thread.join(timeout=10)
-

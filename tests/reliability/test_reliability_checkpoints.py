@@ -11,7 +11,7 @@ import sys
 import pytest
 from draftsync.errors import DraftsyncError
 
-REMOTE_MODULE = '''
+REMOTE_MODULE = """
 import os
 from pathlib import Path
 
@@ -22,7 +22,7 @@ Path(os.environ["REMOTE_CODE_MARKER"]).write_text("the checkpoint's own code ran
 
 class RemoteLlamaForCausalLM(LlamaForCausalLM):
     pass
-'''
+"""
 
 
 def copy_of(target, tmp_path, name: str):
@@ -36,8 +36,9 @@ def other_config(kind: str) -> dict:
 
     if kind == "gpt2":
         return GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=320).to_dict()
-    return BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                      vocab_size=320).to_dict()
+    return BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=320
+    ).to_dict()
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "bert"])

@@ -25,8 +25,9 @@ COUNTERS = (
 
 
 def counters_text(drafts: int, accepted: int, first: int) -> str:
-    return COUNTERS.format(drafts=drafts, draft_tokens=2 * drafts, accepted=accepted, first=first,
-                           second=accepted - first)
+    return COUNTERS.format(
+        drafts=drafts, draft_tokens=2 * drafts, accepted=accepted, first=first, second=accepted - first
+    )
 
 
 GOOD_BEFORE = counters_text(100, 150, 90)
@@ -38,8 +39,7 @@ BAD_TEXTS = {
     "a NaN counter": (GOOD_AFTER.replace(" 230\n", " NaN\n"), "has the value nan"),
     "a negative counter": (GOOD_AFTER.replace(" 320\n", " -320\n"), "has the value -320"),
     "a counter beyond 2**53": (GOOD_AFTER.replace(" 160\n", " 1e30\n"), "has the value 1e+30"),
-    "a huge position label": (GOOD_AFTER.replace('position="1"', 'position="999999999"'),
-                              "position='999999999'"),
+    "a huge position label": (GOOD_AFTER.replace('position="1"', 'position="999999999"'), "position='999999999'"),
     "a truncated body": (GOOD_AFTER[: GOOD_AFTER.index("{") + 12], "did not return Prometheus text"),
 }
 
@@ -69,8 +69,16 @@ def test_a_scrape_of_bad_metrics_text_names_the_endpoint_and_loses_nothing(workd
     from draftsync.tasks.monitoring import scrape_deployment
 
     store = context.store()
-    store.set_serving_pair("chat", target_name="t", target_version=1, drafter_name="t-drafter", drafter_version=1,
-                           gamma=2, endpoint=endpoint.url, state="serving")
+    store.set_serving_pair(
+        "chat",
+        target_name="t",
+        target_version=1,
+        drafter_name="t-drafter",
+        drafter_version=1,
+        gamma=2,
+        endpoint=endpoint.url,
+        state="serving",
+    )
     start = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
     hour = (start - timedelta(minutes=1), start + timedelta(hours=1))
     endpoint.text = GOOD_BEFORE
@@ -88,8 +96,13 @@ def test_a_scrape_of_bad_metrics_text_names_the_endpoint_and_loses_nothing(workd
 
     endpoint.text = GOOD_AFTER
     result = scrape_deployment.fn("chat", start + timedelta(minutes=30))
-    assert result == {"deployment": "chat", "draft_tokens": 120, "accepted": 80,
-                      "acceptance_rate": pytest.approx(80 / 120), "reset": False}
+    assert result == {
+        "deployment": "chat",
+        "draft_tokens": 120,
+        "accepted": 80,
+        "acceptance_rate": pytest.approx(80 / 120),
+        "reset": False,
+    }
     booked, sample = store.samples("chat", *hour)
     assert (booked.drafts, booked.draft_tokens, booked.accepted) == (100, 200, 150)
     assert (sample.drafts, sample.draft_tokens, sample.accepted) == (60, 120, 80)
@@ -115,8 +128,15 @@ def test_a_dataset_without_a_usable_sequence_fails_the_data_checks(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+    )
     model = LlamaForCausalLM(config).eval()
     unusable = [Sample("code", [], []), Sample("code", [5], [1])]
     for name, samples in {"no-samples": [], "unusable-samples": unusable}.items():

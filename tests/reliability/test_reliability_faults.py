@@ -41,14 +41,35 @@ class RestartablePostgres:
             raise RuntimeError(f"{' '.join(args[:1])} failed: {detail}") from exc
 
     def init(self) -> None:
-        self._pg(str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", "draftsync", "-A", "trust", "-E", "UTF8",
-                 "--locale=C", "--no-sync")
+        self._pg(
+            str(self.bin_dir / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "draftsync",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        )
 
     def start(self) -> None:
-        options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
-                   "-c fsync=off -c full_page_writes=off")
-        self._pg(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.log),
-                 "-w", "-t", "60", "start")
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
+        self._pg(
+            str(self.bin_dir / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.log),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
 
     def stop(self) -> None:
         """`-m fast`: open sessions are cut, as in a restart by an operator or an orchestrator."""
@@ -60,8 +81,9 @@ class RestartablePostgres:
     def create_database(self, name: str) -> str:
         import psycopg
 
-        with psycopg.connect(host="127.0.0.1", port=self.port, user="draftsync", dbname="postgres",
-                             autocommit=True) as connection:
+        with psycopg.connect(
+            host="127.0.0.1", port=self.port, user="draftsync", dbname="postgres", autocommit=True
+        ) as connection:
             connection.execute(f'CREATE DATABASE "{name}"')
         return f"postgresql+psycopg://draftsync@127.0.0.1:{self.port}/{name}"
 
@@ -78,8 +100,11 @@ def restartable_postgres():
         yield cluster
     finally:
         if cluster.running():
-            subprocess.run(prefix + [str(bin_dir / "pg_ctl"), "-D", str(cluster.data), "-m", "immediate", "-w",
-                                     "stop"], capture_output=True, timeout=120)
+            subprocess.run(
+                prefix + [str(bin_dir / "pg_ctl"), "-D", str(cluster.data), "-m", "immediate", "-w", "stop"],
+                capture_output=True,
+                timeout=120,
+            )
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -108,8 +133,17 @@ def test_postgres_restarted_while_scraping_loses_and_doubles_nothing(workdir, re
     assert store.engine.dialect.name == "postgresql"
     endpoint = MetricsEndpoint()
     try:
-        store.set_serving_pair("chat", target_name="t", target_version=1, drafter_name="t-drafter",
-                               drafter_version=1, gamma=2, endpoint=endpoint.url, state="serving", now=START)
+        store.set_serving_pair(
+            "chat",
+            target_name="t",
+            target_version=1,
+            drafter_name="t-drafter",
+            drafter_version=1,
+            gamma=2,
+            endpoint=endpoint.url,
+            state="serving",
+            now=START,
+        )
         step, scraped_at, failed_after_restart = 0, [], []
 
         def serve_more() -> None:
@@ -143,8 +177,9 @@ def test_postgres_restarted_while_scraping_loses_and_doubles_nothing(workdir, re
         assert isinstance(refused_task.value.__cause__, OperationalError)
         counters = scrape_counters(f"{endpoint.url}/metrics")  # the metrics are fine; only the store is gone
         with pytest.raises(DraftsyncError) as refused_write:  # the store's own write
-            store.record_scrape("chat", START + 4 * MINUTE + timedelta(seconds=30), counters, before_outage[-1],
-                                count_first=True)
+            store.record_scrape(
+                "chat", START + 4 * MINUTE + timedelta(seconds=30), counters, before_outage[-1], count_first=True
+            )
         assert f"port {restartable_postgres.port} failed: Connection refused" in str(refused_write.value)
         assert f"monitor store {shown} is unavailable" in refused_write.value.what
         assert "start the database" in refused_write.value.fix
@@ -184,8 +219,12 @@ def test_postgres_restarted_while_scraping_loses_and_doubles_nothing(workdir, re
         assert min(s.drafts, s.draft_tokens, s.accepted, *s.accepted_per_position) >= 0, s
 
     last, first = served_counters(step), served_counters(1)
-    booked = (sum(s.drafts for s in samples), sum(s.accepted for s in samples),
-              sum(s.accepted_per_position[0] for s in samples), sum(s.draft_tokens for s in samples))
+    booked = (
+        sum(s.drafts for s in samples),
+        sum(s.accepted for s in samples),
+        sum(s.accepted_per_position[0] for s in samples),
+        sum(s.draft_tokens for s in samples),
+    )
     assert booked == (last["drafts"], last["accepted"], last["first"], 2 * last["drafts"])
     since_first = (sum(s.drafts for s in samples[1:]), sum(s.accepted for s in samples[1:]))
     assert since_first == (last["drafts"] - first["drafts"], last["accepted"] - first["accepted"])
@@ -203,8 +242,9 @@ def test_the_first_scrape_after_a_quick_postgres_restart_succeeds(restartable_po
     store = Store(restartable_postgres.create_database("monitor"))
     try:
         pair = ServedPair(target_name="t", target_version=1, drafter_version=1, gamma=2)
-        store.record_scrape("chat", START, SpecDecodeCounters(drafts=10, draft_tokens=20, accepted=15), pair,
-                            count_first=True)
+        store.record_scrape(
+            "chat", START, SpecDecodeCounters(drafts=10, draft_tokens=20, accepted=15), pair, count_first=True
+        )
         restartable_postgres.stop()
         restartable_postgres.start()
         store.record_scrape("chat", START + MINUTE, SpecDecodeCounters(drafts=30, draft_tokens=60, accepted=45), pair)
@@ -230,7 +270,8 @@ class SwitchableLogin:
 
 
 def test_smtp_refusing_the_login_keeps_the_mail_pending_and_a_retry_delivers_it_once(
-        tmp_path, smtp_server_factory, caplog):
+    tmp_path, smtp_server_factory, caplog
+):
     """The first attempt gets 535; the mail stays pending with the reason. Once the server accepts the login,
     the retry delivers it and later retries send nothing more. The password is in no log line and no outbox row."""
     from draftsync.monitors.mailer import Mailer
@@ -240,8 +281,14 @@ def test_smtp_refusing_the_login_keeps_the_mail_pending_and_a_retry_delivers_it_
     login = SwitchableLogin()
     server = smtp_server_factory(authenticator=login, auth_require_tls=False)
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
-    settings = Settings(workdir=tmp_path, smtp_host=server.host, smtp_port=server.port, smtp_user="reporter",
-                        smtp_password=PASSWORD, alert_to="ml-platform@example.org")
+    settings = Settings(
+        workdir=tmp_path,
+        smtp_host=server.host,
+        smtp_port=server.port,
+        smtp_user="reporter",
+        smtp_password=PASSWORD,
+        alert_to="ml-platform@example.org",
+    )
     mailer = Mailer(tmp_path / "outbox", store, settings)
     caplog.set_level(logging.DEBUG)
     message = EmailMessage()
@@ -267,7 +314,11 @@ def test_smtp_refusing_the_login_keeps_the_mail_pending_and_a_retry_delivers_it_
     assert server.envelopes == [("draftsync@localhost", ["ml-platform@example.org"])]
     final = store.outbox_entry(entry.id)
     assert (final.status, final.attempts, final.last_error, final.sent_at) == (
-        "sent", 2, None, START + timedelta(hours=1))
+        "sent",
+        2,
+        None,
+        START + timedelta(hours=1),
+    )
 
     assert PASSWORD not in caplog.text
     for row in store.outbox():

@@ -61,7 +61,8 @@ def monitor_on_postgres(workdir, postgres_url, monkeypatch) -> str:
 
 
 def test_the_webhook_receiver_at_200_requests_a_second_answers_every_request_as_it_should(
-        prefect_api, postgres_url, tmp_path):
+    prefect_api, postgres_url, tmp_path
+):
     """2000 requests sent on schedule: no 5xx, no connection error, every answer the one its kind gets; afterwards
     one ledger job, accepted deliveries still refused as replays and forged ones never remembered."""
     import httpx
@@ -99,8 +100,7 @@ def test_the_webhook_receiver_at_200_requests_a_second_answers_every_request_as_
     store = Store(postgres_url)
     try:
         jobs = SyncLedger(store).jobs()
-        assert [(j.target_name, j.target_version, j.source) for j in jobs] == [(TARGET_NAME, TARGET_VERSION,
-                                                                                  "webhook")]
+        assert [(j.target_name, j.target_version, j.source) for j in jobs] == [(TARGET_NAME, TARGET_VERSION, "webhook")]
         with store.engine.connect() as connection:
             remembered = connection.execute(select(func.count()).select_from(WebhookDelivery)).scalar_one()
         assert remembered == 1 + len(accepted) + len(forged[::100]) + 1  # warm-up, load, genuine after forged, fresh
@@ -109,7 +109,8 @@ def test_the_webhook_receiver_at_200_requests_a_second_answers_every_request_as_
 
 
 def test_one_scrape_cycle_over_200_endpoints_books_every_pair_once_with_the_exact_deltas(
-        prefect_api, monitor_on_postgres):
+    prefect_api, monitor_on_postgres
+):
     """Two flow runs: each endpoint is asked once per cycle, no task fails or retries, and each pair holds one
     sample per cycle: the counters it started with, then exactly their growth."""
     from draftsync.flows.scrape import scrape

@@ -61,8 +61,9 @@ def test_a_symlink_inside_a_root_that_points_outside_is_refused(places):
     link.symlink_to(places.outside / "target", target_is_directory=True)
     with pytest.raises(DraftsyncError) as error:
         confined_model_path(link, "target checkpoint")
-    assert_refusal_names_everything(error.value, link, (places.outside / "target").resolve(),
-                                    [places.work.resolve(), places.root.resolve()])
+    assert_refusal_names_everything(
+        error.value, link, (places.outside / "target").resolve(), [places.work.resolve(), places.root.resolve()]
+    )
     assert error.value.what.startswith(f"target checkpoint {link} resolves to ")
 
 
@@ -70,8 +71,9 @@ def test_dot_dot_out_of_a_root_is_refused(places):
     climbing = f"{places.root}/../outside/target"
     with pytest.raises(DraftsyncError) as error:
         confined_model_path(climbing, "drafter checkpoint")
-    assert_refusal_names_everything(error.value, climbing, (places.outside / "target").resolve(),
-                                    [places.work.resolve(), places.root.resolve()])
+    assert_refusal_names_everything(
+        error.value, climbing, (places.outside / "target").resolve(), [places.work.resolve(), places.root.resolve()]
+    )
 
 
 def test_a_sibling_whose_name_starts_like_a_root_is_outside(places):
@@ -109,7 +111,8 @@ def registry_state(registry, client, artifacts: Path) -> dict:
 
 
 def test_registering_a_directory_outside_the_roots_is_refused_and_stores_nothing(
-        workdir, tiny_target, tiny_drafter, tmp_path, monkeypatch):
+    workdir, tiny_target, tiny_drafter, tmp_path, monkeypatch
+):
     from draftsync.registry.tags import target_tags
     from draftsync.speculative.targets import describe_target
     from draftsync.tasks import context
@@ -139,8 +142,16 @@ def test_registering_a_directory_outside_the_roots_is_refused_and_stores_nothing
         lambda: registry.register_target(TARGET, outside_target, tags),
         lambda: registry.register_target(TARGET, escape, tags),
         lambda: registry.register_target(f"{TARGET}-new", f"{workdir}/../elsewhere/target", tags),
-        lambda: registry.register_drafter(TARGET, version, outside_drafter, "eagle3", 2, {}, validation_passed=True,
-                                          sync_key=f"{TARGET}:{version}:eagle3"),
+        lambda: registry.register_drafter(
+            TARGET,
+            version,
+            outside_drafter,
+            "eagle3",
+            2,
+            {},
+            validation_passed=True,
+            sync_key=f"{TARGET}:{version}:eagle3",
+        ),
     ]
     for register in refusals:
         with pytest.raises(DraftsyncError) as error:
@@ -176,8 +187,19 @@ def test_the_reference_server_refuses_to_start_on_a_path_outside_the_roots(place
     # ... and the server itself, started by hand with the same arguments, exits before it reads them.
     for target, drafter, named in ((tiny_target, None, tiny_target), (inside, escape, escape)):
         port = free_port()
-        argv = [sys.executable, "-m", "draftsync.serving.reference_server", "--target", str(target),
-                "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny"]
+        argv = [
+            sys.executable,
+            "-m",
+            "draftsync.serving.reference_server",
+            "--target",
+            str(target),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+        ]
         if drafter is not None:
             argv += ["--drafter", str(drafter), "--gamma", "2"]
         log = places.work / f"server-{port}.log"
@@ -227,21 +249,30 @@ def test_trust_remote_code_reaches_vllm_only_when_the_setting_is_on(monkeypatch)
 
 
 @pytest.mark.parametrize("setting", ["false", "true"])
-@pytest.mark.parametrize("extra", [["--trust-remote-code"], ["--trust_remote_code"], ["--trust-remote-code=true"],
-                                   ["--max-model-len", "512", "--trust-remote"]])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--trust-remote-code"],
+        ["--trust_remote_code"],
+        ["--trust-remote-code=true"],
+        ["--max-model-len", "512", "--trust-remote"],
+    ],
+)
 def test_a_deployment_cannot_add_trust_remote_code_through_extra_arguments(tmp_path, monkeypatch, setting, extra):
     from draftsync.serving.deployment import load_deployments
     from draftsync.serving.vllm_args import render_vllm_command
 
     monkeypatch.setenv(TRUST, setting)
     path = tmp_path / "deployments.yaml"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         deployments:
           - name: chat
             target_name: llama-chat
             launch: vllm
             extra_vllm_args: {extra!r}
-    """))
+    """)
+    )
     with pytest.raises(DraftsyncError) as error:
         load_deployments(path)
     assert str(path) in error.value.what and "'chat'" in error.value.what and "extra_vllm_args" in error.value.what
@@ -251,13 +282,17 @@ def test_a_deployment_cannot_add_trust_remote_code_through_extra_arguments(tmp_p
 
 
 def test_the_offline_vllm_engine_gets_trust_remote_code_only_from_the_setting(
-        tiny_target, tiny_drafter, tmp_path, monkeypatch):
+    tiny_target, tiny_drafter, tmp_path, monkeypatch
+):
     from draftsync.serving.vllm_evaluation import VllmBackend, llm_keywords
 
     monkeypatch.delenv(TRUST, raising=False)
     assert llm_keywords({})["trust_remote_code"] is False
-    assert llm_keywords({"max_model_len": 512}) == {"max_model_len": 512, "disable_log_stats": False,
-                                                    "trust_remote_code": False}
+    assert llm_keywords({"max_model_len": 512}) == {
+        "max_model_len": 512,
+        "disable_log_stats": False,
+        "trust_remote_code": False,
+    }
     with pytest.raises(DraftsyncError, match=TRUST):
         llm_keywords({"trust_remote_code": True})
     with pytest.raises(DraftsyncError, match=TRUST):  # refused before anything asks whether vllm is installed

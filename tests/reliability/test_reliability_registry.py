@@ -45,8 +45,9 @@ def stored_state(world) -> dict:
         "targets": [info.version for info in registry.target_versions_after(TARGET, 0)],
         "aliases": registry.alias_snapshot(TARGET),
         "target_alias": registry.alias_version(TARGET, "production"),
-        "runs": len(world.client.search_runs([world.client.get_experiment_by_name("draftsync").experiment_id],
-                                             max_results=1000)),
+        "runs": len(
+            world.client.search_runs([world.client.get_experiment_by_name("draftsync").experiment_id], max_results=1000)
+        ),
         "production_tags": registry.version_tags(DRAFTERS, world.production),
     }
 
@@ -95,8 +96,9 @@ def test_a_drafter_without_a_readable_target_version_tag_is_named_by_every_step_
 
     registry = world.registry
     drafter_dir = registry.download(DRAFTERS, world.production)
-    version = registry.register_drafter(TARGET, world.version, drafter_dir, "eagle3", 2, {}, validation_passed=True,
-                                        sync_key=f"hand-made-{damage}")
+    version = registry.register_drafter(
+        TARGET, world.version, drafter_dir, "eagle3", 2, {}, validation_passed=True, sync_key=f"hand-made-{damage}"
+    )
     if damage == "removed":
         world.client.delete_model_version_tag(DRAFTERS, str(version), "draftsync.target.version")
         found = "no draftsync.target.version tag"
@@ -114,9 +116,16 @@ def test_a_drafter_without_a_readable_target_version_tag_is_named_by_every_step_
         choose_pair(ServingDeployment(name="chat", target_name=TARGET), version, True)
     assert expected in error.value.what
 
-    context.store().set_serving_pair("chat", target_name=TARGET, target_version=world.version,
-                                     drafter_name=DRAFTERS, drafter_version=version, gamma=2,
-                                     endpoint="http://127.0.0.1:9", state="serving")
+    context.store().set_serving_pair(
+        "chat",
+        target_name=TARGET,
+        target_version=world.version,
+        drafter_name=DRAFTERS,
+        drafter_version=version,
+        gamma=2,
+        endpoint="http://127.0.0.1:9",
+        state="serving",
+    )
     with pytest.raises(DraftsyncError) as error:
         review_deployment.fn("chat", datetime.now(UTC))
     assert expected in error.value.what
@@ -132,8 +141,9 @@ def hand_registered(world, tiny_target):
         world.client.create_registered_model("outside-llm")
     except MlflowException:  # made by an earlier test
         pass
-    created = world.client.create_model_version("outside-llm", source=str(tiny_target),
-                                                 tags={"draftsync.kind": "target"})
+    created = world.client.create_model_version(
+        "outside-llm", source=str(tiny_target), tags={"draftsync.kind": "target"}
+    )
     return int(created.version)
 
 

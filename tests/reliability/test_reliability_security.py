@@ -35,8 +35,7 @@ def secret_values() -> dict[str, str]:
 
 def leaks(secrets: dict[str, str], texts: dict[str, str], root: Path | None = None) -> list[str]:
     """Where any secret value appears: in the named texts, or in the bytes of any file under `root`."""
-    found = [f"{name} in {where}" for where, text in texts.items() for name, value in secrets.items()
-             if value in text]
+    found = [f"{name} in {where}" for where, text in texts.items() for name, value in secrets.items() if value in text]
     if root is not None:
         for file in sorted(p for p in root.rglob("*") if p.is_file()):
             data = file.read_bytes()
@@ -57,20 +56,24 @@ def mlflow_texts(client, model_names: list[str]) -> dict[str, str]:
         texts[f"model {name}"] = json.dumps({"tags": model.tags, "description": model.description})
         for version in client.search_model_versions(f"name='{name}'"):
             texts[f"model {name} v{version.version}"] = json.dumps(
-                {"tags": version.tags, "description": version.description, "source": version.source})
+                {"tags": version.tags, "description": version.description, "source": version.source}
+            )
     return texts
 
 
-def test_secrets_in_the_environment_never_reach_mlflow_or_the_logs(workdir, monkeypatch, caplog, tiny_target,
-                                                                    tiny_drafter, tmp_path):
+def test_secrets_in_the_environment_never_reach_mlflow_or_the_logs(
+    workdir, monkeypatch, caplog, tiny_target, tiny_drafter, tmp_path
+):
     """Register a target and a drafter, record its validation and promote it, with secrets configured; then
     search MLflow's params and tags, every byte under the work dir (the SQLite store, the artifacts) and the logs."""
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target, register_drafter
     from mlflow import MlflowClient
 
-    planted = {"DRAFTSYNC_SMTP_PASSWORD": f"smtp-pw-{uuid.uuid4().hex}",
-               "DRAFTSYNC_WEBHOOK_SECRET": f"hook-secret-{uuid.uuid4().hex}"}
+    planted = {
+        "DRAFTSYNC_SMTP_PASSWORD": f"smtp-pw-{uuid.uuid4().hex}",
+        "DRAFTSYNC_WEBHOOK_SECRET": f"hook-secret-{uuid.uuid4().hex}",
+    }
     for name, value in planted.items():
         monkeypatch.setenv(name, value)
     context.reset()
@@ -84,12 +87,25 @@ def test_secrets_in_the_environment_never_reach_mlflow_or_the_logs(workdir, monk
     history = tmp_path / "history.json"
     history.write_text(json.dumps({"train_loss": [[1, 2.0], [2, 1.5]]}))
     version = publish_target.fn("secret-llm", str(tiny_target), {"code": 0.5, "math": 0.5})
-    drafter = register_drafter.fn("secret-llm", version, str(tiny_drafter), "eagle3", 2,
-                                  {"steps": 10, "final_loss": 1.5}, history_path=str(history),
-                                  data_checks={"outcomes": [{"passed": True}]})
+    drafter = register_drafter.fn(
+        "secret-llm",
+        version,
+        str(tiny_drafter),
+        "eagle3",
+        2,
+        {"steps": 10, "final_loss": 1.5},
+        history_path=str(history),
+        data_checks={"outcomes": [{"passed": True}]},
+    )
     registry = context.registry()
-    registry.record_validation("secret-llm", drafter, passed=True, metrics={"acceptance_mean": 0.8},
-                               tags={"draftsync.validation.note": "ok"}, gamma=2)
+    registry.record_validation(
+        "secret-llm",
+        drafter,
+        passed=True,
+        metrics={"acceptance_mean": 0.8},
+        tags={"draftsync.validation.note": "ok"},
+        gamma=2,
+    )
     registry.promote("secret-llm", drafter)
 
     client = MlflowClient(tracking_uri=registry.tracking_uri, registry_uri=registry.tracking_uri)
@@ -101,8 +117,10 @@ def test_secrets_in_the_environment_never_reach_mlflow_or_the_logs(workdir, monk
     # The search finds a secret where there is one: it can fail.
     (tmp_path / "planted").mkdir()
     (tmp_path / "planted" / "leak.txt").write_text(f"password={planted['DRAFTSYNC_SMTP_PASSWORD']}")
-    assert leaks(secrets, {"a log line": f"secret {planted['DRAFTSYNC_WEBHOOK_SECRET']}"}, tmp_path / "planted") \
-        == ["DRAFTSYNC_WEBHOOK_SECRET in a log line", f"DRAFTSYNC_SMTP_PASSWORD in {tmp_path / 'planted' / 'leak.txt'}"]
+    assert leaks(secrets, {"a log line": f"secret {planted['DRAFTSYNC_WEBHOOK_SECRET']}"}, tmp_path / "planted") == [
+        "DRAFTSYNC_WEBHOOK_SECRET in a log line",
+        f"DRAFTSYNC_SMTP_PASSWORD in {tmp_path / 'planted' / 'leak.txt'}",
+    ]
 
 
 # ---- no shell -----------------------------------------------------------------------------------------------
@@ -115,7 +133,8 @@ def hostile_copies(tmp_path: Path, tiny_target: Path, tiny_drafter: Path) -> tup
 
 
 def test_model_paths_with_shell_metacharacters_reach_the_server_as_literal_arguments(
-        tiny_target, tiny_drafter, tmp_path, monkeypatch):
+    tiny_target, tiny_drafter, tmp_path, monkeypatch
+):
     """The reference server loads the target and drafter from the literal paths; no shell ever sees them."""
     from draftsync.serving.process import ServerProcess, free_port
     from draftsync.serving.reference_server import reference_server_command
@@ -131,11 +150,14 @@ def test_model_paths_with_shell_metacharacters_reach_the_server_as_literal_argum
         assert cmdline == argv  # one argument per path, exactly as given
         assert cmdline[cmdline.index("--target") + 1] == str(target)
         assert cmdline[cmdline.index("--drafter") + 1] == str(drafter)
-        reply = httpx.post(f"{server.url}/v1/completions", timeout=60,
-                           json={"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 4, "temperature": 0})
+        reply = httpx.post(
+            f"{server.url}/v1/completions",
+            timeout=60,
+            json={"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 4, "temperature": 0},
+        )
         assert reply.status_code == 200, reply.text
         metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
-        drafts = re.search(r'^vllm:spec_decode_num_drafts_total\{[^}]*\} (\S+)$', metrics, re.MULTILINE)
+        drafts = re.search(r"^vllm:spec_decode_num_drafts_total\{[^}]*\} (\S+)$", metrics, re.MULTILINE)
         assert drafts and float(drafts.group(1)) > 0  # the drafter at the hostile path drafted
     assert sorted(p.name for p in tmp_path.rglob("pwned*")) == []
     assert not list(Path.home().glob("pwned*"))
@@ -153,25 +175,40 @@ def test_vllm_launch_keeps_hostile_paths_as_single_arguments(tmp_path):
     assert shlex.split(launch.shell_line) == launch.argv
 
 
-SHELL_FUNCTIONS = {("os", "system"), ("os", "popen"), ("subprocess", "getoutput"), ("subprocess", "getstatusoutput"),
-                   ("asyncio", "create_subprocess_shell"), ("pty", "spawn")}
+SHELL_FUNCTIONS = {
+    ("os", "system"),
+    ("os", "popen"),
+    ("subprocess", "getoutput"),
+    ("subprocess", "getstatusoutput"),
+    ("asyncio", "create_subprocess_shell"),
+    ("pty", "spawn"),
+}
 
 
 def shell_uses(source: str, filename: str) -> list[str]:
     """Calls that hand a string to a shell: `shell=` anything but False, and the shell-running functions."""
     tree = ast.parse(source, filename)
-    direct = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-              for alias in node.names if (node.module, alias.name) in SHELL_FUNCTIONS}
+    direct = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if (node.module, alias.name) in SHELL_FUNCTIONS
+    }
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         function = node.func
-        named = (isinstance(function, ast.Attribute) and isinstance(function.value, ast.Name)
-                 and (function.value.id, function.attr) in SHELL_FUNCTIONS) \
-            or (isinstance(function, ast.Name) and function.id in direct)
-        shell = any(k.arg == "shell" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
-                    for k in node.keywords)
+        named = (
+            isinstance(function, ast.Attribute)
+            and isinstance(function.value, ast.Name)
+            and (function.value.id, function.attr) in SHELL_FUNCTIONS
+        ) or (isinstance(function, ast.Name) and function.id in direct)
+        shell = any(
+            k.arg == "shell" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+            for k in node.keywords
+        )
         if named or shell:
             found.append((node.lineno, f"{filename}:{node.lineno}: {ast.unparse(node)}"))
     return [text for _, text in sorted(found)]
@@ -209,12 +246,18 @@ def test_webhook_signatures_are_compared_only_in_constant_time():
     from draftsync.registry.webhooks import verify_delivery
 
     tree = ast.parse(textwrap.dedent(inspect.getsource(verify_delivery)))
-    digests = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and ast.unparse(node.func) ==
-               "hmac.compare_digest"]
+    digests = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "hmac.compare_digest"
+    ]
     assert [sorted(ast.unparse(arg) for arg in call.args) for call in digests] == [["candidate", "expected"]]
     signature_names = {"expected", "candidate", "signatures"}
-    plain = [ast.unparse(node) for node in ast.walk(tree) if isinstance(node, ast.Compare)
-             and {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & signature_names]
+    plain = [
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare) and {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & signature_names
+    ]
     assert plain == []
 
 

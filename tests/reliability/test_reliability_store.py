@@ -31,10 +31,20 @@ PASSWORD = "pw-7d1e-never-shown"
 
 def write_rows(store: Store, ledger: SyncLedger) -> None:
     """Rows of several tables, written before the fault, that must all survive it."""
-    store.set_serving_pair("chat", target_name="t", target_version=1, drafter_name="t-drafter", drafter_version=1,
-                           gamma=2, endpoint="http://127.0.0.1:1", state="serving", now=START)
-    store.record_scrape("chat", START, SpecDecodeCounters(drafts=10, draft_tokens=20, accepted=15), PAIR,
-                        count_first=True)
+    store.set_serving_pair(
+        "chat",
+        target_name="t",
+        target_version=1,
+        drafter_name="t-drafter",
+        drafter_version=1,
+        gamma=2,
+        endpoint="http://127.0.0.1:1",
+        state="serving",
+        now=START,
+    )
+    store.record_scrape(
+        "chat", START, SpecDecodeCounters(drafts=10, draft_tokens=20, accepted=15), PAIR, count_first=True
+    )
     store.set_watermark("t", 1, now=START)
     assert ledger.request("t", 1, "eagle3", source="test", reason="before the fault", now=START)
 
@@ -95,15 +105,18 @@ class MonitorDatabase:
     def admin(self, *statements: str, database: str = "postgres") -> None:
         import psycopg
 
-        with psycopg.connect(host=self.server.host, port=self.server.port, user=self.server.user, dbname=database,
-                             autocommit=True) as connection:
+        with psycopg.connect(
+            host=self.server.host, port=self.server.port, user=self.server.user, dbname=database, autocommit=True
+        ) as connection:
             for statement in statements:
                 connection.execute(statement)
 
     def cut_sessions(self) -> None:
         """Ends the store's open connections, as a failover or an operator would."""
-        self.admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{self.name}' "
-                   "AND pid <> pg_backend_pid()")
+        self.admin(
+            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{self.name}' "
+            "AND pid <> pg_backend_pid()"
+        )
 
     @contextmanager
     def broken(self, breaking: list[str], mending: list[str], database: str = "postgres") -> Iterator[None]:
@@ -119,8 +132,10 @@ class MonitorDatabase:
 def monitor_database(postgres_server) -> Iterator[MonitorDatabase]:
     suffix = uuid.uuid4().hex[:10]
     database = MonitorDatabase(postgres_server, f"monitor_{suffix}", f"monitor_{suffix}")
-    database.admin(f"CREATE ROLE {database.role} LOGIN PASSWORD '{PASSWORD}'",
-                   f"CREATE DATABASE {database.name} OWNER {database.role}")
+    database.admin(
+        f"CREATE ROLE {database.role} LOGIN PASSWORD '{PASSWORD}'",
+        f"CREATE DATABASE {database.name} OWNER {database.role}",
+    )
     try:
         yield database
     finally:
@@ -146,12 +161,15 @@ def postgres_store(monitor_database) -> Iterator[tuple[Store, SyncLedger]]:
 
 
 def test_postgres_refusing_connections_is_a_clear_error_and_the_store_reconnects_after(
-        monitor_database, postgres_store):
+    monitor_database, postgres_store
+):
     """The database stops accepting connections and the store's sessions are cut: each call fails with the store
     named and `start the database`; allowed again, the same store and ledger work and nothing was lost."""
     store, ledger = postgres_store
-    with monitor_database.broken([f"ALTER DATABASE {monitor_database.name} WITH ALLOW_CONNECTIONS false"],
-                                 [f"ALTER DATABASE {monitor_database.name} WITH ALLOW_CONNECTIONS true"]):
+    with monitor_database.broken(
+        [f"ALTER DATABASE {monitor_database.name} WITH ALLOW_CONNECTIONS false"],
+        [f"ALTER DATABASE {monitor_database.name} WITH ALLOW_CONNECTIONS true"],
+    ):
         assert_every_call_fails(store, ledger, "is unavailable", "start the database")
         with pytest.raises(DraftsyncError) as info:
             store.get_watermark("t")
@@ -163,10 +181,12 @@ def test_postgres_refusing_connections_is_a_clear_error_and_the_store_reconnects
 
 
 def test_postgres_refusing_the_login_is_a_clear_error_naming_the_user_and_password_fix(
-        monitor_database, postgres_store):
+    monitor_database, postgres_store
+):
     store, ledger = postgres_store
-    with monitor_database.broken([f"ALTER ROLE {monitor_database.role} NOLOGIN"],
-                                 [f"ALTER ROLE {monitor_database.role} LOGIN"]):
+    with monitor_database.broken(
+        [f"ALTER ROLE {monitor_database.role} NOLOGIN"], [f"ALTER ROLE {monitor_database.role} LOGIN"]
+    ):
         assert_every_call_fails(store, ledger, "refused access", "check the user and password")
     assert_rows_kept(store, ledger)
 
@@ -174,8 +194,11 @@ def test_postgres_refusing_the_login_is_a_clear_error_naming_the_user_and_passwo
 def test_postgres_revoked_table_privileges_are_a_clear_error(monitor_database, postgres_store):
     store, ledger = postgres_store
     tables = "serving_pairs, watermarks, sync_jobs"
-    with monitor_database.broken([f"REVOKE ALL ON {tables} FROM {monitor_database.role}"],
-                                 [f"GRANT ALL ON {tables} TO {monitor_database.role}"], database=monitor_database.name):
+    with monitor_database.broken(
+        [f"REVOKE ALL ON {tables} FROM {monitor_database.role}"],
+        [f"GRANT ALL ON {tables} TO {monitor_database.role}"],
+        database=monitor_database.name,
+    ):
         assert_every_call_fails(store, ledger, "refused access", "GRANT")
     assert_rows_kept(store, ledger)
 
@@ -184,9 +207,11 @@ def test_postgres_tables_missing_say_to_run_the_migrations(monitor_database, pos
     """A table gone (migrations not run on this database, or it was moved away): the fix says to run them."""
     store, ledger = postgres_store
     moved = ["serving_pairs", "watermarks", "sync_jobs"]
-    with monitor_database.broken([f"ALTER TABLE {t} RENAME TO {t}_away" for t in moved],
-                                 [f"ALTER TABLE {t}_away RENAME TO {t}" for t in moved],
-                                 database=monitor_database.name):
+    with monitor_database.broken(
+        [f"ALTER TABLE {t} RENAME TO {t}_away" for t in moved],
+        [f"ALTER TABLE {t}_away RENAME TO {t}" for t in moved],
+        database=monitor_database.name,
+    ):
         assert_every_call_fails(store, ledger, "lacks a table or column", "run the migrations")
     assert_rows_kept(store, ledger)
 

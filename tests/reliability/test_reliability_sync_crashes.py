@@ -40,8 +40,13 @@ class Worker:
         self.work = tmp_path / "work"
         self.logs = tmp_path / "worker-logs"
         self.logs.mkdir(exist_ok=True)
-        self.env = {**os.environ, "DRAFTSYNC_WORKDIR": str(self.work), "MLFLOW_TRACKING_URI": tracking_uri,
-                    "PREFECT_API_URL": api_url, **(extra_env or {})}
+        self.env = {
+            **os.environ,
+            "DRAFTSYNC_WORKDIR": str(self.work),
+            "MLFLOW_TRACKING_URI": tracking_uri,
+            "PREFECT_API_URL": api_url,
+            **(extra_env or {}),
+        }
         self.env.pop("DRAFTSYNC_MONITOR_DB_URL", None)
         self.argv = [draftsync_bin(), "sync", TARGET, "2", "--profile", str(profile)]
         self.runs = 0
@@ -50,8 +55,9 @@ class Worker:
         self.runs += 1
         log = self.logs / f"run-{self.runs}.log"
         with log.open("wb") as handle:
-            process = subprocess.Popen(self.argv, env=self.env, stdout=handle, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL)
+            process = subprocess.Popen(
+                self.argv, env=self.env, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         return process, log
 
     def run_to_end(self) -> tuple[int, str]:
@@ -67,7 +73,7 @@ class Worker:
 def result_json(output: str) -> dict:
     """The sync's JSON result: the CLI prints it last, after Prefect's log lines."""
     start = output.rindex("\n{\n") + 1 if "\n{\n" in output else output.index("{")
-    return json.loads(output[start:output.rindex("}") + 1])
+    return json.loads(output[start : output.rindex("}") + 1])
 
 
 def wait_until(what: str, check: Callable[[], bool], process: subprocess.Popen, log: Path) -> None:
@@ -127,15 +133,16 @@ KILL_POINTS: list[tuple[str, Callable[[Path], bool] | KillRule]] = [
     ("registration: version created, answer lost", KillRule("POST", "/model-versions/create", when="after")),
     ("validation recorded half-way", KillRule("POST", "/model-versions/set-tag", ("draftsync.gate.",), nth=3)),
     ("alias flip: before `production` moves", KillRule("POST", "/registered-models/alias", ("production",))),
-    ("alias flip: after `production` moved", KillRule("POST", "/registered-models/alias", ("production",),
-                                                     when="after")),
+    (
+        "alias flip: after `production` moved",
+        KillRule("POST", "/registered-models/alias", ("production",), when="after"),
+    ),
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.system
-def test_a_sync_killed_at_every_stage_converges_to_one_drafter_with_whole_aliases(tmp_path, built_targets,
-                                                                                  monkeypatch):
+def test_a_sync_killed_at_every_stage_converges_to_one_drafter_with_whole_aliases(tmp_path, built_targets, monkeypatch):
     from draftsync.monitors.store import Store
     from draftsync.monitors.sync_jobs import SyncLedger
     from draftsync.registry.model_registry import Registry, drafter_model_name
@@ -144,8 +151,11 @@ def test_a_sync_killed_at_every_stage_converges_to_one_drafter_with_whole_aliase
     monkeypatch.setenv("DRAFTSYNC_MODEL_ROOTS", f"{tmp_path},{built_targets[1].parent}")
     profile = tmp_path / "profile.yaml"
     profile.write_text(PROFILE)
-    with prefect_server(tmp_path) as (api_url, _), mlflow_server(tmp_path) as mlflow, \
-            FaultProxy(mlflow.url).running() as proxy:
+    with (
+        prefect_server(tmp_path) as (api_url, _),
+        mlflow_server(tmp_path) as mlflow,
+        FaultProxy(mlflow.url).running() as proxy,
+    ):
         registry = Registry(mlflow.url, tmp_path / "test-client")
         old = publish(registry, built_targets, tmp_path)
         worker = Worker(tmp_path, proxy.url, api_url, profile)
@@ -182,14 +192,16 @@ def test_a_sync_killed_at_every_stage_converges_to_one_drafter_with_whole_aliase
         assert aliases(registry) == {"candidate": None, "production": new, "previous": old}
         tags = registry.version_tags(drafter_model_name(TARGET), new)
         assert tags[VALIDATION_STATUS_TAG] == "passed"
-        assert {k for k in tags if k.startswith("draftsync.gate.")} == \
-            {f"draftsync.gate.{g['name']}" for g in result["validation"]["gates"]}
+        assert {k for k in tags if k.startswith("draftsync.gate.")} == {
+            f"draftsync.gate.{g['name']}" for g in result["validation"]["gates"]
+        }
 
         # the run killed while uploading was closed as KILLED by the rerun, and no run is left RUNNING
         from mlflow import MlflowClient
 
-        runs = MlflowClient(mlflow.url).search_runs([registry._experiment()],
-                                                    filter_string=f"tags.`{SYNC_KEY_TAG}` = '{TARGET}:2:eagle3'")
+        runs = MlflowClient(mlflow.url).search_runs(
+            [registry._experiment()], filter_string=f"tags.`{SYNC_KEY_TAG}` = '{TARGET}:2:eagle3'"
+        )
         statuses = sorted(r.info.status for r in runs)
         assert statuses == ["FINISHED", "KILLED"], statuses
 
@@ -199,8 +211,9 @@ def test_a_sync_killed_at_every_stage_converges_to_one_drafter_with_whole_aliase
 
 @pytest.mark.slow
 @pytest.mark.system
-def test_mlflow_stopped_mid_sync_fails_clearly_then_the_rerun_resumes_once_it_is_back(tmp_path, built_targets,
-                                                                                     monkeypatch):
+def test_mlflow_stopped_mid_sync_fails_clearly_then_the_rerun_resumes_once_it_is_back(
+    tmp_path, built_targets, monkeypatch
+):
     """The server goes down while the worker trains: registration retries with backoff, then the sync fails naming
     MLflow and the fix, with nothing registered; with the server back, the rerun registers exactly one drafter
     without training again."""
@@ -211,8 +224,11 @@ def test_mlflow_stopped_mid_sync_fails_clearly_then_the_rerun_resumes_once_it_is
     monkeypatch.setenv("DRAFTSYNC_MODEL_ROOTS", f"{tmp_path},{built_targets[1].parent}")
     profile = tmp_path / "profile.yaml"
     profile.write_text(PROFILE)
-    quick_retries = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+    quick_retries = {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    }
     with prefect_server(tmp_path) as (api_url, _), mlflow_server(tmp_path) as mlflow:
         registry = Registry(mlflow.url, tmp_path / "test-client")
         old = publish(registry, built_targets, tmp_path)

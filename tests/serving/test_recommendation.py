@@ -42,108 +42,339 @@ def reason_line(recommendation, prefix: str) -> str:
 # (changes to BASE, method, gamma range, rules that must be named, words the deciding line must hold)
 CASES = [
     # Step 1: target size.
-    pytest.param(dict(params_b=7, gpus=1, gpu_memory_gb=24), "none", (0, 0),
-                 {"size:small-none", "upgrade:not-applied", "speedup:none"}, ("step 1", "< 13B"), id="size-small-none"),
-    pytest.param(dict(params_b=12.9), "none", (0, 0), {"size:small-none"}, ("step 1", "< 13B"),
-                 id="size-small-none-12.9b"),
-    pytest.param(dict(params_b=7, gpus=1, gpu_memory_gb=24, batch=8), "eagle3", (4, 5),
-                 {"size:small-batched", "speedup:batched-small"}, ("step 1", "batched serving"),
-                 id="size-small-batched"),
-    pytest.param(dict(params_b=7, gpus=1, gpu_memory_gb=24, batch=8, task="code"), "eagle3.1", (6, 6),
-                 {"size:small-batched", "upgrade:code-math"}, ("step 1", "exception"), id="size-small-batched-code"),
-    pytest.param(dict(params_b=13, gpus=1, gpu_memory_gb=80), "eagle3", (4, 5), {"size:sweet-spot"},
-                 ("step 1", "13-70B"), id="size-sweet-spot-13b"),
-    pytest.param(dict(), "eagle3", (4, 5), {"size:sweet-spot", "upgrade:none"}, ("step 1", "sweet spot"),
-                 id="size-sweet-spot-70b"),
-    pytest.param(dict(params_b=180, gpu_memory_gb=141), "eagle3", (4, 5), {"size:large-required", "memory:fits"},
-                 ("step 1", "required"), id="size-large-required"),
+    pytest.param(
+        dict(params_b=7, gpus=1, gpu_memory_gb=24),
+        "none",
+        (0, 0),
+        {"size:small-none", "upgrade:not-applied", "speedup:none"},
+        ("step 1", "< 13B"),
+        id="size-small-none",
+    ),
+    pytest.param(
+        dict(params_b=12.9), "none", (0, 0), {"size:small-none"}, ("step 1", "< 13B"), id="size-small-none-12.9b"
+    ),
+    pytest.param(
+        dict(params_b=7, gpus=1, gpu_memory_gb=24, batch=8),
+        "eagle3",
+        (4, 5),
+        {"size:small-batched", "speedup:batched-small"},
+        ("step 1", "batched serving"),
+        id="size-small-batched",
+    ),
+    pytest.param(
+        dict(params_b=7, gpus=1, gpu_memory_gb=24, batch=8, task="code"),
+        "eagle3.1",
+        (6, 6),
+        {"size:small-batched", "upgrade:code-math"},
+        ("step 1", "exception"),
+        id="size-small-batched-code",
+    ),
+    pytest.param(
+        dict(params_b=13, gpus=1, gpu_memory_gb=80),
+        "eagle3",
+        (4, 5),
+        {"size:sweet-spot"},
+        ("step 1", "13-70B"),
+        id="size-sweet-spot-13b",
+    ),
+    pytest.param(
+        dict(),
+        "eagle3",
+        (4, 5),
+        {"size:sweet-spot", "upgrade:none"},
+        ("step 1", "sweet spot"),
+        id="size-sweet-spot-70b",
+    ),
+    pytest.param(
+        dict(params_b=180, gpu_memory_gb=141),
+        "eagle3",
+        (4, 5),
+        {"size:large-required", "memory:fits"},
+        ("step 1", "required"),
+        id="size-large-required",
+    ),
     # Step 2: hardware.
-    pytest.param(dict(params_b=7, gpus=1, gpu_memory_gb=24, batch=8), "eagle3", (4, 5),
-                 {"hw:single-24gb", "memory:fits"}, ("step 2", "< 3%"), id="hw-single-24gb"),
-    pytest.param(dict(params_b=13, gpus=1, gpu_memory_gb=24), "eagle3", (4, 5),
-                 {"hw:single-24gb", "memory:does-not-fit"}, ("step 2", "4-bit"), id="hw-single-24gb-bf16-short"),
-    pytest.param(dict(params_b=13, gpus=1, gpu_memory_gb=24, task="code"), "eagle3.1", (6, 6),
-                 {"hw:single-24gb", "upgrade:code-math"}, ("step 2", "two norms"), id="hw-single-24gb-eagle31"),
-    pytest.param(dict(params_b=34, gpus=1, gpu_memory_gb=24), "eagle3", (4, 5),
-                 {"hw:single-24gb-too-large", "memory:does-not-fit"}, ("step 2", "<= 30B"),
-                 id="hw-single-24gb-over-30b"),
-    pytest.param(dict(params_b=30, gpus=1, gpu_memory_gb=80), "eagle3", (4, 5), {"hw:single-large", "memory:fits"},
-                 ("step 2", "memory arithmetic"), id="hw-single-large-gpu"),
-    pytest.param(dict(), "eagle3", (4, 5), {"hw:multi", "memory:fits"}, ("step 2", "does not choose"),
-                 id="hw-4x-a100-80gb"),
-    pytest.param(dict(gpus=2), "eagle3", (4, 5), {"hw:multi", "memory:does-not-fit"}, ("step 2", "equivalent"),
-                 id="hw-multi-too-small"),
-    pytest.param(dict(params_b=180, gpus=8), "medusa", (4, 5),
-                 {"hw:cluster-8plus", "medusa:taken", "serving:vllm-medusa", "speedup:medusa-paper"},
-                 ("serving", "one gamma at every batch size"), id="hw-cluster-medusa"),
-    pytest.param(dict(gpus=8), "eagle3", (4, 5), {"hw:cluster-8plus", "medusa:not-taken"}, ("medusa", "<= 70B"),
-                 id="hw-cluster-declines-medusa-70b"),
-    pytest.param(dict(params_b=180, gpus=8, task="code"), "eagle3.1", (6, 6), {"medusa:not-taken"},
-                 ("medusa", "EAGLE 3.1 is required"), id="hw-cluster-declines-medusa-code"),
-    pytest.param(dict(params_b=180, gpus=8, output_tokens=8000), "eagle3.1", (4, 5),
-                 {"medusa:not-taken", "upgrade:long-output"}, ("medusa", "EAGLE 3.1 is required"),
-                 id="hw-cluster-declines-medusa-long-output"),
-    pytest.param(dict(params_b=180, gpus=8, tpot_ms=25), "eagle3.1", (5, 5), {"medusa:not-taken", "upgrade:latency"},
-                 ("medusa", "EAGLE 3.1 is required"), id="hw-cluster-declines-medusa-interactive"),
-    pytest.param(dict(params_b=405, gpus=8), "eagle3", (4, 5), {"medusa:not-taken", "memory:does-not-fit"},
-                 ("medusa", "memory still binds"), id="hw-cluster-declines-medusa-memory"),
+    pytest.param(
+        dict(params_b=7, gpus=1, gpu_memory_gb=24, batch=8),
+        "eagle3",
+        (4, 5),
+        {"hw:single-24gb", "memory:fits"},
+        ("step 2", "< 3%"),
+        id="hw-single-24gb",
+    ),
+    pytest.param(
+        dict(params_b=13, gpus=1, gpu_memory_gb=24),
+        "eagle3",
+        (4, 5),
+        {"hw:single-24gb", "memory:does-not-fit"},
+        ("step 2", "4-bit"),
+        id="hw-single-24gb-bf16-short",
+    ),
+    pytest.param(
+        dict(params_b=13, gpus=1, gpu_memory_gb=24, task="code"),
+        "eagle3.1",
+        (6, 6),
+        {"hw:single-24gb", "upgrade:code-math"},
+        ("step 2", "two norms"),
+        id="hw-single-24gb-eagle31",
+    ),
+    pytest.param(
+        dict(params_b=34, gpus=1, gpu_memory_gb=24),
+        "eagle3",
+        (4, 5),
+        {"hw:single-24gb-too-large", "memory:does-not-fit"},
+        ("step 2", "<= 30B"),
+        id="hw-single-24gb-over-30b",
+    ),
+    pytest.param(
+        dict(params_b=30, gpus=1, gpu_memory_gb=80),
+        "eagle3",
+        (4, 5),
+        {"hw:single-large", "memory:fits"},
+        ("step 2", "memory arithmetic"),
+        id="hw-single-large-gpu",
+    ),
+    pytest.param(
+        dict(), "eagle3", (4, 5), {"hw:multi", "memory:fits"}, ("step 2", "does not choose"), id="hw-4x-a100-80gb"
+    ),
+    pytest.param(
+        dict(gpus=2),
+        "eagle3",
+        (4, 5),
+        {"hw:multi", "memory:does-not-fit"},
+        ("step 2", "equivalent"),
+        id="hw-multi-too-small",
+    ),
+    pytest.param(
+        dict(params_b=180, gpus=8),
+        "medusa",
+        (4, 5),
+        {"hw:cluster-8plus", "medusa:taken", "serving:vllm-medusa", "speedup:medusa-paper"},
+        ("serving", "one gamma at every batch size"),
+        id="hw-cluster-medusa",
+    ),
+    pytest.param(
+        dict(gpus=8),
+        "eagle3",
+        (4, 5),
+        {"hw:cluster-8plus", "medusa:not-taken"},
+        ("medusa", "<= 70B"),
+        id="hw-cluster-declines-medusa-70b",
+    ),
+    pytest.param(
+        dict(params_b=180, gpus=8, task="code"),
+        "eagle3.1",
+        (6, 6),
+        {"medusa:not-taken"},
+        ("medusa", "EAGLE 3.1 is required"),
+        id="hw-cluster-declines-medusa-code",
+    ),
+    pytest.param(
+        dict(params_b=180, gpus=8, output_tokens=8000),
+        "eagle3.1",
+        (4, 5),
+        {"medusa:not-taken", "upgrade:long-output"},
+        ("medusa", "EAGLE 3.1 is required"),
+        id="hw-cluster-declines-medusa-long-output",
+    ),
+    pytest.param(
+        dict(params_b=180, gpus=8, tpot_ms=25),
+        "eagle3.1",
+        (5, 5),
+        {"medusa:not-taken", "upgrade:latency"},
+        ("medusa", "EAGLE 3.1 is required"),
+        id="hw-cluster-declines-medusa-interactive",
+    ),
+    pytest.param(
+        dict(params_b=405, gpus=8),
+        "eagle3",
+        (4, 5),
+        {"medusa:not-taken", "memory:does-not-fit"},
+        ("medusa", "memory still binds"),
+        id="hw-cluster-declines-medusa-memory",
+    ),
     # Step 3: latency target.
-    pytest.param(dict(tpot_ms=25), "eagle3.1", (5, 5), {"latency:interactive", "upgrade:latency"},
-                 ("step 3", "< 30 ms"), id="latency-interactive"),
-    pytest.param(dict(tpot_ms=30), "eagle3", (4, 5), {"latency:near-real-time"}, ("step 3", "30-80 ms"),
-                 id="latency-30ms"),
-    pytest.param(dict(tpot_ms=80), "eagle3", (4, 5), {"latency:near-real-time"}, ("step 3", "30-80 ms"),
-                 id="latency-80ms"),
+    pytest.param(
+        dict(tpot_ms=25),
+        "eagle3.1",
+        (5, 5),
+        {"latency:interactive", "upgrade:latency"},
+        ("step 3", "< 30 ms"),
+        id="latency-interactive",
+    ),
+    pytest.param(
+        dict(tpot_ms=30), "eagle3", (4, 5), {"latency:near-real-time"}, ("step 3", "30-80 ms"), id="latency-30ms"
+    ),
+    pytest.param(
+        dict(tpot_ms=80), "eagle3", (4, 5), {"latency:near-real-time"}, ("step 3", "30-80 ms"), id="latency-80ms"
+    ),
     pytest.param(dict(tpot_ms=120), "eagle3", (3, 3), {"latency:batch"}, ("step 3", "> 80 ms"), id="latency-batch"),
-    pytest.param(dict(params_b=180, gpu_memory_gb=141, tpot_ms=120), "eagle3", (3, 3),
-                 {"latency:batch", "size:large-required"}, ("step 3", "only for < 13B"), id="latency-batch-large"),
-    pytest.param(dict(params_b=7, gpus=1, gpu_memory_gb=24, batch=8, tpot_ms=120), "none", (0, 0),
-                 {"latency:batch-none", "size:small-batched"}, ("step 3", "none"), id="latency-batch-none"),
+    pytest.param(
+        dict(params_b=180, gpu_memory_gb=141, tpot_ms=120),
+        "eagle3",
+        (3, 3),
+        {"latency:batch", "size:large-required"},
+        ("step 3", "only for < 13B"),
+        id="latency-batch-large",
+    ),
+    pytest.param(
+        dict(params_b=7, gpus=1, gpu_memory_gb=24, batch=8, tpot_ms=120),
+        "none",
+        (0, 0),
+        {"latency:batch-none", "size:small-batched"},
+        ("step 3", "none"),
+        id="latency-batch-none",
+    ),
     # Step 4: task, and the gamma range where latency and task meet.
-    pytest.param(dict(task="code"), "eagle3.1", (6, 6), {"task:code-math", "gamma:overlap", "upgrade:code-math"},
-                 ("step 4", "larger gamma"), id="task-code"),
-    pytest.param(dict(task="math"), "eagle3.1", (6, 6), {"task:code-math", "upgrade:code-math"},
-                 ("step 4", "larger gamma"), id="task-math"),
-    pytest.param(dict(task="chat"), "eagle3", (4, 5), {"task:chat-creative", "gamma:overlap"},
-                 ("step 4", "conservative"), id="task-chat"),
-    pytest.param(dict(task="creative"), "eagle3", (4, 5), {"task:chat-creative"}, ("step 4", "conservative"),
-                 id="task-creative"),
-    pytest.param(dict(task="translation"), "eagle3", (4, 4), {"task:translation-summary"}, ("step 4", "gamma 4"),
-                 id="task-translation"),
-    pytest.param(dict(task="summary"), "eagle3", (4, 4), {"task:translation-summary"}, ("step 4", "gamma 4"),
-                 id="task-summary"),
-    pytest.param(dict(tpot_ms=25, task="code"), "eagle3.1", (6, 8), {"gamma:overlap", "upgrade:gamma-over-5"},
-                 ("step 4", "6-8"), id="task-code-interactive"),
-    pytest.param(dict(tpot_ms=25, task="chat"), "eagle3.1", (5, 5), {"gamma:overlap", "latency:interactive"},
-                 ("step 4", "overlap in gamma 5"), id="task-chat-interactive"),
-    pytest.param(dict(tpot_ms=120, task="code"), "eagle3.1", (3, 3), {"gamma:latency-bounds", "upgrade:code-math"},
-                 ("step 4", "latency target bounds gamma"), id="conflict-batch-latency-code"),
-    pytest.param(dict(tpot_ms=25, task="translation"), "eagle3.1", (5, 5), {"gamma:latency-bounds"},
-                 ("step 4", "do not overlap"), id="conflict-interactive-translation"),
-    pytest.param(dict(tpot_ms=120, task="summary"), "eagle3", (3, 3), {"gamma:latency-bounds"},
-                 ("step 4", "do not overlap"), id="conflict-batch-latency-summary"),
+    pytest.param(
+        dict(task="code"),
+        "eagle3.1",
+        (6, 6),
+        {"task:code-math", "gamma:overlap", "upgrade:code-math"},
+        ("step 4", "larger gamma"),
+        id="task-code",
+    ),
+    pytest.param(
+        dict(task="math"),
+        "eagle3.1",
+        (6, 6),
+        {"task:code-math", "upgrade:code-math"},
+        ("step 4", "larger gamma"),
+        id="task-math",
+    ),
+    pytest.param(
+        dict(task="chat"),
+        "eagle3",
+        (4, 5),
+        {"task:chat-creative", "gamma:overlap"},
+        ("step 4", "conservative"),
+        id="task-chat",
+    ),
+    pytest.param(
+        dict(task="creative"), "eagle3", (4, 5), {"task:chat-creative"}, ("step 4", "conservative"), id="task-creative"
+    ),
+    pytest.param(
+        dict(task="translation"),
+        "eagle3",
+        (4, 4),
+        {"task:translation-summary"},
+        ("step 4", "gamma 4"),
+        id="task-translation",
+    ),
+    pytest.param(
+        dict(task="summary"), "eagle3", (4, 4), {"task:translation-summary"}, ("step 4", "gamma 4"), id="task-summary"
+    ),
+    pytest.param(
+        dict(tpot_ms=25, task="code"),
+        "eagle3.1",
+        (6, 8),
+        {"gamma:overlap", "upgrade:gamma-over-5"},
+        ("step 4", "6-8"),
+        id="task-code-interactive",
+    ),
+    pytest.param(
+        dict(tpot_ms=25, task="chat"),
+        "eagle3.1",
+        (5, 5),
+        {"gamma:overlap", "latency:interactive"},
+        ("step 4", "overlap in gamma 5"),
+        id="task-chat-interactive",
+    ),
+    pytest.param(
+        dict(tpot_ms=120, task="code"),
+        "eagle3.1",
+        (3, 3),
+        {"gamma:latency-bounds", "upgrade:code-math"},
+        ("step 4", "latency target bounds gamma"),
+        id="conflict-batch-latency-code",
+    ),
+    pytest.param(
+        dict(tpot_ms=25, task="translation"),
+        "eagle3.1",
+        (5, 5),
+        {"gamma:latency-bounds"},
+        ("step 4", "do not overlap"),
+        id="conflict-interactive-translation",
+    ),
+    pytest.param(
+        dict(tpot_ms=120, task="summary"),
+        "eagle3",
+        (3, 3),
+        {"gamma:latency-bounds"},
+        ("step 4", "do not overlap"),
+        id="conflict-batch-latency-summary",
+    ),
     # The EAGLE 3.1 upgrade.
-    pytest.param(dict(output_tokens=5000), "eagle3.1", (4, 5), {"upgrade:long-output"}, ("upgrade", "> 4K"),
-                 id="upgrade-long-output"),
-    pytest.param(dict(output_tokens=4096), "eagle3", (4, 5), {"upgrade:none"}, ("upgrade", "no EAGLE 3.1 trigger"),
-                 id="upgrade-4096-not-long"),
-    pytest.param(dict(tpot_ms=25, task="code", output_tokens=6000), "eagle3.1", (6, 8),
-                 {"upgrade:latency", "upgrade:long-output", "upgrade:gamma-over-5", "upgrade:code-math"},
-                 ("upgrade", "gamma up to 8 > 5"), id="upgrade-gamma-over-5"),
-    pytest.param(dict(task="math"), "eagle3.1", (6, 6), {"upgrade:code-math", "upgrade:gamma-over-5"},
-                 ("upgrade", "not as a ceiling"), id="upgrade-code-math-over-near-real-time"),
+    pytest.param(
+        dict(output_tokens=5000),
+        "eagle3.1",
+        (4, 5),
+        {"upgrade:long-output"},
+        ("upgrade", "> 4K"),
+        id="upgrade-long-output",
+    ),
+    pytest.param(
+        dict(output_tokens=4096),
+        "eagle3",
+        (4, 5),
+        {"upgrade:none"},
+        ("upgrade", "no EAGLE 3.1 trigger"),
+        id="upgrade-4096-not-long",
+    ),
+    pytest.param(
+        dict(tpot_ms=25, task="code", output_tokens=6000),
+        "eagle3.1",
+        (6, 8),
+        {"upgrade:latency", "upgrade:long-output", "upgrade:gamma-over-5", "upgrade:code-math"},
+        ("upgrade", "gamma up to 8 > 5"),
+        id="upgrade-gamma-over-5",
+    ),
+    pytest.param(
+        dict(task="math"),
+        "eagle3.1",
+        (6, 6),
+        {"upgrade:code-math", "upgrade:gamma-over-5"},
+        ("upgrade", "not as a ceiling"),
+        id="upgrade-code-math-over-near-real-time",
+    ),
 ]
 
 ALL_RULES = {
-    "size:small-none", "size:small-batched", "size:sweet-spot", "size:large-required",
-    "hw:single-24gb", "hw:single-24gb-too-large", "hw:single-large", "hw:multi", "hw:cluster-8plus",
-    "medusa:taken", "medusa:not-taken", "serving:vllm-medusa",
-    "latency:interactive", "latency:near-real-time", "latency:batch", "latency:batch-none",
-    "task:code-math", "task:chat-creative", "task:translation-summary", "gamma:overlap", "gamma:latency-bounds",
-    "upgrade:latency", "upgrade:long-output", "upgrade:gamma-over-5", "upgrade:code-math", "upgrade:none",
-    "upgrade:not-applied", "gamma:start-4",
-    "speedup:none", "speedup:batched-small", "speedup:vllm-size-curve", "speedup:eagle31-lift", "speedup:medusa-paper",
-    "memory:fits", "memory:does-not-fit",
+    "size:small-none",
+    "size:small-batched",
+    "size:sweet-spot",
+    "size:large-required",
+    "hw:single-24gb",
+    "hw:single-24gb-too-large",
+    "hw:single-large",
+    "hw:multi",
+    "hw:cluster-8plus",
+    "medusa:taken",
+    "medusa:not-taken",
+    "serving:vllm-medusa",
+    "latency:interactive",
+    "latency:near-real-time",
+    "latency:batch",
+    "latency:batch-none",
+    "task:code-math",
+    "task:chat-creative",
+    "task:translation-summary",
+    "gamma:overlap",
+    "gamma:latency-bounds",
+    "upgrade:latency",
+    "upgrade:long-output",
+    "upgrade:gamma-over-5",
+    "upgrade:code-math",
+    "upgrade:none",
+    "upgrade:not-applied",
+    "gamma:start-4",
+    "speedup:none",
+    "speedup:batched-small",
+    "speedup:vllm-size-curve",
+    "speedup:eagle31-lift",
+    "speedup:medusa-paper",
+    "memory:fits",
+    "memory:does-not-fit",
 }
 
 
@@ -183,13 +414,16 @@ def test_medusa_is_served_by_vllm_within_its_limits():
     assert not [line for line in recommend(workload()).reasons if line.startswith("serving")]
 
 
-@pytest.mark.parametrize(("changes", "start"), [
-    pytest.param(dict(), 4, id="start-4-inside-4-5"),
-    pytest.param(dict(task="code"), 6, id="start-clamped-up-to-6"),
-    pytest.param(dict(tpot_ms=25, task="code"), 6, id="start-clamped-up-in-6-8"),
-    pytest.param(dict(tpot_ms=120), 3, id="start-clamped-down-to-3"),
-    pytest.param(dict(params_b=7), 0, id="start-none"),
-])
+@pytest.mark.parametrize(
+    ("changes", "start"),
+    [
+        pytest.param(dict(), 4, id="start-4-inside-4-5"),
+        pytest.param(dict(task="code"), 6, id="start-clamped-up-to-6"),
+        pytest.param(dict(tpot_ms=25, task="code"), 6, id="start-clamped-up-in-6-8"),
+        pytest.param(dict(tpot_ms=120), 3, id="start-clamped-down-to-3"),
+        pytest.param(dict(params_b=7), 0, id="start-none"),
+    ],
+)
 def test_gamma_start_is_4_clamped_into_the_range(changes, start):
     recommendation = recommend(workload(**changes))
     assert recommendation.gamma_start == start
@@ -214,11 +448,14 @@ def test_memory_arithmetic_for_70b_on_four_a100s():
     assert memory.arithmetic in reason_line(recommendation, "memory")
 
 
-@pytest.mark.parametrize(("changes", "drafter_gb", "fits"), [
-    pytest.param(dict(params_b=180, gpus=8), 18.0, True, id="medusa-5-percent"),
-    pytest.param(dict(params_b=7), 0.0, True, id="none-has-no-drafter"),
-    pytest.param(dict(gpus=2), 4.2, False, id="70b-on-2x80-short"),
-])
+@pytest.mark.parametrize(
+    ("changes", "drafter_gb", "fits"),
+    [
+        pytest.param(dict(params_b=180, gpus=8), 18.0, True, id="medusa-5-percent"),
+        pytest.param(dict(params_b=7), 0.0, True, id="none-has-no-drafter"),
+        pytest.param(dict(gpus=2), 4.2, False, id="70b-on-2x80-short"),
+    ],
+)
 def test_drafter_share_per_method(changes, drafter_gb, fits):
     recommendation = recommend(workload(**changes))
     assert recommendation.drafter_memory_gb == pytest.approx(drafter_gb)
@@ -233,31 +470,49 @@ def test_fits_is_needed_at_most_available(gpu_memory_gb, fits):
     assert budget.fits is fits
 
 
-@pytest.mark.parametrize(("params_b", "speedup"), [
-    (13, 1.4), (30, 1.7), (70, 2.1),
-    (20, 1.4 + 0.3 * math.log(20 / 13) / math.log(30 / 13)),
-    (50, 1.7 + 0.4 * math.log(50 / 30) / math.log(70 / 30)),
-    (8, 1.4), (405, 2.1),
-])
+@pytest.mark.parametrize(
+    ("params_b", "speedup"),
+    [
+        (13, 1.4),
+        (30, 1.7),
+        (70, 2.1),
+        (20, 1.4 + 0.3 * math.log(20 / 13) / math.log(30 / 13)),
+        (50, 1.7 + 0.4 * math.log(50 / 30) / math.log(70 / 30)),
+        (8, 1.4),
+        (405, 2.1),
+    ],
+)
 def test_eagle3_speedup_is_log_linear_between_the_seed_figures(params_b, speedup):
     assert eagle3_speedup_for_size(params_b) == pytest.approx(speedup)
 
 
-@pytest.mark.parametrize(("changes", "speedup"), [
-    pytest.param(dict(params_b=50), (1.94, 1.94), id="eagle3-50b"),
-    pytest.param(dict(tpot_ms=25, task="code"), (2.1, 2.46), id="eagle31-lift-above-gamma-5"),
-    pytest.param(dict(output_tokens=8000), (2.1, 2.1), id="eagle31-no-lift-at-gamma-5"),
-    pytest.param(dict(params_b=7, batch=8), (1.3, 1.5), id="batched-small"),
-    pytest.param(dict(params_b=180, gpus=8), (2.0, 2.5), id="medusa"),
-    pytest.param(dict(params_b=7), (1.0, 1.0), id="none"),
-])
+@pytest.mark.parametrize(
+    ("changes", "speedup"),
+    [
+        pytest.param(dict(params_b=50), (1.94, 1.94), id="eagle3-50b"),
+        pytest.param(dict(tpot_ms=25, task="code"), (2.1, 2.46), id="eagle31-lift-above-gamma-5"),
+        pytest.param(dict(output_tokens=8000), (2.1, 2.1), id="eagle31-no-lift-at-gamma-5"),
+        pytest.param(dict(params_b=7, batch=8), (1.3, 1.5), id="batched-small"),
+        pytest.param(dict(params_b=180, gpus=8), (2.0, 2.5), id="medusa"),
+        pytest.param(dict(params_b=7), (1.0, 1.0), id="none"),
+    ],
+)
 def test_expected_speedup(changes, speedup):
     assert recommend(workload(**changes)).expected_speedup == pytest.approx(speedup)
 
 
-@pytest.mark.parametrize(("text", "billions"), [
-    ("70B", 70.0), ("7b", 7.0), ("1.5B", 1.5), ("500M", 0.5), ("1T", 1000.0), ("70", 70.0), (" 8B ", 8.0),
-])
+@pytest.mark.parametrize(
+    ("text", "billions"),
+    [
+        ("70B", 70.0),
+        ("7b", 7.0),
+        ("1.5B", 1.5),
+        ("500M", 0.5),
+        ("1T", 1000.0),
+        ("70", 70.0),
+        (" 8B ", 8.0),
+    ],
+)
 def test_parse_params(text, billions):
     assert parse_params(text) == pytest.approx(billions)
 
@@ -269,12 +524,21 @@ def test_parse_params_refuses_what_is_not_a_size(text):
     assert "--params" in caught.value.what and "70B" in caught.value.fix
 
 
-@pytest.mark.parametrize(("changes", "field"), [
-    (dict(params_b=0), "params_b"), (dict(params_b=-1), "params_b"), (dict(params_b=float("nan")), "params_b"),
-    (dict(gpus=0), "gpus"), (dict(gpus=1.5), "gpus"), (dict(gpu_memory_gb=0), "gpu_memory_gb"),
-    (dict(tpot_ms=-5), "tpot_ms"), (dict(task="poetry"), "task"), (dict(output_tokens=0), "output_tokens"),
-    (dict(batch=0), "batch"),
-])
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        (dict(params_b=0), "params_b"),
+        (dict(params_b=-1), "params_b"),
+        (dict(params_b=float("nan")), "params_b"),
+        (dict(gpus=0), "gpus"),
+        (dict(gpus=1.5), "gpus"),
+        (dict(gpu_memory_gb=0), "gpu_memory_gb"),
+        (dict(tpot_ms=-5), "tpot_ms"),
+        (dict(task="poetry"), "task"),
+        (dict(output_tokens=0), "output_tokens"),
+        (dict(batch=0), "batch"),
+    ],
+)
 def test_bad_input_names_the_field_and_the_fix(changes, field):
     with pytest.raises(DraftsyncError) as caught:
         workload(**changes)

@@ -107,7 +107,9 @@ def test_seeded_sampling_repeats_and_a_list_of_one_prompt_is_accepted(target_onl
 
 def test_concurrent_requests_are_served_one_at_a_time_with_the_same_results(target_only):
     prompts = ["def add(", "The sum of 12", "Permission is", "def add(a"]
-    serial = [complete(target_only, prompt=p, max_tokens=8, temperature=0).json()["choices"][0]["text"] for p in prompts]
+    serial = [
+        complete(target_only, prompt=p, max_tokens=8, temperature=0).json()["choices"][0]["text"] for p in prompts
+    ]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         responses = list(pool.map(lambda p: complete(target_only, prompt=p, max_tokens=8, temperature=0), prompts))
     assert [r.status_code for r in responses] == [200] * 4

@@ -27,7 +27,9 @@ PROMPTS = ["def add(a, b):", "The sum of 12 and 30", "Permission is hereby", "de
 def start_reference_server(log_dir, target, drafter, gamma) -> ServerProcess:
     port = free_port()
     argv = reference_server_command(target, drafter, gamma, "127.0.0.1", port, MODEL)
-    server = ServerProcess(argv, "127.0.0.1", port, log_dir / f"server-{port}.log", env={"DRAFTSYNC_TORCH_THREADS": "1"})
+    server = ServerProcess(
+        argv, "127.0.0.1", port, log_dir / f"server-{port}.log", env={"DRAFTSYNC_TORCH_THREADS": "1"}
+    )
     server.start()
     try:
         server.wait_healthy(timeout=180)
@@ -40,7 +42,10 @@ def start_reference_server(log_dir, target, drafter, gamma) -> ServerProcess:
 def start_router(log_dir, upstream, token_file=None, env=None) -> ServerProcess:
     port = free_port()
     router = ServerProcess(
-        router_command("127.0.0.1", port, upstream, token_file), "127.0.0.1", port, log_dir / "router.log",
+        router_command("127.0.0.1", port, upstream, token_file),
+        "127.0.0.1",
+        port,
+        log_dir / "router.log",
         env={"DRAFTSYNC_ROUTER_TOKEN": "", **(env or {})},
     )
     router.start()
@@ -321,8 +326,9 @@ def test_a_replaced_upstream_counts_as_in_flight_until_its_last_answer_is_sent(s
         assert admin.state() == {"url": None, "previous": None, "in_flight": {}, "answered": {}, "switched_at": None}
         with HeldUpstream() as held, concurrent.futures.ThreadPoolExecutor(2) as pool:
             admin.switch(held.url)
-            pending = [pool.submit(httpx.post, f"{router.url}/v1/completions", json={"n": i}, timeout=60)
-                       for i in range(2)]
+            pending = [
+                pool.submit(httpx.post, f"{router.url}/v1/completions", json={"n": i}, timeout=60) for i in range(2)
+            ]
             for _ in pending:
                 assert held.arrived.acquire(timeout=30)
             report = admin.switch(servers[1].url)
@@ -330,8 +336,9 @@ def test_a_replaced_upstream_counts_as_in_flight_until_its_last_answer_is_sent(s
             assert report["in_flight"] == {held.url: 2, servers[1].url: 0}
             with pytest.raises(DraftsyncError, match=f"2 request\\(s\\) still in flight on {held.url}"):
                 admin.wait_drained(held.url, timeout=0.3)
-            fresh = httpx.post(f"{router.url}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2},
-                               timeout=60)
+            fresh = httpx.post(
+                f"{router.url}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}, timeout=60
+            )
             assert fresh.status_code == 200 and served_gamma(fresh.json()) == V2_GAMMA
             held.release.set()
             assert [future.result().json() for future in pending] == [{"held": True}] * 2

@@ -25,14 +25,38 @@ from draftsync.serving.vllm_args import (
 # at 002e77c1) so that this test does not trust the module's own list. `tensor_parallel_size` is a field that
 # exists only to be rejected, so it is left out: rendering it would fail in vLLM.
 VLLM_SPECULATIVE_CONFIG_FIELDS = {
-    "enforce_eager", "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size", "quantization",
-    "moe_backend", "attention_backend", "kv_cache_dtype", "max_model_len", "revision", "code_revision",
-    "index_share_for_mtp_iteration", "disable_padded_drafter_batch", "disable_eagle_block_drop",
-    "use_local_argmax_reduction", "use_heterogeneous_vocab", "prompt_lookup_max", "prompt_lookup_min",
-    "parallel_drafting", "num_speculative_tokens_per_batch_size", "suffix_decoding_max_tree_depth",
-    "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob",
-    "draft_load_config", "rejection_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length",
-    "enable_adaptive_verification", "draft_sample_method", "dspark_draft_topk",
+    "enforce_eager",
+    "num_speculative_tokens",
+    "model",
+    "method",
+    "draft_tensor_parallel_size",
+    "quantization",
+    "moe_backend",
+    "attention_backend",
+    "kv_cache_dtype",
+    "max_model_len",
+    "revision",
+    "code_revision",
+    "index_share_for_mtp_iteration",
+    "disable_padded_drafter_batch",
+    "disable_eagle_block_drop",
+    "use_local_argmax_reduction",
+    "use_heterogeneous_vocab",
+    "prompt_lookup_max",
+    "prompt_lookup_min",
+    "parallel_drafting",
+    "num_speculative_tokens_per_batch_size",
+    "suffix_decoding_max_tree_depth",
+    "suffix_decoding_max_cached_requests",
+    "suffix_decoding_max_spec_factor",
+    "suffix_decoding_min_token_prob",
+    "draft_load_config",
+    "rejection_sample_method",
+    "synthetic_acceptance_rates",
+    "synthetic_acceptance_length",
+    "enable_adaptive_verification",
+    "draft_sample_method",
+    "dspark_draft_topk",
 }
 
 # One launch of each shape the renderer produces, for the key checks below.
@@ -42,22 +66,30 @@ RENDERINGS = [
     dict(drafter_dir="/d", method="eagle", gamma=3, schedule=[(1, 8, 3), (9, 256, 1)]),
     dict(drafter_dir="/d", method="medusa", gamma=3),
     dict(drafter_dir="/d", method="draft_model", gamma=2, tensor_parallel_size=2),
-    dict(drafter_dir=None, method="ngram", gamma=4, prompt_lookup_min=2, prompt_lookup_max=4,
-         schedule=[(1, 4, 4), (5, 64, 0)]),
+    dict(
+        drafter_dir=None,
+        method="ngram",
+        gamma=4,
+        prompt_lookup_min=2,
+        prompt_lookup_max=4,
+        schedule=[(1, 4, 4), (5, 64, 0)],
+    ),
 ]
 
 
 def render(drafter_dir, method, gamma, tensor_parallel_size=1, **keywords):
-    return render_vllm_command("/models/target", drafter_dir, method, gamma, "127.0.0.1", 9000, "m",
-                               tensor_parallel_size, **keywords)
+    return render_vllm_command(
+        "/models/target", drafter_dir, method, gamma, "127.0.0.1", 9000, "m", tensor_parallel_size, **keywords
+    )
 
 
 def speculative_json(argv: list[str]) -> dict:
     return json.loads(argv[argv.index("--speculative-config") + 1])
 
 
-@pytest.mark.parametrize("method, vllm_method", [("eagle3", "eagle3"), ("eagle3.1", "eagle3"), ("eagle", "eagle"),
-                                                 ("medusa", "medusa")])
+@pytest.mark.parametrize(
+    "method, vllm_method", [("eagle3", "eagle3"), ("eagle3.1", "eagle3"), ("eagle", "eagle"), ("medusa", "medusa")]
+)
 def test_long_form_with_speculative_config(method, vllm_method):
     launch = render_vllm_command("/models/target", "/models/drafter", method, 4, "0.0.0.0", 8000, "tiny")
     assert launch.argv[:3] == ["vllm", "serve", "/models/target"]
@@ -127,16 +159,19 @@ def test_schedule_from_the_registry_tag_round_trips():
     assert check_schedule(json.loads(tag), 5) == [[1, 7, 5], [8, 31, 5], [32, 64, 0]]
 
 
-@pytest.mark.parametrize("schedule, gamma, complaint", [
-    ([(1, 8, 5)], 4, "k=5 with num_speculative_tokens=4"),
-    ([(2, 8, 4)], 4, "starts at batch size 2"),
-    ([(1, 8, 4), (8, 16, 2)], 4, "overlap"),
-    ([(1, 0, 4)], 4, "batch sizes 1..0"),
-    ([(1, 8, -1)], 4, "k=-1"),
-    ([(1, 8)], 4, "not \\[first batch size, last batch size, k\\]"),
-    ([(1, 8, 2.5)], 4, "not an integer"),
-    ("[[1, 8, 4]]", 4, "is text"),
-])
+@pytest.mark.parametrize(
+    "schedule, gamma, complaint",
+    [
+        ([(1, 8, 5)], 4, "k=5 with num_speculative_tokens=4"),
+        ([(2, 8, 4)], 4, "starts at batch size 2"),
+        ([(1, 8, 4), (8, 16, 2)], 4, "overlap"),
+        ([(1, 0, 4)], 4, "batch sizes 1..0"),
+        ([(1, 8, -1)], 4, "k=-1"),
+        ([(1, 8)], 4, "not \\[first batch size, last batch size, k\\]"),
+        ([(1, 8, 2.5)], 4, "not an integer"),
+        ("[[1, 8, 4]]", 4, "is text"),
+    ],
+)
 def test_bad_schedules_are_refused_with_the_reason(schedule, gamma, complaint):
     with pytest.raises(DraftsyncError, match=complaint):
         render("/d", "eagle3", gamma, schedule=schedule)
@@ -151,8 +186,12 @@ def test_ngram_needs_no_drafter_and_sets_the_lookup_window():
     assert config == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 5}
     assert render(None, "ngram", 3, prompt_lookup_max=4).speculative_config["prompt_lookup_min"] == 4
     window = render(None, "ngram", 3, tensor_parallel_size=2, prompt_lookup_min=2, prompt_lookup_max=6)
-    assert window.speculative_config == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
-                                         "prompt_lookup_max": 6}
+    assert window.speculative_config == {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 6,
+    }
     with pytest.raises(DraftsyncError, match="drafts from the prompt"):
         render("/d", "ngram", 3)
     with pytest.raises(DraftsyncError, match="min=5, max=2"):
@@ -171,12 +210,24 @@ def test_paths_with_shell_metacharacters_stay_single_arguments():
     assert all(isinstance(arg, str) for arg in launch.argv)
 
 
-@pytest.mark.parametrize("extra", [
-    ["--port", "9001"], ["--port=9001"], ["--host", "0.0.0.0"], ["--model", "/other"], ["--model=/other"],
-    ["--served_model_name", "x"], ["--served-model", "x"], ["--tensor-parallel-size", "2"], ["-tp", "2"],
-    ["-tp=2"], ["--speculative-config", "{}"], ["--speculative-config.num_speculative_tokens", "9"],
-    ["--speculative_config.method=ngram"],
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--port", "9001"],
+        ["--port=9001"],
+        ["--host", "0.0.0.0"],
+        ["--model", "/other"],
+        ["--model=/other"],
+        ["--served_model_name", "x"],
+        ["--served-model", "x"],
+        ["--tensor-parallel-size", "2"],
+        ["-tp", "2"],
+        ["-tp=2"],
+        ["--speculative-config", "{}"],
+        ["--speculative-config.num_speculative_tokens", "9"],
+        ["--speculative_config.method=ngram"],
+    ],
+)
 def test_extra_args_may_not_set_what_draftsync_sets(extra):
     assert reserved_flag_collisions(extra) == [extra[0]]
     with pytest.raises(DraftsyncError, match="set flags that draftsync sets itself"):
@@ -184,10 +235,20 @@ def test_extra_args_may_not_set_what_draftsync_sets(extra):
 
 
 def test_extra_args_that_only_look_alike_pass():
-    extra = ["--max-model-len", "4096", "--model-impl", "vllm", "--port-range", "x", "--gpu-memory-utilization=0.9",
-             "--hf-overrides", '{"port": 1}', "-O3"]
+    extra = [
+        "--max-model-len",
+        "4096",
+        "--model-impl",
+        "vllm",
+        "--port-range",
+        "x",
+        "--gpu-memory-utilization=0.9",
+        "--hf-overrides",
+        '{"port": 1}',
+        "-O3",
+    ]
     assert reserved_flag_collisions(extra) == []
-    assert render("/d", "eagle3", 3, extra_args=extra).argv[-len(extra):] == extra
+    assert render("/d", "eagle3", 3, extra_args=extra).argv[-len(extra) :] == extra
 
 
 def test_unservable_methods_are_refused_with_the_fix():
@@ -200,9 +261,17 @@ def medusa_dir(tmp_path, num_heads, truncated_vocab_size=384):
     """A drafter directory with only the config.json fields the renderer reads."""
     directory = tmp_path / "medusa"
     directory.mkdir(parents=True)
-    (directory / "config.json").write_text(json.dumps({
-        "draftsync_drafter": "medusa", "model_type": "medusa", "num_heads": num_heads, "vocab_size": 384,
-        "truncated_vocab_size": truncated_vocab_size}))
+    (directory / "config.json").write_text(
+        json.dumps(
+            {
+                "draftsync_drafter": "medusa",
+                "model_type": "medusa",
+                "num_heads": num_heads,
+                "vocab_size": 384,
+                "truncated_vocab_size": truncated_vocab_size,
+            }
+        )
+    )
     return directory
 
 
@@ -210,7 +279,10 @@ def medusa_dir(tmp_path, num_heads, truncated_vocab_size=384):
 def test_medusa_serves_up_to_its_heads(tmp_path, gamma):
     directory = medusa_dir(tmp_path, 3)
     assert render(directory, "medusa", gamma).speculative_config == {
-        "method": "medusa", "model": str(directory), "num_speculative_tokens": gamma}
+        "method": "medusa",
+        "model": str(directory),
+        "num_speculative_tokens": gamma,
+    }
 
 
 def test_medusa_gamma_above_its_heads_is_refused(tmp_path):
@@ -230,8 +302,10 @@ def test_medusa_takes_no_schedule(tmp_path):
     with pytest.raises(DraftsyncError, match="schedule was given for a Medusa drafter") as raised:
         render(medusa_dir(tmp_path, 3), "medusa", 3, schedule=[(1, 8, 3), (9, 64, 1)])
     assert "no schedule" in raised.value.fix
-    assert "num_speculative_tokens_per_batch_size" not in render(medusa_dir(tmp_path / "b", 3), "medusa", 3,
-                                                                 schedule=[]).speculative_config
+    assert (
+        "num_speculative_tokens_per_batch_size"
+        not in render(medusa_dir(tmp_path / "b", 3), "medusa", 3, schedule=[]).speculative_config
+    )
 
 
 def test_gamma_below_one_is_refused():
@@ -274,9 +348,18 @@ def test_the_launch_reaches_vllm_as_rendered(tmp_path):
     target = tmp_path / f"tar get $(touch {marker}) ;x"
     drafter = tmp_path / f"dr'af\"ter `touch {marker}`"
     port = free_port()
-    launch = render_vllm_command(target, drafter, "eagle3.1", 4, "127.0.0.1", port, "pair", 2,
-                                 ["--max-model-len", "512", "--override-generation-config", '{"temperature": 0}'],
-                                 schedule=[(1, 8, 4), (9, 32, 2)])
+    launch = render_vllm_command(
+        target,
+        drafter,
+        "eagle3.1",
+        4,
+        "127.0.0.1",
+        port,
+        "pair",
+        2,
+        ["--max-model-len", "512", "--override-generation-config", '{"temperature": 0}'],
+        schedule=[(1, 8, 4), (9, 32, 2)],
+    )
     record = tmp_path / "argv.json"
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "VLLM_ARGV_RECORD": str(record)}
     with ServerProcess(launch.argv, "127.0.0.1", port, tmp_path / "vllm.log", env=env) as server:
@@ -292,8 +375,9 @@ def test_the_launch_reaches_vllm_as_rendered(tmp_path):
 def test_a_vllm_missing_from_path_is_reported_with_the_fix(tmp_path):
     empty = tmp_path / "empty-bin"
     empty.mkdir()
-    process = ServerProcess(render("/d", "eagle3", 2).argv, "127.0.0.1", free_port(), tmp_path / "x.log",
-                            env={"PATH": str(empty)})
+    process = ServerProcess(
+        render("/d", "eagle3", 2).argv, "127.0.0.1", free_port(), tmp_path / "x.log", env={"PATH": str(empty)}
+    )
     with pytest.raises(DraftsyncError, match="'vllm' could not be started") as raised:
         process.start()
     assert "PATH" in raised.value.fix
@@ -312,6 +396,7 @@ def test_per_request_counts_are_asked_for_whenever_a_drafter_serves(tmp_path):
     assert speculating[speculating.index(PER_REQUEST_METRICS_FLAG) + 1] == "summary"
     plain = render_vllm_command(tmp_path, None, "eagle3", 0, "127.0.0.1", 8000, "chat").argv
     assert PER_REQUEST_METRICS_FLAG not in plain  # vLLM refuses the flag without speculation
-    detailed = render_vllm_command(tmp_path, tmp_path, "eagle3", 2, "127.0.0.1", 8000, "chat",
-                                   extra_args=[f"{PER_REQUEST_METRICS_FLAG}=detailed"]).argv
+    detailed = render_vllm_command(
+        tmp_path, tmp_path, "eagle3", 2, "127.0.0.1", 8000, "chat", extra_args=[f"{PER_REQUEST_METRICS_FLAG}=detailed"]
+    ).argv
     assert speculating.count(PER_REQUEST_METRICS_FLAG) == 1 and PER_REQUEST_METRICS_FLAG not in detailed

@@ -35,26 +35,30 @@ def test_without_an_engine_the_error_names_make_vllm(no_engine_anywhere):
     assert "no vLLM engine" in missing.value.what and "make vllm" in missing.value.fix
 
 
-def test_a_venv_in_the_working_directory_is_found_and_started_as_the_server_module(no_engine_anywhere, tmp_path,
-                                                                                   monkeypatch):
+def test_a_venv_in_the_working_directory_is_found_and_started_as_the_server_module(
+    no_engine_anywhere, tmp_path, monkeypatch
+):
     python = _venv(tmp_path)
     monkeypatch.setenv("DRAFTSYNC_VLLM_DEVICE", "cpu")
     monkeypatch.setenv("DRAFTSYNC_VLLM_CPU_KVCACHE_GB", "2")
     engine = find_vllm_engine()
-    deployment = ServingDeployment(name="chat", target_name="llm", launch="vllm", port=8000,
-                                   extra_vllm_args=["--max-model-len", "512"])
+    deployment = ServingDeployment(
+        name="chat", target_name="llm", launch="vllm", port=8000, extra_vllm_args=["--max-model-len", "512"]
+    )
     launch = deployment.vllm_launch(tmp_path, tmp_path, "eagle3", 3, engine=engine)
 
     assert launch.argv[:5] == [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tmp_path)]
     assert launch.argv[launch.argv.index("--speculative-config") + 1].startswith('{"method": "eagle3"')
     assert launch.argv[-5:] == ["--max-model-len", "512", "--enforce-eager", "--dtype", "float32"]
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")  # set by the operator: kept
-    assert engine.environment() == {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0-1",
-                                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert engine.environment() == {
+        "VLLM_CPU_KVCACHE_SPACE": "2",
+        "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }
 
 
-def test_a_deployment_argument_wins_over_the_cpu_default_and_a_gpu_gets_none(no_engine_anywhere, tmp_path,
-                                                                            monkeypatch):
+def test_a_deployment_argument_wins_over_the_cpu_default_and_a_gpu_gets_none(no_engine_anywhere, tmp_path, monkeypatch):
     _venv(tmp_path)
     monkeypatch.setenv("DRAFTSYNC_VLLM_DEVICE", "cpu")
     deployment = ServingDeployment(name="chat", target_name="llm", launch="vllm", extra_vllm_args=["--dtype=bfloat16"])
@@ -63,8 +67,10 @@ def test_a_deployment_argument_wins_over_the_cpu_default_and_a_gpu_gets_none(no_
 
     monkeypatch.setenv("DRAFTSYNC_VLLM_DEVICE", "cuda")
     gpu = find_vllm_engine()
-    assert gpu.environment() == {} and "--enforce-eager" not in deployment.vllm_launch(tmp_path, None, "eagle3", 0,
-                                                                                       engine=gpu).argv
+    assert (
+        gpu.environment() == {}
+        and "--enforce-eager" not in deployment.vllm_launch(tmp_path, None, "eagle3", 0, engine=gpu).argv
+    )
 
 
 def test_a_vllm_command_is_started_with_serve(no_engine_anywhere, tmp_path, monkeypatch):
@@ -74,8 +80,11 @@ def test_a_vllm_command_is_started_with_serve(no_engine_anywhere, tmp_path, monk
     command.chmod(0o755)
     monkeypatch.setenv("DRAFTSYNC_VLLM_DEVICE", "cuda")
     engine = find_vllm_engine()
-    argv = ServingDeployment(name="chat", target_name="llm", launch="vllm").vllm_launch(
-        tmp_path, None, "eagle3", 0, engine=engine).argv
+    argv = (
+        ServingDeployment(name="chat", target_name="llm", launch="vllm")
+        .vllm_launch(tmp_path, None, "eagle3", 0, engine=engine)
+        .argv
+    )
     assert argv[:3] == ["vllm", "serve", str(tmp_path)] and "--model" not in argv
     assert engine.version() == "0.33.1"
 
@@ -96,9 +105,11 @@ def test_the_error_line_is_the_root_cause_vllm_logged(tmp_path):
         "(Worker pid=3) ERROR 12-02 07:32:02 [multiproc_executor.py:1063] ValueError: Available memory on node 0 "
         "(10.08/11.84 GiB) is less than requested memory for kv (4000.0 GiB).\n"
         "(EngineCore pid=2) ERROR 12-02 07:32:02 [core.py:1510] RuntimeError: Worker failed with error 'Available'\n"
-        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
-    assert engine_error_line(log) == ("ValueError: Available memory on node 0 (10.08/11.84 GiB) is less than "
-                                      "requested memory for kv (4000.0 GiB).")
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+    )
+    assert engine_error_line(log) == (
+        "ValueError: Available memory on node 0 (10.08/11.84 GiB) is less than requested memory for kv (4000.0 GiB)."
+    )
     log.write_text("INFO starting\n(EngineCore pid=2) ERROR 12-02 [core.py:9] KV cache does not fit\n")
     assert engine_error_line(log) == "(EngineCore pid=2) ERROR 12-02 [core.py:9] KV cache does not fit"
     assert engine_error_line(tmp_path / "missing.log") is None

@@ -59,8 +59,9 @@ def engine_labels(engine: str = "0") -> dict[str, str]:
     return {"model_name": "target", "engine": engine}
 
 
-def spec_metrics(drafts: int, draft_tokens: int, accepted: int, per_position: list[int],
-                 engine: str = "0") -> list[Metric]:
+def spec_metrics(
+    drafts: int, draft_tokens: int, accepted: int, per_position: list[int], engine: str = "0"
+) -> list[Metric]:
     """One engine's spec-decode counters, as get_metrics() lists them."""
     labels = engine_labels(engine)
     return [
@@ -101,10 +102,12 @@ def test_a_snapshot_without_speculation_reads_as_zero():
 
 def test_scraped_names_with_the_total_suffix_read_the_same():
     labels = engine_labels()
-    scraped = [Counter("vllm:spec_decode_num_drafts_total", labels, 5),
-               Counter("vllm:spec_decode_num_draft_tokens_total", labels, 10),
-               Counter("vllm:spec_decode_num_accepted_tokens_total", labels, 7),
-               Vector("vllm:spec_decode_num_accepted_tokens_per_pos_total", labels, [4, 3])]
+    scraped = [
+        Counter("vllm:spec_decode_num_drafts_total", labels, 5),
+        Counter("vllm:spec_decode_num_draft_tokens_total", labels, 10),
+        Counter("vllm:spec_decode_num_accepted_tokens_total", labels, 7),
+        Vector("vllm:spec_decode_num_accepted_tokens_per_pos_total", labels, [4, 3]),
+    ]
     assert read_spec_decode_counts(scraped) == SpecDecodeCounts(5, 10, 7, (4, 3))
 
 
@@ -166,11 +169,23 @@ class RequestMetrics:
 
 
 def test_time_to_first_token_comes_from_the_request_metrics():
-    v1 = RequestStateStats(num_generation_tokens=32, arrival_time=1000.0, queued_ts=5.0, scheduled_ts=5.01,
-                           first_token_ts=5.04, last_token_ts=5.5, first_token_latency=0.045)
+    v1 = RequestStateStats(
+        num_generation_tokens=32,
+        arrival_time=1000.0,
+        queued_ts=5.0,
+        scheduled_ts=5.01,
+        first_token_ts=5.04,
+        last_token_ts=5.5,
+        first_token_latency=0.045,
+    )
     assert first_token_seconds(v1) == pytest.approx(0.045)
-    older = RequestMetrics(arrival_time=100.0, last_token_time=101.0, first_scheduled_time=100.01,
-                           first_token_time=100.25, time_in_queue=0.01)
+    older = RequestMetrics(
+        arrival_time=100.0,
+        last_token_time=101.0,
+        first_scheduled_time=100.01,
+        first_token_time=100.25,
+        time_in_queue=0.01,
+    )
     assert first_token_seconds(older) == pytest.approx(0.25)
 
 
@@ -185,8 +200,9 @@ def test_time_to_first_token_is_nan_when_not_reported():
 @pytest.mark.parametrize("tensor_parallel_size", [1, 2])
 def test_eagle_drafters_get_the_config_they_are_served_with(method, tensor_parallel_size):
     config = speculative_config("/models/target", method, "/models/drafter", 4, tensor_parallel_size)
-    served = render_vllm_command("/models/target", "/models/drafter", method, 4, "0.0.0.0", 8000, "tiny",
-                                 tensor_parallel_size).speculative_config
+    served = render_vllm_command(
+        "/models/target", "/models/drafter", method, 4, "0.0.0.0", 8000, "tiny", tensor_parallel_size
+    ).speculative_config
     assert config == served
     assert config["method"] == ("eagle" if method == "eagle" else "eagle3")
     assert config["num_speculative_tokens"] == 4
@@ -204,7 +220,11 @@ def test_gamma_zero_turns_speculation_off():
 
 def test_ngram_gets_its_lookup_window_explicitly():
     assert speculative_config("/t", "ngram", None, 3) == {
-        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5, "prompt_lookup_max": 5}
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 5,
+        "prompt_lookup_max": 5,
+    }
     assert speculative_config("/t", "ngram", None, 3, prompt_lookup_max=4)["prompt_lookup_min"] == 4
     window = speculative_config("/t", "ngram", None, 3, prompt_lookup_min=2, prompt_lookup_max=6)
     assert (window["prompt_lookup_min"], window["prompt_lookup_max"]) == (2, 6)
@@ -214,7 +234,11 @@ def test_ngram_gets_its_lookup_window_explicitly():
 
 def test_draft_models_load_their_directory():
     assert speculative_config("/t", "draft_model", "/d", 2, 2) == {
-        "method": "draft_model", "model": "/d", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2}
+        "method": "draft_model",
+        "model": "/d",
+        "num_speculative_tokens": 2,
+        "draft_tensor_parallel_size": 2,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -224,14 +248,17 @@ def medusa_drafter(tiny_target, tmp_path_factory):
 
     target, _ = load_target(tiny_target)
     drafter = new_drafter("medusa", target.config, num_heads=2, num_layers=1)
-    return save_drafter(drafter, tmp_path_factory.mktemp("medusa"), str(tiny_target),
-                        list(target.config.architectures), 2)
+    return save_drafter(
+        drafter, tmp_path_factory.mktemp("medusa"), str(tiny_target), list(target.config.architectures), 2
+    )
 
 
 def test_medusa_drafters_get_the_config_they_are_served_with_up_to_their_heads(tiny_target, medusa_drafter):
     config = speculative_config(tiny_target, "medusa", medusa_drafter, 2)
-    assert config == render_vllm_command(tiny_target, medusa_drafter, "medusa", 2, "0.0.0.0", 8000,
-                                         "tiny").speculative_config
+    assert (
+        config
+        == render_vllm_command(tiny_target, medusa_drafter, "medusa", 2, "0.0.0.0", 8000, "tiny").speculative_config
+    )
     assert config == {"method": "medusa", "model": str(medusa_drafter), "num_speculative_tokens": 2}
     with pytest.raises(DraftsyncError, match="gamma 3 asks for more tokens than the 2 heads") as caught:
         speculative_config(tiny_target, "medusa", medusa_drafter, 3)
@@ -323,8 +350,9 @@ def test_vllm_counts_each_request_on_its_own(tmp_path_factory):
     torch.manual_seed(0)
     drafter = new_drafter("eagle3", target.config)
     drafter.initialise_from_target(target)
-    drafter_dir = save_drafter(drafter, tmp_path_factory.mktemp("drafter"), str(target_dir),
-                               list(target.config.architectures), 3)
+    drafter_dir = save_drafter(
+        drafter, tmp_path_factory.mktemp("drafter"), str(target_dir), list(target.config.architectures), 3
+    )
     del target
     max_tokens, gamma = 48, 3
     requests = [EvalRequest(p, task, max_tokens) for task in ("code", "math") for p in prompts(task, 2, seed=0)]
@@ -355,6 +383,8 @@ def test_vllm_counts_each_request_on_its_own(tmp_path_factory):
         # so counts leaking in from another request would break this bound.
         assert result.accepted + result.drafts <= n - 1 + gamma
     assert whole_run == SpecDecodeCounts(
-        sum(r.drafts for r in speculative), sum(r.draft_tokens for r in speculative),
+        sum(r.drafts for r in speculative),
+        sum(r.draft_tokens for r in speculative),
         sum(r.accepted for r in speculative),
-        tuple(sum(r.accepted_per_position[i] for r in speculative) for i in range(gamma)))
+        tuple(sum(r.accepted_per_position[i] for r in speculative) for i in range(gamma)),
+    )

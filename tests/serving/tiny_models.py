@@ -20,9 +20,16 @@ def build_tiny_target(directory: Path, seed: int = 0, hidden_size: int = 32) -> 
     tokenizer = train_tokenizer(TEXTS, vocab_size=320, out_dir=directory)
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=320, hidden_size=hidden_size, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=96, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=False,
+        vocab_size=320,
+        hidden_size=hidden_size,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=96,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        tie_word_embeddings=False,
     )
     LlamaForCausalLM(config).save_pretrained(directory)
     return directory

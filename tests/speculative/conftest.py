@@ -16,8 +16,14 @@ def tiny_llama(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
-        intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=False,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
@@ -153,8 +159,14 @@ def training_batch_of(target, ids, loss_mask=None, layer_ids=(1, 2, 3), aux=True
     states = capture(target, ids, layer_ids)
     valid = torch.ones_like(ids, dtype=torch.bool)
     mask = valid if loss_mask is None else loss_mask & valid
-    return TrainingBatch(ids=ids, valid=valid, loss_mask=mask, aux=states.aux.float() if aux else None,
-                         final=states.final.float(), target_logits=states.logits.float())
+    return TrainingBatch(
+        ids=ids,
+        valid=valid,
+        loss_mask=mask,
+        aux=states.aux.float() if aux else None,
+        final=states.final.float(),
+        target_logits=states.logits.float(),
+    )
 
 
 @pytest.fixture(scope="session")

@@ -85,15 +85,26 @@ def test_eagle3_training_loss_falls_on_a_fixed_batch(target, chain_batch):
 
 def test_eagle3_training_loss_names_bad_batches(target, chain_batch):
     drafter = eagle3_for(target)
-    without_aux = TrainingBatch(chain_batch.ids, chain_batch.valid, chain_batch.loss_mask, None, chain_batch.final,
-                                chain_batch.target_logits)
+    without_aux = TrainingBatch(
+        chain_batch.ids, chain_batch.valid, chain_batch.loss_mask, None, chain_batch.final, chain_batch.target_logits
+    )
     with pytest.raises(DraftsyncError, match="aux states"):
         drafter.training_loss(without_aux, 1, 0.0, None)
     with pytest.raises(DraftsyncError, match="ttt_steps"):
         drafter.training_loss(chain_batch, 0, 0.0, None)
-    short = TrainingBatch(*(None if t is None else t[:, :2] for t in (
-        chain_batch.ids, chain_batch.valid, chain_batch.loss_mask, chain_batch.aux, chain_batch.final,
-        chain_batch.target_logits)))
+    short = TrainingBatch(
+        *(
+            None if t is None else t[:, :2]
+            for t in (
+                chain_batch.ids,
+                chain_batch.valid,
+                chain_batch.loss_mask,
+                chain_batch.aux,
+                chain_batch.final,
+                chain_batch.target_logits,
+            )
+        )
+    )
     with pytest.raises(DraftsyncError, match="3 or more"):
         drafter.training_loss(short, 1, 0.0, None)
 
@@ -198,7 +209,9 @@ def test_a_damaged_weights_file_is_named(target, tmp_path, method):
 
 def test_a_target_model_directory_is_not_taken_for_a_drafter(random_target, tmp_path):
     random_target.config.save_pretrained(tmp_path / "target")
-    with pytest.raises(DraftsyncError, match=r"config.json is not the config of a drafter.*model_type='llama'") as error:
+    with pytest.raises(
+        DraftsyncError, match=r"config.json is not the config of a drafter.*model_type='llama'"
+    ) as error:
         load_drafter(tmp_path / "target")
     assert "save_drafter" in error.value.fix
     with pytest.raises(DraftsyncError, match="does not exist"):
@@ -238,8 +251,9 @@ def test_the_draft_model_baseline_saves_and_loads_through_the_factory(target, tm
     assert type(loaded) is DraftModelDrafter and loaded.method == "draft_model"
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        torch.testing.assert_close(loaded.lm(input_ids=ids).logits, drafter.lm(input_ids=ids).logits,
-                                   atol=0.05, rtol=0.05)  # the checkpoint stores weights as the model holds them
+        torch.testing.assert_close(
+            loaded.lm(input_ids=ids).logits, drafter.lm(input_ids=ids).logits, atol=0.05, rtol=0.05
+        )  # the checkpoint stores weights as the model holds them
 
 
 # ---- what every method's drafter does alike ----------------------------------------------------------
@@ -276,5 +290,9 @@ def test_draft_chain_with_cache_equals_the_training_time_test_unroll(random_targ
             cache.crop(row + 1)
             # re-run the real position that follows, so the cache holds verified positions only again
             if row + 1 < 9:
-                drafter(ids[:, row + 2 : row + 3], drafter.fuse(inputs[:, row + 1 : row + 2]),
-                        torch.tensor([row + 1]), cache)
+                drafter(
+                    ids[:, row + 2 : row + 3],
+                    drafter.fuse(inputs[:, row + 1 : row + 2]),
+                    torch.tensor([row + 1]),
+                    cache,
+                )

@@ -92,7 +92,7 @@ def _llama_layer_without_input_norm(drafter):
     config._attn_implementation = "eager"
     layer = LlamaDecoderLayer(config, 0).eval()
     layer.input_layernorm = torch.nn.Identity()
-    own = {name[len("layers.0."):]: t for name, t in drafter.state_dict().items() if name.startswith("layers.0.")}
+    own = {name[len("layers.0.") :]: t for name, t in drafter.state_dict().items() if name.startswith("layers.0.")}
     layer.load_state_dict(own, strict=True)
     return layer, LlamaRotaryEmbedding(config)
 
@@ -113,8 +113,16 @@ def test_forward_is_fc_then_a_llama_layer_without_input_norm_read_by_the_targets
 
 
 def test_fuse_passes_the_final_state_through():
-    config = EagleConfig(hidden_size=8, target_hidden_size=8, vocab_size=16, draft_vocab_size=16,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=4, intermediate_size=16)
+    config = EagleConfig(
+        hidden_size=8,
+        target_hidden_size=8,
+        vocab_size=16,
+        draft_vocab_size=16,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=4,
+        intermediate_size=16,
+    )
     drafter = EagleDrafter(config)
     final = torch.randn(1, 3, 8)
     assert torch.equal(drafter.fuse(final), final)
@@ -203,7 +211,9 @@ def test_round_trip_gives_the_same_drafts(target, tmp_path, bf16_stored):
     ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(6))
     final = capture(target, ids, (1, 2, 3)).final
     with torch.no_grad():
-        for got, want in zip(loaded.unroll(ids[:, 1:], final[:, :-1], 2), reference.unroll(ids[:, 1:], final[:, :-1], 2)):
+        for got, want in zip(
+            loaded.unroll(ids[:, 1:], final[:, :-1], 2), reference.unroll(ids[:, 1:], final[:, :-1], 2)
+        ):
             assert torch.allclose(got, want, atol=1e-6)
     assert not loaded.embed_tokens.weight.requires_grad and loaded.config == drafter.config
 

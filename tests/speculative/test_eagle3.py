@@ -120,8 +120,11 @@ def _reference_step(drafter, input_ids, aux, norm_before_residual):
     q = (x @ attn.q_proj.weight.T).view(1, length, heads, dim).transpose(1, 2)
     k = (x @ attn.k_proj.weight.T).view(1, length, heads, dim).transpose(1, 2)
     v = (x @ attn.v_proj.weight.T).view(1, length, heads, dim).transpose(1, 2)
-    rope = LlamaRotaryEmbedding(LlamaConfig(hidden_size=config.hidden_size, num_attention_heads=heads,
-                                            head_dim=dim, rope_theta=config.rope_theta))
+    rope = LlamaRotaryEmbedding(
+        LlamaConfig(
+            hidden_size=config.hidden_size, num_attention_heads=heads, head_dim=dim, rope_theta=config.rope_theta
+        )
+    )
     cos, sin = rope(x, torch.arange(length)[None])
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
     scores = (q @ k.transpose(-1, -2)) / dim**0.5
@@ -130,7 +133,11 @@ def _reference_step(drafter, input_ids, aux, norm_before_residual):
     hidden = residual + out
     mlp = layer.mlp
     post = rms(hidden, layer.post_attention_layernorm.weight)
-    hidden = hidden + (torch.nn.functional.silu(post @ mlp.gate_proj.weight.T) * (post @ mlp.up_proj.weight.T)) @ mlp.down_proj.weight.T
+    hidden = (
+        hidden
+        + (torch.nn.functional.silu(post @ mlp.gate_proj.weight.T) * (post @ mlp.up_proj.weight.T))
+        @ mlp.down_proj.weight.T
+    )
     return rms(hidden, drafter.norm.weight) @ drafter.lm_head.weight.T, hidden
 
 
@@ -144,8 +151,9 @@ def test_forward_matches_the_eagle3_layer_definition(random_target, norm_before_
     states = capture(random_target, ids, drafter.config.aux_layer_ids)
     with torch.no_grad():
         logits, feedback = drafter(ids[:, 1:], drafter.fuse(states.aux[:, :-1]), torch.arange(9))
-        expected_logits, expected_hidden = _reference_step(drafter, ids[:, 1:], states.aux[:, :-1],
-                                                           norm_before_residual)
+        expected_logits, expected_hidden = _reference_step(
+            drafter, ids[:, 1:], states.aux[:, :-1], norm_before_residual
+        )
     assert torch.allclose(logits, expected_logits, atol=1e-5)
     assert torch.allclose(feedback, expected_hidden, atol=1e-5)  # pre-norm state is fed back
 
@@ -188,8 +196,6 @@ def test_draft_vocab_keeps_the_most_frequent_ids_sorted():
 def test_token_counts_honour_loss_masks():
     counts = count_tokens([[1, 2, 2, 3], [3, 3]], [[0, 1, 1, 0], [1, 0]], 5)
     assert counts.tolist() == [0, 0, 2, 1, 0]
-
-
 
 
 def test_capture_can_skip_all_but_the_last_logits_and_final_is_what_lm_head_reads(target):

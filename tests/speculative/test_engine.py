@@ -77,8 +77,9 @@ def test_a_seed_reproduces_a_sampled_generation(target, prompts, trained_drafter
     engine = SpeculativeEngine(target, trained_drafter, 3)
     first = engine.generate(prompts[0], 20, temperature=0.8, seed=11)
     assert engine.generate(prompts[0], 20, temperature=0.8, seed=11).token_ids == first.token_ids
-    assert any(engine.generate(prompts[0], 20, temperature=0.8, seed=s).token_ids != first.token_ids
-               for s in range(12, 16))
+    assert any(
+        engine.generate(prompts[0], 20, temperature=0.8, seed=s).token_ids != first.token_ids for s in range(12, 16)
+    )
 
 
 def test_generation_stops_after_eos(target, prompts, greedy):
@@ -155,8 +156,14 @@ def test_sampled_speculation_follows_the_target_distribution(request, target, pr
 def test_a_drafter_for_another_vocabulary_is_refused(target):
     from transformers import LlamaConfig
 
-    other = LlamaConfig(vocab_size=500, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-                        intermediate_size=128, max_position_embeddings=512)
+    other = LlamaConfig(
+        vocab_size=500,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=512,
+    )
     drafter = Eagle3Drafter(Eagle3Config.for_target(other))
     with pytest.raises(DraftsyncError, match="vocabulary"):
         SpeculativeEngine(target, drafter, 3)

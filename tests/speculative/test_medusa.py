@@ -22,8 +22,9 @@ HIDDEN = 64
 
 def medusa_for(target, draft_vocab_size=None, num_heads=3, num_layers=1, seed=0):
     torch.manual_seed(seed)
-    drafter = MedusaDrafter(MedusaConfig.for_target(target.config, draft_vocab_size, num_heads=num_heads,
-                                                    num_layers=num_layers))
+    drafter = MedusaDrafter(
+        MedusaConfig.for_target(target.config, draft_vocab_size, num_heads=num_heads, num_layers=num_layers)
+    )
     if draft_vocab_size is not None and draft_vocab_size < VOCAB:
         drafter.set_draft_vocab(*build_draft_vocab(torch.arange(VOCAB, 0, -1), draft_vocab_size))
     drafter.initialise_from_target(target)
@@ -51,10 +52,19 @@ def chain_batch(target, make_chains, make_training_batch):
 def test_names_follow_vllms_medusa_model_with_the_eagle3_vocabulary_buffers(random_target):
     drafter = medusa_for(random_target, 200, num_heads=2, num_layers=2)
     state = {name: tuple(t.shape) for name, t in drafter.state_dict().items()}
-    blocks = {f"blocks.{k}.layers.{j}.{kind}": (HIDDEN, HIDDEN) if kind == "weight" else (HIDDEN,)
-              for k in range(2) for j in range(2) for kind in ("weight", "bias")}
-    assert state == {**blocks, "lm_heads.0.weight": (200, HIDDEN), "lm_heads.1.weight": (200, HIDDEN),
-                     "d2t": (200,), "t2d": (VOCAB,)}
+    blocks = {
+        f"blocks.{k}.layers.{j}.{kind}": (HIDDEN, HIDDEN) if kind == "weight" else (HIDDEN,)
+        for k in range(2)
+        for j in range(2)
+        for kind in ("weight", "bias")
+    }
+    assert state == {
+        **blocks,
+        "lm_heads.0.weight": (200, HIDDEN),
+        "lm_heads.1.weight": (200, HIDDEN),
+        "d2t": (200,),
+        "t2d": (VOCAB,),
+    }
     full = {name for name in medusa_for(random_target).state_dict()}
     assert "d2t" not in full and "t2d" not in full
     assert drafter.method == "medusa" and drafter.target_states == "final"
@@ -134,9 +144,19 @@ def test_loss_falls_and_later_heads_learn_to_look_ahead(target, chain_batch):
 
 def test_heads_without_a_target_in_a_short_window_count_nothing(target, chain_batch):
     drafter = medusa_for(target, num_heads=4)
-    short = TrainingBatch(*(None if t is None else t[:, :4] for t in (
-        chain_batch.ids, chain_batch.valid, chain_batch.loss_mask, chain_batch.aux, chain_batch.final,
-        chain_batch.target_logits)))
+    short = TrainingBatch(
+        *(
+            None if t is None else t[:, :4]
+            for t in (
+                chain_batch.ids,
+                chain_batch.valid,
+                chain_batch.loss_mask,
+                chain_batch.aux,
+                chain_batch.final,
+                chain_batch.target_logits,
+            )
+        )
+    )
     loss = drafter.training_loss(short, 1, 0.0, None)
     assert loss.position_counts[2:] == [0, 0] and loss.position_losses[2:] == [0.0, 0.0]
     assert loss.position_counts[0] > 0 and loss.total.requires_grad
@@ -148,13 +168,23 @@ def save(drafter, directory, gamma=3):
 
 
 def test_config_is_vllms_medusa_config_with_our_fields(target, tmp_path):
-    config = json.loads((save(medusa_for(target, 200, num_layers=2), tmp_path / "d", gamma=2) / "config.json")
-                        .read_text())
+    config = json.loads(
+        (save(medusa_for(target, 200, num_layers=2), tmp_path / "d", gamma=2) / "config.json").read_text()
+    )
     assert config == {
-        "draftsync_drafter": "medusa", "architectures": ["MedusaModel"], "model_type": "medusa",
-        "hidden_size": HIDDEN, "vocab_size": VOCAB, "num_heads": 3, "num_hidden_layers": 2,
-        "truncated_vocab_size": VOCAB, "medusa_fc_bias": True, "draft_vocab_size": 200, "loss_decay": 0.8,
-        "speculative_tokens": 2, "verifier": {"name_or_path": "/models/target-v1", "architectures": ["LlamaForCausalLM"]},
+        "draftsync_drafter": "medusa",
+        "architectures": ["MedusaModel"],
+        "model_type": "medusa",
+        "hidden_size": HIDDEN,
+        "vocab_size": VOCAB,
+        "num_heads": 3,
+        "num_hidden_layers": 2,
+        "truncated_vocab_size": VOCAB,
+        "medusa_fc_bias": True,
+        "draft_vocab_size": 200,
+        "loss_decay": 0.8,
+        "speculative_tokens": 2,
+        "verifier": {"name_or_path": "/models/target-v1", "architectures": ["LlamaForCausalLM"]},
         "torch_dtype": "bfloat16",
     }
 
@@ -163,8 +193,12 @@ def test_weights_are_bf16_heads_over_the_whole_vocabulary(target, tmp_path):
     """Each trained row sits at its target id; the rows outside the draft vocabulary are the rows' mean."""
     drafter = perturbed(medusa_for(target, 200, num_layers=2))
     tensors = load_file(str(save(drafter, tmp_path / "d") / "model.safetensors"))
-    blocks = {f"blocks.{k}.layers.{j}.{kind}": (HIDDEN, HIDDEN) if kind == "weight" else (HIDDEN,)
-              for k in range(3) for j in range(2) for kind in ("weight", "bias")}
+    blocks = {
+        f"blocks.{k}.layers.{j}.{kind}": (HIDDEN, HIDDEN) if kind == "weight" else (HIDDEN,)
+        for k in range(3)
+        for j in range(2)
+        for kind in ("weight", "bias")
+    }
     heads = {f"lm_heads.{k}.weight": (VOCAB, HIDDEN) for k in range(3)}
     assert {name: tuple(t.shape) for name, t in tensors.items()} == {**blocks, **heads, "d2t": (200,), "t2d": (VOCAB,)}
     assert tensors["lm_heads.2.weight"].dtype == tensors["blocks.0.layers.1.bias"].dtype == torch.bfloat16
@@ -198,7 +232,9 @@ def vllm_medusa_drafts(directory, final, gamma):
 def test_vllms_reading_of_the_files_drafts_what_the_reference_drafts(target, tmp_path, draft_vocab_size):
     drafter = perturbed(medusa_for(target, draft_vocab_size))
     out = save(drafter, tmp_path / "d")
-    final = capture(target, torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(7)), (1, 2, 3)).final
+    final = capture(
+        target, torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(7)), (1, 2, 3)
+    ).final
     with torch.no_grad():
         reference = load_medusa(out).heads(final)
     reference_drafts = load_medusa(out).to_target_ids(reference.argmax(-1))
@@ -211,14 +247,17 @@ def test_round_trip_gives_the_same_proposals(target, tmp_path, bf16_stored, draf
     drafter = perturbed(medusa_for(target, draft_vocab_size))
     loaded = load_medusa(save(drafter, tmp_path / "d"))
     reference = bf16_stored(drafter)
-    final = capture(target, torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(6)), (1, 2, 3)).final
+    final = capture(
+        target, torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(6)), (1, 2, 3)
+    ).final
     with torch.no_grad():
         assert torch.allclose(loaded.heads(final), reference.heads(final), atol=1e-6)
     assert torch.equal(loaded.draft_token_ids, drafter.draft_token_ids) and loaded.config == drafter.config
 
 
-def test_a_saved_drafter_decodes_the_targets_greedy_tokens_in_the_reference_engine(target, chain_batch, tmp_path,
-                                                                                  make_chains):
+def test_a_saved_drafter_decodes_the_targets_greedy_tokens_in_the_reference_engine(
+    target, chain_batch, tmp_path, make_chains
+):
     drafter = medusa_for(target, 200)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
     for _ in range(40):
@@ -253,7 +292,6 @@ def test_bad_gamma_and_damaged_files_are_named(target, tmp_path):
         load_medusa(out)
 
 
-
 def test_a_drafter_saved_before_the_vllm_layout_still_loads(target, tmp_path, bf16_stored):
     """No bias, heads of Dv rows and a token_map: what warm starts find from syncs before this layout."""
     drafter = perturbed(medusa_for(target, 200))
@@ -268,6 +306,8 @@ def test_a_drafter_saved_before_the_vllm_layout_still_loads(target, tmp_path, bf
     save_file({**tensors, "token_map": draft_ids}, str(out / "model.safetensors"))
     config = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({**config, "medusa_fc_bias": False, "truncated_vocab_size": 200}))
-    final = capture(target, torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(9)), (1, 2, 3)).final
+    final = capture(
+        target, torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(9)), (1, 2, 3)
+    ).final
     with torch.no_grad():
         assert torch.allclose(load_medusa(out).heads(final), bf16_stored(drafter).heads(final), atol=1e-6)

@@ -29,8 +29,13 @@ def test_the_registry_names_each_method_and_what_vllm_calls_it():
     assert set(VLLM_METHODS) == set(TRAINED_METHODS) | {"draft_model", "ngram"}
     assert "ngram" not in CHECKPOINT_METHODS
     assert {name: METHODS[name].vllm_method for name in VLLM_METHODS} == {
-        "eagle3": "eagle3", "eagle3.1": "eagle3", "eagle": "eagle", "medusa": "medusa",
-        "draft_model": "draft_model", "ngram": "ngram"}
+        "eagle3": "eagle3",
+        "eagle3.1": "eagle3",
+        "eagle": "eagle",
+        "medusa": "medusa",
+        "draft_model": "draft_model",
+        "ngram": "ngram",
+    }
     assert [m for m in VLLM_METHODS if METHODS[m].chains] == ["eagle3", "eagle3.1", "eagle"]
     assert [m for m in VLLM_METHODS if METHODS[m].fixed_heads] == ["medusa"]
 
@@ -53,7 +58,11 @@ def test_no_other_module_spells_a_method_name():
     """Adding a method touches methods.py, not a tuple or an `if` in every module."""
     names = "|".join(re.escape(m) for m in TRAINED_METHODS)
     spelled = re.compile(rf"""(["'])({names})\1""")
-    found = [f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"
-             for path in sorted(PACKAGE.rglob("*.py")) if path != HOME
-             for number, line in enumerate(path.read_text().splitlines(), 1) if spelled.search(line)]
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != HOME
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if spelled.search(line)
+    ]
     assert not found, "use the descriptors of draftsync/speculative/methods.py:\n" + "\n".join(found)

@@ -29,9 +29,16 @@ def small_vocab_target(seed: int = 3):
     """A 4-layer Llama (hidden 32) over 8 tokens, with logits spread wide enough that greedy never ties."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=SMALL_VOCAB, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=SMALL_VOCAB,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
@@ -104,8 +111,9 @@ def assert_consistent(stats, gamma):
 
 # ---- T = 0: exactly the target's greedy tokens ------------------------------------------------------------
 @pytest.mark.parametrize("method", METHODS)
-def test_greedy_speculation_returns_the_target_greedy_tokens(method, drafters, small_target, small_prompts,
-                                                             small_greedy):
+def test_greedy_speculation_returns_the_target_greedy_tokens(
+    method, drafters, small_target, small_prompts, small_greedy
+):
     drafter = drafters(method)
     totals = {"accepted": 0, "draft_tokens": 0}
     for gamma in (1, 3, 5):
@@ -134,8 +142,9 @@ def test_the_engine_captures_only_the_states_its_proposer_reads(drafters, small_
 # ---- T > 0: the output follows the target's distribution --------------------------------------------------
 SAMPLES = 400
 TEMPERATURE = 1.3
-CHI_SQUARE_LIMIT = {dof: limit for dof, limit in [(1, 10.8), (2, 13.8), (3, 16.3), (4, 18.5), (5, 20.5),
-                                                  (6, 22.5), (7, 24.3)]}  # p = 0.001
+CHI_SQUARE_LIMIT = {
+    dof: limit for dof, limit in [(1, 10.8), (2, 13.8), (3, 16.3), (4, 18.5), (5, 20.5), (6, 22.5), (7, 24.3)]
+}  # p = 0.001
 
 
 def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
@@ -166,8 +175,9 @@ def second_token_distributions(target, proposer, prompt):
             captured = capture(target, torch.tensor([prompt]), layer_ids)
             states = (captured.aux if proposer.target_states == "aux" else captured.final)[0]
         with torch.no_grad():
-            proposals, q = proposer.propose(committed, states, proposer.new_state(), 1, TEMPERATURE,
-                                            torch.Generator().manual_seed(0))
+            proposals, q = proposer.propose(
+                committed, states, proposer.new_state(), 1, TEMPERATURE, torch.Generator().manual_seed(0)
+            )
         exact += first[token] * p
         if not proposals:  # no proposal: the target samples alone, broken or not
             keep_all += first[token] * p
@@ -282,8 +292,14 @@ def test_ngram_options_are_checked():
 def test_a_draft_model_that_is_the_target_is_always_accepted(target, make_chains):
     """A copy of the target as draft model proposes exactly the target's greedy tokens: any off-by-one in
     the draft model's cache or positions would show as rejections."""
-    copy = DraftModelDrafter.for_target(target.config, hidden_size=64, num_hidden_layers=4, intermediate_size=128,
-                                        num_attention_heads=4, num_key_value_heads=4)
+    copy = DraftModelDrafter.for_target(
+        target.config,
+        hidden_size=64,
+        num_hidden_layers=4,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
     copy.lm.load_state_dict(target.state_dict())
     prompt = make_chains(1, 6, seed=5)[0]
     generation = SpeculativeEngine(target, copy, 4).generate(prompt, 24)
@@ -320,8 +336,15 @@ def test_a_draft_model_is_sized_to_the_budget_by_the_documented_rule(target):
     assert drafter.config.vocab_size == drafter.config.draft_vocab_size == target.config.vocab_size
     assert drafter.config.target_hidden_size == target.config.hidden_size
     # a Llama-3-8B-like target: a budget of 300M lands within 5%, heads of the target's head dim, its grouping
-    big = LlamaConfig(vocab_size=128256, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=8, intermediate_size=14336, tie_word_embeddings=False)
+    big = LlamaConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        tie_word_embeddings=False,
+    )
     shape = shape_for_budget(big, 300_000_000)
     assert abs(shape["parameters"] - 300_000_000) <= BUDGET_TOLERANCE * 300_000_000
     assert shape["hidden_size"] == 128 * shape["num_attention_heads"]
@@ -334,8 +357,14 @@ def test_a_draft_model_is_sized_to_the_budget_by_the_documented_rule(target):
 
 
 def target_copy(target) -> DraftModelDrafter:
-    copy = DraftModelDrafter.for_target(target.config, hidden_size=64, num_hidden_layers=4, intermediate_size=128,
-                                        num_attention_heads=4, num_key_value_heads=4)
+    copy = DraftModelDrafter.for_target(
+        target.config,
+        hidden_size=64,
+        num_hidden_layers=4,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
     copy.lm.load_state_dict(target.state_dict())
     return copy
 
@@ -352,16 +381,23 @@ def test_draft_model_loss_compares_row_t_with_the_target_distribution_at_t(targe
     loss_mask[:, :5] = False
     with torch.no_grad():
         logits = target(input_ids=ids).logits
-    batch = TrainingBatch(ids=ids, valid=valid, loss_mask=loss_mask, aux=None, final=torch.zeros(2, 16, 64),
-                          target_logits=logits)
+    batch = TrainingBatch(
+        ids=ids, valid=valid, loss_mask=loss_mask, aux=None, final=torch.zeros(2, 16, 64), target_logits=logits
+    )
     loss = target_copy(target).training_loss(batch, ttt_steps=3, noise_std=0.1, generator=None)
     counted = int(loss_mask[:, 1:].sum())
     assert loss.position_counts == [counted] and loss.position_hits == [counted]
     probs = torch.softmax(logits[:, :-1][loss_mask[:, 1:]], -1)
     entropy = float(-(probs * torch.log(probs)).sum(-1).mean())
     assert loss.position_losses[0] == pytest.approx(entropy, rel=1e-4)
-    shifted = TrainingBatch(ids=ids, valid=valid, loss_mask=loss_mask, aux=None, final=batch.final,
-                            target_logits=torch.roll(logits, 1, dims=1))
+    shifted = TrainingBatch(
+        ids=ids,
+        valid=valid,
+        loss_mask=loss_mask,
+        aux=None,
+        final=batch.final,
+        target_logits=torch.roll(logits, 1, dims=1),
+    )
     assert target_copy(target).training_loss(shifted, 1, 0.0, None).position_hits[0] < counted // 4
     with pytest.raises(DraftsyncError, match="target logits"):
         target_copy(target).training_loss(TrainingBatch(ids, valid, loss_mask, None, batch.final), 1, 0.0, None)
@@ -370,8 +406,14 @@ def test_draft_model_loss_compares_row_t_with_the_target_distribution_at_t(targe
 def test_draft_model_trains_its_body_and_keeps_copied_embeddings_frozen(target, make_chains):
     from draftsync.speculative.training_batch import TrainingBatch
 
-    drafter = DraftModelDrafter.for_target(target.config, hidden_size=64, num_hidden_layers=1, intermediate_size=64,
-                                           num_attention_heads=2, num_key_value_heads=2)
+    drafter = DraftModelDrafter.for_target(
+        target.config,
+        hidden_size=64,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
     drafter.initialise_from_target(target)
     assert torch.equal(drafter.lm.model.embed_tokens.weight, target.model.embed_tokens.weight)
     assert torch.equal(drafter.lm.lm_head.weight, target.lm_head.weight)

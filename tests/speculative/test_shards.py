@@ -102,11 +102,19 @@ def test_right_padding_does_not_change_the_states_of_real_tokens(random_target, 
 
 
 @pytest.mark.parametrize("batch_size, max_batch_tokens", [(1, 8192), (8, 64)])
-def test_batching_of_the_build_does_not_change_what_is_stored(built, tmp_path, random_target, samples, batch_size,
-                                                              max_batch_tokens):
+def test_batching_of_the_build_does_not_change_what_is_stored(
+    built, tmp_path, random_target, samples, batch_size, max_batch_tokens
+):
     directory, _ = built
-    manifest = build_shards(random_target, samples, tmp_path, LAYERS, shard_tokens=10_000, batch_size=batch_size,
-                            max_batch_tokens=max_batch_tokens)
+    manifest = build_shards(
+        random_target,
+        samples,
+        tmp_path,
+        LAYERS,
+        shard_tokens=10_000,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+    )
     assert (manifest["batch_size"], manifest["max_batch_tokens"]) == (batch_size, max_batch_tokens)
     one_by_one, batched = ShardDataset(tmp_path), ShardDataset(directory)
     windows = one_by_one.windows(range(len(samples)), 64)
@@ -293,7 +301,9 @@ def text_target(tmp_path_factory):
 
 def test_teacher_forced_and_regenerated_samples_stream_and_restart_anywhere(text_target, tmp_path):
     model, tokenizer = text_target
-    texts = teacher_forced_samples(tokenizer, [("code", "def f(x):\n    return x"), ("prose", "Free of charge.")], chunk=1)
+    texts = teacher_forced_samples(
+        tokenizer, [("code", "def f(x):\n    return x"), ("prose", "Free of charge.")], chunk=1
+    )
     first = list(texts)
     assert first[0].input_ids[-1] == tokenizer.eos_token_id and all(first[1].loss_mask)
     assert first[0].input_ids[:-1] == tokenizer("def f(x):\n    return x")["input_ids"]

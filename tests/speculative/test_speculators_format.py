@@ -14,9 +14,20 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 TOP_LEVEL_KEYS = {
-    "architectures", "speculators_model_type", "speculators_version", "speculators_config",
-    "transformer_layer_config", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
-    "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "embed_requires_grad", "torch_dtype",
+    "architectures",
+    "speculators_model_type",
+    "speculators_version",
+    "speculators_config",
+    "transformer_layer_config",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "eagle_aux_hidden_state_layer_ids",
+    "norm_before_residual",
+    "norm_before_fc",
+    "fc_norm",
+    "norm_output",
+    "embed_requires_grad",
+    "torch_dtype",
     "transformers_version",
 }
 
@@ -41,7 +52,11 @@ def test_config_has_the_speculators_eagle3_fields(trained_drafter, tmp_path):
     assert config["draft_vocab_size"] == 256 and config["target_hidden_size"] == 64
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
     assert (config["norm_before_residual"], config["norm_before_fc"], config["fc_norm"], config["norm_output"]) == (
-        True, False, False, False)
+        True,
+        False,
+        False,
+        False,
+    )
     layer = config["transformer_layer_config"]
     assert layer["model_type"] == "llama" and layer["vocab_size"] == 384 and layer["hidden_act"] == "silu"
     assert layer["num_hidden_layers"] == 1 and layer["hidden_size"] == 64 and layer["head_dim"] == 16
@@ -164,8 +179,9 @@ def test_saving_needs_a_positive_gamma(trained_drafter, tmp_path):
         save_eagle3(trained_drafter, tmp_path / "x", "t", ["LlamaForCausalLM"], 0)
 
 
-@pytest.mark.parametrize("layer_change", [{"num_hidden_layers": 2}, {"layer_types": ["sliding_attention"],
-                                                                     "sliding_window": 2048}])
+@pytest.mark.parametrize(
+    "layer_change", [{"num_hidden_layers": 2}, {"layer_types": ["sliding_attention"], "sliding_window": 2048}]
+)
 def test_drafters_of_another_shape_are_refused_not_read_as_one_full_attention_layer(saved, layer_change):
     config = json.loads((saved / "config.json").read_text())
     config["transformer_layer_config"].update(layer_change)

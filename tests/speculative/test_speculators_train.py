@@ -34,45 +34,168 @@ def write_target(directory: Path, layers: int = 8) -> str:
 
 def test_single_gpu_eagle3_renders_speculators_train(tmp_path):
     target = write_target(tmp_path / "target")
-    job = SpeculatorsTrainJob(target=target, data=("/data/rows.jsonl",), work_dir="/w", output_dir="/out",
-                              draft_vocab_size=32000, epochs=2)
+    job = SpeculatorsTrainJob(
+        target=target, data=("/data/rows.jsonl",), work_dir="/w", output_dir="/out", draft_vocab_size=32000, epochs=2
+    )
     assert render_commands(job) == [
-        ["speculators", "prepare-data", "--model", target, "--data", "/data/rows.jsonl", "--output", "/w/prepared",
-         "--seq-length", "8192", "--seed", "0", "--no-skip-token-freq"],
-        ["speculators", "generate-offline-data", "--model", target, "--endpoint", "http://127.0.0.1:8000/v1",
-         "--preprocessed-data", "/w/prepared", "--validate-outputs"],
-        ["speculators", "train", "--verifier-name-or-path", target, "--speculator-type", "eagle3",
-         "--data-path", "/w/prepared", "--save-path", "/out",
-         "--num-layers", "1", "--draft-arch", "llama", "--full-attention-indices", "0",
-         "--target-layer-ids", "2", "4", "5", "--norm-before-residual", "--no-norm-before-fc", "--no-norm-output",
-         "--draft-vocab-size", "32000", "--ttt-steps", "3", "--epochs", "2", "--lr", "0.001",
-         "--total-seq-len", "8192", "--on-missing", "raise", "--seed", "0"],
+        [
+            "speculators",
+            "prepare-data",
+            "--model",
+            target,
+            "--data",
+            "/data/rows.jsonl",
+            "--output",
+            "/w/prepared",
+            "--seq-length",
+            "8192",
+            "--seed",
+            "0",
+            "--no-skip-token-freq",
+        ],
+        [
+            "speculators",
+            "generate-offline-data",
+            "--model",
+            target,
+            "--endpoint",
+            "http://127.0.0.1:8000/v1",
+            "--preprocessed-data",
+            "/w/prepared",
+            "--validate-outputs",
+        ],
+        [
+            "speculators",
+            "train",
+            "--verifier-name-or-path",
+            target,
+            "--speculator-type",
+            "eagle3",
+            "--data-path",
+            "/w/prepared",
+            "--save-path",
+            "/out",
+            "--num-layers",
+            "1",
+            "--draft-arch",
+            "llama",
+            "--full-attention-indices",
+            "0",
+            "--target-layer-ids",
+            "2",
+            "4",
+            "5",
+            "--norm-before-residual",
+            "--no-norm-before-fc",
+            "--no-norm-output",
+            "--draft-vocab-size",
+            "32000",
+            "--ttt-steps",
+            "3",
+            "--epochs",
+            "2",
+            "--lr",
+            "0.001",
+            "--total-seq-len",
+            "8192",
+            "--on-missing",
+            "raise",
+            "--seed",
+            "0",
+        ],
     ]
 
 
 def test_eight_gpus_eagle3_1_renders_torchrun_with_the_eagle3_1_norms():
-    job = SpeculatorsTrainJob(target="org/model", data=("/d",), work_dir="/w", output_dir="/out", method="eagle3.1",
-                              aux_layer_ids=(2, 16, 29), target_num_layers=32, gpus_per_node=8, lr=2e-4,
-                              ttt_steps=2, norm_before_residual=False, extra_train_args=("--logger", "mlflow"))
+    job = SpeculatorsTrainJob(
+        target="org/model",
+        data=("/d",),
+        work_dir="/w",
+        output_dir="/out",
+        method="eagle3.1",
+        aux_layer_ids=(2, 16, 29),
+        target_num_layers=32,
+        gpus_per_node=8,
+        lr=2e-4,
+        ttt_steps=2,
+        norm_before_residual=False,
+        extra_train_args=("--logger", "mlflow"),
+    )
     assert train_command(job) == [
-        "torchrun", "--standalone", "--nproc-per-node", "8", "-m", "speculators.train",
-        "--verifier-name-or-path", "org/model", "--speculator-type", "eagle3",
-        "--data-path", "/w/prepared", "--save-path", "/out",
-        "--num-layers", "1", "--draft-arch", "llama", "--full-attention-indices", "0",
-        "--target-layer-ids", "2", "16", "29", "--no-norm-before-residual",
-        "--fc-norm", "--no-norm-before-fc", "--norm-output",
-        "--ttt-steps", "2", "--epochs", "20", "--lr", "0.0002", "--total-seq-len", "8192",
-        "--on-missing", "raise", "--seed", "0", "--logger", "mlflow",
+        "torchrun",
+        "--standalone",
+        "--nproc-per-node",
+        "8",
+        "-m",
+        "speculators.train",
+        "--verifier-name-or-path",
+        "org/model",
+        "--speculator-type",
+        "eagle3",
+        "--data-path",
+        "/w/prepared",
+        "--save-path",
+        "/out",
+        "--num-layers",
+        "1",
+        "--draft-arch",
+        "llama",
+        "--full-attention-indices",
+        "0",
+        "--target-layer-ids",
+        "2",
+        "16",
+        "29",
+        "--no-norm-before-residual",
+        "--fc-norm",
+        "--no-norm-before-fc",
+        "--norm-output",
+        "--ttt-steps",
+        "2",
+        "--epochs",
+        "20",
+        "--lr",
+        "0.0002",
+        "--total-seq-len",
+        "8192",
+        "--on-missing",
+        "raise",
+        "--seed",
+        "0",
+        "--logger",
+        "mlflow",
     ]
 
 
 def test_multi_node_warm_start_uses_c10d_rendezvous_and_no_shaping_flags():
-    job = SpeculatorsTrainJob(target="org/model", data=("/chats",), work_dir="/w", output_dir="/out",
-                              aux_layer_ids=(2, 16, 29), target_num_layers=32, gpus_per_node=8, nnodes=2,
-                              rdzv_endpoint="node0:29400", from_pretrained="/drafters/v1", conversations=True)
+    job = SpeculatorsTrainJob(
+        target="org/model",
+        data=("/chats",),
+        work_dir="/w",
+        output_dir="/out",
+        aux_layer_ids=(2, 16, 29),
+        target_num_layers=32,
+        gpus_per_node=8,
+        nnodes=2,
+        rdzv_endpoint="node0:29400",
+        from_pretrained="/drafters/v1",
+        conversations=True,
+    )
     command = train_command(job)
-    assert command[:12] == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
-                            "--rdzv-endpoint", "node0:29400", "--rdzv-id", "draftsync", "-m"]
+    assert command[:12] == [
+        "torchrun",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "8",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "node0:29400",
+        "--rdzv-id",
+        "draftsync",
+        "-m",
+    ]
     assert command[command.index("--from-pretrained") + 1] == "/drafters/v1"
     assert "--num-layers" not in command and "--full-attention-indices" not in command
     prepare = render_commands(job)[0]
@@ -80,14 +203,34 @@ def test_multi_node_warm_start_uses_c10d_rendezvous_and_no_shaping_flags():
 
 
 def test_hidden_state_server_extracts_the_aux_layers_and_the_last(tmp_path):
-    job = SpeculatorsTrainJob(target=write_target(tmp_path / "t", layers=8), data=("/d",), work_dir="/w",
-                              output_dir="/o", vllm_port=8123, vllm_tensor_parallel_size=2)
+    job = SpeculatorsTrainJob(
+        target=write_target(tmp_path / "t", layers=8),
+        data=("/d",),
+        work_dir="/w",
+        output_dir="/o",
+        vllm_port=8123,
+        vllm_tensor_parallel_size=2,
+    )
     command = hidden_state_server_command(job)
-    assert command[:11] == ["vllm", "serve", job.target, "--host", "127.0.0.1", "--port", "8123",
-                            "--tensor-parallel-size", "2", "--data-parallel-size", "1"]
+    assert command[:11] == [
+        "vllm",
+        "serve",
+        job.target,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8123",
+        "--tensor-parallel-size",
+        "2",
+        "--data-parallel-size",
+        "1",
+    ]
     speculative = json.loads(command[command.index("--speculative-config") + 1])
-    assert speculative == {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                           "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5, 8]}}}
+    assert speculative == {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5, 8]}},
+    }
     transfer = json.loads(command[command.index("--kv-transfer-config") + 1])
     assert transfer["kv_connector"] == "ExampleHiddenStatesConnector"
     assert transfer["kv_connector_extra_config"] == {"shared_storage_path": "/w/vllm-hidden-states"}
@@ -110,8 +253,13 @@ def test_bad_jobs_are_refused_naming_the_field(options, named):
 
 
 def test_aux_layer_beyond_the_target_and_unknown_layer_count_are_refused(tmp_path):
-    job = SpeculatorsTrainJob(target=write_target(tmp_path / "t", layers=4), data=("/d",), work_dir="/w",
-                              output_dir="/o", aux_layer_ids=(1, 2, 9))
+    job = SpeculatorsTrainJob(
+        target=write_target(tmp_path / "t", layers=4),
+        data=("/d",),
+        work_dir="/w",
+        output_dir="/o",
+        aux_layer_ids=(1, 2, 9),
+    )
     with pytest.raises(DraftsyncError, match=r"\[1, 2, 9\]"):
         train_command(job)
     hub = SpeculatorsTrainJob(target="org/model", data=("/d",), work_dir="/w", output_dir="/o")
@@ -132,8 +280,14 @@ def stand_in(directory: Path, name: str, source: str) -> Path:
 
 def test_shell_metacharacters_in_paths_stay_single_arguments(tmp_path):
     odd = "/data/my rows; rm -rf ~ && echo $(whoami) `id` 'q' \"dq\" > out | cat *.jsonl"
-    job = SpeculatorsTrainJob(target="org/model", data=(odd,), work_dir=odd, output_dir=odd + " out",
-                              aux_layer_ids=(1, 2, 3), target_num_layers=4)
+    job = SpeculatorsTrainJob(
+        target="org/model",
+        data=(odd,),
+        work_dir=odd,
+        output_dir=odd + " out",
+        aux_layer_ids=(1, 2, 3),
+        target_num_layers=4,
+    )
     commands = render_commands(job)
     assert commands[0][commands[0].index("--data") + 1] == odd
     bin_dir = tmp_path / "bin"
@@ -148,8 +302,15 @@ def test_a_job_without_torchrun_fails_before_anything_runs(tmp_path):
     ran = tmp_path / "ran"
     for name in ("speculators", "vllm"):
         stand_in(bin_dir, name, f"#!{sys.executable}\nopen({str(ran)!r}, 'a').write('ran')\n")
-    job = SpeculatorsTrainJob(target="org/model", data=("/d",), work_dir=str(tmp_path / "w"), output_dir="/o",
-                              aux_layer_ids=(1, 2, 3), target_num_layers=4, gpus_per_node=8)
+    job = SpeculatorsTrainJob(
+        target="org/model",
+        data=("/d",),
+        work_dir=str(tmp_path / "w"),
+        output_dir="/o",
+        aux_layer_ids=(1, 2, 3),
+        target_num_layers=4,
+        gpus_per_node=8,
+    )
     with pytest.raises(DraftsyncError) as raised:
         run_commands(render_commands(job), env={"PATH": str(bin_dir)})
     assert "torchrun not found on PATH" in str(raised.value)
@@ -164,8 +325,11 @@ def test_a_failing_step_stops_the_run_with_its_status(tmp_path):
     stand_in(bin_dir, "speculators", f"#!{sys.executable}\nimport sys\nprint('bad data')\nsys.exit(3)\n")
     lines: list[str] = []
     with pytest.raises(DraftsyncError, match="speculators prepare-data` exited with status 3"):
-        run_commands([["speculators", "prepare-data"], ["speculators", "train"]], env={"PATH": str(bin_dir)},
-                     on_line=lines.append)
+        run_commands(
+            [["speculators", "prepare-data"], ["speculators", "train"]],
+            env={"PATH": str(bin_dir)},
+            on_line=lines.append,
+        )
     assert lines == ["bad data"]
 
 
@@ -202,14 +366,23 @@ def test_run_job_serves_hidden_states_for_the_data_steps_and_stops_the_server_be
     stand_in(bin_dir, "speculators", record)
     port = free_port()
     out = tmp_path / "out"
-    probe = (f"#!{sys.executable}\nimport os, socket, sys\n"
-             f"up = socket.socket().connect_ex(('127.0.0.1', {port})) == 0\n"
-             f"open({str(log)!r}, 'a').write('torchrun server-up=' + str(up) + '\\n')\n"
-             f"[os.makedirs(os.path.join({str(out)!r}, epoch)) for epoch in ('0', '1', '10')]\n")
+    probe = (
+        f"#!{sys.executable}\nimport os, socket, sys\n"
+        f"up = socket.socket().connect_ex(('127.0.0.1', {port})) == 0\n"
+        f"open({str(log)!r}, 'a').write('torchrun server-up=' + str(up) + '\\n')\n"
+        f"[os.makedirs(os.path.join({str(out)!r}, epoch)) for epoch in ('0', '1', '10')]\n"
+    )
     stand_in(bin_dir, "torchrun", probe)
-    job = SpeculatorsTrainJob(target="org/model", data=("/d",), work_dir=str(tmp_path / "w"),
-                              output_dir=str(out), aux_layer_ids=(1, 2, 3), target_num_layers=4,
-                              gpus_per_node=2, vllm_port=port)
+    job = SpeculatorsTrainJob(
+        target="org/model",
+        data=("/d",),
+        work_dir=str(tmp_path / "w"),
+        output_dir=str(out),
+        aux_layer_ids=(1, 2, 3),
+        target_num_layers=4,
+        gpus_per_node=2,
+        vllm_port=port,
+    )
     assert run_job(job, env={"PATH": str(bin_dir)}, on_line=lambda line: None) == out / "10"
     assert log.read_text().splitlines() == ["prepare-data", "generate-offline-data", "torchrun server-up=False"]
     assert (bin_dir / "vllm.log").read_text() == "serve\n"
@@ -218,6 +391,8 @@ def test_run_job_serves_hidden_states_for_the_data_steps_and_stops_the_server_be
 def test_token_rows_are_what_prepare_data_passes_through(tmp_path):
     path = write_token_rows(tmp_path / "rows" / "a.jsonl", [[5, 6, 7], [8, 9]], [[0, 1, 1], [1, 1]])
     assert [json.loads(line) for line in path.read_text().splitlines()] == [
-        {"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]}, {"input_ids": [8, 9], "loss_mask": [1, 1]}]
+        {"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]},
+        {"input_ids": [8, 9], "loss_mask": [1, 1]},
+    ]
     with pytest.raises(DraftsyncError, match="row 0"):
         write_token_rows(tmp_path / "b.jsonl", [[1, 2]], [[1]])

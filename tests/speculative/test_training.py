@@ -21,8 +21,9 @@ SMALL = dict(draft_vocab_size=256, batch_size=8, seq_len=32, seed=0)
 
 def holdout_accuracy(drafter, target, dataset: ShardDataset) -> float:
     _, holdout = dataset.split(0.05, 0)
-    accuracy, _ = evaluate(drafter, dataset, dataset.windows(holdout, 32), target.get_output_embeddings(), 8,
-                           torch.device("cpu"))
+    accuracy, _ = evaluate(
+        drafter, dataset, dataset.windows(holdout, 32), target.get_output_embeddings(), 8, torch.device("cpu")
+    )
     return accuracy[0]
 
 
@@ -69,9 +70,12 @@ def test_training_is_deterministic_and_reports_progress(target, chain_shards):
 
 
 def test_loss_masks_choose_the_draft_vocabulary(target, tmp_path, make_chain_shards):
-    dataset = make_chain_shards(target, [[1, 2, 3, 4, 5, 6, 7, 8] * 2], tmp_path / "d", masks=[[0, 0, 0, 0, 1, 1, 1, 1] * 2])
-    drafter, _ = train_drafter(target, dataset, TrainConfig(draft_vocab_size=4, steps=1, batch_size=1, seq_len=16,
-                                                            holdout_fraction=0.0))
+    dataset = make_chain_shards(
+        target, [[1, 2, 3, 4, 5, 6, 7, 8] * 2], tmp_path / "d", masks=[[0, 0, 0, 0, 1, 1, 1, 1] * 2]
+    )
+    drafter, _ = train_drafter(
+        target, dataset, TrainConfig(draft_vocab_size=4, steps=1, batch_size=1, seq_len=16, holdout_fraction=0.0)
+    )
     assert drafter.draft_token_ids.tolist() == [5, 6, 7, 8]
 
 
@@ -121,8 +125,9 @@ def test_a_run_interrupted_after_a_checkpoint_resumes_to_the_same_weights(target
 def test_a_checkpoint_of_another_run_is_refused_not_mixed_in(target, chain_shards, tmp_path):
     train_drafter(target, chain_shards, TrainConfig(steps=2, checkpoint_every=1, **SMALL), checkpoint_dir=tmp_path)
     with pytest.raises(DraftsyncError, match="another run"):
-        train_drafter(target, chain_shards, TrainConfig(steps=2, checkpoint_every=1, lr=1e-4, **SMALL),
-                      checkpoint_dir=tmp_path)
+        train_drafter(
+            target, chain_shards, TrainConfig(steps=2, checkpoint_every=1, lr=1e-4, **SMALL), checkpoint_dir=tmp_path
+        )
     with pytest.raises(DraftsyncError, match="another run"):  # the learning-rate schedule spans `steps`
         train_drafter(target, chain_shards, TrainConfig(steps=4, checkpoint_every=1, **SMALL), checkpoint_dir=tmp_path)
     (tmp_path / CHECKPOINT_FILE).write_bytes(b"torn")
@@ -150,8 +155,16 @@ def test_kill_9_during_training_then_rerun_ends_where_an_uninterrupted_run_ends(
     config = dict(method="eagle3", steps=30, checkpoint_every=4, **SMALL)
     checkpoints = tmp_path / "checkpoints"
     worker = subprocess.Popen(
-        [sys.executable, "-c", TRAIN_SCRIPT, str(target_dir), str(chain_shards.path), json.dumps(config),
-         str(checkpoints)], env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        [
+            sys.executable,
+            "-c",
+            TRAIN_SCRIPT,
+            str(target_dir),
+            str(chain_shards.path),
+            json.dumps(config),
+            str(checkpoints),
+        ],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
     )
     try:
         deadline = time.monotonic() + 300
@@ -187,8 +200,9 @@ def test_warm_start_copies_the_previous_drafter(target, trained, chain_shards):
         assert torch.equal(tensor, warm.state_dict()[name]), name
 
 
-def test_warm_start_reaches_the_cold_drafters_acceptance_in_half_the_steps(trained, chain_data, tmp_path,
-                                                                         drifted_target, make_chain_shards):
+def test_warm_start_reaches_the_cold_drafters_acceptance_in_half_the_steps(
+    trained, chain_data, tmp_path, drifted_target, make_chain_shards
+):
     """The TLT paper's co-evolving drafter: after a target fine-tune, start from the old drafter."""
     new_target = drifted_target
     dataset = make_chain_shards(new_target, chain_data, tmp_path / "v2")

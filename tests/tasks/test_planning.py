@@ -7,8 +7,10 @@ import json
 import pytest
 from draftsync.profiles import profile
 
-TAGS_70B_CODE = {"draftsync.num_parameters": str(70_000_000_000), "draftsync.task_mix": json.dumps({"code": 0.8,
-                                                                                                     "math": 0.2})}
+TAGS_70B_CODE = {
+    "draftsync.num_parameters": str(70_000_000_000),
+    "draftsync.task_mix": json.dumps({"code": 0.8, "math": 0.2}),
+}
 
 
 @pytest.fixture()
@@ -56,7 +58,8 @@ def test_a_recommendation_a_sync_cannot_train_keeps_the_profile_method(planning_
     from draftsync.tasks.planning import plan_drafter
 
     write_deployment(planning_workdir, tpot_target_ms=40)  # 1 x 80 GB, 1.8M parameters -> none
-    plan = plan_drafter.fn("big-llm", {"draftsync.num_parameters": "1800000", "draftsync.task_mix": "{}"},
-                           profile("production"))
+    plan = plan_drafter.fn(
+        "big-llm", {"draftsync.num_parameters": "1800000", "draftsync.task_mix": "{}"}, profile("production")
+    )
     assert not plan["applied"] and plan["profile"].method == "eagle3"
     assert any("not trained by a sync" in a for a in plan["assumptions"])

@@ -10,9 +10,22 @@ from draftsync.tasks.validation import validate_drafter
 
 # Thresholds at zero: these tests read what is recorded, not whether a random drafter passes.
 PROFILE = ValidationProfile(
-    name="tiny", requests=3, max_tokens=12, gamma_range=(2, 4), sweep_requests=1, min_acceptance=0.0,
-    min_p50=0.0, min_p5=0.0, min_speedup=0.0, stress_requests=2, schedule_batch_sizes=(1, 8), long_requests=1,
-    long_max_tokens=16, min_long_acceptance=0.0, length_buckets=(0, 16), max_memory_overhead=10.0,
+    name="tiny",
+    requests=3,
+    max_tokens=12,
+    gamma_range=(2, 4),
+    sweep_requests=1,
+    min_acceptance=0.0,
+    min_p50=0.0,
+    min_p5=0.0,
+    min_speedup=0.0,
+    stress_requests=2,
+    schedule_batch_sizes=(1, 8),
+    long_requests=1,
+    long_max_tokens=16,
+    min_long_acceptance=0.0,
+    length_buckets=(0, 16),
+    max_memory_overhead=10.0,
 )
 
 
@@ -27,8 +40,13 @@ def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("validation")
     target_dir = build_tiny_target(root / "target")
     target, _ = load_target(target_dir)
-    medusa = save_drafter(new_drafter("medusa", target.config, num_heads=2, num_layers=1), root / "medusa",
-                          str(target_dir), list(target.config.architectures), 2)
+    medusa = save_drafter(
+        new_drafter("medusa", target.config, num_heads=2, num_layers=1),
+        root / "medusa",
+        str(target_dir),
+        list(target.config.architectures),
+        2,
+    )
     return target_dir, build_tiny_drafter(target_dir, root / "eagle3", gamma=3), medusa
 
 
@@ -38,8 +56,9 @@ def stress_calls(monkeypatch):
     batch size would, so the checklist's own refusal is what keeps one off a Medusa drafter."""
     calls = []
 
-    def stress_served_pair(server, target_dir, drafter_dir, gamma, requests, rate, concurrency, temperature, seed,
-                           log_dir, batch_sizes=()):
+    def stress_served_pair(
+        server, target_dir, drafter_dir, gamma, requests, rate, concurrency, temperature, seed, log_dir, batch_sizes=()
+    ):
         calls.append((gamma, tuple(batch_sizes)))
         return {"speedup": 1.0, "errors": 0, "schedule": [(1, 7, gamma), (8, 8, 0)]}
 

@@ -23,8 +23,15 @@ def target():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+    )
     yield LlamaForCausalLM(config).eval()
     torch.set_num_threads(threads)
 
@@ -129,17 +136,23 @@ def test_states_of_the_wrong_width_fail(good, tmp_path):
     assert "[final state width is the target's hidden size] observed [31, 32], expected [32]" in message
     # Checked against another target (hidden 48), both widths are wrong.
     _, failed = failure(good, {"hidden_size": 48, "vocab_size": VOCAB})
-    assert failed == {"expect_column_distinct_values_to_equal_set(final_width)": [HIDDEN],
-                      "expect_column_distinct_values_to_equal_set(aux_width)": [3 * HIDDEN]}
+    assert failed == {
+        "expect_column_distinct_values_to_equal_set(final_width)": [HIDDEN],
+        "expect_column_distinct_values_to_equal_set(aux_width)": [3 * HIDDEN],
+    }
 
 
 def test_a_skewed_task_mix_fails_with_the_observed_share(tmp_path, target):
     build_shards(target, make_samples(["code"] * 15 + ["math"] * 5), tmp_path, (0, 1, 2))
     message, failed = failure(str(tmp_path))
-    assert failed == {"expect_column_mean_to_be_between(is_code)": 0.75,
-                      "expect_column_mean_to_be_between(is_math)": 0.25}
+    assert failed == {
+        "expect_column_mean_to_be_between(is_code)": 0.75,
+        "expect_column_mean_to_be_between(is_math)": 0.25,
+    }
     assert "[share of task 'code'] observed 0.75, expected 0.500 +- 0.05" in message
     run_data_checks(str(tmp_path), {"hidden_size": HIDDEN, "vocab_size": VOCAB}, {"code": 0.72, "math": 0.28})
     _, failed = failure(str(tmp_path), mix={"code": 1.0})
-    assert failed == {"expect_column_distinct_values_to_be_in_set(task)": ["code", "math"],
-                      "expect_column_mean_to_be_between(is_code)": 0.75}
+    assert failed == {
+        "expect_column_distinct_values_to_be_in_set(task)": ["code", "math"],
+        "expect_column_mean_to_be_between(is_code)": 0.75,
+    }

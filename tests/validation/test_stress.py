@@ -24,8 +24,18 @@ def test_the_pair_is_stressed_with_and_without_speculation_on_the_same_requests(
     from draftsync.validation.stress import stress_served_pair
 
     target, drafter = pair
-    result = stress_served_pair("reference", str(target), str(drafter), 2, REQUESTS, rate=20.0, concurrency=3,
-                                temperature=0.0, seed=0, log_dir=tmp_path)
+    result = stress_served_pair(
+        "reference",
+        str(target),
+        str(drafter),
+        2,
+        REQUESTS,
+        rate=20.0,
+        concurrency=3,
+        temperature=0.0,
+        seed=0,
+        log_dir=tmp_path,
+    )
     for mode in ("speculative", "plain"):
         run = result[mode]
         assert run["requests"] == 4 and run["errors"] == 0, run
@@ -44,10 +54,18 @@ def test_every_failed_request_under_load_is_counted_as_an_error(pair, tmp_path):
     argv = reference_server_command(target, None, 0, "127.0.0.1", port, "served-name")
     with ServerProcess(argv, "127.0.0.1", port, tmp_path / "server.log").start() as server:
         server.wait_healthy(timeout=120)
-        wrong_model = drive_load(server.url, "another-name", REQUESTS, rate=50.0, concurrency=2, temperature=0.0,
-                                 seed=0)
-        too_long = drive_load(server.url, "served-name", [EvalRequest("def", "code", 10_000)], rate=1.0,
-                              concurrency=1, temperature=0.0, seed=0)
+        wrong_model = drive_load(
+            server.url, "another-name", REQUESTS, rate=50.0, concurrency=2, temperature=0.0, seed=0
+        )
+        too_long = drive_load(
+            server.url,
+            "served-name",
+            [EvalRequest("def", "code", 10_000)],
+            rate=1.0,
+            concurrency=1,
+            temperature=0.0,
+            seed=0,
+        )
     assert wrong_model["errors"] == 4 and wrong_model["ms_per_token"] is None
     assert "HTTP 404" in wrong_model["error_examples"][0]
     assert too_long["errors"] == 1 and "HTTP 400" in too_long["error_examples"][0]
@@ -57,8 +75,19 @@ def test_closed_loop_load_per_batch_size_yields_a_gamma_schedule(pair, tmp_path)
     from draftsync.validation.stress import stress_served_pair
 
     target, drafter = pair
-    result = stress_served_pair("reference", str(target), str(drafter), 2, REQUESTS, rate=20.0, concurrency=2,
-                                temperature=0.0, seed=0, log_dir=tmp_path, batch_sizes=(1, 3))
+    result = stress_served_pair(
+        "reference",
+        str(target),
+        str(drafter),
+        2,
+        REQUESTS,
+        rate=20.0,
+        concurrency=2,
+        temperature=0.0,
+        seed=0,
+        log_dir=tmp_path,
+        batch_sizes=(1, 3),
+    )
     assert set(result["by_batch_size"]) == {1, 3}
     for size, modes in result["by_batch_size"].items():
         assert modes["speculative"]["concurrency"] == size and modes["plain"]["errors"] == 0

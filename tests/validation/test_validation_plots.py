@@ -18,8 +18,10 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def sweep_rows() -> list[dict]:
     """A sweep shaped like a real one: acceptance falls with gamma, TPOT has a minimum at gamma 4."""
     tpot = {2: 9.0, 3: 8.1, 4: 7.6, 5: 7.9, 6: 8.4, 7: 9.0, 8: 9.7}
-    return [{"gamma": g, "acceptance_rate": 0.9 - 0.06 * g, "mean_acceptance_length": 1 + 0.7 * g ** 0.8,
-             "tpot_ms": tpot[g]} for g in range(2, 9)]
+    return [
+        {"gamma": g, "acceptance_rate": 0.9 - 0.06 * g, "mean_acceptance_length": 1 + 0.7 * g**0.8, "tpot_ms": tpot[g]}
+        for g in range(2, 9)
+    ]
 
 
 def assert_png(path) -> None:
@@ -36,11 +38,14 @@ def assert_png(path) -> None:
 def test_both_plots_are_written_as_readable_pngs(tmp_path):
     per_position = [0.82, 0.61, 0.44, 0.30]
 
-    paths = write_validation_plots(tmp_path / "plots", sweep_rows(), per_position, plain_tpot_ms=10.2, gamma=4,
-                                   drafts=812)
+    paths = write_validation_plots(
+        tmp_path / "plots", sweep_rows(), per_position, plain_tpot_ms=10.2, gamma=4, drafts=812
+    )
 
-    assert paths == {"acceptance_vs_gamma": tmp_path / "plots" / ACCEPTANCE_VS_GAMMA,
-                     "acceptance_by_position": tmp_path / "plots" / ACCEPTANCE_BY_POSITION}
+    assert paths == {
+        "acceptance_vs_gamma": tmp_path / "plots" / ACCEPTANCE_VS_GAMMA,
+        "acceptance_by_position": tmp_path / "plots" / ACCEPTANCE_BY_POSITION,
+    }
     for path in paths.values():
         assert_png(path)
 

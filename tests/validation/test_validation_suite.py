@@ -11,18 +11,34 @@ from draftsync.serving.evaluation import RequestResult
 from draftsync.validation.suite import run_validation_suite
 
 THRESHOLDS = {"min_acceptance": 0.7, "p50": 0.7, "p5": 0.5, "tasks": ["code", "math"]}
-NAMES = ["at_least_one_request", "every_request_produced_output", "no_request_failed", "acceptance_rate_within_0_1",
-         "accepted_at_most_draft_tokens", "acceptance_mean_above_min", "acceptance_p50_above_min",
-         "acceptance_p5_above_min", "tasks_present"]
+NAMES = [
+    "at_least_one_request",
+    "every_request_produced_output",
+    "no_request_failed",
+    "acceptance_rate_within_0_1",
+    "accepted_at_most_draft_tokens",
+    "acceptance_mean_above_min",
+    "acceptance_p50_above_min",
+    "acceptance_p5_above_min",
+    "tasks_present",
+]
 
 
-def request(index: int, accepted: int, draft_tokens: int = 20, output_tokens: int = 24, task: str | None = None,
-            **extra) -> dict:
+def request(
+    index: int, accepted: int, draft_tokens: int = 20, output_tokens: int = 24, task: str | None = None, **extra
+) -> dict:
     """One request's table row, as the evaluation backends produce it (gamma 4: drafts = draft tokens / 4)."""
     result = RequestResult(
-        index=index, task=task or ("code", "math")[index % 2], prompt_tokens=12, output_tokens=output_tokens,
-        drafts=draft_tokens // 4, draft_tokens=draft_tokens, accepted=accepted,
-        accepted_per_position=[min(accepted, draft_tokens // 4)] + [0, 0, 0], seconds=0.5, ttft_s=0.05,
+        index=index,
+        task=task or ("code", "math")[index % 2],
+        prompt_tokens=12,
+        output_tokens=output_tokens,
+        drafts=draft_tokens // 4,
+        draft_tokens=draft_tokens,
+        accepted=accepted,
+        accepted_per_position=[min(accepted, draft_tokens // 4)] + [0, 0, 0],
+        seconds=0.5,
+        ttft_s=0.05,
     )
     return {**result.row(), **extra}
 
@@ -97,8 +113,10 @@ def test_failed_and_empty_requests_are_named_with_their_request_ids():
 
     failed = failures(report)
     assert set(failed) == {"every_request_produced_output", "no_request_failed"}
-    assert failed["no_request_failed"] == {"unexpected_count": 1,
-                                           "unexpected": [{"request": 3, "error": "timed out after 30 s"}]}
+    assert failed["no_request_failed"] == {
+        "unexpected_count": 1,
+        "unexpected": [{"request": 3, "error": "timed out after 30 s"}],
+    }
     assert failed["every_request_produced_output"]["unexpected_count"] == 2
     assert sorted(r["request"] for r in failed["every_request_produced_output"]["unexpected"]) == [3, 6]
 
@@ -111,8 +129,7 @@ def test_more_accepted_than_drafted_breaks_the_counters_checks():
 
     assert set(failed) == {"acceptance_rate_within_0_1", "accepted_at_most_draft_tokens"}
     assert failed["acceptance_rate_within_0_1"]["unexpected"] == [{"request": 4, "acceptance_rate": 1.25}]
-    assert failed["accepted_at_most_draft_tokens"]["unexpected"] == [{"request": 4, "draft_tokens": 20,
-                                                                       "accepted": 25}]
+    assert failed["accepted_at_most_draft_tokens"]["unexpected"] == [{"request": 4, "draft_tokens": 20, "accepted": 25}]
 
 
 def test_a_missing_task_and_a_low_mean_fail_with_what_was_seen():
@@ -130,8 +147,11 @@ def test_no_requests_and_no_drafts_fail_rather_than_pass():
 
     undrafted = [request(i, accepted=0, draft_tokens=0) for i in range(4)]  # speculation was off
     failed = failures(run_validation_suite(undrafted, THRESHOLDS))
-    assert failed == {"acceptance_mean_above_min": None, "acceptance_p50_above_min": None,
-                      "acceptance_p5_above_min": None}
+    assert failed == {
+        "acceptance_mean_above_min": None,
+        "acceptance_p50_above_min": None,
+        "acceptance_p5_above_min": None,
+    }
 
 
 def test_bad_input_names_the_thing_and_the_fix():

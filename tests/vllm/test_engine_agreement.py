@@ -51,11 +51,19 @@ def family_drafters(built_targets, tmp_path_factory) -> dict[str, Path]:
     drafters = {}
     for family in FAMILIES:
         torch.manual_seed(0)
-        config = TrainConfig(method=family, steps=120, batch_size=8, seq_len=96, lr=5e-3, medusa_heads=max(GAMMAS),
-                             draft_vocab_size=None if family == "eagle" else 512)
+        config = TrainConfig(
+            method=family,
+            steps=120,
+            batch_size=8,
+            seq_len=96,
+            lr=5e-3,
+            medusa_heads=max(GAMMAS),
+            draft_vocab_size=None if family == "eagle" else 512,
+        )
         drafter, _ = train_drafter(model, dataset, config)
-        drafters[family] = save_drafter(drafter, root / family, str(target_dir), list(model.config.architectures),
-                                        max(GAMMAS))
+        drafters[family] = save_drafter(
+            drafter, root / family, str(target_dir), list(model.config.architectures), max(GAMMAS)
+        )
     return drafters
 
 
@@ -73,9 +81,17 @@ def _vllm_run(url: str, prompt_ids: list[list[int]]) -> tuple[list[list[int]], i
     outputs, draft_tokens, accepted = [], 0, 0
     with httpx.Client(base_url=url, timeout=300) as client:
         for ids in prompt_ids:
-            response = client.post("/v1/completions", json={
-                "model": "agree", "prompt": ids, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
-                "return_token_ids": True})
+            response = client.post(
+                "/v1/completions",
+                json={
+                    "model": "agree",
+                    "prompt": ids,
+                    "max_tokens": MAX_TOKENS,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "return_token_ids": True,
+                },
+            )
             assert response.status_code == 200, response.text
             body = response.json()
             outputs.append(body["choices"][0]["token_ids"])
@@ -102,15 +118,15 @@ def _reference_run(target_dir: Path, drafter_dir: Path, gamma: int, prompt_ids: 
     return {"outputs": outputs, "acceptance": accepted / draft_tokens}
 
 
-def test_vllm_and_the_reference_engine_agree_for_every_family(vllm_engine, built_targets, family_drafters,
-                                                              tmp_path):
+def test_vllm_and_the_reference_engine_agree_for_every_family(vllm_engine, built_targets, family_drafters, tmp_path):
     target_dir = built_targets[1]
     prompt_ids = _prompt_ids(target_dir)
     rows, plain = [], None
     for family, drafter_dir in family_drafters.items():
         # A family's servers start side by side (start-up is mostly waiting); requests go one server at a time.
-        servers = {gamma: vllm_process(vllm_engine, target_dir, drafter_dir, family, gamma, tmp_path)
-                   for gamma in GAMMAS}
+        servers = {
+            gamma: vllm_process(vllm_engine, target_dir, drafter_dir, family, gamma, tmp_path) for gamma in GAMMAS
+        }
         if plain is None:
             servers[0] = vllm_process(vllm_engine, target_dir, None, family, 0, tmp_path)
         try:
@@ -124,9 +140,17 @@ def test_vllm_and_the_reference_engine_agree_for_every_family(vllm_engine, built
                 server.stop()
         for gamma, (outputs, draft_tokens, accepted) in measured.items():
             reference = _reference_run(target_dir, drafter_dir, gamma, prompt_ids)
-            rows.append({"family": family, "gamma": gamma, "vllm_acceptance": round(accepted / draft_tokens, 4),
-                         "reference_acceptance": round(reference["acceptance"], 4), "vllm_draft_tokens": draft_tokens,
-                         "lossless": outputs == plain, "reference_equals_vllm_plain": reference["outputs"] == plain})
+            rows.append(
+                {
+                    "family": family,
+                    "gamma": gamma,
+                    "vllm_acceptance": round(accepted / draft_tokens, 4),
+                    "reference_acceptance": round(reference["acceptance"], 4),
+                    "vllm_draft_tokens": draft_tokens,
+                    "lossless": outputs == plain,
+                    "reference_equals_vllm_plain": reference["outputs"] == plain,
+                }
+            )
     table = json.dumps(rows, indent=1)
     (tmp_path / "agreement.json").write_text(table)
     print(table)

@@ -62,9 +62,23 @@ def _backfill(rollups: sa.Table) -> None:
     sqlite = bind.dialect.name == "sqlite"
     samples = sa.table(
         "samples",
-        *(sa.column(name) for name in ("deployment", "target_name", "target_version", "drafter_version", "gamma",
-                                       "drafts", "draft_tokens", "accepted", "generation_tokens", "tpot_sum",
-                                       "tpot_count", "reset")),
+        *(
+            sa.column(name)
+            for name in (
+                "deployment",
+                "target_name",
+                "target_version",
+                "drafter_version",
+                "gamma",
+                "drafts",
+                "draft_tokens",
+                "accepted",
+                "generation_tokens",
+                "tpot_sum",
+                "tpot_count",
+                "reset",
+            )
+        ),
         sa.column("ts", sa.DateTime(timezone=True)),
         sa.column("accepted_per_position", sa.JSON()),
     )
@@ -73,14 +87,28 @@ def _backfill(rollups: sa.Table) -> None:
     for partition in result.mappings().partitions():
         for s in partition:
             ts = _utc(s["ts"])
-            key = (s["deployment"], _hour_of(ts), s["target_name"], s["target_version"], s["drafter_version"] or 0,
-                   s["gamma"])
+            key = (
+                s["deployment"],
+                _hour_of(ts),
+                s["target_name"],
+                s["target_version"],
+                s["drafter_version"] or 0,
+                s["gamma"],
+            )
             row = sums.get(key)
             if row is None:
                 row = sums[key] = dict(
                     zip(("deployment", "hour", "target_name", "target_version", "drafter_version", "gamma"), key),
-                    intervals=0, resets=0, drafts=0, draft_tokens=0, accepted=0, accepted_per_position=[],
-                    generation_tokens=None, tpot_sum=None, tpot_count=None, last_ts=ts,
+                    intervals=0,
+                    resets=0,
+                    drafts=0,
+                    draft_tokens=0,
+                    accepted=0,
+                    accepted_per_position=[],
+                    generation_tokens=None,
+                    tpot_sum=None,
+                    tpot_count=None,
+                    last_ts=ts,
                 )
             row["intervals"] += 1
             row["resets"] += 1 if s["reset"] else 0
@@ -102,7 +130,7 @@ def _backfill(rollups: sa.Table) -> None:
         for name in ("hour", "last_ts"):
             row[name] = row[name].replace(tzinfo=None) if sqlite else row[name]
     for first in range(0, len(rows), BATCH):
-        bind.execute(rollups.insert(), rows[first:first + BATCH])
+        bind.execute(rollups.insert(), rows[first : first + BATCH])
 
 
 def _utc(moment: datetime) -> datetime:
