@@ -330,6 +330,7 @@ def _print_summary(console: Console, result: dict, settings) -> None:
     console.print(f"timings (s): {result['timings_s']}")
     console.print(f"summary: {settings.root / 'demo.json'}")
     console.print(
-        f"MLflow UI:  mlflow ui --backend-store-uri {settings.mlflow_tracking_uri} --default-artifact-root {settings.mlflow_artifacts_dir}"
+        f"MLflow UI:  mlflow ui --backend-store-uri {settings.mlflow_tracking_uri} "
+        f"--default-artifact-root {settings.mlflow_artifacts_dir}"
     )
     console.print(f"Prefect UI: PREFECT_HOME={settings.prefect_home} prefect server start")

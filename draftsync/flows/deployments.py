@@ -47,7 +47,8 @@ class Schedules:
 
 
 def sync_trigger() -> dict[str, Any]:
-    """drafter-sync runs for each sync event: a new version, a request (alias move, missing drafter), a stale drafter."""
+    """drafter-sync runs for each sync event: a new version, a request (alias move, missing drafter), a stale
+    drafter."""
     return {
         "expect": set(events.SYNC_EVENTS),
         "parameters": {**TARGET_PARAMETERS, "reason": "{{ event.event }}: {{ event.payload.get('reason', '') }}"},

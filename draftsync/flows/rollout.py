@@ -215,7 +215,7 @@ def rollout(
     _record_pair(deployment, pair, endpoint, new_state)
     steps.append(
         f"serving pair recorded: target v{pair.target_version}, drafter "
-        f"{'v%s' % pair.drafter_version if pair.drafter_version else 'none'} ({new_state})"
+        f"{f'v{pair.drafter_version}' if pair.drafter_version else 'none'} ({new_state})"
     )
     result = {
         **summary,
@@ -302,9 +302,10 @@ def _launch_and_switch(
             BENCHMARK_TOKENS,
             deployment.temperature,
         )
+        current = bench["current_ms_per_token"]
         steps.append(
             f"benchmark: candidate {bench['candidate_ms_per_token']:.2f} ms/token, current "
-            f"{bench['current_ms_per_token'] if bench['current_ms_per_token'] is None else round(bench['current_ms_per_token'], 2)}"
+            f"{current if current is None else round(current, 2)}"
         )
     except Exception:
         stop_candidate(candidate)

@@ -45,8 +45,8 @@ def _markdown(name: str, version: int, target_name: str, target_version: int, re
         for g in result["gates"]
     )
     sweep = "\n".join(
-        f"| {r['gamma']}{' (knee)' if r['gamma'] == result['gamma_knee'] else ''} | {r['mean_acceptance_length']:.3f} | "
-        f"{r['acceptance_rate']:.3f} | {r['tpot_ms']:.3f} |"
+        f"| {r['gamma']}{' (knee)' if r['gamma'] == result['gamma_knee'] else ''} | "
+        f"{r['mean_acceptance_length']:.3f} | {r['acceptance_rate']:.3f} | {r['tpot_ms']:.3f} |"
         for r in result["gamma_sweep"]
     )
     a = result["acceptance"]

@@ -187,7 +187,8 @@ def _html_body(
             parts.append("</tr></table>")
         if s.deployment in chart_cids:
             parts.append(
-                f'<p><img src="cid:{chart_cids[s.deployment]}" alt="acceptance of {e(s.deployment)} over the period"></p>'
+                f'<p><img src="cid:{chart_cids[s.deployment]}" '
+                f'alt="acceptance of {e(s.deployment)} over the period"></p>'
             )
         parts.append("<p><b>Findings</b></p><ul>")
         parts += [f"<li>[{e(f.severity.upper())}] {e(f.message)} (action: {e(f.action)})</li>" for f in findings] or [

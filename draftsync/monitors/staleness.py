@@ -3,7 +3,8 @@
 Live acceptance below `mismatch` suggests the drafter no longer fits the traffic or the target
 (fall back to plain decoding); below `stale` over the last `sustained_intervals` intervals, pooled, it
 is stale (fall back and retrain). Pooled, not interval by interval: with little traffic per interval one
-lucky interval would otherwise veto a drop that the window as a whole shows. A drafter trained for another target version is never right to serve.
+lucky interval would otherwise veto a drop that the window as a whole shows. A drafter trained for another
+target version is never right to serve.
 """
 
 from __future__ import annotations

@@ -146,7 +146,8 @@ class Store:
             else:
                 if ts <= state.ts:
                     raise DraftsyncError(
-                        f"scrape of {deployment} at {ts.isoformat()} is not after the last one ({state.ts.isoformat()})",
+                        f"scrape of {deployment} at {ts.isoformat()} is not after the last one "
+                        f"({state.ts.isoformat()})",
                         "pass a clock that moves forward; each scrape needs a later timestamp",
                     )
                 change, reset = delta(SpecDecodeCounters.from_dict(state.counters), counters)

@@ -177,8 +177,9 @@ class Registry:
 
         Metrics go to the run and, as `draftsync.validation.<name>` tags, onto the version, so the
         registry alone tells whether a version passed. `metric_history` (name -> [(step, value)], e.g. the
-        training loss and per-position accuracy) is logged as step series, the curves of the run. With `sync_key`, a retried sync that already
-        registered this drafter gets the same version back instead of a duplicate.
+        training loss and per-position accuracy) is logged as step series, the curves of the run. With
+        `sync_key`, a retried sync that already registered this drafter gets the same version back instead of
+        a duplicate.
         """
         check_name(target_name)
         if method not in TRAINED_METHODS:

@@ -18,7 +18,8 @@ from draftsync.errors import DraftsyncError
 class NamedOutages:
     """The MLflow client, with a transport failure (server down, connection cut, retries used up) turned into an
     error that names the tracking server and the fix. MLflow has already retried with backoff by then
-    (MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR); errors the server answered pass as they are."""
+    (MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR); errors the server answered pass as
+    they are."""
 
     def __init__(self, client: Any, tracking_uri: str):
         self._wrapped, self._tracking_uri = client, tracking_uri

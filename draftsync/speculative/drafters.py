@@ -152,7 +152,8 @@ def drafter_method(directory: str | Path) -> str:
         return kind
     found = {key: config.get(key) for key in ("speculators_model_type", "draftsync_drafter", "model_type")}
     raise DraftsyncError(
-        f"{path} is not the config of a drafter draftsync can read ({', '.join(f'{k}={v!r}' for k, v in found.items())})",
+        f"{path} is not the config of a drafter draftsync can read "
+        f"({', '.join(f'{k}={v!r}' for k, v in found.items())})",
         f"point at a directory written by save_drafter ({', '.join(CHECKPOINT_METHODS)}); a target model's directory "
         "is not a drafter",
     )

@@ -3,7 +3,7 @@
 A directory holds `manifest.json`, `token_counts.safetensors` and `shard-NNNNN.safetensors`.
 Each shard concatenates its sequences' tokens flat:
 
-    input_ids  int32 [N]        loss_mask  bool [N]          offsets  int64 [n+1] (sequence i is offsets[i]:offsets[i+1])
+    input_ids  int32 [N]        loss_mask  bool [N]          offsets  int64 [n+1] (sequence i: offsets[i]:offsets[i+1])
     task_index int16 [n]        aux  bf16/fp16 [N, 3H]       final    bf16/fp16 [N, H] (post-norm last state)
 
 (`aux` is absent when the dataset was built without it.) States are never stored in fp32: they are

@@ -104,8 +104,9 @@ def build_shards(
     padding after it, so its states equal those of the sequence run alone. Batches sit at fixed sample
     positions and shards close on batch boundaries, so a resumed build writes what an uninterrupted one
     would. Each batch of `batch_size` samples runs as forward passes of at most `max_batch_tokens`
-    padded tokens (sequences grouped by length), which bounds activation memory. Samples shorter than 2 tokens or without any loss-masked token are skipped (and counted);
-    samples longer than `max_seq_len` (default: the target's max_position_embeddings) are cut there.
+    padded tokens (sequences grouped by length), which bounds activation memory. Samples shorter than 2
+    tokens or without any loss-masked token are skipped (and counted); samples longer than `max_seq_len`
+    (default: the target's max_position_embeddings) are cut there.
     `on_progress(samples_consumed, manifest)` is called after each shard.
     """
     dtype_name = {v: k for k, v in _STATE_DTYPES.items()}.get(dtype)

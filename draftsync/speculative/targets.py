@@ -341,7 +341,8 @@ def load_target(path: Path, trust_remote_code: bool | None = None):
         ) from exc
     if len(tokenizer) > model.config.vocab_size:
         raise DraftsyncError(
-            f"tokenizer of target {path} has {len(tokenizer)} tokens but the model's vocabulary is {model.config.vocab_size}",
+            f"tokenizer of target {path} has {len(tokenizer)} tokens but the model's vocabulary is "
+            f"{model.config.vocab_size}",
             "use the tokenizer the target was trained with",
         )
     model.eval()

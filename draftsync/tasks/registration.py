@@ -80,8 +80,9 @@ def register_drafter(
 ) -> int:
     """Register the drafter (validation pending) with its lineage, training curves and data checks.
 
-    A retried sync gets the same version back; a retrain (`generation` > 0) registers a new one. The data checks' failures are a tag, so a later
-    `draftsync validate` of this version judges the data-coverage gate without the dataset."""
+    A retried sync gets the same version back; a retrain (`generation` > 0) registers a new one. The data
+    checks' failures are a tag, so a later `draftsync validate` of this version judges the data-coverage gate
+    without the dataset."""
 
     registry = context.registry()
     history = json.loads(Path(history_path).read_text()) if history_path and Path(history_path).exists() else None

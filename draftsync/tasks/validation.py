@@ -15,10 +15,11 @@ The seed's checklist, each item a named gate with its measured value, threshold 
 | drafter_memory_overhead | drafter weight bytes / target weight bytes |
 
 The gamma sweep runs first; its knee (best measured TPOT among the gammas whose acceptance rate clears the
-acceptance gate by more than its sampling error, ties to the smaller gamma) is the gamma every other measurement uses and the one recorded
-as the drafter's baseline. The sweep stops at what the drafter proposes (a Medusa drafter: its heads), so
-the knee is a gamma it can be served at. Stress per batch size gives vLLM's per-batch-size schedule, except
-for methods vLLM serves without one (`UNSCHEDULED_METHODS`: Medusa), whose result says why it has none.
+acceptance gate by more than its sampling error, ties to the smaller gamma) is the gamma every other
+measurement uses and the one recorded as the drafter's baseline. The sweep stops at what the drafter proposes
+(a Medusa drafter: its heads), so the knee is a gamma it can be served at. Stress per batch size gives
+vLLM's per-batch-size schedule, except for methods vLLM serves without one (`UNSCHEDULED_METHODS`: Medusa),
+whose result says why it has none.
 """
 
 from __future__ import annotations

@@ -52,7 +52,8 @@ def test_stop_kills_a_process_group_that_ignores_sigterm(tmp_path):
     argv = python(f"""
         import signal, subprocess, sys, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"])
+        ignore_sigterm = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+        child = subprocess.Popen([sys.executable, "-c", ignore_sigterm])
         open({str(pid_file)!r}, "w").write(str(child.pid))
         print("ready", flush=True)
         time.sleep(120)

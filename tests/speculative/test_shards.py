@@ -1,4 +1,5 @@
-"""Hidden-state shards: what is stored equals what the target computes, builds resume exactly, reads are deterministic."""
+"""Hidden-state shards: what is stored equals what the target computes, builds resume exactly, reads are
+deterministic."""
 
 from __future__ import annotations
 
