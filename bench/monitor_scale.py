@@ -372,10 +372,12 @@ def weekly_report_reads(store, since: datetime, until: datetime) -> dict:
     thresholds = Thresholds()
     findings = [
         evaluate(summary, p.target_version, p.target_version, thresholds)  # lineage in order here
-        for summary, p in zip(summaries, pairs)
+        for summary, p in zip(summaries, pairs, strict=True)
     ]
     t3 = time.perf_counter()
-    stale = sorted(s.deployment for s, found in zip(summaries, findings) if any(f.rule == "stale" for f in found))
+    stale = sorted(
+        s.deployment for s, found in zip(summaries, findings, strict=True) if any(f.rule == "stale" for f in found)
+    )
     return {
         "deployments": len(pairs),
         "hourly_rows": sum(len(rows) for rows in window.values()),

@@ -160,7 +160,7 @@ def sample_problems(store, fleet: MetricsFleet, first: datetime, second: datetim
         if [s.ts for s in samples] != [first, second]:
             problems.append(f"{name}: samples at {[s.ts.isoformat() for s in samples]}, expected one per cycle")
             continue
-        for sample, times in zip(samples, (index + 1, growth_of(index))):
+        for sample, times in zip(samples, (index + 1, growth_of(index)), strict=True):
             got = (
                 sample.drafts,
                 sample.draft_tokens,

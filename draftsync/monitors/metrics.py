@@ -180,7 +180,7 @@ def delta(previous: SpecDecodeCounters, current: SpecDecodeCounters) -> tuple[Sp
         (previous.generation_tokens, current.generation_tokens),
         (previous.tpot_sum, current.tpot_sum),
         (previous.tpot_count, current.tpot_count),
-        *zip(prev_pos, cur_pos),
+        *zip(prev_pos, cur_pos, strict=True),
     ]
     reset = any(p is not None and c is not None and c < p for p, c in pairs)
     if reset:
@@ -197,7 +197,7 @@ def delta(previous: SpecDecodeCounters, current: SpecDecodeCounters) -> tuple[Sp
             drafts=current.drafts - previous.drafts,
             draft_tokens=current.draft_tokens - previous.draft_tokens,
             accepted=current.accepted - previous.accepted,
-            accepted_per_position=tuple(c - p for p, c in zip(prev_pos, cur_pos)),
+            accepted_per_position=tuple(c - p for p, c in zip(prev_pos, cur_pos, strict=True)),
             generation_tokens=minus(current.generation_tokens, previous.generation_tokens),
             tpot_sum=minus(current.tpot_sum, previous.tpot_sum),
             tpot_count=minus(current.tpot_count, previous.tpot_count),

@@ -115,7 +115,7 @@ def slope_per_day(points: Sequence[tuple[datetime, float]]) -> float | None:
     spread = sum((x - mean_x) ** 2 for x in xs)
     if spread == 0:
         return None
-    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
 
 
 def slope_t_statistic(points: Sequence[tuple[datetime, float]]) -> float | None:
@@ -131,8 +131,8 @@ def slope_t_statistic(points: Sequence[tuple[datetime, float]]) -> float | None:
     spread = sum((x - mean_x) ** 2 for x in xs)
     if spread == 0:
         return None
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread
-    residual = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in zip(xs, ys)) / (len(xs) - 2)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
+    residual = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in zip(xs, ys, strict=True)) / (len(xs) - 2)
     if residual == 0:
         return math.copysign(math.inf, slope) if slope else 0.0
     return slope / math.sqrt(residual / spread)

@@ -177,7 +177,7 @@ def eagle3_speedup_for_size(params_b: float) -> float:
     anchors = EAGLE3_SPEEDUP_BY_SIZE_B
     if params_b <= anchors[0][0]:
         return anchors[0][1]
-    for (size_lo, speed_lo), (size_hi, speed_hi) in zip(anchors, anchors[1:]):
+    for (size_lo, speed_lo), (size_hi, speed_hi) in zip(anchors, anchors[1:], strict=False):
         if params_b <= size_hi:
             fraction = math.log(params_b / size_lo) / math.log(size_hi / size_lo)
             return speed_lo + fraction * (speed_hi - speed_lo)

@@ -165,7 +165,7 @@ class ServingMetrics:
             self.spec["drafts"].inc(stats.drafts)
             self.spec["draft_tokens"].inc(stats.draft_tokens)
             self.spec["accepted"].inc(stats.accepted)
-            for counter, accepted in zip(self.spec["per_position"], stats.accepted_per_position):
+            for counter, accepted in zip(self.spec["per_position"], stats.accepted_per_position, strict=False):
                 counter.inc(accepted)
 
 

@@ -213,7 +213,7 @@ def check_schedule(schedule: Sequence[Sequence[int]], gamma: int) -> list[list[i
             f"speculation schedule {entries} starts at batch size {entries[0][0]}",
             "start the first range at batch size 1, as vLLM requires",
         )
-    for before, after in zip(entries, entries[1:]):
+    for before, after in zip(entries, entries[1:], strict=False):
         if after[0] <= before[1]:
             raise DraftsyncError(
                 f"speculation schedule ranges {before} and {after} overlap", "give each batch size one range"

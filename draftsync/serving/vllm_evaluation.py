@@ -76,7 +76,7 @@ class SpecDecodeCounts:
             self.drafts - earlier.drafts,
             self.draft_tokens - earlier.draft_tokens,
             self.accepted - earlier.accepted,
-            tuple(a - b for a, b in zip(now, then)),
+            tuple(a - b for a, b in zip(now, then, strict=True)),
         )
         if min((delta.drafts, delta.draft_tokens, delta.accepted, *delta.accepted_per_position)) < 0:
             raise DraftsyncError(
@@ -140,7 +140,9 @@ def read_spec_decode_counts(metrics: Iterable[Any]) -> SpecDecodeCounts:
                     "pass the list LLM.get_metrics() returns (vllm.v1.metrics.reader objects)",
                 )
             width = max(len(per_position), len(values))
-            per_position = [a + b for a, b in zip(_padded(per_position, width), _padded(list(values), width))]
+            per_position = [
+                a + b for a, b in zip(_padded(per_position, width), _padded(list(values), width), strict=True)
+            ]
     return SpecDecodeCounts(totals[DRAFTS], totals[DRAFT_TOKENS], totals[ACCEPTED], tuple(int(v) for v in per_position))
 
 

@@ -248,7 +248,7 @@ class EagleDrafter(nn.Module):
         config = self.config
         losses: list[torch.Tensor] = []
         result = DraftLoss(total=torch.zeros(()), position_losses=[], position_hits=[], position_counts=[])
-        for step, (logits, features) in enumerate(zip(logits_per_step, features_per_step)):
+        for step, (logits, features) in enumerate(zip(logits_per_step, features_per_step, strict=True)):
             offset = step + 1
             terms = distribution_terms(logits, batch.target_logits, batch.loss_mask, offset, None, self.to_target_ids)
             if terms.loss is not None:

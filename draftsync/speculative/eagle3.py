@@ -328,7 +328,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
             aux = self.input_norm(aux)
         if self.config.fc_norm:
             chunks = aux.chunk(len(self.fc_norm), dim=-1)
-            aux = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
+            aux = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks, strict=True)], dim=-1)
         return self.fc(aux)
 
     def _rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

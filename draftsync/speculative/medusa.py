@@ -121,7 +121,7 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
     def heads(self, final: torch.Tensor) -> torch.Tensor:
         """[B,T,H] final states of the target -> [B,T,K,Dv] logits; head k guesses token t+2+k at row t."""
         final = final.to(self.lm_heads[0].weight.dtype)
-        return torch.stack([head(block(final)) for block, head in zip(self.blocks, self.lm_heads)], dim=2)
+        return torch.stack([head(block(final)) for block, head in zip(self.blocks, self.lm_heads, strict=True)], dim=2)
 
     def forward(self, final: torch.Tensor) -> torch.Tensor:
         return self.heads(final)

@@ -36,7 +36,7 @@ def generate_responses(
                     **batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.eos_token_id, **sampling
                 )
             width = batch["input_ids"].shape[1]
-            for row, attention in zip(output.cpu(), batch["attention_mask"].cpu()):
+            for row, attention in zip(output.cpu(), batch["attention_mask"].cpu(), strict=True):
                 prompt_len = int(attention.sum())
                 response = row[width:].tolist()
                 if tokenizer.eos_token_id in response:  # keep the EOS, drop the padding after it

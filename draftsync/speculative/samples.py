@@ -89,7 +89,7 @@ class _TeacherForced(SampleSource):
         for begin in range(start, len(self.pairs), self.chunk):
             part = self.pairs[begin : begin + self.chunk]
             encoded = self.tokenizer([text for _, text in part])["input_ids"]
-            for (task, _), ids in zip(part, encoded):
+            for (task, _), ids in zip(part, encoded, strict=True):
                 ids = list(ids) + [eos]
                 yield Sample(task, ids, [1] * len(ids))
 
@@ -146,7 +146,7 @@ class _Regenerated(SampleSource):
                 seed=self.seed + index,
             )
             skip = start - index * self.batch_size if index == first else 0
-            for (task, _), ids, mask in list(zip(part, sequences, masks))[skip:]:
+            for (task, _), ids, mask in list(zip(part, sequences, masks, strict=True))[skip:]:
                 yield Sample(task, ids, mask)
 
 

@@ -306,7 +306,7 @@ class _ShardWriter:
             self.counts += torch.bincount(ids[mask], minlength=self.counts.shape[0])
             lengths = self.buffer.lengths
             position = 0
-            for task_id, length in zip(self.buffer.tasks, lengths):
+            for task_id, length in zip(self.buffer.tasks, lengths, strict=True):
                 entry = manifest["tasks"].setdefault(
                     manifest["task_names"][task_id], {"sequences": 0, "tokens": 0, "loss_tokens": 0}
                 )

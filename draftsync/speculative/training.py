@@ -264,14 +264,14 @@ def evaluate(
         for batch in dataset.batches(windows, batch_size):
             batch = _with_target_logits(_to_device(batch, device), head)
             result = drafter.training_loss(batch, ttt_steps=_positions(drafter), noise_std=0.0, generator=None)
-            for i, (h, c) in enumerate(zip(result.position_hits, result.position_counts)):
+            for i, (h, c) in enumerate(zip(result.position_hits, result.position_counts, strict=True)):
                 if i >= len(hits):
                     hits.append(0)
                     counts.append(0)
                 hits[i] += h
                 counts[i] += c
     drafter.train(was_training)
-    return [h / c if c else 0.0 for h, c in zip(hits, counts)], (counts[0] if counts else 0)
+    return [h / c if c else 0.0 for h, c in zip(hits, counts, strict=True)], (counts[0] if counts else 0)
 
 
 def _check_dataset(dataset: ShardDataset, target_model: Any, config: TrainConfig) -> None:
@@ -380,7 +380,7 @@ def train_drafter(
             losses.append(float(result.total.detach()))
             seconds = time.perf_counter() - started
             metrics = {"loss": losses[-1], "lr": lr, "tokens_per_s": (tokens - tokens_at_start) / max(seconds, 1e-9)}
-            for i, (h, c) in enumerate(zip(result.position_hits, result.position_counts)):
+            for i, (h, c) in enumerate(zip(result.position_hits, result.position_counts, strict=True)):
                 metrics[f"accuracy_pos{i}"] = h / c if c else 0.0
             if config.eval_every and step % config.eval_every == 0 and step < config.steps:
                 accuracy, _ = evaluate(drafter, dataset, holdout_windows, head, config.batch_size, device)

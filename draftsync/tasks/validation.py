@@ -123,7 +123,7 @@ def paired_speedup(spec: list, plain: list) -> float:
 
     ratios = [
         p.tpot_ms / s.tpot_ms
-        for s, p in zip(spec, plain)
+        for s, p in zip(spec, plain, strict=True)
         if s.tpot_ms > 0 and not math.isnan(s.tpot_ms) and not math.isnan(p.tpot_ms)
     ]
     return median(ratios) if ratios else math.nan

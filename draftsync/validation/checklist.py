@@ -184,7 +184,7 @@ def acceptance_by_length(results: Sequence[RequestResult], edges: Sequence[int])
     """Pooled acceptance per output-length bucket [edges[i], edges[i+1]); the last bucket is open."""
     buckets = []
     bounds = list(edges) + [math.inf]
-    for low, high in zip(bounds[:-1], bounds[1:]):
+    for low, high in zip(bounds[:-1], bounds[1:], strict=False):
         members = [r for r in results if low <= r.output_tokens < high]
         draft_tokens = sum(r.draft_tokens for r in members)
         buckets.append(
@@ -202,4 +202,4 @@ def identical_outputs_share(first: Sequence[RequestResult], second: Sequence[Req
     """Share of requests whose outputs are the same token for token (speculation on vs off at T=0)."""
     if not first or len(first) != len(second):
         return math.nan
-    return sum(a.token_ids == b.token_ids for a, b in zip(first, second)) / len(first)
+    return sum(a.token_ids == b.token_ids for a, b in zip(first, second, strict=True)) / len(first)

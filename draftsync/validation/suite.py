@@ -149,7 +149,7 @@ def _observed(result: dict, fallback: Any) -> Any:
     if "observed_value" in result and result["observed_value"] is not None:
         value = result["observed_value"]
         if isinstance(value, dict) and "values" in value:  # quantiles, in the order asked for
-            return dict(zip(QUANTILES, (_plain(v) for v in value["values"])))
+            return dict(zip(QUANTILES, (_plain(v) for v in value["values"]), strict=True))
         return _plain(value)
     if "unexpected_count" in result and "element_count" in result:
         rows = result.get("partial_unexpected_index_list") or []  # each with its request id

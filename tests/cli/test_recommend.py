@@ -98,7 +98,7 @@ def test_cli_gives_vllms_limits_for_medusa():
 )
 def test_cli_bad_input_raises_the_project_error(arguments, named):
     base = {"--params": "70B", "--gpus": "4", "--gpu-memory-gb": "80", "--tpot-ms": "25", "--task": "code"}
-    options = {**base, **dict(zip(arguments[::2], arguments[1::2]))}
+    options = {**base, **dict(zip(arguments[::2], arguments[1::2], strict=True))}
     argv = ["recommend"] + [item for pair in options.items() for item in pair]
     result = CliRunner().invoke(_cli(), argv)
     assert isinstance(result.exception, DraftsyncError)

@@ -89,7 +89,7 @@ def record_week(store, deployment: str, pair, now: datetime) -> None:
                 totals[0] + 100,
                 totals[1] + 300,
                 totals[2] + sum(positions),
-                tuple(a + b for a, b in zip(totals[3], positions)),
+                tuple(a + b for a, b in zip(totals[3], positions, strict=True)),
             ]
         counters = SpecDecodeCounters(totals[0], totals[1], totals[2], totals[3])
         store.record_scrape(deployment, min(first + hour * HOUR, now - timedelta(minutes=1)), counters, pair)

@@ -248,7 +248,7 @@ def _traffic(store, deployment: str, start: datetime, minutes: range, *, fallbac
         if not off:
             drafts, tokens = drafts + 10 + minute % 7, tokens + 3 * (10 + minute % 7)
             gained = [9, 6 + minute % 3, 2 + minute % 5]
-            per_position = [a + b for a, b in zip(per_position, gained)]
+            per_position = [a + b for a, b in zip(per_position, gained, strict=True)]
             accepted += sum(gained)
         generated += 50
         tpot += 0.8
@@ -329,7 +329,7 @@ def test_the_week_summary_from_rollups_equals_the_one_from_samples(store):
         rate = 0.8 - 0.3 * hour / 168
         drafts, tokens = drafts + 20, tokens + 60
         gained = [round(20 * rate + 2), round(20 * rate), round(20 * rate - 2)]
-        per_position = [a + b for a, b in zip(per_position, gained)]
+        per_position = [a + b for a, b in zip(per_position, gained, strict=True)]
         accepted += sum(gained)
         store.record_scrape(
             "dep",

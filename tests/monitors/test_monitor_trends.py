@@ -189,7 +189,7 @@ def test_summary_over_stored_rows(tmp_path):
         totals[1] += 300
         per_position = [round(p * 100) for p in rates]
         totals[2] += sum(per_position)
-        totals[3] = [a + b for a, b in zip(totals[3], per_position)]
+        totals[3] = [a + b for a, b in zip(totals[3], per_position, strict=True)]
         counters = SpecDecodeCounters(totals[0], totals[1], totals[2], tuple(totals[3]))
         store.record_scrape("dep", START + hour * HOUR, counters, pair)
     summary = summarize(store.samples("dep", START, END), START, END)

@@ -107,7 +107,7 @@ def test_the_api_gives_what_the_metrics_text_gives(prometheus):
     both = query_counters(prometheus.url)  # no labels: every series Prometheus has
     assert both.drafts == chat.drafts + other.drafts
     assert both.accepted_per_position == tuple(
-        a + b for a, b in zip(chat.accepted_per_position, other.accepted_per_position)
+        a + b for a, b in zip(chat.accepted_per_position, other.accepted_per_position, strict=True)
     )
     times = {q["time"] for q in prometheus.queries[: len(counter_queries())]}
     assert len(times) == 1  # one instant for all counters of a scrape, so they agree with each other

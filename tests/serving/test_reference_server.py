@@ -200,7 +200,9 @@ def test_speculative_greedy_output_is_lossless_and_spec_counters_match_the_reque
         totals["drafts"] += stats["drafts"]
         totals["draft_tokens"] += stats["draft_tokens"]
         totals["accepted"] += stats["accepted"]
-        totals["per_position"] = [a + b for a, b in zip(totals["per_position"], stats["accepted_per_position"])]
+        totals["per_position"] = [
+            a + b for a, b in zip(totals["per_position"], stats["accepted_per_position"], strict=True)
+        ]
 
     after = samples(httpx.get(f"{with_drafter.url}/metrics").text)
 

@@ -193,7 +193,7 @@ def test_save_and_load_round_trip_for_every_method(target, tmp_path, bf16_stored
     assert torch.equal(loaded.draft_token_ids, drafter.draft_token_ids)
     reference = bf16_stored(drafter)
     ids = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(7))
-    for got, want in zip(_drafts(loaded, target, ids), _drafts(reference, target, ids)):
+    for got, want in zip(_drafts(loaded, target, ids), _drafts(reference, target, ids), strict=True):
         assert torch.allclose(got, want, atol=1e-5)
     assert next(load_drafter(out, torch.bfloat16).parameters()).dtype == torch.bfloat16
 

@@ -212,7 +212,7 @@ def test_round_trip_gives_the_same_drafts(target, tmp_path, bf16_stored):
     final = capture(target, ids, (1, 2, 3)).final
     with torch.no_grad():
         for got, want in zip(
-            loaded.unroll(ids[:, 1:], final[:, :-1], 2), reference.unroll(ids[:, 1:], final[:, :-1], 2)
+            loaded.unroll(ids[:, 1:], final[:, :-1], 2), reference.unroll(ids[:, 1:], final[:, :-1], 2), strict=True
         ):
             assert torch.allclose(got, want, atol=1e-6)
     assert not loaded.embed_tokens.weight.requires_grad and loaded.config == drafter.config

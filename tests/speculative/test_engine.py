@@ -40,7 +40,7 @@ def assert_consistent(stats, gamma):
 @pytest.mark.parametrize("which", ["random_drafter", "trained_drafter"])
 def test_greedy_speculation_returns_exactly_the_target_greedy_tokens(request, target, prompts, greedy, gamma, which):
     engine = SpeculativeEngine(target, request.getfixturevalue(which), gamma)
-    for prompt, expected in zip(prompts, greedy):
+    for prompt, expected in zip(prompts, greedy, strict=True):
         generation = engine.generate(prompt, NEW_TOKENS)
         assert generation.token_ids == expected
         assert_consistent(generation.stats, gamma)

@@ -118,7 +118,7 @@ def test_greedy_speculation_returns_the_target_greedy_tokens(
     totals = {"accepted": 0, "draft_tokens": 0}
     for gamma in (1, 3, 5):
         engine = SpeculativeEngine(small_target, drafter, gamma)
-        for prompt, expected in zip(small_prompts, small_greedy):
+        for prompt, expected in zip(small_prompts, small_greedy, strict=True):
             generation = engine.generate(prompt, NEW_TOKENS)
             assert generation.token_ids == expected, (method, gamma, prompt)
             assert_consistent(generation.stats, gamma)
@@ -261,7 +261,10 @@ def test_ngram_counts_no_draft_without_a_match_and_a_short_draft_by_its_length(t
     ngram = NgramProposer(prompt_lookup_min=3, prompt_lookup_max=3)
     generation = SpeculativeEngine(target, ngram, 4).generate(distinct, 6)
     assert generation.token_ids == plain
-    if len(set(zip(distinct + plain, (distinct + plain)[1:], (distinct + plain)[2:]))) == len(distinct + plain) - 2:
+    if (
+        len(set(zip(distinct + plain, (distinct + plain)[1:], (distinct + plain)[2:], strict=False)))
+        == len(distinct + plain) - 2
+    ):
         assert generation.stats.drafts == 0 and generation.stats.draft_tokens == 0
     # a repeated block: its suffix matches and proposes the block's continuation, cut short near the end
     block = greedy_reference(target, [11], 12)

@@ -159,7 +159,7 @@ def test_manifest_records_the_target_the_tasks_and_loss_token_counts(built, rand
     assert manifest["total_tokens"] == sum(len(s.input_ids) for s in samples)
     expected = torch.zeros(384, dtype=torch.int64)
     for s in samples:
-        for token, mask in zip(s.input_ids, s.loss_mask):
+        for token, mask in zip(s.input_ids, s.loss_mask, strict=True):
             expected[token] += mask
     counts = ShardDataset(directory).token_counts()
     assert counts.dtype == torch.int64 and torch.equal(counts, expected)
@@ -313,7 +313,7 @@ def test_teacher_forced_and_regenerated_samples_stream_and_restart_anywhere(text
     prompts = [("math", "The sum of 12"), ("code", "def add(a, b):"), ("prose", "Permission is"), ("math", "Then 42")]
     generated = regenerated_samples(model, tokenizer, prompts, max_new_tokens=6, batch_size=3)
     answers = list(generated)
-    for (task, prompt), sample in zip(prompts, answers):
+    for (task, prompt), sample in zip(prompts, answers, strict=True):
         prompt_ids = tokenizer(prompt)["input_ids"]
         assert sample.task == task and sample.input_ids[: len(prompt_ids)] == prompt_ids
         assert sample.loss_mask == [0] * len(prompt_ids) + [1] * (len(sample.input_ids) - len(prompt_ids))

@@ -95,4 +95,4 @@ def test_closed_loop_load_per_batch_size_yields_a_gamma_schedule(pair, tmp_path)
     schedule = result["schedule"]
     assert schedule[0][0] == 1 and schedule[-1][1] == 3  # the ranges cover batch sizes 1..3
     assert all(gamma in (0, 2) for _, _, gamma in schedule)
-    assert all(a[1] + 1 == b[0] for a, b in zip(schedule, schedule[1:]))
+    assert all(a[1] + 1 == b[0] for a, b in zip(schedule, schedule[1:], strict=False))

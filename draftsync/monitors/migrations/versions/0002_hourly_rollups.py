@@ -98,7 +98,11 @@ def _backfill(rollups: sa.Table) -> None:
             row = sums.get(key)
             if row is None:
                 row = sums[key] = dict(
-                    zip(("deployment", "hour", "target_name", "target_version", "drafter_version", "gamma"), key),
+                    zip(
+                        ("deployment", "hour", "target_name", "target_version", "drafter_version", "gamma"),
+                        key,
+                        strict=True,
+                    ),
                     intervals=0,
                     resets=0,
                     drafts=0,
