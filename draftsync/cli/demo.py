@@ -239,7 +239,9 @@ def run_demo(engine: str = "auto") -> dict:
         t = time.perf_counter()
         phases.append(_phase(*TRAFFIC["d"], requests, clock, deployment, max_tokens))
         mark("phase_d", t)
-        vllm_launches[deployment.name] = serving_record(deployment.name)["vllm"]
+        record = serving_record(deployment.name)
+        assert record is not None, "the rollout above wrote the deployment's serving record"
+        vllm_launches[deployment.name] = record["vllm"]
         states_at_end = {p.deployment: p.state for p in context.store().serving_pairs()}
     finally:
         stop_all()  # the store then says "stopped": `draftsync rollout demo-assistant` serves the pair again

@@ -6,12 +6,12 @@ imported: it answers instantly and needs no MLflow, Prefect or GPU.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
 from draftsync.cli.common import JsonOption, write_json
-from draftsync.serving.recommendation import TASKS, Recommendation, Workload, parse_params, recommend
+from draftsync.serving.recommendation import TASKS, Recommendation, Task, Workload, parse_params, recommend
 
 
 def recommend_command(
@@ -31,7 +31,7 @@ def recommend_command(
         gpus=gpus,
         gpu_memory_gb=gpu_memory_gb,
         tpot_ms=tpot_ms,
-        task=task.strip().lower(),
+        task=cast(Task, task.strip().lower()),  # Workload checks it is one of TASKS, with the fix
         output_tokens=output_tokens,
         batch=batch,
     )

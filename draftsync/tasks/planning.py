@@ -8,6 +8,8 @@ Validation's measured knee then replaces the recommended start.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prefect import task
 from prefect.cache_policies import NONE
 
@@ -17,9 +19,12 @@ from draftsync.speculative.methods import is_eagle3_family
 from draftsync.tasks import context
 from draftsync.tasks.serving import configured_deployments
 
+if TYPE_CHECKING:
+    from draftsync.serving.recommendation import Task
+
 # The built-in corpora's task names, in the framework's words: prose is conversational text, the
 # framework's conservative case.
-FRAMEWORK_TASK = {"code": "code", "math": "math", "prose": "chat"}
+FRAMEWORK_TASK: dict[str, Task] = {"code": "code", "math": "math", "prose": "chat"}
 ASSUMED_GPU_MEMORY_GB = 80.0
 ASSUMED_TPOT_MS = 50.0  # 30-80 ms: the framework's middle band, when no deployment states a target
 
@@ -45,7 +50,7 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
         )
     target = TargetVersion.from_tags(target_name, None, target_tags)
     mix = target.task_mix() or {"prose": 1.0}
-    main_task = max(mix, key=mix.get)
+    main_task = max(mix, key=mix.__getitem__)
     workload = Workload(
         params_b=target.parameter_count() / 1e9,
         gpus=gpus,
