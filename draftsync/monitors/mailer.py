@@ -31,7 +31,7 @@ from pathlib import Path
 
 from draftsync.errors import DraftsyncError
 from draftsync.monitors.store import Store
-from draftsync.monitors.tables import OutboxEntry, as_utc
+from draftsync.monitors.tables import OutboxEntry, OutboxStatus, as_utc
 from draftsync.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ class Mailer:
             refused = self._smtp_send(sender, recipients, data)
         except (smtplib.SMTPException, OSError, DraftsyncError) as exc:  # DraftsyncError: the password block
             error = self._scrub(f"{type(exc).__name__}: {exc}")
-            status = "failed" if attempts >= self.max_attempts else "pending"
+            status: OutboxStatus = "failed" if attempts >= self.max_attempts else "pending"
             log.warning("e-mail %r not sent (attempt %d, now %s): %s", entry.subject, attempts, status, error)
             return self.store.mark_outbox(entry.id, status, error=error)
         note = f"refused by the server: {', '.join(sorted(refused))}" if refused else None
@@ -153,6 +153,7 @@ class Mailer:
 
     def _smtp_send(self, sender: str, recipients: list[str], data: bytes) -> dict:
         s = self.settings
+        assert s.smtp_host is not None, "_deliver sends only when smtp_configured"
         port = s.smtp_port or DEFAULT_PORTS[s.smtp_security]
         context = self.ssl_context or ssl.create_default_context()
         if s.smtp_security == "ssl":

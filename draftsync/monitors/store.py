@@ -49,6 +49,7 @@ from draftsync.monitors.tables import (
     Severity,
     Watermark,
     as_utc,
+    updated_rows,
 )
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
@@ -64,11 +65,9 @@ def _utc_session(dbapi_connection, _record) -> None:
 
 
 def dialect_insert(dialect: str):
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert
 
 
 class Store:
@@ -472,7 +471,7 @@ class Store:
                 )
                 .values(attempts=seen_attempts + 1)
             )
-            return result.rowcount == 1
+            return updated_rows(result) == 1
 
     def mark_outbox(
         self, entry_id: int, status: OutboxStatus, *, error: str | None = None, sent_at: datetime | None = None

@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from draftsync.monitors.store import Store, dialect_insert
-from draftsync.monitors.tables import Base, UTCDateTime, as_utc
+from draftsync.monitors.tables import Base, UTCDateTime, as_utc, updated_rows
 
 JobStatus = Literal["requested", "running", "succeeded", "failed"]
 ClaimOutcome = Literal["claimed", "running", "done", "exhausted"]
@@ -153,7 +153,7 @@ class SyncLedger:
             result = session.execute(
                 update(SyncJob).where(*self._key(target_name, target_version, method), reopen).values(**changes)
             )
-            return result.rowcount == 1
+            return updated_rows(result) == 1
 
     def overdue(self, older_than: timedelta, now: datetime | None = None) -> list[SyncJob]:
         """Jobs requested longer ago than `older_than` that no sync claimed: their event may have been lost."""
@@ -179,20 +179,26 @@ class SyncLedger:
         died = f"run {run_id} died"
         with self._session() as session:
             if (
-                session.execute(
-                    update(SyncJob)
-                    .where(*held, SyncJob.attempts < MAX_ATTEMPTS)
-                    .values(status="requested", requested_at=now, detail=f"{died}; requested again")
-                ).rowcount
+                updated_rows(
+                    session.execute(
+                        update(SyncJob)
+                        .where(*held, SyncJob.attempts < MAX_ATTEMPTS)
+                        .values(status="requested", requested_at=now, detail=f"{died}; requested again")
+                    )
+                )
                 == 1
             ):
                 return "requested"
             if (
-                session.execute(
-                    update(SyncJob)
-                    .where(*held)
-                    .values(status="failed", finished_at=now, detail=f"{died}; gave up after {MAX_ATTEMPTS} attempts")
-                ).rowcount
+                updated_rows(
+                    session.execute(
+                        update(SyncJob)
+                        .where(*held)
+                        .values(
+                            status="failed", finished_at=now, detail=f"{died}; gave up after {MAX_ATTEMPTS} attempts"
+                        )
+                    )
+                )
                 == 1
             ):
                 return "failed"
@@ -233,25 +239,28 @@ class SyncLedger:
             claimable = claimable | ((SyncJob.status == "running") & (SyncJob.run_id == takeover_from))
         with self._session() as session:
             claimed = (
-                session.execute(
-                    update(SyncJob)
-                    .where(*self._key(target_name, target_version, method), claimable)
-                    .values(
-                        status="running",
-                        started_at=now,
-                        finished_at=None,
-                        run_id=run_id,
-                        attempts=SyncJob.attempts + 1,
-                        detail=None,
+                updated_rows(
+                    session.execute(
+                        update(SyncJob)
+                        .where(*self._key(target_name, target_version, method), claimable)
+                        .values(
+                            status="running",
+                            started_at=now,
+                            finished_at=None,
+                            run_id=run_id,
+                            attempts=SyncJob.attempts + 1,
+                            detail=None,
+                        )
                     )
-                ).rowcount
+                )
                 == 1
             )
         job = self.get(target_name, target_version, method)
+        assert job is not None, "request() above made the row"
         if claimed:
             return Claim("claimed", job)
-        outcome = {"succeeded": "done", "failed": "exhausted"}.get(job.status, "running")
-        return Claim(outcome, job)
+        outcomes: dict[str, ClaimOutcome] = {"succeeded": "done", "failed": "exhausted"}
+        return Claim(outcomes.get(job.status, "running"), job)
 
     def finish(
         self,

@@ -10,9 +10,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, TypeDecorator
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CursorResult,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # "stopped": the servers draftsync started for it were stopped (the end of the demo); the row keeps what it served.
@@ -27,6 +39,11 @@ def as_utc(moment: datetime) -> datetime:
     if moment.tzinfo is None:
         return moment.replace(tzinfo=UTC)
     return moment.astimezone(UTC)
+
+
+def updated_rows(result: Any) -> int:
+    """The rows an UPDATE matched: its result is a cursor result, though Session.execute is typed for any statement."""
+    return cast(CursorResult[Any], result).rowcount
 
 
 class UTCDateTime(TypeDecorator):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
+from uuid import UUID
 
 from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -80,7 +82,8 @@ def train_drafter(
     )
     every = max(1, config.steps // 5)
     shown = max(1, config.steps // 50)  # the UI's progress bar moves in 2% steps
-    bar = create_progress_artifact(0.0, key=None, description=f"{profile.method} drafter training")
+    # async_dispatch types it as a UUID or a coroutine; called from this sync function it returns the UUID
+    bar = cast(UUID, create_progress_artifact(0.0, key=None, description=f"{profile.method} drafter training"))
 
     def progress(step: int, total: int, metrics: dict[str, float]) -> None:
         if step % every == 0 or step == total:

@@ -6,6 +6,8 @@ resolved value, and this module is what the flows and the webhook receiver hand 
 
 from __future__ import annotations
 
+from typing import cast
+
 from draftsync.errors import DraftsyncError
 
 
@@ -15,7 +17,7 @@ def secret_block_value(name: str, what: str = "secret", setting: str | None = No
 
     label = f"{what} block {name!r}" + (f" ({setting})" if setting else "")
     try:
-        value = Secret.load(name).get()
+        value = cast(Secret, Secret.load(name)).get()  # async_dispatch: from sync code, the block itself
     except Exception as exc:  # a missing block, an unreachable Prefect API: whatever Prefect raises
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise DraftsyncError(

@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 from prefect import task
@@ -24,7 +25,10 @@ from draftsync.serving.deployment import ServingDeployment, load_deployments
 from draftsync.tasks import context
 from draftsync.tasks.traffic import complete
 
-_RUNNING: dict[str, object] = {}  # endpoint -> ServerProcess started by this process
+if TYPE_CHECKING:
+    from draftsync.serving.process import ServerProcess
+
+_RUNNING: dict[str, ServerProcess] = {}  # endpoint -> ServerProcess started by this process
 DRAIN_TIMEOUT_S = 600.0
 VLLM_START_TIMEOUT_S = 900.0  # loading a large checkpoint on a GPU worker; a tiny one on 2 CPU cores takes ~40 s
 
@@ -101,6 +105,7 @@ def launch_server(
     log = _serving_dir() / f"{deployment.name}-{port}.log"
     if deployment.launch == "vllm":
         engine = find_vllm_engine()
+        assert engine is not None, "find_vllm_engine(required=True) raises when there is none"
         vllm = deployment.vllm_launch(
             target_dir, drafter_dir, method, gamma, schedule=schedule, port=port, engine=engine
         )

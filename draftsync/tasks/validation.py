@@ -35,7 +35,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.profiles import ValidationProfile
-from draftsync.serving.evaluation import EvalRequest, EvaluationBackend, checkpoint_weight_bytes
+from draftsync.serving.evaluation import EvalRequest, EvaluationBackend, RequestResult, checkpoint_weight_bytes
 from draftsync.tasks import context
 from draftsync.validation.checklist import (
     UNSCHEDULED_METHODS,
@@ -103,12 +103,13 @@ def _sweep(
 
 def _paired_runs(
     backend: EvaluationBackend, requests: list[EvalRequest], gamma: int, temperature: float, seed: int
-) -> tuple[list, list]:
+) -> tuple[list[RequestResult], list[RequestResult]]:
     """Each request with speculation and then without, back to back, so a change in machine load hits both
     sides of its ratio; a backend that rebuilds an engine per gamma runs the two halves as batches."""
     if not getattr(backend, "cheap_gamma_switch", False):
         return backend.generate(requests, gamma, temperature, seed), backend.generate(requests, 0, temperature, seed)
-    spec, plain = [], []
+    spec: list[RequestResult] = []
+    plain: list[RequestResult] = []
     for index, request in enumerate(requests):
         for results, g in ((spec, gamma), (plain, 0)):
             (one,) = backend.generate([request], g, temperature, seed + index)
@@ -182,7 +183,7 @@ def run_checklist(
     long_summary = summarize_acceptance(long)
 
     run_stress = stress is not None and profile.stress_requests > 0
-    stress_result = stress(knee, requests[: profile.stress_requests]) if run_stress else None
+    stress_result = stress(knee, requests[: profile.stress_requests]) if stress is not None and run_stress else None
     drafter_bytes, target_bytes = checkpoint_weight_bytes(drafter_dir), checkpoint_weight_bytes(target_dir)
     overhead = drafter_bytes / target_bytes
 

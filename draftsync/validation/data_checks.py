@@ -11,9 +11,13 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
+
+if TYPE_CHECKING:
+    from great_expectations.core.expectation_validation_result import ExpectationValidationResult
+    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
 
 DEFAULT_TOLERANCE = 0.05  # each task's share within 5 points of the declared mix
 
@@ -46,6 +50,12 @@ class DataCheckReport:
         return {"sequences": self.sequences, "passed": self.passed, "outcomes": [asdict(o) for o in self.outcomes]}
 
 
+class DataCheckError(DraftsyncError):
+    """Data checks failed: the message names each failed expectation, `report` holds every outcome."""
+
+    report: DataCheckReport | None = None
+
+
 def _config_value(target_config: Any, key: str) -> int:
     value = target_config.get(key) if isinstance(target_config, dict) else getattr(target_config, key, None)
     if value is None:
@@ -53,6 +63,18 @@ def _config_value(target_config: Any, key: str) -> int:
             f"the target config has no {key}", "pass the target's transformers config or its config.json"
         )
     return int(value)
+
+
+def _by_check_index(results: list[ExpectationValidationResult]) -> dict[int, ExpectationValidationResult]:
+    """A suite's results by the `check_index` each expectation carries in its meta (GE reorders results)."""
+    return {_config(r).meta["check_index"]: r for r in results}
+
+
+def _config(outcome: ExpectationValidationResult) -> ExpectationConfiguration:
+    """The expectation a result is about: GE's type allows none, a suite's results always carry theirs."""
+    config = outcome.expectation_config
+    assert config is not None, "GE returned a suite result without its expectation"
+    return config
 
 
 def _plain(value: Any) -> Any:
@@ -151,7 +173,7 @@ def run_data_checks(
     """Validate a shard dataset (a `ShardDataset` or its directory) against its target and declared task mix.
 
     Returns the report when every expectation holds; otherwise raises DraftsyncError naming each failed
-    expectation and its observed value (the report is attached as `error.report`).
+    expectation and its observed value (a DataCheckError: the report is attached as `error.report`).
     """
     from draftsync.speculative.shard_reader import ShardDataset
 
@@ -186,15 +208,12 @@ def run_data_checks(
     result = validation.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
 
     report = DataCheckReport(sequences=len(frame))
-    by_index = {r.expectation_config.meta["check_index"]: r for r in result.results}  # GE reorders results
+    by_index = _by_check_index(result.results)
     for index, (check, _expectation, expected, observed_fallback) in enumerate(checks):
         outcome = by_index[index]
-        kwargs = outcome.expectation_config.kwargs
-        name = (
-            f"{outcome.expectation_config.type}({kwargs['column']})"
-            if "column" in kwargs
-            else outcome.expectation_config.type
-        )
+        config = _config(outcome)
+        kwargs = config.kwargs
+        name = f"{config.type}({kwargs['column']})" if "column" in kwargs else config.type
         observed = _plain((outcome.result or {}).get("observed_value"))
         if observed is None:
             observed = observed_fallback
@@ -206,7 +225,7 @@ def run_data_checks(
         lines = "; ".join(
             f"{o.name} [{o.check}] observed {o.observed!r}, expected {o.expected}" for o in report.failures
         )
-        error = DraftsyncError(
+        error = DataCheckError(
             f"data checks failed on {getattr(dataset, 'path', 'the dataset')}: {lines}",
             "rebuild the dataset from the right target and task mix (or fix the declared draftsync.task_mix)",
         )

@@ -27,7 +27,7 @@ import os
 from typing import Any
 
 from draftsync.errors import DraftsyncError
-from draftsync.validation.data_checks import _plain
+from draftsync.validation.data_checks import _by_check_index, _config, _plain
 
 REQUIRED_COLUMNS = ("request", "task", "output_tokens", "drafts", "draft_tokens", "accepted", "acceptance_rate")
 THRESHOLD_KEYS = ("min_acceptance", "p50", "p5", "tasks")
@@ -193,12 +193,12 @@ def run_validation_suite(rows: list[dict], thresholds: dict) -> dict:
         suite, result_format={"result_format": "SUMMARY", "unexpected_index_column_names": ["request"]}
     )
 
-    by_index = {r.expectation_config.meta["check_index"]: r for r in result.results}  # GE reorders results
+    by_index = _by_check_index(result.results)
     expectations: list[dict[str, Any]] = []
     quantiles: dict[str, float | None] = {key: None for key in QUANTILES}
     for index, check in enumerate(checks):
         outcome = by_index[index]
-        config = outcome.expectation_config
+        config = _config(outcome)
         kwargs = config.kwargs
         columns = kwargs.get("column") or ",".join(kwargs[k] for k in ("column_A", "column_B") if k in kwargs)
         label = f"{config.type}({columns})" if columns else config.type

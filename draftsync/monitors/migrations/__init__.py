@@ -45,7 +45,9 @@ def _revisions() -> tuple[str, frozenset[str]]:
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory.from_config(alembic_config())
-    return script.get_current_head(), frozenset(r.revision for r in script.walk_revisions())
+    head = script.get_current_head()
+    assert head is not None, "the migrations directory ships its revisions"
+    return head, frozenset(r.revision for r in script.walk_revisions())
 
 
 def head_revision() -> str:
