@@ -130,6 +130,7 @@ def create_app(
             verify_delivery(secret, request.headers, body, now=now, max_age_s=max_age_s)
         except (_Refused, WebhookRejected) as refusal:
             return _refuse(refusal.reason, delivery_id, client)
+        assert delivery_id is not None, "verify_delivery refuses a delivery without its id"
         try:
             first_time = await run_in_threadpool(remember_delivery, delivery_id, datetime.fromtimestamp(now, UTC))
         except Exception as error:  # 503: MLflow retries it, and the id was not recorded, so the retry is no replay

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from draftsync.errors import DraftsyncError
 from draftsync.registry.checkpoint_checks import check_checkpoint_dir, check_name
@@ -92,7 +92,7 @@ class Registry:
             from mlflow import MlflowClient
 
             client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
-            self._client_instance = NamedOutages(client, self.tracking_uri)
+            self._client_instance = cast("MlflowClient", NamedOutages(client, self.tracking_uri))  # a proxy of it
         return self._client_instance
 
     def ping(self) -> None:
@@ -125,7 +125,9 @@ class Registry:
         try:
             self._experiment_id = self._client.create_experiment(EXPERIMENT_NAME, artifact_location=location)
         except MlflowException:  # created concurrently by another process
-            self._experiment_id = self._client.get_experiment_by_name(EXPERIMENT_NAME).experiment_id
+            experiment = self._client.get_experiment_by_name(EXPERIMENT_NAME)
+            assert experiment is not None, "creating it failed because it exists"
+            self._experiment_id = experiment.experiment_id
         return self._experiment_id
 
     # -- targets ------------------------------------------------------------------------------
@@ -236,6 +238,7 @@ class Registry:
 
         model_name = drafter_model_name(target_name)
         run_id = self.version_info(model_name, drafter_version).run_id
+        assert run_id is not None, "register_drafter logs every drafter version from a run"
         if reports_dir is not None:
             self._client.log_artifacts(run_id, str(reports_dir), REPORTS_ARTIFACT_PATH)
         for key, value in metrics.items():
@@ -243,12 +246,12 @@ class Registry:
                 self._client.log_metric(run_id, key, float(value))
         self._log_history(run_id, metric_history or {})
         version = str(int(drafter_version))
-        updates = {**{k: str(v) for k, v in tags.items()}, **validation_metric_tags(metrics)}
+        updates: dict[str, str] = {**{k: str(v) for k, v in tags.items()}, **validation_metric_tags(metrics)}
         if gamma is not None:
             updates[GAMMA_TAG] = str(int(gamma))
         updates[FAILED_GATES_TAG] = ",".join(failed_gates) or "none"
-        for key, value in updates.items():
-            self._client.set_model_version_tag(model_name, version, key, value)
+        for key, tag in updates.items():
+            self._client.set_model_version_tag(model_name, version, key, tag)
         self._client.set_model_version_tag(model_name, version, VALIDATION_STATUS_TAG, validation_status(passed))
         self._client.set_model_version_tag(model_name, version, VALIDATION_PASSED_TAG, flag(passed))
 

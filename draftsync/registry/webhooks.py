@@ -17,18 +17,21 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeGuard
 
 from draftsync.errors import DraftsyncError
+
+if TYPE_CHECKING:
+    from mlflow.entities.webhook import WebhookEventStr
 
 SIGNATURE_HEADER = "X-MLflow-Signature"
 TIMESTAMP_HEADER = "X-MLflow-Timestamp"
 DELIVERY_ID_HEADER = "X-MLflow-Delivery-Id"
 SIGNATURE_VERSION = "v1"
 
-MODEL_VERSION_CREATED = "model_version.created"
-MODEL_VERSION_ALIAS_CREATED = "model_version_alias.created"
-SUBSCRIBED_EVENTS = (MODEL_VERSION_CREATED, MODEL_VERSION_ALIAS_CREATED)
+MODEL_VERSION_CREATED: Final = "model_version.created"
+MODEL_VERSION_ALIAS_CREATED: Final = "model_version_alias.created"
+SUBSCRIBED_EVENTS: tuple[WebhookEventStr, ...] = (MODEL_VERSION_CREATED, MODEL_VERSION_ALIAS_CREATED)
 DEFAULT_WEBHOOK_NAME = "draftsync"
 
 # Why a delivery was refused; the receiver maps each code to an HTTP status and logs it.
@@ -270,7 +273,7 @@ def _signatures(header: str) -> list[bytes]:
     return signatures
 
 
-def _is_name(value: object) -> bool:
+def _is_name(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and bool(value.strip())
 
 

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from draftsync.errors import DraftsyncError
 from draftsync.serving.vllm_args import VllmLaunch, check_extra_vllm_args, render_vllm_command
@@ -273,7 +273,7 @@ def _label(entry: Any, index: int) -> str:
     return f"{name!r} (entry {index})" if isinstance(name, str) and name else f"entry {index} (no valid name)"
 
 
-def _describe(label: str, item: dict) -> tuple[str, str]:
+def _describe(label: str, item: ErrorDetails) -> tuple[str, str]:
     """One pydantic error as (message naming the deployment and field, fix)."""
     field = ".".join(str(part) for part in item["loc"]) or "(deployment)"
     top = str(item["loc"][0]) if item["loc"] else ""

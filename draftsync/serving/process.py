@@ -128,6 +128,7 @@ class ServerProcess:
         return process.returncode
 
     def _signal_group(self, signum: int) -> None:
+        assert self._process is not None, "signalled only once started"
         try:
             os.killpg(self._process.pid, signum)
         except ProcessLookupError:

@@ -234,7 +234,9 @@ def create_app(
                     return _unreachable(url, error)
                 # Nothing reached the replaced upstream, so the current one can take the request instead.
                 switch.release(url)
-                url = switch.acquire()
+                current = switch.acquire()
+                assert current is not None, "switch.url was checked above, with no await since"
+                url = current
                 answer = await send(request.method, url, path, body, headers)
         except httpx.TransportError as error:
             return _unreachable(url, error)

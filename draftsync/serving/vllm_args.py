@@ -175,7 +175,7 @@ def _integer(value: object, what: str) -> int:
     if isinstance(value, bool):
         raise DraftsyncError(f"{what} is {value!r}, not an integer", "write a whole number")
     try:
-        return operator.index(value)
+        return operator.index(value)  # type: ignore[arg-type]  # anything without __index__: the TypeError below
     except TypeError:
         raise DraftsyncError(f"{what} is {value!r}, not an integer", "write a whole number") from None
 

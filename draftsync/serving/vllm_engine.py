@@ -154,7 +154,7 @@ def find_vllm_engine(required: bool = True) -> VllmEngine | None:
     if settings.vllm:
         command, interpreter = _configured(settings.vllm)
     else:
-        found = None
+        found: tuple[tuple[str, ...], bool] | None = None
         for root in (Path.cwd(), _checkout_root()):
             python = _interpreter_in(root / VENV_NAME)
             if python is not None:
@@ -172,6 +172,7 @@ def find_vllm_engine(required: bool = True) -> VllmEngine | None:
             return None
         command, interpreter = found
     device = _device(settings.vllm_device)
+    args: tuple[tuple[str, ...], ...]
     if device == "cpu":
         env = {
             "VLLM_CPU_KVCACHE_SPACE": _number(settings.vllm_cpu_kvcache_gb),
