@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from draftsync.tasks import events
 
@@ -84,7 +84,7 @@ def build_deployments(schedules: Schedules | None = None) -> list[RunnerDeployme
     def tags(name: str) -> list[str]:
         return [*chosen.tags, WORK_POOLS[name]]
 
-    return [
+    deployments = [
         watch.to_deployment(
             "registry-watch",
             interval=chosen.watch_interval,
@@ -112,7 +112,8 @@ def build_deployments(schedules: Schedules | None = None) -> list[RunnerDeployme
             "weekly-acceptance-report",
             tags=tags("weekly-acceptance-report"),
             parameters={"send": True},
-            schedule=CronSchedule(cron=chosen.report_cron, timezone=chosen.timezone),
+            # typed as prefect.schedules.Schedule; Prefect builds the deployment's schedules from a CronSchedule too
+            schedule=CronSchedule(cron=chosen.report_cron, timezone=chosen.timezone),  # type: ignore[arg-type]
             description="The weekly acceptance review and e-mail; stale drafters get a retrain.",
         ),
         rollout_target.to_deployment(
@@ -122,3 +123,5 @@ def build_deployments(schedules: Schedules | None = None) -> list[RunnerDeployme
             description="Serves each deployment's target alias with its validated drafter (vLLM).",
         ),
     ]
+    # to_deployment is async_dispatch-wrapped, typed as a deployment or a coroutine: from sync code, the deployment
+    return cast("list[RunnerDeployment]", deployments)

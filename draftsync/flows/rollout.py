@@ -204,6 +204,7 @@ def rollout(
         path = settings.root / "serving" / "external" / f"{deployment.name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(launch, indent=2))
+        assert deployment.endpoint is not None, "a launch: external deployment is validated to have one"
         endpoint, replaced, canary = deployment.endpoint, None, None
         steps.append(f"vLLM arguments written to {path} for the orchestrator; watching {endpoint}")
     else:

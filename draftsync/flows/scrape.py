@@ -8,6 +8,7 @@ speculation off, flagged `fallback`, and the team is alerted. vLLM has no accept
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -24,7 +25,8 @@ from draftsync.tasks.serving import configured_deployments
 SCRAPE_CONCURRENCY = 10
 
 
-@flow(name="acceptance-scrape", task_runner=ThreadPoolTaskRunner(max_workers=SCRAPE_CONCURRENCY))
+# Prefect types task_runner for futures in general, its ThreadPoolTaskRunner for its own futures' subclass
+@flow(name="acceptance-scrape", task_runner=ThreadPoolTaskRunner(max_workers=SCRAPE_CONCURRENCY))  # type: ignore[arg-type]
 def scrape(now: datetime | None = None, deployments: list[ServingDeployment] | None = None) -> dict:
     """`now` is the monitor's clock: production leaves it unset; the demo passes a compressed one.
 
@@ -39,7 +41,7 @@ def scrape(now: datetime | None = None, deployments: list[ServingDeployment] | N
             stopped.append({"deployment": pair.deployment, "skipped": "stopped"})
             continue
         spec = specs.get(pair.deployment)
-        source = (
+        source: dict[str, Any] = (
             {"prometheus_url": spec.prometheus_url, "prometheus_labels": spec.prometheus_labels}
             if spec is not None and spec.prometheus_url
             else {}
@@ -63,6 +65,7 @@ def acceptance_guard(spec: ServingDeployment, now: datetime) -> dict:
         return {"deployment": spec.name, "action": "none", "reason": "not speculating"}
     window = timedelta(minutes=spec.fallback_window_minutes)
     samples = [s for s in store.samples(spec.name, now - window, now) if s.drafter_version == pair.drafter_version]
+    assert spec.fallback_threshold is not None, "scrape guards only the deployments with a threshold"
     due, rate, draft_tokens = fallback_due(samples, spec.fallback_threshold, spec.fallback_min_draft_tokens)
     outcome = {
         "deployment": spec.name,
@@ -73,6 +76,7 @@ def acceptance_guard(spec: ServingDeployment, now: datetime) -> dict:
     }
     if not due:
         return outcome
+    assert rate is not None, "a fallback is due only on a measured acceptance"
     reason = (
         f"live acceptance {rate:.3f} over the last {spec.fallback_window_minutes} min ({draft_tokens} draft "
         f"tokens) is under {spec.fallback_threshold}: speculation off"

@@ -6,7 +6,7 @@ import html
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from email.message import EmailMessage
+from email.message import EmailMessage, MIMEPart
 from email.utils import make_msgid
 from io import BytesIO
 
@@ -39,9 +39,10 @@ def render_chart(summary: DeploymentSummary, thresholds: Thresholds | None = Non
     fig = Figure(figsize=(7.0, 2.6), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
+    # The x values are datetimes, which matplotlib plots through its date units; its stubs take only numbers.
     if summary.points:
         ax.plot(
-            [p.midpoint for p in summary.points],
+            [p.midpoint for p in summary.points],  # type: ignore[arg-type]  # datetimes: see above
             [p.rate for p in summary.points],
             ".",
             color="#7f9fbf",
@@ -51,11 +52,11 @@ def render_chart(summary: DeploymentSummary, thresholds: Thresholds | None = Non
     if summary.daily:
         days = [d for d, _ in summary.daily] + [min(summary.end, summary.daily[-1][0] + summary.bucket)]
         rates = [r for _, r in summary.daily] + [summary.daily[-1][1]]
-        ax.step(days, rates, where="post", color="#1f4e79", linewidth=2, label="daily")
+        ax.step(days, rates, where="post", color="#1f4e79", linewidth=2, label="daily")  # type: ignore[arg-type]
     if thresholds is not None:
         ax.axhline(thresholds.mismatch, color="#e69500", linestyle="--", linewidth=1, label="mismatch")
         ax.axhline(thresholds.stale, color="#c00000", linestyle="--", linewidth=1, label="stale")
-    ax.set_xlim(summary.start, summary.end)
+    ax.set_xlim(summary.start, summary.end)  # type: ignore[arg-type]  # datetimes: see above
     ax.set_ylim(0.0, 1.0)
     ax.set_ylabel("acceptance")
     ax.set_title(f"{summary.deployment}: draft-token acceptance", fontsize=10)
@@ -235,7 +236,8 @@ def build_weekly_report(
     message.add_alternative(
         _html_body(ordered, by_deployment, actions_taken, links, period, notes, chart_cids), subtype="html"
     )
-    html_part = message.get_payload()[1]
+    html_part = message.get_payload()[1]  # type: ignore[index]  # multipart now: a list of parts
+    assert isinstance(html_part, MIMEPart), "add_alternative made the message multipart/alternative"
     for name, png in charts.items():
         html_part.add_related(
             png,

@@ -143,7 +143,7 @@ class ServingDeployment(BaseModel):
         self,
         target_dir: Path | str,
         drafter_dir: Path | str | None,
-        method: str,
+        method: str | None,
         gamma: int,
         *,
         schedule: Sequence[Sequence[int]] | None = None,

@@ -129,7 +129,7 @@ class ServingMetrics:
             buckets=TPOT_BUCKETS,
             registry=self.registry,
         ).labels(*values)
-        self.spec = None
+        self.spec: dict[str, Any] | None = None  # the speculative counters, with a drafter
         if gamma is not None:
             per_position = Counter(
                 "vllm:spec_decode_num_accepted_tokens_per_pos",
@@ -352,7 +352,8 @@ def load_service(target_dir: Path, drafter_dir: Path | None, gamma: int | None, 
         from draftsync.speculative.drafters import load_drafter
 
         drafter = load_drafter(drafter_dir)
-    engine = SpeculativeEngine(model, drafter, gamma if drafter is not None else 0)
+        assert gamma is not None, "a drafter is served with its gamma"
+    engine = SpeculativeEngine(model, drafter, gamma if gamma is not None and drafter is not None else 0)
     return CompletionService(
         engine,
         tokenizer,

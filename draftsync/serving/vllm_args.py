@@ -224,7 +224,7 @@ def check_schedule(schedule: Sequence[Sequence[int]], gamma: int) -> list[list[i
 def render_vllm_command(
     target_dir: Path | str,
     drafter_dir: Path | str | None,
-    method: str,
+    method: str | None,
     gamma: int,
     host: str,
     port: int,
@@ -281,14 +281,14 @@ def render_vllm_command(
 
 def _speculative_config(
     drafter_dir: Path | str | None,
-    method: str,
+    method: str | None,
     gamma: int,
     tensor_parallel_size: int,
     schedule: Sequence[Sequence[int]] | None,
     prompt_lookup_min: int | None,
     prompt_lookup_max: int | None,
 ) -> dict:
-    if method not in VLLM_METHODS:
+    if method is None or method not in VLLM_METHODS:
         raise DraftsyncError(
             f"drafter method {method!r} cannot be served by vLLM",
             f"use one of {', '.join(VLLM_METHODS)}, or serve the target alone",

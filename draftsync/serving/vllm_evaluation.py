@@ -212,6 +212,7 @@ def proposable_tokens(method: str | None, drafter_dir: str | Path | None) -> int
         return MAX_CHAIN_GAMMA
     from draftsync.speculative.checkpoint_files import read_json
 
+    assert drafter_dir is not None, "a drafter with fixed heads is served from its directory"
     path, config = read_json(drafter_dir)
     heads = config.get("num_heads")
     if not isinstance(heads, int) or heads < 1:
@@ -274,6 +275,7 @@ def speculative_config(
             low = high = 5
         low = high if low is None else low
         high = low if high is None else high
+        assert low is not None and high is not None, "one was given, or both are 5"
         if not 1 <= int(low) <= int(high):
             raise DraftsyncError(
                 f"n-gram lookup lengths min={low}, max={high} are not 1 <= min <= max",
@@ -442,9 +444,10 @@ class VllmBackend:
         if llm is None:
             return
         engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-        if callable(getattr(engine_core, "shutdown", None)):
-            engine_core.shutdown()  # stops the engine-core process now rather than at garbage collection
-        del llm, engine_core
+        shutdown = getattr(engine_core, "shutdown", None)
+        if callable(shutdown):
+            shutdown()  # stops the engine-core process now rather than at garbage collection
+        del llm, engine_core, shutdown
         gc.collect()
         try:
             from vllm.distributed.parallel_state import cleanup_dist_env_and_memory

@@ -91,7 +91,7 @@ def launch_server(
     target_dir: str,
     drafter_dir: str | None,
     gamma: int,
-    method: str,
+    method: str | None,
     schedule: list | None = None,
 ) -> dict:
     """Start a server for the pair on a free port and wait until it is healthy; the vLLM launch is recorded
