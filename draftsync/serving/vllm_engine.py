@@ -16,8 +16,8 @@ sized (`VLLM_CPU_KVCACHE_SPACE`, GiB: the default asks for most of the memory) a
 asks for float32 there, so speculative output can be compared with plain output token for token. Its threads are
 left to the OS (`VLLM_CPU_OMP_THREADS_BIND=nobind`): vLLM's automatic binding pins every engine to the same first
 cores, and during a swap the candidate, pinned beside the busy current engine, made no progress for minutes.
-The engine core runs inside the API server's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): a second process
-and its start-up cost 16 s of a 36 s start on two cores and serve nothing faster on a CPU.
+The OpenAI server always runs its engine core in a second process: vLLM 0.32 reads
+`VLLM_ENABLE_V1_MULTIPROCESSING` only in the offline engine, so setting it for a server changes nothing.
 A variable already set in draftsync's environment wins over each of these defaults.
 """
 
@@ -177,7 +177,6 @@ def find_vllm_engine(required: bool = True) -> VllmEngine | None:
         env = {
             "VLLM_CPU_KVCACHE_SPACE": _number(settings.vllm_cpu_kvcache_gb),
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         }
         args = (("--enforce-eager",), ("--dtype", settings.vllm_cpu_dtype))
     else:
