@@ -86,3 +86,57 @@ def test_the_lower_layers_know_nothing_of_prefect():
 def test_every_package_is_in_the_table():
     packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert packages <= set(ALLOWED), f"add {sorted(packages - set(ALLOWED))} to ALLOWED with the layers it may use"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Each draftsync module and the draftsync modules it imports (`from pkg import mod` counts as pkg.mod)."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Every cycle a depth-first walk meets, as `a -> b -> a`."""
+    cycles, done = [], set()
+    for start in sorted(graph):
+        stack, on_path = [(start, iter(sorted(graph[start])))], [start]
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                on_path.pop()
+                done.add(node)
+            elif child in on_path:
+                cycles.append(" -> ".join([*on_path[on_path.index(child) :], child]))
+            elif child not in done:
+                stack.append((child, iter(sorted(graph[child]))))
+                on_path.append(child)
+    return sorted(set(cycles))
+
+
+def test_no_module_imports_itself_through_others():
+    """No import cycle, deferred imports included: a cycle that works only because one side imports late breaks
+    the day someone moves that import up."""
+    graph = _module_graph()
+    assert "draftsync.cli.common" in graph["draftsync.cli.app"]  # the graph holds real edges
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_cycle_walk_finds_a_cycle_where_there_is_one():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == ["a -> b -> c -> a"]
+    assert _cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []

@@ -11,7 +11,8 @@ from typing import Annotated, cast
 import typer
 
 from draftsync.cli.common import JsonOption, write_json
-from draftsync.serving.recommendation import TASKS, Recommendation, Task, Workload, parse_params, recommend
+from draftsync.serving.recommendation import Recommendation, recommend
+from draftsync.serving.workload import TASKS, Task, Workload, parse_params
 
 
 def recommend_command(

@@ -9,8 +9,6 @@ their readers are in tags.py, the outage errors in outages.py, the checks before
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +16,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from draftsync.errors import DraftsyncError
 from draftsync.registry.checkpoint_checks import check_checkpoint_dir, check_name
-from draftsync.registry.outages import NamedOutages, first_line, is_outage, outage, quick_http
+from draftsync.registry.downloads import download_once
+from draftsync.registry.outages import NamedOutages, first_line, quick_http
 from draftsync.registry.tags import (
     FAILED_GATES_TAG,
     GAMMA_TAG,
@@ -378,43 +377,10 @@ class Registry:
         return self._info(self._get_version(model_name, version))
 
     def download(self, name: str, version: int) -> Path:
-        """A local copy of the version's checkpoint, downloaded once and then reused.
-
-        The copy is assembled in a temp folder and renamed into place, so an interrupted download
-        never looks complete.
-        """
-        import mlflow.artifacts
-
-        source = self._get_version(name, version).source
-        cache_root = (
-            self.artifacts_dir / "downloads"
-            if self.artifacts_dir is not None
-            else Path(tempfile.gettempdir()) / "draftsync-downloads"
+        """A local copy of the version's checkpoint, downloaded once and then reused (`downloads.py`)."""
+        return download_once(
+            self._get_version(name, version).source, name, version, self.tracking_uri, self.artifacts_dir
         )
-        destination = cache_root / name / str(int(version))
-        if destination.is_dir():
-            return destination
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=destination.parent))
-        try:
-            try:
-                local = Path(
-                    mlflow.artifacts.download_artifacts(
-                        artifact_uri=source, dst_path=str(staging), tracking_uri=self.tracking_uri
-                    )
-                )
-            except Exception as error:
-                if not is_outage(error):
-                    raise
-                raise outage(self.tracking_uri, f"the download of {name} v{version}", error) from error
-            try:
-                local.rename(destination)
-            except OSError:  # another process finished first
-                if not destination.is_dir():
-                    raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        return destination
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from draftsync.tasks import context
 from draftsync.tasks.serving import configured_deployments
 
 if TYPE_CHECKING:
-    from draftsync.serving.recommendation import Task
+    from draftsync.serving.workload import Task
 
 # The built-in corpora's task names, in the framework's words: prose is conversational text, the
 # framework's conservative case.
@@ -32,7 +32,8 @@ ASSUMED_TPOT_MS = 50.0  # 30-80 ms: the framework's middle band, when no deploym
 @task(name="plan-drafter", cache_policy=NONE)
 def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncProfile) -> dict:
     """The recommendation for this target and the profile the sync then runs (unchanged unless it follows it)."""
-    from draftsync.serving.recommendation import Workload, recommend
+    from draftsync.serving.recommendation import recommend
+    from draftsync.serving.workload import Workload
 
     serving = [d for d in configured_deployments().values() if d.target_name == target_name]
     assumptions = []

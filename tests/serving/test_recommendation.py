@@ -8,13 +8,8 @@ import re
 
 import pytest
 from draftsync.errors import DraftsyncError
-from draftsync.serving.recommendation import (
-    Workload,
-    eagle3_speedup_for_size,
-    memory_budget,
-    parse_params,
-    recommend,
-)
+from draftsync.serving.recommendation import recommend
+from draftsync.serving.workload import Workload, eagle3_speedup_for_size, memory_budget, parse_params
 
 # A 70B target on 4x A100-80GB at 50 ms, chat: the middle of every step; each case changes what it tests.
 BASE = dict(params_b=70, gpus=4, gpu_memory_gb=80, tpot_ms=50, task="chat", output_tokens=1024, batch=1)

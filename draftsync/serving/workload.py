@@ -1,0 +1,194 @@
+"""What the decision framework decides on: the workload, the seed's thresholds and figures, the memory budget.
+
+The numbers are the seed's, each with the sentence it comes from; `recommendation.py` applies them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from draftsync.errors import DraftsyncError
+from draftsync.speculative.methods import EAGLE3, EAGLE3_1, MEDUSA
+
+Task = Literal["code", "math", "chat", "creative", "translation", "summary"]
+NO_DRAFTER = "none"  # the recommendation's method when speculative decoding does not pay
+# What the framework can recommend: no drafter, or one of these methods (methods.py names them).
+METHODS: tuple[str, ...] = (NO_DRAFTER, EAGLE3.name, EAGLE3_1.name, MEDUSA.name)
+TASKS: tuple[str, ...] = get_args(Task)
+
+# --- The seed's thresholds -------------------------------------------------------------------------------
+SMALL_TARGET_BELOW_B = 13.0  # step 1: < 13B usually no speculative decoding
+LARGE_TARGET_ABOVE_B = 70.0  # step 1: > 70B speculative decoding is required; 13B and 70B are in the sweet spot
+SEED_SINGLE_GPU_MEMORY_GB = 24.0  # step 2: "one 24 GB GPU (RTX 4090)"
+SEED_SINGLE_GPU_MAX_TARGET_B = 30.0  # step 2: "... runs targets <= 30B"
+CLUSTER_GPUS = 8  # step 2: "8+ GPUs: Medusa is an option"
+INTERACTIVE_TPOT_BELOW_MS = 30.0  # step 3: < 30 ms interactive; 30 and 80 are in 30-80
+BATCH_TPOT_ABOVE_MS = 80.0  # step 3: > 80 ms batch processing
+LONG_OUTPUT_ABOVE_TOKENS = 4096  # upgrade to 3.1 for outputs > 4K tokens (4K read as 4096)
+HIGH_GAMMA_ABOVE = 5  # upgrade to 3.1 for gamma > 5
+GAMMA_START = 4  # "start gamma at 4 and find the knee by measurement (5-6 typical)"
+MEDUSA_MAX_HEADS = 5  # the seed's Medusa ablation goes from 2 to 5 heads
+
+LATENCY_GAMMA: dict[str, tuple[int, int]] = {"interactive": (5, 8), "near-real-time": (4, 6), "batch": (2, 3)}
+# Step 4 gives no numbers beyond "gamma 4" for translation/summary; the seed's configuration section does:
+# num_speculative_tokens "code 6-8, chat 3-5" (Snowflake's "code 6-8, chat 4-5" lies inside).
+TASK_GAMMA: dict[str, tuple[int, int]] = {
+    "code": (6, 8),
+    "math": (6, 8),
+    "chat": (3, 5),
+    "creative": (3, 5),
+    "translation": (4, 4),
+    "summary": (4, 4),
+}
+TASK_GROUP = {
+    "code": "code-math",
+    "math": "code-math",
+    "chat": "chat-creative",
+    "creative": "chat-creative",
+    "translation": "translation-summary",
+    "summary": "translation-summary",
+}
+
+# --- Expected speedup --------------------------------------------------------------------------------
+# vLLM's EAGLE-3 figures by target size; interpolated linearly in log(params), held flat past both ends.
+EAGLE3_SPEEDUP_BY_SIZE_B: tuple[tuple[float, float], ...] = ((13.0, 1.4), (30.0, 1.7), (70.0, 2.1))
+BATCHED_SMALL_SPEEDUP = (1.3, 1.5)  # < 13B, batched serving, EAGLE-3
+SMALL_TARGET_SPEEDUP_BELOW = 1.3  # < 13B otherwise
+MEDUSA_SPEEDUP = (2.0, 2.5)  # the seed's only Medusa figure: Llama-2-Chat 7B
+EAGLE31_ACCEPTANCE_LIFT = 0.88 / 0.75  # EAGLE-3 -> 3.1 acceptance at gamma 8
+
+# --- Memory ----------------------------------------------------------------------------------------
+BYTES_PER_PARAM = 2  # target weights in bf16
+# Drafter weights as a share of the target's weights. EAGLE-3/3.1: the seed's "< 3%" on one GPU, inside
+# "2-4% extra" on 4x A100-80GB (a real 70B EAGLE-3 drafter is ~1.3-2%, so this is an upper budget).
+# Medusa: the seed gives no figure; 5 heads (residual block + vocabulary projection each) ~5%.
+DRAFTER_SHARE: dict[str, float] = {NO_DRAFTER: 0.0, EAGLE3.name: 0.03, EAGLE3_1.name: 0.03, MEDUSA.name: 0.05}
+# Kept free for the KV cache, activations and CUDA graphs (vLLM itself takes only 90% of each GPU).
+KV_HEADROOM_SHARE = 0.20
+
+
+def parse_params(text: str) -> float:
+    """A parameter count as people write it ("70B", "7b", "1.5B", "500M", "1T") in billions."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([bBmMtT]?)\s*", str(text))
+    if match is None:
+        raise DraftsyncError(
+            f"--params {text!r} is not a parameter count",
+            "write a number with an optional unit: 70B, 7b, 1.5B, 500M or 1T (plain means billions)",
+        )
+    number = float(match.group(1))
+    scale = {"": 1.0, "b": 1.0, "m": 1e-3, "t": 1e3}[match.group(2).lower()]
+    if number <= 0:
+        raise DraftsyncError(f"--params {text!r} is not a positive parameter count", "give the target's size, e.g. 70B")
+    return number * scale
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a platform team knows about a target before it has a drafter."""
+
+    params_b: float
+    gpus: int
+    gpu_memory_gb: float
+    tpot_ms: float
+    task: Task
+    output_tokens: int = 1024
+    batch: int = 1
+
+    def __post_init__(self) -> None:
+        _require_positive("params_b", self.params_b, "the target's size in billions of parameters, e.g. 70")
+        _require_count("gpus", self.gpus, "the number of GPUs the target is served on, at least 1")
+        _require_positive("gpu_memory_gb", self.gpu_memory_gb, "the memory of one GPU in GB, e.g. 80 for an A100-80GB")
+        _require_positive("tpot_ms", self.tpot_ms, "the time-per-output-token target in milliseconds, e.g. 25")
+        if self.task not in TASKS:
+            raise DraftsyncError(f"task {self.task!r} is unknown", f"use one of {', '.join(TASKS)}")
+        _require_count("output_tokens", self.output_tokens, "the typical number of tokens per answer, at least 1")
+        _require_count("batch", self.batch, "the number of requests served together, 1 for single-stream")
+        for field in ("params_b", "gpu_memory_gb", "tpot_ms"):  # 70 and 70.0 give the same numbers and JSON
+            object.__setattr__(self, field, float(getattr(self, field)))
+
+    @property
+    def total_memory_gb(self) -> float:
+        return self.gpus * self.gpu_memory_gb
+
+
+def _require_positive(field: str, value: object, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise DraftsyncError(f"{field} = {value!r} must be a positive number", f"give {fix}")
+
+
+def _require_count(field: str, value: object, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DraftsyncError(f"{field} = {value!r} must be a whole number >= 1", f"give {fix}")
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """Target weights + drafter + KV headroom against the GPUs' memory, with the sum written out."""
+
+    target_weights_gb: float
+    drafter_share: float
+    drafter_gb: float
+    kv_headroom_share: float
+    kv_headroom_gb: float
+    required_gb: float
+    available_gb: float
+    fits: bool
+    arithmetic: str
+
+
+def eagle3_speedup_for_size(params_b: float) -> float:
+    """vLLM's EAGLE-3 speedup by target size (13B 1.4x, 30B 1.7x, 70B 2.1x), linear in log(params) between
+    the anchors and held at the end figure outside them (the seed quotes nothing beyond, so nothing is extrapolated)."""
+    anchors = EAGLE3_SPEEDUP_BY_SIZE_B
+    if params_b <= anchors[0][0]:
+        return anchors[0][1]
+    for (size_lo, speed_lo), (size_hi, speed_hi) in zip(anchors, anchors[1:], strict=False):
+        if params_b <= size_hi:
+            fraction = math.log(params_b / size_lo) / math.log(size_hi / size_lo)
+            return speed_lo + fraction * (speed_hi - speed_lo)
+    return anchors[-1][1]
+
+
+def memory_budget(workload: Workload, method: str) -> MemoryBudget:
+    """bf16 target weights + the method's drafter share + KV headroom, against gpus x memory per GPU."""
+    target_gb = workload.params_b * BYTES_PER_PARAM
+    share = DRAFTER_SHARE[method]
+    drafter_gb = target_gb * share
+    available = workload.total_memory_gb
+    headroom_gb = available * KV_HEADROOM_SHARE
+    required = target_gb + drafter_gb + headroom_gb
+    fits = required <= available * (1 + 1e-12)
+    if fits:
+        verdict = f"fits ({gb_text(available - required)} GB spare)"
+    else:
+        verdict = f"does not fit ({gb_text(required - available)} GB short)"
+    arithmetic = (
+        f"target {number_text(workload.params_b)}B x {BYTES_PER_PARAM} bytes (bf16) = {gb_text(target_gb)} GB"
+        f" + drafter {method} {share:.0%} of it = {gb_text(drafter_gb)} GB"
+        f" + KV headroom {KV_HEADROOM_SHARE:.0%} of {gb_text(available)} GB = {gb_text(headroom_gb)} GB"
+        f" = {gb_text(required)} GB needed of {workload.gpus} x {number_text(workload.gpu_memory_gb)} GB"
+        f" = {gb_text(available)} GB:"
+        f" {verdict}"
+    )
+    return MemoryBudget(
+        target_weights_gb=round(target_gb, 3),
+        drafter_share=share,
+        drafter_gb=round(drafter_gb, 3),
+        kv_headroom_share=KV_HEADROOM_SHARE,
+        kv_headroom_gb=round(headroom_gb, 3),
+        required_gb=round(required, 3),
+        available_gb=round(available, 3),
+        fits=fits,
+        arithmetic=arithmetic,
+    )
+
+
+def number_text(value: float) -> str:
+    return f"{value:g}"
+
+
+def gb_text(value: float) -> str:
+    return f"{round(value, 2):g}"
