@@ -12,6 +12,13 @@ from typing import Annotated, Any
 
 import typer
 
+ProfileOption = Annotated[
+    str,
+    typer.Option(
+        "--profile",
+        help="Sync profile: 'production' (GPU worker), 'demo' (2-core CPU), 'test' (smaller) or a YAML/JSON file.",
+    ),
+]
 JsonOption = Annotated[Path | None, typer.Option("--json", help="Also write the result as JSON to this path.")]
 
 

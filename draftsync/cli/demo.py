@@ -15,10 +15,13 @@ import shutil
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Annotated
 
+import typer
 from rich.console import Console
 
-from draftsync.cli.common import write_json
+from draftsync.cli.common import JsonOption, write_json
+from draftsync.errors import DraftsyncError
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context
 
@@ -336,3 +339,21 @@ def _print_summary(console: Console, result: dict, settings) -> None:
         f"--default-artifact-root {settings.mlflow_artifacts_dir}"
     )
     console.print(f"Prefect UI: PREFECT_HOME={settings.prefect_home} prefect server start")
+
+
+def demo_command(
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="Serving engine: 'auto' (vLLM when one is installed, `make vllm`; else the CPU reference "
+            "server), 'vllm' (fail when none is installed) or 'reference'.",
+        ),
+    ] = "auto",
+    json_path: JsonOption = None,
+) -> None:
+    """Run the whole loop on this machine: targets v1 and v2, drafters, serving, monitoring, a stale e-mail."""
+    if engine not in ENGINES:
+        raise DraftsyncError(f"demo engine {engine!r} is unknown", f"use one of {', '.join(ENGINES)}")
+    result = run_demo(engine)
+    write_json(result, json_path)

@@ -1,0 +1,98 @@
+"""`draftsync sync` and `draftsync validate`: train a drafter for a target version, and run its checklist."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from draftsync.cli.common import JsonOption, ProfileOption, check_registry, echo_json, write_json
+
+
+def sync(
+    target: Annotated[str, typer.Argument(help="Registered model name of the target.")],
+    version: Annotated[int, typer.Argument(help="Target version to train a drafter for.")],
+    profile: ProfileOption = "demo",
+    method: Annotated[
+        str | None, typer.Option(help="Drafter method: eagle3, eagle3.1, eagle or medusa (default: the profile's).")
+    ] = None,
+    retrain: Annotated[
+        bool, typer.Option("--retrain", help="Train again even though this version was synced (a new drafter version).")
+    ] = False,
+    json_path: JsonOption = None,
+) -> None:
+    """Train, validate, register and (when it passes) promote a drafter for one target version.
+
+    A version already synced with this method is skipped (the result says `skipped`) unless --retrain."""
+    from draftsync.flows.sync import sync as sync_flow
+    from draftsync.profiles import profile as named_profile
+    from draftsync.speculative.methods import TRAINED_METHODS, method_named
+
+    chosen = named_profile(profile)
+    if method is not None:
+        method_named(method, among=TRAINED_METHODS)
+        chosen = chosen.model_copy(update={"method": method})
+    check_registry()
+    if retrain:
+        from draftsync.tasks import context
+
+        context.sync_ledger().request(
+            target, version, chosen.method, source="cli", reason="retrain by hand", retrain=True
+        )
+    result = sync_flow(target_name=target, target_version=version, profile=chosen, reason="started by hand")
+    echo_json(result)
+    write_json(result, json_path)
+
+
+def validate(
+    target: Annotated[str, typer.Argument(help="Registered model name of the target.")],
+    drafter_version: Annotated[int, typer.Argument(help="Version of the target's drafter (<target>-drafter).")],
+    profile: Annotated[
+        str,
+        typer.Option(
+            "--profile",
+            help="Checklist profile: 'production' (1000 requests, 3x QPS, 4K-token outputs), "
+            "'demo' (scaled to a 2-core CPU) or 'test'.",
+        ),
+    ] = "demo",
+    target_version: Annotated[
+        int | None,
+        typer.Option(
+            "--target-version", help="Validate against this target version (default: the one it was trained for)."
+        ),
+    ] = None,
+    promote: Annotated[
+        bool, typer.Option("--promote", help="Make the drafter `production` if every gate passes.")
+    ] = False,
+    backend: Annotated[
+        str,
+        typer.Option(
+            "--backend", help="'reference' (CPU reference engine) or 'vllm' (offline vLLM; a GPU worker with vllm)."
+        ),
+    ] = "reference",
+    json_path: JsonOption = None,
+) -> None:
+    """Run the validation checklist and benchmarks on a drafter version; exit 1 when a gate fails."""
+    from draftsync.flows.validate import validate as validate_flow
+    from draftsync.profiles import validation_profile
+
+    chosen = validation_profile(profile)
+    check_registry()
+    result = validate_flow(
+        target_name=target,
+        drafter_version=drafter_version,
+        profile=chosen,
+        target_version=target_version,
+        promote=promote,
+        backend=backend,
+    )
+    write_json(result, json_path)
+    for gate in result["gates"]:
+        mark = "pass" if gate["passed"] else "FAIL"
+        typer.echo(f"{mark:4}  {gate['name']:38} {gate['value']!s:>10} {gate['comparison']} {gate['threshold']}")
+    typer.echo(
+        f"gamma knee {result['gamma_knee']}; speedup {result['speedup']:.2f}x; "
+        f"{'PASSED' if result['passed'] else 'FAILED'} ({result['reports_dir']})"
+    )
+    if not result["passed"]:
+        raise typer.Exit(code=1)
