@@ -33,6 +33,7 @@ from draftsync.monitors.rollups import (
     split_window,
     summed_samples,
 )
+from draftsync.monitors.staleness import Severity
 from draftsync.monitors.store_failures import masked_first_line, masked_url, reopen_after_refused_write, store_failure
 from draftsync.monitors.tables import (
     NO_DRAFTER,
@@ -46,7 +47,6 @@ from draftsync.monitors.tables import (
     Sample,
     ScrapeState,
     ServingPair,
-    Severity,
     Watermark,
     as_utc,
     updated_rows,

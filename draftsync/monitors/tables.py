@@ -30,7 +30,6 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # "stopped": the servers draftsync started for it were stopped (the end of the demo); the row keeps what it served.
 PairState = Literal["serving", "fallback", "stale", "stopped"]
 OutboxStatus = Literal["pending", "sent", "failed"]
-Severity = Literal["info", "warning", "critical"]
 NO_DRAFTER = 0  # hourly_rollups.drafter_version when speculation was off (MLflow versions start at 1)
 
 
