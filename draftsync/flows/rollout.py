@@ -22,13 +22,13 @@ from prefect.artifacts import create_markdown_artifact
 from draftsync.errors import DraftsyncError
 from draftsync.monitors.tables import ServedPair
 from draftsync.profiles import SyncProfile
-from draftsync.registry.model_registry import PRODUCTION
+from draftsync.registry.model_registry import PRODUCTION, rolled_back
 from draftsync.registry.tags import DrafterVersion
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.speculative.methods import DEFAULT_METHOD
 from draftsync.tasks import context, events
 from draftsync.tasks.alerts import send_alert
-from draftsync.tasks.registration import drafter_model_name, promote_drafter, restore_drafter_aliases, rollback_drafter
+from draftsync.tasks.registration import drafter_model_name, promote_drafter, restore_drafter_aliases
 from draftsync.tasks.serving import (
     benchmark_against_current,
     configured_deployments,
@@ -425,8 +425,9 @@ def rollback(deployment: ServingDeployment, reason: str = "rolled back by hand")
     """`production` back to `previous` (and `previous` to the version rolled back from); serve that pair."""
     registry = context.registry()
     before = registry.alias_snapshot(deployment.target_name)
-    restored = rollback_drafter(deployment.target_name)
-    back = rollout_previous(deployment, {PRODUCTION: restored}, reason)
+    wanted = rolled_back(deployment.target_name, before)  # a state to write: the retried write lands it once
+    restore_drafter_aliases(deployment.target_name, wanted)
+    back = rollout_previous(deployment, {PRODUCTION: wanted[PRODUCTION]}, reason)
     return {
         "deployment": deployment.name,
         "aliases_before": before,

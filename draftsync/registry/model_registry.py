@@ -342,18 +342,9 @@ class Registry:
 
     def rollback(self, target_name: str) -> int:
         """Point `production` back at `previous` (and `previous` at the version rolled back from)."""
-        model_name = drafter_model_name(target_name)
-        previous = self.alias_version(model_name, PREVIOUS)
-        if previous is None:
-            raise DraftsyncError(
-                f"drafter {model_name} has no `previous` alias to roll back to",
-                "promote a specific validated version instead",
-            )
-        current = self.alias_version(model_name, PRODUCTION)
-        self._client.set_registered_model_alias(model_name, PRODUCTION, str(previous))
-        if current is not None:
-            self._client.set_registered_model_alias(model_name, PREVIOUS, str(current))
-        return previous
+        wanted = rolled_back(target_name, self.alias_snapshot(target_name))
+        self.restore_aliases(target_name, wanted)
+        return int(wanted[PRODUCTION])  # type: ignore[arg-type]  # rolled_back never leaves production unset
 
     # -- any registered model -----------------------------------------------------------------
 
@@ -470,3 +461,15 @@ class Registry:
             aliases=sorted(aliases),
             created_ms=int(model_version.creation_timestamp or 0),
         )
+
+
+def rolled_back(target_name: str, snapshot: Mapping[str, int | None]) -> dict[str, int | None]:
+    """The aliases after a rollback of `snapshot`: `production` and `previous` swapped, the rest as they were.
+
+    A state to write, not a swap to perform: writing it twice lands the same, so the write can be retried."""
+    if snapshot.get(PREVIOUS) is None:
+        raise DraftsyncError(
+            f"drafter {drafter_model_name(target_name)} has no `previous` alias to roll back to",
+            "promote a specific validated version instead",
+        )
+    return {**snapshot, PRODUCTION: snapshot[PREVIOUS], PREVIOUS: snapshot.get(PRODUCTION)}

@@ -25,7 +25,6 @@ __all__ = [
     "record_validation",
     "register_drafter",
     "restore_drafter_aliases",
-    "rollback_drafter",
     "tag_drafter",
 ]
 
@@ -169,11 +168,3 @@ def promote_drafter(target_name: str, drafter_version: int) -> None:
 def restore_drafter_aliases(target_name: str, snapshot: dict[str, int | None]) -> None:
     """Point the drafter's aliases back where `snapshot` says; a retry lands the same."""
     context.registry().restore_aliases(target_name, snapshot)
-
-
-@task(name="rollback-drafter", cache_policy=NONE)
-def rollback_drafter(target_name: str) -> int:
-    """`production` back to `previous`; returns the version now production.
-
-    Not retried: the swap reads the aliases it moves, so a retry after `production` moved would swap again."""
-    return context.registry().rollback(target_name)

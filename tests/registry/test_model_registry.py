@@ -250,3 +250,24 @@ def test_training_curves_are_logged_as_step_series_on_the_drafter_run(registry, 
     loss = registry._client.get_metric_history(run_id, "train_loss")
     assert [(m.step, m.value) for m in sorted(loss, key=lambda m: m.step)] == [(1, 2.5), (2, 2.0), (4, 1.5)]
     assert [m.value for m in registry._client.get_metric_history(run_id, "holdout_accuracy_pos0")] == [0.6]
+
+
+def test_a_rollback_is_a_state_to_write_so_writing_it_twice_lands_the_same(registry, target_dir, tmp_path):
+    from draftsync.registry.model_registry import rolled_back
+
+    target_version = registry.register_target("tgt-r", target_dir, tags_for({"code": 1.0}))
+    drafter_dir = make_checkpoint(tmp_path / "drafter")
+    name = drafter_model_name("tgt-r")
+    first = registry.register_drafter("tgt-r", target_version, drafter_dir, "eagle3", 2, {}, validation_passed=True)
+    registry.promote("tgt-r", first)
+    second = registry.register_drafter("tgt-r", target_version, drafter_dir, "eagle3", 2, {}, validation_passed=True)
+    registry.promote("tgt-r", second)
+    before = registry.alias_snapshot("tgt-r")
+
+    wanted = rolled_back("tgt-r", before)
+    registry.restore_aliases("tgt-r", wanted)
+    registry.restore_aliases("tgt-r", wanted)  # a retry after the first write went through
+
+    assert (registry.alias_version(name, PRODUCTION), registry.alias_version(name, PREVIOUS)) == (first, second)
+    with pytest.raises(DraftsyncError, match="no `previous` alias"):
+        rolled_back("tgt-r", {**before, PREVIOUS: None})
