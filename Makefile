@@ -10,7 +10,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install vllm environments demo lint test test-story test-system test-vllm compat clean
+.PHONY: install vllm environments demo demo-prepare lint test test-story test-system test-vllm compat clean
 
 install: $(STAMP)
 
@@ -27,9 +27,14 @@ $(STAMP): pyproject.toml requirements/draftsync-tested.txt
 	touch $(STAMP)
 
 # The demo serves with vLLM where its CPU build installs (x86-64 Linux), with the reference server elsewhere.
-# The two environments install side by side (2 min on a fresh 2-core machine, against 3.5 one after the other).
-demo: environments
+# The two environments install side by side (2 min on a fresh 2-core machine, against 3.5 one after the other), and
+# the demo's first target trains as soon as draftsync's own is in, while vLLM's still installs (demo-prepare).
+demo:
+	$(MAKE) --no-print-directory -j2 vllm demo-prepare
 	$(VENV)/bin/draftsync demo
+
+demo-prepare: install
+	$(VENV)/bin/draftsync demo --prepare
 
 environments:
 	$(MAKE) --no-print-directory -j2 install vllm

@@ -1,9 +1,11 @@
 """Peak memory of `draftsync demo` across all its processes (the CLI, Prefect's API, the servers: vLLM's API
-server, engine core and worker processes when it serves with vLLM).
+server and engine core when it serves with vLLM).
 
 Samples the process tree every 0.2 s and sums PSS (proportional set size, so shared pages are not
 counted twice) and RSS. Prints JSON with the engine the demo served with (from its demo.json).
-Usage: python bench/demo_memory.py [--workdir DIR] [--engine auto|vllm|reference]
+`--make` runs `make demo` in this checkout instead, installs included (what a fresh clone does), and reports
+the whole tree's peak and, apart, the peak of the story itself (`draftsync demo` and its children).
+Usage: python bench/demo_memory.py [--workdir DIR] [--engine auto|vllm|reference] [--make]
 """
 
 from __future__ import annotations
@@ -32,41 +34,62 @@ def tree_memory(root: psutil.Process) -> tuple[int, int, int]:
     return pss, rss, count
 
 
+def story_process(root: psutil.Process) -> psutil.Process | None:
+    """`draftsync demo` itself under `make demo` (not its `--prepare` step), once it has started."""
+    for proc in root.children(recursive=True):
+        try:
+            argv = proc.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if "demo" in argv and "--prepare" not in argv and any(a.endswith("draftsync") for a in argv):
+            return proc
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default=".draftsync-bench")
     parser.add_argument("--engine", default="auto", choices=("auto", "vllm", "reference"))
+    parser.add_argument("--make", action="store_true", help="run `make demo` here (installs, work dir .draftsync)")
     args = parser.parse_args()
     started = time.perf_counter()
-    child = subprocess.Popen(
-        [sys.executable, "-m", "draftsync.cli", "--workdir", args.workdir, "demo", "--engine", args.engine],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    if args.make:
+        command, workdir = ["make", "demo"], Path(".draftsync")
+    else:
+        command = [sys.executable, "-m", "draftsync.cli", "--workdir", args.workdir, "demo", "--engine", args.engine]
+        workdir = Path(args.workdir)
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     root = psutil.Process(child.pid)
-    peak_pss = peak_rss = peak_procs = 0
+    story = None if args.make else root
+    peak = {"all": [0, 0, 0], "story": [0, 0, 0]}
     while child.poll() is None:
+        story = story if story is not None and story.is_running() else story_process(root)
         try:
-            pss, rss, count = tree_memory(root)
+            for name, proc in (("all", root), ("story", story)):
+                if proc is not None:
+                    peak[name] = [max(a, b) for a, b in zip(peak[name], tree_memory(proc), strict=True)]
         except psutil.NoSuchProcess:
-            break
-        peak_pss, peak_rss, peak_procs = max(peak_pss, pss), max(peak_rss, rss), max(peak_procs, count)
+            pass
         time.sleep(0.2)
-    summary = Path(args.workdir) / "demo.json"
-    print(
-        json.dumps(
-            {
-                "command": f"draftsync demo --engine {args.engine}",
-                "engine": json.loads(summary.read_text()).get("engine") if summary.exists() else None,
-                "exit_code": child.returncode,
-                "wall_s": round(time.perf_counter() - started, 1),
-                "peak_pss_mb": round(peak_pss / 2**20),
-                "peak_rss_sum_mb": round(peak_rss / 2**20),
-                "peak_processes": peak_procs,
-            },
-            indent=2,
-        )
-    )
+    summary = workdir / "demo.json"
+    demo = json.loads(summary.read_text()) if summary.exists() else {}
+    result = {
+        "command": " ".join(command[2:] if not args.make else command),
+        "engine": demo.get("engine"),
+        "exit_code": child.returncode,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "demo_timings_s": demo.get("timings_s"),
+    }
+    for name, (pss, rss, count) in peak.items():
+        prefix = "" if name == "story" else "make_demo_"
+        if name == "all" and not args.make:
+            continue
+        result |= {
+            f"{prefix}peak_pss_mb": round(pss / 2**20),
+            f"{prefix}peak_rss_sum_mb": round(rss / 2**20),
+            f"{prefix}peak_processes": count,
+        }
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

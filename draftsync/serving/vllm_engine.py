@@ -16,8 +16,10 @@ sized (`VLLM_CPU_KVCACHE_SPACE`, GiB: the default asks for most of the memory) a
 asks for float32 there, so speculative output can be compared with plain output token for token. Its threads are
 left to the OS (`VLLM_CPU_OMP_THREADS_BIND=nobind`): vLLM's automatic binding pins every engine to the same first
 cores, and during a swap the candidate, pinned beside the busy current engine, made no progress for minutes.
-The OpenAI server always runs its engine core in a second process: vLLM 0.32 reads
-`VLLM_ENABLE_V1_MULTIPROCESSING` only in the offline engine, so setting it for a server changes nothing.
+The model runs inside the engine core's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the OpenAI server always
+starts its engine core as a second process, but on CPU vLLM 0.32 then also starts a third, a worker, unless that
+variable is 0 (its CPU platform turns the one-process executor into the multiprocess one otherwise). A start on two
+cores took 33-38 s with the worker process and 21.5 s without it; the worker only matters for several CPU sockets.
 A variable already set in draftsync's environment wins over each of these defaults.
 """
 
@@ -177,6 +179,7 @@ def find_vllm_engine(required: bool = True) -> VllmEngine | None:
         env = {
             "VLLM_CPU_KVCACHE_SPACE": _number(settings.vllm_cpu_kvcache_gb),
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         }
         args = (("--enforce-eager",), ("--dtype", settings.vllm_cpu_dtype))
     else:

@@ -2,7 +2,9 @@
 
 The built-in targets and the demo's traffic come from here, so nothing is downloaded. Each text is
 assigned to a train or held-out split by a stable hash of its origin, so prompts used to measure a
-drafter never appear in its training data.
+drafter never appear in its training data. Parsing the standard library takes about 8 s on a small core, so
+its documents are also kept as JSON in the user's cache directory, keyed by the corpus version and the Python
+whose library they come from; each process reads them from there.
 """
 
 from __future__ import annotations
@@ -10,13 +12,17 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import json
+import os
 import random
+import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 TASKS = ("code", "math", "prose")
 HELD_OUT_SHARE = 10  # one origin in ten is held out
+CORPUS_VERSION = 2  # bump when the corpora change: cached targets are rebuilt and cached documents re-read
 
 
 @dataclass(frozen=True)
@@ -52,8 +58,35 @@ def _strip_docstrings(tree: ast.AST) -> list[str]:
     return found
 
 
+def _documents_cache_file() -> Path:
+    root = sysconfig.get_paths()["stdlib"]
+    key = hashlib.sha256(f"{CORPUS_VERSION}|{sys.version}|{root}".encode()).hexdigest()[:16]
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "draftsync" / f"stdlib-documents-{key}.json"
+
+
 @functools.lru_cache(maxsize=1)
 def _stdlib_documents() -> tuple[tuple[Document, ...], tuple[Document, ...]]:
+    """(code, prose) documents of the standard library: from the cache file when there is one, else parsed."""
+    cache = _documents_cache_file()
+    try:
+        stored = json.loads(cache.read_text(encoding="utf-8"))
+        return tuple(Document(*d) for d in stored["code"]), tuple(Document(*d) for d in stored["prose"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no cache yet, or one that does not read: parse again
+    code, prose = _parse_stdlib_documents()
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        rows = {name: [[d.task, d.origin, d.text] for d in docs] for name, docs in (("code", code), ("prose", prose))}
+        partial.write_text(json.dumps(rows), encoding="utf-8")
+        partial.replace(cache)
+    except OSError:
+        pass  # a read-only home: parse in every process
+    return code, prose
+
+
+def _parse_stdlib_documents() -> tuple[tuple[Document, ...], tuple[Document, ...]]:
     code, prose = [], []
     root = Path(sysconfig.get_paths()["stdlib"])
     for path in _stdlib_files():

@@ -20,7 +20,6 @@ from pathlib import Path
 from draftsync.errors import DraftsyncError
 from draftsync.speculative import corpora
 
-CORPUS_VERSION = 2  # bump when corpora change, so cached targets are rebuilt
 TARGET_INFO_FILE = "draftsync_target.json"
 
 
@@ -42,11 +41,17 @@ class TargetRecipe:
     seed: int = 0
     parent: TargetRecipe | None = None  # fine-tune this recipe's checkpoint instead of starting fresh
     tokenizer_texts: int = 3000
+    # Forward and backward in bfloat16 autocast (the weights stay float32): 110 s against 149 s for the demo's
+    # v1 on two cores with native bfloat16, and the same held-out loss (code 4.04 against 4.07, math 0.83
+    # against 0.97). Without native bfloat16 it would be slower, so builtin_recipe turns it on only there.
+    autocast_bf16: bool = False
 
     def key(self) -> str:
         payload = dataclasses.asdict(self)
+        if not self.autocast_bf16:
+            del payload["autocast_bf16"]  # recipes from before the field keep their keys and their cached builds
         payload["parent"] = self.parent.key() if self.parent else None
-        payload["corpus_version"] = CORPUS_VERSION
+        payload["corpus_version"] = corpora.CORPUS_VERSION
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -79,7 +84,12 @@ def builtin_recipe(version: int, size: str = "demo") -> TargetRecipe:
     if size not in _SIZES:
         raise DraftsyncError(f"unknown target size {size!r}", f"use one of {', '.join(_SIZES)}")
     v1_steps, v2_steps = _STEPS[size]
-    v1 = TargetRecipe(task_mix={"code": 0.5, "math": 0.5}, steps=v1_steps, **_SIZES[size])
+    v1 = TargetRecipe(
+        task_mix={"code": 0.5, "math": 0.5},
+        steps=v1_steps,
+        autocast_bf16=size == "demo" and native_bf16(),  # the demo's time bound; test targets stay as they are
+        **_SIZES[size],
+    )
     if version == 1:
         return v1
     if version == 2:
@@ -89,12 +99,21 @@ def builtin_recipe(version: int, size: str = "demo") -> TargetRecipe:
     raise DraftsyncError(f"no built-in target version {version}", "built-in targets have versions 1 and 2")
 
 
+def native_bf16() -> bool:
+    """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX), where autocast training is faster."""
+    import torch
+
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own checks
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+
+
 def _tokenizer(recipe: TargetRecipe, cache_dir: Path):
     from transformers import PreTrainedTokenizerFast
 
     from draftsync.speculative.tokenizer import train_tokenizer
 
-    key = hashlib.sha256(f"{recipe.vocab_size}-{recipe.tokenizer_texts}-{CORPUS_VERSION}".encode()).hexdigest()[:12]
+    payload = f"{recipe.vocab_size}-{recipe.tokenizer_texts}-{corpora.CORPUS_VERSION}"
+    key = hashlib.sha256(payload.encode()).hexdigest()[:12]
     out = cache_dir / f"tokenizer-{key}"
     if (out / "tokenizer.json").exists():
         return PreTrainedTokenizerFast.from_pretrained(out)
@@ -138,6 +157,12 @@ class TokenStreams:
             start = rng.randrange(0, len(stream) - seq_len - 1)
             rows.append(stream[start : start + seq_len + 1])
         return torch.tensor(rows, dtype=torch.long)
+
+
+def built_target_info(recipe: TargetRecipe, cache_dir: Path) -> dict | None:
+    """What the cached build of `recipe` recorded (its training time and losses), or None when not built yet."""
+    info = Path(cache_dir) / f"target-{recipe.key()}" / TARGET_INFO_FILE
+    return json.loads(info.read_text()) if info.exists() else None
 
 
 def build_target(
@@ -190,7 +215,8 @@ def build_target(
     loss_value = float("nan")
     for step in range(recipe.steps):
         batch = streams.batch(rng, recipe.batch_size, recipe.seq_len)
-        loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.autocast_bf16):
+            loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -54,6 +54,7 @@ def test_a_venv_in_the_working_directory_is_found_and_started_as_the_server_modu
     assert engine.environment() == {
         "VLLM_CPU_KVCACHE_SPACE": "2",
         "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
 
 

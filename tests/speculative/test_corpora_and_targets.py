@@ -1,0 +1,74 @@
+"""Corpora and built-in targets: documents parsed once per machine, recipes cached by what sets their weights."""
+
+from __future__ import annotations
+
+import pytest
+from draftsync.speculative import corpora
+from draftsync.speculative.corpora import Document
+
+PARSED = (
+    (Document("code", "json/__init__.py#dumps-3", 'def dumps(obj):\n    return "\\u00e9\\n"  # é'),),
+    (Document("prose", "LICENSE.txt#0", "Permission is hereby granted, free of charge ..."),),
+)
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    corpora._stdlib_documents.cache_clear()
+    yield tmp_path
+    corpora._stdlib_documents.cache_clear()
+
+
+def _parses(monkeypatch, result) -> list[int]:
+    calls: list[int] = []
+
+    def parse():
+        calls.append(1)
+        return result
+
+    monkeypatch.setattr(corpora, "_parse_stdlib_documents", parse)
+    return calls
+
+
+def test_documents_parsed_once_are_read_back_from_the_cache_file_as_they_were(cache_home, monkeypatch):
+    calls = _parses(monkeypatch, PARSED)
+    assert corpora._stdlib_documents() == PARSED
+    assert corpora._documents_cache_file().parent == cache_home / "draftsync"
+    assert corpora._documents_cache_file().exists()
+
+    corpora._stdlib_documents.cache_clear()  # a new process
+    assert corpora._stdlib_documents() == PARSED
+    assert len(calls) == 1
+
+
+def test_a_cache_file_that_does_not_read_is_parsed_again_and_replaced(cache_home, monkeypatch):
+    calls = _parses(monkeypatch, PARSED)
+    cache = corpora._documents_cache_file()
+    cache.parent.mkdir(parents=True)
+    cache.write_text('{"code": [["code", "trunc')  # a write cut short
+
+    assert corpora._stdlib_documents() == PARSED
+    corpora._stdlib_documents.cache_clear()
+    assert corpora._stdlib_documents() == PARSED
+    assert len(calls) == 1
+
+
+def test_a_home_that_cannot_be_written_still_gets_its_documents(cache_home, monkeypatch):
+    (cache_home / "draftsync").write_text("a file where the cache directory would go")
+    calls = _parses(monkeypatch, PARSED)
+    assert corpora._stdlib_documents() == PARSED
+    corpora._stdlib_documents.cache_clear()
+    assert corpora._stdlib_documents() == PARSED
+    assert len(calls) == 2
+
+
+def test_a_target_trained_in_bfloat16_autocast_is_cached_apart_from_its_float32_twin():
+    import dataclasses
+
+    from draftsync.speculative.targets import builtin_recipe
+
+    test_size = builtin_recipe(1, "test")
+    assert not test_size.autocast_bf16  # the test suite's targets train as they always did
+    assert dataclasses.replace(test_size, autocast_bf16=True).key() != test_size.key()
+    assert builtin_recipe(2).autocast_bf16 == builtin_recipe(1).autocast_bf16  # v2 fine-tunes as v1 trained
