@@ -211,19 +211,25 @@ def run_demo(engine: str = "auto") -> dict:
         "12 hours, so the days up to now pass in minutes."
     )
     vllm_launches = {}
+
+    def target_appears(version: int, headline: str) -> None:
+        """Target `version` is built (or found built) and published; the watch syncs its drafter and rolls the
+        pair out, as it would for a version a training pipeline registered."""
+        t = time.perf_counter()
+        console.print(headline)
+        recipe = builtin_recipe(version)
+        built = "before the demo" if built_target_info(recipe, settings.cache_dir) else "in the story"
+        path = build_target(recipe, settings.cache_dir)
+        mark(f"target_v{version}_build", t)
+        t = time.perf_counter()
+        registered = publish_target(TARGET_NAME, str(path), recipe.task_mix)
+        targets.append(_target_entry(registered, recipe, built, settings.cache_dir))
+        sync_stages[f"v{version}"] = watch(TARGET_NAME, deployment, sync_profile)["syncs"][0]["stages_s"]
+        mark(f"sync_and_rollout_v{version}", t)
+
     try:
         # (a) target v1 appears; the watch syncs a drafter for it and rolls the pair out.
-        t = time.perf_counter()
-        console.print("[bold](a)[/] building target v1 (code + math; cached after the first run) ...")
-        v1_recipe, v2_recipe = builtin_recipe(1), builtin_recipe(2)
-        v1_built = "before the demo" if built_target_info(v1_recipe, settings.cache_dir) else "in the story"
-        v1_dir = build_target(v1_recipe, settings.cache_dir)
-        mark("target_v1_build", t)
-        t = time.perf_counter()
-        v1 = publish_target(TARGET_NAME, str(v1_dir), v1_recipe.task_mix)
-        targets.append(_target_entry(v1, v1_recipe, v1_built, settings.cache_dir))
-        sync_stages["v1"] = watch(TARGET_NAME, deployment, sync_profile)["syncs"][0]["stages_s"]
-        mark("sync_and_rollout_v1", t)
+        target_appears(1, "[bold](a)[/] target v1 (code + math; built once, then cached) ...")
 
         # (b) normal traffic: code and math.
         t = time.perf_counter()
@@ -245,16 +251,7 @@ def run_demo(engine: str = "auto") -> dict:
         mark("phase_c_and_report", t)
 
         # (d) target v2 (fine-tuned on a mix with prose) appears; its drafter is trained and rolled out.
-        t = time.perf_counter()
-        console.print("[bold](d)[/] building target v2 (v1 fine-tuned with prose) ...")
-        v2_built = "before the demo" if built_target_info(v2_recipe, settings.cache_dir) else "in the story"
-        v2_dir = build_target(v2_recipe, settings.cache_dir)
-        mark("target_v2_build", t)
-        t = time.perf_counter()
-        v2 = publish_target(TARGET_NAME, str(v2_dir), v2_recipe.task_mix)
-        targets.append(_target_entry(v2, v2_recipe, v2_built, settings.cache_dir))
-        sync_stages["v2"] = watch(TARGET_NAME, deployment, sync_profile)["syncs"][0]["stages_s"]
-        mark("sync_and_rollout_v2", t)
+        target_appears(2, "[bold](d)[/] target v2 (v1 fine-tuned with prose) ...")
         t = time.perf_counter()
         phases.append(_phase(*TRAFFIC["d"], requests, clock, deployment, max_tokens))
         mark("phase_d", t)

@@ -41,15 +41,9 @@ class TargetRecipe:
     seed: int = 0
     parent: TargetRecipe | None = None  # fine-tune this recipe's checkpoint instead of starting fresh
     tokenizer_texts: int = 3000
-    # Forward and backward in bfloat16 autocast (the weights stay float32): 110 s against 149 s for the demo's
-    # v1 on two cores with native bfloat16, and the same held-out loss (code 4.04 against 4.07, math 0.83
-    # against 0.97). Without native bfloat16 it would be slower, so builtin_recipe turns it on only there.
-    autocast_bf16: bool = False
 
     def key(self) -> str:
         payload = dataclasses.asdict(self)
-        if not self.autocast_bf16:
-            del payload["autocast_bf16"]  # recipes from before the field keep their keys and their cached builds
         payload["parent"] = self.parent.key() if self.parent else None
         payload["corpus_version"] = corpora.CORPUS_VERSION
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
@@ -84,12 +78,7 @@ def builtin_recipe(version: int, size: str = "demo") -> TargetRecipe:
     if size not in _SIZES:
         raise DraftsyncError(f"unknown target size {size!r}", f"use one of {', '.join(_SIZES)}")
     v1_steps, v2_steps = _STEPS[size]
-    v1 = TargetRecipe(
-        task_mix={"code": 0.5, "math": 0.5},
-        steps=v1_steps,
-        autocast_bf16=size == "demo" and native_bf16(),  # the demo's time bound; test targets stay as they are
-        **_SIZES[size],
-    )
+    v1 = TargetRecipe(task_mix={"code": 0.5, "math": 0.5}, steps=v1_steps, **_SIZES[size])
     if version == 1:
         return v1
     if version == 2:
@@ -97,14 +86,6 @@ def builtin_recipe(version: int, size: str = "demo") -> TargetRecipe:
             v1, task_mix={"code": 0.25, "math": 0.25, "prose": 0.5}, steps=v2_steps, lr=1e-3, parent=v1
         )
     raise DraftsyncError(f"no built-in target version {version}", "built-in targets have versions 1 and 2")
-
-
-def native_bf16() -> bool:
-    """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX), where autocast training is faster."""
-    import torch
-
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own checks
-    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
 def _tokenizer(recipe: TargetRecipe, cache_dir: Path):
@@ -215,8 +196,7 @@ def build_target(
     loss_value = float("nan")
     for step in range(recipe.steps):
         batch = streams.batch(rng, recipe.batch_size, recipe.seq_len)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.autocast_bf16):
-            loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
+        loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
