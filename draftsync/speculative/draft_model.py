@@ -206,15 +206,11 @@ class DraftModelDrafter(nn.Module):
         """Soft cross-entropy of row t's logits against the target's distribution at t (token t+1),
         over rows whose token t+1 is loss-masked. One draft position; `ttt_steps` and `noise_std` (for
         drafters fed target states) do not apply to a model that reads tokens only."""
-        if batch.target_logits is None:
-            raise DraftsyncError(
-                "the training batch has no target logits",
-                "fill batch.target_logits with the target's lm_head(final) before the loss",
-            )
+        target_logits = batch.filled_target_logits()
         logits = self.lm(input_ids=batch.ids, attention_mask=batch.valid.long(), use_cache=False).logits
         mask = batch.loss_mask[:, 1:]
         rows = logits[:, :-1][mask].float()
-        targets = batch.target_logits[:, :-1][mask].to(rows.device).float()
+        targets = target_logits[:, :-1][mask].to(rows.device).float()
         if rows.shape[0] == 0:
             return DraftLoss(total=logits.sum() * 0.0, position_losses=[0.0], position_hits=[0], position_counts=[0])
         loss = -(torch.softmax(targets, -1) * torch.log_softmax(rows, -1)).sum(-1).mean()

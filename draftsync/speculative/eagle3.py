@@ -410,6 +410,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
                 "the training batch has no aux states, which an EAGLE-3 drafter reads",
                 "build the training dataset with aux states for eagle3/eagle3.1 drafters",
             )
+        target_logits = batch.filled_target_logits()
         check_window(batch.ids.shape[1], ttt_steps)
         aux = batch.aux[:, :-1]
         if noise_std > 0:
@@ -419,9 +420,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
         losses: list[torch.Tensor] = []
         result = DraftLoss(total=torch.zeros(()), position_losses=[], position_hits=[], position_counts=[])
         for step, logits in enumerate(logits_per_step):
-            terms = distribution_terms(
-                logits, batch.target_logits, batch.loss_mask, step + 1, draft_ids, self.to_target_ids
-            )
+            terms = distribution_terms(logits, target_logits, batch.loss_mask, step + 1, draft_ids, self.to_target_ids)
             if terms.loss is not None:
                 losses.append(terms.loss)
             result.position_losses.append(0.0 if terms.loss is None else float(terms.loss.detach()))
