@@ -247,27 +247,24 @@ class DrafterKVCache:
     """The drafter's own KV cache (one layer); `crop(n)` keeps the first n positions."""
 
     def __init__(self) -> None:
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
+        self._past: tuple[torch.Tensor, torch.Tensor] | None = None  # (keys, values), set and cut together
 
     @property
     def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
+        return 0 if self._past is None else self._past[0].shape[2]
 
     def past(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return None if self.keys is None else (self.keys, self.values)
+        return self._past
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        if self.keys is None:
-            self.keys, self.values = keys, values
+        if self._past is None:
+            self._past = (keys, values)
         else:
-            self.keys = torch.cat([self.keys, keys], 2)
-            self.values = torch.cat([self.values, values], 2)
+            self._past = (torch.cat([self._past[0], keys], 2), torch.cat([self._past[1], values], 2))
 
     def crop(self, length: int) -> None:
-        if self.keys is not None and length < self.length:
-            self.keys = self.keys[:, :, :length]
-            self.values = self.values[:, :, :length]
+        if self._past is not None and length < self.length:
+            self._past = (self._past[0][:, :, :length], self._past[1][:, :, :length])
 
 
 class Eagle3Drafter(DraftVocabBuffers, nn.Module):
