@@ -100,6 +100,7 @@ class EagleDrafter(nn.Module):
     method = EAGLE.name
     target_states = "final"  # reads the target's post-norm last hidden state
     target_copy_names = ("embed_tokens.weight", "lm_head.weight")  # frozen copies of the target's
+    inv_freq: torch.Tensor  # a buffer (register_buffer)
 
     def __init__(self, config: EagleConfig):
         super().__init__()

@@ -272,6 +272,8 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
 
     target_states = "aux"  # reads the concatenated aux states of the target
     target_copy_names = ("embed_tokens.weight",)  # a frozen copy of the target's embedding
+    config: Eagle3Config
+    inv_freq: torch.Tensor  # a buffer (register_buffer)
 
     def __init__(self, config: Eagle3Config):
         super().__init__()

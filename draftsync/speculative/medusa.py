@@ -85,6 +85,7 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
     method = MEDUSA.name
     target_states = "final"  # reads the target's post-norm last hidden state
     target_copy_names: tuple[str, ...] = ()  # every head is trained
+    config: MedusaConfig
 
     def __init__(self, config: MedusaConfig):
         super().__init__()
