@@ -126,7 +126,9 @@ class DraftModelDrafter(nn.Module):
         head_dim = shape.get("head_dim") or (target_config.hidden_size // target_config.num_attention_heads)
         rope = getattr(target_config, "rope_parameters", None)
         extra: dict[str, Any] = {"rope_parameters": dict(rope)} if isinstance(rope, dict) else {}
-        config = LlamaConfig(
+        # draft_vocab_size and target_hidden_size are not LlamaConfig fields: transformers configs keep extra
+        # keyword arguments as attributes (accept_kwargs), which their dataclass_transform typing does not show.
+        config = LlamaConfig(  # type: ignore[call-arg]
             vocab_size=target_config.vocab_size,
             hidden_size=shape["hidden_size"],
             num_hidden_layers=shape["num_hidden_layers"],
@@ -176,11 +178,11 @@ class DraftModelDrafter(nn.Module):
     def initialise_from_target(self, target_model: Any, freeze_embeddings: bool = True) -> None:
         """Copy the target's embeddings, lm_head and final norm where the shapes match (same hidden size)."""
         with torch.no_grad():
-            embed, source = self.lm.get_input_embeddings().weight, target_model.get_input_embeddings().weight
+            embed, source = self.lm.model.embed_tokens.weight, target_model.get_input_embeddings().weight
             if embed.shape == source.shape:
                 embed.copy_(source)
                 embed.requires_grad_(not freeze_embeddings)
-            head, source = self.lm.get_output_embeddings().weight, target_model.get_output_embeddings().weight
+            head, source = self.lm.lm_head.weight, target_model.get_output_embeddings().weight
             if head is not embed and head.shape == source.shape:
                 head.copy_(source)
             norm, source = self.lm.model.norm.weight, target_model.model.norm.weight
