@@ -126,7 +126,9 @@ class DraftModelDrafter(nn.Module):
         head_dim = shape.get("head_dim") or (target_config.hidden_size // target_config.num_attention_heads)
         rope = getattr(target_config, "rope_parameters", None)
         extra: dict[str, Any] = {"rope_parameters": dict(rope)} if isinstance(rope, dict) else {}
-        config = LlamaConfig(
+        # draft_vocab_size and target_hidden_size are not LlamaConfig fields: transformers configs keep extra
+        # keyword arguments as attributes (accept_kwargs), which their dataclass_transform typing does not show.
+        config = LlamaConfig(  # type: ignore[call-arg]
             vocab_size=target_config.vocab_size,
             hidden_size=shape["hidden_size"],
             num_hidden_layers=shape["num_hidden_layers"],
@@ -176,11 +178,11 @@ class DraftModelDrafter(nn.Module):
     def initialise_from_target(self, target_model: Any, freeze_embeddings: bool = True) -> None:
         """Copy the target's embeddings, lm_head and final norm where the shapes match (same hidden size)."""
         with torch.no_grad():
-            embed, source = self.lm.get_input_embeddings().weight, target_model.get_input_embeddings().weight
+            embed, source = self.lm.model.embed_tokens.weight, target_model.get_input_embeddings().weight
             if embed.shape == source.shape:
                 embed.copy_(source)
                 embed.requires_grad_(not freeze_embeddings)
-            head, source = self.lm.get_output_embeddings().weight, target_model.get_output_embeddings().weight
+            head, source = self.lm.lm_head.weight, target_model.get_output_embeddings().weight
             if head is not embed and head.shape == source.shape:
                 head.copy_(source)
             norm, source = self.lm.model.norm.weight, target_model.model.norm.weight
@@ -206,15 +208,11 @@ class DraftModelDrafter(nn.Module):
         """Soft cross-entropy of row t's logits against the target's distribution at t (token t+1),
         over rows whose token t+1 is loss-masked. One draft position; `ttt_steps` and `noise_std` (for
         drafters fed target states) do not apply to a model that reads tokens only."""
-        if batch.target_logits is None:
-            raise DraftsyncError(
-                "the training batch has no target logits",
-                "fill batch.target_logits with the target's lm_head(final) before the loss",
-            )
+        target_logits = batch.filled_target_logits()
         logits = self.lm(input_ids=batch.ids, attention_mask=batch.valid.long(), use_cache=False).logits
         mask = batch.loss_mask[:, 1:]
         rows = logits[:, :-1][mask].float()
-        targets = batch.target_logits[:, :-1][mask].to(rows.device).float()
+        targets = target_logits[:, :-1][mask].to(rows.device).float()
         if rows.shape[0] == 0:
             return DraftLoss(total=logits.sum() * 0.0, position_losses=[0.0], position_hits=[0], position_counts=[0])
         loss = -(torch.softmax(targets, -1) * torch.log_softmax(rows, -1)).sum(-1).mean()

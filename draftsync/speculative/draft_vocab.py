@@ -7,12 +7,17 @@ heads store the mapping the same way (`DraftVocabBuffers`), under the names EAGL
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from draftsync.errors import DraftsyncError
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
+
+    _Module = nn.Module  # what the mixin is mixed into; at run time it stays a plain class
+else:
+    _Module = object
 
 
 def count_tokens(sequences: list[list[int]], loss_masks: list[list[int]] | None, vocab_size: int) -> torch.Tensor:
@@ -58,12 +63,26 @@ def build_draft_vocab(
     return d2t, t2d
 
 
-class DraftVocabBuffers:
+class DraftVocabConfig(Protocol):
+    """The config fields DraftVocabBuffers reads."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def draft_vocab_size(self) -> int: ...
+
+
+class DraftVocabBuffers(_Module):
     """The d2t/t2d buffers and id mapping of a drafter module whose head may cover part of the vocabulary.
 
     Mixed into an nn.Module with `config.vocab_size` and `config.draft_vocab_size`; one implementation so
     that every such drafter saves, checks and maps its draft vocabulary alike.
     """
+
+    config: DraftVocabConfig
+    d2t: torch.Tensor | None
+    t2d: torch.Tensor | None
 
     def register_draft_vocab(self) -> None:
         """d2t int64 [Dv] and t2d bool [V] buffers (saved with the weights) when Dv < V; None when Dv == V."""
@@ -78,7 +97,7 @@ class DraftVocabBuffers:
             self.t2d = None
 
     def set_draft_vocab(self, d2t: torch.Tensor | None, t2d: torch.Tensor | None) -> None:
-        if self.d2t is None:
+        if self.d2t is None or self.t2d is None:  # registered together: both or neither
             if d2t is not None:
                 raise DraftsyncError(
                     "a draft vocabulary mapping was given to a drafter whose head covers the whole vocabulary",

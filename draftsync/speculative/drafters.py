@@ -117,12 +117,18 @@ def save_drafter(
     """Write `drafter` in its method's format to `out_dir` and return the directory."""
     method = getattr(drafter, "method", None)
     if is_eagle3_family(method):
-        from draftsync.speculative.speculators_format import save_eagle3 as save
-    elif method == EAGLE.name:
-        from draftsync.speculative.eagle1_format import save_eagle as save
-    elif method == MEDUSA.name:
-        from draftsync.speculative.medusa_format import save_medusa as save
-    elif method == DRAFT_MODEL.name:
+        from draftsync.speculative.speculators_format import save_eagle3
+
+        return save_eagle3(drafter, out_dir, verifier_name_or_path, verifier_architectures, speculative_tokens)
+    if method == EAGLE.name:
+        from draftsync.speculative.eagle1_format import save_eagle
+
+        return save_eagle(drafter, out_dir, verifier_name_or_path, verifier_architectures, speculative_tokens)
+    if method == MEDUSA.name:
+        from draftsync.speculative.medusa_format import save_medusa
+
+        return save_medusa(drafter, out_dir, verifier_name_or_path, verifier_architectures, speculative_tokens)
+    if method == DRAFT_MODEL.name:
         from draftsync.speculative.draft_model import save_draft_model
 
         return save_draft_model(
@@ -132,12 +138,10 @@ def save_drafter(
             verifier_architectures=list(verifier_architectures),
             speculative_tokens=int(speculative_tokens),
         )
-    else:
-        raise DraftsyncError(
-            f"a drafter of method {method!r} ({type(drafter).__name__}) has no checkpoint format here",
-            f"save_drafter writes {', '.join(CHECKPOINT_METHODS)} drafters",
-        )
-    return save(drafter, out_dir, verifier_name_or_path, verifier_architectures, speculative_tokens)
+    raise DraftsyncError(
+        f"a drafter of method {method!r} ({type(drafter).__name__}) has no checkpoint format here",
+        f"save_drafter writes {', '.join(CHECKPOINT_METHODS)} drafters",
+    )
 
 
 def drafter_method(directory: str | Path) -> str:
@@ -146,7 +150,7 @@ def drafter_method(directory: str | Path) -> str:
 
     path, config = read_json(directory)
     if config.get("speculators_model_type") == EAGLE3.speculators_type:
-        return eagle3_variant(config.get("fc_norm"), config.get("norm_output"))
+        return eagle3_variant(bool(config.get("fc_norm")), bool(config.get("norm_output")))
     kind = config.get("draftsync_drafter")
     if kind in (EAGLE.name, MEDUSA.name, DRAFT_MODEL.name):
         return kind

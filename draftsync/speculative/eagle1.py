@@ -100,6 +100,7 @@ class EagleDrafter(nn.Module):
     method = EAGLE.name
     target_states = "final"  # reads the target's post-norm last hidden state
     target_copy_names = ("embed_tokens.weight", "lm_head.weight")  # frozen copies of the target's
+    inv_freq: torch.Tensor  # a buffer (register_buffer)
 
     def __init__(self, config: EagleConfig):
         super().__init__()
@@ -239,6 +240,7 @@ class EagleDrafter(nn.Module):
         token_loss_weight * cross-entropy. Gaussian noise of std `noise_std` (drawn from `generator`) is
         added to the input states. `position_losses` holds each step's combined loss.
         """
+        target_logits = batch.filled_target_logits()
         length = batch.ids.shape[1]
         check_window(length, ttt_steps)
         final = batch.final[:, :-1]
@@ -250,7 +252,7 @@ class EagleDrafter(nn.Module):
         result = DraftLoss(total=torch.zeros(()), position_losses=[], position_hits=[], position_counts=[])
         for step, (logits, features) in enumerate(zip(logits_per_step, features_per_step, strict=True)):
             offset = step + 1
-            terms = distribution_terms(logits, batch.target_logits, batch.loss_mask, offset, None, self.to_target_ids)
+            terms = distribution_terms(logits, target_logits, batch.loss_mask, offset, None, self.to_target_ids)
             if terms.loss is not None:
                 rows = prediction_rows(length, offset)
                 regression = F.smooth_l1_loss(

@@ -247,27 +247,24 @@ class DrafterKVCache:
     """The drafter's own KV cache (one layer); `crop(n)` keeps the first n positions."""
 
     def __init__(self) -> None:
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
+        self._past: tuple[torch.Tensor, torch.Tensor] | None = None  # (keys, values), set and cut together
 
     @property
     def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
+        return 0 if self._past is None else self._past[0].shape[2]
 
     def past(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return None if self.keys is None else (self.keys, self.values)
+        return self._past
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        if self.keys is None:
-            self.keys, self.values = keys, values
+        if self._past is None:
+            self._past = (keys, values)
         else:
-            self.keys = torch.cat([self.keys, keys], 2)
-            self.values = torch.cat([self.values, values], 2)
+            self._past = (torch.cat([self._past[0], keys], 2), torch.cat([self._past[1], values], 2))
 
     def crop(self, length: int) -> None:
-        if self.keys is not None and length < self.length:
-            self.keys = self.keys[:, :, :length]
-            self.values = self.values[:, :, :length]
+        if self._past is not None and length < self.length:
+            self._past = (self._past[0][:, :, :length], self._past[1][:, :, :length])
 
 
 class Eagle3Drafter(DraftVocabBuffers, nn.Module):
@@ -275,6 +272,8 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
 
     target_states = "aux"  # reads the concatenated aux states of the target
     target_copy_names = ("embed_tokens.weight",)  # a frozen copy of the target's embedding
+    config: Eagle3Config
+    inv_freq: torch.Tensor  # a buffer (register_buffer)
 
     def __init__(self, config: Eagle3Config):
         super().__init__()
@@ -410,6 +409,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
                 "the training batch has no aux states, which an EAGLE-3 drafter reads",
                 "build the training dataset with aux states for eagle3/eagle3.1 drafters",
             )
+        target_logits = batch.filled_target_logits()
         check_window(batch.ids.shape[1], ttt_steps)
         aux = batch.aux[:, :-1]
         if noise_std > 0:
@@ -419,9 +419,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
         losses: list[torch.Tensor] = []
         result = DraftLoss(total=torch.zeros(()), position_losses=[], position_hits=[], position_counts=[])
         for step, logits in enumerate(logits_per_step):
-            terms = distribution_terms(
-                logits, batch.target_logits, batch.loss_mask, step + 1, draft_ids, self.to_target_ids
-            )
+            terms = distribution_terms(logits, target_logits, batch.loss_mask, step + 1, draft_ids, self.to_target_ids)
             if terms.loss is not None:
                 losses.append(terms.loss)
             result.position_losses.append(0.0 if terms.loss is None else float(terms.loss.detach()))

@@ -133,7 +133,7 @@ class SpeculativeEngine:
         self.drafter = drafter if self.proposer is not None else None
         self.gamma = gamma if self.proposer is not None else 0
         self.target_states = self.proposer.target_states if self.proposer is not None else "none"
-        if self.target_states == "aux":
+        if self.proposer is not None and self.target_states == "aux":
             self.layer_ids = tuple(self.proposer.aux_layer_ids)
         else:
             self.layer_ids = (num_decoder_layers(target_model),)
@@ -196,7 +196,7 @@ class SpeculativeEngine:
                         return Generation(out, stats, time.perf_counter() - started, first_token_seconds)
                 gamma = min(self.gamma, max_new_tokens - len(out) - 1)
                 proposals: list[int] = []
-                if gamma > 0:
+                if proposer is not None and gamma > 0:  # self.gamma is 0 without a proposer
                     proposals, distributions = proposer.propose(
                         committed, pending, state, gamma, temperature, generator
                     )

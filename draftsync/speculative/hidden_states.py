@@ -9,6 +9,7 @@ auxiliary hidden state. States are taken with forward hooks on `model.model.laye
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +51,7 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
     return (0, 1, 2)
 
 
-def validate_aux_layer_ids(layer_ids: tuple[int, ...] | list[int], num_layers: int) -> tuple[int, ...]:
+def validate_aux_layer_ids(layer_ids: Sequence[int], num_layers: int) -> tuple[int, ...]:
     ids = tuple(int(k) for k in layer_ids)
     if len(set(ids)) != len(ids) or any(k < 0 or k > num_layers for k in ids):
         raise DraftsyncError(

@@ -85,6 +85,7 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
     method = MEDUSA.name
     target_states = "final"  # reads the target's post-norm last hidden state
     target_copy_names: tuple[str, ...] = ()  # every head is trained
+    config: MedusaConfig
 
     def __init__(self, config: MedusaConfig):
         super().__init__()
@@ -96,12 +97,10 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
             nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False) for _ in range(config.num_heads)
         )
         self.register_draft_vocab()
-        for block in self.blocks:
-            for layer in block.layers:
-                nn.init.zeros_(layer.weight)
-                nn.init.zeros_(layer.bias)
-        for head in self.lm_heads:
-            nn.init.normal_(head.weight, std=0.02)
+        for parameter in self.blocks.parameters():  # every block's weight and bias
+            nn.init.zeros_(parameter)
+        for weight in self.lm_heads.parameters():  # each head's weight (no bias), head 0 first
+            nn.init.normal_(weight, std=0.02)
 
     # ---- initialisation from the target -----------------------------------------------------------
     def initialise_from_target(self, target: Any, freeze_embeddings: bool = True) -> None:
@@ -114,13 +113,13 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
             )
         rows = head[self.draft_token_ids.to(head.device)]
         with torch.no_grad():
-            for lm_head in self.lm_heads:
-                lm_head.weight.copy_(rows)
+            for weight in self.lm_heads.parameters():
+                weight.copy_(rows)
 
     # ---- forward ----------------------------------------------------------------------------------
     def heads(self, final: torch.Tensor) -> torch.Tensor:
         """[B,T,H] final states of the target -> [B,T,K,Dv] logits; head k guesses token t+2+k at row t."""
-        final = final.to(self.lm_heads[0].weight.dtype)
+        final = final.to(next(self.lm_heads.parameters()).dtype)
         return torch.stack([head(block(final)) for block, head in zip(self.blocks, self.lm_heads, strict=True)], dim=2)
 
     def forward(self, final: torch.Tensor) -> torch.Tensor:
@@ -137,6 +136,7 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
         do not chain) and is only checked; Gaussian noise of std `noise_std` (from `generator`) is added
         to the final states.
         """
+        target_logits = batch.filled_target_logits()
         check_window(batch.ids.shape[1], ttt_steps)
         final = batch.final
         if noise_std > 0:
@@ -147,7 +147,7 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
         result = DraftLoss(total=torch.zeros(()), position_losses=[], position_hits=[], position_counts=[])
         for k in range(self.config.num_heads):
             terms = distribution_terms(
-                logits[:, :, k], batch.target_logits, batch.loss_mask, k + 1, draft_ids, self.to_target_ids
+                logits[:, :, k], target_logits, batch.loss_mask, k + 1, draft_ids, self.to_target_ids
             )
             if terms.loss is not None:
                 losses.append(self.config.loss_decay**k * terms.loss)

@@ -240,10 +240,10 @@ class NgramProposer:
     aux_layer_ids: tuple[int, ...] = ()
 
     def __init__(self, prompt_lookup_min: int | None = None, prompt_lookup_max: int | None = None):
-        if prompt_lookup_min is None and prompt_lookup_max is None:
-            prompt_lookup_min = prompt_lookup_max = 5
         low = prompt_lookup_min if prompt_lookup_min is not None else prompt_lookup_max
         high = prompt_lookup_max if prompt_lookup_max is not None else prompt_lookup_min
+        if low is None or high is None:  # neither given
+            low = high = 5
         if not 1 <= low <= high:
             raise DraftsyncError(
                 f"n-gram lookup lengths min={low}, max={high} are not 1 <= min <= max",

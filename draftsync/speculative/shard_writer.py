@@ -62,6 +62,7 @@ class _ShardBuffer:
         self.input_ids[begin:end] = ids
         self.loss_mask[begin:end] = mask
         if self.aux is not None:
+            assert aux is not None  # a buffer with aux rows is given aux states (aux_width > 0)
             self.aux[begin:end] = aux
         self.final[begin:end] = final
         self.lengths.append(end - begin)
@@ -128,7 +129,7 @@ def build_shards(
     vocab_size = facts["vocab_size"]
     if max_seq_len is None:
         max_seq_len = getattr(model.config, "max_position_embeddings", None)
-    source_mode = mode or getattr(samples, "mode", "custom")
+    source_mode = mode if mode else getattr(samples, "mode", "custom")
     fingerprint = samples.fingerprint if isinstance(samples, SampleSource) else None
 
     out_dir = Path(out_dir)
@@ -293,6 +294,7 @@ class _ShardWriter:
         if self.buffered_tokens:
             from safetensors.torch import save_file
 
+            assert self.buffer is not None  # buffered_tokens counts its tokens
             tensors = self.buffer.tensors()
             name = shard_name(len(manifest["shards"]))
             atomic_write(

@@ -24,6 +24,7 @@ from draftsync.speculative.methods import EAGLE3
 if TYPE_CHECKING:
     import torch
 
+    from draftsync.speculative.eagle1 import EagleDrafter
     from draftsync.speculative.eagle3 import Eagle3Drafter
 
 WEIGHTS_FILE = "model.safetensors"
@@ -31,8 +32,8 @@ SPECULATORS_VERSION = "0.9.0"  # the speculators release whose eagle3 config sch
 ARCHITECTURE = "Eagle3DraftModel"
 
 
-def transformer_layer_config(drafter: Eagle3Drafter) -> dict[str, Any]:
-    """The draft decoder layer as a Llama config; `vocab_size` is the target's vocabulary."""
+def transformer_layer_config(drafter: Eagle3Drafter | EagleDrafter) -> dict[str, Any]:
+    """The draft decoder layer (EAGLE-3's or EAGLE-1's) as a Llama config; `vocab_size` is the target's."""
     config = drafter.config
     return {
         "model_type": "llama",

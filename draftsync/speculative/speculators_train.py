@@ -238,6 +238,7 @@ def generate_hidden_states_command(job: SpeculatorsTrainJob) -> list[str]:
 
 def train_arguments(job: SpeculatorsTrainJob) -> list[str]:
     """The flags of `speculators train` (identical under torchrun's `-m speculators.train`)."""
+    assert EAGLE3.speculators_type is not None  # set for the EAGLE-3 family (methods.py)
     args = [
         "--verifier-name-or-path",
         job.target,
@@ -281,6 +282,7 @@ def train_command(job: SpeculatorsTrainJob) -> list[str]:
     if job.nnodes == 1:
         launcher = ["torchrun", "--standalone", "--nproc-per-node", str(job.gpus_per_node)]
     else:
+        assert job.rdzv_endpoint is not None  # __post_init__ requires one when nnodes > 1
         launcher = [
             "torchrun",
             "--nnodes",
@@ -365,6 +367,7 @@ def run_commands(
             start_new_session=True,
         )
         try:
+            assert process.stdout is not None  # stdout=PIPE
             for line in process.stdout:
                 on_line(line.rstrip("\n"))
             code = process.wait()

@@ -16,9 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from draftsync.errors import DraftsyncError
 from draftsync.speculative import corpora
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 TARGET_INFO_FILE = "draftsync_target.json"
 
@@ -49,11 +53,24 @@ class TargetRecipe:
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+class _Shape(TypedDict, total=False):
+    """The TargetRecipe fields a size sets (the others keep their defaults)."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    vocab_size: int
+    seq_len: int
+    batch_size: int
+    tokenizer_texts: int
+
+
 # Sizes: "demo" learns enough in a few minutes on 2 cores; "test" is for the test suite's end-to-end run;
 # "deep" is for benchmarks that need a drafter small relative to its target; "strong" is the test size
 # trained ten times longer, for the acceptance benchmark: a target that has learned more than a model of
 # a drafter's size can copy from the drafter's data alone, and whose greedy output loops less.
-_TEST_SHAPE = dict(
+_TEST_SHAPE = _Shape(
     hidden_size=128,
     num_layers=4,
     num_heads=4,
@@ -63,8 +80,8 @@ _TEST_SHAPE = dict(
     batch_size=12,
     tokenizer_texts=1500,
 )
-_SIZES = {
-    "demo": dict(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=704, vocab_size=2048),
+_SIZES: dict[str, _Shape] = {
+    "demo": _Shape(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=704, vocab_size=2048),
     "test": _TEST_SHAPE,
     # "deep": the test size with twice the layers, for the benchmark: one drafter layer is a smaller share.
     "deep": {**_TEST_SHAPE, "num_layers": 8},
@@ -317,9 +334,11 @@ def load_target(path: Path, trust_remote_code: bool | None = None):
         )
     describe_target(path)  # checks the weight headers before a long load
     try:
-        model, loading = AutoModelForCausalLM.from_pretrained(
+        loaded = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch.float32, trust_remote_code=trust_remote_code, output_loading_info=True
         )
+        # With output_loading_info=True it returns (model, loading info); transformers types the model only.
+        model, loading = cast("tuple[PreTrainedModel, dict[str, list[str]]]", loaded)
     except Exception as exc:
         raise DraftsyncError(
             f"target {path} could not be loaded ({type(exc).__name__}: {exc})", "re-export the checkpoint"

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from draftsync.errors import DraftsyncError
+
 
 @dataclass
 class TrainingBatch:
@@ -29,6 +31,15 @@ class TrainingBatch:
     aux: Tensor | None  # [B,T,3H] float32; None when the dataset was built without aux states
     final: Tensor  # [B,T,H] float32, the target's post-norm last hidden state
     target_logits: Tensor | None = None  # [B,T,V] float32 = lm_head(final): distribution after token t
+
+    def filled_target_logits(self) -> Tensor:
+        """`target_logits`, which every drafter's loss needs and the trainer fills in."""
+        if self.target_logits is None:
+            raise DraftsyncError(
+                "the training batch has no target logits",
+                "fill batch.target_logits with the target's lm_head(final) before the loss",
+            )
+        return self.target_logits
 
 
 @dataclass
