@@ -15,6 +15,7 @@ from draftsync.profiles import ValidationProfile
 from draftsync.serving.evaluation import EvalRequest, EvaluationBackend
 from draftsync.tasks import context
 from draftsync.validation.checklist import UNSCHEDULED_METHODS
+from draftsync.validation.result import ChecklistResult
 from draftsync.validation.runner import run_checklist
 
 
@@ -28,7 +29,7 @@ def validate_drafter(
     data_check_failures: int | None = None,
     run_stress: bool = True,
     backend: str = "reference",
-) -> dict:
+) -> ChecklistResult:
     """The checklist on the CPU reference engine, or on vLLM on a GPU worker (`backend="vllm"`); stress runs
     against served instances of the same kind (the reference server, or `vllm serve`)."""
     from draftsync.errors import DraftsyncError

@@ -46,6 +46,7 @@ from draftsync.validation.checklist import (
     pooled_tpot_ms,
     summarize_acceptance,
 )
+from draftsync.validation.result import AcceptanceFigures, ChecklistResult, MemoryFootprint, RequestCounts, TpotMs
 
 GREEDY_CHECK_REQUESTS = 8  # at T>0 the equivalence check reruns this many requests greedily
 
@@ -137,8 +138,8 @@ def run_checklist(
     stress: StressRunner | None = None,
     no_schedule_reason: str | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
-) -> dict[str, Any]:
-    """Run every measurement through `backend` and judge the gates; returns the `draftsync validate` result.
+) -> ChecklistResult:
+    """Run every measurement through `backend` and judge the gates.
 
     `no_schedule_reason`: why the drafter cannot be served with a per-batch-size schedule (its method's entry
     in UNSCHEDULED_METHODS); the result then records that reason and no schedule, whatever stress measured.
@@ -166,7 +167,6 @@ def run_checklist(
     else:
         spec_greedy, plain_greedy = spec, plain
     acceptance, greedy_acceptance = summarize_acceptance(spec), summarize_acceptance(spec_greedy)
-    tpot = {"spec": pooled_tpot_ms(spec), "plain": pooled_tpot_ms(plain)}
     speedup = paired_speedup(spec, plain)
 
     longest_prompt = max(len(r.prompt) for r in requests)  # characters >= tokens for a byte-level BPE
@@ -185,7 +185,7 @@ def run_checklist(
     drafter_bytes, target_bytes = checkpoint_weight_bytes(drafter_dir), checkpoint_weight_bytes(target_dir)
     overhead = drafter_bytes / target_bytes
 
-    gates = [
+    gates = (
         Gate(
             "data_coverage",
             data_check_failures,
@@ -231,43 +231,39 @@ def run_checklist(
             "share of greedy outputs identical with speculation off",
         ),
         Gate("drafter_memory_overhead", overhead, profile.max_memory_overhead, "<=", "drafter / target weight bytes"),
-    ]
-    gate_dicts = [g.to_dict() for g in gates]
+    )
     rows = [{**r.row(), "phase": "validation", "gamma": knee} for r in spec]
     rows += [{**r.row(), "phase": "plain", "gamma": 0} for r in plain]
     rows += [{**r.row(), "phase": "long", "gamma": knee} for r in long]
-    result = {
-        "profile": profile.name,
-        "backend": backend.name,
-        "temperature": temperature,
-        "passed": all(g["passed"] for g in gate_dicts),
-        "gates": gate_dicts,
-        "gamma_sweep": sweep,
-        "gamma_knee": knee,
-        "gamma_fastest": fastest,  # the best TPOT whatever its acceptance (the knee must also clear the gate)
-        "sweep_plain_tpot_ms": round(sweep_plain_tpot, 4),
-        "acceptance": {k: round(getattr(acceptance, k), 4) for k in ("mean", "p5", "p50", "p90", "p99")},
-        "acceptance_greedy": round(greedy_acceptance.mean, 4),
-        "mean_acceptance_length": round(acceptance.mean_acceptance_length, 4),
-        "acceptance_by_position": [round(x, 4) for x in acceptance.per_position],
-        "acceptance_by_length": acceptance_by_length(spec + long, profile.length_buckets),
-        "tpot_ms": {k: round(v, 4) for k, v in tpot.items()},
-        "speedup": round(speedup, 4),
-        "stress": stress_result,
-        # vLLM's num_speculative_tokens_per_batch_size, when stress ran per batch size: [(start, end, gamma)]
-        "speculation_schedule": None if no_schedule_reason else (stress_result or {}).get("schedule"),
-        "speculation_schedule_note": no_schedule_reason,
-        "memory": {"drafter_bytes": drafter_bytes, "target_bytes": target_bytes, "overhead": round(overhead, 4)},
-        "requests": {
-            "validation": len(requests),
-            "sweep": min(len(requests), profile.sweep_requests),
-            "long": len(long_requests),
-            "long_max_tokens": long_tokens,
-            "stress": min(len(requests), profile.stress_requests),
-        },
-        "rows": rows,
-    }
-    failed = [g["name"] for g in gate_dicts if not g["passed"]]
+    result = ChecklistResult(
+        profile=profile.name,
+        backend=backend.name,
+        temperature=temperature,
+        gates=gates,
+        gamma_sweep=sweep,
+        gamma_knee=knee,
+        gamma_fastest=fastest,
+        sweep_plain_tpot_ms=round(sweep_plain_tpot, 4),
+        acceptance=AcceptanceFigures.of(acceptance),
+        acceptance_greedy=round(greedy_acceptance.mean, 4),
+        mean_acceptance_length=round(acceptance.mean_acceptance_length, 4),
+        acceptance_by_position=[round(x, 4) for x in acceptance.per_position],
+        acceptance_by_length=acceptance_by_length(spec + long, profile.length_buckets),
+        tpot_ms=TpotMs(spec=round(pooled_tpot_ms(spec), 4), plain=round(pooled_tpot_ms(plain), 4)),
+        speedup=round(speedup, 4),
+        stress=stress_result,
+        speculation_schedule=None if no_schedule_reason else (stress_result or {}).get("schedule"),
+        speculation_schedule_note=no_schedule_reason,
+        memory=MemoryFootprint(drafter_bytes, target_bytes, round(overhead, 4)),
+        requests=RequestCounts(
+            validation=len(requests),
+            sweep=min(len(requests), profile.sweep_requests),
+            long=len(long_requests),
+            long_max_tokens=long_tokens,
+            stress=min(len(requests), profile.stress_requests),
+        ),
+        rows=rows,
+    )
     logger.info(
         "validation at gamma %d: acceptance %.3f (P5 %.3f, P50 %.3f), speedup %.2fx; failed gates: %s",
         knee,
@@ -275,6 +271,6 @@ def run_checklist(
         acceptance.p5,
         acceptance.p50,
         speedup,
-        failed or "none",
+        result.failed_gates or "none",
     )
     return result
