@@ -86,13 +86,14 @@ def validate(
         promote=promote,
         backend=backend,
     )
-    write_json(result, json_path)
-    for gate in result["gates"]:
-        mark = "pass" if gate["passed"] else "FAIL"
-        typer.echo(f"{mark:4}  {gate['name']:38} {gate['value']!s:>10} {gate['comparison']} {gate['threshold']}")
+    write_json(result.as_dict(), json_path)
+    checklist = result.checklist
+    for gate in checklist.gates:
+        mark = "pass" if gate.passed else "FAIL"
+        typer.echo(f"{mark:4}  {gate.name:38} {gate.reported_value!s:>10} {gate.comparison} {gate.threshold}")
     typer.echo(
-        f"gamma knee {result['gamma_knee']}; speedup {result['speedup']:.2f}x; "
-        f"{'PASSED' if result['passed'] else 'FAILED'} ({result['reports_dir']})"
+        f"gamma knee {checklist.gamma_knee}; speedup {checklist.speedup:.2f}x; "
+        f"{'PASSED' if result.passed else 'FAILED'} ({result.reports_dir})"
     )
-    if not result["passed"]:
+    if not result.passed:
         raise typer.Exit(code=1)

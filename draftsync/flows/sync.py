@@ -29,6 +29,7 @@ from draftsync.tasks.drafting import HISTORY_FILE, train_drafter
 from draftsync.tasks.planning import plan_drafter, recommendation_tags
 from draftsync.tasks.registration import drafter_model_name, fetch_drafter, fetch_target, register_drafter, tag_drafter
 from draftsync.tasks.sync_requests import owner_is_gone, run_owner
+from draftsync.validation.result import ValidationResult
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class SyncResult:
     gamma: int  # the knee validation measured
     recommendation: dict[str, Any]  # the decision framework's advice, whether it was applied, and its assumptions
     passed: bool
-    validation: dict[str, Any]
+    validation: ValidationResult
     training: dict[str, Any]
     dataset: dict[str, Any]
     data_checks: dict[str, Any]
@@ -52,7 +53,8 @@ class SyncResult:
     generation: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {field.name: getattr(self, field.name) for field in fields(self)}
+        out = {field.name: getattr(self, field.name) for field in fields(self)}
+        return {**out, "validation": self.validation.as_dict()}
 
 
 @dataclass(frozen=True)
@@ -117,12 +119,12 @@ def _summary_artifact(result: SyncResult, reason: str) -> None:
     target, version = result.target_name, result.target_version
     validation, training, advice = result.validation, result.training, result.recommendation
     rows = "\n".join(
-        f"| {g['name']} | {g['value']} | {g['comparison']} {g['threshold']} | {'pass' if g['passed'] else '**FAIL**'} |"
-        for g in validation["gates"]
+        f"| {g.name} | {g.reported_value} | {g.comparison} {g.threshold} | {'pass' if g.passed else '**FAIL**'} |"
+        for g in validation.checklist.gates
     )
     verdict = (
         "passed every gate and is `production`"
-        if validation.get("promoted")
+        if validation.promoted
         else ("passed" if result.passed else "**failed** validation and stays a candidate")
     )
     markdown = f"""# Drafter sync: {target} v{version}
@@ -219,7 +221,7 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     lap("registration")
     validation = validate(target_name, version, chosen.validation, promote=True, seed=chosen.seed)
     lap("validation")
-    if not validation["passed"]:
+    if not validation.passed:
         logger.warning("drafter %s v%d stays a candidate and does not serve", drafter_model, version)
     return SyncResult(
         target_name=target_name,
@@ -227,9 +229,9 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
         drafter_name=drafter_model,
         drafter_version=version,
         method=chosen.method,
-        gamma=validation["gamma_knee"],
+        gamma=validation.checklist.gamma_knee,
         recommendation={**plan["recommendation"], "applied": plan["applied"], "assumptions": plan["assumptions"]},
-        passed=validation["passed"],
+        passed=validation.passed,
         validation=validation,
         training=training,
         dataset={k: v for k, v in data.items() if k != "checks"},

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from prefect import flow
@@ -30,6 +31,7 @@ from draftsync.tasks.registration import (
     tag_drafter,
 )
 from draftsync.tasks.validation import validate_drafter
+from draftsync.validation.result import ValidationResult
 
 
 def _number(value: object) -> str:
@@ -38,60 +40,59 @@ def _number(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _markdown(name: str, version: int, target_name: str, target_version: int, result: dict) -> str:
+def _markdown(result: ValidationResult) -> str:
+    checklist = result.checklist
     gates = "\n".join(
-        f"| {g['name']} | {_number(g['value'])} | {g['comparison']} {_number(g['threshold'])} | "
-        f"{'pass' if g['passed'] else '**FAIL**'} | {g['detail']} |"
-        for g in result["gates"]
+        f"| {g.name} | {_number(g.reported_value)} | {g.comparison} {_number(g.threshold)} | "
+        f"{'pass' if g.passed else '**FAIL**'} | {g.detail} |"
+        for g in checklist.gates
     )
     sweep = "\n".join(
-        f"| {r['gamma']}{' (knee)' if r['gamma'] == result['gamma_knee'] else ''} | "
+        f"| {r['gamma']}{' (knee)' if r['gamma'] == checklist.gamma_knee else ''} | "
         f"{r['mean_acceptance_length']:.3f} | {r['acceptance_rate']:.3f} | {r['tpot_ms']:.3f} |"
-        for r in result["gamma_sweep"]
+        for r in checklist.gamma_sweep
     )
-    a = result["acceptance"]
+    a, tpot = checklist.acceptance, checklist.tpot_ms
     verdict = (
         "PASSED"
-        if result["passed"]
+        if result.passed
         else "FAILED: "
-        + ", ".join(
-            [g["name"] for g in result["gates"] if not g["passed"]]
-            + [e["name"] for e in result.get("suite", {}).get("expectations", []) if not e["passed"]]
-        )
+        + ", ".join(checklist.failed_gates + [e["name"] for e in result.suite["expectations"] if not e["passed"]])
     )
     return (
-        f"# {name} v{version} on {target_name} v{target_version}: {verdict}\n\n"
-        f"Profile `{result['profile']}`, backend `{result['backend']}`, temperature {result['temperature']:g}, "
-        f"{result['requests']['validation']} validation requests.\n\n"
+        f"# {result.drafter_name} v{result.drafter_version} on {result.target_name} v{result.target_version}: "
+        f"{verdict}\n\n"
+        f"Profile `{checklist.profile}`, backend `{checklist.backend}`, temperature {checklist.temperature:g}, "
+        f"{checklist.requests.validation} validation requests.\n\n"
         f"| gate | value | threshold | verdict | measured |\n|---|---|---|---|---|\n{gates}\n\n"
-        f"Per-request acceptance: mean {_number(a['mean'])}, P5 {_number(a['p5'])}, P50 {_number(a['p50'])}, "
-        f"P90 {_number(a['p90'])}, P99 {_number(a['p99'])}. TPOT {result['tpot_ms']['spec']:.3f} ms with speculation, "
-        f"{result['tpot_ms']['plain']:.3f} ms without ({result['speedup']:.2f}x).\n\n"
-        f"## Gamma sweep (knee = best TPOT; plain decoding {result['sweep_plain_tpot_ms']:.3f} ms)\n\n"
+        f"Per-request acceptance: mean {_number(a.mean)}, P5 {_number(a.p5)}, P50 {_number(a.p50)}, "
+        f"P90 {_number(a.p90)}, P99 {_number(a.p99)}. TPOT {tpot.spec:.3f} ms with speculation, "
+        f"{tpot.plain:.3f} ms without ({checklist.speedup:.2f}x).\n\n"
+        f"## Gamma sweep (knee = best TPOT; plain decoding {checklist.sweep_plain_tpot_ms:.3f} ms)\n\n"
         f"| gamma | mean acceptance length | acceptance rate | TPOT ms |\n|---|---|---|---|\n{sweep}\n"
     )
 
 
-def _write_reports(out: Path, result: dict) -> None:
+def _write_reports(result: ValidationResult) -> None:
     """What a reviewer opens in the MLflow UI: the result, the per-request table, the suite, two plots."""
     from draftsync.validation.plots import write_validation_plots
 
+    out, checklist = Path(result.reports_dir), result.checklist
     out.mkdir(parents=True, exist_ok=True)
-    rows = result["rows"]
-    (out / "validation.json").write_text(
-        json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2, default=str)
-    )
+    rows = checklist.rows
+    (out / "validation.json").write_text(json.dumps(result.report_dict(), indent=2, default=str))
     with (out / "requests.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+    (out / "suite.json").write_text(json.dumps(result.suite, indent=2, default=str))
     write_validation_plots(
         out,
-        result["gamma_sweep"],
-        result["acceptance_by_position"],
-        knee=result["gamma_knee"],
-        plain_tpot_ms=result["sweep_plain_tpot_ms"],
-        gamma=result["gamma_knee"],
+        checklist.gamma_sweep,
+        checklist.acceptance_by_position,
+        knee=checklist.gamma_knee,
+        plain_tpot_ms=checklist.sweep_plain_tpot_ms,
+        gamma=checklist.gamma_knee,
     )
 
 
@@ -104,7 +105,7 @@ def validate(
     promote: bool = False,
     seed: int = 0,
     backend: str = "reference",
-) -> dict:
+) -> ValidationResult:
     """Run the checklist on a drafter version; record it; with `promote`, make a passing drafter `production`.
 
     `backend`: "reference" (the CPU engine) or "vllm" (offline vLLM on a GPU worker)."""
@@ -120,13 +121,12 @@ def validate(
     target = fetch_target(target_name, against)
     drafter_dir = fetch_drafter(target_name, drafter_version)
     task_mix = target_task_mix(Path(target["path"]), target["tags"])
-    result = validate_drafter(
+    checklist = validate_drafter(
         target["path"], drafter_dir, task_mix, chosen, seed, drafter.data_check_failures, backend=backend
     )
 
-    validation_rows = [r for r in result["rows"] if r["phase"] == "validation"]
-    result["suite"] = run_validation_suite(
-        validation_rows,
+    suite = run_validation_suite(
+        [r for r in checklist.rows if r["phase"] == "validation"],
         {
             "min_acceptance": chosen.min_acceptance,
             "p50": chosen.min_p50,
@@ -134,42 +134,41 @@ def validate(
             "tasks": sorted(task_mix),
         },
     )
-    result["passed"] = result["passed"] and result["suite"]["passed"]
-    result.update(
-        {
-            "target_name": target_name,
-            "target_version": against,
-            "drafter_name": name,
-            "drafter_version": int(drafter_version),
-            "trained_for_target_version": trained_for,
-        }
-    )
     reports = settings.root / "validations" / target_name / f"drafter-v{drafter_version}-target-v{against}"
-    _write_reports(reports, result)
-    (reports / "suite.json").write_text(json.dumps(result["suite"], indent=2, default=str))
+    result = ValidationResult(
+        checklist=checklist,
+        suite=suite,
+        target_name=target_name,
+        target_version=against,
+        drafter_name=name,
+        drafter_version=int(drafter_version),
+        trained_for_target_version=trained_for,
+        promoted=False,
+        reports_dir=str(reports),
+    )
+    _write_reports(result)
 
-    failed = [g["name"] for g in result["gates"] if not g["passed"]]
+    failed = checklist.failed_gates
     if against == trained_for:
-        record_validation(target_name, drafter_version, result, str(reports), settings.mismatch_threshold)
+        record_validation(result, settings.mismatch_threshold)
     else:
         tag_drafter(
             target_name,
             drafter_version,
-            {crosscheck_tag(against): "passed" if result["passed"] else "failed: " + ",".join(failed)},
+            {crosscheck_tag(against): "passed" if result.passed else "failed: " + ",".join(failed)},
         )
-    promoted = False
-    if result["passed"] and promote and against == trained_for:
+    if result.passed and promote and against == trained_for:
         promote_drafter(target_name, drafter_version)
-        promoted = True
+        result = replace(result, promoted=True)
         events.emit(
             events.DRAFTER_VALIDATED,
             target_name,
             against,
             drafter_version=str(drafter_version),
-            payload={"gamma_knee": result.get("gamma_knee"), "speedup": result.get("speedup")},
+            payload={"gamma_knee": checklist.gamma_knee, "speedup": checklist.speedup},
         )
         logger.info("drafter %s v%d passed every gate and is now production", name, drafter_version)
-    elif not result["passed"]:
+    elif not result.passed:
         logger.warning(
             "drafter %s v%d FAILED validation on %s v%d (gates: %s); production stays at v%s",
             name,
@@ -179,17 +178,14 @@ def validate(
             ", ".join(failed) or "suite",
             registry.alias_version(name, "production"),
         )
-    result["promoted"] = promoted
-    result["reports_dir"] = str(reports)
     key = f"validation-{target_name}-d{drafter_version}-t{against}".lower().replace("_", "-").replace(".", "-")
-    create_markdown_artifact(
-        key=key,
-        markdown=_markdown(name, drafter_version, target_name, against, result),
-        description="drafter validation checklist",
-    )
+    create_markdown_artifact(key=key, markdown=_markdown(result), description="drafter validation checklist")
     create_table_artifact(
         key=f"{key}-gates",
-        table=[{k: g[k] for k in ("name", "value", "threshold", "passed")} for g in result["gates"]],
+        table=[
+            {"name": g.name, "value": g.reported_value, "threshold": g.threshold, "passed": g.passed}
+            for g in checklist.gates
+        ],
         description="validation gates",
     )
-    return {k: v for k, v in result.items() if k != "rows"}
+    return result

@@ -7,6 +7,7 @@ here, retried where a retry lands the same as one run; flows read tags and alias
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from prefect import task
@@ -15,6 +16,7 @@ from prefect.cache_policies import NONE
 from draftsync.registry.model_registry import drafter_model_name
 from draftsync.registry.tags import checklist_tags, training_tags
 from draftsync.tasks import context
+from draftsync.validation.result import ChecklistResult, ValidationResult
 
 __all__ = [
     "drafter_model_name",
@@ -103,57 +105,55 @@ def register_drafter(
     return version
 
 
-def validation_metrics(result: dict) -> tuple[dict[str, float], dict[str, list[tuple[int, float]]]]:
+def validation_metrics(checklist: ChecklistResult) -> tuple[dict[str, float], dict[str, list[tuple[int, float]]]]:
     """MLflow metrics of a validation, and the gamma sweep as step series (step = gamma) for the run's charts."""
-    metrics = {f"acceptance_{k}": v for k, v in result["acceptance"].items()}
+    metrics = {f"acceptance_{k}": v for k, v in asdict(checklist.acceptance).items()}
     metrics.update(
         {
-            "acceptance_greedy": result["acceptance_greedy"],
-            "mean_acceptance_length": result["mean_acceptance_length"],
-            "tpot_ms_spec": result["tpot_ms"]["spec"],
-            "tpot_ms_plain": result["tpot_ms"]["plain"],
-            "speedup": result["speedup"],
-            "gamma_knee": result["gamma_knee"],
-            "memory_overhead": result["memory"]["overhead"],
-            **{f"acceptance_pos{i}": v for i, v in enumerate(result["acceptance_by_position"])},
+            "acceptance_greedy": checklist.acceptance_greedy,
+            "mean_acceptance_length": checklist.mean_acceptance_length,
+            "tpot_ms_spec": checklist.tpot_ms.spec,
+            "tpot_ms_plain": checklist.tpot_ms.plain,
+            "speedup": checklist.speedup,
+            "gamma_knee": checklist.gamma_knee,
+            "memory_overhead": checklist.memory.overhead,
+            **{f"acceptance_pos{i}": v for i, v in enumerate(checklist.acceptance_by_position)},
         }
     )
-    if result.get("stress"):
-        metrics["stress_speedup"] = result["stress"]["speedup"]
-        metrics["stress_errors"] = result["stress"]["errors"]
+    if checklist.stress:
+        metrics["stress_speedup"] = checklist.stress["speedup"]
+        metrics["stress_errors"] = checklist.stress["errors"]
     sweep = {
-        f"sweep.{key}": [(row["gamma"], row[key]) for row in result["gamma_sweep"]]
+        f"sweep.{key}": [(row["gamma"], row[key]) for row in checklist.gamma_sweep]
         for key in ("mean_acceptance_length", "acceptance_rate", "tpot_ms")
     }
     return metrics, sweep
 
 
 @task(name="record-validation", retries=2, retry_delay_seconds=5, cache_policy=NONE)
-def record_validation(
-    target_name: str, drafter_version: int, result: dict, reports_dir: str | None, mismatch_threshold: float
-) -> None:
+def record_validation(result: ValidationResult, mismatch_threshold: float) -> None:
     """The verdict, gates, knee and baseline onto the drafter version; plots and tables onto its run."""
-    metrics, sweep = validation_metrics(result)
+    checklist = result.checklist
+    metrics, sweep = validation_metrics(checklist)
     # the seed's baseline for the next iteration: the best gamma's acceptance and the live threshold
     tags = checklist_tags(
-        ((g["name"], g["passed"]) for g in result["gates"]),
-        profile=result["profile"],
-        backend=result["backend"],
-        temperature=result["temperature"],
-        acceptance_rate=result["acceptance"]["mean"],
+        ((g.name, g.passed) for g in checklist.gates),
+        profile=checklist.profile,
+        backend=checklist.backend,
+        temperature=checklist.temperature,
+        acceptance_rate=checklist.acceptance.mean,
         threshold=mismatch_threshold,
-        schedule=result.get("speculation_schedule"),
+        schedule=checklist.speculation_schedule,
     )
-    failed = [g["name"] for g in result["gates"] if not g["passed"]]
     context.registry().record_validation(
-        target_name,
-        drafter_version,
-        passed=result["passed"],
+        result.target_name,
+        result.drafter_version,
+        passed=result.passed,
         metrics=metrics,
         tags=tags,
-        failed_gates=failed,
-        gamma=result["gamma_knee"],
-        reports_dir=Path(reports_dir) if reports_dir else None,
+        failed_gates=checklist.failed_gates,
+        gamma=checklist.gamma_knee,
+        reports_dir=Path(result.reports_dir),
         metric_history=sweep,
     )
 

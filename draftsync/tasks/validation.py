@@ -1,285 +1,22 @@
-"""The validation checklist and pre-rollout benchmarks a drafter must pass before it may serve.
+"""The `validate-drafter` task: the checklist (validation/runner.py) on the CPU reference engine or on vLLM.
 
-The seed's checklist, each item a named gate with its measured value, threshold and verdict:
-
-| gate | measures |
-|---|---|
-| data_coverage | failed data expectations of the training set (task mix, no empty or non-finite samples) |
-| validation_acceptance_mean | pooled acceptance at T=0 over the validation set |
-| acceptance_at_deployment_temperature | the same at the deployment's sampling temperature |
-| acceptance_p50, acceptance_p5 | percentiles of per-request acceptance at the deployment's temperature |
-| tpot_speedup | TPOT without / with speculation on the same requests, at the knee |
-| stress_speedup, stress_errors | the same under stress_factor x QPS with concurrency, against served instances |
-| long_output_acceptance | acceptance on the longest outputs the profile asks for, run on their own |
-| fallback_equivalence | greedy outputs with speculation off equal those with it on (the fallback is safe) |
-| drafter_memory_overhead | drafter weight bytes / target weight bytes |
-
-The gamma sweep runs first; its knee (best measured TPOT among the gammas whose acceptance rate clears the
-acceptance gate by more than its sampling error, ties to the smaller gamma) is the gamma every other
-measurement uses and the one recorded as the drafter's baseline. The sweep stops at what the drafter proposes
-(a Medusa drafter: its heads), so the knee is a gamma it can be served at. Stress per batch size gives
-vLLM's per-batch-size schedule, except for methods vLLM serves without one (`UNSCHEDULED_METHODS`: Medusa),
-whose result says why it has none.
+The checklist itself is Prefect-free; this task chooses the evaluation backend and the servers stress runs
+against, and hands the checklist the run logger so its sweep and verdict show in the Prefect UI.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import random
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.profiles import ValidationProfile
-from draftsync.serving.evaluation import EvalRequest, EvaluationBackend, RequestResult, checkpoint_weight_bytes
+from draftsync.serving.evaluation import EvalRequest, EvaluationBackend
 from draftsync.tasks import context
-from draftsync.validation.checklist import (
-    UNSCHEDULED_METHODS,
-    Gate,
-    acceptance_by_length,
-    acceptance_rate_lower_bound,
-    gamma_knee,
-    identical_outputs_share,
-    pooled_tpot_ms,
-    summarize_acceptance,
-)
-
-REQUESTS_FILE = "validation_requests.jsonl"
-GREEDY_CHECK_REQUESTS = 8  # at T>0 the equivalence check reruns this many requests greedily
-
-StressRunner = Callable[[int, list[EvalRequest]], dict]  # (gamma, requests) -> stress_reference_pair's result
-
-
-def validation_requests(task_mix: dict[str, float], count: int, max_tokens: int, seed: int) -> list[EvalRequest]:
-    """Held-out prompts in the proportions of the task mix, shuffled so any prefix is a fair sample."""
-    from draftsync.speculative.corpora import task_prompts_for_mix
-
-    pairs = task_prompts_for_mix(task_mix, count, seed=seed)
-    random.Random(seed).shuffle(pairs)
-    return [EvalRequest(prompt, task_name, max_tokens) for task_name, prompt in pairs[:count]]
-
-
-def _context_length(target_dir: str) -> int:
-    config = json.loads((Path(target_dir) / "config.json").read_text())
-    return int(config.get("max_position_embeddings") or config.get("max_seq_len") or 2048)
-
-
-def _sweep(
-    backend: EvaluationBackend, requests: list[EvalRequest], profile: ValidationProfile, seed: int
-) -> tuple[list[dict], float]:
-    """Mean acceptance length, acceptance rate and TPOT per gamma; plain decoding measured before and after."""
-    low, high = profile.gamma_range
-    gammas = [g for g in range(low, high + 1) if g <= backend.max_gamma]
-    if not gammas:
-        from draftsync.errors import DraftsyncError
-
-        raise DraftsyncError(
-            f"this drafter proposes at most {backend.max_gamma} tokens, below the sweep {low}..{high}",
-            "lower the profile's gamma_range or give the drafter more heads",
-        )
-    for gamma in (0, gammas[0]):  # warm-up: first calls pay for allocations and lazy initialisation
-        backend.generate(requests[:1], gamma, profile.temperature, seed)
-    plain_before = pooled_tpot_ms(backend.generate(requests, 0, profile.temperature, seed))
-    rows = []
-    for gamma in gammas:
-        results = backend.generate(requests, gamma, profile.temperature, seed)
-        summary = summarize_acceptance(results)
-        rows.append(
-            {
-                "gamma": gamma,
-                "mean_acceptance_length": round(summary.mean_acceptance_length, 4),
-                "acceptance_rate": round(summary.mean, 4),
-                "acceptance_rate_lower": round(acceptance_rate_lower_bound(results), 4),
-                "tpot_ms": round(pooled_tpot_ms(results), 4),
-            }
-        )
-    plain_after = pooled_tpot_ms(backend.generate(requests, 0, profile.temperature, seed))
-    return rows, (plain_before + plain_after) / 2
-
-
-def _paired_runs(
-    backend: EvaluationBackend, requests: list[EvalRequest], gamma: int, temperature: float, seed: int
-) -> tuple[list[RequestResult], list[RequestResult]]:
-    """Each request with speculation and then without, back to back, so a change in machine load hits both
-    sides of its ratio; a backend that rebuilds an engine per gamma runs the two halves as batches."""
-    if not getattr(backend, "cheap_gamma_switch", False):
-        return backend.generate(requests, gamma, temperature, seed), backend.generate(requests, 0, temperature, seed)
-    spec: list[RequestResult] = []
-    plain: list[RequestResult] = []
-    for index, request in enumerate(requests):
-        for results, g in ((spec, gamma), (plain, 0)):
-            (one,) = backend.generate([request], g, temperature, seed + index)
-            one.index = index
-            results.append(one)
-    return spec, plain
-
-
-def paired_speedup(spec: list, plain: list) -> float:
-    """Median over requests of plain TPOT / speculative TPOT: robust to a burst of load on a shared machine."""
-    from statistics import median
-
-    ratios = [
-        p.tpot_ms / s.tpot_ms
-        for s, p in zip(spec, plain, strict=True)
-        if s.tpot_ms > 0 and not math.isnan(s.tpot_ms) and not math.isnan(p.tpot_ms)
-    ]
-    return median(ratios) if ratios else math.nan
-
-
-def run_checklist(
-    backend: EvaluationBackend,
-    target_dir: str,
-    drafter_dir: str,
-    task_mix: dict[str, float],
-    profile: ValidationProfile,
-    seed: int = 0,
-    data_check_failures: int | None = None,
-    stress: StressRunner | None = None,
-    no_schedule_reason: str | None = None,
-) -> dict[str, Any]:
-    """Run every measurement through `backend` and judge the gates; returns the `draftsync validate` result.
-
-    `no_schedule_reason`: why the drafter cannot be served with a per-batch-size schedule (its method's entry
-    in UNSCHEDULED_METHODS); the result then records that reason and no schedule, whatever stress measured."""
-    logger = context.logger()
-    temperature = profile.temperature
-    requests = validation_requests(task_mix, profile.requests, profile.max_tokens, seed + 11)
-    sweep, sweep_plain_tpot = _sweep(backend, requests[: profile.sweep_requests], profile, seed)
-    fastest = gamma_knee(sweep, profile.knee_tolerance)
-    knee = gamma_knee(sweep, profile.knee_tolerance, min_acceptance=profile.min_acceptance)
-    logger.info(
-        "gamma sweep (gamma, TPOT ms, acceptance) %s; knee %d (fastest %d)",
-        [(r["gamma"], r["tpot_ms"], r["acceptance_rate"]) for r in sweep],
-        knee,
-        fastest,
-    )
-
-    spec, plain = _paired_runs(backend, requests, knee, temperature, seed)
-    if temperature > 0:
-        greedy_set = requests[:GREEDY_CHECK_REQUESTS]
-        spec_greedy, plain_greedy = (
-            backend.generate(greedy_set, knee, 0.0, seed),
-            backend.generate(greedy_set, 0, 0.0, seed),
-        )
-    else:
-        spec_greedy, plain_greedy = spec, plain
-    acceptance, greedy_acceptance = summarize_acceptance(spec), summarize_acceptance(spec_greedy)
-    tpot = {"spec": pooled_tpot_ms(spec), "plain": pooled_tpot_ms(plain)}
-    speedup = paired_speedup(spec, plain)
-
-    longest_prompt = max(len(r.prompt) for r in requests)  # characters >= tokens for a byte-level BPE
-    context_length = _context_length(target_dir)
-    room = context_length - min(longest_prompt, context_length // 2) - 1
-    long_tokens = min(profile.long_max_tokens or room, room)
-    long_requests = [
-        EvalRequest(r.prompt, r.task, long_tokens)
-        for r in validation_requests(task_mix, profile.long_requests, long_tokens, seed + 23)
-    ]
-    long = backend.generate(long_requests, knee, temperature, seed + 1000)
-    long_summary = summarize_acceptance(long)
-
-    run_stress = stress is not None and profile.stress_requests > 0
-    stress_result = stress(knee, requests[: profile.stress_requests]) if stress is not None and run_stress else None
-    drafter_bytes, target_bytes = checkpoint_weight_bytes(drafter_dir), checkpoint_weight_bytes(target_dir)
-    overhead = drafter_bytes / target_bytes
-
-    gates = [
-        Gate(
-            "data_coverage",
-            data_check_failures,
-            0,
-            "==",
-            "failed data expectations of the training set"
-            if data_check_failures is not None
-            else "no data-check record for this drafter",
-        ),
-        Gate("validation_acceptance_mean", greedy_acceptance.mean, profile.min_acceptance, ">", "pooled, T=0"),
-        Gate(
-            "acceptance_at_deployment_temperature", acceptance.mean, profile.min_acceptance, ">", f"T={temperature:g}"
-        ),
-        Gate("acceptance_p50", acceptance.p50, profile.min_p50, ">", "per-request"),
-        Gate("acceptance_p5", acceptance.p5, profile.min_p5, ">", "per-request"),
-        Gate("tpot_speedup", speedup, profile.min_speedup, ">", f"median per-request TPOT off / on at gamma {knee}"),
-        Gate(
-            "stress_speedup",
-            stress_result["speedup"] if stress_result else None,
-            profile.min_speedup,
-            ">",
-            f"{profile.stress_factor:g}x QPS" if stress_result else "not run",
-        ),
-        Gate(
-            "stress_errors",
-            stress_result["errors"] if stress_result else None,
-            0,
-            "==",
-            "failed requests under stress" if stress_result else "not run",
-        ),
-        Gate(
-            "long_output_acceptance",
-            long_summary.mean,
-            profile.min_long_acceptance,
-            ">",
-            f"{len(long_requests)} requests of {long_tokens} tokens",
-        ),
-        Gate(
-            "fallback_equivalence",
-            identical_outputs_share(spec_greedy, plain_greedy),
-            1.0,
-            "==",
-            "share of greedy outputs identical with speculation off",
-        ),
-        Gate("drafter_memory_overhead", overhead, profile.max_memory_overhead, "<=", "drafter / target weight bytes"),
-    ]
-    gate_dicts = [g.to_dict() for g in gates]
-    rows = [{**r.row(), "phase": "validation", "gamma": knee} for r in spec]
-    rows += [{**r.row(), "phase": "plain", "gamma": 0} for r in plain]
-    rows += [{**r.row(), "phase": "long", "gamma": knee} for r in long]
-    result = {
-        "profile": profile.name,
-        "backend": backend.name,
-        "temperature": temperature,
-        "passed": all(g["passed"] for g in gate_dicts),
-        "gates": gate_dicts,
-        "gamma_sweep": sweep,
-        "gamma_knee": knee,
-        "gamma_fastest": fastest,  # the best TPOT whatever its acceptance (the knee must also clear the gate)
-        "sweep_plain_tpot_ms": round(sweep_plain_tpot, 4),
-        "acceptance": {k: round(getattr(acceptance, k), 4) for k in ("mean", "p5", "p50", "p90", "p99")},
-        "acceptance_greedy": round(greedy_acceptance.mean, 4),
-        "mean_acceptance_length": round(acceptance.mean_acceptance_length, 4),
-        "acceptance_by_position": [round(x, 4) for x in acceptance.per_position],
-        "acceptance_by_length": acceptance_by_length(spec + long, profile.length_buckets),
-        "tpot_ms": {k: round(v, 4) for k, v in tpot.items()},
-        "speedup": round(speedup, 4),
-        "stress": stress_result,
-        # vLLM's num_speculative_tokens_per_batch_size, when stress ran per batch size: [(start, end, gamma)]
-        "speculation_schedule": None if no_schedule_reason else (stress_result or {}).get("schedule"),
-        "speculation_schedule_note": no_schedule_reason,
-        "memory": {"drafter_bytes": drafter_bytes, "target_bytes": target_bytes, "overhead": round(overhead, 4)},
-        "requests": {
-            "validation": len(requests),
-            "sweep": min(len(requests), profile.sweep_requests),
-            "long": len(long_requests),
-            "long_max_tokens": long_tokens,
-            "stress": min(len(requests), profile.stress_requests),
-        },
-        "rows": rows,
-    }
-    failed = [g["name"] for g in gate_dicts if not g["passed"]]
-    logger.info(
-        "validation at gamma %d: acceptance %.3f (P5 %.3f, P50 %.3f), speedup %.2fx; failed gates: %s",
-        knee,
-        acceptance.mean,
-        acceptance.p5,
-        acceptance.p50,
-        speedup,
-        failed or "none",
-    )
-    return result
+from draftsync.validation.checklist import UNSCHEDULED_METHODS
+from draftsync.validation.result import ChecklistResult
+from draftsync.validation.runner import run_checklist
 
 
 @task(name="validate-drafter", cache_policy=NONE)
@@ -292,7 +29,7 @@ def validate_drafter(
     data_check_failures: int | None = None,
     run_stress: bool = True,
     backend: str = "reference",
-) -> dict:
+) -> ChecklistResult:
     """The checklist on the CPU reference engine, or on vLLM on a GPU worker (`backend="vllm"`); stress runs
     against served instances of the same kind (the reference server, or `vllm serve`)."""
     from draftsync.errors import DraftsyncError
@@ -342,6 +79,7 @@ def validate_drafter(
             data_check_failures,
             stress if run_stress else None,
             no_schedule_reason,
+            context.logger(),
         )
     finally:
         chosen.close()

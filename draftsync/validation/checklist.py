@@ -42,9 +42,13 @@ class Gate:
             "==": self.value == self.threshold,
         }[self.comparison]
 
+    @property
+    def reported_value(self) -> float | None:
+        """The value as every report shows it: rounded to 4 places, None when not measured."""
+        return None if self.value is None or math.isnan(float(self.value)) else round(float(self.value), 4)
+
     def to_dict(self) -> dict[str, Any]:
-        value = None if self.value is None or math.isnan(float(self.value)) else round(float(self.value), 4)
-        return {**asdict(self), "value": value, "passed": self.passed}
+        return {**asdict(self), "value": self.reported_value, "passed": self.passed}
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -67,13 +71,6 @@ class AcceptanceSummary:
     p90: float
     p99: float
     per_position: list[float]  # accepted at position i / drafts, pooled
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        return {
-            k: (round(v, 4) if isinstance(v, float) else [round(x, 4) for x in v] if k == "per_position" else v)
-            for k, v in out.items()
-        }
 
 
 def summarize_acceptance(results: Sequence[RequestResult]) -> AcceptanceSummary:

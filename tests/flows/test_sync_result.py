@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from draftsync.flows.sync import SkippedSync, SyncResult
 
+from tests.validation.test_validation_result import sample_validation
+
 SYNC_KEYS = [
     "target_name",
     "target_version",
@@ -33,7 +35,7 @@ def test_a_sync_result_has_exactly_the_keys_users_read():
         gamma=4,
         recommendation={"method": "none"},
         passed=True,
-        validation={"gates": []},
+        validation=sample_validation(),
         training={"steps": 20},
         dataset={"sequences": 8},
         data_checks={"passed": True},
@@ -41,7 +43,8 @@ def test_a_sync_result_has_exactly_the_keys_users_read():
         generation=1,
     )
     assert list(result.as_dict()) == SYNC_KEYS
-    assert result.as_dict()["validation"] is result.validation  # shallow: the nested results are the ones built
+    assert result.as_dict()["validation"] == result.validation.as_dict()  # typed inside, JSON keys outside
+    assert result.as_dict()["training"] is result.training  # the other nested results are the ones built
 
 
 def test_a_skipped_sync_has_exactly_the_keys_users_read():

@@ -113,9 +113,9 @@ def _check_mislabelled_drafter_fails(workdir, built_targets, first: dict) -> Non
 
     result = validate("val-llm", mislabelled, "test", promote=True)
 
-    failed = {g["name"] for g in result["gates"] if not g["passed"]}
-    assert {"validation_acceptance_mean", "acceptance_p50"} <= failed, result["gates"]
-    assert not result["passed"] and not result["promoted"]
+    failed = set(result.checklist.failed_gates)
+    assert {"validation_acceptance_mean", "acceptance_p50"} <= failed, result.checklist.gates
+    assert not result.passed and not result.promoted
     assert registry.alias_version("val-llm-drafter", "production") == production_before
     tags = registry.version_tags("val-llm-drafter", mislabelled)
     assert tags["draftsync.validation.status"] == "failed"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from draftsync.profiles import ValidationProfile
 from draftsync.tasks.validation import validate_drafter
+from draftsync.validation.result import ChecklistResult
 
 # Thresholds at zero: these tests read what is recorded, not whether a random drafter passes.
 PROFILE = ValidationProfile(
@@ -66,25 +67,26 @@ def stress_calls(monkeypatch):
     return calls
 
 
-def validate(target_dir, drafter_dir) -> dict:
+def validate(target_dir, drafter_dir) -> ChecklistResult:
     return validate_drafter.fn(str(target_dir), str(drafter_dir), {"code": 1.0}, PROFILE)
 
 
 def test_a_medusa_drafter_gets_no_schedule_and_a_knee_within_its_heads(checkpoints, stress_calls):
     target_dir, _, medusa = checkpoints
     result = validate(target_dir, medusa)
-    assert [row["gamma"] for row in result["gamma_sweep"]] == [2]  # 2..4 asked, 2 heads
-    assert result["gamma_knee"] == 2
+    assert [row["gamma"] for row in result.gamma_sweep] == [2]  # 2..4 asked, 2 heads
+    assert result.gamma_knee == 2
     assert stress_calls == [(2, ())]  # no load per batch size: nothing could use it
-    assert result["speculation_schedule"] is None
-    assert "exactly num_speculative_tokens at every batch size" in result["speculation_schedule_note"]
+    assert result.speculation_schedule is None
+    assert result.speculation_schedule_note is not None
+    assert "exactly num_speculative_tokens at every batch size" in result.speculation_schedule_note
 
 
 def test_an_eagle3_drafter_gets_the_schedule_stress_measured(checkpoints, stress_calls):
     target_dir, eagle3, _ = checkpoints
     result = validate(target_dir, eagle3)
-    knee = result["gamma_knee"]
-    assert [row["gamma"] for row in result["gamma_sweep"]] == [2, 3, 4]
+    knee = result.gamma_knee
+    assert [row["gamma"] for row in result.gamma_sweep] == [2, 3, 4]
     assert stress_calls == [(knee, (1, 8))]
-    assert result["speculation_schedule"] == [(1, 7, knee), (8, 8, 0)]
-    assert result["speculation_schedule_note"] is None
+    assert result.speculation_schedule == [(1, 7, knee), (8, 8, 0)]
+    assert result.speculation_schedule_note is None

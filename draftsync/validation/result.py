@@ -1,0 +1,158 @@
+"""What a validation found, typed: the checklist's measurements, and the verdict on one drafter version.
+
+The flows, the registry step and the CLI read attributes, so a misspelt field fails mypy rather than a run.
+The JSON that users and scripts read (`draftsync validate --json`, a sync's `validation`, validation.json)
+comes from `as_dict()` and `report_dict()` alone: their keys change only with a note to those users, and
+tests/validation/test_validation_result.py pins them. Figures are stored rounded as they are reported, so
+the JSON, the MLflow metrics and the Prefect artifacts all show the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from draftsync.validation.checklist import AcceptanceSummary, Gate
+
+
+@dataclass(frozen=True)
+class AcceptanceFigures:
+    """Acceptance at the deployment's temperature: pooled mean and percentiles of per-request rates."""
+
+    mean: float
+    p5: float
+    p50: float
+    p90: float
+    p99: float
+
+    @classmethod
+    def of(cls, summary: AcceptanceSummary) -> AcceptanceFigures:
+        return cls(*(round(getattr(summary, name), 4) for name in ("mean", "p5", "p50", "p90", "p99")))
+
+
+@dataclass(frozen=True)
+class TpotMs:
+    """Pooled time per output token at the knee, with speculation and without."""
+
+    spec: float
+    plain: float
+
+
+@dataclass(frozen=True)
+class MemoryFootprint:
+    """Weight bytes of the drafter against the target's (the memory-overhead gate's figure)."""
+
+    drafter_bytes: int
+    target_bytes: int
+    overhead: float
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """How many requests each measurement ran, and the length the long-output check asked for."""
+
+    validation: int
+    sweep: int
+    long: int
+    long_max_tokens: int
+    stress: int
+
+
+@dataclass(frozen=True)
+class ChecklistResult:
+    """The checklist's measurements on one (target, drafter) pair and its gates (`runner.run_checklist`)."""
+
+    profile: str
+    backend: str
+    temperature: float
+    gates: tuple[Gate, ...]
+    gamma_sweep: list[dict[str, Any]]  # per gamma: gamma, mean_acceptance_length, acceptance_rate(_lower), tpot_ms
+    gamma_knee: int
+    gamma_fastest: int  # the best TPOT whatever its acceptance (the knee must also clear the gate)
+    sweep_plain_tpot_ms: float
+    acceptance: AcceptanceFigures
+    acceptance_greedy: float
+    mean_acceptance_length: float
+    acceptance_by_position: list[float]
+    acceptance_by_length: list[dict[str, Any]]  # `checklist.acceptance_by_length`'s buckets
+    tpot_ms: TpotMs
+    speedup: float
+    stress: dict[str, Any] | None  # `stress.stress_served_pair`'s result; None when stress did not run
+    # vLLM's num_speculative_tokens_per_batch_size, when stress ran per batch size: [(start, end, gamma)]
+    speculation_schedule: list[tuple[int, int, int]] | None
+    speculation_schedule_note: str | None  # why the drafter's method takes no schedule
+    memory: MemoryFootprint
+    requests: RequestCounts
+    # The per-request table (requests.csv, the suite's input): too long for the JSON, so not in as_dict().
+    rows: list[dict[str, Any]] = field(repr=False)
+
+    @property
+    def passed(self) -> bool:
+        return all(gate.passed for gate in self.gates)
+
+    @property
+    def failed_gates(self) -> list[str]:
+        return [gate.name for gate in self.gates if not gate.passed]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "backend": self.backend,
+            "temperature": self.temperature,
+            "passed": self.passed,
+            "gates": [gate.to_dict() for gate in self.gates],
+            "gamma_sweep": self.gamma_sweep,
+            "gamma_knee": self.gamma_knee,
+            "gamma_fastest": self.gamma_fastest,
+            "sweep_plain_tpot_ms": self.sweep_plain_tpot_ms,
+            "acceptance": asdict(self.acceptance),
+            "acceptance_greedy": self.acceptance_greedy,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "acceptance_by_position": self.acceptance_by_position,
+            "acceptance_by_length": self.acceptance_by_length,
+            "tpot_ms": asdict(self.tpot_ms),
+            "speedup": self.speedup,
+            "stress": self.stress,
+            "speculation_schedule": self.speculation_schedule,
+            "speculation_schedule_note": self.speculation_schedule_note,
+            "memory": asdict(self.memory),
+            "requests": asdict(self.requests),
+        }
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """One drafter version validated against one target version: the checklist, the Great Expectations suite
+    over its per-request results (`suite.run_validation_suite`), and whether it was promoted."""
+
+    checklist: ChecklistResult
+    suite: dict[str, Any]
+    target_name: str
+    target_version: int
+    drafter_name: str
+    drafter_version: int
+    trained_for_target_version: int  # differs from target_version in a cross-check
+    promoted: bool
+    reports_dir: str
+
+    @property
+    def passed(self) -> bool:
+        """Every gate and every expectation of the suite."""
+        return self.checklist.passed and bool(self.suite["passed"])
+
+    def report_dict(self) -> dict[str, Any]:
+        """validation.json: written before the promotion it may lead to, into reports_dir, so neither is in it."""
+        return {
+            **self.checklist.as_dict(),
+            "passed": self.passed,
+            "suite": self.suite,
+            "target_name": self.target_name,
+            "target_version": self.target_version,
+            "drafter_name": self.drafter_name,
+            "drafter_version": self.drafter_version,
+            "trained_for_target_version": self.trained_for_target_version,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        """`draftsync validate --json` and a sync's `validation`."""
+        return {**self.report_dict(), "promoted": self.promoted, "reports_dir": self.reports_dir}

@@ -1,0 +1,132 @@
+"""The validation result keeps the keys users read: `draftsync validate --json`, a sync's `validation`, and
+validation.json in the reports (the same less what is known only after it is written)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+from draftsync.validation.checklist import Gate
+from draftsync.validation.result import (
+    AcceptanceFigures,
+    ChecklistResult,
+    MemoryFootprint,
+    RequestCounts,
+    TpotMs,
+    ValidationResult,
+)
+
+REPORT_KEYS = [
+    "profile",
+    "backend",
+    "temperature",
+    "passed",
+    "gates",
+    "gamma_sweep",
+    "gamma_knee",
+    "gamma_fastest",
+    "sweep_plain_tpot_ms",
+    "acceptance",
+    "acceptance_greedy",
+    "mean_acceptance_length",
+    "acceptance_by_position",
+    "acceptance_by_length",
+    "tpot_ms",
+    "speedup",
+    "stress",
+    "speculation_schedule",
+    "speculation_schedule_note",
+    "memory",
+    "requests",
+    "suite",
+    "target_name",
+    "target_version",
+    "drafter_name",
+    "drafter_version",
+    "trained_for_target_version",
+]
+VALIDATION_KEYS = [*REPORT_KEYS, "promoted", "reports_dir"]
+GATE_KEYS = ["name", "value", "threshold", "comparison", "detail", "passed"]
+NESTED_KEYS = {
+    "acceptance": ["mean", "p5", "p50", "p90", "p99"],
+    "tpot_ms": ["spec", "plain"],
+    "memory": ["drafter_bytes", "target_bytes", "overhead"],
+    "requests": ["validation", "sweep", "long", "long_max_tokens", "stress"],
+}
+
+
+def sample_validation(suite_passed: bool = True) -> ValidationResult:
+    """A validation as the flow builds it, with made-up figures."""
+    checklist = ChecklistResult(
+        profile="test",
+        backend="reference",
+        temperature=0.0,
+        gates=(
+            Gate("data_coverage", 0, 0, "==", "failed data expectations of the training set"),
+            Gate("validation_acceptance_mean", 0.712345, 0.55, ">", "pooled, T=0"),
+            Gate("stress_speedup", None, 1.0, ">", "not run"),
+        ),
+        gamma_sweep=[{"gamma": 2, "mean_acceptance_length": 2.1, "acceptance_rate": 0.7, "tpot_ms": 3.0}],
+        gamma_knee=2,
+        gamma_fastest=2,
+        sweep_plain_tpot_ms=4.0,
+        acceptance=AcceptanceFigures(mean=0.7, p5=0.4, p50=0.7, p90=0.9, p99=1.0),
+        acceptance_greedy=0.71,
+        mean_acceptance_length=2.1,
+        acceptance_by_position=[0.8, 0.6],
+        acceptance_by_length=[{"min_tokens": 0, "max_tokens": None, "requests": 4, "acceptance_rate": 0.7}],
+        tpot_ms=TpotMs(spec=3.0, plain=4.0),
+        speedup=1.33,
+        stress=None,
+        speculation_schedule=None,
+        speculation_schedule_note=None,
+        memory=MemoryFootprint(drafter_bytes=10, target_bytes=100, overhead=0.1),
+        requests=RequestCounts(validation=4, sweep=2, long=1, long_max_tokens=64, stress=0),
+        rows=[{"request": 0, "phase": "validation", "gamma": 2}],
+    )
+    return ValidationResult(
+        checklist=checklist,
+        suite={"passed": suite_passed, "expectations": [], "acceptance_quantiles": {}},
+        target_name="llm",
+        target_version=2,
+        drafter_name="llm-drafter",
+        drafter_version=3,
+        trained_for_target_version=2,
+        promoted=False,
+        reports_dir="/work/validations/llm/drafter-v3-target-v2",
+    )
+
+
+def test_a_validation_result_has_exactly_the_keys_users_read():
+    result = sample_validation()
+    data = result.as_dict()
+    assert list(data) == VALIDATION_KEYS
+    assert list(result.report_dict()) == REPORT_KEYS  # validation.json: written before promotion, in reports_dir
+    for gate in data["gates"]:
+        assert list(gate) == GATE_KEYS
+    for key, keys in NESTED_KEYS.items():
+        assert list(data[key]) == keys, key
+    json.dumps(data)  # plain JSON: the nested types are converted too
+
+
+def test_the_json_reports_gates_rounded_and_unmeasured_as_null():
+    gates = sample_validation().as_dict()["gates"]
+    assert [g["value"] for g in gates] == [0.0, 0.7123, None]
+    assert [g["passed"] for g in gates] == [True, True, False]
+    assert Gate("nan", math.nan, 1.0, ">").reported_value is None
+
+
+def test_passed_needs_every_gate_and_the_suite():
+    result = sample_validation()
+    assert result.checklist.failed_gates == ["stress_speedup"]
+    assert not result.passed and result.as_dict()["passed"] is False
+    measured = replace(result.checklist, gates=result.checklist.gates[:2])
+    assert replace(result, checklist=measured).as_dict()["passed"] is True
+    assert replace(sample_validation(suite_passed=False), checklist=measured).as_dict()["passed"] is False
+
+
+def test_the_per_request_rows_stay_out_of_the_json():
+    result = replace(sample_validation(), promoted=True)
+    assert "rows" not in result.as_dict() and result.checklist.rows
+    assert result.as_dict()["promoted"] is True
