@@ -9,6 +9,11 @@ export DO_NOT_TRACK := true
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
+# Python caches the byte code of the modules it imports (pip installs with --no-compile, below, and leaves that to
+# first use). Some images set PYTHONDONTWRITEBYTECODE, and then nothing is ever cached: on a fresh clone each vLLM
+# start recompiled its imports (46-56 s a start against 21 s), and each draftsync process its own (importing torch,
+# transformers, Prefect and MLflow took 70 s, against 16 s once cached).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install vllm environments demo demo-prepare lint test test-story test-system test-vllm compat clean
 

@@ -352,15 +352,19 @@ def make_proposer(drafter_or_name: Any, **options: Any) -> Proposer:
             f"no proposer is named {drafter_or_name!r}",
             "name 'ngram', or pass a drafter object (load it with load_drafter)",
         )
+    if options:  # a drafter's proposer takes the drafter alone: say so rather than fail with a TypeError
+        raise DraftsyncError(
+            f"proposer options {sorted(options)} apply to 'ngram' only", "pass a drafter object without options"
+        )
     if hasattr(drafter_or_name, "propose") and hasattr(drafter_or_name, "new_state"):
         return drafter_or_name
     method = drafter_method(drafter_or_name)
     if method in CHAIN_METHODS:
-        return ChainProposer(drafter_or_name, **options)
+        return ChainProposer(drafter_or_name)
     if method == MEDUSA.name:
-        return MedusaProposer(drafter_or_name, **options)
+        return MedusaProposer(drafter_or_name)
     if method == DRAFT_MODEL.name:
-        return DraftModelProposer(drafter_or_name, **options)
+        return DraftModelProposer(drafter_or_name)
     raise DraftsyncError(
         f"drafter method {method!r} has no proposer",
         f"use one of {', '.join(CHAIN_METHODS + (MEDUSA.name, DRAFT_MODEL.name, NGRAM.name))}",

@@ -137,6 +137,8 @@ def test_the_engine_captures_only_the_states_its_proposer_reads(drafters, small_
     proposer = make_proposer(drafters("eagle3.1"))
     assert SpeculativeEngine(small_target, proposer, 2).proposer is proposer  # a proposer object is taken as is
     assert proposer.method == "eagle3.1" and make_proposer(drafters("eagle3")).method == "eagle3"
+    with pytest.raises(DraftsyncError, match="apply to 'ngram' only"):  # not a TypeError from deep inside
+        make_proposer(drafters("medusa"), prompt_lookup_max=3)
 
 
 # ---- T > 0: the output follows the target's distribution --------------------------------------------------
