@@ -157,9 +157,14 @@ class TokenStreams:
         return torch.tensor(rows, dtype=torch.long)
 
 
+def _target_dir(recipe: TargetRecipe, cache_dir: Path) -> Path:
+    """Where `recipe` is built; its info file is written last, so a dir without one is no build."""
+    return Path(cache_dir) / f"target-{recipe.key()}"
+
+
 def built_target_info(recipe: TargetRecipe, cache_dir: Path) -> dict | None:
     """What the cached build of `recipe` recorded (its training time and losses), or None when not built yet."""
-    info = Path(cache_dir) / f"target-{recipe.key()}" / TARGET_INFO_FILE
+    info = _target_dir(recipe, cache_dir) / TARGET_INFO_FILE
     return json.loads(info.read_text()) if info.exists() else None
 
 
@@ -173,7 +178,7 @@ def build_target(
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cache_dir = Path(cache_dir)
-    out = cache_dir / f"target-{recipe.key()}"
+    out = _target_dir(recipe, cache_dir)
     if (out / TARGET_INFO_FILE).exists():
         return out
     tokenizer = _tokenizer(recipe, cache_dir)
