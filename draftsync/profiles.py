@@ -14,6 +14,9 @@ class ValidationProfile(BaseModel):
     outputs over 4K tokens); `demo` scales it to a 2-core CPU; `test` is smaller still."""
 
     name: str = "production"
+    # Where the checklist is measured: "vllm" serves the pair with real vLLM servers (the engine that will serve
+    # it), "reference" runs the CPU reference engine, "auto" takes vLLM whenever an engine is installed.
+    backend: Literal["auto", "vllm", "reference"] = "auto"
     requests: int = Field(1000, ge=1)  # the offline validation set, drawn from the task mix
     max_tokens: int = Field(256, ge=2)
     temperature: float = Field(0.0, ge=0.0)  # the deployment's sampling temperature: validate as you serve
@@ -28,8 +31,9 @@ class ValidationProfile(BaseModel):
     stress_factor: float = Field(3.0, ge=1.0)
     stress_requests: int = Field(300, ge=0)  # 0: no stress run (its gates then fail as not measured)
     stress_concurrency: int = Field(8, ge=1)  # clients in flight at most
-    # Closed-loop stress at these concurrencies (vLLM batches them) gives the per-batch-size gamma schedule;
-    # empty: none (the reference server runs one request at a time, so the demo has nothing to learn there).
+    # Closed-loop stress at these concurrencies on vLLM (which batches them) gives the per-batch-size gamma schedule,
+    # then a relaunch with it is checked against plain decoding; empty, or on the reference server (one request at a
+    # time, nothing to learn), none.
     schedule_batch_sizes: tuple[int, ...] = (1, 8, 32, 64)
     long_requests: int = Field(20, ge=1)
     long_max_tokens: int | None = Field(4096, ge=2)  # None: the longest the target's context allows
@@ -46,6 +50,7 @@ VALIDATION_PROFILES = {
     # slowdown (under 0.8x), and bench/speedup.py is where the CPU speedup is shown.
     "demo": ValidationProfile(
         name="demo",
+        backend="reference",  # on vLLM each gamma of the sweep is an engine start: minutes more per sync on 2 cores
         min_speedup=0.8,
         requests=16,
         max_tokens=48,
@@ -55,7 +60,7 @@ VALIDATION_PROFILES = {
         min_p5=0.30,
         stress_requests=8,
         stress_concurrency=4,
-        schedule_batch_sizes=(),
+        schedule_batch_sizes=(1, 2, 4, 8),  # on vLLM (a CPU's batches)
         long_requests=2,
         long_max_tokens=None,
         min_long_acceptance=0.30,
@@ -64,6 +69,7 @@ VALIDATION_PROFILES = {
     ),
     "test": ValidationProfile(
         name="test",
+        backend="reference",  # tests that serve with vLLM ask for it
         min_speedup=0.8,
         requests=6,
         max_tokens=24,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 TINY_VALIDATION = {
+    "backend": "reference",  # the tests that serve with vLLM ask for it
     "requests": 3,
     "max_tokens": 16,
     "gamma_range": [2, 3],

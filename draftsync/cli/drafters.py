@@ -65,11 +65,13 @@ def validate(
         bool, typer.Option("--promote", help="Make the drafter `production` if every gate passes.")
     ] = False,
     backend: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--backend", help="'reference' (CPU reference engine) or 'vllm' (offline vLLM; a GPU worker with vllm)."
+            "--backend",
+            help="'vllm' (real vLLM servers), 'reference' (the CPU reference engine) or 'auto' (vLLM when installed); "
+            "default: the profile's.",
         ),
-    ] = "reference",
+    ] = None,
     json_path: JsonOption = None,
 ) -> None:
     """Run the validation checklist and benchmarks on a drafter version; exit 1 when a gate fails."""

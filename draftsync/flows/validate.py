@@ -104,11 +104,12 @@ def validate(
     target_version: int | None = None,
     promote: bool = False,
     seed: int = 0,
-    backend: str = "reference",
+    backend: str | None = None,
 ) -> ValidationResult:
     """Run the checklist on a drafter version; record it; with `promote`, make a passing drafter `production`.
 
-    `backend`: "reference" (the CPU engine) or "vllm" (offline vLLM on a GPU worker)."""
+    `backend`: "vllm" (real vLLM servers), "reference" (the CPU reference engine) or "auto"; default: the
+    profile's."""
     from draftsync.validation.suite import run_validation_suite
 
     logger = context.logger()

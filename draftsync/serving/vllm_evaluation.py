@@ -1,167 +1,40 @@
-"""The vLLM evaluation backend: the validation checklist and benchmarks on a GPU worker.
+"""The vLLM evaluation backend: the validation checklist and benchmarks measured on the engine that will serve.
 
-`VllmBackend` runs each request alone through vLLM's offline `LLM` (one engine per gamma; gamma 0 has
-no `speculative_config`) and counts it the way a served drafter is counted: vLLM keeps no per-request
-acceptance, only the process-wide spec-decode counters that `LLM.get_metrics()` snapshots, so a
-request's counts are the counters' deltas around its own `generate` call. The engine runs with
-`disable_log_stats=False`, without which those counters are never recorded.
+`VllmBackend` serves the pair exactly as a rollout does (`vllm serve`, the argv `launch: vllm` starts, with the
+CPU settings on a CPU), one server per gamma (gamma 0: speculation off), and sends each request on its own as a
+non-streaming completion of the prompt's token ids. Every figure is vLLM's own, read from the response:
+- `metrics.speculative_decoding` (`--per-request-spec-decode-metrics`, vLLM >= 0.32): the request's verify
+  steps, draft tokens, accepted tokens and its acceptance histogram (steps that accepted exactly j drafts), from
+  which the per-position counts follow: position i was accepted in every step that accepted more than i;
+- `metrics.time_to_first_token_ms` and `generation_time_ms` (`--enable-per-request-metrics`): the engine's own
+  timestamps, from scheduling to the first token and from the first to the last, so TPOT carries no HTTP time.
+A server that reports no per-request counts while speculating (an older vLLM) is refused: the acceptance gates
+cannot be measured there, and they must fail rather than pass on nothing. One without per-request timing gives
+NaN timings, so the speed gates compare nothing and fail.
 
-Counter names are those of `vllm/v1/spec_decode/metrics.py`. `get_metrics()` (`vllm/v1/metrics/reader.py`)
-names counters without Prometheus' `_total` suffix, returns one object per label set (one per engine
-under data parallelism, summed here), and turns the per-position counter into one `Vector` per label set.
-The readers below take any objects with `name` and `value` / `values`, so they need no vllm import.
-
-Timing: `seconds` is the wall-clock time of the request's `generate` call; `ttft_s` is vLLM's own
-time from the request's arrival to its first token (`RequestOutput.metrics.first_token_latency`, V1).
-A vLLM that reports no first-token time gives NaN, so TPOT is NaN too and a speedup gate compares
-nothing and fails rather than passing on a guess.
-
-Every request generates exactly `max_tokens` tokens (`ignore_eos`), as the reference engine does, so
-both backends put the same load on the target.
-
-The target and drafter directories must lie inside the model roots (model_paths.py), and `LLM(...)` gets
-`trust_remote_code=True` only when DRAFTSYNC_TRUST_REMOTE_CODE is set (`llm_keywords`).
+Switching gamma restarts the server (`cheap_gamma_switch = False`): the checklist groups its requests by gamma.
+Every request generates exactly `max_tokens` tokens (`ignore_eos`), as the reference engine does, so both
+backends put the same load on the target. Server logs stay in `log_dir`; an engine that dies mid-run is named by
+its own error line and that log.
 """
 
 from __future__ import annotations
 
-import gc
-import importlib.util
-import json
 import math
-import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from draftsync.errors import DraftsyncError
 from draftsync.serving.evaluation import EvalRequest, RequestResult
-from draftsync.speculative.methods import (
-    CHECKPOINT_METHODS,
-    DRAFT_MODEL,
-    METHODS,
-    NGRAM,
-    TRAINED_METHODS,
-    VLLM_METHODS,
-)
-
-# vLLM's counter names as `LLM.get_metrics()` reports them (the `/metrics` text adds `_total`).
-DRAFTS = "vllm:spec_decode_num_drafts"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
-ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+from draftsync.speculative.methods import CHECKPOINT_METHODS, METHODS, NGRAM, VLLM_METHODS
 
 WARM_UP_PROMPT = "def main():\n    return 0\n"
 MAX_CHAIN_GAMMA = 16  # chained drafters propose as far as asked; the reference backend stops at 16 too
-
-# Arguments the backend sets itself; an extra LLM keyword may not override them.
-_OWNED_LLM_ARGS = ("model", "tokenizer", "speculative_config", "tensor_parallel_size")
-
-
-@dataclass(frozen=True)
-class SpecDecodeCounts:
-    """The four spec-decode counters at one moment, or the difference between two moments."""
-
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted: int = 0
-    accepted_per_position: tuple[int, ...] = ()
-
-    def since(self, earlier: SpecDecodeCounts) -> SpecDecodeCounts:
-        """What was counted between `earlier` and now; a counter that went down means the engine restarted."""
-        width = max(len(self.accepted_per_position), len(earlier.accepted_per_position))
-        now, then = _padded(self.accepted_per_position, width), _padded(earlier.accepted_per_position, width)
-        delta = SpecDecodeCounts(
-            self.drafts - earlier.drafts,
-            self.draft_tokens - earlier.draft_tokens,
-            self.accepted - earlier.accepted,
-            tuple(a - b for a, b in zip(now, then, strict=True)),
-        )
-        if min((delta.drafts, delta.draft_tokens, delta.accepted, *delta.accepted_per_position)) < 0:
-            raise DraftsyncError(
-                f"vLLM's spec-decode counters went down between two snapshots ({earlier} -> {self}): the engine "
-                "was restarted or its metrics re-registered in between",
-                "take both snapshots from the same running LLM, with nothing else creating an LLM in this process",
-            )
-        return delta
-
-
-def llm_keywords(llm_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The extra keywords every `LLM(...)` of the backend gets: counters on, and `trust_remote_code` as
-    DRAFTSYNC_TRUST_REMOTE_CODE allows (absent: the setting; True without the setting: refused)."""
-    from draftsync.serving.vllm_args import trust_remote_code_setting
-
-    owned = sorted(set(llm_kwargs) & set(_OWNED_LLM_ARGS))
-    if owned:
-        raise DraftsyncError(
-            f"LLM argument(s) {', '.join(owned)} are set by the backend itself",
-            "pass target_dir, drafter_dir, method and tensor_parallel_size instead",
-        )
-    if llm_kwargs.get("disable_log_stats"):
-        raise DraftsyncError(
-            "disable_log_stats=True was passed, which stops vLLM counting drafts",
-            "leave disable_log_stats unset: the backend reads acceptance from those counters",
-        )
-    trusted = trust_remote_code_setting(llm_kwargs.get("trust_remote_code"))
-    return {**llm_kwargs, "disable_log_stats": False, "trust_remote_code": trusted}
-
-
-def _padded(values: Sequence[int], width: int) -> list[int]:
-    return list(values) + [0] * (width - len(values))
-
-
-def _base_name(name: str) -> str:
-    return name[: -len("_total")] if name.endswith("_total") else name
-
-
-def read_spec_decode_counts(metrics: Iterable[Any]) -> SpecDecodeCounts:
-    """The spec-decode counters in a `get_metrics()` snapshot, summed over label sets (engines).
-
-    Metrics of other names are skipped; a snapshot without the counters (speculation off) reads as zeros.
-    """
-    totals = {DRAFTS: 0, DRAFT_TOKENS: 0, ACCEPTED: 0}
-    per_position: list[int] = []
-    for metric in metrics:
-        name = _base_name(str(getattr(metric, "name", "")))
-        if name in totals:
-            value = getattr(metric, "value", None)
-            if value is None:
-                raise DraftsyncError(
-                    f"metric {name} has no counter value ({type(metric).__name__})",
-                    "pass the list LLM.get_metrics() returns (vllm.v1.metrics.reader objects)",
-                )
-            totals[name] += int(value)
-        elif name == ACCEPTED_PER_POSITION:
-            values = getattr(metric, "values", None)
-            if values is None:
-                raise DraftsyncError(
-                    f"metric {name} is not a per-position Vector ({type(metric).__name__})",
-                    "pass the list LLM.get_metrics() returns (vllm.v1.metrics.reader objects)",
-                )
-            width = max(len(per_position), len(values))
-            per_position = [
-                a + b for a, b in zip(_padded(per_position, width), _padded(list(values), width), strict=True)
-            ]
-    return SpecDecodeCounts(totals[DRAFTS], totals[DRAFT_TOKENS], totals[ACCEPTED], tuple(int(v) for v in per_position))
-
-
-def first_token_seconds(request_metrics: Any) -> float:
-    """Time from a request's arrival to its first token, from `RequestOutput.metrics`; NaN when not reported.
-
-    vLLM V1 gives `RequestStateStats.first_token_latency` (seconds, 0.0 until the first token);
-    the older engine gave `RequestMetrics.arrival_time` and `first_token_time` (wall-clock stamps).
-    """
-    if request_metrics is None:
-        return math.nan
-    latency = getattr(request_metrics, "first_token_latency", None)
-    if latency is not None:
-        return float(latency) if latency > 0 else math.nan
-    arrival = getattr(request_metrics, "arrival_time", None)
-    first = getattr(request_metrics, "first_token_time", None)
-    if arrival is not None and first is not None and first >= arrival:
-        return float(first - arrival)
-    return math.nan
+SERVED_NAME = "evaluation"
+# Timings per request, on top of the per-request spec-decode counts every speculative launch asks for.
+TIMING_FLAG = "--enable-per-request-metrics"
+REQUEST_TIMEOUT_S = 600.0
 
 
 def resolve_method(drafter_dir: str | Path | None, method: str | None) -> str | None:
@@ -223,98 +96,77 @@ def proposable_tokens(method: str | None, drafter_dir: str | Path | None) -> int
     return heads
 
 
-def speculative_config(
-    target_dir: str | Path,
-    method: str | None,
-    drafter_dir: str | Path | None,
-    gamma: int,
-    tensor_parallel_size: int = 1,
-    prompt_lookup_min: int | None = None,
-    prompt_lookup_max: int | None = None,
-) -> dict | None:
-    """The `speculative_config` an `LLM` of `target_dir` gets for `gamma` draft tokens; None at gamma 0.
+def accepted_per_position(histogram: Sequence[int], gamma: int) -> list[int]:
+    """Accepted drafts per position from vLLM's per-request histogram (index j: steps that accepted exactly j):
+    position i (0-based) was accepted in every step that accepted more than i drafts."""
+    counts = [int(c) for c in histogram]
+    return [sum(counts[i + 1 :]) for i in range(gamma)]
 
-    EAGLE and Medusa drafters get the config `vllm serve` is launched with for the same pair (vllm_args.py),
-    so the benchmark runs what is served, under the same limits (Medusa: gamma up to its heads). ngram gets
-    its lookup window explicitly (vLLM would default both ends to 5).
-    """
-    gamma = int(gamma)
-    if gamma < 0:
-        raise DraftsyncError(f"gamma {gamma} is negative", "pass 0 (speculation off) or a number of draft tokens")
-    if gamma == 0 or method is None:
-        if gamma:
-            raise DraftsyncError(
-                f"gamma {gamma} was asked of a backend without a drafter",
-                f"use gamma 0, or give the backend a drafter (or method {NGRAM.name!r})",
-            )
-        return None
-    if method in TRAINED_METHODS:
-        from draftsync.serving.vllm_args import render_vllm_command
 
-        if drafter_dir is None:
+def request_result(
+    index: int, request: EvalRequest, prompt_tokens: int, body: Mapping[str, Any], gamma: int, server: str
+) -> RequestResult:
+    """One completion response as a `RequestResult`, from vLLM's own per-request counts and timestamps."""
+    choice = body["choices"][0]
+    token_ids = [int(t) for t in choice.get("token_ids") or []]
+    output_tokens = len(token_ids) or int(body["usage"]["completion_tokens"])
+    metrics = body.get("metrics") or {}
+    ttft_ms, decode_ms = metrics.get("time_to_first_token_ms"), metrics.get("generation_time_ms")
+    ttft_s = ttft_ms / 1000.0 if ttft_ms is not None else math.nan
+    seconds = ttft_s + decode_ms / 1000.0 if decode_ms is not None else math.nan
+    drafts = draft_tokens = accepted = 0
+    per_position = [0] * gamma
+    if gamma:
+        spec = metrics.get("speculative_decoding")
+        if not spec:
             raise DraftsyncError(
-                f"method {method!r} was given without a drafter directory", "pass the drafter's checkpoint directory"
+                f"vLLM at {server} answered a speculative request without per-request spec-decode counts "
+                "(metrics.speculative_decoding): the acceptance gates cannot be measured on it",
+                "serve with vLLM 0.32 or newer, launched with --per-request-spec-decode-metrics (draftsync adds it), "
+                "or validate on the reference backend (--backend reference)",
             )
-        # Only the speculative config of the launch is used; host, port and name do not enter it.
-        launch = render_vllm_command(
-            target_dir, drafter_dir, method, gamma, "127.0.0.1", 0, "evaluation", tensor_parallel_size
-        )
-        return launch.speculative_config
-    if method == DRAFT_MODEL.name:
-        config: dict[str, Any] = {
-            "method": DRAFT_MODEL.vllm_method,
-            "model": str(drafter_dir),
-            "num_speculative_tokens": gamma,
-        }
-        if tensor_parallel_size > 1:
-            config["draft_tensor_parallel_size"] = tensor_parallel_size
-        return config
-    if method == NGRAM.name:
-        low, high = prompt_lookup_min, prompt_lookup_max
-        if low is None and high is None:
-            low = high = 5
-        low = high if low is None else low
-        high = low if high is None else high
-        assert low is not None and high is not None, "one was given, or both are 5"
-        if not 1 <= int(low) <= int(high):
-            raise DraftsyncError(
-                f"n-gram lookup lengths min={low}, max={high} are not 1 <= min <= max",
-                "choose prompt_lookup_min >= 1 and prompt_lookup_max >= prompt_lookup_min",
-            )
-        return {
-            "method": NGRAM.vllm_method,
-            "num_speculative_tokens": gamma,
-            "prompt_lookup_min": int(low),
-            "prompt_lookup_max": int(high),
-        }
-    raise DraftsyncError(
-        f"drafter method {method!r} is unknown to the vLLM backend", f"use one of {', '.join(VLLM_METHODS)}"
+        drafts = int(spec["num_spec_steps"])
+        draft_tokens = int(spec["num_draft_tokens"])
+        accepted = int(spec["num_accepted_draft_tokens"])
+        per_position = accepted_per_position(spec["acceptance_histogram"], gamma)
+    return RequestResult(
+        index=index,
+        task=request.task,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        drafts=drafts,
+        draft_tokens=draft_tokens,
+        accepted=accepted,
+        accepted_per_position=per_position,
+        seconds=seconds,
+        ttft_s=ttft_s,
+        token_ids=token_ids,
     )
 
 
 class VllmBackend:
-    """vLLM's offline engine as an `EvaluationBackend`: one `LLM` per gamma, built when first asked for.
+    """Real vLLM servers as an `EvaluationBackend`: one server per gamma, started when first asked for.
 
-    `method` None reads the drafter's method from its directory; "ngram" needs no directory. Extra
-    keywords go to `LLM(...)` (dtype, gpu_memory_utilization, max_model_len, enforce_eager, ...).
-    Building a new engine releases the previous one first, so one GPU holds one engine at a time, and
-    warms the new one up. Switching gamma therefore costs an engine start: group calls by gamma.
+    `method` None reads the drafter's method from its directory; "ngram" needs no directory. `extra_args` go to
+    every launch (a deployment's `extra_vllm_args`). Starting a server stops the one before, so one engine holds
+    the device at a time, and warms the new one up. `starts` counts the engine starts, for the record.
     """
 
     name = "vllm"
-    cheap_gamma_switch = False  # each gamma is its own LLM engine
+    cheap_gamma_switch = False  # each gamma is its own server
 
     def __init__(
         self,
         target_dir: str | Path,
         drafter_dir: str | Path | None = None,
         method: str | None = None,
-        tensor_parallel_size: int = 1,
         *,
+        log_dir: str | Path,
+        extra_args: Sequence[str] = (),
         ignore_eos: bool = True,
         prompt_lookup_min: int | None = None,
         prompt_lookup_max: int | None = None,
-        **llm_kwargs: Any,
+        engine: Any = None,
     ):
         from draftsync.model_paths import confined_model_path
 
@@ -324,141 +176,130 @@ class VllmBackend:
             raise DraftsyncError(
                 f"target {self.target_dir} has no config.json", "point at a saved checkpoint directory"
             )
-        if int(tensor_parallel_size) < 1:
-            raise DraftsyncError(
-                f"tensor_parallel_size {tensor_parallel_size} is below 1", "pass the number of GPUs per engine"
-            )
-        self.llm_kwargs = llm_keywords(llm_kwargs)
         self.method = resolve_method(self.drafter_dir, method)
-        self.tensor_parallel_size = int(tensor_parallel_size)
+        self.max_gamma = proposable_tokens(self.method, self.drafter_dir)
+        self.log_dir = Path(log_dir)
+        self.extra_args = list(extra_args)
         self.ignore_eos = bool(ignore_eos)
         self.prompt_lookup = (prompt_lookup_min, prompt_lookup_max)
-        if self.method == NGRAM.name:  # a bad lookup window fails here, not when the engine is built
-            speculative_config(self.target_dir, NGRAM.name, None, 1, 1, *self.prompt_lookup)
-        self.max_gamma = proposable_tokens(self.method, self.drafter_dir)
-        if importlib.util.find_spec("vllm") is None:
-            raise DraftsyncError(
-                "vllm is not installed in this environment",
-                "run the vLLM backend on a GPU worker with vllm installed, or use ReferenceBackend",
-            )
-        self._llm: Any = None
-        self._llm_gamma: int | None = None
+        if self.method == NGRAM.name:  # a bad lookup window fails here, not when a server starts
+            self.launch(1, 0)
+        self.engine = engine  # found when the first server starts
+        self.starts = 0
+        self._server: Any = None
+        self._gamma: int | None = None
         self._tokenizer: Any = None
 
-    @property
-    def max_model_len(self) -> int:
-        config = json.loads((self.target_dir / "config.json").read_text())
-        return int(self.llm_kwargs.get("max_model_len") or config["max_position_embeddings"])
+    def launch(self, gamma: int, port: int) -> Any:
+        """The rendered `vllm serve` launch for `gamma` (0: the target alone; ngram always drafts)."""
+        from draftsync.serving.vllm_args import render_vllm_command
 
-    def speculative_config(self, gamma: int) -> dict | None:
-        """The `speculative_config` the engine for `gamma` is built with (for the record)."""
         if gamma > self.max_gamma:
             raise DraftsyncError(
                 f"gamma {gamma} is more than this drafter proposes ({self.max_gamma})",
                 f"use a gamma of at most {self.max_gamma}",
             )
-        return speculative_config(
-            self.target_dir, self.method, self.drafter_dir, gamma, self.tensor_parallel_size, *self.prompt_lookup
+        speculating = gamma > 0
+        return render_vllm_command(
+            self.target_dir,
+            self.drafter_dir if speculating else None,
+            self.method if speculating else None,
+            gamma,
+            "127.0.0.1",
+            port,
+            SERVED_NAME,
+            extra_args=[*self.extra_args, TIMING_FLAG],
+            prompt_lookup_min=self.prompt_lookup[0],
+            prompt_lookup_max=self.prompt_lookup[1],
         )
 
-    def llm(self, gamma: int) -> Any:
-        """The engine for `gamma`, building it (and releasing the one before) when gamma changes."""
-        config = self.speculative_config(gamma)
-        if self._llm is not None and self._llm_gamma == gamma:
-            return self._llm
-        self._release()
-        from vllm import LLM
+    def speculative_config(self, gamma: int) -> dict | None:
+        """The `speculative_config` the server for `gamma` is launched with (for the record)."""
+        return self.launch(gamma, 0).speculative_config if gamma else None
 
-        self._llm = LLM(
-            model=str(self.target_dir),
-            tensor_parallel_size=self.tensor_parallel_size,
-            speculative_config=config,
-            **self.llm_kwargs,
-        )
-        self._llm_gamma = gamma
-        self._warm_up(self._llm)
-        return self._llm
+    def server(self, gamma: int) -> Any:
+        """The running server for `gamma`, starting it (and stopping the one before) when gamma changes."""
+        from draftsync.serving.process import free_port
+        from draftsync.serving.vllm_engine import find_vllm_engine, start_vllm_server, wait_until_serving
 
-    def _warm_up(self, llm: Any) -> None:
-        """One short request on a new engine, so kernels compiled on first use (sampling, rejection sampling)
-        are not timed as part of the first measured request. Counters are read as deltas, so it counts nowhere."""
-        from vllm import SamplingParams
-
-        prompt = {"prompt_token_ids": self._token_ids(WARM_UP_PROMPT)}
-        for temperature in (0.0, 1.0):  # greedy and sampled verification take different kernels
-            params = SamplingParams(temperature=temperature, max_tokens=8, seed=0, ignore_eos=True)
-            llm.generate([prompt], sampling_params=params, use_tqdm=False)
+        if self._server is not None and self._gamma == gamma:
+            if not self._server.running():  # died since its last answer: say so rather than restart it quietly
+                raise self._died("the server process is gone")
+            return self._server
+        launch = self.launch(gamma, 0)  # refuses a gamma the drafter cannot serve before anything stops
+        self._stop()
+        self.engine = self.engine or find_vllm_engine()
+        port = free_port()
+        launch = self.launch(gamma, port)
+        log = self.log_dir / f"evaluation-gamma{gamma}-{port}.log"
+        server = start_vllm_server(self.engine, launch.argv, "127.0.0.1", port, log)
+        self.starts += 1
+        wait_until_serving(server, f"evaluation at gamma {gamma}")
+        self._server, self._gamma = server, gamma
+        for temperature in (0.0, 1.0):  # greedy and sampled verification take different paths: warm both
+            self._complete(self._token_ids(WARM_UP_PROMPT), 8, temperature, 0)
+        return server
 
     def _token_ids(self, prompt: str) -> list[int]:
         """Tokenized as the reference backend does it, so both backends see the same prompt ids."""
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
+            from draftsync.serving.vllm_args import trust_remote_code_setting
+
             self._tokenizer = AutoTokenizer.from_pretrained(
-                str(self.target_dir), trust_remote_code=self.llm_kwargs["trust_remote_code"]
+                str(self.target_dir), trust_remote_code=trust_remote_code_setting()
             )
         return list(self._tokenizer(prompt)["input_ids"])
+
+    def _complete(self, ids: list[int], max_tokens: int, temperature: float, seed: int) -> dict:
+        import httpx
+
+        server = self._server
+        body = {
+            "model": SERVED_NAME,
+            "prompt": ids,
+            "max_tokens": int(max_tokens),
+            "temperature": float(temperature),
+            "seed": int(seed),
+            "ignore_eos": self.ignore_eos,
+            "return_token_ids": True,
+        }
+        try:
+            response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S)
+        except httpx.HTTPError as error:
+            raise self._died(f"{type(error).__name__}: {error}") from error
+        if response.status_code != 200:
+            raise self._died(f"HTTP {response.status_code}: {response.text[:300]}")
+        return response.json()
+
+    def _died(self, what: str) -> DraftsyncError:
+        """The error for a request that failed: the engine's own error line and its log when it has died."""
+        from draftsync.serving.vllm_engine import engine_error_line
+
+        server = self._server
+        state = "died" if not server.running() else "failed a request"
+        cause = engine_error_line(server.log_path) or what
+        return DraftsyncError(
+            f"vLLM serving the pair at gamma {self._gamma} {state} mid-run: {cause} (log: {server.log_path})",
+            "read the log for the cause and rerun: the drafter stays a candidate, and a sync resumes at validation",
+        )
 
     def generate(
         self, requests: Sequence[EvalRequest], gamma: int, temperature: float, seed: int
     ) -> list[RequestResult]:
-        from vllm import SamplingParams
-
-        llm = self.llm(gamma)
+        server = self.server(gamma)
         results = []
         for index, request in enumerate(requests):
             ids = self._token_ids(request.prompt)
-            params = SamplingParams(
-                temperature=float(temperature),
-                max_tokens=int(request.max_tokens),
-                seed=int(seed) + index,
-                ignore_eos=self.ignore_eos,
-            )
-            before = read_spec_decode_counts(llm.get_metrics())
-            started = time.perf_counter()
-            outputs = llm.generate([{"prompt_token_ids": ids}], sampling_params=params, use_tqdm=False)
-            seconds = time.perf_counter() - started
-            counts = read_spec_decode_counts(llm.get_metrics()).since(before)
-            output = outputs[0]
-            token_ids = list(output.outputs[0].token_ids)
-            results.append(
-                RequestResult(
-                    index=index,
-                    task=request.task,
-                    prompt_tokens=len(ids),
-                    output_tokens=len(token_ids),
-                    drafts=counts.drafts,
-                    draft_tokens=counts.draft_tokens,
-                    accepted=counts.accepted,
-                    accepted_per_position=_padded(counts.accepted_per_position, gamma),
-                    seconds=seconds,
-                    ttft_s=first_token_seconds(getattr(output, "metrics", None)),
-                    token_ids=token_ids,
-                )
-            )
+            body = self._complete(ids, request.max_tokens, temperature, seed + index)
+            results.append(request_result(index, request, len(ids), body, gamma, server.url))
         return results
 
-    def _release(self) -> None:
-        """Shut the current engine down and give its GPU memory back before another is built."""
-        llm, self._llm, self._llm_gamma = self._llm, None, None
-        if llm is None:
-            return
-        engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-        shutdown = getattr(engine_core, "shutdown", None)
-        if callable(shutdown):
-            shutdown()  # stops the engine-core process now rather than at garbage collection
-        del llm, engine_core, shutdown
-        gc.collect()
-        try:
-            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-        except ImportError:
-            cleanup_dist_env_and_memory = None
-        if cleanup_dist_env_and_memory is not None:
-            cleanup_dist_env_and_memory()
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    def _stop(self) -> None:
+        server, self._server, self._gamma = self._server, None, None
+        if server is not None:
+            server.stop()
 
     def close(self) -> None:
-        self._release()
+        self._stop()

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 _RUNNING: dict[str, ServerProcess] = {}  # endpoint -> ServerProcess started by this process
 DRAIN_TIMEOUT_S = 600.0
-VLLM_START_TIMEOUT_S = 900.0  # loading a large checkpoint on a GPU worker; a tiny one on 2 CPU cores takes ~40 s
 
 
 def configured_deployments(
@@ -99,7 +98,7 @@ def launch_server(
     does not come up is named by its own error line and that log."""
     from draftsync.serving.process import ServerProcess, free_port
     from draftsync.serving.reference_server import reference_server_command
-    from draftsync.serving.vllm_engine import engine_error_line, find_vllm_engine
+    from draftsync.serving.vllm_engine import find_vllm_engine, wait_until_serving
 
     port = free_port(deployment.host)
     log = _serving_dir() / f"{deployment.name}-{port}.log"
@@ -118,14 +117,11 @@ def launch_server(
         )
     server = ServerProcess(argv, deployment.host, port, log, env=env).start()
     try:
-        server.wait_healthy(timeout=VLLM_START_TIMEOUT_S if deployment.launch == "vllm" else 180)
+        if deployment.launch == "vllm":
+            wait_until_serving(server, deployment.name)
+        else:
+            server.wait_healthy(timeout=180)
         check_models(server.url, deployment.name)
-    except DraftsyncError as error:
-        server.stop()
-        if deployment.launch != "vllm":
-            raise
-        cause = engine_error_line(log) or "no error line in the log"
-        raise DraftsyncError(f"vLLM for {deployment.name} did not start: {cause} (log: {log})", error.fix) from error
     except Exception:
         server.stop()
         raise

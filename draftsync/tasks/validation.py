@@ -28,29 +28,29 @@ def validate_drafter(
     seed: int = 0,
     data_check_failures: int | None = None,
     run_stress: bool = True,
-    backend: str = "reference",
+    backend: str | None = None,
 ) -> ChecklistResult:
-    """The checklist on the CPU reference engine, or on vLLM on a GPU worker (`backend="vllm"`); stress runs
-    against served instances of the same kind (the reference server, or `vllm serve`)."""
-    from draftsync.errors import DraftsyncError
+    """The checklist on real vLLM servers or on the CPU reference engine (`backend`, default the profile's: see
+    `evaluation_backend`); stress runs against served instances of the same kind (the reference server, or vLLM)."""
     from draftsync.speculative.drafters import drafter_method
     from draftsync.validation.stress import stress_served_pair
 
+    backend = evaluation_backend(backend or profile.backend)
     no_schedule_reason = UNSCHEDULED_METHODS.get(drafter_method(drafter_dir))
-    batch_sizes = () if no_schedule_reason else profile.schedule_batch_sizes  # no schedule: no load per batch size
-
+    # The schedule needs real batching: none for a method served without one, none from the reference server,
+    # which answers one request at a time (its levels would measure queueing).
+    batch_sizes = () if no_schedule_reason or backend == "reference" else profile.schedule_batch_sizes
+    log_dir = context.settings().root / "serving"
     if backend == "reference":
         from draftsync.serving.evaluation import ReferenceBackend
 
         chosen: EvaluationBackend = ReferenceBackend(target_dir, drafter_dir)
         _check_pair(chosen, target_dir, drafter_dir)
-    elif backend == "vllm":
+    else:
         from draftsync.serving.vllm_evaluation import VllmBackend
 
-        chosen = VllmBackend(target_dir, drafter_dir)
-    else:
-        raise DraftsyncError(f"unknown evaluation backend {backend!r}", "use 'reference' (CPU) or 'vllm' (GPU)")
-    log_dir = context.settings().root / "serving"
+        chosen = VllmBackend(target_dir, drafter_dir, log_dir=log_dir)
+    context.logger().info("validating on the %s backend", backend)
 
     def stress(gamma: int, requests: list[EvalRequest]) -> dict:
         rate = profile.qps * profile.stress_factor
@@ -83,6 +83,21 @@ def validate_drafter(
         )
     finally:
         chosen.close()
+
+
+def evaluation_backend(name: str) -> str:
+    """ "vllm" or "reference" for a backend setting; "auto" is vLLM whenever an engine is installed."""
+    from draftsync.errors import DraftsyncError
+    from draftsync.serving.vllm_engine import find_vllm_engine
+
+    if name == "auto":
+        return "vllm" if find_vllm_engine(required=False) is not None else "reference"
+    if name not in ("vllm", "reference"):
+        raise DraftsyncError(
+            f"unknown evaluation backend {name!r}",
+            "use 'vllm' (real vLLM servers), 'reference' (the CPU reference engine) or 'auto'",
+        )
+    return name
 
 
 def _check_pair(backend: Any, target_dir: str, drafter_dir: str) -> None:

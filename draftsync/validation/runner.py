@@ -31,6 +31,7 @@ import logging
 import math
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +68,7 @@ def _context_length(target_dir: str) -> int:
     return int(config.get("max_position_embeddings") or config.get("max_seq_len") or 2048)
 
 
-def _sweep(
-    backend: EvaluationBackend, requests: list[EvalRequest], profile: ValidationProfile, seed: int
-) -> tuple[list[dict], float]:
-    """Mean acceptance length, acceptance rate and TPOT per gamma; plain decoding measured before and after."""
+def _sweep_gammas(backend: EvaluationBackend, profile: ValidationProfile) -> list[int]:
     low, high = profile.gamma_range
     gammas = [g for g in range(low, high + 1) if g <= backend.max_gamma]
     if not gammas:
@@ -78,22 +76,29 @@ def _sweep(
             f"this drafter proposes at most {backend.max_gamma} tokens, below the sweep {low}..{high}",
             "lower the profile's gamma_range or give the drafter more heads",
         )
+    return gammas
+
+
+def _sweep_row(gamma: int, results: list[RequestResult]) -> dict:
+    summary = summarize_acceptance(results)
+    return {
+        "gamma": gamma,
+        "mean_acceptance_length": round(summary.mean_acceptance_length, 4),
+        "acceptance_rate": round(summary.mean, 4),
+        "acceptance_rate_lower": round(acceptance_rate_lower_bound(results), 4),
+        "tpot_ms": round(pooled_tpot_ms(results), 4),
+    }
+
+
+def _sweep(
+    backend: EvaluationBackend, requests: list[EvalRequest], profile: ValidationProfile, seed: int
+) -> tuple[list[dict], float]:
+    """Mean acceptance length, acceptance rate and TPOT per gamma; plain decoding measured before and after."""
+    gammas = _sweep_gammas(backend, profile)
     for gamma in (0, gammas[0]):  # warm-up: first calls pay for allocations and lazy initialisation
         backend.generate(requests[:1], gamma, profile.temperature, seed)
     plain_before = pooled_tpot_ms(backend.generate(requests, 0, profile.temperature, seed))
-    rows = []
-    for gamma in gammas:
-        results = backend.generate(requests, gamma, profile.temperature, seed)
-        summary = summarize_acceptance(results)
-        rows.append(
-            {
-                "gamma": gamma,
-                "mean_acceptance_length": round(summary.mean_acceptance_length, 4),
-                "acceptance_rate": round(summary.mean, 4),
-                "acceptance_rate_lower": round(acceptance_rate_lower_bound(results), 4),
-                "tpot_ms": round(pooled_tpot_ms(results), 4),
-            }
-        )
+    rows = [_sweep_row(gamma, backend.generate(requests, gamma, profile.temperature, seed)) for gamma in gammas]
     plain_after = pooled_tpot_ms(backend.generate(requests, 0, profile.temperature, seed))
     return rows, (plain_before + plain_after) / 2
 
@@ -102,9 +107,7 @@ def _paired_runs(
     backend: EvaluationBackend, requests: list[EvalRequest], gamma: int, temperature: float, seed: int
 ) -> tuple[list[RequestResult], list[RequestResult]]:
     """Each request with speculation and then without, back to back, so a change in machine load hits both
-    sides of its ratio; a backend that rebuilds an engine per gamma runs the two halves as batches."""
-    if not getattr(backend, "cheap_gamma_switch", False):
-        return backend.generate(requests, gamma, temperature, seed), backend.generate(requests, 0, temperature, seed)
+    sides of its ratio."""
     spec: list[RequestResult] = []
     plain: list[RequestResult] = []
     for index, request in enumerate(requests):
@@ -127,6 +130,102 @@ def paired_speedup(spec: list, plain: list) -> float:
     return median(ratios) if ratios else math.nan
 
 
+@dataclass
+class _Runs:
+    """Every request the checklist ran, by purpose; the gates are judged from these."""
+
+    sweep: list[dict]
+    sweep_plain_tpot: float
+    knee: int
+    fastest: int
+    spec: list[RequestResult]  # the validation set at the knee, at the deployment's temperature
+    plain: list[RequestResult]  # the same requests with speculation off
+    spec_greedy: list[RequestResult]  # T=0 with speculation (the validation set itself when T is 0)
+    plain_greedy: list[RequestResult]
+    long: list[RequestResult]
+
+
+def _long_requests(
+    requests: list[EvalRequest], target_dir: str, task_mix: dict[str, float], profile: ValidationProfile, seed: int
+) -> list[EvalRequest]:
+    """The long-output requests: as long as the profile asks, within what the target's context leaves."""
+    longest_prompt = max(len(r.prompt) for r in requests)  # characters >= tokens for a byte-level BPE
+    context_length = _context_length(target_dir)
+    room = context_length - min(longest_prompt, context_length // 2) - 1
+    long_tokens = min(profile.long_max_tokens or room, room)
+    return [
+        EvalRequest(r.prompt, r.task, long_tokens)
+        for r in validation_requests(task_mix, profile.long_requests, long_tokens, seed + 23)
+    ]
+
+
+def _knee(sweep: list[dict], profile: ValidationProfile, logger: Any) -> tuple[int, int]:
+    fastest = gamma_knee(sweep, profile.knee_tolerance)
+    knee = gamma_knee(sweep, profile.knee_tolerance, min_acceptance=profile.min_acceptance)
+    logger.info(
+        "gamma sweep (gamma, TPOT ms, acceptance) %s; knee %d (fastest %d)",
+        [(r["gamma"], r["tpot_ms"], r["acceptance_rate"]) for r in sweep],
+        knee,
+        fastest,
+    )
+    return knee, fastest
+
+
+def _measure_request_by_request(
+    backend: EvaluationBackend,
+    requests: list[EvalRequest],
+    long_requests: list[EvalRequest],
+    profile: ValidationProfile,
+    seed: int,
+    logger: Any,
+) -> _Runs:
+    """Where switching gamma is free (the reference engine): the sweep, then each request with speculation and
+    without back to back, so a burst of load on a shared machine hits both sides of a ratio."""
+    temperature = profile.temperature
+    sweep, sweep_plain_tpot = _sweep(backend, requests[: profile.sweep_requests], profile, seed)
+    knee, fastest = _knee(sweep, profile, logger)
+    spec, plain = _paired_runs(backend, requests, knee, temperature, seed)
+    spec_greedy, plain_greedy = spec, plain
+    if temperature > 0:
+        greedy_set = requests[:GREEDY_CHECK_REQUESTS]
+        spec_greedy = backend.generate(greedy_set, knee, 0.0, seed)
+        plain_greedy = backend.generate(greedy_set, 0, 0.0, seed)
+    long = backend.generate(long_requests, knee, temperature, seed + 1000)
+    return _Runs(sweep, sweep_plain_tpot, knee, fastest, spec, plain, spec_greedy, plain_greedy, long)
+
+
+def _measure_gamma_by_gamma(
+    backend: EvaluationBackend,
+    requests: list[EvalRequest],
+    long_requests: list[EvalRequest],
+    profile: ValidationProfile,
+    seed: int,
+    logger: Any,
+) -> _Runs:
+    """Where each gamma is its own engine (vLLM): every request a gamma needs runs while its engine is up, so the
+    checklist costs one start per swept gamma and one for plain decoding, plus one more only when the knee is not
+    the last gamma swept. The sweep runs from the largest gamma down, as the knee is usually a small one; the
+    sweep's plain TPOT is that of the same requests on the plain engine."""
+    temperature = profile.temperature
+    sweep_count = min(len(requests), profile.sweep_requests)
+    greedy_set = requests[:GREEDY_CHECK_REQUESTS]
+    plain = backend.generate(requests, 0, temperature, seed)
+    plain_greedy = backend.generate(greedy_set, 0, 0.0, seed) if temperature > 0 else plain
+    by_gamma = {
+        gamma: backend.generate(requests[:sweep_count], gamma, temperature, seed)
+        for gamma in sorted(_sweep_gammas(backend, profile), reverse=True)
+    }
+    sweep = [_sweep_row(gamma, by_gamma[gamma]) for gamma in sorted(by_gamma)]
+    knee, fastest = _knee(sweep, profile, logger)
+    spec = by_gamma[knee] + backend.generate(requests[sweep_count:], knee, temperature, seed + sweep_count)
+    for index, result in enumerate(spec):
+        result.index = index
+    spec_greedy = backend.generate(greedy_set, knee, 0.0, seed) if temperature > 0 else spec
+    long = backend.generate(long_requests, knee, temperature, seed + 1000)
+    sweep_plain_tpot = pooled_tpot_ms(plain[:sweep_count])
+    return _Runs(sweep, sweep_plain_tpot, knee, fastest, spec, plain, spec_greedy, plain_greedy, long)
+
+
 def run_checklist(
     backend: EvaluationBackend,
     target_dir: str,
@@ -147,38 +246,18 @@ def run_checklist(
     logger = logger or logging.getLogger(__name__)
     temperature = profile.temperature
     requests = validation_requests(task_mix, profile.requests, profile.max_tokens, seed + 11)
-    sweep, sweep_plain_tpot = _sweep(backend, requests[: profile.sweep_requests], profile, seed)
-    fastest = gamma_knee(sweep, profile.knee_tolerance)
-    knee = gamma_knee(sweep, profile.knee_tolerance, min_acceptance=profile.min_acceptance)
-    logger.info(
-        "gamma sweep (gamma, TPOT ms, acceptance) %s; knee %d (fastest %d)",
-        [(r["gamma"], r["tpot_ms"], r["acceptance_rate"]) for r in sweep],
-        knee,
-        fastest,
-    )
-
-    spec, plain = _paired_runs(backend, requests, knee, temperature, seed)
-    if temperature > 0:
-        greedy_set = requests[:GREEDY_CHECK_REQUESTS]
-        spec_greedy, plain_greedy = (
-            backend.generate(greedy_set, knee, 0.0, seed),
-            backend.generate(greedy_set, 0, 0.0, seed),
-        )
-    else:
-        spec_greedy, plain_greedy = spec, plain
+    long_requests = _long_requests(requests, target_dir, task_mix, profile, seed)
+    long_tokens = long_requests[0].max_tokens
+    measure = _measure_request_by_request if getattr(backend, "cheap_gamma_switch", False) else _measure_gamma_by_gamma
+    runs = measure(backend, requests, long_requests, profile, seed, logger)
+    sweep, knee, fastest = runs.sweep, runs.knee, runs.fastest
+    spec, plain, spec_greedy, plain_greedy, long = runs.spec, runs.plain, runs.spec_greedy, runs.plain_greedy, runs.long
     acceptance, greedy_acceptance = summarize_acceptance(spec), summarize_acceptance(spec_greedy)
     speedup = paired_speedup(spec, plain)
-
-    longest_prompt = max(len(r.prompt) for r in requests)  # characters >= tokens for a byte-level BPE
-    context_length = _context_length(target_dir)
-    room = context_length - min(longest_prompt, context_length // 2) - 1
-    long_tokens = min(profile.long_max_tokens or room, room)
-    long_requests = [
-        EvalRequest(r.prompt, r.task, long_tokens)
-        for r in validation_requests(task_mix, profile.long_requests, long_tokens, seed + 23)
-    ]
-    long = backend.generate(long_requests, knee, temperature, seed + 1000)
     long_summary = summarize_acceptance(long)
+    close_servers = getattr(backend, "close", None)
+    if stress is not None and not getattr(backend, "cheap_gamma_switch", False) and callable(close_servers):
+        close_servers()  # stress starts servers of its own: one engine on the device at a time
 
     run_stress = stress is not None and profile.stress_requests > 0
     stress_result = stress(knee, requests[: profile.stress_requests]) if stress is not None and run_stress else None
@@ -243,7 +322,7 @@ def run_checklist(
         gamma_sweep=sweep,
         gamma_knee=knee,
         gamma_fastest=fastest,
-        sweep_plain_tpot_ms=round(sweep_plain_tpot, 4),
+        sweep_plain_tpot_ms=round(runs.sweep_plain_tpot, 4),
         acceptance=AcceptanceFigures.of(acceptance),
         acceptance_greedy=round(greedy_acceptance.mean, 4),
         mean_acceptance_length=round(acceptance.mean_acceptance_length, 4),

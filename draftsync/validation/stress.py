@@ -99,26 +99,35 @@ def stress_served_pair(
     from draftsync.serving.process import ServerProcess, free_port
     from draftsync.serving.reference_server import reference_server_command
     from draftsync.serving.vllm_args import render_vllm_command
+    from draftsync.serving.vllm_engine import find_vllm_engine, start_vllm_server, wait_until_serving
     from draftsync.speculative.drafters import drafter_method
 
-    def launch(mode: str, drafter: str | None) -> ServerProcess:
+    engine = find_vllm_engine() if server == "vllm" else None
+    method = drafter_method(drafter_dir)
+
+    def launch(mode: str, drafter: str | None, schedule: list | None = None) -> ServerProcess:
         port = free_port()
-        if server == "vllm":
+        log = log_dir / f"stress-{mode}-{port}.log"
+        if engine is not None:
             argv = render_vllm_command(
-                target_dir, drafter, drafter_method(drafter_dir), gamma, "127.0.0.1", port, "stress"
+                target_dir, drafter, method if drafter else None, gamma, "127.0.0.1", port, "stress", schedule=schedule
             ).argv
-        else:
-            argv = reference_server_command(target_dir, drafter, gamma, "127.0.0.1", port, "stress")
-        env = {"DRAFTSYNC_TORCH_THREADS": "1"} if server == "reference" else None
-        return ServerProcess(argv, "127.0.0.1", port, log_dir / f"stress-{mode}-{port}.log", env=env).start()
+            return start_vllm_server(engine, argv, "127.0.0.1", port, log)
+        argv = reference_server_command(target_dir, drafter, gamma, "127.0.0.1", port, "stress")
+        return ServerProcess(argv, "127.0.0.1", port, log, env={"DRAFTSYNC_TORCH_THREADS": "1"}).start()
+
+    def closed_loop(process: ServerProcess, size: int) -> dict:
+        closed = [requests[i % len(requests)] for i in range(max(len(requests), 2 * size))]
+        return drive_load(process.url, "stress", closed, math.inf, size, temperature, seed)
 
     def load(mode: str, process: ServerProcess) -> None:
-        process.wait_healthy(timeout=600 if server == "vllm" else 180)
+        if engine is not None:
+            wait_until_serving(process, f"stress ({mode})")
+        else:
+            process.wait_healthy(timeout=180)
         runs[mode] = drive_load(process.url, "stress", requests, rate, concurrency, temperature, seed)
         for size in batch_sizes:
-            closed = [requests[i % len(requests)] for i in range(max(len(requests), 2 * size))]
-            level = drive_load(process.url, "stress", closed, math.inf, size, temperature, seed)
-            runs.setdefault("by_batch_size", {}).setdefault(size, {})[mode] = level
+            runs.setdefault("by_batch_size", {}).setdefault(size, {})[mode] = closed_loop(process, size)
 
     runs: dict = {}
     pairs = (("speculative", drafter_dir), ("plain", None))
@@ -155,4 +164,21 @@ def stress_served_pair(
             if modes["plain"]["ms_per_token"] and modes["speculative"]["ms_per_token"]
         }
         result["schedule"] = speculation_schedule(measured) if measured else None
+        if engine is not None and result["schedule"]:
+            # vLLM picks k per decode batch from the schedule: relaunched with it, the pair must be no slower than
+            # plain decoding at any measured concurrency (what the schedule promises).
+            with launch("scheduled", drafter_dir, result["schedule"]) as process:
+                wait_until_serving(process, "stress (scheduled)")
+                levels = {size: closed_loop(process, size) for size in batch_sizes}
+            result["errors"] += sum(level["errors"] for level in levels.values())
+            result["schedule_check"] = {
+                size: {
+                    "scheduled_ms_per_token": level["ms_per_token"],
+                    "plain_ms_per_token": by_size[size]["plain"]["ms_per_token"],
+                    "speedup": by_size[size]["plain"]["ms_per_token"] / level["ms_per_token"]
+                    if level["ms_per_token"] and by_size[size]["plain"]["ms_per_token"]
+                    else None,
+                }
+                for size, level in levels.items()
+            }
     return result

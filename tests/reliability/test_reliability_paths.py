@@ -1,12 +1,11 @@
 """Model paths are confined to the configured roots, and vLLM never runs a checkpoint's own code unless configured.
 
 A target or drafter directory that enters from outside the registry (a registration, the reference server's
-arguments, a deployment's vLLM launch, the offline vLLM backend) is resolved with symlinks and `..` followed and
+arguments, a deployment's vLLM launch, the vLLM evaluation backend) is resolved with symlinks and `..` followed and
 refused, naming the path, where it resolves, the roots and the fix, when that lies outside the work dir and every
 DRAFTSYNC_MODEL_ROOTS entry. Registry downloads land under the work dir and pass.
 
-`--trust-remote-code` (and `trust_remote_code=True` for the offline `vllm.LLM`) appear only when
-DRAFTSYNC_TRUST_REMOTE_CODE is set, and a deployments file cannot add them."""
+`--trust-remote-code` appears only when DRAFTSYNC_TRUST_REMOTE_CODE is set, and a deployments file cannot add it."""
 
 from __future__ import annotations
 
@@ -281,29 +280,21 @@ def test_a_deployment_cannot_add_trust_remote_code_through_extra_arguments(tmp_p
         render_vllm_command("/t", None, "eagle3", 2, "127.0.0.1", 9000, "m", extra_args=extra)
 
 
-def test_the_offline_vllm_engine_gets_trust_remote_code_only_from_the_setting(
+def test_the_vllm_evaluation_backend_gets_trust_remote_code_only_from_the_setting(
     tiny_target, tiny_drafter, tmp_path, monkeypatch
 ):
-    from draftsync.serving.vllm_evaluation import VllmBackend, llm_keywords
+    from draftsync.serving.vllm_evaluation import VllmBackend
 
     monkeypatch.delenv(TRUST, raising=False)
-    assert llm_keywords({})["trust_remote_code"] is False
-    assert llm_keywords({"max_model_len": 512}) == {
-        "max_model_len": 512,
-        "disable_log_stats": False,
-        "trust_remote_code": False,
-    }
-    with pytest.raises(DraftsyncError, match=TRUST):
-        llm_keywords({"trust_remote_code": True})
-    with pytest.raises(DraftsyncError, match=TRUST):  # refused before anything asks whether vllm is installed
-        VllmBackend(tiny_target, tiny_drafter, trust_remote_code=True)
+    backend = VllmBackend(tiny_target, tiny_drafter, log_dir=tmp_path)
+    assert "--trust-remote-code" not in backend.launch(2, 9000).argv
+    assert "--trust-remote-code" not in backend.launch(0, 9000).argv
 
     monkeypatch.setenv(TRUST, "true")
-    assert llm_keywords({})["trust_remote_code"] is True
-    assert llm_keywords({"trust_remote_code": False})["trust_remote_code"] is False
+    assert backend.launch(2, 9000).argv.count("--trust-remote-code") == 1
 
 
-def test_the_offline_vllm_engine_refuses_paths_outside_the_roots(places, tiny_target, tiny_drafter):
+def test_the_vllm_evaluation_backend_refuses_paths_outside_the_roots(places, tiny_target, tiny_drafter, tmp_path):
     from draftsync.serving.vllm_evaluation import VllmBackend
 
     inside = places.root / "target"
@@ -311,5 +302,5 @@ def test_the_offline_vllm_engine_refuses_paths_outside_the_roots(places, tiny_ta
     shutil.copytree(tiny_target, inside)
     for target, drafter in ((tiny_target, None), (inside, tiny_drafter)):
         with pytest.raises(DraftsyncError, match="outside every model root") as error:
-            VllmBackend(target, drafter)
+            VllmBackend(target, drafter, log_dir=tmp_path)
         assert str(drafter or target) in error.value.what

@@ -1,6 +1,7 @@
 """validate_drafter on the reference engine with tiny checkpoints: the gamma sweep stops at what the drafter
-proposes, and a per-batch-size schedule is recorded only for methods vLLM can serve with one. Stress is
-stubbed here (its servers are tested in test_stress.py)."""
+proposes, and no load per batch size is asked of the reference server, which answers one request at a time (the
+schedule is measured on vLLM: tests/vllm/test_vllm_checklist.py). Stress is stubbed here (its servers are tested
+in test_stress.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from draftsync.validation.result import ChecklistResult
 # Thresholds at zero: these tests read what is recorded, not whether a random drafter passes.
 PROFILE = ValidationProfile(
     name="tiny",
+    backend="reference",
     requests=3,
     max_tokens=12,
     gamma_range=(2, 4),
@@ -53,8 +55,8 @@ def checkpoints(tmp_path_factory):
 
 @pytest.fixture
 def stress_calls(monkeypatch):
-    """Stub stress runs, recorded; each returns a schedule whatever it was asked, as a runner measuring per
-    batch size would, so the checklist's own refusal is what keeps one off a Medusa drafter."""
+    """Stub stress runs, recorded; each returns a schedule whatever it was asked, so the checklist's own refusal is
+    what keeps one off a Medusa drafter."""
     calls = []
 
     def stress_served_pair(
@@ -82,11 +84,11 @@ def test_a_medusa_drafter_gets_no_schedule_and_a_knee_within_its_heads(checkpoin
     assert "exactly num_speculative_tokens at every batch size" in result.speculation_schedule_note
 
 
-def test_an_eagle3_drafter_gets_the_schedule_stress_measured(checkpoints, stress_calls):
+def test_the_reference_server_is_asked_for_no_load_per_batch_size(checkpoints, stress_calls):
     target_dir, eagle3, _ = checkpoints
     result = validate(target_dir, eagle3)
     knee = result.gamma_knee
     assert [row["gamma"] for row in result.gamma_sweep] == [2, 3, 4]
-    assert stress_calls == [(knee, (1, 8))]
-    assert result.speculation_schedule == [(1, 7, knee), (8, 8, 0)]
+    assert result.backend == "reference"
+    assert stress_calls == [(knee, ())]  # one request at a time: its levels would measure queueing, not batching
     assert result.speculation_schedule_note is None

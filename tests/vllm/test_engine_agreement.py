@@ -15,56 +15,14 @@ import httpx
 import pytest
 
 from tests.servers import vllm_process
+from tests.vllm.conftest import MAX_GAMMA
 
 pytestmark = pytest.mark.vllm
 
-FAMILIES = ("eagle3", "eagle3.1", "eagle", "medusa")
-GAMMAS = (2, 3)
+GAMMAS = (2, MAX_GAMMA)
 PROMPTS = 6
 MAX_TOKENS = 32
 TOLERANCE = 0.05
-
-
-@pytest.fixture(scope="module")
-def family_drafters(built_targets, tmp_path_factory) -> dict[str, Path]:
-    """One briefly trained drafter per family for target v1, saved as a sync saves it."""
-    import torch
-    from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
-    from draftsync.speculative.drafters import save_drafter
-    from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
-    from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
-    from draftsync.speculative.shard_reader import ShardDataset
-    from draftsync.speculative.shard_writer import build_shards
-    from draftsync.speculative.targets import load_target
-    from draftsync.speculative.training import TrainConfig, train_drafter
-
-    root = tmp_path_factory.mktemp("families")
-    target_dir = built_targets[1]
-    model, tokenizer = load_target(target_dir)
-    mix = {"code": 0.5, "math": 0.5}
-    samples = concat_samples(
-        teacher_forced_samples(tokenizer, mixed_texts(mix, 120, seed=3)),
-        regenerated_samples(model, tokenizer, task_prompts_for_mix(mix, 48, seed=4, split="train"), 48, seed=5),
-    )
-    build_shards(model, samples, root / "shards", default_aux_layer_ids(num_decoder_layers(model)), store_aux=True)
-    dataset = ShardDataset(root / "shards")
-    drafters = {}
-    for family in FAMILIES:
-        torch.manual_seed(0)
-        config = TrainConfig(
-            method=family,
-            steps=120,
-            batch_size=8,
-            seq_len=96,
-            lr=5e-3,
-            medusa_heads=max(GAMMAS),
-            draft_vocab_size=None if family == "eagle" else 512,
-        )
-        drafter, _ = train_drafter(model, dataset, config)
-        drafters[family] = save_drafter(
-            drafter, root / family, str(target_dir), list(model.config.architectures), max(GAMMAS)
-        )
-    return drafters
 
 
 def _prompt_ids(target_dir: Path) -> list[list[int]]:

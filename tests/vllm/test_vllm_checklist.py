@@ -1,0 +1,143 @@
+"""The checklist on real vLLM servers: every request counted by vLLM itself, the sweep grouped by engine, stress and
+the per-batch-size schedule against served pairs with real continuous batching.
+
+The drafter is one of the session's briefly trained ones (conftest.py), so the thresholds are at zero except where
+vLLM must hold exactly: in float32, speculative output equals plain output token for token (the fallback gate).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from draftsync.profiles import ValidationProfile
+
+pytestmark = pytest.mark.vllm
+
+PROFILE = ValidationProfile(
+    name="vllm-test",
+    backend="vllm",
+    requests=4,
+    max_tokens=24,
+    gamma_range=(2, 3),
+    sweep_requests=2,
+    min_acceptance=0.0,
+    min_p50=0.0,
+    min_p5=0.0,
+    min_speedup=0.0,
+    stress_requests=4,
+    stress_concurrency=2,
+    schedule_batch_sizes=(1, 2),
+    long_requests=1,
+    long_max_tokens=64,
+    min_long_acceptance=0.0,
+    length_buckets=(0, 32),
+    max_memory_overhead=10.0,
+)
+MIX = {"code": 0.5, "math": 0.5}
+
+
+def test_per_request_counts_are_vllms_own_and_add_up_to_its_counters(vllm_engine, built_targets, family_drafters):
+    """What each response reports is what the server counted: the per-request counts of a run sum to the delta of
+    the server's own /metrics counters around it, position by position."""
+    from draftsync.monitors.metrics import delta, scrape_counters
+    from draftsync.serving.vllm_evaluation import VllmBackend
+    from draftsync.validation.runner import validation_requests
+
+    requests = validation_requests(MIX, 4, 24, seed=5)
+    backend = VllmBackend(built_targets[1], family_drafters["eagle3"], log_dir=built_targets[1].parent / "logs")
+    try:
+        backend.generate(requests[:1], 3, 0.0, 0)  # starts the server (and warms it up)
+        url = backend.server(3).url
+        before = scrape_counters(f"{url}/metrics")
+        results = backend.generate(requests, 3, 0.0, 0)
+        counted, _ = delta(before, scrape_counters(f"{url}/metrics"))
+    finally:
+        backend.close()
+    assert backend.starts == 1  # one server for gamma 3, reused
+    assert counted.drafts == sum(r.drafts for r in results) > 0
+    assert counted.draft_tokens == sum(r.draft_tokens for r in results)
+    assert counted.accepted == sum(r.accepted for r in results)
+    assert list(counted.accepted_per_position) == [sum(r.accepted_per_position[i] for r in results) for i in range(3)]
+    for result in results:
+        assert result.output_tokens == 24  # ignore_eos: the same load as the reference engine
+        assert 0 < result.ttft_s < result.seconds and result.tpot_ms > 0  # vLLM's own timestamps
+
+
+def test_the_checklist_runs_on_vllm_with_one_start_per_gamma(vllm_engine, built_targets, family_drafters, tmp_path):
+    from draftsync.serving.vllm_evaluation import VllmBackend
+    from draftsync.validation.runner import run_checklist
+    from draftsync.validation.stress import stress_served_pair
+
+    target_dir, drafter_dir = str(built_targets[1]), str(family_drafters["eagle3"])
+    backend = VllmBackend(target_dir, drafter_dir, log_dir=tmp_path)
+
+    def stress(gamma, requests):
+        rate = PROFILE.qps * PROFILE.stress_factor
+        return stress_served_pair(
+            "vllm",
+            target_dir,
+            drafter_dir,
+            gamma,
+            requests,
+            rate,
+            PROFILE.stress_concurrency,
+            PROFILE.temperature,
+            0,
+            tmp_path,
+            batch_sizes=PROFILE.schedule_batch_sizes,
+        )
+
+    try:
+        result = run_checklist(backend, target_dir, drafter_dir, MIX, PROFILE, 0, 0, stress)
+    finally:
+        backend.close()
+    assert result.backend == "vllm"
+    # Plain decoding, gamma 3, then gamma 2 (the sweep runs downwards); the knee's requests reuse the last server
+    # unless the knee is 3.
+    assert [row["gamma"] for row in result.gamma_sweep] == [2, 3]
+    assert backend.starts == 3 + (result.gamma_knee != 2)
+
+    gates = {gate.name: gate for gate in result.gates}
+    validation = [row for row in result.rows if row["phase"] == "validation"]
+    assert len(validation) == PROFILE.requests and all(row["draft_tokens"] > 0 for row in validation)
+    rates = np.array([row["acceptance_rate"] for row in validation], dtype=float)
+    assert gates["acceptance_p50"].value == pytest.approx(float(np.percentile(rates, 50)))
+    assert gates["acceptance_p5"].value == pytest.approx(float(np.percentile(rates, 5)))
+    pooled = sum(row["accepted"] for row in validation) / sum(row["draft_tokens"] for row in validation)
+    assert gates["acceptance_at_deployment_temperature"].value == pytest.approx(pooled)
+    assert gates["fallback_equivalence"].value == 1.0  # float32: lossless, token for token
+    assert math.isfinite(gates["tpot_speedup"].value)
+
+    stress_result = result.stress
+    assert stress_result is not None and stress_result["errors"] == 0
+    assert sorted(stress_result["by_batch_size"]) == [1, 2]
+    schedule = result.speculation_schedule
+    assert schedule and schedule[0][0] == 1 and schedule[-1][1] == 2
+    assert all(k in (0, result.gamma_knee) for _, _, k in schedule)
+    check = stress_result["schedule_check"]  # relaunched with the schedule, loaded at each concurrency again
+    assert sorted(check) == [1, 2] and all(level["scheduled_ms_per_token"] > 0 for level in check.values())
+
+
+def test_an_engine_that_dies_mid_run_is_named_with_its_log(vllm_engine, built_targets, family_drafters, tmp_path):
+    import os
+    import signal
+
+    from draftsync.errors import DraftsyncError
+    from draftsync.serving.vllm_evaluation import VllmBackend
+    from draftsync.validation.runner import validation_requests
+
+    requests = validation_requests(MIX, 2, 16, seed=5)
+    backend = VllmBackend(built_targets[1], family_drafters["eagle3"], log_dir=tmp_path)
+    try:
+        backend.generate(requests, 2, 0.0, 0)
+        server = backend.server(2)
+        os.killpg(server.pid, signal.SIGKILL)
+        server.stop()
+        with pytest.raises(DraftsyncError, match="vLLM serving the pair at gamma 2 died mid-run") as caught:
+            backend.generate(requests, 2, 0.0, 0)
+    finally:
+        backend.close()
+    assert str(server.log_path) in caught.value.what
+    assert "stays a candidate" in caught.value.fix and "resumes at validation" in caught.value.fix
