@@ -31,7 +31,7 @@ from draftsync.tasks.registration import (
     tag_drafter,
 )
 from draftsync.tasks.validation import validate_drafter
-from draftsync.validation.result import ValidationResult
+from draftsync.validation.result import ChecklistResult, ValidationResult
 
 
 def _number(value: object) -> str:
@@ -62,15 +62,35 @@ def _markdown(result: ValidationResult) -> str:
     return (
         f"# {result.drafter_name} v{result.drafter_version} on {result.target_name} v{result.target_version}: "
         f"{verdict}\n\n"
-        f"Profile `{checklist.profile}`, backend `{checklist.backend}`, temperature {checklist.temperature:g}, "
-        f"{checklist.requests.validation} validation requests.\n\n"
+        f"Profile `{checklist.profile}`, backend `{checklist.backend}`"
+        + (f" ({checklist.requests.engine_starts} engine starts)" if checklist.requests.engine_starts else "")
+        + f", temperature {checklist.temperature:g}, {checklist.requests.validation} validation requests.\n\n"
         f"| gate | value | threshold | verdict | measured |\n|---|---|---|---|---|\n{gates}\n\n"
         f"Per-request acceptance: mean {_number(a.mean)}, P5 {_number(a.p5)}, P50 {_number(a.p50)}, "
         f"P90 {_number(a.p90)}, P99 {_number(a.p99)}. TPOT {tpot.spec:.3f} ms with speculation, "
         f"{tpot.plain:.3f} ms without ({checklist.speedup:.2f}x).\n\n"
         f"## Gamma sweep (knee = best TPOT; plain decoding {checklist.sweep_plain_tpot_ms:.3f} ms)\n\n"
         f"| gamma | mean acceptance length | acceptance rate | TPOT ms |\n|---|---|---|---|\n{sweep}\n"
+        + _schedule_markdown(checklist)
     )
+
+
+def _schedule_markdown(checklist: ChecklistResult) -> str:
+    """The measured per-batch-size schedule and, where vLLM was relaunched with it, how it did against plain."""
+    if not checklist.speculation_schedule:
+        return ""
+    lines = [
+        f"\n## Speculation per batch size\n\n`num_speculative_tokens_per_batch_size`: {checklist.speculation_schedule}"
+    ]
+    check = (checklist.stress or {}).get("schedule_check")
+    if check:
+        lines.append("\n| concurrency | scheduled ms/token | plain ms/token | plain / scheduled |\n|---|---|---|---|")
+        for size, level in check.items():
+            lines.append(
+                f"| {size} | {_number(level['scheduled_ms_per_token'])} | {_number(level['plain_ms_per_token'])} "
+                f"| {_number(level['speedup'])} |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def _write_reports(result: ValidationResult) -> None:

@@ -49,13 +49,15 @@ class MemoryFootprint:
 
 @dataclass(frozen=True)
 class RequestCounts:
-    """How many requests each measurement ran, and the length the long-output check asked for."""
+    """How many requests each measurement ran, the length the long-output check asked for, and how many engines
+    the checklist's own requests started (vLLM: a server per gamma; the reference engine starts none)."""
 
     validation: int
     sweep: int
     long: int
     long_max_tokens: int
     stress: int
+    engine_starts: int = 0
 
 
 @dataclass(frozen=True)

@@ -340,6 +340,7 @@ def run_checklist(
             long=len(long_requests),
             long_max_tokens=long_tokens,
             stress=min(len(requests), profile.stress_requests),
+            engine_starts=getattr(backend, "starts", 0),
         ),
         rows=rows,
     )

@@ -52,7 +52,7 @@ NESTED_KEYS = {
     "acceptance": ["mean", "p5", "p50", "p90", "p99"],
     "tpot_ms": ["spec", "plain"],
     "memory": ["drafter_bytes", "target_bytes", "overhead"],
-    "requests": ["validation", "sweep", "long", "long_max_tokens", "stress"],
+    "requests": ["validation", "sweep", "long", "long_max_tokens", "stress", "engine_starts"],
 }
 
 
@@ -130,3 +130,27 @@ def test_the_per_request_rows_stay_out_of_the_json():
     result = replace(sample_validation(), promoted=True)
     assert "rows" not in result.as_dict() and result.checklist.rows
     assert result.as_dict()["promoted"] is True
+
+
+def test_the_report_shows_the_engine_starts_and_how_the_measured_schedule_did():
+    from draftsync.flows.validate import _markdown
+
+    result = sample_validation()
+    assert "engine starts" not in _markdown(result) and "per batch size" not in _markdown(result)
+    stress = {
+        "schedule_check": {
+            1: {"scheduled_ms_per_token": 8.0, "plain_ms_per_token": 10.0, "speedup": 1.25},
+            8: {"scheduled_ms_per_token": 4.1, "plain_ms_per_token": 4.0, "speedup": 0.9756},
+        }
+    }
+    on_vllm = replace(
+        result.checklist,
+        backend="vllm",
+        stress=stress,
+        speculation_schedule=[(1, 7, 2), (8, 8, 0)],
+        requests=replace(result.checklist.requests, engine_starts=3),
+    )
+    text = _markdown(replace(result, checklist=on_vllm))
+    assert "backend `vllm` (3 engine starts)" in text
+    assert "`num_speculative_tokens_per_batch_size`: [(1, 7, 2), (8, 8, 0)]" in text
+    assert "| 1 | 8 | 10 | 1.25 |" in text and "| 8 | 4.1 | 4 | 0.9756 |" in text

@@ -97,7 +97,7 @@ def test_the_checklist_runs_on_vllm_with_one_start_per_gamma(vllm_engine, built_
     # Plain decoding, gamma 3, then gamma 2 (the sweep runs downwards); the knee's requests reuse the last server
     # unless the knee is 3.
     assert [row["gamma"] for row in result.gamma_sweep] == [2, 3]
-    assert backend.starts == 3 + (result.gamma_knee != 2)
+    assert backend.starts == result.requests.engine_starts == 3 + (result.gamma_knee != 2)
 
     gates = {gate.name: gate for gate in result.gates}
     validation = [row for row in result.rows if row["phase"] == "validation"]
