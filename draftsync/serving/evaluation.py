@@ -18,6 +18,9 @@ from typing import Any, Protocol
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.methods import MEDUSA
 
+SERVED_NAME = "evaluation"  # the model name the evaluation's servers answer to
+REFERENCE_START_TIMEOUT_S = 180.0
+
 
 @dataclass(frozen=True)
 class EvalRequest:
@@ -89,6 +92,11 @@ class EvaluationBackend(Protocol):
         self, requests: Sequence[EvalRequest], gamma: int, temperature: float, seed: int
     ) -> list[RequestResult]: ...
 
+    def endpoint(self, gamma: int, schedule: list | None = None) -> str:
+        """The URL of the pair served at `gamma` (with a per-batch-size `schedule`, where the server takes one), under
+        SERVED_NAME, for load from many clients at once (stress); one served instance at a time."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -126,7 +134,13 @@ class ReferenceBackend:
     name = "reference"
     cheap_gamma_switch = True
 
-    def __init__(self, target_dir: str | Path, drafter_dir: str | Path | None, threads: int | None = 1):
+    def __init__(
+        self,
+        target_dir: str | Path,
+        drafter_dir: str | Path | None,
+        threads: int | None = 1,
+        log_dir: str | Path | None = None,
+    ):
         import torch
 
         from draftsync.speculative.drafters import load_drafter
@@ -144,6 +158,10 @@ class ReferenceBackend:
         else:
             self.max_gamma = 16  # chains draft as far as asked
         self._engines: dict[int, Any] = {}
+        self.target_dir, self.drafter_dir = Path(target_dir), Path(drafter_dir) if drafter_dir is not None else None
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        self._server: Any = None
+        self._served_gamma: int | None = None
 
     def engine(self, gamma: int) -> Any:
         from draftsync.speculative.engine import SpeculativeEngine
@@ -190,8 +208,50 @@ class ReferenceBackend:
     def max_model_len(self) -> int:
         return int(self.target.config.max_position_embeddings)
 
+    def endpoint(self, gamma: int, schedule: list | None = None) -> str:
+        """The pair behind the CPU reference server (one torch thread, as for the in-process engine), started when
+        gamma changes. It answers one request at a time, so it takes no per-batch-size schedule."""
+        import tempfile
+
+        from draftsync.serving.process import ServerProcess, free_port
+        from draftsync.serving.reference_server import reference_server_command
+
+        if schedule:
+            raise DraftsyncError(
+                "the CPU reference server takes no per-batch-size schedule (it answers one request at a time)",
+                "measure the schedule on vLLM (backend vllm)",
+            )
+        if self._server is not None and self._served_gamma == gamma and self._server.running():
+            return self._server.url
+        self._stop_server()
+        port = free_port()
+        argv = reference_server_command(
+            self.target_dir, self.drafter_dir if gamma else None, gamma, "127.0.0.1", port, SERVED_NAME
+        )
+        log_dir = self.log_dir or Path(tempfile.gettempdir()) / "draftsync-evaluation"
+        server = ServerProcess(
+            argv,
+            "127.0.0.1",
+            port,
+            log_dir / f"reference-gamma{gamma}-{port}.log",
+            env={"DRAFTSYNC_TORCH_THREADS": "1"},
+        ).start()
+        try:
+            server.wait_healthy(timeout=REFERENCE_START_TIMEOUT_S)
+        except DraftsyncError:
+            server.stop()
+            raise
+        self._server, self._served_gamma = server, gamma
+        return server.url
+
+    def _stop_server(self) -> None:
+        server, self._server, self._served_gamma = self._server, None, None
+        if server is not None:
+            server.stop()
+
     def close(self) -> None:
         import torch
 
+        self._stop_server()
         self._engines.clear()
         torch.set_num_threads(self._threads_before)

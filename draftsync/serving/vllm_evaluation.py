@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from draftsync.errors import DraftsyncError
-from draftsync.serving.evaluation import EvalRequest, RequestResult
+from draftsync.serving.evaluation import SERVED_NAME, EvalRequest, RequestResult
 from draftsync.speculative.methods import CHECKPOINT_METHODS, METHODS, NGRAM, VLLM_METHODS
 
 WARM_UP_PROMPT = "def main():\n    return 0\n"
 MAX_CHAIN_GAMMA = 16  # chained drafters propose as far as asked; the reference backend stops at 16 too
-SERVED_NAME = "evaluation"
 # Timings per request, on top of the per-request spec-decode counts every speculative launch asks for.
 TIMING_FLAG = "--enable-per-request-metrics"
 REQUEST_TIMEOUT_S = 600.0
@@ -187,11 +186,12 @@ class VllmBackend:
         self.engine = engine  # found when the first server starts
         self.starts = 0
         self._server: Any = None
-        self._gamma: int | None = None
+        self._key: tuple | None = None  # (gamma, schedule) of the running server
         self._tokenizer: Any = None
 
-    def launch(self, gamma: int, port: int) -> Any:
-        """The rendered `vllm serve` launch for `gamma` (0: the target alone; ngram always drafts)."""
+    def launch(self, gamma: int, port: int, schedule: list | None = None) -> Any:
+        """The rendered `vllm serve` launch for `gamma` (0: the target alone; ngram always drafts), with a
+        per-batch-size `schedule` when given."""
         from draftsync.serving.vllm_args import render_vllm_command
 
         if gamma > self.max_gamma:
@@ -209,6 +209,7 @@ class VllmBackend:
             port,
             SERVED_NAME,
             extra_args=[*self.extra_args, TIMING_FLAG],
+            schedule=schedule if speculating else None,
             prompt_lookup_min=self.prompt_lookup[0],
             prompt_lookup_max=self.prompt_lookup[1],
         )
@@ -217,25 +218,31 @@ class VllmBackend:
         """The `speculative_config` the server for `gamma` is launched with (for the record)."""
         return self.launch(gamma, 0).speculative_config if gamma else None
 
-    def server(self, gamma: int) -> Any:
-        """The running server for `gamma`, starting it (and stopping the one before) when gamma changes."""
+    def endpoint(self, gamma: int, schedule: list | None = None) -> str:
+        """The URL of the server for `gamma` (and `schedule`), started when either changes."""
+        return self.server(gamma, schedule).url
+
+    def server(self, gamma: int, schedule: list | None = None) -> Any:
+        """The running server for `gamma` (and `schedule`), starting it (and stopping the one before) when either
+        changes."""
         from draftsync.serving.process import free_port
         from draftsync.serving.vllm_engine import find_vllm_engine, start_vllm_server, wait_until_serving
 
-        if self._server is not None and self._gamma == gamma:
+        key = (gamma, tuple(tuple(entry) for entry in schedule or ()))
+        if self._server is not None and self._key == key:
             if not self._server.running():  # died since its last answer: say so rather than restart it quietly
                 raise self._died("the server process is gone")
             return self._server
-        launch = self.launch(gamma, 0)  # refuses a gamma the drafter cannot serve before anything stops
+        self.launch(gamma, 0, schedule)  # refuses a gamma or schedule the drafter cannot serve before anything stops
         self._stop()
         self.engine = self.engine or find_vllm_engine()
         port = free_port()
-        launch = self.launch(gamma, port)
-        log = self.log_dir / f"evaluation-gamma{gamma}-{port}.log"
+        launch = self.launch(gamma, port, schedule)
+        log = self.log_dir / f"evaluation-gamma{gamma}{'-scheduled' if schedule else ''}-{port}.log"
         server = start_vllm_server(self.engine, launch.argv, "127.0.0.1", port, log)
         self.starts += 1
         wait_until_serving(server, f"evaluation at gamma {gamma}")
-        self._server, self._gamma = server, gamma
+        self._server, self._key = server, key
         for temperature in (0.0, 1.0):  # greedy and sampled verification take different paths: warm both
             self._complete(self._token_ids(WARM_UP_PROMPT), 8, temperature, 0)
         return server
@@ -280,8 +287,9 @@ class VllmBackend:
         server = self._server
         state = "died" if not server.running() else "failed a request"
         cause = engine_error_line(server.log_path) or what
+        gamma = self._key[0] if self._key else "?"
         return DraftsyncError(
-            f"vLLM serving the pair at gamma {self._gamma} {state} mid-run: {cause} (log: {server.log_path})",
+            f"vLLM serving the pair at gamma {gamma} {state} mid-run: {cause} (log: {server.log_path})",
             "read the log for the cause and rerun: the drafter stays a candidate, and a sync resumes at validation",
         )
 
@@ -297,7 +305,7 @@ class VllmBackend:
         return results
 
     def _stop(self) -> None:
-        server, self._server, self._gamma = self._server, None, None
+        server, self._server, self._key = self._server, None, None
         if server is not None:
             server.stop()
 

@@ -1,7 +1,7 @@
 """The `validate-drafter` task: the checklist (validation/runner.py) on the CPU reference engine or on vLLM.
 
-The checklist itself is Prefect-free; this task chooses the evaluation backend and the servers stress runs
-against, and hands the checklist the run logger so its sweep and verdict show in the Prefect UI.
+The checklist itself is Prefect-free; this task chooses the evaluation backend (whose servers stress loads too) and
+hands the checklist the run logger so its sweep and verdict show in the Prefect UI.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.profiles import ValidationProfile
-from draftsync.serving.evaluation import EvalRequest, EvaluationBackend
+from draftsync.serving.evaluation import EvaluationBackend
 from draftsync.tasks import context
 from draftsync.validation.checklist import UNSCHEDULED_METHODS
 from draftsync.validation.result import ChecklistResult
@@ -33,41 +33,23 @@ def validate_drafter(
     """The checklist on real vLLM servers or on the CPU reference engine (`backend`, default the profile's: see
     `evaluation_backend`); stress runs against served instances of the same kind (the reference server, or vLLM)."""
     from draftsync.speculative.drafters import drafter_method
-    from draftsync.validation.stress import stress_served_pair
 
     backend = evaluation_backend(backend or profile.backend)
     no_schedule_reason = UNSCHEDULED_METHODS.get(drafter_method(drafter_dir))
-    # The schedule needs real batching: none for a method served without one, none from the reference server,
-    # which answers one request at a time (its levels would measure queueing).
-    batch_sizes = () if no_schedule_reason or backend == "reference" else profile.schedule_batch_sizes
+    # The schedule needs real batching: none from the reference server, which answers one request at a time (its
+    # levels would measure queueing); a method served without one gets none either (run_checklist).
+    batch_sizes = () if backend == "reference" else profile.schedule_batch_sizes
     log_dir = context.settings().root / "serving"
     if backend == "reference":
         from draftsync.serving.evaluation import ReferenceBackend
 
-        chosen: EvaluationBackend = ReferenceBackend(target_dir, drafter_dir)
+        chosen: EvaluationBackend = ReferenceBackend(target_dir, drafter_dir, log_dir=log_dir)
         _check_pair(chosen, target_dir, drafter_dir)
     else:
         from draftsync.serving.vllm_evaluation import VllmBackend
 
         chosen = VllmBackend(target_dir, drafter_dir, log_dir=log_dir)
     context.logger().info("validating on the %s backend", backend)
-
-    def stress(gamma: int, requests: list[EvalRequest]) -> dict:
-        rate = profile.qps * profile.stress_factor
-        return stress_served_pair(
-            backend,
-            target_dir,
-            drafter_dir,
-            gamma,
-            requests,
-            rate,
-            profile.stress_concurrency,
-            profile.temperature,
-            seed,
-            log_dir,
-            batch_sizes=batch_sizes,
-        )
-
     try:
         return run_checklist(
             chosen,
@@ -77,7 +59,8 @@ def validate_drafter(
             profile,
             seed,
             data_check_failures,
-            stress if run_stress else None,
+            run_stress,
+            batch_sizes,
             no_schedule_reason,
             context.logger(),
         )

@@ -79,7 +79,7 @@ class ChecklistResult:
     acceptance_by_length: list[dict[str, Any]]  # `checklist.acceptance_by_length`'s buckets
     tpot_ms: TpotMs
     speedup: float
-    stress: dict[str, Any] | None  # `stress.stress_served_pair`'s result; None when stress did not run
+    stress: dict[str, Any] | None  # `stress.stress_comparison` (and `schedule_check`); None when not run
     # vLLM's num_speculative_tokens_per_batch_size, when stress ran per batch size: [(start, end, gamma)]
     speculation_schedule: list[tuple[int, int, int]] | None
     speculation_schedule_note: str | None  # why the drafter's method takes no schedule

@@ -30,14 +30,20 @@ import json
 import logging
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import ValidationProfile
-from draftsync.serving.evaluation import EvalRequest, EvaluationBackend, RequestResult, checkpoint_weight_bytes
+from draftsync.serving.evaluation import (
+    SERVED_NAME,
+    EvalRequest,
+    EvaluationBackend,
+    RequestResult,
+    checkpoint_weight_bytes,
+)
 from draftsync.validation.checklist import (
     Gate,
     acceptance_by_length,
@@ -48,10 +54,9 @@ from draftsync.validation.checklist import (
     summarize_acceptance,
 )
 from draftsync.validation.result import AcceptanceFigures, ChecklistResult, MemoryFootprint, RequestCounts, TpotMs
+from draftsync.validation.stress import StressLoad, schedule_check, stress_comparison
 
 GREEDY_CHECK_REQUESTS = 8  # at T>0 the equivalence check reruns this many requests greedily
-
-StressRunner = Callable[[int, list[EvalRequest]], dict]  # (gamma, requests) -> stress_served_pair's result
 
 
 def validation_requests(task_mix: dict[str, float], count: int, max_tokens: int, seed: int) -> list[EvalRequest]:
@@ -143,6 +148,7 @@ class _Runs:
     spec_greedy: list[RequestResult]  # T=0 with speculation (the validation set itself when T is 0)
     plain_greedy: list[RequestResult]
     long: list[RequestResult]
+    stress: dict | None  # `stress.stress_comparison` (+ `schedule_check`); None when stress did not run
 
 
 def _long_requests(
@@ -178,6 +184,7 @@ def _measure_request_by_request(
     profile: ValidationProfile,
     seed: int,
     logger: Any,
+    stress: StressLoad | None,
 ) -> _Runs:
     """Where switching gamma is free (the reference engine): the sweep, then each request with speculation and
     without back to back, so a burst of load on a shared machine hits both sides of a ratio."""
@@ -191,7 +198,27 @@ def _measure_request_by_request(
         spec_greedy = backend.generate(greedy_set, knee, 0.0, seed)
         plain_greedy = backend.generate(greedy_set, 0, 0.0, seed)
     long = backend.generate(long_requests, knee, temperature, seed + 1000)
-    return _Runs(sweep, sweep_plain_tpot, knee, fastest, spec, plain, spec_greedy, plain_greedy, long)
+    stressed = None
+    if stress is not None:
+        stressed = stress_comparison(
+            stress.run(backend.endpoint(knee), SERVED_NAME), _plain_stress(backend, stress), knee
+        )
+        stressed = _check_schedule(backend, stress, knee, stressed)
+    return _Runs(sweep, sweep_plain_tpot, knee, fastest, spec, plain, spec_greedy, plain_greedy, long, stressed)
+
+
+def _plain_stress(backend: EvaluationBackend, stress: StressLoad) -> dict:
+    return stress.run(backend.endpoint(0), SERVED_NAME)
+
+
+def _check_schedule(backend: EvaluationBackend, stress: StressLoad, knee: int, stressed: dict) -> dict:
+    """Relaunch the pair with the schedule stress measured and load it at each concurrency again."""
+    schedule = stressed.get("schedule")
+    if not schedule:
+        return stressed
+    return schedule_check(
+        stressed, stress.levels(backend.endpoint(knee, [list(entry) for entry in schedule]), SERVED_NAME)
+    )
 
 
 def _measure_gamma_by_gamma(
@@ -201,16 +228,17 @@ def _measure_gamma_by_gamma(
     profile: ValidationProfile,
     seed: int,
     logger: Any,
+    stress: StressLoad | None,
 ) -> _Runs:
-    """Where each gamma is its own engine (vLLM): every request a gamma needs runs while its engine is up, so the
-    checklist costs one start per swept gamma and one for plain decoding, plus one more only when the knee is not
-    the last gamma swept. The sweep runs from the largest gamma down, as the knee is usually a small one; the
-    sweep's plain TPOT is that of the same requests on the plain engine."""
+    """Where each gamma is its own engine (vLLM): everything a server is needed for runs while it is up. The sweep
+    runs from the largest gamma down, as the knee is usually a small one; the knee's requests and the speculative
+    half of stress then reuse the last server when it is the knee's; plain decoding (the validation set, the greedy
+    set at T>0, the plain half of stress) comes next on one server, and the relaunch with the measured schedule
+    last. That is one start per swept gamma, one for plain decoding, one for the schedule, and one more only when
+    the knee is not the smallest gamma."""
     temperature = profile.temperature
     sweep_count = min(len(requests), profile.sweep_requests)
     greedy_set = requests[:GREEDY_CHECK_REQUESTS]
-    plain = backend.generate(requests, 0, temperature, seed)
-    plain_greedy = backend.generate(greedy_set, 0, 0.0, seed) if temperature > 0 else plain
     by_gamma = {
         gamma: backend.generate(requests[:sweep_count], gamma, temperature, seed)
         for gamma in sorted(_sweep_gammas(backend, profile), reverse=True)
@@ -222,8 +250,16 @@ def _measure_gamma_by_gamma(
         result.index = index
     spec_greedy = backend.generate(greedy_set, knee, 0.0, seed) if temperature > 0 else spec
     long = backend.generate(long_requests, knee, temperature, seed + 1000)
+    speculative_stress = stress.run(backend.endpoint(knee), SERVED_NAME) if stress is not None else None
+
+    plain = backend.generate(requests, 0, temperature, seed)
+    plain_greedy = backend.generate(greedy_set, 0, 0.0, seed) if temperature > 0 else plain
+    stressed = None
+    if stress is not None and speculative_stress is not None:
+        stressed = stress_comparison(speculative_stress, _plain_stress(backend, stress), knee)
+        stressed = _check_schedule(backend, stress, knee, stressed)
     sweep_plain_tpot = pooled_tpot_ms(plain[:sweep_count])
-    return _Runs(sweep, sweep_plain_tpot, knee, fastest, spec, plain, spec_greedy, plain_greedy, long)
+    return _Runs(sweep, sweep_plain_tpot, knee, fastest, spec, plain, spec_greedy, plain_greedy, long, stressed)
 
 
 def run_checklist(
@@ -234,12 +270,15 @@ def run_checklist(
     profile: ValidationProfile,
     seed: int = 0,
     data_check_failures: int | None = None,
-    stress: StressRunner | None = None,
+    run_stress: bool = True,
+    batch_sizes: Sequence[int] = (),
     no_schedule_reason: str | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
 ) -> ChecklistResult:
     """Run every measurement through `backend` and judge the gates.
 
+    Stress (`run_stress`, and `profile.stress_requests` > 0) loads the backend's served instances; with
+    `batch_sizes` it also measures the per-batch-size schedule and relaunches the pair with it.
     `no_schedule_reason`: why the drafter cannot be served with a per-batch-size schedule (its method's entry
     in UNSCHEDULED_METHODS); the result then records that reason and no schedule, whatever stress measured.
     `logger`: where the sweep and the verdict are logged (a Prefect run logger shows them in the UI)."""
@@ -248,19 +287,24 @@ def run_checklist(
     requests = validation_requests(task_mix, profile.requests, profile.max_tokens, seed + 11)
     long_requests = _long_requests(requests, target_dir, task_mix, profile, seed)
     long_tokens = long_requests[0].max_tokens
+    stress = None
+    if run_stress and profile.stress_requests > 0:
+        stress = StressLoad(
+            tuple(requests[: profile.stress_requests]),
+            profile.qps * profile.stress_factor,
+            profile.stress_concurrency,
+            temperature,
+            seed,
+            () if no_schedule_reason else tuple(batch_sizes),
+        )
     measure = _measure_request_by_request if getattr(backend, "cheap_gamma_switch", False) else _measure_gamma_by_gamma
-    runs = measure(backend, requests, long_requests, profile, seed, logger)
+    runs = measure(backend, requests, long_requests, profile, seed, logger, stress)
     sweep, knee, fastest = runs.sweep, runs.knee, runs.fastest
     spec, plain, spec_greedy, plain_greedy, long = runs.spec, runs.plain, runs.spec_greedy, runs.plain_greedy, runs.long
     acceptance, greedy_acceptance = summarize_acceptance(spec), summarize_acceptance(spec_greedy)
     speedup = paired_speedup(spec, plain)
     long_summary = summarize_acceptance(long)
-    close_servers = getattr(backend, "close", None)
-    if stress is not None and not getattr(backend, "cheap_gamma_switch", False) and callable(close_servers):
-        close_servers()  # stress starts servers of its own: one engine on the device at a time
-
-    run_stress = stress is not None and profile.stress_requests > 0
-    stress_result = stress(knee, requests[: profile.stress_requests]) if stress is not None and run_stress else None
+    stress_result = runs.stress
     drafter_bytes, target_bytes = checkpoint_weight_bytes(drafter_dir), checkpoint_weight_bytes(target_dir)
     overhead = drafter_bytes / target_bytes
 

@@ -1,5 +1,8 @@
 """Stress at a multiple of normal QPS against served instances: speculation on, then off, same requests.
 
+The served instances are the evaluation backend's own (`EvaluationBackend.endpoint`: vLLM servers, or the CPU
+reference server), so on vLLM stress reuses the servers the checklist has up anyway.
+
 The seed's pre-go-live step 2: speculation must not degrade under concurrency. Requests arrive on a
 fixed schedule (stress_factor x qps) whether or not earlier ones have finished, up to `concurrency`
 clients in flight; each request's latency counts from its scheduled arrival, so queueing on an
@@ -14,7 +17,7 @@ import math
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from dataclasses import dataclass
 
 from draftsync.serving.evaluation import EvalRequest
 
@@ -76,86 +79,62 @@ def drive_load(
     }
 
 
-def stress_served_pair(
-    server: str,
-    target_dir: str,
-    drafter_dir: str,
-    gamma: int,
-    requests: Sequence[EvalRequest],
-    rate: float,
-    concurrency: int,
-    temperature: float,
-    seed: int,
-    log_dir: Path,
-    batch_sizes: Sequence[int] = (),
-) -> dict:
-    """Serve the pair (`server`: "reference" for the CPU reference server, "vllm" for `vllm serve`), drive the
-    load; again without the drafter; compare.
+@dataclass(frozen=True)
+class StressLoad:
+    """The load stress puts on one served instance: `requests` arriving at `rate` per second with at most
+    `concurrency` in flight, then closed-loop load at each of `batch_sizes` (as fast as it answers: on vLLM, whose
+    continuous batching runs every request in flight together, concurrency c is a decode batch of c)."""
 
-    With `batch_sizes`, each server also runs closed-loop load at each of those concurrencies (as fast as it
-    answers): on vLLM, whose continuous batching runs every request in flight together, concurrency c is a
-    decode batch of c, and the figures give `speculation_schedule` its data (gamma vs plain per batch size).
-    The reference server answers one request at a time, so there the levels measure queueing, not batching."""
-    from draftsync.serving.process import ServerProcess, free_port
-    from draftsync.serving.reference_server import reference_server_command
-    from draftsync.serving.vllm_args import render_vllm_command
-    from draftsync.serving.vllm_engine import find_vllm_engine, start_vllm_server, wait_until_serving
-    from draftsync.speculative.drafters import drafter_method
+    requests: tuple[EvalRequest, ...]
+    rate: float
+    concurrency: int
+    temperature: float
+    seed: int
+    batch_sizes: tuple[int, ...] = ()
 
-    engine = find_vllm_engine() if server == "vllm" else None
-    method = drafter_method(drafter_dir)
+    def levels(self, endpoint: str, model: str) -> dict[int, dict]:
+        """Closed-loop load at each batch size, at least twice as many requests as clients."""
+        requests = self.requests
+        return {
+            size: drive_load(
+                endpoint,
+                model,
+                [requests[i % len(requests)] for i in range(max(len(requests), 2 * size))],
+                math.inf,
+                size,
+                self.temperature,
+                self.seed,
+            )
+            for size in self.batch_sizes
+        }
 
-    def launch(mode: str, drafter: str | None, schedule: list | None = None) -> ServerProcess:
-        port = free_port()
-        log = log_dir / f"stress-{mode}-{port}.log"
-        if engine is not None:
-            argv = render_vllm_command(
-                target_dir, drafter, method if drafter else None, gamma, "127.0.0.1", port, "stress", schedule=schedule
-            ).argv
-            return start_vllm_server(engine, argv, "127.0.0.1", port, log)
-        argv = reference_server_command(target_dir, drafter, gamma, "127.0.0.1", port, "stress")
-        return ServerProcess(argv, "127.0.0.1", port, log, env={"DRAFTSYNC_TORCH_THREADS": "1"}).start()
+    def run(self, endpoint: str, model: str) -> dict:
+        """The open-loop run, then the closed-loop levels, against one served instance."""
+        opened = drive_load(endpoint, model, self.requests, self.rate, self.concurrency, self.temperature, self.seed)
+        return {**opened, "by_batch_size": self.levels(endpoint, model)}
 
-    def closed_loop(process: ServerProcess, size: int) -> dict:
-        closed = [requests[i % len(requests)] for i in range(max(len(requests), 2 * size))]
-        return drive_load(process.url, "stress", closed, math.inf, size, temperature, seed)
 
-    def load(mode: str, process: ServerProcess) -> None:
-        if engine is not None:
-            wait_until_serving(process, f"stress ({mode})")
-        else:
-            process.wait_healthy(timeout=180)
-        runs[mode] = drive_load(process.url, "stress", requests, rate, concurrency, temperature, seed)
-        for size in batch_sizes:
-            runs.setdefault("by_batch_size", {}).setdefault(size, {})[mode] = closed_loop(process, size)
+def stress_comparison(speculative: dict, plain: dict, gamma: int) -> dict:
+    """Speculative against plain under the same load: the speedup, every error, and where the levels were measured,
+    vLLM's per-batch-size schedule (gamma where it was faster, 0 where plain decoding was)."""
+    from draftsync.validation.checklist import speculation_schedule
 
-    runs: dict = {}
-    pairs = (("speculative", drafter_dir), ("plain", None))
-    if server == "vllm":  # one GPU: one engine at a time
-        for mode, drafter in pairs:
-            with launch(mode, drafter) as process:
-                load(mode, process)
-    else:  # CPU reference servers load at the same time (seconds saved), then take turns under load
-        processes = {}
-        try:
-            for mode, drafter in pairs:
-                processes[mode] = launch(mode, drafter)
-            for mode, process in processes.items():
-                load(mode, process)
-        finally:
-            for process in processes.values():
-                process.stop()
-    spec, plain = runs["speculative"]["ms_per_token"], runs["plain"]["ms_per_token"]
-    result = {
-        "speculative": runs["speculative"],
-        "plain": runs["plain"],
-        "errors": runs["speculative"]["errors"] + runs["plain"]["errors"],
-        "speedup": plain / spec if spec and plain else None,
+    runs = {
+        mode: {k: v for k, v in run.items() if k != "by_batch_size"}
+        for mode, run in (("speculative", speculative), ("plain", plain))
     }
-    if batch_sizes:
-        from draftsync.validation.checklist import speculation_schedule
-
-        by_size = runs["by_batch_size"]
+    spec_ms, plain_ms = runs["speculative"]["ms_per_token"], runs["plain"]["ms_per_token"]
+    result: dict = {
+        **runs,
+        "errors": runs["speculative"]["errors"] + runs["plain"]["errors"],
+        "speedup": plain_ms / spec_ms if spec_ms and plain_ms else None,
+    }
+    sizes = sorted(speculative.get("by_batch_size") or {})
+    if sizes:
+        by_size = {
+            size: {"speculative": speculative["by_batch_size"][size], "plain": plain["by_batch_size"][size]}
+            for size in sizes
+        }
         result["by_batch_size"] = by_size
         result["errors"] += sum(level["errors"] for modes in by_size.values() for level in modes.values())
         measured = {
@@ -164,21 +143,24 @@ def stress_served_pair(
             if modes["plain"]["ms_per_token"] and modes["speculative"]["ms_per_token"]
         }
         result["schedule"] = speculation_schedule(measured) if measured else None
-        if engine is not None and result["schedule"]:
-            # vLLM picks k per decode batch from the schedule: relaunched with it, the pair must be no slower than
-            # plain decoding at any measured concurrency (what the schedule promises).
-            with launch("scheduled", drafter_dir, result["schedule"]) as process:
-                wait_until_serving(process, "stress (scheduled)")
-                levels = {size: closed_loop(process, size) for size in batch_sizes}
-            result["errors"] += sum(level["errors"] for level in levels.values())
-            result["schedule_check"] = {
-                size: {
-                    "scheduled_ms_per_token": level["ms_per_token"],
-                    "plain_ms_per_token": by_size[size]["plain"]["ms_per_token"],
-                    "speedup": by_size[size]["plain"]["ms_per_token"] / level["ms_per_token"]
-                    if level["ms_per_token"] and by_size[size]["plain"]["ms_per_token"]
-                    else None,
-                }
-                for size, level in levels.items()
-            }
     return result
+
+
+def schedule_check(result: dict, scheduled: dict[int, dict]) -> dict:
+    """The pair relaunched with its measured schedule, loaded at each concurrency again, against plain decoding
+    there: whether vLLM's per-batch choice does what the schedule says (no slower than plain anywhere)."""
+    by_size = result["by_batch_size"]
+    check = {}
+    for size, level in scheduled.items():
+        plain_ms, scheduled_ms = by_size[size]["plain"]["ms_per_token"], level["ms_per_token"]
+        check[size] = {
+            "scheduled_ms_per_token": scheduled_ms,
+            "plain_ms_per_token": plain_ms,
+            "speedup": plain_ms / scheduled_ms if plain_ms and scheduled_ms else None,
+            "errors": level["errors"],
+        }
+    return {
+        **result,
+        "schedule_check": check,
+        "errors": result["errors"] + sum(level["errors"] for level in scheduled.values()),
+    }

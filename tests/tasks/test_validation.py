@@ -1,7 +1,6 @@
 """validate_drafter on the reference engine with tiny checkpoints: the gamma sweep stops at what the drafter
 proposes, and no load per batch size is asked of the reference server, which answers one request at a time (the
-schedule is measured on vLLM: tests/vllm/test_vllm_checklist.py). Stress is stubbed here (its servers are tested
-in test_stress.py)."""
+schedule is measured on vLLM: tests/vllm/test_vllm_checklist.py). Stress runs for real, against reference servers."""
 
 from __future__ import annotations
 
@@ -53,42 +52,27 @@ def checkpoints(tmp_path_factory):
     return target_dir, build_tiny_drafter(target_dir, root / "eagle3", gamma=3), medusa
 
 
-@pytest.fixture
-def stress_calls(monkeypatch):
-    """Stub stress runs, recorded; each returns a schedule whatever it was asked, so the checklist's own refusal is
-    what keeps one off a Medusa drafter."""
-    calls = []
-
-    def stress_served_pair(
-        server, target_dir, drafter_dir, gamma, requests, rate, concurrency, temperature, seed, log_dir, batch_sizes=()
-    ):
-        calls.append((gamma, tuple(batch_sizes)))
-        return {"speedup": 1.0, "errors": 0, "schedule": [(1, 7, gamma), (8, 8, 0)]}
-
-    monkeypatch.setattr("draftsync.validation.stress.stress_served_pair", stress_served_pair)
-    return calls
-
-
 def validate(target_dir, drafter_dir) -> ChecklistResult:
     return validate_drafter.fn(str(target_dir), str(drafter_dir), {"code": 1.0}, PROFILE)
 
 
-def test_a_medusa_drafter_gets_no_schedule_and_a_knee_within_its_heads(checkpoints, stress_calls):
+def test_a_medusa_drafter_gets_no_schedule_and_a_knee_within_its_heads(checkpoints):
     target_dir, _, medusa = checkpoints
     result = validate(target_dir, medusa)
     assert [row["gamma"] for row in result.gamma_sweep] == [2]  # 2..4 asked, 2 heads
     assert result.gamma_knee == 2
-    assert stress_calls == [(2, ())]  # no load per batch size: nothing could use it
+    assert result.stress["errors"] == 0 and "by_batch_size" not in result.stress  # nothing could use the levels
     assert result.speculation_schedule is None
     assert result.speculation_schedule_note is not None
     assert "exactly num_speculative_tokens at every batch size" in result.speculation_schedule_note
 
 
-def test_the_reference_server_is_asked_for_no_load_per_batch_size(checkpoints, stress_calls):
+def test_the_reference_server_is_asked_for_no_load_per_batch_size(checkpoints):
     target_dir, eagle3, _ = checkpoints
     result = validate(target_dir, eagle3)
-    knee = result.gamma_knee
     assert [row["gamma"] for row in result.gamma_sweep] == [2, 3, 4]
     assert result.backend == "reference"
-    assert stress_calls == [(knee, ())]  # one request at a time: its levels would measure queueing, not batching
-    assert result.speculation_schedule_note is None
+    # One request at a time: its levels would measure queueing, not batching, so the profile's (1, 8) are not run.
+    assert result.stress["errors"] == 0 and result.stress["plain"]["requests"] == PROFILE.stress_requests
+    assert "by_batch_size" not in result.stress
+    assert result.speculation_schedule is None and result.speculation_schedule_note is None

@@ -1,4 +1,5 @@
-"""Stress against real reference-server subprocesses: the pair with and without speculation, errors counted."""
+"""Stress against real reference-server subprocesses (the reference backend's endpoints): the pair with and without
+speculation under the same load, errors counted, closed-loop levels turned into a schedule."""
 
 from __future__ import annotations
 
@@ -20,28 +21,43 @@ def pair(tmp_path_factory):
 REQUESTS = [EvalRequest(p, "code", 8) for p in ("def add(", "The sum of 12", "Permission is", "def add(a")]
 
 
-def test_the_pair_is_stressed_with_and_without_speculation_on_the_same_requests(pair, tmp_path):
-    from draftsync.validation.stress import stress_served_pair
+@pytest.fixture
+def backend(pair, tmp_path):
+    from draftsync.serving.evaluation import ReferenceBackend
 
     target, drafter = pair
-    result = stress_served_pair(
-        "reference",
-        str(target),
-        str(drafter),
-        2,
-        REQUESTS,
-        rate=20.0,
-        concurrency=3,
-        temperature=0.0,
-        seed=0,
-        log_dir=tmp_path,
-    )
+    backend = ReferenceBackend(target, drafter, log_dir=tmp_path)
+    yield backend
+    backend.close()
+
+
+def stressed(backend, gamma: int, load) -> dict:
+    from draftsync.serving.evaluation import SERVED_NAME
+    from draftsync.validation.stress import stress_comparison
+
+    speculative = load.run(backend.endpoint(gamma), SERVED_NAME)
+    return stress_comparison(speculative, load.run(backend.endpoint(0), SERVED_NAME), gamma)
+
+
+def test_the_pair_is_stressed_with_and_without_speculation_on_the_same_requests(backend):
+    from draftsync.validation.stress import StressLoad
+
+    result = stressed(backend, 2, StressLoad(tuple(REQUESTS), rate=20.0, concurrency=3, temperature=0.0, seed=0))
     for mode in ("speculative", "plain"):
         run = result[mode]
         assert run["requests"] == 4 and run["errors"] == 0, run
         assert run["completion_tokens"] == 4 * 8 and run["ms_per_token"] > 0
     assert result["errors"] == 0
     assert result["speedup"] == pytest.approx(result["plain"]["ms_per_token"] / result["speculative"]["ms_per_token"])
+    assert "by_batch_size" not in result and "schedule" not in result
+
+
+def test_the_reference_server_takes_no_schedule(backend):
+    from draftsync.errors import DraftsyncError
+
+    with pytest.raises(DraftsyncError, match="no per-batch-size schedule") as caught:
+        backend.endpoint(2, [[1, 4, 2]])
+    assert "vllm" in caught.value.fix
 
 
 def test_every_failed_request_under_load_is_counted_as_an_error(pair, tmp_path):
@@ -71,23 +87,11 @@ def test_every_failed_request_under_load_is_counted_as_an_error(pair, tmp_path):
     assert too_long["errors"] == 1 and "HTTP 400" in too_long["error_examples"][0]
 
 
-def test_closed_loop_load_per_batch_size_yields_a_gamma_schedule(pair, tmp_path):
-    from draftsync.validation.stress import stress_served_pair
+def test_closed_loop_load_per_batch_size_yields_a_gamma_schedule(backend):
+    from draftsync.validation.stress import StressLoad, schedule_check
 
-    target, drafter = pair
-    result = stress_served_pair(
-        "reference",
-        str(target),
-        str(drafter),
-        2,
-        REQUESTS,
-        rate=20.0,
-        concurrency=2,
-        temperature=0.0,
-        seed=0,
-        log_dir=tmp_path,
-        batch_sizes=(1, 3),
-    )
+    load = StressLoad(tuple(REQUESTS), rate=20.0, concurrency=2, temperature=0.0, seed=0, batch_sizes=(1, 3))
+    result = stressed(backend, 2, load)
     assert set(result["by_batch_size"]) == {1, 3}
     for size, modes in result["by_batch_size"].items():
         assert modes["speculative"]["concurrency"] == size and modes["plain"]["errors"] == 0
@@ -96,3 +100,13 @@ def test_closed_loop_load_per_batch_size_yields_a_gamma_schedule(pair, tmp_path)
     assert schedule[0][0] == 1 and schedule[-1][1] == 3  # the ranges cover batch sizes 1..3
     assert all(gamma in (0, 2) for _, _, gamma in schedule)
     assert all(a[1] + 1 == b[0] for a, b in zip(schedule, schedule[1:], strict=False))
+
+    # The check compares levels measured again (here: the speculative server's, standing in for a relaunch) with
+    # plain decoding at each concurrency.
+    from draftsync.serving.evaluation import SERVED_NAME
+
+    checked = schedule_check(result, load.levels(backend.endpoint(2), SERVED_NAME))
+    for size, level in checked["schedule_check"].items():
+        assert level["plain_ms_per_token"] == result["by_batch_size"][size]["plain"]["ms_per_token"]
+        assert level["speedup"] == pytest.approx(level["plain_ms_per_token"] / level["scheduled_ms_per_token"])
+    assert checked["errors"] == 0

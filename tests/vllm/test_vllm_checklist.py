@@ -68,36 +68,18 @@ def test_per_request_counts_are_vllms_own_and_add_up_to_its_counters(vllm_engine
 def test_the_checklist_runs_on_vllm_with_one_start_per_gamma(vllm_engine, built_targets, family_drafters, tmp_path):
     from draftsync.serving.vllm_evaluation import VllmBackend
     from draftsync.validation.runner import run_checklist
-    from draftsync.validation.stress import stress_served_pair
 
     target_dir, drafter_dir = str(built_targets[1]), str(family_drafters["eagle3"])
     backend = VllmBackend(target_dir, drafter_dir, log_dir=tmp_path)
-
-    def stress(gamma, requests):
-        rate = PROFILE.qps * PROFILE.stress_factor
-        return stress_served_pair(
-            "vllm",
-            target_dir,
-            drafter_dir,
-            gamma,
-            requests,
-            rate,
-            PROFILE.stress_concurrency,
-            PROFILE.temperature,
-            0,
-            tmp_path,
-            batch_sizes=PROFILE.schedule_batch_sizes,
-        )
-
     try:
-        result = run_checklist(backend, target_dir, drafter_dir, MIX, PROFILE, 0, 0, stress)
+        result = run_checklist(backend, target_dir, drafter_dir, MIX, PROFILE, 0, 0, True, PROFILE.schedule_batch_sizes)
     finally:
         backend.close()
     assert result.backend == "vllm"
-    # Plain decoding, gamma 3, then gamma 2 (the sweep runs downwards); the knee's requests reuse the last server
-    # unless the knee is 3.
+    # Gamma 3, then gamma 2 (the sweep runs downwards); the knee's requests and the speculative half of stress reuse
+    # the last server unless the knee is 3; then one plain server (its requests and stress), one with the schedule.
     assert [row["gamma"] for row in result.gamma_sweep] == [2, 3]
-    assert backend.starts == result.requests.engine_starts == 3 + (result.gamma_knee != 2)
+    assert backend.starts == result.requests.engine_starts == 4 + (result.gamma_knee != 2)
 
     gates = {gate.name: gate for gate in result.gates}
     validation = [row for row in result.rows if row["phase"] == "validation"]
