@@ -21,6 +21,15 @@ STATE_BY_RULE = {
     "baseline": "BELOW BASELINE",
 }
 ACCEPTANCE_RULES = {"stale", "mismatch"}
+# Every state a deployment heading can show (STATE_BY_RULE's and OK): red acts now, amber is a warning.
+STATE_COLORS = {
+    "STALE": "#c00000",
+    "LINEAGE MISMATCH": "#c00000",
+    "MISMATCH": "#e69500",
+    "DECLINING": "#e69500",
+    "BELOW BASELINE": "#e69500",
+    "OK": "#2e7d32",
+}
 
 
 def deployment_state(findings: Sequence[Finding]) -> str:
@@ -157,7 +166,6 @@ def _html_body(
     chart_cids: Mapping[str, str],
 ) -> str:
     e = html.escape
-    colors = {"STALE": "#c00000", "LINEAGE MISMATCH": "#c00000", "MISMATCH": "#e69500", "OK": "#2e7d32"}
     parts = [
         '<html><body style="font-family: sans-serif">',
         "<h2>draftsync weekly acceptance report</h2>",
@@ -167,7 +175,7 @@ def _html_body(
     for s in summaries:
         findings = by_deployment.get(s.deployment, [])
         state = deployment_state(findings)
-        parts.append(f'<h3>{e(s.deployment)}: <span style="color:{colors[state]}">{e(state)}</span></h3>')
+        parts.append(f'<h3>{e(s.deployment)}: <span style="color:{STATE_COLORS[state]}">{e(state)}</span></h3>')
         parts.append('<table border="1" cellpadding="4" cellspacing="0">')
         rows = [
             ("Serving", _pair_text(s)),

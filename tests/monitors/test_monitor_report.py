@@ -333,3 +333,10 @@ def test_write_unsent_is_a_file_only(tmp_path, smtp_server):
     check_report(message_from_bytes(path.read_bytes(), policy=default_policy))
     assert store.outbox() == [] and mailer.retry_pending(END + HOUR) == []
     assert smtp_server.messages == []
+
+
+def test_every_state_a_heading_can_show_has_a_colour():
+    """A declining trend made the HTML body fail with KeyError: every state of STATE_BY_RULE, and OK, has one."""
+    from draftsync.monitors.report import STATE_BY_RULE, STATE_COLORS
+
+    assert set(STATE_COLORS) == {*STATE_BY_RULE.values(), "OK"}
