@@ -214,10 +214,6 @@ class VllmBackend:
             prompt_lookup_max=self.prompt_lookup[1],
         )
 
-    def speculative_config(self, gamma: int) -> dict | None:
-        """The `speculative_config` the server for `gamma` is launched with (for the record)."""
-        return self.launch(gamma, 0).speculative_config if gamma else None
-
     def endpoint(self, gamma: int, schedule: list | None = None) -> str:
         """The URL of the server for `gamma` (and `schedule`), started when either changes."""
         return self.server(gamma, schedule).url

@@ -200,19 +200,14 @@ def _measure_request_by_request(
     long = backend.generate(long_requests, knee, temperature, seed + 1000)
     stressed = None
     if stress is not None:
-        stressed = stress_comparison(
-            stress.run(backend.endpoint(knee), SERVED_NAME), _plain_stress(backend, stress), knee
-        )
-        stressed = _check_schedule(backend, stress, knee, stressed)
+        stressed = _finish_stress(backend, stress, knee, stress.run(backend.endpoint(knee), SERVED_NAME))
     return _Runs(sweep, sweep_plain_tpot, knee, fastest, spec, plain, spec_greedy, plain_greedy, long, stressed)
 
 
-def _plain_stress(backend: EvaluationBackend, stress: StressLoad) -> dict:
-    return stress.run(backend.endpoint(0), SERVED_NAME)
-
-
-def _check_schedule(backend: EvaluationBackend, stress: StressLoad, knee: int, stressed: dict) -> dict:
-    """Relaunch the pair with the schedule stress measured and load it at each concurrency again."""
+def _finish_stress(backend: EvaluationBackend, stress: StressLoad, knee: int, speculative: dict) -> dict:
+    """The plain half of stress, the comparison with the speculative half, and, when that gives a schedule, the
+    pair relaunched with it and loaded at each concurrency again."""
+    stressed = stress_comparison(speculative, stress.run(backend.endpoint(0), SERVED_NAME), knee)
     schedule = stressed.get("schedule")
     if not schedule:
         return stressed
@@ -256,8 +251,7 @@ def _measure_gamma_by_gamma(
     plain_greedy = backend.generate(greedy_set, 0, 0.0, seed) if temperature > 0 else plain
     stressed = None
     if stress is not None and speculative_stress is not None:
-        stressed = stress_comparison(speculative_stress, _plain_stress(backend, stress), knee)
-        stressed = _check_schedule(backend, stress, knee, stressed)
+        stressed = _finish_stress(backend, stress, knee, speculative_stress)
     sweep_plain_tpot = pooled_tpot_ms(plain[:sweep_count])
     return _Runs(sweep, sweep_plain_tpot, knee, fastest, spec, plain, spec_greedy, plain_greedy, long, stressed)
 

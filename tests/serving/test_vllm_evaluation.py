@@ -103,7 +103,7 @@ def test_the_backend_launches_what_a_rollout_serves_plus_per_request_timing(tiny
 
 def test_ngram_gets_its_lookup_window_and_a_bad_one_is_refused_at_once(tiny_target, tmp_path):
     backend = VllmBackend(tiny_target, None, "ngram", log_dir=tmp_path, prompt_lookup_min=2, prompt_lookup_max=6)
-    config = backend.speculative_config(3)
+    config = backend.launch(3, 0).speculative_config
     assert (config["method"], config["prompt_lookup_min"], config["prompt_lookup_max"]) == ("ngram", 2, 6)
     with pytest.raises(DraftsyncError, match="min=3, max=1"):
         VllmBackend(tiny_target, None, "ngram", log_dir=tmp_path, prompt_lookup_min=3, prompt_lookup_max=1)
@@ -134,9 +134,9 @@ def test_a_drafter_proposes_up_to_its_heads_or_as_far_as_asked(tiny_drafter, med
 def test_the_backend_sweeps_a_medusa_drafter_up_to_its_heads(tiny_target, medusa_drafter, tmp_path):
     backend = VllmBackend(tiny_target, medusa_drafter, log_dir=tmp_path)  # no server starts until asked
     assert (backend.method, backend.max_gamma) == ("medusa", 2)
-    assert backend.speculative_config(2)["num_speculative_tokens"] == 2
+    assert backend.launch(2, 0).speculative_config["num_speculative_tokens"] == 2
     with pytest.raises(DraftsyncError, match=r"gamma 3 is more than this drafter proposes \(2\)"):
-        backend.speculative_config(3)
+        backend.launch(3, 0)
 
 
 # ---- which method a drafter directory holds -----------------------------------------------------------------
