@@ -12,6 +12,7 @@ import hashlib
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from draftsync.errors import DraftsyncError
@@ -34,6 +35,7 @@ class SampleSource:
     """
 
     mode = "custom"
+    writer: str | None = None  # the engine that wrote the source's responses; None: it has none
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -106,7 +108,19 @@ class _Regenerated(SampleSource):
         batch_size: int,
         temperature: float,
         seed: int,
+        writer: str,
+        target_dir: str | Path | None,
+        log_dir: str | Path | None,
     ):
+        from draftsync.speculative.responses import WRITERS
+
+        if writer not in WRITERS:
+            raise DraftsyncError(f"unknown response writer {writer!r}", f"use one of {', '.join(WRITERS)}")
+        if writer == "vllm" and (target_dir is None or log_dir is None):
+            raise DraftsyncError(
+                "vLLM-written responses need the target's checkpoint directory and a folder for the server's log",
+                "pass target_dir and log_dir to regenerated_samples",
+            )
         self.model, self.tokenizer, self.task_prompts = model, tokenizer, list(task_prompts)
         self.max_new_tokens, self.batch_size, self.temperature, self.seed = (
             max_new_tokens,
@@ -114,13 +128,14 @@ class _Regenerated(SampleSource):
             temperature,
             seed,
         )
+        self.writer, self.target_dir, self.log_dir = writer, target_dir, log_dir
 
     def __len__(self) -> int:
         return len(self.task_prompts)
 
     @property
     def fingerprint(self) -> str:
-        settings = f"{self.mode}:{self.max_new_tokens}:{self.batch_size}:{self.temperature}:{self.seed}"
+        settings = f"{self.mode}:{self.max_new_tokens}:{self.batch_size}:{self.temperature}:{self.seed}:{self.writer}"
         return _digest_of(
             itertools.chain(
                 [settings, _tokenizer_identity(self.tokenizer)],
@@ -129,6 +144,9 @@ class _Regenerated(SampleSource):
         )
 
     def iter_from(self, start: int) -> Iterator[Sample]:
+        return self._vllm_from(start) if self.writer == "vllm" else self._hf_from(start)
+
+    def _hf_from(self, start: int) -> Iterator[Sample]:
         from draftsync.speculative.responses import generate_responses
 
         # Generation batches sit at fixed positions with their own seed, so starting mid-way produces the
@@ -149,11 +167,32 @@ class _Regenerated(SampleSource):
             for (task, _), ids, mask in list(zip(part, sequences, masks, strict=True))[skip:]:
                 yield Sample(task, ids, mask)
 
+    def _vllm_from(self, start: int) -> Iterator[Sample]:
+        from draftsync.speculative.responses import VllmResponseWriter
+
+        # Each response has its own seed by position, so a resumed build samples what a run from the start did.
+        part = self.task_prompts[start:]
+        if not part:
+            return
+        assert self.target_dir is not None and self.log_dir is not None  # checked in __init__
+        with VllmResponseWriter(self.target_dir, self.log_dir) as writer:
+            answers = writer.responses(
+                self.tokenizer,
+                (prompt for _, prompt in part),
+                self.max_new_tokens,
+                temperature=self.temperature,
+                seed=self.seed,
+                first=start,
+            )
+            for (task, _), (ids, mask) in zip(part, answers, strict=True):
+                yield Sample(task, ids, mask)
+
 
 class _Concatenated(SampleSource):
     def __init__(self, sources: Sequence[SampleSource]):
         self.sources = list(sources)
         self.mode = "+".join(dict.fromkeys(source.mode for source in self.sources))
+        self.writer = "+".join(dict.fromkeys(s.writer for s in self.sources if s.writer)) or None
 
     def __len__(self) -> int:
         return sum(len(source) for source in self.sources)
@@ -186,12 +225,19 @@ def regenerated_samples(
     batch_size: int = 32,
     temperature: float = 0.0,
     seed: int = 0,
+    writer: str = "hf",
+    target_dir: str | Path | None = None,
+    log_dir: str | Path | None = None,
 ) -> SampleSource:
     """(task, prompt) pairs answered by the target itself: prompt + response, loss on the response only.
 
-    Responses are generated one batch of prompts at a time, as the build consumes them.
+    Responses are generated as the build consumes them: by `model` one batch of prompts at a time (writer "hf"),
+    or by a vLLM server for `target_dir` (writer "vllm", its log in `log_dir`), many requests in flight, started
+    when the build reaches the first response and stopped when it has the last.
     """
-    return _Regenerated(model, tokenizer, task_prompts, max_new_tokens, batch_size, temperature, seed)
+    return _Regenerated(
+        model, tokenizer, task_prompts, max_new_tokens, batch_size, temperature, seed, writer, target_dir, log_dir
+    )
 
 
 def concat_samples(*sources: SampleSource) -> SampleSource:

@@ -90,6 +90,7 @@ def new_manifest(
     store_aux: bool,
     mode: str,
     fingerprint: str | None,
+    response_writer: str | None,
     shard_tokens: int,
     batch_size: int,
     max_batch_tokens: int,
@@ -106,6 +107,7 @@ def new_manifest(
         "dtype": dtype_name,
         "mode": mode,
         "source_fingerprint": fingerprint,
+        "response_writer": response_writer,  # the engine that wrote the responses ("hf", "vllm"); None: none
         "shard_tokens": shard_tokens,
         "batch_size": batch_size,
         "max_batch_tokens": max_batch_tokens,

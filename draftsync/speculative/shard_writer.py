@@ -131,6 +131,7 @@ def build_shards(
         max_seq_len = getattr(model.config, "max_position_embeddings", None)
     source_mode = mode if mode else getattr(samples, "mode", "custom")
     fingerprint = samples.fingerprint if isinstance(samples, SampleSource) else None
+    response_writer = samples.writer if isinstance(samples, SampleSource) else None
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -142,6 +143,7 @@ def build_shards(
         store_aux,
         source_mode,
         fingerprint,
+        response_writer,
         shard_tokens,
         batch_size,
         max_batch_tokens,

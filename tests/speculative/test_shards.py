@@ -323,9 +323,38 @@ def test_teacher_forced_and_regenerated_samples_stream_and_restart_anywhere(text
     both = concat_samples(texts, generated)
     manifest = build_shards(model, both, tmp_path, (0, 1, 2), batch_size=2)
     assert manifest["mode"] == "teacher_forced+regenerated" and manifest["num_sequences"] == 6
+    assert manifest["response_writer"] == "hf"
     assert manifest["target"]["name_or_path"] and manifest["source_fingerprint"] == both.fingerprint
     other = concat_samples(texts, regenerated_samples(model, tokenizer, prompts, max_new_tokens=5, batch_size=3))
     manifest["complete"] = False
     (tmp_path / MANIFEST_FILE).write_text(json.dumps(manifest))
     with pytest.raises(DraftsyncError, match="source_fingerprint"):
         build_shards(model, other, tmp_path, (0, 1, 2), batch_size=2)
+
+
+def test_a_failed_build_closes_its_source_so_a_server_it_started_stops(random_target, tmp_path):
+    """A source that writes responses with vLLM holds a server while it streams: an error in the build (here a
+    token outside the vocabulary) ends the stream at once (the loop's iterator goes as the error unwinds), so the
+    source's cleanup runs before the error reaches the caller."""
+    from draftsync.speculative.samples import SampleSource
+
+    class Streaming(SampleSource):
+        closed = False
+
+        def __len__(self) -> int:
+            return 4
+
+        @property
+        def fingerprint(self) -> str:
+            return "streaming"
+
+        def iter_from(self, start: int):
+            try:
+                for position in range(start, 4):
+                    yield Sample("code", [1, 2, 10**6 if position == 2 else 3], [0, 1, 1])
+            finally:
+                Streaming.closed = True
+
+    with pytest.raises(DraftsyncError, match="outside the target vocabulary"):
+        build_shards(random_target, Streaming(), tmp_path, LAYERS, batch_size=2)
+    assert Streaming.closed
