@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--size", choices=("test", "demo"), default="demo", help="built-in target size")
     parser.add_argument("--prompts", type=int, default=400, help="prompts answered (the demo profile's 400)")
     parser.add_argument("--max-tokens", type=int, default=96, help="response length cap (the demo profile's 96)")
-    parser.add_argument("--in-flight", type=int, default=64, help="requests vLLM is sent at a time")
+    parser.add_argument("--in-flight", type=int, help="requests vLLM is sent at a time (default: the writer's)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy, and the outputs are compared")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--workdir", type=Path, help="where the target is cached (default: a temporary directory)")
@@ -59,7 +59,7 @@ def main() -> None:
 
     from draftsync.serving.vllm_engine import find_vllm_engine
     from draftsync.speculative.corpora import task_prompts_for_mix
-    from draftsync.speculative.responses import VllmResponseWriter, generate_responses
+    from draftsync.speculative.responses import IN_FLIGHT, VllmResponseWriter, generate_responses
     from draftsync.speculative.targets import build_target, builtin_recipe, load_target
 
     engine = find_vllm_engine()  # no engine, no comparison: fail before the long part
@@ -85,7 +85,8 @@ def main() -> None:
     print(f"hf: {len(hf)} responses in {hf_seconds:.1f} s", file=sys.stderr)
 
     clock = time.perf_counter()
-    writer = VllmResponseWriter(target_dir, workdir / "logs", in_flight=args.in_flight, engine=engine)
+    in_flight = args.in_flight or IN_FLIGHT
+    writer = VllmResponseWriter(target_dir, workdir / "logs", in_flight=in_flight, engine=engine)
     with writer:
         start_seconds = time.perf_counter() - clock
         clock = time.perf_counter()
@@ -118,7 +119,7 @@ def main() -> None:
         "hf": {**figures(hf, hf_seconds), "batch_size": HF_BATCH},
         "vllm": {
             **figures(vllm, generate_seconds),
-            "in_flight": args.in_flight,
+            "in_flight": in_flight,
             "server_start_s": round(start_seconds, 2),
             "server_stop_s": round(stop_seconds, 2),
             "end_to_end": figures(vllm, end_to_end),
