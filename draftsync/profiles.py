@@ -123,6 +123,9 @@ class SyncProfile(BaseModel):
     training_texts: int = Field(800, ge=10)
     generated_samples: int = Field(400, ge=0)  # prompts the target answers itself (its own outputs)
     generated_max_tokens: int = Field(96, ge=1)
+    # Who writes those responses: "vllm" (one plain server, many requests batched: how 50K-100K are written),
+    # "hf" (transformers' generate, 32 prompts a batch, no engine needed), "auto": vLLM when an engine is installed.
+    response_writer: Literal["auto", "vllm", "hf"] = "auto"
     # The checklist the drafter must pass. The seed's thresholds (0.70 mean and P50, 0.50 P5) are the
     # production profile's; the tiny CPU targets of the demo reach about 0.6-0.75, so its profile gates lower.
     validation: ValidationProfile = Field(default_factory=lambda: VALIDATION_PROFILES["production"].model_copy())
@@ -147,6 +150,7 @@ class SyncProfile(BaseModel):
             "training_texts",
             "generated_samples",
             "generated_max_tokens",
+            "response_writer",
             "seed",
             "aux_layer_ids",
             "dataset_max_seq_len",
@@ -176,7 +180,9 @@ PROFILES = {
         follow_recommendation=True,
         validation=VALIDATION_PROFILES["production"],
     ),
-    "demo": SyncProfile(validation=VALIDATION_PROFILES["demo"]),
+    # The HF loop writes the demo's responses: a vLLM start alone costs 25-37 s on two shared cores
+    # (bench/responses.py), more than it saves on 400 responses of 96 tokens to a target this small.
+    "demo": SyncProfile(response_writer="hf", validation=VALIDATION_PROFILES["demo"]),
     "test": SyncProfile(
         name="test",
         draft_vocab_size=256,
@@ -187,6 +193,7 @@ PROFILES = {
         training_texts=400,
         generated_samples=160,
         generated_max_tokens=48,
+        response_writer="hf",  # tests that write responses with vLLM ask for it
         validation=VALIDATION_PROFILES["test"],
     ),
 }

@@ -42,7 +42,8 @@ def _checks_markdown(report: dict) -> str:
 
 @task(name="build-dataset", cache_policy=NONE)
 def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProfile, out_dir: str) -> dict:
-    """Shards of the target's states on texts of the task mix (teacher-forced) and on its own responses.
+    """Shards of the target's states on texts of the task mix (teacher-forced) and on its own responses
+    (written by vLLM or by transformers, as the profile's `response_writer` says; the manifest records which).
 
     Resumable: a rerun after a crash continues from the last complete shard. The Great Expectations
     data checks run on the result; a failure stops the sync with the table of what was observed.
@@ -51,6 +52,7 @@ def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProf
 
     from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
     from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
+    from draftsync.speculative.responses import response_writer
     from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
     from draftsync.speculative.shard_reader import ShardDataset
     from draftsync.speculative.shard_writer import build_shards
@@ -63,7 +65,20 @@ def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProf
     prompts = task_prompts_for_mix(task_mix, profile.generated_samples, seed=profile.seed + 100, split="train")
     sources = [teacher_forced_samples(tokenizer, pairs)]
     if profile.generated_samples:
-        sources.append(regenerated_samples(model, tokenizer, prompts, profile.generated_max_tokens, seed=profile.seed))
+        writer = response_writer(profile.response_writer)
+        logger.info("dataset: %d responses written by %s", len(prompts), writer)
+        sources.append(
+            regenerated_samples(
+                model,
+                tokenizer,
+                prompts,
+                profile.generated_max_tokens,
+                seed=profile.seed,
+                writer=writer,
+                target_dir=target_dir,
+                log_dir=context.settings().root / "serving",
+            )
+        )
     layer_ids = tuple(profile.aux_layer_ids or default_aux_layer_ids(num_decoder_layers(model)))
 
     def progress(consumed: int, manifest: dict) -> None:
@@ -102,6 +117,7 @@ def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProf
         "loss_tokens": manifest["loss_tokens"],
         "texts": len(pairs),
         "generated": len(prompts) if profile.generated_samples else 0,
+        "response_writer": manifest.get("response_writer"),  # absent from a build that predates it
         "tasks": manifest["tasks"],
         "checks": checks,
     }
