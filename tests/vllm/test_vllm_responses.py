@@ -1,15 +1,17 @@
 """Training data whose responses real vLLM writes: shards that pass the data checks, a manifest that names the engine,
 the server gone afterwards, the same greedy responses as the Hugging Face loop, and seeds that follow positions.
 
-Two vLLM starts in all: one inside a shard build (the dataset builder's own path), one for the sampled responses.
+Two vLLM starts in all: one inside the dataset builder's own run, one for the sampled responses.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 
 import pytest
+from draftsync.speculative.shard_manifest import MANIFEST_FILE
 
 pytestmark = pytest.mark.vllm
 
@@ -27,31 +29,42 @@ def target(built_targets):
 
 
 @pytest.fixture(scope="module")
-def prompts():
-    from draftsync.speculative.corpora import task_prompts_for_mix
+def chosen():
+    """The test sync profile, asking vLLM to write its responses (the profile itself pins the HF loop)."""
+    from draftsync.profiles import profile
 
-    return task_prompts_for_mix(MIX, PROMPTS, seed=104, split="train")
+    return profile("test").model_copy(
+        update={
+            "training_texts": 40,
+            "generated_samples": PROMPTS,
+            "generated_max_tokens": MAX_TOKENS,
+            "response_writer": "vllm",
+        }
+    )
 
 
 @pytest.fixture(scope="module")
-def vllm_build(target, prompts, vllm_engine, tmp_path_factory):
-    """Shards of texts and of responses vLLM wrote at T=0, built as `build_dataset` builds them."""
-    from draftsync.speculative.corpora import mixed_texts
-    from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
-    from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
-    from draftsync.speculative.shard_writer import build_shards
+def prompts(chosen):
+    """The prompts `build_dataset` draws for the profile."""
+    from draftsync.speculative.corpora import task_prompts_for_mix
 
-    target_dir, model, tokenizer = target
+    return task_prompts_for_mix(MIX, PROMPTS, seed=chosen.seed + 100, split="train")
+
+
+@pytest.fixture(scope="module")
+def vllm_build(target, chosen, vllm_engine, prefect_harness, tmp_path_factory):
+    """The dataset builder's own run (the sync's `build-dataset` task) with vLLM writing the responses at T=0."""
+    from draftsync.tasks import context
+    from draftsync.tasks.dataset import build_dataset
+
+    target_dir, _, _ = target
     root = tmp_path_factory.mktemp("vllm-responses")
-    samples = concat_samples(
-        teacher_forced_samples(tokenizer, mixed_texts(MIX, 40, seed=3)),
-        regenerated_samples(
-            model, tokenizer, prompts, MAX_TOKENS, writer="vllm", target_dir=target_dir, log_dir=root / "logs"
-        ),
-    )
-    layers = default_aux_layer_ids(num_decoder_layers(model))
-    manifest = build_shards(model, samples, root / "shards", layers, store_aux=True, batch_size=8)
-    return root, manifest
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DRAFTSYNC_WORKDIR", str(root / "work"))
+        context.reset()
+        data = build_dataset.fn(str(target_dir), MIX, chosen, str(root / "shards"))  # raises on failed data checks
+    context.reset()
+    return root, data, json.loads((root / "shards" / MANIFEST_FILE).read_text())
 
 
 def _stored_sequences(shards_dir, manifest) -> list[tuple[list[int], list[int]]]:
@@ -69,18 +82,13 @@ def _stored_sequences(shards_dir, manifest) -> list[tuple[list[int], list[int]]]
     return out
 
 
-def test_vllm_written_responses_pass_the_data_checks_and_the_manifest_names_the_engine(target, vllm_build):
-    from draftsync.speculative.shard_reader import ShardDataset
-    from draftsync.validation.data_checks import run_data_checks
-
-    _, model, _ = target
-    root, manifest = vllm_build
-    assert manifest["complete"] and manifest["num_sequences"] == 40 + PROMPTS
-    assert manifest["response_writer"] == "vllm" and manifest["mode"] == "teacher_forced+regenerated"
-    report = run_data_checks(ShardDataset(root / "shards"), model.config, MIX)  # raises on a failed expectation
-    assert report.passed
+def test_vllm_written_responses_pass_the_data_checks_and_the_manifest_names_the_engine(vllm_build):
+    root, data, manifest = vllm_build
+    assert data["checks"]["passed"] and data["generated"] == PROMPTS and data["sequences"] == manifest["num_sequences"]
+    assert data["response_writer"] == manifest["response_writer"] == "vllm"
+    assert manifest["mode"] == "teacher_forced+regenerated"
     # The server is stopped once the build has its last response: nothing answers on its port any more.
-    (log,) = (root / "logs").glob("responses-*.log")
+    (log,) = (root / "work" / "serving").glob("responses-*.log")
     port = int(re.fullmatch(r"responses-(\d+)\.log", log.name).group(1))
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
         pass
@@ -91,7 +99,7 @@ def test_greedy_vllm_responses_equal_the_hugging_face_loops(target, prompts, vll
     from draftsync.speculative.samples import regenerated_samples
 
     _, model, tokenizer = target
-    root, manifest = vllm_build
+    root, _, manifest = vllm_build
     by_vllm = _stored_sequences(root / "shards", manifest)[-PROMPTS:]
     by_hf = [(s.input_ids, s.loss_mask) for s in regenerated_samples(model, tokenizer, prompts, MAX_TOKENS)]
     differing = [index for index, (a, b) in enumerate(zip(by_hf, by_vllm, strict=True)) if a != b]
