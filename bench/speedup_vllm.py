@@ -6,9 +6,9 @@ the EAGLE-3 drafter's size, as in bench/acceptance.py) and n-gram lookup. Each m
 (`VllmBackend`: the launch a rollout runs), and the plain target one more, started first and again last so a
 drift in machine load shows (`plain_drift`). On each server the same prompts run closed-loop at batch 1 (one
 request at a time) and at concurrency 4 (four clients, each sending its next request when its last is answered),
-as direct HTTP completions; every figure is vLLM's own per-request one (`metrics.speculative_decoding`,
-`time_to_first_token_ms`, `generation_time_ms`), so timings carry no HTTP time except tokens/s, which is the
-clients' wall clock.
+alternating, a few rounds (each figure is the median over them), as direct HTTP completions; every figure is
+vLLM's own per-request one (`metrics.speculative_decoding`, `time_to_first_token_ms`, `generation_time_ms`), so
+timings carry no HTTP time except tokens/s, which is the clients' wall clock.
 
 Per method and concurrency:
 - tau: tokens per decode step, (output tokens - 1) / steps, where a request's steps are its output tokens after
@@ -23,8 +23,9 @@ Per method and concurrency:
 - the bound tau / (1 + gamma * c) (Leviathan et al.), the measured speedup (plain TPOT / spec TPOT: decode only,
   what the bound predicts) and its fraction of the bound, which is (1 + gamma c) / (verify + gamma c): what is
   missing is the speculative step's cost above a plain one. Tokens/s speedups (prompt and HTTP included) too.
-Greedy output of a tiny target can loop, which inflates acceptance: the prompts run at the lowest temperature
-(0, then 1) whose plain outputs clear acceptance.NOT_LOOPING distinct 4-grams, and the share is reported.
+The prompts run at T=0 and at T=1: greedy output of a tiny target loops, which inflates acceptance, so each
+temperature reports the distinct-4-gram share of the plain outputs, and `headline_temperature` names the lowest
+whose outputs clear acceptance.NOT_LOOPING (as bench/acceptance.py picks its headline).
 """
 
 from __future__ import annotations
@@ -46,12 +47,17 @@ METHODS = (*TRAINED, "ngram")
 CONCURRENCY = (1, 4)
 TEMPERATURES = (0.0, 1.0)
 TASK = "code"
-# The demo target (hidden 256, 4 layers, vocab 2048, 4.3M parameters) by default: vLLM's fixed cost per step on
-# a CPU is a few milliseconds, so a target much smaller than this spends its step on machinery that speculation
-# does not save; it is also the size `make demo` serves. Two gammas at least: c is a slope.
+# Why the demo target by default (the JSON repeats it beside the target's size):
+TARGET_CHOICE = (
+    "demo: the built-in size with the most compute per token (hidden 256, 4 layers; test, deep and strong are "
+    "hidden 128): vLLM's fixed cost per step on a CPU (scheduling, sampling, the engine loop) is milliseconds, and "
+    "on a smaller target the forward pass, the one cost speculation saves, is a smaller share of the step; it is "
+    "also the target `make demo` serves"
+)
+# Two gammas at least: c is a slope.
 SETTINGS = {
-    True: dict(size="demo", gammas=(2, 4), prompts=4, max_tokens=48),
-    False: dict(size="demo", gammas=(2, 4, 6), prompts=8, max_tokens=96),
+    True: dict(size="demo", gammas=(2, 4), prompts=4, max_tokens=48, rounds=2),
+    False: dict(size="demo", gammas=(2, 4, 6), prompts=8, max_tokens=96, rounds=3),
 }
 # quick: a smaller dataset and shorter training than bench/acceptance.py's quick mode (five drafters to train)
 QUICK_TRAINING = dict(texts=200, generated=80, generated_tokens=48, steps=150)
@@ -73,6 +79,13 @@ def run_figures(results, wall_seconds: float) -> dict:
         "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
         "median_ttft_ms": 1000.0 * statistics.median(r.ttft_s for r in results),
     }
+
+
+def median_figures(runs: list[tuple[list, float]]) -> dict:
+    """Each figure's median over the rounds of (results, wall seconds): a burst of load on a shared machine
+    moves one round, not the median."""
+    per_round = [run_figures(results, wall) for results, wall in runs]
+    return {key: statistics.median(figures[key] for figures in per_round) for key in per_round[0]}
 
 
 def step_cost_fit(step_ms: dict[int, float], plain_step_ms: float) -> tuple[float, float]:
@@ -105,6 +118,13 @@ def closed_loop(server, requests: list[tuple], clients: int, gamma: int, tempera
     lock = threading.Lock()
     results: list = [None] * len(requests)
 
+    def failed(what: str) -> DraftsyncError:
+        cause = engine_error_line(server.log_path) or what  # the engine's own error line when it died
+        return DraftsyncError(
+            f"vLLM at gamma {gamma} failed a request: {cause} (log: {server.log_path})",
+            "read the log for the cause and rerun the benchmark",
+        )
+
     def client() -> None:
         with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
             while True:
@@ -122,13 +142,12 @@ def closed_loop(server, requests: list[tuple], clients: int, gamma: int, tempera
                     "ignore_eos": True,  # every request the same length, as VllmBackend sends them
                     "return_token_ids": True,
                 }
-                response = http.post(f"{server.url}/v1/completions", json=body)
+                try:
+                    response = http.post(f"{server.url}/v1/completions", json=body)
+                except httpx.HTTPError as error:
+                    raise failed(f"{type(error).__name__}: {error}") from error
                 if response.status_code != 200:
-                    cause = engine_error_line(server.log_path) or f"HTTP {response.status_code}: {response.text[:300]}"
-                    raise DraftsyncError(
-                        f"vLLM at gamma {gamma} failed a request: {cause} (log: {server.log_path})",
-                        "read the log for the cause and rerun the benchmark",
-                    )
+                    raise failed(f"HTTP {response.status_code}: {response.text[:300]}")
                 results[index] = request_result(index, request, len(ids), response.json(), gamma, server.url)
 
     started = time.perf_counter()
@@ -138,14 +157,14 @@ def closed_loop(server, requests: list[tuple], clients: int, gamma: int, tempera
     return results, time.perf_counter() - started
 
 
-def measure_server(backend, gamma: int, requests: list[tuple], temperatures: tuple[float, ...]) -> dict:
-    """Start (or reuse) the backend's server for `gamma` and run the requests at each concurrency and temperature:
-    {(temperature, clients): (results, wall seconds)}."""
+def measure_server(backend, gamma: int, requests: list[tuple], rounds: int) -> dict:
+    """Start (or reuse) the backend's server for `gamma` and run the requests `rounds` times at each temperature and
+    concurrency, these alternating: {(temperature, clients): [(results, wall seconds) per round]}."""
     server = backend.server(gamma)
-    runs = {}
-    for temperature in temperatures:
-        for clients in CONCURRENCY:
-            runs[temperature, clients] = closed_loop(server, requests, clients, gamma, temperature)
+    runs: dict[tuple[float, int], list] = {(t, clients): [] for t in TEMPERATURES for clients in CONCURRENCY}
+    for _ in range(rounds):
+        for temperature, clients in runs:
+            runs[temperature, clients].append(closed_loop(server, requests, clients, gamma, temperature))
     return runs
 
 
@@ -172,6 +191,57 @@ def method_figures(spec: dict[int, dict], plain: dict, spec_outputs: dict[int, l
     return {"c": round(c, 4), "verify": round(verify, 4), "best_gamma": best["gamma"], "gammas": rows}
 
 
+def temperature_figures(temperature: float, plain_runs: dict, plain_again: dict, spec_runs: dict) -> dict:
+    """Everything measured at one temperature: the plain target's figures and drift, the distinct-4-gram share of
+    its outputs at batch 1, each method per concurrency, and the headline (each method at its fastest gamma)."""
+    from acceptance import NOT_LOOPING, distinct_4gram_share
+
+    out: dict = {}
+    for clients in CONCURRENCY:
+        key = (temperature, clients)
+        plain = median_figures(plain_runs[key])
+        plain_outputs = [r.token_ids for r in plain_runs[key][0][0]]
+        if clients == 1:
+            out["distinct_4gram_share"] = round(distinct_4gram_share(plain_outputs), 4)
+            out["looping"] = out["distinct_4gram_share"] < NOT_LOOPING
+        out.setdefault("plain", {})[f"concurrency_{clients}"] = {
+            **{k: round(v, 4) for k, v in plain.items() if k in ("tokens_per_s", "tpot_ms", "median_ttft_ms")},
+            "plain_drift": round(median_figures(plain_again[key])["tokens_per_s"] / plain["tokens_per_s"], 4),
+        }
+        out[f"concurrency_{clients}"] = {
+            method: method_figures(
+                {gamma: median_figures(runs[key]) for gamma, runs in per_gamma.items()},
+                plain,
+                {gamma: [r.token_ids for r in runs[key][0][0]] for gamma, runs in per_gamma.items()},
+                plain_outputs,
+            )
+            for method, per_gamma in spec_runs.items()
+        }
+    out["headline"] = {method: headline(out, method) for method in spec_runs}
+    return out
+
+
+def headline(figures_at_temperature: dict, method: str) -> dict:
+    """The method at its fastest gamma at batch 1, beside its fastest at concurrency 4."""
+    at_1 = figures_at_temperature["concurrency_1"][method]
+    row = next(r for r in at_1["gammas"] if r["gamma"] == at_1["best_gamma"])
+    at_4 = figures_at_temperature["concurrency_4"][method]
+    row_4 = next(r for r in at_4["gammas"] if r["gamma"] == at_4["best_gamma"])
+    return {
+        "gamma": row["gamma"],
+        "tau": row["tau"],
+        "c": at_1["c"],
+        "verify": at_1["verify"],
+        "bound": row["bound"],
+        "speedup": row["speedup"],
+        "fraction_of_bound": row["fraction_of_bound"],
+        "concurrency_4": {
+            "c": at_4["c"],
+            **{key: row_4[key] for key in ("gamma", "tau", "speedup", "bound", "fraction_of_bound")},
+        },
+    }
+
+
 def run_vllm(quick: bool, size: str | None, workdir: Path) -> dict:
     """Train (or reuse) the drafters, then measure every method x gamma on its own server (the module docstring)."""
     import torch
@@ -180,7 +250,6 @@ def run_vllm(quick: bool, size: str | None, workdir: Path) -> dict:
     from draftsync.speculative.corpora import prompts
     from draftsync.speculative.targets import build_target, builtin_recipe, describe_target, load_target
 
-    from acceptance import NOT_LOOPING, distinct_4gram_share
     from acceptance import SETTINGS as ACCEPTANCE_SETTINGS
     from harness import machine_facts
     from speedup import trained_drafters
@@ -210,22 +279,14 @@ def run_vllm(quick: bool, size: str | None, workdir: Path) -> dict:
     os.environ["DRAFTSYNC_MODEL_ROOTS"] = f"{roots},{workdir}" if roots else str(workdir)
     measuring = time.perf_counter()
 
-    # The plain target first, at each temperature until its outputs stop looping; that temperature for the rest.
     plain_backend = VllmBackend(target_dir, log_dir=logs)
-    shares: dict[str, float] = {}
     try:
-        server = plain_backend.server(0)
-        for temperature in TEMPERATURES:
-            results, _ = closed_loop(server, requests, 1, 0, temperature)
-            shares[f"T{temperature:g}"] = round(distinct_4gram_share([r.token_ids for r in results]), 4)
-            if shares[f"T{temperature:g}"] >= NOT_LOOPING:
-                break
-        plain_runs = measure_server(plain_backend, 0, requests, (temperature,))
+        plain_runs = measure_server(plain_backend, 0, requests, settings["rounds"])
         engine = plain_backend.engine
     finally:
         plain_backend.close()
     starts = plain_backend.starts
-    print(f"plain target measured at T={temperature:g} (distinct 4-grams {shares})", file=sys.stderr)
+    print("plain target measured", file=sys.stderr)
 
     spec_runs: dict[str, dict[int, dict]] = {}
     speculative_configs: dict[str, dict] = {}
@@ -234,7 +295,7 @@ def run_vllm(quick: bool, size: str | None, workdir: Path) -> dict:
         backend = VllmBackend(target_dir, drafter_dir, method, log_dir=logs, engine=engine)
         try:
             spec_runs[method] = {
-                gamma: measure_server(backend, gamma, requests, (temperature,)) for gamma in settings["gammas"]
+                gamma: measure_server(backend, gamma, requests, settings["rounds"]) for gamma in settings["gammas"]
             }
             speculative_configs[method] = {g: backend.speculative_config(g) for g in settings["gammas"]}
         finally:
@@ -244,66 +305,27 @@ def run_vllm(quick: bool, size: str | None, workdir: Path) -> dict:
 
     plain_backend = VllmBackend(target_dir, log_dir=logs, engine=engine)  # again: did the machine's load drift?
     try:
-        plain_again = measure_server(plain_backend, 0, requests, (temperature,))
+        plain_again = measure_server(plain_backend, 0, requests, settings["rounds"])
     finally:
         plain_backend.close()
     starts += plain_backend.starts
     phases["measurement"] = time.perf_counter() - measuring
 
-    by_concurrency = {}
-    plain_summary = {}
-    for clients in CONCURRENCY:
-        key = (temperature, clients)
-        plain = run_figures(*plain_runs[key])
-        plain_outputs = [r.token_ids for r in plain_runs[key][0]]
-        plain_summary[f"concurrency_{clients}"] = {
-            **{k: round(v, 4) for k, v in plain.items() if k in ("tokens_per_s", "tpot_ms", "median_ttft_ms")},
-            "plain_drift": round(run_figures(*plain_again[key])["tokens_per_s"] / plain["tokens_per_s"], 4),
-            "distinct_4gram_share": round(distinct_4gram_share(plain_outputs), 4),
-        }
-        by_concurrency[f"concurrency_{clients}"] = {
-            method: method_figures(
-                {gamma: run_figures(*runs[key]) for gamma, runs in per_gamma.items()},
-                plain,
-                {gamma: [r.token_ids for r in runs[key][0]] for gamma, runs in per_gamma.items()},
-                plain_outputs,
-            )
-            for method, per_gamma in spec_runs.items()
-        }
-
-    def headline(method: str) -> dict:
-        """The method at its fastest gamma at batch 1, beside its fastest at concurrency 4."""
-        figures = by_concurrency["concurrency_1"][method]
-        row = next(r for r in figures["gammas"] if r["gamma"] == figures["best_gamma"])
-        at_4 = by_concurrency["concurrency_4"][method]
-        row_4 = next(r for r in at_4["gammas"] if r["gamma"] == at_4["best_gamma"])
-        return {
-            "gamma": row["gamma"],
-            "tau": row["tau"],
-            "c": figures["c"],
-            "verify": figures["verify"],
-            "bound": row["bound"],
-            "speedup": row["speedup"],
-            "fraction_of_bound": row["fraction_of_bound"],
-            "concurrency_4": {key: row_4[key] for key in ("gamma", "tau", "speedup", "bound", "fraction_of_bound")},
-        }
-
+    by_temperature = {f"T{t:g}": temperature_figures(t, plain_runs, plain_again, spec_runs) for t in TEMPERATURES}
     target_facts = describe_target(target_dir)
     return {
         "benchmark": "speedup",
         "engine": "vllm",
         "quick": quick,
         "task": TASK,
-        "temperature": temperature,
-        "distinct_4gram_share_plain": shares,
-        "looping": shares[f"T{temperature:g}"] < NOT_LOOPING,
+        # as in bench/acceptance.py: the lowest temperature whose plain outputs do not loop
+        "headline_temperature": next((t for t, block in by_temperature.items() if not block["looping"]), None),
         "method_of_c": "c = d / T from the least-squares fit S(g) = V + g d of the step time at each gamma "
         "(generation time / decode steps); verify = V / T, T the plain step (plain TPOT)",
-        "headline": {method: headline(method) for method in METHODS},
-        "plain": plain_summary,
-        **by_concurrency,
+        **by_temperature,
         "sizes": {
             "target_size": settings["size"],
+            **({"why": TARGET_CHOICE} if settings["size"] == "demo" else {}),
             "target_parameters": target_facts["parameter_count"],
             "target_layers": target_facts["num_layers"],
             "target_hidden_size": target_facts["hidden_size"],
@@ -316,6 +338,7 @@ def run_vllm(quick: bool, size: str | None, workdir: Path) -> dict:
             "prompts": settings["prompts"],
             "max_tokens": settings["max_tokens"],
             "gammas": list(settings["gammas"]),
+            "rounds": settings["rounds"],
         },
         "training": {m: {**d[1], "cached": d[2]} for m, d in drafters.items()},
         "speculative_configs": speculative_configs,
