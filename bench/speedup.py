@@ -183,8 +183,9 @@ def trained_drafters(
     for method in methods:
         directory = workdir / f"drafter-{method}-{recipe_key}-{settings_key}"
         report_path = directory.with_name(directory.name + ".training.json")
-        if (directory / "config.json").exists() and report_path.exists():
-            out[method] = directory, json.loads(report_path.read_text()), True
+        record = json.loads(report_path.read_text()) if report_path.exists() else {}
+        if (directory / "config.json").exists() and "own_parameters" in record:  # older records lack the sizes
+            out[method] = directory, record, True
             continue
         if dataset is None:
             dataset = build_dataset(
