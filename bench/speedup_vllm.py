@@ -105,25 +105,19 @@ def bound(tau: float, gamma: int, c: float) -> float:
     return tau / (1.0 + gamma * c)
 
 
-def closed_loop(server, requests: list[tuple], clients: int, gamma: int, temperature: float) -> tuple[list, float]:
-    """`clients` clients, each sending its next request as soon as its last one is answered, until all are done.
+def closed_loop(backend, requests: list[tuple], clients: int, gamma: int, temperature: float) -> tuple[list, float]:
+    """`clients` clients, each sending its next request to `backend`'s running server as soon as its last one is
+    answered, until all are done.
 
     `requests` are (EvalRequest, prompt token ids); returns the `RequestResult`s in request order and the wall
     seconds of the whole run."""
     import httpx
-    from draftsync.serving.vllm_engine import engine_error_line
-    from draftsync.serving.vllm_evaluation import REQUEST_TIMEOUT_S, SERVED_NAME, request_result
+    from draftsync.serving.vllm_evaluation import REQUEST_TIMEOUT_S, request_result
 
+    url = backend.server(gamma).url
     pending = iter(enumerate(requests))
     lock = threading.Lock()
     results: list = [None] * len(requests)
-
-    def failed(what: str) -> DraftsyncError:
-        cause = engine_error_line(server.log_path) or what  # the engine's own error line when it died
-        return DraftsyncError(
-            f"vLLM at gamma {gamma} failed a request: {cause} (log: {server.log_path})",
-            "read the log for the cause and rerun the benchmark",
-        )
 
     def client() -> None:
         with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
@@ -133,22 +127,8 @@ def closed_loop(server, requests: list[tuple], clients: int, gamma: int, tempera
                 if item is None:
                     return
                 index, (request, ids) = item
-                body = {
-                    "model": SERVED_NAME,
-                    "prompt": ids,
-                    "max_tokens": request.max_tokens,
-                    "temperature": temperature,
-                    "seed": index,
-                    "ignore_eos": True,  # every request the same length, as VllmBackend sends them
-                    "return_token_ids": True,
-                }
-                try:
-                    response = http.post(f"{server.url}/v1/completions", json=body)
-                except httpx.HTTPError as error:
-                    raise failed(f"{type(error).__name__}: {error}") from error
-                if response.status_code != 200:
-                    raise failed(f"HTTP {response.status_code}: {response.text[:300]}")
-                results[index] = request_result(index, request, len(ids), response.json(), gamma, server.url)
+                body = backend.complete(ids, request.max_tokens, temperature, index, http=http)
+                results[index] = request_result(index, request, len(ids), body, gamma, url)
 
     started = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
@@ -160,11 +140,10 @@ def closed_loop(server, requests: list[tuple], clients: int, gamma: int, tempera
 def measure_server(backend, gamma: int, requests: list[tuple], rounds: int) -> dict:
     """Start (or reuse) the backend's server for `gamma` and run the requests `rounds` times at each temperature and
     concurrency, these alternating: {(temperature, clients): [(results, wall seconds) per round]}."""
-    server = backend.server(gamma)
     runs: dict[tuple[float, int], list] = {(t, clients): [] for t in TEMPERATURES for clients in CONCURRENCY}
     for _ in range(rounds):
         for temperature, clients in runs:
-            runs[temperature, clients].append(closed_loop(server, requests, clients, gamma, temperature))
+            runs[temperature, clients].append(closed_loop(backend, requests, clients, gamma, temperature))
     return runs
 
 
@@ -297,7 +276,7 @@ def run_vllm(quick: bool, size: str | None, workdir: Path) -> dict:
             spec_runs[method] = {
                 gamma: measure_server(backend, gamma, requests, settings["rounds"]) for gamma in settings["gammas"]
             }
-            speculative_configs[method] = {g: backend.speculative_config(g) for g in settings["gammas"]}
+            speculative_configs[method] = {g: backend.launch(g, 0).speculative_config for g in settings["gammas"]}
         finally:
             backend.close()
         starts += backend.starts
