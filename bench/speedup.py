@@ -1,4 +1,4 @@
-"""Speculative decoding against plain decoding on the CPU reference engine, next to the analytic bound.
+"""Speculative decoding against plain decoding on the CPU reference engine (or vLLM), next to the analytic bound.
 
 One run, one machine: an EAGLE-3 drafter is trained for the built-in target v2 (the same data and
 settings as bench/acceptance.py), saved, loaded back through `ReferenceBackend`, and timed on held-out
@@ -18,7 +18,11 @@ tokens costs one decode step; the verify pass (gamma+1 tokens, aux states captur
 Greedy outputs of tiny targets loop and loops inflate acceptance: the distinct-4-gram share of the plain
 outputs is reported with the figures.
 
-Usage: python bench/speedup.py [--quick] [--size test|deep|demo] [--json PATH] [--workdir DIR]
+`--engine vllm` measures on real vLLM servers instead, every method vLLM serves (the drafters trained here, a
+draft model and n-gram lookup), at batch 1 and at concurrency 4; bench/speedup_vllm.py says how.
+
+Usage: python bench/speedup.py [--engine reference|vllm] [--quick] [--size test|deep|demo] [--json PATH]
+       [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from acceptance import MIX, build_dataset, distinct_4gram_share, quiet_offline_environment, train  # noqa: E402
 from acceptance import SETTINGS as ACCEPTANCE_SETTINGS  # noqa: E402
+from harness import emit_json  # noqa: E402
 
 GAMMAS = tuple(range(2, 9))
 TASK = "code"
@@ -159,32 +164,53 @@ def step_costs(target, drafter, context_ids: list[int], verify_tokens: int, repe
     return {name: statistics.median(values) for name, values in timings.items()}
 
 
-def trained_drafter(target, tokenizer, target_dir: Path, recipe_key: str, data_settings: dict, workdir: Path):
-    """The EAGLE-3 drafter for this target, trained once per target recipe and data/training settings and cached
-    in `workdir` (a quick and a full run share the target but not the data or the drafter)."""
-    from draftsync.speculative.drafters import save_drafter
+def trained_drafters(
+    methods: tuple[str, ...], target, tokenizer, target_dir: Path, recipe_key: str, data_settings: dict, workdir: Path
+) -> dict[str, tuple[Path, dict, bool]]:
+    """Per method: the drafter's directory, its training record and whether it came from the cache.
+
+    Each drafter is trained once per target recipe and data/training settings and cached in `workdir` (a quick
+    and a full run share the target but not the data or the drafters); the dataset is built once, and only when
+    a drafter is missing. A draft model gets the EAGLE-3 drafter's own parameter count (as in acceptance.py), so
+    "eagle3" comes before "draft_model" in `methods`.
+    """
+    from draftsync.speculative.drafters import parameter_count, save_drafter
 
     settings_key = hashlib.sha256(json.dumps(data_settings, sort_keys=True).encode()).hexdigest()[:8]
-    out = workdir / f"drafter-eagle3-{recipe_key}-{settings_key}"
-    report_path = out.with_name(out.name + ".training.json")
-    if (out / "config.json").exists() and report_path.exists():
-        return out, json.loads(report_path.read_text()), True
-    dataset = build_dataset(
-        target, tokenizer, MIX, data_settings, workdir / f"data-{recipe_key}-{settings_key}", seed=0
-    )
-    drafter, report = train("eagle3", target, dataset, data_settings)
     architectures = list(getattr(target.config, "architectures", None) or ["LlamaForCausalLM"])
-    save_drafter(drafter, out, str(target_dir), architectures, 5)
-    training = {
-        "steps": report.steps,
-        "seconds": round(report.seconds, 1),
-        "tokens_per_s": round(report.tokens_per_s),
-        "holdout_top1": round(report.top1_agreement, 4),
-        "dataset_sequences": dataset.num_sequences,
-        "dataset_tokens": dataset.manifest["total_tokens"],
-    }
-    report_path.write_text(json.dumps(training, indent=2) + "\n")
-    return out, training, False
+    dataset = None
+    out: dict[str, tuple[Path, dict, bool]] = {}
+    for method in methods:
+        directory = workdir / f"drafter-{method}-{recipe_key}-{settings_key}"
+        report_path = directory.with_name(directory.name + ".training.json")
+        record = json.loads(report_path.read_text()) if report_path.exists() else {}
+        if (directory / "config.json").exists() and "own_parameters" in record:  # older records lack the sizes
+            out[method] = directory, record, True
+            continue
+        if dataset is None:
+            dataset = build_dataset(
+                target, tokenizer, MIX, data_settings, workdir / f"data-{recipe_key}-{settings_key}", seed=0
+            )
+        overrides = {}
+        if method == "draft_model":
+            overrides["draft_model_parameters"] = out["eagle3"][1]["own_parameters"]
+        drafter, report = train(method, target, dataset, data_settings, **overrides)
+        save_drafter(drafter, directory, str(target_dir), architectures, 5)
+        counts = parameter_count(drafter)
+        training = {
+            "steps": report.steps,
+            "seconds": round(report.seconds, 1),
+            "tokens_per_s": round(report.tokens_per_s),
+            "holdout_top1": round(report.top1_agreement, 4),
+            "dataset_sequences": dataset.num_sequences,
+            "dataset_tokens": dataset.manifest["total_tokens"],
+            "parameters": counts.total,
+            "own_parameters": counts.own,
+        }
+        report_path.write_text(json.dumps(training, indent=2) + "\n")
+        out[method] = directory, training, False
+        print(f"drafter {method} trained: {training}", file=sys.stderr)
+    return out
 
 
 def main() -> None:
@@ -194,12 +220,32 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument(
-        "--workdir", type=Path, help="where the target, data and drafter are cached (default: a temporary directory)"
+        "--workdir", type=Path, help="where the target, data and drafters are cached (default: a temporary directory)"
     )
-    parser.add_argument("--size", choices=("test", "deep", "demo"), help="built-in target size (default: deep)")
+    parser.add_argument(
+        "--size", choices=("test", "deep", "demo"), help="built-in target size (default: deep; demo on vLLM)"
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("reference", "vllm"),
+        default="reference",
+        help="reference: the CPU reference engine (EAGLE-3); vllm: real vLLM servers, every method it serves",
+    )
     args = parser.parse_args()
     quiet_offline_environment()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="draftsync-speedup-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    if args.engine == "vllm":
+        from speedup_vllm import run_vllm
 
+        out = run_vllm(args.quick, args.size, workdir)
+    else:
+        out = run_reference(args.quick, args.size, workdir)
+    emit_json(out, args.json, sys.stdout)
+
+
+def run_reference(quick: bool, size: str | None, workdir: Path) -> dict:
+    """The EAGLE-3 sweep on the reference engine and the step costs timed directly (the module docstring)."""
     import torch
     from draftsync.serving.evaluation import EvalRequest, ReferenceBackend, checkpoint_weight_bytes
     from draftsync.speculative.corpora import prompts
@@ -207,18 +253,18 @@ def main() -> None:
     from draftsync.speculative.targets import build_target, builtin_recipe, load_target
 
     torch.set_num_threads(1)  # tiny models: one thread beats two spin-waiting ones on a busy machine
-    settings = dict(SETTINGS[args.quick], **({"size": args.size} if args.size else {}))
-    data_settings = dict(ACCEPTANCE_SETTINGS[args.quick], size=settings["size"])
+    settings = dict(SETTINGS[quick], **({"size": size} if size else {}))
+    data_settings = dict(ACCEPTANCE_SETTINGS[quick], size=settings["size"])
     started = time.perf_counter()
     phases: dict[str, float] = {}
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="draftsync-speedup-"))
-    workdir.mkdir(parents=True, exist_ok=True)
 
     recipe = builtin_recipe(2, settings["size"])
     target_dir = build_target(recipe, workdir / "targets")
     target, tokenizer = load_target(target_dir)
     phases["target"] = time.perf_counter() - started
-    drafter_dir, training, cached = trained_drafter(target, tokenizer, target_dir, recipe.key(), data_settings, workdir)
+    drafter_dir, training, cached = trained_drafters(
+        ("eagle3",), target, tokenizer, target_dir, recipe.key(), data_settings, workdir
+    )["eagle3"]
     phases["dataset_and_training"] = time.perf_counter() - started - phases["target"]
     print(f"drafter {'cached' if cached else 'trained'}: {training}", file=sys.stderr)
     del target
@@ -250,7 +296,7 @@ def main() -> None:
     counts = parameter_count(backend.drafter)
     out = {
         "benchmark": "speedup",
-        "quick": args.quick,
+        "quick": quick,
         "task": TASK,
         "temperature": 0.0,
         "speedup": knee_row["speedup"],
@@ -292,10 +338,7 @@ def main() -> None:
             "total": round(time.perf_counter() - started, 1),
         },
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    return out
 
 
 if __name__ == "__main__":

@@ -240,7 +240,7 @@ class VllmBackend:
         wait_until_serving(server, f"evaluation at gamma {gamma}")
         self._server, self._key = server, key
         for temperature in (0.0, 1.0):  # greedy and sampled verification take different paths: warm both
-            self._complete(self._token_ids(WARM_UP_PROMPT), 8, temperature, 0)
+            self.complete(self._token_ids(WARM_UP_PROMPT), 8, temperature, 0)
         return server
 
     def _token_ids(self, prompt: str) -> list[int]:
@@ -255,7 +255,9 @@ class VllmBackend:
             )
         return list(self._tokenizer(prompt)["input_ids"])
 
-    def _complete(self, ids: list[int], max_tokens: int, temperature: float, seed: int) -> dict:
+    def complete(self, ids: list[int], max_tokens: int, temperature: float, seed: int, http: Any = None) -> dict:
+        """vLLM's answer to one completion of `ids` on the running server. Safe from several threads at once when
+        each passes its own `httpx.Client` as `http` (a benchmark's concurrent clients)."""
         import httpx
 
         server = self._server
@@ -268,8 +270,9 @@ class VllmBackend:
             "ignore_eos": self.ignore_eos,
             "return_token_ids": True,
         }
+        post = http.post if http is not None else httpx.post
         try:
-            response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S)
+            response = post(f"{server.url}/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S)
         except httpx.HTTPError as error:
             raise self._died(f"{type(error).__name__}: {error}") from error
         if response.status_code != 200:
@@ -296,7 +299,7 @@ class VllmBackend:
         results = []
         for index, request in enumerate(requests):
             ids = self._token_ids(request.prompt)
-            body = self._complete(ids, request.max_tokens, temperature, seed + index)
+            body = self.complete(ids, request.max_tokens, temperature, seed + index)
             results.append(request_result(index, request, len(ids), body, gamma, server.url))
         return results
 
