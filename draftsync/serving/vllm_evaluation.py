@@ -186,6 +186,7 @@ class VllmBackend:
         self.engine = engine  # found when the first server starts
         self.starts = 0
         self._server: Any = None
+        self._speculating = False  # whether the running server drafts
         self._key: tuple | None = None  # (gamma, schedule) of the running server
         self._tokenizer: Any = None
 
@@ -239,7 +240,10 @@ class VllmBackend:
         self.starts += 1
         wait_until_serving(server, f"evaluation at gamma {gamma}")
         self._server, self._key = server, key
-        for temperature in (0.0, 1.0):  # greedy and sampled verification take different paths: warm both
+        self._speculating = launch.speculative_config is not None
+        # greedy and sampled verification take different paths: warm both where the engine samples drafts soundly
+        sampled = () if self._speculating and self.engine.sampled_speculation_fault() else (1.0,)
+        for temperature in (0.0, *sampled):
             self.complete(self._token_ids(WARM_UP_PROMPT), 8, temperature, 0)
         return server
 
@@ -261,6 +265,15 @@ class VllmBackend:
         import httpx
 
         server = self._server
+        if temperature > 0 and self._speculating:
+            fault = self.engine.sampled_speculation_fault()
+            if fault is not None:
+                from draftsync.serving.vllm_engine import CPU_SAMPLED_SPECULATION_FIX
+
+                raise DraftsyncError(
+                    f"cannot measure speculative decoding at temperature {temperature:g} on this vLLM: {fault}",
+                    CPU_SAMPLED_SPECULATION_FIX,
+                )
         body = {
             "model": SERVED_NAME,
             "prompt": ids,
@@ -305,6 +318,7 @@ class VllmBackend:
 
     def _stop(self) -> None:
         server, self._server, self._key = self._server, None, None
+        self._speculating = False
         if server is not None:
             server.stop()
 

@@ -34,7 +34,7 @@ def validate_drafter(
     `evaluation_backend`); stress runs against served instances of the same kind (the reference server, or vLLM)."""
     from draftsync.speculative.drafters import drafter_method
 
-    backend = evaluation_backend(backend or profile.backend)
+    backend = evaluation_backend(backend or profile.backend, profile.temperature)
     no_schedule_reason = UNSCHEDULED_METHODS.get(drafter_method(drafter_dir))
     # The schedule needs real batching: none from the reference server, which answers one request at a time (its
     # levels would measure queueing); a method served without one gets none either (run_checklist).
@@ -68,13 +68,22 @@ def validate_drafter(
         chosen.close()
 
 
-def evaluation_backend(name: str) -> str:
-    """ "vllm" or "reference" for a backend setting; "auto" is vLLM whenever an engine is installed."""
+def evaluation_backend(name: str, temperature: float = 0.0) -> str:
+    """ "vllm" or "reference" for a backend setting. "auto" is vLLM whenever an engine is installed that measures
+    speculation at the deployment's `temperature` as it serves it (vLLM's CPU build samples drafts unsoundly above
+    0: see `VllmEngine.sampled_speculation_fault`); an explicit "vllm" there fails at its first sampled request."""
     from draftsync.errors import DraftsyncError
     from draftsync.serving.vllm_engine import find_vllm_engine
 
     if name == "auto":
-        return "vllm" if find_vllm_engine(required=False) is not None else "reference"
+        engine = find_vllm_engine(required=False)
+        if engine is None:
+            return "reference"
+        fault = engine.sampled_speculation_fault() if temperature > 0 else None
+        if fault is not None:
+            context.logger().info("the reference backend measures temperature %g here: %s", temperature, fault)
+            return "reference"
+        return "vllm"
     if name not in ("vllm", "reference"):
         raise DraftsyncError(
             f"unknown evaluation backend {name!r}",

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+from draftsync.errors import DraftsyncError
 from draftsync.profiles import ValidationProfile
 
 pytestmark = pytest.mark.vllm
@@ -53,6 +54,10 @@ def test_per_request_counts_are_vllms_own_and_add_up_to_its_counters(vllm_engine
         before = scrape_counters(f"{url}/metrics")
         results = backend.generate(requests, 3, 0.0, 0)
         counted, _ = delta(before, scrape_counters(f"{url}/metrics"))
+        if vllm_engine.sampled_speculation_fault():  # the CPU build: a sampled speculative request is refused
+            with pytest.raises(DraftsyncError, match="temperature 1 on this vLLM") as refused:
+                backend.generate(requests[:1], 3, 1.0, 0)
+            assert "--backend reference" in refused.value.fix
     finally:
         backend.close()
     assert backend.starts == 1  # one server for gamma 3, reused
