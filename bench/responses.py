@@ -58,8 +58,9 @@ def main() -> None:
     load_at_start = round(os.getloadavg()[0], 2)
 
     from draftsync.serving.vllm_engine import find_vllm_engine
+    from draftsync.serving.vllm_responses import IN_FLIGHT, VllmResponseWriter
     from draftsync.speculative.corpora import task_prompts_for_mix
-    from draftsync.speculative.responses import IN_FLIGHT, VllmResponseWriter, generate_responses
+    from draftsync.speculative.responses import generate_responses
     from draftsync.speculative.targets import build_target, builtin_recipe, load_target
 
     engine = find_vllm_engine()  # no engine, no comparison: fail before the long part

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from draftsync.errors import DraftsyncError
@@ -109,17 +108,17 @@ class _Regenerated(SampleSource):
         temperature: float,
         seed: int,
         writer: str,
-        target_dir: str | Path | None,
-        log_dir: str | Path | None,
+        open_writer: Callable[[], Any] | None,
     ):
         from draftsync.speculative.responses import WRITERS
 
         if writer not in WRITERS:
             raise DraftsyncError(f"unknown response writer {writer!r}", f"use one of {', '.join(WRITERS)}")
-        if writer == "vllm" and (target_dir is None or log_dir is None):
+        if writer == "vllm" and open_writer is None:
             raise DraftsyncError(
-                "vLLM-written responses need the target's checkpoint directory and a folder for the server's log",
-                "pass target_dir and log_dir to regenerated_samples",
+                "vLLM-written responses need the writer that starts the target's server",
+                "pass open_writer=lambda: VllmResponseWriter(target_dir, log_dir) "
+                "(draftsync.serving.vllm_responses) to regenerated_samples",
             )
         self.model, self.tokenizer, self.task_prompts = model, tokenizer, list(task_prompts)
         self.max_new_tokens, self.batch_size, self.temperature, self.seed = (
@@ -128,7 +127,7 @@ class _Regenerated(SampleSource):
             temperature,
             seed,
         )
-        self.writer, self.target_dir, self.log_dir = writer, target_dir, log_dir
+        self.writer, self.open_writer = writer, open_writer
 
     def __len__(self) -> int:
         return len(self.task_prompts)
@@ -168,14 +167,12 @@ class _Regenerated(SampleSource):
                 yield Sample(task, ids, mask)
 
     def _vllm_from(self, start: int) -> Iterator[Sample]:
-        from draftsync.speculative.responses import VllmResponseWriter
-
         # Each response has its own seed by position, so a resumed build samples what a run from the start did.
         part = self.task_prompts[start:]
         if not part:
             return
-        assert self.target_dir is not None and self.log_dir is not None  # checked in __init__
-        with VllmResponseWriter(self.target_dir, self.log_dir) as writer:
+        assert self.open_writer is not None  # checked in __init__
+        with self.open_writer() as writer:
             answers = writer.responses(
                 self.tokenizer,
                 (prompt for _, prompt in part),
@@ -226,17 +223,17 @@ def regenerated_samples(
     temperature: float = 0.0,
     seed: int = 0,
     writer: str = "hf",
-    target_dir: str | Path | None = None,
-    log_dir: str | Path | None = None,
+    open_writer: Callable[[], Any] | None = None,
 ) -> SampleSource:
     """(task, prompt) pairs answered by the target itself: prompt + response, loss on the response only.
 
     Responses are generated as the build consumes them: by `model` one batch of prompts at a time (writer "hf"),
-    or by a vLLM server for `target_dir` (writer "vllm", its log in `log_dir`), many requests in flight, started
-    when the build reaches the first response and stopped when it has the last.
+    or (writer "vllm") by the writer `open_writer()` returns, a context manager with `responses(...)` such as
+    `draftsync.serving.vllm_responses.VllmResponseWriter`: entered when the build reaches the first response and
+    left when it has the last.
     """
     return _Regenerated(
-        model, tokenizer, task_prompts, max_new_tokens, batch_size, temperature, seed, writer, target_dir, log_dir
+        model, tokenizer, task_prompts, max_new_tokens, batch_size, temperature, seed, writer, open_writer
     )
 
 

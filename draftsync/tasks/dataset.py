@@ -50,9 +50,9 @@ def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProf
     """
     from prefect.artifacts import create_markdown_artifact
 
+    from draftsync.serving.vllm_responses import VllmResponseWriter, response_writer
     from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
     from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
-    from draftsync.speculative.responses import response_writer
     from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
     from draftsync.speculative.shard_reader import ShardDataset
     from draftsync.speculative.shard_writer import build_shards
@@ -75,8 +75,7 @@ def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProf
                 profile.generated_max_tokens,
                 seed=profile.seed,
                 writer=writer,
-                target_dir=target_dir,
-                log_dir=context.settings().root / "serving",
+                open_writer=lambda: VllmResponseWriter(target_dir, context.settings().root / "serving"),
             )
         )
     layer_ids = tuple(profile.aux_layer_ids or default_aux_layer_ids(num_decoder_layers(model)))

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.responses import VllmResponseWriter, response_sample, response_seed, response_writer
+from draftsync.serving.vllm_responses import VllmResponseWriter, response_writer
+from draftsync.speculative.responses import response_sample, response_seed
 from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
 
 EOS = 0
@@ -50,7 +51,8 @@ def test_the_writer_setting_picks_vllm_when_an_engine_is_configured_and_hf_alway
 
 def test_the_writer_is_part_of_the_fingerprint_and_named_by_the_stream(tokenizer, tmp_path):
     by_hf = regenerated_samples(None, tokenizer, PROMPTS, 8)
-    by_vllm = regenerated_samples(None, tokenizer, PROMPTS, 8, writer="vllm", target_dir=tmp_path, log_dir=tmp_path)
+    open_writer = lambda: VllmResponseWriter(tmp_path, tmp_path)  # noqa: E731
+    by_vllm = regenerated_samples(None, tokenizer, PROMPTS, 8, writer="vllm", open_writer=open_writer)
     assert by_hf.fingerprint != by_vllm.fingerprint  # a build is not resumed with the other engine's responses
     assert (by_hf.writer, by_vllm.writer) == ("hf", "vllm")
     texts = teacher_forced_samples(tokenizer, [("code", "x = 1")])
@@ -58,8 +60,8 @@ def test_the_writer_is_part_of_the_fingerprint_and_named_by_the_stream(tokenizer
     assert concat_samples(texts).writer is None
 
 
-def test_vllm_responses_need_the_checkpoint_and_a_log_folder_and_a_started_server(tokenizer, tmp_path):
-    with pytest.raises(DraftsyncError, match="target_dir and log_dir"):
+def test_vllm_responses_need_a_writer_and_a_started_server(tokenizer, tmp_path):
+    with pytest.raises(DraftsyncError, match="open_writer=lambda: VllmResponseWriter"):
         regenerated_samples(None, tokenizer, PROMPTS, 8, writer="vllm")
     with pytest.raises(DraftsyncError, match="unknown response writer"):
         regenerated_samples(None, tokenizer, PROMPTS, 8, writer="sglang")

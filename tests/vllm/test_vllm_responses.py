@@ -113,7 +113,7 @@ def test_sampled_responses_follow_their_positions_so_a_resumed_build_matches_a_f
 ):
     """At T=1 each response's seed comes from its position: prompts answered from position 20 on give what the
     run from the start gave there, although vLLM batched them with other requests."""
-    from draftsync.speculative.responses import VllmResponseWriter
+    from draftsync.serving.vllm_responses import VllmResponseWriter
 
     target_dir, _, tokenizer = target
     texts = [prompt for _, prompt in prompts]
