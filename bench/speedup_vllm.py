@@ -26,8 +26,9 @@ Per method and concurrency:
 The prompts run at T=0 and at T=1: greedy output of a tiny target loops, which inflates acceptance, so each
 temperature reports the distinct-4-gram share of the plain outputs, and `headline_temperature` names the lowest
 whose outputs clear acceptance.NOT_LOOPING (as bench/acceptance.py picks its headline). T=1 is measured only on
-an engine that verifies sampled drafts soundly: vLLM's CPU build does not (`VllmEngine.sampled_speculation_fault`),
-so on a CPU the JSON says why under `temperatures_not_measured` and only T=0 runs.
+an engine that verifies sampled drafts soundly: vLLM's CPU build does with the fix `make vllm` installs
+(`VllmEngine.sampled_speculation_fault`); without it the JSON says why under `temperatures_not_measured` and only
+T=0 runs.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ SPECULATIVE_CONFIG_KEYS = frozenset(
         "num_speculative_tokens_per_batch_size",
         "prompt_lookup_min",
         "prompt_lookup_max",
+        "draft_sample_method",
     }
 )
 
@@ -236,6 +237,7 @@ def render_vllm_command(
     prompt_lookup_min: int | None = None,
     prompt_lookup_max: int | None = None,
     trust_remote_code: bool | None = None,
+    draft_sampling: str | None = None,
 ) -> VllmLaunch:
     """Render the launch; without a drafter the target is served with speculation off.
 
@@ -243,7 +245,11 @@ def render_vllm_command(
     speculates. `schedule` ([(first batch size, last batch size, k)], inclusive) becomes
     `num_speculative_tokens_per_batch_size`; None or empty means gamma at every batch size, and a
     schedule is dropped when speculation is off. `--trust-remote-code` is added only when
-    DRAFTSYNC_TRUST_REMOTE_CODE is set (`trust_remote_code` True without it is refused).
+    DRAFTSYNC_TRUST_REMOTE_CODE is set (`trust_remote_code` True without it is refused). `draft_sampling` is vLLM's
+    `draft_sample_method` for a drafter with a checkpoint: None keeps vLLM's default, "greedy" (argmax drafts,
+    accepted with the target's probability of each: lossless, but at T > 0 fewer accepted than standard
+    speculative sampling); "probabilistic" samples drafts and tests the probability ratio, as the reference engine
+    does, at the cost of the draft probabilities' memory.
     """
     tensor_parallel_size = _integer(tensor_parallel_size, "tensor_parallel_size")
     if tensor_parallel_size < 1:
@@ -272,11 +278,21 @@ def render_vllm_command(
         speculative_config = _speculative_config(
             drafter_dir, method, gamma, tensor_parallel_size, schedule, prompt_lookup_min, prompt_lookup_max
         )
+        if draft_sampling is not None:
+            if draft_sampling not in DRAFT_SAMPLING or not METHODS[str(method)].needs_checkpoint:
+                raise DraftsyncError(
+                    f"draft sampling {draft_sampling!r} for method {method!r}",
+                    f"use one of {', '.join(DRAFT_SAMPLING)} with a drafter that has a checkpoint (not ngram)",
+                )
+            speculative_config["draft_sample_method"] = draft_sampling
         argv += ["--speculative-config", json.dumps(speculative_config)]
         if not any(_long_flag(arg) == PER_REQUEST_METRICS_FLAG for arg in extra):
             argv += [PER_REQUEST_METRICS_FLAG, "summary"]
     argv += extra
     return VllmLaunch(argv=argv, speculative_config=speculative_config)
+
+
+DRAFT_SAMPLING = ("greedy", "probabilistic")  # vLLM's draft_sample_method
 
 
 def _speculative_config(

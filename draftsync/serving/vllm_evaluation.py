@@ -165,6 +165,7 @@ class VllmBackend:
         ignore_eos: bool = True,
         prompt_lookup_min: int | None = None,
         prompt_lookup_max: int | None = None,
+        draft_sampling: str | None = None,
         engine: Any = None,
     ):
         from draftsync.model_paths import confined_model_path
@@ -181,6 +182,7 @@ class VllmBackend:
         self.extra_args = list(extra_args)
         self.ignore_eos = bool(ignore_eos)
         self.prompt_lookup = (prompt_lookup_min, prompt_lookup_max)
+        self.draft_sampling = draft_sampling  # vLLM's draft_sample_method (render_vllm_command); None: its default
         if self.method == NGRAM.name:  # a bad lookup window fails here, not when a server starts
             self.launch(1, 0)
         self.engine = engine  # found when the first server starts
@@ -213,6 +215,7 @@ class VllmBackend:
             schedule=schedule if speculating else None,
             prompt_lookup_min=self.prompt_lookup[0],
             prompt_lookup_max=self.prompt_lookup[1],
+            draft_sampling=self.draft_sampling,
         )
 
     def endpoint(self, gamma: int, schedule: list | None = None) -> str:

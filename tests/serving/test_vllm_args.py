@@ -66,6 +66,7 @@ RENDERINGS = [
     dict(drafter_dir="/d", method="eagle", gamma=3, schedule=[(1, 8, 3), (9, 256, 1)]),
     dict(drafter_dir="/d", method="medusa", gamma=3),
     dict(drafter_dir="/d", method="draft_model", gamma=2, tensor_parallel_size=2),
+    dict(drafter_dir="/d", method="eagle3", gamma=2, draft_sampling="probabilistic"),
     dict(
         drafter_dir=None,
         method="ngram",
@@ -100,6 +101,17 @@ def test_long_form_with_speculative_config(method, vllm_method):
     config = speculative_json(launch.argv)
     assert config == {"method": vllm_method, "model": "/models/drafter", "num_speculative_tokens": 4}
     assert config == launch.speculative_config
+
+
+def test_draft_sampling_is_vllms_draft_sample_method_for_drafters_with_a_checkpoint_only():
+    assert speculative_json(render("/d", "eagle", 2, draft_sampling="probabilistic").argv)["draft_sample_method"] == (
+        "probabilistic"
+    )
+    assert "draft_sample_method" not in speculative_json(render("/d", "eagle", 2).argv)  # vLLM's default
+    with pytest.raises(DraftsyncError, match="not ngram"):
+        render(None, "ngram", 2, draft_sampling="probabilistic")
+    with pytest.raises(DraftsyncError, match="'typical'"):
+        render("/d", "eagle3", 2, draft_sampling="typical")
 
 
 @pytest.mark.parametrize("case", RENDERINGS, ids=lambda case: case["method"])

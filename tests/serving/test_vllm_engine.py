@@ -113,3 +113,22 @@ def test_the_error_line_is_the_root_cause_vllm_logged(tmp_path):
     log.write_text("INFO starting\n(EngineCore pid=2) ERROR 12-02 [core.py:9] KV cache does not fit\n")
     assert engine_error_line(log) == "(EngineCore pid=2) ERROR 12-02 [core.py:9] KV cache does not fit"
     assert engine_error_line(tmp_path / "missing.log") is None
+
+
+def test_a_cpu_engine_whose_kernel_leaves_temperatures_unwritten_is_not_trusted_with_sampled_speculation(
+    no_engine_anywhere, tmp_path, monkeypatch
+):
+    """An engine counts as sound above T=0 only when asked and its CPU kernel writes what it spreads: this venv's
+    Python has no vLLM to ask, so `auto` validates a sampled deployment on the reference backend; a GPU has no
+    such kernel. (tests/vllm/test_vllm_engine_faults.py asks a real engine, with and without the fix.)"""
+    from draftsync.serving.vllm_engine import CPU_SAMPLED_SPECULATION_FAULT
+    from draftsync.tasks.validation import evaluation_backend
+
+    _venv(tmp_path)
+    monkeypatch.setenv("DRAFTSYNC_VLLM_DEVICE", "cpu")
+    assert find_vllm_engine().sampled_speculation_fault() == CPU_SAMPLED_SPECULATION_FAULT
+    assert evaluation_backend("auto", 0.7) == "reference"
+    assert evaluation_backend("auto", 0.0) == "vllm"  # greedy verification does not read the temperatures
+    monkeypatch.setenv("DRAFTSYNC_VLLM_DEVICE", "cuda")
+    assert find_vllm_engine().sampled_speculation_fault() is None
+    assert evaluation_backend("auto", 0.7) == "vllm"
