@@ -231,6 +231,11 @@ def main() -> None:
         default="reference",
         help="reference: the CPU reference engine (EAGLE-3); vllm: real vLLM servers, every method it serves",
     )
+    parser.add_argument(
+        "--draft-sampling",
+        choices=("greedy", "probabilistic"),
+        help="vllm: vLLM's draft_sample_method for drafters with a checkpoint (default: vLLM's own, greedy)",
+    )
     args = parser.parse_args()
     quiet_offline_environment()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="draftsync-speedup-"))
@@ -238,7 +243,7 @@ def main() -> None:
     if args.engine == "vllm":
         from speedup_vllm import run_vllm
 
-        out = run_vllm(args.quick, args.size, workdir)
+        out = run_vllm(args.quick, args.size, workdir, args.draft_sampling)
     else:
         out = run_reference(args.quick, args.size, workdir)
     emit_json(out, args.json, sys.stdout)

@@ -28,7 +28,9 @@ temperature reports the distinct-4-gram share of the plain outputs, and `headlin
 whose outputs clear acceptance.NOT_LOOPING (as bench/acceptance.py picks its headline). T=1 is measured only on
 an engine that verifies sampled drafts soundly: vLLM's CPU build does with the fix `make vllm` installs
 (`VllmEngine.sampled_speculation_fault`); without it the JSON says why under `temperatures_not_measured` and only
-T=0 runs.
+T=0 runs. Drafters draft as vLLM does by default (the argmax, accepted with the target's probability of it);
+`--draft-sampling probabilistic` has them sample their drafts and vLLM test the probability ratio (standard
+speculative sampling, as the reference engine does), which changes nothing at T=0, so only T=1 runs then.
 """
 
 from __future__ import annotations
@@ -224,7 +226,7 @@ def headline(figures_at_temperature: dict, method: str) -> dict:
     }
 
 
-def run_vllm(quick: bool, size: str | None, workdir: Path) -> dict:
+def run_vllm(quick: bool, size: str | None, workdir: Path, draft_sampling: str | None = None) -> dict:
     """Train (or reuse) the drafters, then measure every method x gamma on its own server (the module docstring)."""
     import torch
     from draftsync.serving.evaluation import EvalRequest
@@ -266,6 +268,10 @@ def run_vllm(quick: bool, size: str | None, workdir: Path) -> dict:
     # sampled speculation is measured only where the engine verifies sampled drafts soundly (not vLLM's CPU build)
     fault = engine.sampled_speculation_fault()
     temperatures = tuple(t for t in TEMPERATURES if t == 0 or fault is None)
+    skipped = {f"T{t:g}": fault for t in TEMPERATURES if t not in temperatures}
+    if draft_sampling == "probabilistic":  # greedy requests draft the argmax whatever the setting: nothing new at T=0
+        temperatures = tuple(t for t in temperatures if t > 0)
+        skipped["T0"] = "drafts are the argmax at T=0 whatever draft_sampling says: a run without it measures T=0"
     plain_backend = VllmBackend(target_dir, log_dir=logs, engine=engine)
     try:
         plain_runs = measure_server(plain_backend, 0, requests, settings["rounds"], temperatures)
@@ -278,7 +284,8 @@ def run_vllm(quick: bool, size: str | None, workdir: Path) -> dict:
     speculative_configs: dict[str, dict] = {}
     for method in METHODS:
         drafter_dir = drafters[method][0] if method in drafters else None
-        backend = VllmBackend(target_dir, drafter_dir, method, log_dir=logs, engine=engine)
+        sampling = draft_sampling if drafter_dir is not None else None  # ngram drafts from the prompt
+        backend = VllmBackend(target_dir, drafter_dir, method, log_dir=logs, engine=engine, draft_sampling=sampling)
         try:
             spec_runs[method] = {
                 gamma: measure_server(backend, gamma, requests, settings["rounds"], temperatures)
@@ -310,7 +317,8 @@ def run_vllm(quick: bool, size: str | None, workdir: Path) -> dict:
         "method_of_c": "c = d / T from the least-squares fit S(g) = V + g d of the step time at each gamma "
         "(generation time / decode steps); verify = V / T, T the plain step (plain TPOT)",
         **by_temperature,
-        "temperatures_not_measured": {f"T{t:g}": fault for t in TEMPERATURES if t not in temperatures},
+        "draft_sampling": draft_sampling or "greedy (vLLM's default)",
+        "temperatures_not_measured": skipped,
         "sizes": {
             "target_size": settings["size"],
             **({"why": TARGET_CHOICE} if settings["size"] == "demo" else {}),

@@ -82,14 +82,21 @@ def _schedule_markdown(checklist: ChecklistResult) -> str:
     lines = [
         f"\n## Speculation per batch size\n\n`num_speculative_tokens_per_batch_size`: {checklist.speculation_schedule}"
     ]
-    check = (checklist.stress or {}).get("schedule_check")
+    stress = checklist.stress or {}
+    check = stress.get("schedule_check")
     if check:
-        lines.append("\n| concurrency | scheduled ms/token | plain ms/token | plain / scheduled |\n|---|---|---|---|")
+        lines.append(
+            "\n| concurrency | k relaunched | relaunched ms/token | speculative ms/token | plain ms/token "
+            "| plain / relaunched |\n|---|---|---|---|---|---|"
+        )
         for size, level in check.items():
             lines.append(
-                f"| {size} | {_number(level['scheduled_ms_per_token'])} | {_number(level['plain_ms_per_token'])} "
+                f"| {size} | {level.get('k', '')} | {_number(level['scheduled_ms_per_token'])} "
+                f"| {_number(level.get('speculative_ms_per_token'))} | {_number(level['plain_ms_per_token'])} "
                 f"| {_number(level['speedup'])} |"
             )
+    if stress.get("schedule_note"):
+        lines.append(f"\nRevised from {stress['schedule_measured']}: {stress['schedule_note']}.")
     return "\n".join(lines) + "\n"
 
 

@@ -163,11 +163,21 @@ def speculation_schedule(
     and covers the batch sizes from itself up to the next measured one minus one; neighbours with the
     same gamma merge. The last range ends at the largest measured batch size.
     """
-    sizes = sorted(tpot_by_batch)
+    return schedule_ranges(
+        {
+            size: gamma_knee([{"gamma": g, "tpot_ms": t} for g, t in tpot_by_batch[size].items()], tolerance)
+            for size in tpot_by_batch
+        }
+    )
+
+
+def schedule_ranges(k_by_size: dict[int, int]) -> list[tuple[int, int, int]]:
+    """[(first, last, k)] from one k per measured batch size: each covers the sizes up to the next measured one
+    minus one (the first from 1, the last to itself), and neighbours with the same k merge."""
+    sizes = sorted(k_by_size)
     ranges: list[tuple[int, int, int]] = []
     for i, size in enumerate(sizes):
-        rows = [{"gamma": g, "tpot_ms": t} for g, t in tpot_by_batch[size].items()]
-        k = gamma_knee(rows, tolerance)
+        k = k_by_size[size]
         end = sizes[i + 1] - 1 if i + 1 < len(sizes) else size
         start = 1 if i == 0 else size
         if ranges and ranges[-1][2] == k:

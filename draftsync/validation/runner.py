@@ -212,7 +212,7 @@ def _finish_stress(backend: EvaluationBackend, stress: StressLoad, knee: int, sp
     if not schedule:
         return stressed
     return schedule_check(
-        stressed, stress.levels(backend.endpoint(knee, [list(entry) for entry in schedule]), SERVED_NAME)
+        stressed, stress.levels(backend.endpoint(knee, [list(entry) for entry in schedule]), SERVED_NAME), knee
     )
 
 

@@ -146,21 +146,48 @@ def stress_comparison(speculative: dict, plain: dict, gamma: int) -> dict:
     return result
 
 
-def schedule_check(result: dict, scheduled: dict[int, dict]) -> dict:
+def schedule_check(result: dict, scheduled: dict[int, dict], gamma: int) -> dict:
     """The pair relaunched with its measured schedule, loaded at each concurrency again, against plain decoding
-    there: whether vLLM's per-batch choice does what the schedule says (no slower than plain anywhere)."""
+    there: whether vLLM's per-batch choice does what the schedule says (no slower than plain anywhere).
+
+    On vLLM a k = 0 step is not a plain step: the drafter still runs its first forward pass to keep its KV cache in
+    step (vLLM 0.32, llm_base_proposer.py), and the target still returns its auxiliary hidden states. Where the
+    relaunched pair at k = 0 was slower than the pair speculating at `gamma` under the same load, the schedule is
+    revised to `gamma` there (`schedule_measured` keeps the first one, `schedule_note` says where and why): every k
+    in the revised schedule is the faster of the two as measured."""
+    from draftsync.validation.checklist import schedule_ranges
+
     by_size = result["by_batch_size"]
+    measured_schedule = result["schedule"]
     check = {}
+    k_by_size = {}
+    revised_at = []
     for size, level in scheduled.items():
         plain_ms, scheduled_ms = by_size[size]["plain"]["ms_per_token"], level["ms_per_token"]
+        spec_ms = by_size[size]["speculative"]["ms_per_token"]
+        k = next(k for first, last, k in measured_schedule if first <= size <= last)
         check[size] = {
+            "k": k,
             "scheduled_ms_per_token": scheduled_ms,
             "plain_ms_per_token": plain_ms,
+            "speculative_ms_per_token": spec_ms,
             "speedup": plain_ms / scheduled_ms if plain_ms and scheduled_ms else None,
             "errors": level["errors"],
         }
-    return {
+        if k == 0 and scheduled_ms and spec_ms and scheduled_ms > spec_ms:
+            revised_at.append(size)
+            k = gamma
+        k_by_size[size] = k
+    out = {
         **result,
         "schedule_check": check,
         "errors": result["errors"] + sum(level["errors"] for level in scheduled.values()),
     }
+    if revised_at:
+        out["schedule_measured"] = measured_schedule
+        out["schedule"] = schedule_ranges(k_by_size)
+        out["schedule_note"] = (
+            f"k = 0 was slower than speculating at gamma {gamma} at concurrency {', '.join(map(str, revised_at))}: "
+            "vLLM still runs the drafter's first pass at k = 0, so the schedule speculates there"
+        )
+    return out

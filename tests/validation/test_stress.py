@@ -105,8 +105,42 @@ def test_closed_loop_load_per_batch_size_yields_a_gamma_schedule(backend):
     # plain decoding at each concurrency.
     from draftsync.serving.evaluation import SERVED_NAME
 
-    checked = schedule_check(result, load.levels(backend.endpoint(2), SERVED_NAME))
+    checked = schedule_check(result, load.levels(backend.endpoint(2), SERVED_NAME), 2)
     for size, level in checked["schedule_check"].items():
         assert level["plain_ms_per_token"] == result["by_batch_size"][size]["plain"]["ms_per_token"]
         assert level["speedup"] == pytest.approx(level["plain_ms_per_token"] / level["scheduled_ms_per_token"])
     assert checked["errors"] == 0
+
+
+def _level(ms: float) -> dict:
+    return {"ms_per_token": ms, "errors": 0}
+
+
+def test_a_k0_level_slower_than_speculating_is_revised_to_gamma_and_the_first_schedule_kept():
+    """vLLM still runs the drafter's first pass at k = 0: measured on the demo pair (bench/schedule.py), k = 0 at
+    concurrency 2, 4 and 8 was 0.80, 0.81 and 0.71 of plain decoding's speed, and speculating at gamma 2 was faster
+    than both. Where the relaunch shows that, the schedule speculates; where k = 0 really was faster, it stays."""
+    from draftsync.validation.stress import schedule_check
+
+    by_size = {
+        1: {"speculative": _level(5.4), "plain": _level(7.1)},
+        2: {"speculative": _level(6.3), "plain": _level(8.0)},  # speculating beats plain here: k = 0 came from noise
+        4: {"speculative": _level(9.9), "plain": _level(9.7)},
+        8: {"speculative": _level(12.0), "plain": _level(11.3)},
+    }
+    result = {"by_batch_size": by_size, "schedule": [(1, 1, 2), (2, 8, 0)], "errors": 0}
+    relaunched = {1: _level(5.2), 2: _level(9.9), 4: _level(9.8), 8: _level(15.9)}
+    checked = schedule_check(result, relaunched, 2)
+    assert checked["schedule_measured"] == [(1, 1, 2), (2, 8, 0)]
+    assert checked["schedule"] == [(1, 3, 2), (4, 7, 0), (8, 8, 2)]  # k = 0 kept only where it beat gamma
+    assert "concurrency 2, 8" in checked["schedule_note"]
+    assert checked["schedule_check"][8] == {
+        "k": 0,
+        "scheduled_ms_per_token": 15.9,
+        "plain_ms_per_token": 11.3,
+        "speculative_ms_per_token": 12.0,
+        "speedup": pytest.approx(11.3 / 15.9),
+        "errors": 0,
+    }
+    unchanged = schedule_check(result, {1: _level(5.2), 2: _level(6.0), 4: _level(9.5), 8: _level(11.0)}, 2)
+    assert unchanged["schedule"] == [(1, 1, 2), (2, 8, 0)] and "schedule_note" not in unchanged
