@@ -180,10 +180,8 @@ PROFILES = {
         follow_recommendation=True,
         validation=VALIDATION_PROFILES["production"],
     ),
-    # The demo keeps the HF loop for now. vLLM wrote its 400 responses of 96 tokens faster even with its start
-    # (bench/responses.py on two busy cores: 134 s end to end, 50 s of it the start, against 231 s), but the v2
-    # sync would then run a second engine beside the served v1 pair, not yet measured in the story's time and
-    # memory budget (and `--engine reference` would have to mean the HF loop here too).
+    # The demo keeps the HF loop: for its 400 responses of up to 96 tokens an engine start does not pay
+    # (bench/responses.py, 2 quiet cores: the loop 12.4 s; vLLM 12.2 s after a 36.4 s start; docs/TRAINING.md).
     "demo": SyncProfile(response_writer="hf", validation=VALIDATION_PROFILES["demo"]),
     "test": SyncProfile(
         name="test",
