@@ -3,8 +3,10 @@
 Every method vLLM serves, in one run on one machine: the drafters draftsync trains (eagle3, eagle3.1, eagle,
 medusa, and draft_model: a small Llama over the target's vocabulary and tokenizer, trained on the same data at
 the EAGLE-3 drafter's size, as in bench/acceptance.py) and n-gram lookup. Each method x gamma is one server
-(`VllmBackend`: the launch a rollout runs), and the plain target one more, started first and again last so a
-drift in machine load shows (`plain_drift`). On each server the same prompts run closed-loop at batch 1 (one
+(`VllmBackend`: the launch a rollout runs), and the plain target one more, up the whole run: each speculative
+server is measured right after a plain run of the same requests, its pair, which its speedup is against (so a drift
+in machine load between methods moves both sides alike), and the plain runs at the start and the end show the drift
+over the run (`plain_drift`). On each server the same prompts run closed-loop at batch 1 (one
 request at a time) and at concurrency 4 (four clients, each sending its next request when its last is answered),
 alternating, a few rounds (each figure is the median over them), as direct HTTP completions; every figure is
 vLLM's own per-request one (`metrics.speculative_decoding`, `time_to_first_token_ms`, `generation_time_ms`), so
@@ -152,20 +154,25 @@ def measure_server(backend, gamma: int, requests: list[tuple], rounds: int, temp
     return runs
 
 
-def method_figures(spec: dict[int, dict], plain: dict, spec_outputs: dict[int, list], plain_outputs: list) -> dict:
-    """One method at one concurrency: the fit, and per gamma its figures against plain decoding and the bound."""
-    c, verify = step_cost_fit({g: f["step_ms"] for g, f in spec.items()}, plain["step_ms"])
+def method_figures(
+    spec: dict[int, dict], plain: dict[int, dict], spec_outputs: dict[int, list], plain_outputs: list
+) -> dict:
+    """One method at one concurrency: the fit, and per gamma its figures against the plain run paired with it (made
+    just before it on the plain server, which stays up) and the bound."""
+    plain_step = statistics.fmean(p["step_ms"] for p in plain.values())
+    c, verify = step_cost_fit({g: f["step_ms"] for g, f in spec.items()}, plain_step)
     rows = []
     for gamma, figures in spec.items():
-        speedup = plain["tpot_ms"] / figures["tpot_ms"]
+        speedup = plain[gamma]["tpot_ms"] / figures["tpot_ms"]
         limit = bound(figures["tau"], gamma, c)
         identical = sum(a == b for a, b in zip(spec_outputs[gamma], plain_outputs, strict=True))
         rows.append(
             {
                 "gamma": gamma,
                 **{key: round(value, 4) for key, value in figures.items()},
+                "paired_plain_tpot_ms": round(plain[gamma]["tpot_ms"], 4),
                 "speedup": round(speedup, 4),
-                "speedup_tokens_per_s": round(figures["tokens_per_s"] / plain["tokens_per_s"], 4),
+                "speedup_tokens_per_s": round(figures["tokens_per_s"] / plain[gamma]["tokens_per_s"], 4),
                 "bound": round(limit, 4),
                 "fraction_of_bound": round(speedup / limit, 4),
                 "outputs_identical_to_plain": round(identical / len(plain_outputs), 4),
@@ -175,7 +182,9 @@ def method_figures(spec: dict[int, dict], plain: dict, spec_outputs: dict[int, l
     return {"c": round(c, 4), "verify": round(verify, 4), "best_gamma": best["gamma"], "gammas": rows}
 
 
-def temperature_figures(temperature: float, plain_runs: dict, plain_again: dict, spec_runs: dict) -> dict:
+def temperature_figures(
+    temperature: float, plain_runs: dict, plain_again: dict, spec_runs: dict, paired_plain: dict
+) -> dict:
     """Everything measured at one temperature: the plain target's figures and drift, the distinct-4-gram share of
     its outputs at batch 1, each method per concurrency, and the headline (each method at its fastest gamma)."""
     from acceptance import NOT_LOOPING, distinct_4gram_share
@@ -195,7 +204,7 @@ def temperature_figures(temperature: float, plain_runs: dict, plain_again: dict,
         out[f"concurrency_{clients}"] = {
             method: method_figures(
                 {gamma: median_figures(runs[key]) for gamma, runs in per_gamma.items()},
-                plain,
+                {gamma: median_figures(runs[key]) for gamma, runs in paired_plain[method].items()},
                 {gamma: [r.token_ids for r in runs[key][0][0]] for gamma, runs in per_gamma.items()},
                 plain_outputs,
             )
@@ -272,40 +281,44 @@ def run_vllm(quick: bool, size: str | None, workdir: Path, draft_sampling: str |
     if draft_sampling == "probabilistic":  # greedy requests draft the argmax whatever the setting: nothing new at T=0
         temperatures = tuple(t for t in temperatures if t > 0)
         skipped["T0"] = "drafts are the argmax at T=0 whatever draft_sampling says: a run without it measures T=0"
+    # The plain server stays up the whole run: each speculative server is measured right after a plain run of the
+    # same requests (its pair), so a drift in the machine's load between methods moves both sides alike.
     plain_backend = VllmBackend(target_dir, log_dir=logs, engine=engine)
+    spec_runs: dict[str, dict[int, dict]] = {}
+    paired_plain: dict[str, dict[int, dict]] = {}
+    speculative_configs: dict[str, dict] = {}
+    starts = 0
     try:
         plain_runs = measure_server(plain_backend, 0, requests, settings["rounds"], temperatures)
-    finally:
-        plain_backend.close()
-    starts = plain_backend.starts
-    print("plain target measured", file=sys.stderr)
-
-    spec_runs: dict[str, dict[int, dict]] = {}
-    speculative_configs: dict[str, dict] = {}
-    for method in METHODS:
-        drafter_dir = drafters[method][0] if method in drafters else None
-        sampling = draft_sampling if drafter_dir is not None else None  # ngram drafts from the prompt
-        backend = VllmBackend(target_dir, drafter_dir, method, log_dir=logs, engine=engine, draft_sampling=sampling)
-        try:
-            spec_runs[method] = {
-                gamma: measure_server(backend, gamma, requests, settings["rounds"], temperatures)
-                for gamma in settings["gammas"]
-            }
-            speculative_configs[method] = {g: backend.launch(g, 0).speculative_config for g in settings["gammas"]}
-        finally:
-            backend.close()
-        starts += backend.starts
-        print(f"{method} measured at gammas {settings['gammas']}", file=sys.stderr)
-
-    plain_backend = VllmBackend(target_dir, log_dir=logs, engine=engine)  # again: did the machine's load drift?
-    try:
-        plain_again = measure_server(plain_backend, 0, requests, settings["rounds"], temperatures)
+        print("plain target measured", file=sys.stderr)
+        for method in METHODS:
+            drafter_dir = drafters[method][0] if method in drafters else None
+            sampling = draft_sampling if drafter_dir is not None else None  # ngram drafts from the prompt
+            backend = VllmBackend(target_dir, drafter_dir, method, log_dir=logs, engine=engine, draft_sampling=sampling)
+            spec_runs[method], paired_plain[method] = {}, {}
+            try:
+                for gamma in settings["gammas"]:
+                    backend.server(gamma)  # started before its pair is measured, so the pair is just before it
+                    paired_plain[method][gamma] = measure_server(
+                        plain_backend, 0, requests, settings["rounds"], temperatures
+                    )
+                    spec_runs[method][gamma] = measure_server(
+                        backend, gamma, requests, settings["rounds"], temperatures
+                    )
+                speculative_configs[method] = {g: backend.launch(g, 0).speculative_config for g in settings["gammas"]}
+            finally:
+                backend.close()
+            starts += backend.starts
+            print(f"{method} measured at gammas {settings['gammas']}", file=sys.stderr)
+        plain_again = measure_server(plain_backend, 0, requests, settings["rounds"], temperatures)  # drift over the run
     finally:
         plain_backend.close()
     starts += plain_backend.starts
     phases["measurement"] = time.perf_counter() - measuring
 
-    by_temperature = {f"T{t:g}": temperature_figures(t, plain_runs, plain_again, spec_runs) for t in temperatures}
+    by_temperature = {
+        f"T{t:g}": temperature_figures(t, plain_runs, plain_again, spec_runs, paired_plain) for t in temperatures
+    }
     target_facts = describe_target(target_dir)
     return {
         "benchmark": "speedup",

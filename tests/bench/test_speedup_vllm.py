@@ -42,7 +42,7 @@ def test_fraction_of_bound_is_what_the_verify_step_costs_above_a_plain_one():
         g: {"step_ms": 12.0 + 2 * g, "tpot_ms": (12.0 + 2 * g) / tau, "tokens_per_s": 100.0, "tau": tau}
         for g, tau in taus.items()
     }
-    figures = method_figures(spec, plain, {2: [[1]], 4: [[2]]}, [[1]])
+    figures = method_figures(spec, {2: plain, 4: plain}, {2: [[1]], 4: [[2]]}, [[1]])
     assert (figures["c"], figures["verify"]) == (pytest.approx(0.25), pytest.approx(1.5))
     for row in figures["gammas"]:
         g = row["gamma"]
@@ -55,3 +55,16 @@ def test_fraction_of_bound_is_what_the_verify_step_costs_above_a_plain_one():
 def test_one_gamma_gives_no_step_cost():
     with pytest.raises(DraftsyncError, match="slope"):
         step_cost_fit({3: 10.0}, 8.0)
+
+
+def test_each_gamma_is_compared_with_its_own_paired_plain_run():
+    """The machine slowed between two gammas: each speedup is against the plain run made just before it."""
+    spec = {2: {"step_ms": 20.0, "tpot_ms": 10.0, "tokens_per_s": 100.0, "tau": 2.0}}
+    spec[4] = {"step_ms": 30.0, "tpot_ms": 12.0, "tokens_per_s": 80.0, "tau": 2.5}
+    plain = {2: {"step_ms": 10.0, "tpot_ms": 10.0, "tokens_per_s": 100.0}}
+    plain[4] = {"step_ms": 18.0, "tpot_ms": 18.0, "tokens_per_s": 50.0}
+    figures = method_figures(spec, plain, {2: [[1]], 4: [[1]]}, [[1]])
+    by_gamma = {row["gamma"]: row for row in figures["gammas"]}
+    assert by_gamma[2]["speedup"] == pytest.approx(1.0) and by_gamma[4]["speedup"] == pytest.approx(1.5)
+    assert by_gamma[4]["paired_plain_tpot_ms"] == 18.0 and by_gamma[4]["speedup_tokens_per_s"] == pytest.approx(1.6)
+    assert figures["c"] == pytest.approx(5.0 / 14.0, abs=1e-4)  # slope 5 ms per draft over the mean plain step
