@@ -163,6 +163,22 @@ def drafter_method(directory: str | Path) -> str:
     )
 
 
+def check_drafter_fits_target(drafter_dir: str | Path, target_dir: str | Path) -> None:
+    """Refuse a drafter built for another vocabulary than the target's, from both config.json files alone, before
+    any engine loads them (vLLM would start and then fail or serve garbage)."""
+    from draftsync.speculative.checkpoint_files import read_json
+
+    _, config = read_json(drafter_dir)
+    built_for = config.get("transformer_layer_config", {}).get("vocab_size", config.get("vocab_size"))
+    target_vocab = read_json(target_dir)[1].get("vocab_size")
+    if built_for is not None and target_vocab is not None and int(built_for) != int(target_vocab):
+        raise DraftsyncError(
+            f"drafter {drafter_dir} was built for a vocabulary of {built_for} tokens, target {target_dir} has "
+            f"{target_vocab}",
+            "train the drafter against this target (draftsync sync)",
+        )
+
+
 def load_drafter(directory: str | Path, dtype: torch.dtype | None = None):
     """The drafter saved in `directory`, whatever its method (float32 unless `dtype` says otherwise)."""
     method = drafter_method(directory)

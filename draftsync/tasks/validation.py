@@ -6,8 +6,6 @@ hands the checklist the run logger so its sweep and verdict show in the Prefect 
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import task
 from prefect.cache_policies import NONE
 
@@ -32,8 +30,9 @@ def validate_drafter(
 ) -> ChecklistResult:
     """The checklist on real vLLM servers or on the CPU reference engine (`backend`, default the profile's: see
     `evaluation_backend`); stress runs against served instances of the same kind (the reference server, or vLLM)."""
-    from draftsync.speculative.drafters import drafter_method
+    from draftsync.speculative.drafters import check_drafter_fits_target, drafter_method
 
+    check_drafter_fits_target(drafter_dir, target_dir)
     backend = evaluation_backend(backend or profile.backend, profile.temperature)
     no_schedule_reason = UNSCHEDULED_METHODS.get(drafter_method(drafter_dir))
     # The schedule needs real batching: none from the reference server, which answers one request at a time (its
@@ -44,7 +43,6 @@ def validate_drafter(
         from draftsync.serving.evaluation import ReferenceBackend
 
         chosen: EvaluationBackend = ReferenceBackend(target_dir, drafter_dir, log_dir=log_dir)
-        _check_pair(chosen, target_dir, drafter_dir)
     else:
         from draftsync.serving.vllm_evaluation import VllmBackend
 
@@ -90,14 +88,3 @@ def evaluation_backend(name: str, temperature: float = 0.0) -> str:
             "use 'vllm' (real vLLM servers), 'reference' (the CPU reference engine) or 'auto'",
         )
     return name
-
-
-def _check_pair(backend: Any, target_dir: str, drafter_dir: str) -> None:
-    from draftsync.errors import DraftsyncError
-
-    if backend.drafter.config.vocab_size != backend.target.config.vocab_size:
-        raise DraftsyncError(
-            f"drafter {drafter_dir} was built for a vocabulary of {backend.drafter.config.vocab_size} tokens, "
-            f"target {target_dir} has {backend.target.config.vocab_size}",
-            "train the drafter against this target (draftsync sync)",
-        )

@@ -3,6 +3,8 @@ method's drafter does alike."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from draftsync.errors import DraftsyncError
@@ -196,6 +198,21 @@ def test_save_and_load_round_trip_for_every_method(target, tmp_path, bf16_stored
     for got, want in zip(_drafts(loaded, target, ids), _drafts(reference, target, ids), strict=True):
         assert torch.allclose(got, want, atol=1e-5)
     assert next(load_drafter(out, torch.bfloat16).parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_drafter_for_another_vocabulary_is_refused_from_the_configs(target, tmp_path, method):
+    from draftsync.speculative.drafters import check_drafter_fits_target
+
+    out = save_drafter(_prepared(method, target), tmp_path / method, "/models/t", ["LlamaForCausalLM"], 2)
+    target.config.save_pretrained(tmp_path / "target")
+    check_drafter_fits_target(out, tmp_path / "target")  # the target it was built for
+    other = target.config.to_dict() | {"vocab_size": VOCAB * 2}
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps(other))
+    with pytest.raises(DraftsyncError, match=f"vocabulary of {VOCAB} tokens, target .* has {VOCAB * 2}") as error:
+        check_drafter_fits_target(out, tmp_path / "other")
+    assert "draftsync sync" in error.value.fix
 
 
 @pytest.mark.parametrize("method", METHODS)
