@@ -81,6 +81,10 @@ class ServingDeployment(BaseModel):
     tensor_parallel_size: int = Field(1, ge=1)  # GPUs the target is served on
     gpu_memory_gb: float = Field(80.0, gt=0.0)  # memory of one of them (the recommendation's memory check)
     extra_vllm_args: list[str] = Field(default_factory=list)
+    # vLLM's draft_sample_method for drafters with a checkpoint: None keeps vLLM's (greedy drafts, each accepted with
+    # the target's probability of it); "probabilistic" samples drafts and tests the probability ratio, which accepts
+    # more at T > 0 (docs/VALIDATION.md) for the draft probabilities' memory. Validate with the same setting.
+    draft_sampling: Literal["greedy", "probabilistic"] | None = None
     # The acceptance guard (vLLM has no acceptance threshold): pooled live acceptance over the window below
     # the threshold, with at least `fallback_min_draft_tokens` drafted -> relaunch with speculation off.
     fallback_threshold: float | None = Field(0.60, ge=0.0, le=1.0)  # the seed's 0.6; None: no guard
@@ -172,6 +176,7 @@ class ServingDeployment(BaseModel):
             self.tensor_parallel_size,
             self.extra_vllm_args,
             schedule=schedule,
+            draft_sampling=self.draft_sampling if drafter_dir is not None else None,  # ngram drafts from the prompt
         )
         if engine is None:
             return launch

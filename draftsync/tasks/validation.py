@@ -46,7 +46,7 @@ def validate_drafter(
     else:
         from draftsync.serving.vllm_evaluation import VllmBackend
 
-        chosen = VllmBackend(target_dir, drafter_dir, log_dir=log_dir)
+        chosen = VllmBackend(target_dir, drafter_dir, log_dir=log_dir, draft_sampling=profile.draft_sampling)
     context.logger().info("validating on the %s backend", backend)
     try:
         return run_checklist(

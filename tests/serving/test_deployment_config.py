@@ -89,6 +89,28 @@ def test_a_deployment_renders_its_vllm_launch(tmp_path, monkeypatch):
     assert plain[plain.index("--port") + 1] == "8000" and "--speculative-config" not in plain
 
 
+def test_a_deployment_chooses_how_vllm_samples_drafts(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSYNC_MODEL_ROOTS", "/models")
+    (chat,) = load_deployments(
+        write(
+            tmp_path,
+            """
+        deployments:
+          - {name: chat, target_name: llama-chat, launch: vllm, temperature: 0.8, draft_sampling: probabilistic}
+    """,
+        )
+    )
+    argv = chat.vllm_launch("/models/target", "/models/drafter", "eagle3", 3).argv
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["draft_sample_method"] == "probabilistic"
+    ngram = chat.vllm_launch("/models/target", None, "ngram", 3).argv  # drafts from the prompt: no draft sampling
+    assert "draft_sample_method" not in json.loads(ngram[ngram.index("--speculative-config") + 1])
+    assert "draft_sample_method" not in " ".join(
+        chat.model_copy(update={"draft_sampling": None})
+        .vllm_launch("/models/target", "/models/drafter", "eagle3", 3)
+        .argv
+    )  # unset: vLLM's default
+
+
 def test_an_unknown_key_names_the_file_deployment_field_and_spelling(tmp_path):
     error = load_error(
         tmp_path,
