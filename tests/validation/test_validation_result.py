@@ -139,9 +139,23 @@ def test_the_report_shows_the_engine_starts_and_how_the_measured_schedule_did():
     assert "engine starts" not in _markdown(result) and "per batch size" not in _markdown(result)
     stress = {
         "schedule_check": {
-            1: {"scheduled_ms_per_token": 8.0, "plain_ms_per_token": 10.0, "speedup": 1.25},
-            8: {"scheduled_ms_per_token": 4.1, "plain_ms_per_token": 4.0, "speedup": 0.9756},
-        }
+            1: {
+                "k": 2,
+                "scheduled_ms_per_token": 8.0,
+                "speculative_ms_per_token": 8.2,
+                "plain_ms_per_token": 10.0,
+                "speedup": 1.25,
+            },
+            8: {
+                "k": 0,
+                "scheduled_ms_per_token": 4.1,
+                "speculative_ms_per_token": 3.9,
+                "plain_ms_per_token": 4.0,
+                "speedup": 0.9756,
+            },
+        },
+        "schedule_measured": [(1, 7, 2), (8, 8, 0)],
+        "schedule_note": "k = 0 was slower than speculating at gamma 2 at concurrency 8: vLLM still runs the drafter",
     }
     on_vllm = replace(
         result.checklist,
@@ -153,4 +167,5 @@ def test_the_report_shows_the_engine_starts_and_how_the_measured_schedule_did():
     text = _markdown(replace(result, checklist=on_vllm))
     assert "backend `vllm` (3 engine starts)" in text
     assert "`num_speculative_tokens_per_batch_size`: [(1, 7, 2), (8, 8, 0)]" in text
-    assert "| 1 | 8 | 10 | 1.25 |" in text and "| 8 | 4.1 | 4 | 0.9756 |" in text
+    assert "| 1 | 2 | 8 | 8.2 | 10 | 1.25 |" in text and "| 8 | 0 | 4.1 | 3.9 | 4 | 0.9756 |" in text
+    assert "Revised from [(1, 7, 2), (8, 8, 0)]: k = 0 was slower than speculating at gamma 2 at concurrency 8" in text
