@@ -54,7 +54,7 @@ def main() -> None:
 
     from draftsync.serving.evaluation import SERVED_NAME
     from draftsync.serving.vllm_evaluation import VllmBackend
-    from draftsync.validation.checklist import speculation_schedule
+    from draftsync.validation.checklist import schedule_k, speculation_schedule
     from draftsync.validation.runner import validation_requests
     from draftsync.validation.stress import StressLoad
 
@@ -98,14 +98,11 @@ def main() -> None:
     def median_ms(name: str, size: int) -> float:
         return statistics.median(run[size]["ms_per_token"] for run in runs[name])
 
-    def k_at(size: int) -> int:
-        return next(k for first, last, k in schedule if first <= size <= last)
-
     table = {}
     for size in levels:
         plain, spec, scheduled = (median_ms(name, size) for name in ("plain", "speculative", "scheduled"))
         table[str(size)] = {
-            "k_scheduled": k_at(size),
+            "k_scheduled": schedule_k(schedule, size),
             "plain_ms_per_token": round(plain, 3),
             "speculative_ms_per_token": round(spec, 3),
             "scheduled_ms_per_token": round(scheduled, 3),

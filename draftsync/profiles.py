@@ -8,6 +8,9 @@ from pydantic import BaseModel, Field, field_validator
 
 from draftsync.speculative.methods import DEFAULT_METHOD, METHODS, TRAINED_METHODS
 
+# vLLM's draft_sample_method, shared by deployments and the validation profile that measures them (vllm_args.py).
+DraftSampling = Literal["greedy", "probabilistic"]
+
 
 class ValidationProfile(BaseModel):
     """The checklist's load and thresholds. `production` is the seed's process (1000 requests, 3x QPS,
@@ -20,7 +23,7 @@ class ValidationProfile(BaseModel):
     requests: int = Field(1000, ge=1)  # the offline validation set, drawn from the task mix
     max_tokens: int = Field(256, ge=2)
     temperature: float = Field(0.0, ge=0.0)  # the deployment's sampling temperature: validate as you serve
-    draft_sampling: Literal["greedy", "probabilistic"] | None = None  # the deployment's, on vLLM (ServingDeployment)
+    draft_sampling: DraftSampling | None = None  # the deployment's, on vLLM (ServingDeployment)
     gamma_range: tuple[int, int] = (2, 8)  # the sweep, inclusive
     sweep_requests: int = Field(100, ge=1)  # requests per gamma in the sweep (a subset of the validation set)
     knee_tolerance: float = Field(0.02, ge=0.0)  # TPOTs this close to the best count as a tie (-> smaller gamma)

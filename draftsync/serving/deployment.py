@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from draftsync.errors import DraftsyncError
+from draftsync.profiles import DraftSampling
 from draftsync.serving.vllm_args import VllmLaunch, check_extra_vllm_args, render_vllm_command
 from draftsync.speculative.corpora import TASKS
 
@@ -84,7 +85,7 @@ class ServingDeployment(BaseModel):
     # vLLM's draft_sample_method for drafters with a checkpoint: None keeps vLLM's (greedy drafts, each accepted with
     # the target's probability of it); "probabilistic" samples drafts and tests the probability ratio, which accepts
     # more at T > 0 (docs/VALIDATION.md) for the draft probabilities' memory. Validate with the same setting.
-    draft_sampling: Literal["greedy", "probabilistic"] | None = None
+    draft_sampling: DraftSampling | None = None
     # The acceptance guard (vLLM has no acceptance threshold): pooled live acceptance over the window below
     # the threshold, with at least `fallback_min_draft_tokens` drafted -> relaunch with speculation off.
     fallback_threshold: float | None = Field(0.60, ge=0.0, le=1.0)  # the seed's 0.6; None: no guard

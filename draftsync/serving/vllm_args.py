@@ -38,8 +38,10 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 from draftsync.errors import DraftsyncError
+from draftsync.profiles import DraftSampling
 from draftsync.speculative.methods import METHODS, NGRAM, VLLM_METHODS
 
 # The `SpeculativeConfig` fields this module writes, checked by name against vllm/config/speculative.py
@@ -292,7 +294,7 @@ def render_vllm_command(
     return VllmLaunch(argv=argv, speculative_config=speculative_config)
 
 
-DRAFT_SAMPLING = ("greedy", "probabilistic")  # vLLM's draft_sample_method
+DRAFT_SAMPLING = get_args(DraftSampling)  # vLLM's draft_sample_method
 
 
 def _speculative_config(

@@ -171,6 +171,11 @@ def speculation_schedule(
     )
 
 
+def schedule_k(schedule: Sequence[Sequence[int]], batch_size: int) -> int:
+    """The k a [(first, last, k)] schedule gives `batch_size`."""
+    return next(k for first, last, k in schedule if first <= batch_size <= last)
+
+
 def schedule_ranges(k_by_size: dict[int, int]) -> list[tuple[int, int, int]]:
     """[(first, last, k)] from one k per measured batch size: each covers the sizes up to the next measured one
     minus one (the first from 1, the last to itself), and neighbours with the same k merge."""

@@ -155,7 +155,7 @@ def schedule_check(result: dict, scheduled: dict[int, dict], gamma: int) -> dict
     relaunched pair at k = 0 was slower than the pair speculating at `gamma` under the same load, the schedule is
     revised to `gamma` there (`schedule_measured` keeps the first one, `schedule_note` says where and why): every k
     in the revised schedule is the faster of the two as measured."""
-    from draftsync.validation.checklist import schedule_ranges
+    from draftsync.validation.checklist import schedule_k, schedule_ranges
 
     by_size = result["by_batch_size"]
     measured_schedule = result["schedule"]
@@ -165,7 +165,7 @@ def schedule_check(result: dict, scheduled: dict[int, dict], gamma: int) -> dict
     for size, level in scheduled.items():
         plain_ms, scheduled_ms = by_size[size]["plain"]["ms_per_token"], level["ms_per_token"]
         spec_ms = by_size[size]["speculative"]["ms_per_token"]
-        k = next(k for first, last, k in measured_schedule if first <= size <= last)
+        k = schedule_k(measured_schedule, size)
         check[size] = {
             "k": k,
             "scheduled_ms_per_token": scheduled_ms,
