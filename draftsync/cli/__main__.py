@@ -2,4 +2,6 @@
 
 from draftsync.cli.app import main
 
-main()
+# Guarded: a process that multiprocessing spawns (the demo's background target build) imports this module again.
+if __name__ == "__main__":
+    main()

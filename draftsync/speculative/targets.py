@@ -6,6 +6,7 @@ target is version 1 fine-tuned at a low rate on a shifted mix (a high rate makes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -45,10 +46,19 @@ class TargetRecipe:
     seed: int = 0
     parent: TargetRecipe | None = None  # fine-tune this recipe's checkpoint instead of starting fresh
     tokenizer_texts: int = 3000
+    precision: str = "auto"  # as a drafter's TrainConfig.precision; the key records what it resolved to
+
+    def trains_in_bf16(self) -> bool:
+        import torch
+
+        from draftsync.speculative.training import trains_in_bf16
+
+        return trains_in_bf16(self.precision, torch.device("cpu"))
 
     def key(self) -> str:
         payload = dataclasses.asdict(self)
         payload["parent"] = self.parent.key() if self.parent else None
+        payload["precision"] = "bf16" if self.trains_in_bf16() else "fp32"
         payload["corpus_version"] = corpora.CORPUS_VERSION
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -213,12 +223,15 @@ def build_target(
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, recipe.steps - warmup)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    bf16 = recipe.trains_in_bf16()
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     model.train()
     started = time.perf_counter()
     loss_value = float("nan")
     for step in range(recipe.steps):
         batch = streams.batch(rng, recipe.batch_size, recipe.seq_len)
-        loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
+        with autocast:
+            loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -240,6 +253,7 @@ def build_target(
         "task_mix": recipe.task_mix,
         "parent_recipe_key": recipe.parent.key() if recipe.parent else None,
         "train_steps": recipe.steps,
+        "train_precision": "bf16" if bf16 else "fp32",
         "train_seconds": round(seconds, 1),
         "train_tokens_per_s": round(recipe.steps * recipe.batch_size * recipe.seq_len / max(seconds, 1e-9)),
         "final_train_loss": round(loss_value, 4),
