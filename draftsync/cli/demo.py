@@ -124,50 +124,6 @@ def _target_entry(version: int, recipe, built: str, cache_dir: Path) -> dict:
     }
 
 
-def _build_target_quietly(version: int, cache_dir: str, log_path: str) -> None:
-    """The background build's process: one torch thread (the other core serves), its output to a log file."""
-    import torch
-
-    from draftsync.speculative.targets import build_target, builtin_recipe
-
-    with open(log_path, "w") as log:
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        torch.set_num_threads(1)
-        build_target(builtin_recipe(version), Path(cache_dir))
-
-
-class BackgroundTarget:
-    """Target v2 trains in a process of its own while the v1 pair serves, as a team's training pipeline fine-tunes
-    the next version while the current one is in production; the story publishes it when it `appears`. It starts
-    after v1's rollout, so no timed gate of v1's validation or rollout shares the CPU with it."""
-
-    def __init__(self, version: int, cache_dir: Path):
-        import multiprocessing
-
-        self.version = version
-        self.log_path = cache_dir / f"demo-target-v{version}-build.log"
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        self.process = multiprocessing.get_context("spawn").Process(
-            target=_build_target_quietly, args=(version, str(cache_dir), str(self.log_path)), daemon=True
-        )
-        self.process.start()
-
-    def wait(self, console: Console) -> None:
-        """Until the build ends; a failed one is said and left to the foreground build, which starts over."""
-        self.process.join()
-        if self.process.exitcode != 0:
-            console.print(
-                f"the background build of target v{self.version} failed (exit {self.process.exitcode}, log "
-                f"{self.log_path}); building it now"
-            )
-
-    def stop(self) -> None:
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join()
-
-
 def _phase(
     name: str,
     prompts_by_task: dict[str, int],
@@ -256,17 +212,13 @@ def run_demo(engine: str = "auto") -> dict:
     )
     vllm_launches = {}
 
-    def target_appears(version: int, headline: str, background: BackgroundTarget | None = None) -> None:
+    def target_appears(version: int, headline: str) -> None:
         """Target `version` is built (or found built) and published; the watch syncs its drafter and rolls the
         pair out, as it would for a version a training pipeline registered."""
         t = time.perf_counter()
         console.print(headline)
         recipe = builtin_recipe(version)
         built = "before the demo" if built_target_info(recipe, settings.cache_dir) else "in the story"
-        if background is not None:
-            background.wait(console)
-            if built_target_info(recipe, settings.cache_dir):
-                built = f"in the background while v{version - 1} served"
         path = build_target(recipe, settings.cache_dir)
         mark(f"target_v{version}_build", t)
         t = time.perf_counter()
@@ -275,13 +227,9 @@ def run_demo(engine: str = "auto") -> dict:
         sync_stages[f"v{version}"] = watch(TARGET_NAME, deployment, sync_profile)["syncs"][0]["stages_s"]
         mark(f"sync_and_rollout_v{version}", t)
 
-    v2_build: BackgroundTarget | None = None
     try:
         # (a) target v1 appears; the watch syncs a drafter for it and rolls the pair out.
         target_appears(1, "[bold](a)[/] target v1 (code + math; built once, then cached) ...")
-        if not built_target_info(builtin_recipe(2), settings.cache_dir):
-            v2_build = BackgroundTarget(2, settings.cache_dir)
-            console.print(f"target v2 trains in the background while v1 serves (log: {v2_build.log_path})")
 
         # (b) normal traffic: code and math.
         t = time.perf_counter()
@@ -303,7 +251,7 @@ def run_demo(engine: str = "auto") -> dict:
         mark("phase_c_and_report", t)
 
         # (d) target v2 (fine-tuned on a mix with prose) appears; its drafter is trained and rolled out.
-        target_appears(2, "[bold](d)[/] target v2 (v1 fine-tuned with prose) ...", v2_build)
+        target_appears(2, "[bold](d)[/] target v2 (v1 fine-tuned with prose) ...")
         t = time.perf_counter()
         phases.append(_phase(*TRAFFIC["d"], requests, clock, deployment, max_tokens))
         mark("phase_d", t)
@@ -312,8 +260,6 @@ def run_demo(engine: str = "auto") -> dict:
         vllm_launches[deployment.name] = record["vllm"]
         states_at_end = {p.deployment: p.state for p in context.store().serving_pairs()}
     finally:
-        if v2_build is not None:
-            v2_build.stop()
         stop_all()  # the store then says "stopped": `draftsync rollout demo-assistant` serves the pair again
     _declare(deployment, settings.deployments_path)
     timings["total"] = round(time.perf_counter() - started, 1)
