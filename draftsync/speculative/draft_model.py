@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.hidden_states import final_norm_of
 from draftsync.speculative.methods import DRAFT_MODEL
 from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
 
@@ -185,7 +186,7 @@ class DraftModelDrafter(nn.Module):
             head, source = self.lm.lm_head.weight, target_model.get_output_embeddings().weight
             if head is not embed and head.shape == source.shape:
                 head.copy_(source)
-            norm, source = self.lm.model.norm.weight, target_model.model.norm.weight
+            norm, source = self.lm.model.norm.weight, final_norm_of(target_model).weight
             if norm.shape == source.shape:
                 norm.copy_(source)
 

@@ -41,6 +41,8 @@ from draftsync.speculative.eagle3 import (
     RMSNorm,
     causal_mask,
     llama_layer_shape,
+    rope_cos_sin,
+    rope_tables,
     training_time_test_mask,
 )
 from draftsync.speculative.methods import EAGLE, EAGLE3, MEDUSA
@@ -112,7 +114,7 @@ class EagleDrafter(nn.Module):
         self.lm_head = nn.Linear(hidden, config.vocab_size, bias=False)
         self.d2t = None
         self.t2d = None
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_dim, 2).float() / config.head_dim))
+        inv_freq, self.rope_scaling = rope_tables(config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -162,9 +164,7 @@ class EagleDrafter(nn.Module):
         return final.to(self.fc.weight.dtype)
 
     def _rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = position_ids.float()[:, None] * self.inv_freq.float()[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return rope_cos_sin(self.inv_freq, self.rope_scaling, position_ids, dtype)
 
     def _layer_input(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.cat([self.embed_tokens(input_ids), hidden], dim=-1))
@@ -183,7 +183,7 @@ class EagleDrafter(nn.Module):
         """
         past = None if cache is None else cache.past()
         held = 0 if past is None else past[0].shape[2]
-        mask = causal_mask(input_ids.shape[1], held, input_ids.device)
+        mask = causal_mask(input_ids.shape[1], held, input_ids.device, self.config.sliding_window)
         x = self._layer_input(input_ids, hidden)
         out, k, v = self.layers[0](x, self._rope(position_ids, x.dtype), past, mask)
         if cache is not None:
@@ -205,9 +205,8 @@ class EagleDrafter(nn.Module):
         for step in range(ttt_steps):
             past = None if step == 0 else (torch.cat(keys, 2), torch.cat(values, 2))
             x = self._layer_input(ids, hidden)
-            out, k, v = self.layers[0](
-                x, self._rope(positions + step, x.dtype), past, training_time_test_mask(length, step, device)
-            )
+            mask = training_time_test_mask(length, step, device, self.config.sliding_window)
+            out, k, v = self.layers[0](x, self._rope(positions + step, x.dtype), past, mask)
             keys.append(k)
             values.append(v)
             logits = self.lm_head(out)

@@ -96,6 +96,7 @@ def is_eagle_config(config: dict[str, Any]) -> bool:
 
 def _drafter_config(config: dict[str, Any], path: Path):
     from draftsync.speculative.eagle1 import EagleConfig
+    from draftsync.speculative.eagle3 import rope_scaling_of
 
     if config.get("model_type") != "llama" or config_value(config, path, "num_hidden_layers") != 1:
         raise DraftsyncError(f"{path} is not a one-layer Llama config, which an EAGLE-1 drafter is", RESAVE)
@@ -116,6 +117,8 @@ def _drafter_config(config: dict[str, Any], path: Path):
         rms_norm_eps=config.get("rms_norm_eps", 1e-6),
         rope_theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)),
         max_position_embeddings=config.get("max_position_embeddings", 2048),
+        rope_scaling=rope_scaling_of(rope or config.get("rope_scaling")),
+        sliding_window=config.get("sliding_window"),
         feature_loss_weight=weights.get("feature", 1.0),
         token_loss_weight=weights.get("token", 0.1),
     )

@@ -44,9 +44,51 @@ class DraftLayerConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
+    # The target's rope beyond its base (rope_type "llama3", "yarn", ... and their factors); None: default rope.
+    rope_scaling: dict[str, Any] | None = None
+    # The target's attention window (Mistral): vLLM applies it to the drafter's layer too, so the drafter does.
+    sliding_window: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def rope_parameters(self) -> dict[str, Any]:
+        """The rope as transformers 5 and vLLM read it from a config (`rope_parameters`)."""
+        return {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
+
+
+def rope_scaling_of(rope_parameters: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The non-default part of a config's `rope_parameters` (rope_scaling for transformers 4 configs), or None."""
+    rest = {k: v for k, v in (rope_parameters or {}).items() if k not in ("rope_theta", "type")}
+    kind = rest.get("rope_type") or (rope_parameters or {}).get("type") or "default"
+    return None if kind == "default" else {**rest, "rope_type": kind}
+
+
+def rope_tables(config: DraftLayerConfig) -> tuple[torch.Tensor, float]:
+    """(inv_freq [head_dim/2], attention scaling) of the drafter's rope, computed by transformers from the same
+    `rope_parameters` vLLM reads, so a llama3 or yarn rope is the one served."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = config.rope_parameters()
+    if rope["rope_type"] == "default":
+        exponents = torch.arange(0, config.head_dim, 2).float() / config.head_dim
+        return 1.0 / (config.rope_theta**exponents), 1.0
+    if rope["rope_type"] not in ROPE_INIT_FUNCTIONS:
+        raise DraftsyncError(
+            f"the drafter's rope type {rope['rope_type']!r} is not one transformers computes",
+            f"use a target whose rope is one of default, {', '.join(ROPE_INIT_FUNCTIONS)}",
+        )
+    llama = LlamaConfig(
+        hidden_size=config.hidden_size,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        max_position_embeddings=config.max_position_embeddings,
+        rope_parameters=rope,
+    )
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope["rope_type"]](llama, None)
+    return inv_freq.float(), float(scaling)
 
 
 @dataclass
@@ -82,7 +124,7 @@ class Eagle3Config(DraftLayerConfig):
         target_config: Any,
         draft_vocab_size: int | None = None,
         aux_layer_ids: tuple[int, ...] | list[int] | None = None,
-        **flags: bool,
+        **flags: Any,
     ) -> Eagle3Config:
         """A drafter shaped like one decoder layer of `target_config` (a transformers Llama config)."""
         from draftsync.speculative.hidden_states import default_aux_layer_ids, validate_aux_layer_ids
@@ -121,7 +163,20 @@ def llama_layer_shape(target_config: Any) -> dict[str, Any]:
         "rms_norm_eps": target_config.rms_norm_eps,
         "rope_theta": rope_theta_of(target_config),
         "max_position_embeddings": target_config.max_position_embeddings,
+        "rope_scaling": rope_scaling_of(
+            getattr(target_config, "rope_parameters", None) or getattr(target_config, "rope_scaling", None)
+        ),
+        "sliding_window": sliding_window_of(target_config),
     }
+
+
+def sliding_window_of(config: Any) -> int | None:
+    """The attention window every layer of a target config applies, or None (Qwen2/3 configs carry a window they
+    switch off with use_sliding_window)."""
+    window = getattr(config, "sliding_window", None)
+    if not window or not getattr(config, "use_sliding_window", True):
+        return None
+    return int(window)
 
 
 def rope_theta_of(config: Any) -> float:
@@ -143,6 +198,15 @@ class RMSNorm(nn.Module):
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(
+    inv_freq: torch.Tensor, scaling: float, position_ids: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, head_dim] at `position_ids` [T], as a Llama layer applies them."""
+    freqs = position_ids.float()[:, None] * inv_freq.float()[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -225,20 +289,24 @@ class Eagle3DecoderLayer(nn.Module):
         return hidden, k, v
 
 
-def causal_mask(length: int, held: int, device: torch.device) -> torch.Tensor:
-    """[length, held + length] mask: new row i sees the `held` cached positions and new rows 0..i."""
-    rows = torch.arange(length, device=device)[:, None]
+def causal_mask(length: int, held: int, device: torch.device, window: int | None = None) -> torch.Tensor:
+    """[length, held + length] mask: new row i sees the `held` cached positions and new rows 0..i (only the last
+    `window` of them, itself included, under a sliding window)."""
+    rows = torch.arange(length, device=device)[:, None] + held
     cols = torch.arange(held + length, device=device)[None, :]
-    return cols <= rows + held
+    mask = cols <= rows
+    return mask if window is None else mask & (cols > rows - window)
 
 
-def training_time_test_mask(length: int, step: int, device: torch.device) -> torch.Tensor:
+def training_time_test_mask(length: int, step: int, device: torch.device, window: int | None = None) -> torch.Tensor:
     """[length, length * (step + 1)] mask of TTT step `step` over the keys of steps 0..step.
 
-    Row t sees the real context (step-0 keys up to t) and its own chain (row t of steps 1..step).
+    Row t sees the real context (step-0 keys up to t, the last `window` of them under a sliding window) and its own
+    chain (row t of steps 1..step).
     """
     positions = torch.arange(length, device=device)
-    causal = positions[None, :] <= positions[:, None]
+    # Row t stands at position t + step: its window reaches back `window` positions from there.
+    causal = causal_mask(length, 0, device, None if window is None else max(1, window - step))
     diagonal = positions[None, :] == positions[:, None]
     return torch.cat([causal] + [diagonal] * step, dim=1)
 
@@ -292,7 +360,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
         self.register_draft_vocab()
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_dim, 2).float() / config.head_dim))
+        inv_freq, self.rope_scaling = rope_tables(config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._init_weights()
 
@@ -308,6 +376,8 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
     # ---- initialisation from the target -----------------------------------------------------------
     def initialise_from_target(self, target: Any, freeze_embeddings: bool = True) -> None:
         """Copy the target's embeddings, final norm and (draft-vocabulary rows of) lm_head where shapes allow."""
+        from draftsync.speculative.hidden_states import final_norm_of
+
         with torch.no_grad():
             embed = target.get_input_embeddings().weight
             if embed.shape == self.embed_tokens.weight.shape:
@@ -316,7 +386,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
             head = target.get_output_embeddings().weight
             if head.shape[1] == self.config.hidden_size:
                 self.lm_head.weight.copy_(head[self.draft_token_ids.to(head.device)])
-            final_norm = target.model.norm.weight
+            final_norm = final_norm_of(target).weight
             if final_norm.shape == self.norm.weight.shape:
                 self.norm.weight.copy_(final_norm)
 
@@ -331,9 +401,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
         return self.fc(aux)
 
     def _rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = position_ids.float()[:, None] * self.inv_freq.float()[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return rope_cos_sin(self.inv_freq, self.rope_scaling, position_ids, dtype)
 
     def _head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         normed = self.norm(hidden)
@@ -353,7 +421,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
         """
         past = None if cache is None else cache.past()
         held = 0 if past is None else past[0].shape[2]
-        mask = causal_mask(input_ids.shape[1], held, input_ids.device)
+        mask = causal_mask(input_ids.shape[1], held, input_ids.device, self.config.sliding_window)
         out, k, v = self.layers[0](
             self.embed_tokens(input_ids), hidden, self._rope(position_ids, hidden.dtype), past, mask
         )
@@ -382,7 +450,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
         ids = input_ids
         for step in range(ttt_steps):
             past = None if step == 0 else (torch.cat(keys, 2), torch.cat(values, 2))
-            mask = training_time_test_mask(length, step, device)
+            mask = training_time_test_mask(length, step, device, self.config.sliding_window)
             out, k, v = self.layers[0](
                 self.embed_tokens(ids), hidden, self._rope(positions + step, hidden.dtype), past, mask
             )

@@ -2,8 +2,10 @@
 
 Layer id k is the residual stream after k decoder layers, i.e. the input of decoder layer k; k == L (the
 number of layers) is the last layer's output before the final norm. This is what vLLM captures as an
-auxiliary hidden state. States are taken with forward hooks on `model.model.layers` rather than
-`output_hidden_states`, whose last entry is post-norm in some transformers versions.
+auxiliary hidden state. States are taken in the model's own forward pass, with forward hooks on its decoder's
+layers (`get_decoder().layers`, in every family transformers ships: Llama, Qwen2/3, Mistral) rather than with
+`output_hidden_states`: that keeps every layer's state, L+1 of them, where a sync needs three, and its last entry is
+post-norm in transformers 5.
 """
 
 from __future__ import annotations
@@ -33,8 +35,18 @@ class CapturedStates:
     logits: torch.Tensor
 
 
+def decoder_layers(model: Any) -> Any:
+    """The decoder layers of a transformers causal LM, whatever its family calls the module that holds them."""
+    return model.get_decoder().layers
+
+
+def final_norm_of(model: Any) -> Any:
+    """The norm after the last decoder layer: what turns the last state into what the lm_head reads."""
+    return model.get_decoder().norm
+
+
 def num_decoder_layers(model: Any) -> int:
-    return len(model.model.layers)
+    return len(decoder_layers(model))
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
@@ -68,9 +80,11 @@ def cache_keyword(model: Any) -> str:
 
 
 def new_kv_cache(model: Any) -> Any:
+    """A cache that keeps every position: a sliding-window one (Mistral) drops what falls out of the window and then
+    cannot be cropped back after rejected drafts. The model's mask still applies the window."""
     from transformers import DynamicCache
 
-    return DynamicCache(config=model.config)
+    return DynamicCache()
 
 
 def crop_kv_cache(cache: Any, tokens_to_remove: int) -> None:
@@ -104,7 +118,7 @@ def capture(
     """
     import torch
 
-    layers = model.model.layers
+    layers = decoder_layers(model)
     num_layers = len(layers)
     ids = validate_aux_layer_ids(layer_ids, num_layers)
     captured: dict[int, torch.Tensor] = {}
@@ -135,7 +149,7 @@ def capture(
             kwargs[cache_keyword(model)] = cache
         with torch.no_grad():
             out = model(**kwargs)
-            final = model.model.norm(captured[num_layers])
+            final = final_norm_of(model)(captured[num_layers])
     finally:
         for handle in handles:
             handle.remove()

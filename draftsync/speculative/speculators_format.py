@@ -48,13 +48,15 @@ def transformer_layer_config(drafter: Eagle3Drafter | EagleDrafter) -> dict[str,
         "max_position_embeddings": config.max_position_embeddings,
         "rms_norm_eps": config.rms_norm_eps,
         "rope_theta": config.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "rope_parameters": config.rope_parameters(),
         "attention_bias": False,
         "mlp_bias": False,
         "tie_word_embeddings": False,
         "initializer_range": 0.02,
         "use_cache": True,
         "torch_dtype": "bfloat16",
+        # The target's window, which vLLM applies to the draft layer too (written only where there is one).
+        **({"sliding_window": config.sliding_window} if config.sliding_window else {}),
     }
 
 
@@ -126,7 +128,7 @@ def read_config(directory: str | Path) -> dict[str, Any]:
 
 
 def _drafter_config(config: dict[str, Any], config_path: Path):
-    from draftsync.speculative.eagle3 import Eagle3Config
+    from draftsync.speculative.eagle3 import Eagle3Config, rope_scaling_of
 
     try:
         layer = config["transformer_layer_config"]
@@ -152,6 +154,8 @@ def _drafter_config(config: dict[str, Any], config_path: Path):
             rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
             rope_theta=rope.get("rope_theta", layer.get("rope_theta", 10000.0)),
             max_position_embeddings=layer.get("max_position_embeddings", 2048),
+            rope_scaling=rope_scaling_of(rope or layer.get("rope_scaling")),
+            sliding_window=layer.get("sliding_window"),
             aux_layer_ids=tuple(config["eagle_aux_hidden_state_layer_ids"]),
             # vLLM reads a missing norm_before_residual as True.
             norm_before_residual=bool(config.get("norm_before_residual", True)),

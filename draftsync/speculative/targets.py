@@ -46,6 +46,7 @@ class TargetRecipe:
     seed: int = 0
     parent: TargetRecipe | None = None  # fine-tune this recipe's checkpoint instead of starting fresh
     tokenizer_texts: int = 3000
+    family: str = "llama"  # a key of FAMILY_SHAPES: the family's transformers class and distinguishing features
     precision: str = "auto"  # as a drafter's TrainConfig.precision; the key records what it resolved to
 
     def trains_in_bf16(self) -> bool:
@@ -59,6 +60,7 @@ class TargetRecipe:
         payload = dataclasses.asdict(self)
         payload["parent"] = self.parent.key() if self.parent else None
         payload["precision"] = "bf16" if self.trains_in_bf16() else "fp32"
+        payload["family"] = FAMILY_SHAPES.get(self.family, self.family)  # its settings: a change rebuilds
         payload["corpus_version"] = corpora.CORPUS_VERSION
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -100,12 +102,59 @@ _SIZES: dict[str, _Shape] = {
 _STEPS = {"demo": (300, 120), "test": (250, 100), "deep": (300, 100), "strong": (2500, 250)}
 
 
-def builtin_recipe(version: int, size: str = "demo") -> TargetRecipe:
+# The built-in families: each is its transformers class with the settings that set that family's checkpoints apart,
+# on the size's shape (4 heads). Users' checkpoints are read from their config, never from this table.
+FAMILY_SHAPES: dict[str, dict] = {
+    # The shape every earlier built-in target had: full multi-head attention, untied embeddings, default rope.
+    "llama": {"class": "LlamaConfig"},
+    # Llama 3.2 1B/3B: grouped-query attention, tied embeddings, llama3 rope (scaled beyond 256 positions here).
+    "llama3": {
+        "class": "LlamaConfig",
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 256,
+        },
+    },
+    # Qwen 3 (0.6B-4B): q/k norms, a head_dim wider than hidden/heads, grouped-query attention, tied embeddings.
+    "qwen3": {
+        "class": "Qwen3Config",
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
+    # Qwen 2.5 (0.5B-3B): q/k/v biases, grouped-query attention, tied embeddings.
+    "qwen2": {
+        "class": "Qwen2Config",
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
+    # Mistral 7B v0.1: a sliding window (64 here, inside a training window, so it is exercised), grouped-query
+    # attention, untied embeddings.
+    "mistral": {
+        "class": "MistralConfig",
+        "num_key_value_heads": 2,
+        "sliding_window": 64,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
+}
+
+
+def builtin_recipe(version: int, size: str = "demo", family: str = "llama") -> TargetRecipe:
     """v1: code + math. v2: v1 fine-tuned at a low rate on a mix that adds prose."""
     if size not in _SIZES:
         raise DraftsyncError(f"unknown target size {size!r}", f"use one of {', '.join(_SIZES)}")
+    if family not in FAMILY_SHAPES:
+        raise DraftsyncError(f"unknown built-in target family {family!r}", f"use one of {', '.join(FAMILY_SHAPES)}")
     v1_steps, v2_steps = _STEPS[size]
-    v1 = TargetRecipe(task_mix={"code": 0.5, "math": 0.5}, steps=v1_steps, **_SIZES[size])
+    v1 = TargetRecipe(task_mix={"code": 0.5, "math": 0.5}, steps=v1_steps, family=family, **_SIZES[size])
     if version == 1:
         return v1
     if version == 2:
@@ -113,6 +162,31 @@ def builtin_recipe(version: int, size: str = "demo") -> TargetRecipe:
             v1, task_mix={"code": 0.25, "math": 0.25, "prose": 0.5}, steps=v2_steps, lr=1e-3, parent=v1
         )
     raise DraftsyncError(f"no built-in target version {version}", "built-in targets have versions 1 and 2")
+
+
+def _family_config(recipe: TargetRecipe, eos_token_id: int):
+    """The transformers config of a fresh built-in target: the recipe's shape with its family's settings."""
+    import transformers
+
+    settings = dict(FAMILY_SHAPES[recipe.family])
+    config_class = getattr(transformers, settings.pop("class"))
+    return config_class(
+        **{
+            "vocab_size": recipe.vocab_size,
+            "hidden_size": recipe.hidden_size,
+            "intermediate_size": recipe.intermediate_size,
+            "num_hidden_layers": recipe.num_layers,
+            "num_attention_heads": recipe.num_heads,
+            "num_key_value_heads": recipe.num_heads,
+            "max_position_embeddings": recipe.max_position_embeddings,
+            "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": False,
+            "bos_token_id": eos_token_id,
+            "eos_token_id": eos_token_id,
+            "pad_token_id": eos_token_id,
+            **settings,
+        }
+    )
 
 
 def _tokenizer(recipe: TargetRecipe, cache_dir: Path):
@@ -185,7 +259,7 @@ def build_target(
 ) -> Path:
     """Return the checkpoint dir for `recipe`, training it (and its parent) only if not cached."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     cache_dir = Path(cache_dir)
     out = _target_dir(recipe, cache_dir)
@@ -195,23 +269,9 @@ def build_target(
     torch.manual_seed(recipe.seed)
     if recipe.parent is not None:
         parent_dir = build_target(recipe.parent, cache_dir, on_progress)
-        model = LlamaForCausalLM.from_pretrained(parent_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(parent_dir, dtype=torch.float32)
     else:
-        config = LlamaConfig(
-            vocab_size=recipe.vocab_size,
-            hidden_size=recipe.hidden_size,
-            intermediate_size=recipe.intermediate_size,
-            num_hidden_layers=recipe.num_layers,
-            num_attention_heads=recipe.num_heads,
-            num_key_value_heads=recipe.num_heads,
-            max_position_embeddings=recipe.max_position_embeddings,
-            rms_norm_eps=1e-5,
-            tie_word_embeddings=False,
-            bos_token_id=tokenizer.eos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.eos_token_id,
-        )
-        model = LlamaForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(_family_config(recipe, tokenizer.eos_token_id))
     streams = TokenStreams(tokenizer, recipe.task_mix, seed=recipe.seed)
     rng = random.Random(recipe.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01, betas=(0.9, 0.95))

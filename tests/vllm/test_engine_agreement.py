@@ -34,7 +34,7 @@ def _prompt_ids(target_dir: Path) -> list[list[int]]:
     return [tokenizer(text)["input_ids"] for text in texts]
 
 
-def _vllm_run(url: str, prompt_ids: list[list[int]]) -> tuple[list[list[int]], int, int]:
+def _vllm_run(url: str, prompt_ids: list[list[int]], max_tokens: int = MAX_TOKENS) -> tuple[list[list[int]], int, int]:
     """Greedy completions of token-id prompts (EOS ignored, like the reference engine): outputs and counts."""
     outputs, draft_tokens, accepted = [], 0, 0
     with httpx.Client(base_url=url, timeout=300) as client:
@@ -44,7 +44,7 @@ def _vllm_run(url: str, prompt_ids: list[list[int]]) -> tuple[list[list[int]], i
                 json={
                     "model": "agree",
                     "prompt": ids,
-                    "max_tokens": MAX_TOKENS,
+                    "max_tokens": max_tokens,
                     "temperature": 0,
                     "ignore_eos": True,
                     "return_token_ids": True,
@@ -59,7 +59,9 @@ def _vllm_run(url: str, prompt_ids: list[list[int]]) -> tuple[list[list[int]], i
     return outputs, draft_tokens, accepted
 
 
-def _reference_run(target_dir: Path, drafter_dir: Path, gamma: int, prompt_ids: list[list[int]]) -> dict:
+def _reference_run(
+    target_dir: Path, drafter_dir: Path, gamma: int, prompt_ids: list[list[int]], max_tokens: int = MAX_TOKENS
+) -> dict:
     from draftsync.speculative.drafters import load_drafter
     from draftsync.speculative.engine import SpeculativeEngine
     from draftsync.speculative.targets import load_target
@@ -69,7 +71,7 @@ def _reference_run(target_dir: Path, drafter_dir: Path, gamma: int, prompt_ids: 
     draft_tokens = accepted = 0
     outputs = []
     for ids in prompt_ids:
-        generation = engine.generate(ids, MAX_TOKENS, temperature=0.0)
+        generation = engine.generate(ids, max_tokens, temperature=0.0)
         draft_tokens += generation.stats.draft_tokens
         accepted += generation.stats.accepted
         outputs.append(list(generation.token_ids))

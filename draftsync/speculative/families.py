@@ -1,0 +1,105 @@
+"""The target families (decoder architectures) draftsync trains drafters for, told apart by a config.json alone.
+
+Not to be confused with a drafter method's family (methods.py: eagle, medusa, ...).
+
+One home for what a family is: its transformers architecture, what distinguishes its checkpoints (read from the
+config, never assumed from the family: grouped-query attention, head_dim, tied embeddings, rope, q/k norm, qkv
+bias, sliding windows) and the drafter methods vLLM serves for it. Everything else (hidden states, drafter shapes,
+rope, tied weights) is read from the config by the code that needs it; nothing branches on the family name.
+
+What is refused, and why, is here too: mixture-of-experts, multimodal and encoder-decoder checkpoints, and
+architectures that have never been run through a sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from draftsync.errors import DraftsyncError
+from draftsync.speculative.methods import TRAINED_METHODS
+
+
+@dataclass(frozen=True)
+class Family:
+    """A decoder family: the `architectures` entry of its config.json and what vLLM serves for it."""
+
+    name: str
+    architecture: str
+    model_type: str
+    methods: tuple[str, ...]  # drafter methods vLLM 0.32 serves next to this family (eagle3.1 is eagle3 to vLLM)
+    example: str  # a checkpoint users serve
+
+
+# vLLM 0.32: every one of these targets implements SupportsEagle3 (aux hidden states), EAGLE-1's drafter is a Llama
+# layer fed the target's final state whatever the target, and Medusa reads only that state.
+_ALL = TRAINED_METHODS
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("llama", "LlamaForCausalLM", "llama", _ALL, "meta-llama/Llama-3.1-8B-Instruct"),
+        Family("qwen3", "Qwen3ForCausalLM", "qwen3", _ALL, "Qwen/Qwen3-8B"),
+        Family("qwen2", "Qwen2ForCausalLM", "qwen2", _ALL, "Qwen/Qwen2.5-7B-Instruct"),
+        Family("mistral", "MistralForCausalLM", "mistral", _ALL, "mistralai/Mistral-7B-Instruct-v0.3"),
+    )
+}
+_BY_ARCHITECTURE = {f.architecture: f for f in FAMILIES.values()}
+_BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES.values()}
+_MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
+_SUPPORTED = ", ".join(f"{f.name} ({f.architecture})" for f in FAMILIES.values())
+
+
+def _architecture(config: Mapping[str, Any]) -> str:
+    return str((config.get("architectures") or [config.get("model_type") or "unknown"])[0])
+
+
+def family_of(config: Mapping[str, Any], what: str = "the target") -> Family:
+    """The family of a checkpoint's config.json, or a DraftsyncError that says why it is refused and what is near."""
+    architecture = _architecture(config)
+    if config.get("is_encoder_decoder"):
+        raise DraftsyncError(
+            f"{what} is an encoder-decoder model ({architecture}): vLLM's speculative decoding drafts for "
+            "decoder-only targets",
+            f"register a decoder-only checkpoint: {_SUPPORTED}",
+        )
+    if "vision_config" in config or "audio_config" in config or "text_config" in config:
+        raise DraftsyncError(
+            f"{what} is a multimodal model ({architecture}): draftsync trains drafters for text decoders only",
+            "register its language model as a text-only checkpoint of a supported family "
+            f"({_SUPPORTED}), or serve it without a drafter",
+        )
+    if any(config.get(key) for key in _MOE_KEYS) or "moe" in architecture.lower():
+        raise DraftsyncError(
+            f"{what} is a mixture-of-experts model ({architecture}): draftsync has not run a sync through expert "
+            "layers",
+            f"use a dense model of the family ({_SUPPORTED}), or an n-gram drafter (method ngram) that needs no "
+            "training",
+        )
+    family = _BY_ARCHITECTURE.get(architecture) or _BY_MODEL_TYPE.get(str(config.get("model_type")))
+    if family is None:
+        raise DraftsyncError(
+            f"{what} is a {architecture}, an architecture draftsync does not train drafters for",
+            f"register a checkpoint of a supported family: {_SUPPORTED}",
+        )
+    return family
+
+
+def config_features(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What distinguishes a checkpoint inside its family, as its config says it (for tags and for the docs)."""
+    heads = int(config.get("num_attention_heads") or 0)
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    hidden = int(config.get("hidden_size") or 0)
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    model_type = str(config.get("model_type"))
+    return {
+        "kv_heads": kv_heads,
+        "grouped_query_attention": bool(heads and kv_heads < heads),
+        "head_dim": int(config.get("head_dim") or (hidden // heads if heads else 0)),
+        "tied_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "rope_type": str(rope.get("rope_type") or rope.get("type") or "default"),
+        # Qwen3 always normalises q and k; Qwen2 always biases q, k and v (their configs do not say it).
+        "qk_norm": model_type == "qwen3",
+        "qkv_bias": model_type == "qwen2" or bool(config.get("attention_bias")),
+        "sliding_window": config.get("sliding_window") if config.get("use_sliding_window", True) else None,
+    }
