@@ -97,6 +97,11 @@ class EvaluationBackend(Protocol):
         SERVED_NAME, for load from many clients at once (stress); one served instance at a time."""
         ...
 
+    def prepare_endpoints(self, gammas: Sequence[int]) -> None:
+        """Start the servers `endpoint` will be asked for at these gammas side by side, where the backend can hold
+        them at once; each is up when this returns, so nothing starts beside a measurement."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -160,8 +165,7 @@ class ReferenceBackend:
         self._engines: dict[int, Any] = {}
         self.target_dir, self.drafter_dir = Path(target_dir), Path(drafter_dir) if drafter_dir is not None else None
         self.log_dir = Path(log_dir) if log_dir is not None else None
-        self._server: Any = None
-        self._served_gamma: int | None = None
+        self._servers: dict[int, Any] = {}  # gamma -> ServerProcess
 
     def engine(self, gamma: int) -> Any:
         from draftsync.speculative.engine import SpeculativeEngine
@@ -209,49 +213,62 @@ class ReferenceBackend:
         return int(self.target.config.max_position_embeddings)
 
     def endpoint(self, gamma: int, schedule: list | None = None) -> str:
-        """The pair behind the CPU reference server (one torch thread, as for the in-process engine), started when
-        gamma changes. It answers one request at a time, so it takes no per-batch-size schedule."""
-        import tempfile
-
-        from draftsync.serving.process import ServerProcess, free_port
-        from draftsync.serving.reference_server import reference_server_command
-
+        """The pair behind the CPU reference server (one torch thread, as for the in-process engine). A gamma that was
+        not prepared with the others stops them first. It answers one request at a time, so it takes no
+        per-batch-size schedule."""
         if schedule:
             raise DraftsyncError(
                 "the CPU reference server takes no per-batch-size schedule (it answers one request at a time)",
                 "measure the schedule on vLLM (backend vllm)",
             )
-        if self._server is not None and self._served_gamma == gamma and self._server.running():
-            return self._server.url
-        self._stop_server()
+        server = self._servers.get(gamma)
+        if server is None or not server.running():
+            self.prepare_endpoints([gamma])
+        return self._servers[gamma].url
+
+    def prepare_endpoints(self, gammas: Sequence[int]) -> None:
+        """Start a reference server per gamma at once (each is a process importing torch: about 6 s, which two
+        processes spend side by side on two cores), then wait until every one is healthy."""
+        wanted = [g for g in dict.fromkeys(gammas) if g not in self._servers or not self._servers[g].running()]
+        if not wanted:
+            return
+        self._stop_servers()
+        try:
+            for gamma in wanted:
+                self._servers[gamma] = self._launch(gamma)
+            for server in self._servers.values():
+                server.wait_healthy(timeout=REFERENCE_START_TIMEOUT_S)
+        except DraftsyncError:
+            self._stop_servers()
+            raise
+
+    def _launch(self, gamma: int) -> Any:
+        import tempfile
+
+        from draftsync.serving.process import ServerProcess, free_port
+        from draftsync.serving.reference_server import reference_server_command
+
         port = free_port()
         argv = reference_server_command(
             self.target_dir, self.drafter_dir if gamma else None, gamma, "127.0.0.1", port, SERVED_NAME
         )
         log_dir = self.log_dir or Path(tempfile.gettempdir()) / "draftsync-evaluation"
-        server = ServerProcess(
+        return ServerProcess(
             argv,
             "127.0.0.1",
             port,
             log_dir / f"reference-gamma{gamma}-{port}.log",
             env={"DRAFTSYNC_TORCH_THREADS": "1"},
         ).start()
-        try:
-            server.wait_healthy(timeout=REFERENCE_START_TIMEOUT_S)
-        except DraftsyncError:
-            server.stop()
-            raise
-        self._server, self._served_gamma = server, gamma
-        return server.url
 
-    def _stop_server(self) -> None:
-        server, self._server, self._served_gamma = self._server, None, None
-        if server is not None:
+    def _stop_servers(self) -> None:
+        servers, self._servers = list(self._servers.values()), {}
+        for server in servers:
             server.stop()
 
     def close(self) -> None:
         import torch
 
-        self._stop_server()
+        self._stop_servers()
         self._engines.clear()
         torch.set_num_threads(self._threads_before)

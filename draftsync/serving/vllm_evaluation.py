@@ -222,6 +222,9 @@ class VllmBackend:
         """The URL of the server for `gamma` (and `schedule`), started when either changes."""
         return self.server(gamma, schedule).url
 
+    def prepare_endpoints(self, gammas: Sequence[int]) -> None:
+        """Nothing: a vLLM server holds its whole KV cache, so one runs at a time and starts when asked for."""
+
     def server(self, gamma: int, schedule: list | None = None) -> Any:
         """The running server for `gamma` (and `schedule`), starting it (and stopping the one before) when either
         changes."""

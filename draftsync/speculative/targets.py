@@ -99,7 +99,7 @@ _SIZES: dict[str, _Shape] = {
     "deep": {**_TEST_SHAPE, "num_layers": 8},
     "strong": _TEST_SHAPE,  # its steps differ (_STEPS)
 }
-_STEPS = {"demo": (300, 120), "test": (250, 100), "deep": (300, 100), "strong": (2500, 250)}
+_STEPS = {"demo": (300, 80), "test": (250, 100), "deep": (300, 100), "strong": (2500, 250)}
 
 
 # The built-in families: each is its transformers class with the settings that set that family's checkpoints apart,

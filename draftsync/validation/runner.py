@@ -200,6 +200,7 @@ def _measure_request_by_request(
     long = backend.generate(long_requests, knee, temperature, seed + 1000)
     stressed = None
     if stress is not None:
+        backend.prepare_endpoints([knee, 0])  # both halves of stress: started side by side, before either runs
         stressed = _finish_stress(backend, stress, knee, stress.run(backend.endpoint(knee), SERVED_NAME))
     return _Runs(sweep, sweep_plain_tpot, knee, fastest, spec, plain, spec_greedy, plain_greedy, long, stressed)
 
