@@ -28,6 +28,10 @@ HIDDEN_SIZE_TAG = "draftsync.hidden_size"
 NUM_HIDDEN_LAYERS_TAG = "draftsync.num_hidden_layers"
 VOCAB_SIZE_TAG = "draftsync.vocab_size"
 NUM_PARAMETERS_TAG = "draftsync.num_parameters"
+# the decoder family (speculative/families.py) and, as JSON, what its config says about it (kv heads, rope, ...):
+# written by every registration, filled in by a sync where a version registered by hand lacks them
+FAMILY_TAG = "draftsync.family"
+FEATURES_TAG = "draftsync.features"
 TARGET_TAGS = (
     TASK_MIX_TAG,
     ARCHITECTURE_TAG,
@@ -35,6 +39,16 @@ TARGET_TAGS = (
     NUM_HIDDEN_LAYERS_TAG,
     VOCAB_SIZE_TAG,
     NUM_PARAMETERS_TAG,
+)
+# what a target checkpoint tells of itself (`checkpoint_tags`): every target tag but the task mix
+CHECKPOINT_TAGS = (
+    ARCHITECTURE_TAG,
+    HIDDEN_SIZE_TAG,
+    NUM_HIDDEN_LAYERS_TAG,
+    VOCAB_SIZE_TAG,
+    NUM_PARAMETERS_TAG,
+    FAMILY_TAG,
+    FEATURES_TAG,
 )
 
 # -- a drafter version: lineage, what it serves with, how it was trained ----------------------------------
@@ -103,16 +117,46 @@ def target_tags(
     vocab_size: int,
     parameter_count: int,
     task_mix: Mapping[str, float],
+    family: str | None = None,
+    features: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
-    """The tags `register_target` requires, as strings; `target_tags(**describe_target(dir))` fits."""
-    return {
-        TASK_MIX_TAG: json.dumps(dict(task_mix), sort_keys=True),
+    """The tags `register_target` requires, as strings, with the family's when known;
+    `target_tags(**describe_target(dir))` fits."""
+    facts = checkpoint_tags(
+        architecture=architecture,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        vocab_size=vocab_size,
+        parameter_count=parameter_count,
+        family=family,
+        features=features,
+    )
+    return {TASK_MIX_TAG: json.dumps(dict(task_mix), sort_keys=True), **facts}
+
+
+def checkpoint_tags(
+    *,
+    architecture: str,
+    hidden_size: int,
+    num_layers: int,
+    vocab_size: int,
+    parameter_count: int,
+    family: str | None = None,
+    features: Mapping[str, Any] | None = None,
+) -> dict[str, str]:
+    """The target tags a checkpoint's config and weights tell (all but the task mix, which only its owner knows)."""
+    tags = {
         ARCHITECTURE_TAG: str(architecture),
         HIDDEN_SIZE_TAG: str(int(hidden_size)),
         NUM_HIDDEN_LAYERS_TAG: str(int(num_layers)),
         VOCAB_SIZE_TAG: str(int(vocab_size)),
         NUM_PARAMETERS_TAG: str(int(parameter_count)),
     }
+    if family is not None:
+        tags[FAMILY_TAG] = str(family)
+    if features is not None:
+        tags[FEATURES_TAG] = json.dumps(dict(features), sort_keys=True)
+    return tags
 
 
 def check_target_tags(name: str, tags: Mapping[str, Any]) -> None:
@@ -300,6 +344,27 @@ class TargetVersion:
     @property
     def vocab_size(self) -> int | None:
         return as_int(self.tags.get(VOCAB_SIZE_TAG))
+
+    @property
+    def family(self) -> str | None:
+        """The decoder family (llama, qwen3, ...); None on a version no registration or sync has tagged yet."""
+        return self.tags.get(FAMILY_TAG)
+
+    def features(self) -> dict[str, Any] | None:
+        """What the config says about the family's variant (kv heads, head_dim, rope, ...); None when untagged."""
+        raw = self.tags.get(FEATURES_TAG)
+        if not raw:
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise DraftsyncError(
+                f"target {self.name}: registry tag {FEATURES_TAG}={raw!r} is not a JSON object",
+                "delete the tag; the next sync of the version sets it again from the checkpoint",
+            )
+        return value
 
     def task_mix(self) -> dict[str, float] | None:
         """The declared task mix as shares; None when the version declares none."""
