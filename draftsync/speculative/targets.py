@@ -361,11 +361,17 @@ def _read_config(path: Path) -> dict:
 
 
 def describe_target(path: Path) -> dict:
-    """Architecture facts for registry tags, read from config and safetensors headers without loading weights."""
+    """Architecture facts for registry tags, read from config and safetensors headers without loading weights.
+
+    A checkpoint of a family draftsync does not train drafters for (mixture-of-experts, multimodal,
+    encoder-decoder, an unknown architecture) is refused here, before its weights are read or stored."""
     from safetensors import safe_open
+
+    from draftsync.speculative.families import config_features, family_of
 
     path = Path(path)
     config = _read_config(path)
+    family = family_of(config, f"target checkpoint {path}")
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         raise DraftsyncError(
@@ -388,6 +394,8 @@ def describe_target(path: Path) -> dict:
         "num_layers": config.get("num_hidden_layers"),
         "vocab_size": config.get("vocab_size"),
         "parameter_count": params,
+        "family": family.name,
+        "features": config_features(config),
         "task_mix": info.get("task_mix", {}),
     }
 

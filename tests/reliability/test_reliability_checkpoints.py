@@ -1,6 +1,7 @@
 """Target checkpoints a sync cannot use are refused by the loader with the path and the fix, before any state
-is read from them: a config of another architecture, a real checkpoint that is not a Llama-style decoder, a
-tokenizer larger than the vocabulary, and code that runs only when DRAFTSYNC_TRUST_REMOTE_CODE allows it."""
+is read from them: a config of another architecture, a real checkpoint of a family draftsync does not train for,
+a config with more layers than the weights, a tokenizer larger than the vocabulary, and code that runs only when
+DRAFTSYNC_TRUST_REMOTE_CODE allows it."""
 
 from __future__ import annotations
 
@@ -43,18 +44,34 @@ def other_config(kind: str) -> dict:
 
 @pytest.mark.parametrize("kind", ["gpt2", "bert"])
 def test_a_config_of_another_architecture_over_llama_weights_is_refused(tiny_target, tmp_path, kind):
-    """transformers would build the other architecture with random weights and say nothing."""
+    """transformers would build the other architecture with random weights and say nothing; its family is refused
+    from the config before any weight is read."""
     from draftsync.speculative.targets import load_target
 
     target = copy_of(tiny_target, tmp_path, f"{kind}-config")
     (target / "config.json").write_text(json.dumps(other_config(kind)))
     with pytest.raises(DraftsyncError) as error:
         load_target(target)
+    assert f"target checkpoint {target} is a {kind}" in error.value.what
+    assert "an architecture draftsync does not train drafters for" in error.value.what
+    assert "LlamaForCausalLM" in error.value.fix
+    assert (tiny_target / "config.json").is_file() and (tiny_target / "model.safetensors").is_file()
+
+
+def test_a_llama_config_with_more_layers_than_the_weights_is_refused(tiny_target, tmp_path):
+    """transformers would fill the layers the files lack with random weights and say nothing."""
+    from draftsync.speculative.targets import load_target
+
+    target = copy_of(tiny_target, tmp_path, "more-layers")
+    config = json.loads((target / "config.json").read_text())
+    config["num_hidden_layers"] += 1
+    (target / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DraftsyncError) as error:
+        load_target(target)
     assert str(target) in error.value.what
     assert "weights do not fit its config.json" in error.value.what
     assert "tensors missing" in error.value.what
     assert "config.json that was saved with these weights" in error.value.fix
-    assert (tiny_target / "config.json").is_file() and (tiny_target / "model.safetensors").is_file()
 
 
 def test_a_llama_config_with_other_shapes_than_the_weights_is_refused(tiny_target, tmp_path):
@@ -72,7 +89,7 @@ def test_a_llama_config_with_other_shapes_than_the_weights_is_refused(tiny_targe
 
 
 def test_a_real_checkpoint_that_is_not_a_llama_style_decoder_is_refused(tiny_target, tmp_path):
-    """A complete GPT-2 loads fine in transformers, but has no decoder stack to read hidden states from."""
+    """A complete GPT-2 loads fine in transformers, but is no family draftsync trains drafters for."""
     from draftsync.speculative.targets import load_target
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -83,9 +100,9 @@ def test_a_real_checkpoint_that_is_not_a_llama_style_decoder_is_refused(tiny_tar
             shutil.copy(tokenizer_file, target)
     with pytest.raises(DraftsyncError) as error:
         load_target(target)
-    assert f"target {target} is a GPT2LMHeadModel" in error.value.what
-    assert "Llama-style decoder" in error.value.what
-    assert "Llama-style decoder-only checkpoint" in error.value.fix
+    assert f"target checkpoint {target} is a GPT2LMHeadModel" in error.value.what
+    assert "an architecture draftsync does not train drafters for" in error.value.what
+    assert "register a checkpoint of a supported family" in error.value.fix
 
 
 def test_a_tokenizer_with_more_tokens_than_the_vocabulary_is_refused(tiny_target, tmp_path):
