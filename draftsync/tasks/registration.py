@@ -14,7 +14,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.registry.model_registry import drafter_model_name
-from draftsync.registry.tags import checklist_tags, training_tags
+from draftsync.registry.tags import CHECKPOINT_TAGS, checklist_tags, checkpoint_tags, training_tags
 from draftsync.tasks import context
 from draftsync.validation.result import ChecklistResult, ValidationResult
 
@@ -22,6 +22,7 @@ __all__ = [
     "drafter_model_name",
     "fetch_drafter",
     "fetch_target",
+    "fill_target_tags",
     "promote_drafter",
     "publish_target",
     "record_validation",
@@ -47,10 +48,33 @@ def publish_target(name: str, checkpoint_dir: str, task_mix: dict[str, float], a
 
 @task(name="fetch-target", retries=2, retry_delay_seconds=5, cache_policy=NONE)
 def fetch_target(name: str, version: int) -> dict:
-    """A local copy of the target version and its registry tags."""
+    """A local copy of the target version and its registry tags (the checkpoint's facts filled in where missing)."""
     registry = context.registry()
     path = registry.download(name, version)
-    return {"path": str(path), "tags": registry.version_tags(name, version)}
+    return {"path": str(path), "tags": fill_target_tags(name, version, path, registry.version_tags(name, version))}
+
+
+def fill_target_tags(name: str, version: int, checkpoint_dir: Path, tags: dict[str, str]) -> dict[str, str]:
+    """The version's tags, with the checkpoint facts it lacks read from `checkpoint_dir` and set on the version.
+
+    A version registered by hand in MLflow has no architecture, size or family tags; its checkpoint tells them
+    (`describe_target`, which also refuses a family draftsync does not train for). Tags already there are
+    kept as they are, and the task mix, which no checkpoint tells, is never set here."""
+    from draftsync.speculative.targets import describe_target
+
+    if all(str(tags.get(key, "")).strip() for key in CHECKPOINT_TAGS):
+        return tags
+    facts = describe_target(Path(checkpoint_dir))
+    facts.pop("task_mix", None)
+    derived = checkpoint_tags(**facts)
+    missing = {key: derived[key] for key in CHECKPOINT_TAGS if not str(tags.get(key, "")).strip()}
+    registry = context.registry()
+    for key, value in missing.items():
+        registry.tag_version(name, version, key, value)
+    context.logger().info(
+        "target %s version %d: tags %s set from its checkpoint", name, version, ", ".join(sorted(missing))
+    )
+    return {**tags, **missing}
 
 
 @task(name="fetch-drafter", retries=2, retry_delay_seconds=5, cache_policy=NONE)

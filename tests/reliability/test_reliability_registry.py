@@ -1,6 +1,7 @@
 """Bad input at the registry, against a real MLflow (SQLite): corrupt weights are refused before anything is
-stored, and versions with missing or malformed draftsync tags (as a team registering by hand in the MLflow UI
-leaves them) stop each step that reads them with the tag's name and the fix, moving no alias.
+stored; versions with missing or malformed draftsync tags (as a team registering by hand in the MLflow UI
+leaves them) get the facts their checkpoint tells set by the sync, and stop each step that reads a tag no
+checkpoint tells (the task mix) or a malformed one with the tag's name and the fix, moving no alias.
 
 One registry for the module: target `tags-llm` v1 with a validated drafter that is `production`."""
 
@@ -162,12 +163,25 @@ def plan_and_mix(version: int) -> tuple[DraftsyncError, DraftsyncError]:
     return plan_error.value, mix_error.value
 
 
-def test_a_target_version_without_draftsync_tags_says_which_tags_to_set(world, hand_registered):
-    plan_error, mix_error = plan_and_mix(hand_registered)
-    assert plan_error.what == "target outside-llm: registry tag draftsync.num_parameters is missing"
-    assert "draftsync.registry.target_tags" in plan_error.fix
-    assert "declares no task mix" in mix_error.what
-    assert "draftsync.task_mix tag" in mix_error.fix
+def test_a_target_version_without_draftsync_tags_gets_the_checkpoints_and_is_told_to_set_its_task_mix(
+    world, hand_registered
+):
+    """The sync's fetch tags what the checkpoint tells (sizes, parameters, family), so the plan runs; the task
+    mix no checkpoint tells, and the dataset step says which tag to set."""
+    from draftsync.profiles import profile
+    from draftsync.tasks.dataset import target_task_mix
+    from draftsync.tasks.planning import plan_drafter
+    from draftsync.tasks.registration import fetch_target
+
+    target = fetch_target.fn("outside-llm", hand_registered)
+    stored = world.client.get_model_version("outside-llm", str(hand_registered)).tags
+    assert stored["draftsync.family"] == "llama" and int(stored["draftsync.num_parameters"]) > 0
+    assert "draftsync.task_mix" not in stored
+    assert plan_drafter.fn("outside-llm", target["tags"], profile("test"))["recommendation"]["method"]
+    with pytest.raises(DraftsyncError) as mix_error:
+        target_task_mix(target["path"], target["tags"])
+    assert "declares no task mix" in mix_error.value.what
+    assert "draftsync.task_mix tag" in mix_error.value.fix
 
 
 @pytest.mark.parametrize("task_mix", ["code=0.5,math=0.5", "[0.5, 0.5]", '{"code": null}', '{"code": "half"}'])
