@@ -17,6 +17,7 @@ from draftsync.cli.recommend import recommend_command
 from draftsync.cli.rollouts import rollback, rollout
 from draftsync.cli.runner import serve, watch
 from draftsync.cli.status import status_command
+from draftsync.cli.targets import targets_app
 from draftsync.cli.webhooks import webhooks_app
 from draftsync.errors import DraftsyncError
 
@@ -51,6 +52,7 @@ for command in (watch, sync, validate, rollout, rollback, serve, scrape, report)
     app.command()(command)
 app.command(name="recommend")(recommend_command)
 app.command(name="status")(status_command)
+app.add_typer(targets_app, name="targets", help="Target models: register a Hugging Face checkpoint as a new version.")
 app.add_typer(webhooks_app, name="webhooks", help="The MLflow webhook receiver: serve it, register it with MLflow.")
 
 

@@ -67,6 +67,17 @@ def request_sync(
     }
 
 
+def request_new_version_sync(
+    target_name: str, target_version: int, *, source: str, reason: str, now: datetime | None = None
+) -> dict:
+    """What a new target version asks for, wherever it is noticed (a webhook delivery, `draftsync targets
+    register`): a sync, with the event the `drafter-sync` deployment is triggered by. The ledger keeps it to one
+    sync when the same version is announced twice (the CLI registers it and MLflow's webhook reports it)."""
+    return request_sync(
+        target_name, target_version, source=source, reason=reason, event=events.TARGET_VERSION_CREATED, now=now
+    )
+
+
 def run_owner() -> str:
     """This run, as the ledger records it: the Prefect flow run id and where its process lives."""
     from prefect.runtime import flow_run
@@ -178,13 +189,12 @@ def handle_registry_change(change: RegistryChange, delivery_id: str) -> dict:
             "action": "ignored: not a target (tag its versions draftsync.kind=target or list it in DRAFTSYNC_TARGETS)",
         }
     if change.kind == "version_created":
-        asked = request_sync(
+        asked = request_new_version_sync(
             change.model_name,
             change.version,
             source="webhook",
             now=now,
             reason=f"version {change.version} registered (webhook {delivery_id})",
-            event=events.TARGET_VERSION_CREATED,
         )
         return {**answer, "action": "sync requested" if asked["requested"] else "sync already requested"}
     events.emit(

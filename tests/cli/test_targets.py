@@ -1,0 +1,232 @@
+"""`draftsync targets register` against a real MLflow registry (SQLite) and the sync ledger: a checkpoint becomes the
+next version of a target, tagged from its config and weights, with the sync a webhook would ask for; a checkpoint a
+sync cannot use is refused with nothing registered; a version registered by hand gets its tags when it is synced."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from draftsync.errors import DraftsyncError
+from typer.testing import CliRunner
+
+pytestmark = pytest.mark.slow
+
+
+def _register(workdir: Path, *args: str):
+    from draftsync.cli.app import app
+
+    return CliRunner().invoke(app, ["--workdir", str(workdir), "targets", "register", *args])
+
+
+def _versions(name: str) -> list[int]:
+    from draftsync.tasks import context
+
+    return [info.version for info in context.registry().target_versions_after(name, 0)]
+
+
+def _copy(target: Path, tmp_path: Path, name: str) -> Path:
+    return Path(shutil.copytree(target, tmp_path / name))
+
+
+def _edit_config(checkpoint: Path, **changes) -> None:
+    config = json.loads((checkpoint / "config.json").read_text())
+    config.update(changes)
+    (checkpoint / "config.json").write_text(json.dumps(config))
+
+
+def test_register_tags_the_next_version_from_the_checkpoint_and_requests_its_sync(workdir, built_targets, tmp_path):
+    from draftsync.registry.tags import TargetVersion
+    from draftsync.registry.webhooks import RegistryChange
+    from draftsync.tasks import context
+    from draftsync.tasks.sync_requests import handle_registry_change, planned_method
+
+    out = tmp_path / "registered.json"
+    result = _register(
+        workdir, str(built_targets[1]), "--name", "reg-llm", "--task-mix", "code=0.7,math=0.3", "--json", str(out)
+    )
+    assert result.exit_code == 0, result.output
+    answer = json.loads(out.read_text())
+    assert answer["version"] == 1 and answer["alias"] == "production"
+    registry = context.registry()
+    assert _versions("reg-llm") == [1] and registry.alias_version("reg-llm", "production") == 1
+
+    target = TargetVersion.from_tags("reg-llm", 1, registry.version_tags("reg-llm", 1))
+    assert target.family == "llama" and target.architecture == "LlamaForCausalLM"
+    assert (target.hidden_size, target.num_hidden_layers, target.vocab_size) == (128, 4, 1024)
+    assert target.task_mix() == pytest.approx({"code": 0.7, "math": 0.3})
+    assert target.parameter_count() > 0
+    features = target.features()
+    assert features is not None and features["kv_heads"] == 4 and features["tied_embeddings"] is False
+    assert answer["tags"] == dict(target.tags)
+    assert "draftsync.family = llama" in result.output
+
+    # the sync a webhook would ask for: the ledger holds it, and MLflow's delivery of the same version adds none
+    method = planned_method()
+    assert answer["sync"] == {
+        "target_name": "reg-llm",
+        "target_version": 1,
+        "method": method,
+        "requested": True,
+        "event": "draftsync.target.version.created",
+    }
+    job = context.sync_ledger().get("reg-llm", 1, method)
+    assert job is not None and (job.status, job.source) == ("requested", "cli")
+    delivered = RegistryChange(kind="version_created", model_name="reg-llm", version=1, tags=dict(target.tags))
+    assert handle_registry_change(delivered, "delivery-1")["action"] == "sync already requested"
+    assert len(context.sync_ledger().jobs("reg-llm")) == 1
+
+    # the next checkpoint is the next version; --no-sync registers only
+    again = _register(workdir, str(built_targets[2]), "--name", "reg-llm", "--task-mix", "prose=1", "--no-sync")
+    assert again.exit_code == 0, again.output
+    assert "sync not requested" in again.output
+    assert _versions("reg-llm") == [1, 2] and registry.alias_version("reg-llm", "production") == 2
+    assert context.sync_ledger().get("reg-llm", 2, method) is None
+
+
+def test_register_without_a_task_mix_says_how_to_give_it(workdir, built_targets):
+    result = _register(workdir, str(built_targets[1]), "--name", "mixless-llm")
+    assert result.exit_code != 0
+    error = result.exception
+    assert isinstance(error, DraftsyncError)
+    assert "mixless-llm" in error.what and "no task mix" in error.what
+    assert "--task-mix code=0.5,math=0.5" in error.fix and "normalised" in error.fix
+    assert _versions("mixless-llm") == []
+
+
+@pytest.mark.parametrize(
+    ("mix", "problem"),
+    [
+        ("code=0.5,poetry=0.5", "unknown task 'poetry'"),
+        ("code=0,math=1", "share of code ('0') is not a positive number"),
+        ("code=-1", "not a positive number"),
+        ("code=half", "not a positive number"),
+        ("code=0.5,code=0.5", "given twice"),
+    ],
+)
+def test_a_task_mix_that_is_not_usable_is_refused(mix, problem):
+    from draftsync.cli.targets import parse_task_mix
+
+    with pytest.raises(DraftsyncError) as error:
+        parse_task_mix(mix, "some-llm")
+    assert problem in error.value.what and "--task-mix" in error.value.fix
+
+
+def test_shares_are_normalised():
+    from draftsync.cli.targets import parse_task_mix
+
+    assert parse_task_mix("math=1, code=3", "some-llm") == {"code": 0.75, "math": 0.25}
+
+
+def _moe(checkpoint: Path) -> None:
+    _edit_config(checkpoint, num_local_experts=8, num_experts_per_tok=2)
+
+
+def _multimodal(checkpoint: Path) -> None:
+    _edit_config(checkpoint, vision_config={"hidden_size": 64, "patch_size": 14})
+
+
+def _more_layers_than_weights(checkpoint: Path) -> None:
+    config = json.loads((checkpoint / "config.json").read_text())
+    _edit_config(checkpoint, num_hidden_layers=config["num_hidden_layers"] + 1)
+
+
+def _wide_tokenizer(checkpoint: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(vocab - len(tokenizer) + 8)])
+    tokenizer.save_pretrained(checkpoint)
+
+
+def _missing(checkpoint: Path) -> None:
+    shutil.rmtree(checkpoint)
+
+
+@pytest.mark.parametrize(
+    ("damage", "said", "fix"),
+    [
+        (_moe, "is a mixture-of-experts model (LlamaForCausalLM)", "dense model"),
+        (_multimodal, "is a multimodal model (LlamaForCausalLM)", "text-only checkpoint"),
+        (_more_layers_than_weights, "weights do not fit its config.json", "config.json that was saved"),
+        (_wide_tokenizer, "but the model's vocabulary is 1024", "tokenizer the target was trained with"),
+        (_missing, "does not exist", "Hugging Face checkpoint directory"),
+    ],
+    ids=["moe", "multimodal", "config-vs-weights", "tokenizer-vs-vocabulary", "missing"],
+)
+def test_a_checkpoint_a_sync_cannot_use_is_refused_and_nothing_is_registered(
+    workdir, built_targets, tmp_path, damage, said, fix
+):
+    from draftsync.tasks import context
+
+    checkpoint = _copy(built_targets[1], tmp_path, "damaged")
+    damage(checkpoint)
+    result = _register(workdir, str(checkpoint), "--name", "bad-llm", "--task-mix", "code=1")
+    error = result.exception
+    assert isinstance(error, DraftsyncError), result.output
+    assert str(checkpoint) in error.what and said in error.what
+    assert "nothing was registered as bad-llm" in error.what
+    assert fix in error.fix
+    assert _versions("bad-llm") == []
+    assert context.sync_ledger().jobs("bad-llm") == []
+
+
+def _register_by_hand(workdir: Path, name: str, checkpoint: Path, tags: dict[str, str]) -> int:
+    """What a model team does in MLflow without draftsync: a run with the checkpoint, a version of it, few tags."""
+    from draftsync.tasks import context
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=context.registry().tracking_uri)
+    experiment = client.create_experiment("by-hand", artifact_location=(workdir / "by-hand").as_uri())
+    run = client.create_run(experiment)
+    client.log_artifacts(run.info.run_id, str(checkpoint), "model")
+    client.set_terminated(run.info.run_id)
+    client.create_registered_model(name)
+    version = client.create_model_version(name, f"{run.info.artifact_uri}/model", run_id=run.info.run_id, tags=tags)
+    return int(version.version)
+
+
+def test_a_version_registered_by_hand_gets_its_checkpoint_tags_when_synced(workdir, built_targets):
+    """The sync's fetch step tags what the checkpoint tells; a tag already there and the task mix are left alone."""
+    from draftsync.profiles import profile
+    from draftsync.registry.tags import HIDDEN_SIZE_TAG, TASK_MIX_TAG, TargetVersion
+    from draftsync.tasks import context
+    from draftsync.tasks.planning import plan_drafter
+    from draftsync.tasks.registration import fetch_target
+
+    version = _register_by_hand(
+        workdir, "hand-llm", built_targets[1], {TASK_MIX_TAG: '{"code": 1.0}', HIDDEN_SIZE_TAG: "128"}
+    )
+    before = TargetVersion.from_tags("hand-llm", version, context.registry().version_tags("hand-llm", version))
+    assert before.family is None and before.architecture is None
+    with pytest.raises(DraftsyncError, match="draftsync.num_parameters is missing"):
+        before.parameter_count()
+
+    fetched = fetch_target.fn("hand-llm", version)
+    stored = context.registry().version_tags("hand-llm", version)
+    assert fetched["tags"] == stored
+    after = TargetVersion.from_tags("hand-llm", version, stored)
+    assert after.family == "llama" and after.architecture == "LlamaForCausalLM"
+    assert (after.hidden_size, after.num_hidden_layers, after.vocab_size) == (128, 4, 1024)
+    assert after.features() is not None and after.parameter_count() > 0
+    assert after.task_mix() == {"code": 1.0}  # as given: never derived
+    assert plan_drafter.fn("hand-llm", stored, profile("test"))["recommendation"]["method"]
+
+    # a second fetch finds every tag there and writes nothing
+    assert fetch_target.fn("hand-llm", version)["tags"] == stored
+
+
+def test_a_version_registered_by_hand_of_an_unsupported_family_stops_its_sync(workdir, built_targets, tmp_path):
+    from draftsync.registry.tags import FAMILY_TAG
+    from draftsync.tasks import context
+    from draftsync.tasks.registration import fetch_target
+
+    checkpoint = _copy(built_targets[1], tmp_path, "moe")
+    _moe(checkpoint)
+    version = _register_by_hand(workdir, "hand-moe", checkpoint, {})
+    with pytest.raises(DraftsyncError, match="mixture-of-experts"):
+        fetch_target.fn("hand-moe", version)
+    assert FAMILY_TAG not in context.registry().version_tags("hand-moe", version)
