@@ -17,7 +17,9 @@ flags `speculators train` uses by default, norm_before_residual + norm_before_fc
    (simple_flex_attention, its training default; sdpa; eager), and compares the logits,
 5. saves speculators' model with its own `save_pretrained` (what `speculators train` writes) and checks
    that `load_eagle3` reads it back to the same logits;
-then checks the commands draftsync renders for `speculators train` against the installed package
+then the same for the eagle3 and eagle3.1 drafters of each built-in target family (Llama 3, Qwen 3, Qwen 2.5,
+Mistral: their rope, head_dim, GQA and tied embeddings, from the family's tiny random target); then checks the
+commands draftsync renders for `speculators train` against the installed package
 (compat/speculators_cli.py), including a real `speculators train --dry-run` on the tiny target.
 
 Inputs, in the layout of speculators' `Eagle3DraftModel.forward` (one packed sequence, after its
@@ -70,6 +72,8 @@ FLAGS = (
     "draft_vocab_size",
     "eagle_aux_hidden_state_layer_ids",
 )
+TARGET_FAMILIES = ("llama3", "qwen3", "qwen2", "mistral")
+FAMILY_VARIANTS = ("eagle3", "eagle3.1")
 VOCAB, DRAFT_VOCAB, HIDDEN, LAYERS, SEQ_LEN, TTT_STEPS = 384, 96, 64, 4, 128, 2  # flex attention: T a multiple of 128
 
 
@@ -195,14 +199,42 @@ def tensors_agree(directory: Path, ours, theirs) -> dict:
     }
 
 
+def family_target(family: str, directory: Path):
+    """A tiny random target of a built-in family (draftsync.speculative.targets.FAMILY_SHAPES), on this script's
+    shape: transformers' own class with the family's rope, head_dim, GQA and tied embeddings."""
+    import dataclasses
+
+    import torch
+    import transformers
+    from draftsync.speculative.targets import builtin_recipe, family_config
+
+    recipe = dataclasses.replace(
+        builtin_recipe(1, "test", family),
+        hidden_size=HIDDEN,
+        vocab_size=VOCAB,
+        num_layers=LAYERS,
+        intermediate_size=128,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(family_config(recipe, eos_token_id=0)).eval()
+    model.save_pretrained(directory)
+    return model
+
+
 def check_variant(name: str, flags: dict, target, target_dir: Path, work: Path, seed: int) -> dict:
     import torch
     from draftsync.speculative.speculators_format import load_eagle3, save_eagle3
 
     drafter = random_drafter(target.config, flags, seed)
-    drafter_dir = save_eagle3(drafter, work / name, str(target_dir), ["LlamaForCausalLM"], speculative_tokens=3)
+    drafter_dir = save_eagle3(drafter, work / name, str(target_dir), [type(target).__name__], speculative_tokens=3)
     ours = load_eagle3(drafter_dir)
     result: dict = {"method": ours.method, "flags": flags}
+    # speculators' draft layer attends over the whole sequence; a windowed target's drafter (Mistral) is compared
+    # within its window, where the two computations are the same.
+    rows = ours.config.sliding_window
+    if rows is not None:
+        result["compared_rows"] = f"the first {rows} (the target's sliding window)"
 
     generator = torch.Generator().manual_seed(seed + 1)
     aux = 2.0 * torch.randn(1, SEQ_LEN, 3 * HIDDEN, generator=generator)
@@ -230,9 +262,9 @@ def check_variant(name: str, flags: dict, target, target_dir: Path, work: Path, 
             result["tensors"] = tensors_agree(drafter_dir, ours, theirs)
         steps = speculators_logits(theirs, aux, ids, positions, TTT_STEPS)
         compared = {
-            "forward": max_diff(ours_step0, steps[0]),
-            "ttt_step0": max_diff(ours_steps[0], steps[0]),
-            "ttt_step1": max_diff(ours_steps[1], steps[1], rows=SEQ_LEN - 1),
+            "forward": max_diff(ours_step0, steps[0], rows=rows),
+            "ttt_step0": max_diff(ours_steps[0], steps[0], rows=rows),
+            "ttt_step1": max_diff(ours_steps[1], steps[1], rows=min(SEQ_LEN - 1, rows or SEQ_LEN)),
         }
         diffs[attention] = {step: diff for step, (diff, _) in compared.items()}
         within += [ok for _, ok in compared.values()]
@@ -246,7 +278,7 @@ def check_variant(name: str, flags: dict, target, target_dir: Path, work: Path, 
     reloaded = load_eagle3(resaved)
     with torch.no_grad():
         reloaded_logits, _ = reloaded(ids, reloaded.fuse(aux), positions)
-    diff, ok = max_diff(reloaded_logits, speculators_logits(theirs, aux, ids, positions, 1)[0])
+    diff, ok = max_diff(reloaded_logits, speculators_logits(theirs, aux, ids, positions, 1)[0], rows=rows)
     result["speculators_save_read_by_draftsync"] = {"max_abs_logit_diff": diff, "ok": ok}
     within.append(ok)
     result["ok"] = result["config_ok"] and result["tensors"]["ok"] and all(within)
@@ -288,6 +320,14 @@ def main(argv: list[str] | None = None) -> int:
         target = tiny_target(target_dir)
         for index, (name, flags) in enumerate(VARIANTS.items()):
             results["variants"][name] = check_variant(name, flags, target, target_dir, work, seed=10 + index)
+        # The built-in target families: their eagle3 and eagle3.1 drafters, each on its family's tiny target.
+        for family in TARGET_FAMILIES:
+            family_dir = work / f"target-{family}"
+            family_model = family_target(family, family_dir)
+            for index, name in enumerate(FAMILY_VARIANTS):
+                results["variants"][f"{family}-{name}"] = check_variant(
+                    f"{family}-{name}", VARIANTS[name], family_model, family_dir, work, seed=30 + index
+                )
         results["rendered_commands"] = check_rendered_commands(work / "commands", target_dir, VOCAB)
 
     results["ok"] = all(v["ok"] for v in results["variants"].values()) and results["rendered_commands"]["ok"]

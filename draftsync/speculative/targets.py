@@ -164,7 +164,7 @@ def builtin_recipe(version: int, size: str = "demo", family: str = "llama") -> T
     raise DraftsyncError(f"no built-in target version {version}", "built-in targets have versions 1 and 2")
 
 
-def _family_config(recipe: TargetRecipe, eos_token_id: int):
+def family_config(recipe: TargetRecipe, eos_token_id: int):
     """The transformers config of a fresh built-in target: the recipe's shape with its family's settings."""
     import transformers
 
@@ -271,7 +271,7 @@ def build_target(
         parent_dir = build_target(recipe.parent, cache_dir, on_progress)
         model = AutoModelForCausalLM.from_pretrained(parent_dir, dtype=torch.float32)
     else:
-        model = AutoModelForCausalLM.from_config(_family_config(recipe, tokenizer.eos_token_id))
+        model = AutoModelForCausalLM.from_config(family_config(recipe, tokenizer.eos_token_id))
     streams = TokenStreams(tokenizer, recipe.task_mix, seed=recipe.seed)
     rng = random.Random(recipe.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01, betas=(0.9, 0.95))

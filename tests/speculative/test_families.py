@@ -16,7 +16,7 @@ from draftsync.speculative.drafters import load_drafter, new_drafter, save_draft
 from draftsync.speculative.engine import SpeculativeEngine, greedy_reference
 from draftsync.speculative.families import config_features, family_of
 from draftsync.speculative.hidden_states import capture, default_aux_layer_ids
-from draftsync.speculative.targets import FAMILY_SHAPES, _family_config, builtin_recipe
+from draftsync.speculative.targets import FAMILY_SHAPES, builtin_recipe, family_config
 
 FAMILIES = ("llama3", "qwen3", "qwen2", "mistral")
 METHODS = ("eagle3", "eagle3.1", "eagle", "medusa")
@@ -27,7 +27,7 @@ def _tiny(family: str, seed: int = 0):
 
     recipe = builtin_recipe(1, "test", family)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(_family_config(recipe, eos_token_id=0)).eval()
+    model = transformers.AutoModelForCausalLM.from_config(family_config(recipe, eos_token_id=0)).eval()
     return model
 
 
@@ -144,4 +144,4 @@ def test_unsupported_checkpoints_are_refused_with_the_nearest_path(extra, refuse
 def test_every_built_in_family_is_a_supported_one():
     for family in FAMILY_SHAPES:
         recipe = builtin_recipe(1, "test", family)
-        assert family_of(_family_config(recipe, 0).to_dict()).name in ("llama", family)
+        assert family_of(family_config(recipe, 0).to_dict()).name in ("llama", family)
