@@ -81,6 +81,7 @@ def _family_rows(family: str, engine, tmp_path: Path) -> list[dict]:
     return rows
 
 
+@pytest.mark.timeout(2400)  # 13 min on 2 busy cores (four targets to build on a fresh machine, 20 vLLM starts)
 def test_every_target_family_serves_every_method_on_vllm_as_the_reference_engine_does(vllm_engine, tmp_path):
     rows = [row for family in TARGET_FAMILIES for row in _family_rows(family, vllm_engine, tmp_path)]
     table = json.dumps(rows, indent=1)
