@@ -110,10 +110,9 @@ def _device(name: str) -> torch.device:
 def trains_in_bf16(precision: str, device: torch.device) -> bool:
     """Whether to train under bf16 autocast: the weights and optimiser stay fp32, the matmuls run in bf16.
 
-    `auto` takes bf16 on CUDA and on CPUs with native bf16 matmuls (AVX512-BF16 or AMX, through oneDNN): on the
-    2-core AVX512-BF16 machine the project is developed on, a step of the demo's target took 0.34 s against 0.51 s
-    in fp32, and a step of its EAGLE-3 drafter 0.15 s against 0.21 s. Without those instructions bf16 is emulated
-    and slower, so such CPUs keep fp32."""
+    `auto` takes bf16 on CUDA and on CPUs with native bf16 matmuls (AVX512-BF16 or AMX, through oneDNN): on 2
+    AVX512-BF16 cores a step of the demo's target is 1.5x faster and one of its EAGLE-3 drafter 1.35x
+    (bench/train_precision.py). Without those instructions bf16 is emulated and slower, so such CPUs keep fp32."""
     import torch
 
     if precision not in ("auto", "bf16", "fp32"):
