@@ -11,34 +11,71 @@ from typing import Annotated, cast
 import typer
 
 from draftsync.cli.common import JsonOption, write_json
+from draftsync.errors import DraftsyncError
 from draftsync.serving.recommendation import Recommendation, recommend
 from draftsync.serving.workload import TASKS, Task, Workload, parse_params
 
 
 def recommend_command(
-    params: Annotated[str, typer.Option("--params", help="Target size: 70B, 7b, 1.5B, 500M.")],
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs the target is served on.")],
     gpu_memory_gb: Annotated[float, typer.Option("--gpu-memory-gb", help="Memory of one GPU in GB, e.g. 80.")],
     tpot_ms: Annotated[float, typer.Option("--tpot-ms", help="Time-per-output-token target in milliseconds.")],
     task: Annotated[str, typer.Option("--task", help=f"Main task: {', '.join(TASKS)}.")],
+    params: Annotated[str | None, typer.Option("--params", help="Target size: 70B, 7b, 1.5B, 500M.")] = None,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target",
+            help="A registered target, NAME or NAME:VERSION (default: its production alias), instead of --params: "
+            "its size, weight dtype and KV cache per token are read from the tags its checkpoint gave it.",
+        ),
+    ] = None,
     output_tokens: Annotated[int, typer.Option("--output-tokens", help="Typical tokens per answer.")] = 1024,
     batch: Annotated[int, typer.Option("--batch", help="Requests served together (1: single-stream).")] = 1,
     json_path: JsonOption = None,
 ) -> None:
     """Recommend a drafter method, gamma range and start for a target, with the seed's expected speedup, a memory
     check and the rule behind each step."""
+    if (params is None) == (target is None):
+        raise DraftsyncError(
+            "recommend needs the target's size: give --params or --target, not both and not neither",
+            "pass --params 70B, or --target NAME for a target in the registry",
+        )
+    facts: dict = {}
+    if target is not None:
+        params_b, facts = _registered_target(target)
+    else:
+        params_b = parse_params(params or "")
     workload = Workload(
-        params_b=parse_params(params),
+        params_b=params_b,
         gpus=gpus,
         gpu_memory_gb=gpu_memory_gb,
         tpot_ms=tpot_ms,
         task=cast(Task, task.strip().lower()),  # Workload checks it is one of TASKS, with the fix
         output_tokens=output_tokens,
         batch=batch,
+        **facts,
     )
     recommendation = recommend(workload)
     typer.echo(format_recommendation(recommendation))
     write_json(recommendation.to_dict(), json_path)
+
+
+def _registered_target(spec: str) -> tuple[float, dict]:
+    """(size in billions, Workload memory facts) of a registered target version, from its tags."""
+    from draftsync.registry.tags import TargetVersion
+    from draftsync.serving.workload import target_memory_facts
+    from draftsync.tasks import context
+
+    name, _, version_text = spec.partition(":")
+    registry = context.registry()
+    version = int(version_text) if version_text.isdigit() else registry.alias_version(name, "production")
+    if version is None:
+        raise DraftsyncError(
+            f"target {name} has no production alias to read its size from", f"give a version: --target {name}:N"
+        )
+    found = TargetVersion.from_tags(name, version, registry.version_tags(name, version))
+    return found.parameter_count() / 1e9, target_memory_facts(found.num_hidden_layers, found.features())
 
 
 def format_recommendation(recommendation: Recommendation) -> str:

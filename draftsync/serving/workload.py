@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.methods import EAGLE3, EAGLE3_1, MEDUSA
@@ -61,7 +61,8 @@ MEDUSA_SPEEDUP = (2.0, 2.5)  # the seed's only Medusa figure: Llama-2-Chat 7B
 EAGLE31_ACCEPTANCE_LIFT = 0.88 / 0.75  # EAGLE-3 -> 3.1 acceptance at gamma 8
 
 # --- Memory ----------------------------------------------------------------------------------------
-BYTES_PER_PARAM = 2  # target weights in bf16
+BYTES_PER_PARAM = 2  # target weights in bf16, unless the target's config says otherwise
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 # Drafter weights as a share of the target's weights. EAGLE-3/3.1: the seed's "< 3%" on one GPU, inside
 # "2-4% extra" on 4x A100-80GB (a real 70B EAGLE-3 drafter is ~1.3-2%, so this is an upper budget).
 # Medusa: the seed gives no figure; 5 heads (residual block + vocabulary projection each) ~5%.
@@ -96,6 +97,10 @@ class Workload:
     task: Task
     output_tokens: int = 1024
     batch: int = 1
+    # Read from the target's config where it is known (`from_target_facts`): bytes per weight as served, and the KV
+    # cache one token takes (2 x layers x KV heads x head_dim x bytes). Without them: bf16, and KV a share of memory.
+    weight_bytes: float = BYTES_PER_PARAM
+    kv_bytes_per_token: float | None = None
 
     def __post_init__(self) -> None:
         _require_positive("params_b", self.params_b, "the target's size in billions of parameters, e.g. 70")
@@ -106,6 +111,9 @@ class Workload:
             raise DraftsyncError(f"task {self.task!r} is unknown", f"use one of {', '.join(TASKS)}")
         _require_count("output_tokens", self.output_tokens, "the typical number of tokens per answer, at least 1")
         _require_count("batch", self.batch, "the number of requests served together, 1 for single-stream")
+        _require_positive("weight_bytes", self.weight_bytes, "the bytes of one served weight, e.g. 2 for bf16")
+        if self.kv_bytes_per_token is not None:
+            _require_positive("kv_bytes_per_token", self.kv_bytes_per_token, "2 x layers x KV heads x head_dim x bytes")
         for field in ("params_b", "gpu_memory_gb", "tpot_ms"):  # 70 and 70.0 give the same numbers and JSON
             object.__setattr__(self, field, float(getattr(self, field)))
 
@@ -124,6 +132,21 @@ def _require_count(field: str, value: object, fix: str) -> None:
         raise DraftsyncError(f"{field} = {value!r} must be a whole number >= 1", f"give {fix}")
 
 
+def target_memory_facts(num_layers: int | None, features: dict | None) -> dict[str, Any]:
+    """`weight_bytes` and `kv_bytes_per_token` of a Workload, from a target's layer count and config features (its
+    registry tags: dtype, KV heads, head_dim); what the config does not say is left to the defaults."""
+    features = features or {}
+    facts: dict[str, Any] = {}
+    dtype_bytes = DTYPE_BYTES.get(str(features.get("dtype") or "").replace("torch.", ""))
+    if dtype_bytes is not None:
+        facts["weight_bytes"] = float(dtype_bytes)
+    kv_heads, head_dim = features.get("kv_heads"), features.get("head_dim")
+    if num_layers and kv_heads and head_dim:
+        # vLLM keeps the KV cache in the served dtype (bf16 for a float32 checkpoint on a GPU: "auto").
+        facts["kv_bytes_per_token"] = float(2 * num_layers * kv_heads * head_dim * min(dtype_bytes or 2, 2))
+    return facts
+
+
 @dataclass(frozen=True)
 class MemoryBudget:
     """Target weights + drafter + KV headroom against the GPUs' memory, with the sum written out."""
@@ -137,6 +160,7 @@ class MemoryBudget:
     available_gb: float
     fits: bool
     arithmetic: str
+    kv_cache_gb: float | None = None  # the workload's own KV cache (batch x output tokens), where the config gives it
 
 
 def eagle3_speedup_for_size(params_b: float) -> float:
@@ -153,22 +177,36 @@ def eagle3_speedup_for_size(params_b: float) -> float:
 
 
 def memory_budget(workload: Workload, method: str) -> MemoryBudget:
-    """bf16 target weights + the method's drafter share + KV headroom, against gpus x memory per GPU."""
-    target_gb = workload.params_b * BYTES_PER_PARAM
+    """Target weights (bf16 unless the config says otherwise) + the method's drafter share + KV headroom (a share of
+    memory, or the workload's own KV cache where the config gives its size and that is more), against gpus x memory
+    per GPU."""
+    target_gb = workload.params_b * workload.weight_bytes
     share = DRAFTER_SHARE[method]
     drafter_gb = target_gb * share
     available = workload.total_memory_gb
-    headroom_gb = available * KV_HEADROOM_SHARE
+    kv_cache_gb = None
+    if workload.kv_bytes_per_token is not None:
+        kv_cache_gb = workload.kv_bytes_per_token * workload.batch * workload.output_tokens / 1e9
+    headroom_gb = max(available * KV_HEADROOM_SHARE, kv_cache_gb or 0.0)
     required = target_gb + drafter_gb + headroom_gb
     fits = required <= available * (1 + 1e-12)
     if fits:
         verdict = f"fits ({gb_text(available - required)} GB spare)"
     else:
         verdict = f"does not fit ({gb_text(required - available)} GB short)"
+    dtype = "bf16" if workload.weight_bytes == BYTES_PER_PARAM else "from its config"
+    headroom = f"KV headroom {KV_HEADROOM_SHARE:.0%} of {gb_text(available)} GB"
+    if kv_cache_gb is not None:
+        headroom = (
+            f"KV headroom the larger of {KV_HEADROOM_SHARE:.0%} of {gb_text(available)} GB and the KV cache of "
+            f"{workload.batch} x {workload.output_tokens} tokens x {number_text(workload.kv_bytes_per_token or 0)} "
+            f"bytes ({gb_text(kv_cache_gb)} GB)"
+        )
     arithmetic = (
-        f"target {number_text(workload.params_b)}B x {BYTES_PER_PARAM} bytes (bf16) = {gb_text(target_gb)} GB"
+        f"target {number_text(workload.params_b)}B x {number_text(workload.weight_bytes)} bytes ({dtype}) = "
+        f"{gb_text(target_gb)} GB"
         f" + drafter {method} {share:.0%} of it = {gb_text(drafter_gb)} GB"
-        f" + KV headroom {KV_HEADROOM_SHARE:.0%} of {gb_text(available)} GB = {gb_text(headroom_gb)} GB"
+        f" + {headroom} = {gb_text(headroom_gb)} GB"
         f" = {gb_text(required)} GB needed of {workload.gpus} x {number_text(workload.gpu_memory_gb)} GB"
         f" = {gb_text(available)} GB:"
         f" {verdict}"
@@ -183,6 +221,7 @@ def memory_budget(workload: Workload, method: str) -> MemoryBudget:
         available_gb=round(available, 3),
         fits=fits,
         arithmetic=arithmetic,
+        kv_cache_gb=None if kv_cache_gb is None else round(kv_cache_gb, 3),
     )
 
 

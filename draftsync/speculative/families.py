@@ -102,4 +102,5 @@ def config_features(config: Mapping[str, Any]) -> dict[str, Any]:
         "qk_norm": model_type == "qwen3",
         "qkv_bias": model_type == "qwen2" or bool(config.get("attention_bias")),
         "sliding_window": config.get("sliding_window") if config.get("use_sliding_window", True) else None,
+        "dtype": str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"),
     }

@@ -33,7 +33,7 @@ ASSUMED_TPOT_MS = 50.0  # 30-80 ms: the framework's middle band, when no deploym
 def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncProfile) -> dict:
     """The recommendation for this target and the profile the sync then runs (unchanged unless it follows it)."""
     from draftsync.serving.recommendation import recommend
-    from draftsync.serving.workload import Workload
+    from draftsync.serving.workload import Workload, target_memory_facts
 
     serving = [d for d in configured_deployments().values() if d.target_name == target_name]
     assumptions = []
@@ -59,6 +59,7 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
         tpot_ms=tpot,
         task=FRAMEWORK_TASK.get(main_task, "chat"),
         output_tokens=profile.validation.long_max_tokens or 1024,
+        **target_memory_facts(target.num_hidden_layers, target.features()),
     )
     advice = recommend(workload).to_dict()
     chosen, applied = profile, False

@@ -111,3 +111,17 @@ def test_cli_help_lists_every_option():
     options = ("--params", "--gpus", "--gpu-memory-gb", "--tpot-ms", "--task", "--output-tokens", "--batch", "--json")
     for option in options:
         assert option in result.output
+
+
+def test_cli_reads_a_registered_targets_size_and_kv_cache_from_its_tags(workdir, built_targets):
+    from draftsync.cli.app import app
+    from draftsync.tasks.registration import publish_target
+
+    publish_target("sized-llm", str(built_targets[1]), {"code": 1.0})
+    args = ["--gpus", "1", "--gpu-memory-gb", "24", "--tpot-ms", "50", "--task", "code", "--batch", "4"]
+    result = CliRunner().invoke(app, ["--workdir", str(workdir), "recommend", "--target", "sized-llm", *args])
+    assert result.exit_code == 0, result.output
+    # The built-in test target: 4 layers x 4 KV heads x head_dim 32 x 2 (K and V) x 2 bytes = 2048 bytes a token.
+    assert "the KV cache of 4 x 1024 tokens x 2048 bytes" in result.output
+    with pytest.raises(DraftsyncError, match="not both"):
+        recommend_command(gpus=1, gpu_memory_gb=24, tpot_ms=50, task="code", params="7B", target="sized-llm")

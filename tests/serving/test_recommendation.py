@@ -541,3 +541,23 @@ def test_bad_input_names_the_field_and_the_fix(changes, field):
     assert caught.value.fix
     if field == "task":
         assert "code, math, chat, creative, translation, summary" in caught.value.fix
+
+
+def test_the_target_config_sets_weight_bytes_and_the_kv_cache_which_gqa_makes_fit():
+    """A Llama-3-8B shape (32 layers, head_dim 128) serving 64 requests of 4096 tokens on one 80 GB GPU: with 8 KV
+    heads its KV cache is 34.4 GB and fits beside 16 GB of weights; with 32 (no GQA) it is 137 GB and does not."""
+    from draftsync.serving.workload import target_memory_facts
+
+    gqa = target_memory_facts(32, {"kv_heads": 8, "head_dim": 128, "dtype": "bfloat16"})
+    assert gqa == {"weight_bytes": 2.0, "kv_bytes_per_token": 2 * 32 * 8 * 128 * 2}
+    shape = dict(params_b=8, gpus=1, gpu_memory_gb=80, tpot_ms=50, task="chat", output_tokens=4096, batch=64)
+    fits = memory_budget(Workload(**shape, **gqa), "eagle3")
+    assert fits.kv_cache_gb == pytest.approx(34.36, abs=0.01) and fits.kv_headroom_gb == fits.kv_cache_gb
+    assert fits.fits and "the KV cache of 64 x 4096 tokens" in fits.arithmetic
+    mha = target_memory_facts(32, {"kv_heads": 32, "head_dim": 128, "dtype": "bfloat16"})
+    assert not memory_budget(Workload(**shape, **mha), "eagle3").fits
+    # A float32 checkpoint weighs twice as much; a small KV cache leaves the headroom at its share of memory.
+    fp32 = target_memory_facts(32, {"kv_heads": 8, "head_dim": 128, "dtype": "float32"})
+    small = memory_budget(Workload(**{**shape, "batch": 1}, **fp32), "eagle3")
+    assert small.target_weights_gb == 32 and small.kv_headroom_gb == pytest.approx(16)
+    assert target_memory_facts(None, None) == {}  # an untagged version keeps bf16 and the share
