@@ -260,6 +260,7 @@ def render_vllm_command(
         )
     extra = check_extra_vllm_args(extra_args)
     trusted = trust_remote_code_setting(trust_remote_code)
+    check_target_for_vllm(target_dir)
     argv = [
         "vllm",
         "serve",
@@ -295,6 +296,43 @@ def render_vllm_command(
 
 
 DRAFT_SAMPLING = get_args(DraftSampling)  # vLLM's draft_sample_method
+
+
+def check_target_for_vllm(target_dir: Path | str) -> None:
+    """Refuse, before any server starts, a target config that transformers loads and vLLM 0.32 serves wrongly or not
+    at all (read from its config.json where the directory is here; a path on another machine is left to vLLM):
+    - a Qwen2 config whose `head_dim` is not hidden/heads: vLLM's Qwen2 ignores `head_dim` and its weights then do
+      not fit;
+    - a Qwen2/Qwen3 sliding window on only some layers (`max_window_layers` below the layer count): vLLM asserts."""
+    config_file = Path(target_dir) / "config.json"
+    if not config_file.is_file():
+        return
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return  # the loader names an unreadable config; this check has nothing to add
+    model_type, layers = config.get("model_type"), config.get("num_hidden_layers")
+    heads, hidden, head_dim = config.get("num_attention_heads"), config.get("hidden_size"), config.get("head_dim")
+    if model_type == "qwen2" and head_dim and heads and hidden and head_dim != hidden // heads:
+        raise DraftsyncError(
+            f"target {target_dir}: its Qwen2 config sets head_dim {head_dim}, but vLLM's Qwen2 uses hidden_size / "
+            f"num_attention_heads = {hidden // heads} and would not fit the weights",
+            "serve it with the reference engine (launch: reference), or with a vLLM whose Qwen2 reads head_dim",
+        )
+    windowed_layers = config.get("max_window_layers")
+    if (
+        model_type in ("qwen2", "qwen3")
+        and config.get("use_sliding_window")
+        and config.get("sliding_window")
+        and layers
+        and windowed_layers is not None
+        and 0 < windowed_layers < layers
+    ):
+        raise DraftsyncError(
+            f"target {target_dir}: a sliding window on {windowed_layers} of its {layers} layers "
+            "(use_sliding_window with max_window_layers), which vLLM's Qwen models refuse",
+            "serve it with use_sliding_window false (as its published configs have it), or with the reference engine",
+        )
 
 
 def _speculative_config(

@@ -412,3 +412,28 @@ def test_per_request_counts_are_asked_for_whenever_a_drafter_serves(tmp_path):
         tmp_path, tmp_path, "eagle3", 2, "127.0.0.1", 8000, "chat", extra_args=[f"{PER_REQUEST_METRICS_FLAG}=detailed"]
     ).argv
     assert speculating.count(PER_REQUEST_METRICS_FLAG) == 1 and PER_REQUEST_METRICS_FLAG not in detailed
+
+
+@pytest.mark.parametrize(
+    "config, refused",
+    [
+        ({"model_type": "qwen2", "hidden_size": 128, "num_attention_heads": 4, "head_dim": 64}, "uses hidden_size"),
+        (
+            {"model_type": "qwen3", "num_hidden_layers": 4, "use_sliding_window": True, "sliding_window": 64}
+            | {"max_window_layers": 2},
+            "sliding window on 2 of its 4 layers",
+        ),
+        ({"model_type": "qwen2", "hidden_size": 128, "num_attention_heads": 4, "head_dim": 32}, None),
+        ({"model_type": "qwen3", "hidden_size": 128, "num_attention_heads": 4, "head_dim": 64}, None),
+        ({"model_type": "qwen2", "num_hidden_layers": 4, "use_sliding_window": False, "max_window_layers": 2}, None),
+    ],
+)
+def test_a_target_config_vllm_would_serve_wrongly_is_refused_at_render_time(tmp_path, config, refused):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    render = lambda: render_vllm_command(tmp_path, None, None, 0, "127.0.0.1", 8000, "m")  # noqa: E731
+    if refused is None:
+        assert render().argv[2] == str(tmp_path)
+    else:
+        with pytest.raises(DraftsyncError, match=refused) as caught:
+            render()
+        assert str(tmp_path) in caught.value.what and "reference" in caught.value.fix
