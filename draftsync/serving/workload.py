@@ -97,7 +97,7 @@ class Workload:
     task: Task
     output_tokens: int = 1024
     batch: int = 1
-    # Read from the target's config where it is known (`from_target_facts`): bytes per weight as served, and the KV
+    # Read from the target's config where it is known (`target_memory_facts`): bytes per weight as served, and the KV
     # cache one token takes (2 x layers x KV heads x head_dim x bytes). Without them: bf16, and KV a share of memory.
     weight_bytes: float = BYTES_PER_PARAM
     kv_bytes_per_token: float | None = None

@@ -96,7 +96,7 @@ def is_eagle_config(config: dict[str, Any]) -> bool:
 
 def _drafter_config(config: dict[str, Any], path: Path):
     from draftsync.speculative.eagle1 import EagleConfig
-    from draftsync.speculative.eagle3 import rope_scaling_of
+    from draftsync.speculative.families import rope_scaling_of
 
     if config.get("model_type") != "llama" or config_value(config, path, "num_hidden_layers") != 1:
         raise DraftsyncError(f"{path} is not a one-layer Llama config, which an EAGLE-1 drafter is", RESAVE)

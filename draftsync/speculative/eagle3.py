@@ -24,6 +24,7 @@ from torch import nn
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_loss import check_window, distribution_terms, gaussian_noise
 from draftsync.speculative.draft_vocab import DraftVocabBuffers, check_draft_vocab_size
+from draftsync.speculative.families import rope_scaling_of, sliding_window_of
 from draftsync.speculative.methods import eagle3_variant
 from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
 
@@ -55,13 +56,6 @@ class DraftLayerConfig:
     def rope_parameters(self) -> dict[str, Any]:
         """The rope as transformers 5 and vLLM read it from a config (`rope_parameters`)."""
         return {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
-
-
-def rope_scaling_of(rope_parameters: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The non-default part of a config's `rope_parameters` (rope_scaling for transformers 4 configs), or None."""
-    rest = {k: v for k, v in (rope_parameters or {}).items() if k not in ("rope_theta", "type")}
-    kind = rest.get("rope_type") or (rope_parameters or {}).get("type") or "default"
-    return None if kind == "default" else {**rest, "rope_type": kind}
 
 
 def rope_tables(config: DraftLayerConfig) -> tuple[torch.Tensor, float]:
@@ -152,6 +146,7 @@ def llama_layer_shape(target_config: Any) -> dict[str, Any]:
     """DraftLayerConfig fields but draft_vocab_size, for one decoder layer of `target_config` (a transformers
     Llama config): a drafter shaped like the target's own layers."""
     heads = target_config.num_attention_heads
+    as_dict = target_config.to_dict()
     return {
         "hidden_size": target_config.hidden_size,
         "target_hidden_size": target_config.hidden_size,
@@ -163,20 +158,9 @@ def llama_layer_shape(target_config: Any) -> dict[str, Any]:
         "rms_norm_eps": target_config.rms_norm_eps,
         "rope_theta": rope_theta_of(target_config),
         "max_position_embeddings": target_config.max_position_embeddings,
-        "rope_scaling": rope_scaling_of(
-            getattr(target_config, "rope_parameters", None) or getattr(target_config, "rope_scaling", None)
-        ),
-        "sliding_window": sliding_window_of(target_config),
+        "rope_scaling": rope_scaling_of(as_dict.get("rope_parameters") or as_dict.get("rope_scaling")),
+        "sliding_window": sliding_window_of(as_dict),
     }
-
-
-def sliding_window_of(config: Any) -> int | None:
-    """The attention window every layer of a target config applies, or None (Qwen2/3 configs carry a window they
-    switch off with use_sliding_window)."""
-    window = getattr(config, "sliding_window", None)
-    if not window or not getattr(config, "use_sliding_window", True):
-        return None
-    return int(window)
 
 
 def rope_theta_of(config: Any) -> float:

@@ -85,22 +85,38 @@ def family_of(config: Mapping[str, Any], what: str = "the target") -> Family:
     return family
 
 
+def rope_scaling_of(rope_parameters: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The non-default part of a config's `rope_parameters` (rope_scaling for transformers 4 configs), or None."""
+    rest = {k: v for k, v in (rope_parameters or {}).items() if k not in ("rope_theta", "type")}
+    kind = rest.get("rope_type") or (rope_parameters or {}).get("type") or "default"
+    return None if kind == "default" else {**rest, "rope_type": kind}
+
+
+def sliding_window_of(config: Mapping[str, Any]) -> int | None:
+    """The attention window every layer of a config applies, or None (Qwen2/3 configs carry a window they switch off
+    with use_sliding_window)."""
+    window = config.get("sliding_window")
+    if not window or not config.get("use_sliding_window", True):
+        return None
+    return int(window)
+
+
 def config_features(config: Mapping[str, Any]) -> dict[str, Any]:
     """What distinguishes a checkpoint inside its family, as its config says it (for tags and for the docs)."""
     heads = int(config.get("num_attention_heads") or 0)
     kv_heads = int(config.get("num_key_value_heads") or heads)
     hidden = int(config.get("hidden_size") or 0)
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope = rope_scaling_of(config.get("rope_parameters") or config.get("rope_scaling")) or {}
     model_type = str(config.get("model_type"))
     return {
         "kv_heads": kv_heads,
         "grouped_query_attention": bool(heads and kv_heads < heads),
         "head_dim": int(config.get("head_dim") or (hidden // heads if heads else 0)),
         "tied_embeddings": bool(config.get("tie_word_embeddings", False)),
-        "rope_type": str(rope.get("rope_type") or rope.get("type") or "default"),
+        "rope_type": str(rope.get("rope_type", "default")),
         # Qwen3 always normalises q and k; Qwen2 always biases q, k and v (their configs do not say it).
         "qk_norm": model_type == "qwen3",
         "qkv_bias": model_type == "qwen2" or bool(config.get("attention_bias")),
-        "sliding_window": config.get("sliding_window") if config.get("use_sliding_window", True) else None,
+        "sliding_window": sliding_window_of(config),
         "dtype": str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"),
     }

@@ -128,7 +128,8 @@ def read_config(directory: str | Path) -> dict[str, Any]:
 
 
 def _drafter_config(config: dict[str, Any], config_path: Path):
-    from draftsync.speculative.eagle3 import Eagle3Config, rope_scaling_of
+    from draftsync.speculative.eagle3 import Eagle3Config
+    from draftsync.speculative.families import rope_scaling_of
 
     try:
         layer = config["transformer_layer_config"]
