@@ -127,7 +127,10 @@ class SyncProfile(BaseModel):
     batch_size: int = Field(8, ge=1)
     seq_len: int = Field(128, ge=8)
     lr: float = 2e-3
+    warmup_steps: int = Field(10, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)  # the cosine decay ends at lr * min_lr_ratio
     ttt_steps: int = Field(2, ge=1)  # training-time test: later draft positions need it
+    position_decay: float = Field(1.0, gt=0.0, le=1.0)  # draft position k's loss weighs position_decay**k
     training_texts: int = Field(800, ge=10)
     generated_samples: int = Field(400, ge=0)  # prompts the target answers itself (its own outputs)
     generated_max_tokens: int = Field(96, ge=1)
@@ -149,6 +152,29 @@ class SyncProfile(BaseModel):
         if method not in TRAINED_METHODS:
             raise ValueError(f"method {method!r} is not one a sync trains: use one of {', '.join(TRAINED_METHODS)}")
         return method
+
+    def train_config(self, warm_start: bool):
+        """The trainer's config for this profile (`warm_start`: continuing the previous version's drafter)."""
+        from draftsync.speculative.training import TrainConfig
+
+        return TrainConfig(
+            method=self.method,
+            draft_vocab_size=None if METHODS[self.method].full_vocabulary else self.draft_vocab_size,
+            aux_layer_ids=self.aux_layer_ids,
+            medusa_heads=self.medusa_heads,
+            steps=self.warm_start_steps if warm_start else self.train_steps,
+            batch_size=self.batch_size,
+            seq_len=self.seq_len,
+            lr=self.lr,
+            warmup_steps=self.warmup_steps,
+            min_lr_ratio=self.min_lr_ratio,
+            ttt_steps=self.ttt_steps,
+            position_decay=self.position_decay,
+            noise_std=self.noise_std,
+            seed=self.seed,
+            checkpoint_every=self.checkpoint_every,
+            device=self.training_device,
+        )
 
     def dataset_key(self) -> str:
         """What the dataset depends on: a rerun with the same key resumes it, another key builds anew."""

@@ -260,6 +260,7 @@ class EagleDrafter(nn.Module):
                 feature_loss = masked_mean(regression, batch.loss_mask[:, offset + 1 : offset + 1 + rows])
                 combined = config.feature_loss_weight * feature_loss + config.token_loss_weight * terms.loss
                 losses.append(combined)
+                result.chain_terms.append((step, combined))
             result.position_losses.append(0.0 if terms.loss is None else combined.item())
             result.position_hits.append(terms.hits)
             result.position_counts.append(terms.count)

@@ -413,7 +413,9 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
             cache.append(k, v)
         return self._head(out)
 
-    def unroll(self, input_ids: torch.Tensor, aux: torch.Tensor, ttt_steps: int) -> list[torch.Tensor]:
+    def unroll(
+        self, input_ids: torch.Tensor, aux: torch.Tensor, ttt_steps: int, feed_target_states: bool = False
+    ) -> list[torch.Tensor]:
         """Training-time test: `ttt_steps` chained draft steps over whole sequences, logits of each step.
 
         Step 0 is the ordinary pass (row t: token t+1, target state t). Step s >= 1 feeds row t the
@@ -423,10 +425,13 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
         earlier ones were accepted, i.e. equal to the target's tokens (speculators and SpecForge train so
         too; feeding guesses measured worse here). Step s's logits are compared with the target's
         distribution at t+s+1.
+
+        `feed_target_states` feeds step s the target's own (fused) state at t+s instead of the drafter's
+        prediction of it: what the drafter never has at inference, kept for the ablation that measures it.
         """
         length = input_ids.shape[1]
         device = input_ids.device
-        hidden = self.fuse(aux)
+        hidden = fused = self.fuse(aux)
         positions = torch.arange(length, device=device)
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
@@ -441,20 +446,28 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
             keys.append(k)
             values.append(v)
             logits, hidden = self._head(out)
+            if feed_target_states:
+                hidden = F.pad(fused[:, step + 1 :], (0, 0, 0, step + 1))  # row t: the target's state at t+step+1
             logits_per_step.append(logits)
             ids = F.pad(input_ids[:, step + 1 :], (0, step + 1))  # row t: token t+step+2
         return logits_per_step
 
     # ---- training ---------------------------------------------------------------------------------
     def training_loss(
-        self, batch: TrainingBatch, ttt_steps: int, noise_std: float = 0.0, generator: torch.Generator | None = None
+        self,
+        batch: TrainingBatch,
+        ttt_steps: int,
+        noise_std: float = 0.0,
+        generator: torch.Generator | None = None,
+        feed_target_states: bool = False,
     ) -> DraftLoss:
         """Soft cross-entropy to the target's distribution for each of `ttt_steps` chained draft steps.
 
         Row t of step s predicts token t+s+2 and is compared with target_logits[:, t+s+1] over the draft
         vocabulary, weighted by loss_mask[:, t+s+2]. Gaussian noise of std `noise_std` (drawn from
         `generator`) on the aux states teaches robustness to small drifts of the target. The total is the
-        sum over steps.
+        sum over steps; `chain_terms` holds each step's loss for a weighting by position. `feed_target_states`:
+        see `unroll`.
         """
         if batch.aux is None:
             raise DraftsyncError(
@@ -466,7 +479,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
         aux = batch.aux[:, :-1]
         if noise_std > 0:
             aux = aux + gaussian_noise(aux, noise_std, generator)
-        logits_per_step = self.unroll(batch.ids[:, 1:], aux.to(self.fc.weight.dtype), ttt_steps)
+        logits_per_step = self.unroll(batch.ids[:, 1:], aux.to(self.fc.weight.dtype), ttt_steps, feed_target_states)
         draft_ids = None if self.d2t is None else self.draft_token_ids
         losses: list[torch.Tensor] = []
         result = DraftLoss(total=torch.zeros(()), position_losses=[], position_hits=[], position_counts=[])
@@ -474,6 +487,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
             terms = distribution_terms(logits, target_logits, batch.loss_mask, step + 1, draft_ids, self.to_target_ids)
             if terms.loss is not None:
                 losses.append(terms.loss)
+                result.chain_terms.append((step, terms.loss))
             result.position_losses.append(0.0 if terms.loss is None else float(terms.loss.detach()))
             result.position_hits.append(terms.hits)
             result.position_counts.append(terms.count)

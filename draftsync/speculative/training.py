@@ -58,7 +58,15 @@ class TrainConfig:
     seq_len: int = 128
     lr: float = 3e-3
     warmup_steps: int = 10
+    min_lr_ratio: float = 0.1  # the cosine decay ends at lr * min_lr_ratio (0: at zero, as SpecForge's does)
     ttt_steps: int = 1
+    position_decay: float = 1.0  # chained drafters: draft position k's loss weighs position_decay**k
+    # What later training-time-test steps of an EAGLE-3 drafter are fed: its own predicted state ("drafter", as at
+    # inference, speculators and SpecForge) or the target's ("target": only for the ablation that measures it).
+    ttt_feed: str = "drafter"
+    # The target's distribution is learnt at this temperature: below 1 it is sharpened towards the target's greedy
+    # token, which is all a drafter served at T=0 needs to agree with (the agreement counts are unchanged).
+    teacher_temperature: float = 1.0
     noise_std: float = 0.0  # Gaussian noise on the target states, for robustness to the target's drift
     holdout_fraction: float = 0.05
     seed: int = 0
@@ -71,7 +79,12 @@ class TrainConfig:
     def fingerprint(self, warm_start: bool = False) -> str:
         """What a checkpoint must agree with to be resumed: everything that shapes the run, `steps` included
         (the learning-rate schedule spans them) and whether it started from a previous drafter."""
-        data = {k: v for k, v in asdict(self).items() if k not in ("checkpoint_every", "eval_every")}
+        defaults_since = {"min_lr_ratio": 0.1, "position_decay": 1.0, "ttt_feed": "drafter", "teacher_temperature": 1.0}
+        data = {
+            k: v
+            for k, v in asdict(self).items()
+            if k not in ("checkpoint_every", "eval_every") and not (k in defaults_since and v == defaults_since[k])
+        }
         data["warm_start"] = warm_start
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
@@ -216,19 +229,20 @@ def _to_device(batch: TrainingBatch, device: torch.device) -> TrainingBatch:
     )
 
 
-def _with_target_logits(batch: TrainingBatch, head: Any) -> TrainingBatch:
+def _with_target_logits(batch: TrainingBatch, head: Any, temperature: float = 1.0) -> TrainingBatch:
     import torch
 
     if batch.target_logits is None:
         with torch.no_grad():
-            batch.target_logits = head(batch.final.to(head.weight.dtype)).float()
+            batch.target_logits = head(batch.final.to(head.weight.dtype)).float() / temperature
     return batch
 
 
 def _lr_at(config: TrainConfig, step: int) -> float:
     warm = min(1.0, (step + 1) / max(1, config.warmup_steps))
     progress = step / max(1, config.steps)
-    return config.lr * warm * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+    floor = config.min_lr_ratio
+    return config.lr * warm * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -332,6 +346,21 @@ def train_drafter(
         raise DraftsyncError(f"training steps {config.steps} is negative", "use steps >= 0")
     if config.ttt_steps < 1:
         raise DraftsyncError(f"ttt_steps={config.ttt_steps} is below 1", "use ttt_steps >= 1")
+    if config.ttt_feed not in ("drafter", "target"):
+        raise DraftsyncError(f"ttt_feed {config.ttt_feed!r} is not known", "use drafter or target")
+    if config.ttt_feed == "target" and not is_eagle3_family(config.method):
+        raise DraftsyncError(
+            f"ttt_feed=target is measured for EAGLE-3 drafters only, not {config.method}", "use ttt_feed=drafter"
+        )
+    if not 0.0 <= config.min_lr_ratio <= 1.0 or not 0.0 < config.position_decay <= 1.0:
+        raise DraftsyncError(
+            f"min_lr_ratio {config.min_lr_ratio} or position_decay {config.position_decay} is out of range",
+            "use 0 <= min_lr_ratio <= 1 and 0 < position_decay <= 1",
+        )
+    if config.teacher_temperature <= 0.0:
+        raise DraftsyncError(
+            f"teacher_temperature {config.teacher_temperature} is not positive", "use a teacher_temperature > 0"
+        )
     _check_dataset(dataset, target_model, config)
     device = _device(config.device)
     bf16 = trains_in_bf16(config.precision, device)
@@ -376,12 +405,13 @@ def train_drafter(
             for group in optimizer.param_groups:
                 group["lr"] = lr
             batch = dataset.batch_for_step(step, config.batch_size, config.seq_len, config.seed, train_windows)
-            batch = _with_target_logits(_to_device(batch, device), head)
+            batch = _with_target_logits(_to_device(batch, device), head, config.teacher_temperature)
             generator = torch.Generator(device=device).manual_seed(config.seed * 1_000_003 + step)
+            feed = {"feed_target_states": True} if config.ttt_feed == "target" else {}
             with autocast:
-                result = drafter.training_loss(batch, config.ttt_steps, config.noise_std, generator)
+                result = drafter.training_loss(batch, config.ttt_steps, config.noise_std, generator, **feed)
             optimizer.zero_grad(set_to_none=True)
-            result.total.backward()
+            result.weighted_total(config.position_decay).backward()
             torch.nn.utils.clip_grad_norm_(parameters, 1.0)
             optimizer.step()
 

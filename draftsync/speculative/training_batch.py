@@ -10,8 +10,9 @@ a draft model at row t predicts token t+1. Losses are masked by `loss_mask` of t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
 from draftsync.errors import DraftsyncError
@@ -46,7 +47,19 @@ class TrainingBatch:
 class DraftLoss:
     """A drafter's loss on one batch, with per-position agreement counts for acceptance estimates."""
 
-    total: Tensor  # scalar to backprop
+    total: Tensor  # scalar to backprop: the positions' losses summed (as the family weighs them)
     position_losses: list[float]  # per draft position (TTT step for EAGLE, head k for Medusa)
     position_hits: list[int]  # positions where the drafter's top-1 equals the target's greedy token
     position_counts: list[int]  # positions counted (loss-masked)
+    # (draft position, its differentiable loss) for chained drafters, which the trainer may weigh by position;
+    # empty where the family weighs its positions itself (Medusa's loss_decay) or has only one.
+    chain_terms: list[tuple[int, Tensor]] = field(default_factory=list)
+
+    def weighted_total(self, position_decay: float) -> Tensor:
+        """The loss with draft position k weighed by position_decay**k (1.0: `total`).
+
+        SpecForge weighs its training-time-test steps 0.8**k: the first positions decide most of an acceptance
+        length, since a later one counts only once every earlier one was accepted."""
+        if position_decay == 1.0 or not self.chain_terms:
+            return self.total
+        return torch.stack([position_decay**k * term for k, term in self.chain_terms]).sum()

@@ -12,7 +12,6 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NONE
 
 from draftsync.profiles import SyncProfile
-from draftsync.speculative.methods import METHODS
 from draftsync.tasks import context
 
 HISTORY_FILE = "history.json"  # in the checkpoint directory: name -> [(step, value)]
@@ -59,27 +58,12 @@ def train_drafter(
     from draftsync.speculative.drafters import parameter_count, save_drafter
     from draftsync.speculative.shard_reader import ShardDataset
     from draftsync.speculative.targets import load_target
-    from draftsync.speculative.training import TrainConfig
     from draftsync.speculative.training import train_drafter as train
 
     logger = context.logger()
     target, _ = load_target(Path(target_dir))
     init_from = _warm_start_source(warm_start_dir, profile, target)
-    config = TrainConfig(
-        method=profile.method,
-        draft_vocab_size=None if METHODS[profile.method].full_vocabulary else profile.draft_vocab_size,
-        aux_layer_ids=profile.aux_layer_ids,
-        medusa_heads=profile.medusa_heads,
-        steps=profile.warm_start_steps if init_from is not None else profile.train_steps,
-        batch_size=profile.batch_size,
-        seq_len=profile.seq_len,
-        lr=profile.lr,
-        ttt_steps=profile.ttt_steps,
-        noise_std=profile.noise_std,
-        seed=profile.seed,
-        checkpoint_every=profile.checkpoint_every,
-        device=profile.training_device,
-    )
+    config = profile.train_config(warm_start=init_from is not None)
     every = max(1, config.steps // 5)
     shown = max(1, config.steps // 50)  # the UI's progress bar moves in 2% steps
     # async_dispatch types it as a UUID or a coroutine; called from this sync function it returns the UUID

@@ -71,6 +71,34 @@ def test_eagle3_training_loss_is_the_soft_cross_entropy_of_each_chained_step(tar
     assert loss.total.requires_grad
 
 
+def test_position_weights_scale_each_chained_step_by_its_power(target, chain_batch):
+    drafter = eagle3_for(target)
+    loss = drafter.training_loss(chain_batch, 3, 0.0, None)
+    assert [k for k, _ in loss.chain_terms] == [0, 1, 2]
+    expected = sum(0.8**k * value for k, value in enumerate(loss.position_losses))
+    assert loss.weighted_total(0.8).item() == pytest.approx(expected, rel=1e-5)
+    assert loss.weighted_total(1.0) is loss.total
+    loss.weighted_total(0.8).backward()  # differentiable, as the trainer uses it
+    assert drafter.fc.weight.grad is not None
+
+
+def test_fed_the_targets_states_later_steps_see_the_target_not_the_drafter(target, chain_batch):
+    """Step 0 is the same either way. Row t of step 1 is fed the drafter's own step-0 state at t (built from the
+    target's states up to t) or, fed the target's, the target's state at t+1: only then does it change with it."""
+    drafter = eagle3_for(target)
+    ids, aux = chain_batch.ids[:, 1:], chain_batch.aux[:, :-1]
+    moved = aux.clone()
+    moved[:, 6] += 1.0  # the target's state at position 6 only
+    with torch.no_grad():
+        own, own_moved = drafter.unroll(ids, aux, 2), drafter.unroll(ids, moved, 2)
+        fed = drafter.unroll(ids, aux, 2, feed_target_states=True)
+        fed_moved = drafter.unroll(ids, moved, 2, feed_target_states=True)
+    assert torch.equal(own[0], fed[0])
+    assert torch.allclose(own[1][:, 5], own_moved[1][:, 5])  # row 5 of step 1 has seen states up to 5
+    assert not torch.allclose(fed[1][:, 5], fed_moved[1][:, 5])  # fed the target's state at 6
+    assert torch.allclose(fed[1][:, :5], fed_moved[1][:, :5])  # and no later one
+
+
 def test_eagle3_training_loss_falls_on_a_fixed_batch(target, chain_batch):
     drafter = eagle3_for(target)
     drafter.initialise_from_target(target)

@@ -14,7 +14,14 @@ import pytest
 import torch
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.shard_reader import ShardDataset
-from draftsync.speculative.training import CHECKPOINT_FILE, TrainConfig, evaluate, train_drafter
+from draftsync.speculative.training import (
+    CHECKPOINT_FILE,
+    TrainConfig,
+    _lr_at,
+    _with_target_logits,
+    evaluate,
+    train_drafter,
+)
 
 SMALL = dict(draft_vocab_size=256, batch_size=8, seq_len=32, seed=0)
 
@@ -102,6 +109,48 @@ def test_bad_training_input_is_named(target, random_target, chain_shards):
         train_drafter(target, chain_shards, TrainConfig(steps=-1, **SMALL))
     with pytest.raises(DraftsyncError, match="ttt_steps"):
         train_drafter(target, chain_shards, TrainConfig(steps=1, ttt_steps=0, **SMALL))
+    with pytest.raises(DraftsyncError, match="ttt_feed 'guess'"):
+        train_drafter(target, chain_shards, TrainConfig(steps=1, ttt_feed="guess", **SMALL))
+    with pytest.raises(DraftsyncError, match="EAGLE-3 drafters only, not medusa"):
+        train_drafter(target, chain_shards, TrainConfig(method="medusa", steps=1, ttt_feed="target", **SMALL))
+    with pytest.raises(DraftsyncError, match="position_decay 0.0"):
+        train_drafter(target, chain_shards, TrainConfig(steps=1, position_decay=0.0, **SMALL))
+    with pytest.raises(DraftsyncError, match="teacher_temperature 0.0"):
+        train_drafter(target, chain_shards, TrainConfig(steps=1, teacher_temperature=0.0, **SMALL))
+
+
+def test_a_sharpened_teacher_is_the_targets_distribution_at_that_temperature(target, chain_shards):
+    batch = chain_shards.batch_for_step(0, 2, 16, 0, chain_shards.windows(list(range(4)), 16))
+    head = target.get_output_embeddings()
+    plain = _with_target_logits(batch, head).target_logits
+    batch.target_logits = None
+    sharp = _with_target_logits(batch, head, 0.5).target_logits
+    assert torch.allclose(sharp, 2 * plain)
+    assert torch.equal(sharp.argmax(-1), plain.argmax(-1))  # the greedy token, what T=0 accepts, is unchanged
+
+
+def test_the_schedule_warms_up_then_decays_to_its_floor():
+    config = TrainConfig(steps=100, lr=1e-3, warmup_steps=10, min_lr_ratio=0.0)
+    rates = [_lr_at(config, step) for step in range(100)]
+    assert rates[0] == pytest.approx(1e-4) and max(rates) == pytest.approx(rates[9], rel=0.01)
+    assert rates[-1] < 1e-6  # decays to zero
+    floored = TrainConfig(steps=100, lr=1e-3, warmup_steps=10)
+    assert _lr_at(floored, 99) == pytest.approx(1e-4, rel=0.01)  # the default floor: a tenth of the peak
+
+
+def test_the_sync_profile_is_what_the_trainer_runs():
+    from draftsync.profiles import profile
+
+    demo = profile("demo")
+    cold, warm = demo.train_config(warm_start=False), demo.train_config(warm_start=True)
+    assert (cold.steps, warm.steps) == (demo.train_steps, demo.warm_start_steps)
+    assert (cold.ttt_steps, cold.position_decay, cold.min_lr_ratio) == (
+        demo.ttt_steps,
+        demo.position_decay,
+        demo.min_lr_ratio,
+    )
+    assert cold.draft_vocab_size == demo.draft_vocab_size
+    assert demo.model_copy(update={"method": "eagle"}).train_config(False).draft_vocab_size is None
 
 
 # ---- checkpoints and resume -----------------------------------------------------------------------
