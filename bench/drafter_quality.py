@@ -54,6 +54,8 @@ RECIPE_VARIANTS: list[tuple[str, dict, dict]] = [
     ("steps 450", {"train_steps": 450}, {}),
     ("teacher temperature 0.5", {}, {"teacher_temperature": 0.5}),
     ("teacher temperature 0.25", {}, {"teacher_temperature": 0.25}),
+    ("teacher temperature 0.25, training seed 1", {}, {"teacher_temperature": 0.25, "seed": 1}),
+    ("teacher temperature 0.25, training seed 2", {}, {"teacher_temperature": 0.25, "seed": 2}),
     ("steps 200", {"train_steps": 200}, {}),
     ("steps 200, corpus texts 400", {"train_steps": 200, "training_texts": 400}, {}),
     # vLLM's aux ids count layers run (0: the embeddings, L: the last layer's output); (1, 2, 3), the default for 4

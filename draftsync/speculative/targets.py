@@ -98,8 +98,11 @@ _SIZES: dict[str, _Shape] = {
     # "deep": the test size with twice the layers, for the benchmark: one drafter layer is a smaller share.
     "deep": {**_TEST_SHAPE, "num_layers": 8},
     "strong": _TEST_SHAPE,  # its steps differ (_STEPS)
+    # "strong-deep": "strong" with twice the layers, for the drafter-quality benchmark: EAGLE-3's low, middle and high
+    # states are layers apart only on a target deep enough to hold them apart.
+    "strong-deep": {**_TEST_SHAPE, "num_layers": 8},
 }
-_STEPS = {"demo": (300, 80), "test": (250, 100), "deep": (300, 100), "strong": (2500, 250)}
+_STEPS = {"demo": (300, 80), "test": (250, 100), "deep": (300, 100), "strong": (2500, 250), "strong-deep": (2500, 250)}
 
 
 # The built-in families: each is its transformers class with the settings that set that family's checkpoints apart,

@@ -150,6 +150,8 @@ def test_the_sync_profile_is_what_the_trainer_runs():
         demo.min_lr_ratio,
     )
     assert cold.draft_vocab_size == demo.draft_vocab_size
+    sharpened = demo.model_copy(update={"teacher_temperature": 0.25}).train_config(False)
+    assert cold.teacher_temperature == 1.0 and sharpened.teacher_temperature == 0.25
     assert demo.model_copy(update={"method": "eagle"}).train_config(False).draft_vocab_size is None
 
 
