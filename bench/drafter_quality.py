@@ -135,7 +135,7 @@ def recipe_part(settings: dict, quick: bool, only: list[str], cache: Path, root:
     from draftsync.profiles import profile as sync_profile
     from draftsync.speculative.corpora import task_prompts_for_mix
     from draftsync.speculative.targets import build_target, builtin_recipe, load_target
-    from draftsync.speculative.training import train_drafter
+    from draftsync.speculative.training import TrainConfig, train_drafter
 
     recipe = builtin_recipe(1, "demo")
     target_dir = build_target(recipe, cache)
@@ -151,7 +151,7 @@ def recipe_part(settings: dict, quick: bool, only: list[str], cache: Path, root:
             continue
         profile = base.model_copy(update=profile_fields)
         dataset = build_dataset(target_dir, target, tokenizer, recipe.task_mix, profile, root)
-        config = profile.train_config(warm_start=False)
+        config = TrainConfig.from_profile(profile, warm_start=False)
         for key, value in train_fields.items():
             setattr(config, key, value)
         torch.set_num_threads(2)
@@ -212,7 +212,7 @@ def methods_part(settings: dict, sizes: list[str], methods: list[str], cache: Pa
     import torch
     from draftsync.speculative.corpora import prompts
     from draftsync.speculative.targets import build_target, builtin_recipe, load_target
-    from draftsync.speculative.training import train_drafter
+    from draftsync.speculative.training import TrainConfig, train_drafter
 
     out = {}
     for size in sizes:
@@ -254,7 +254,7 @@ def methods_part(settings: dict, sizes: list[str], methods: list[str], cache: Pa
                 profile = base.model_copy(update={"method": method, "seed": seed, **fields})
                 data = build_dataset(target_dir, target, tokenizer, ALL_MIX, profile, root)
                 torch.set_num_threads(2)
-                drafter, report = train_drafter(target, data, profile.train_config(warm_start=False))
+                drafter, report = train_drafter(target, data, TrainConfig.from_profile(profile, warm_start=False))
                 torch.set_num_threads(1)
                 for task, requests in by_task.items():
                     for temperature in (0.0, 1.0):
@@ -316,7 +316,7 @@ def warm_part(settings: dict, cache: Path, root: Path) -> dict:
     import torch
     from draftsync.speculative.corpora import task_prompts_for_mix
     from draftsync.speculative.targets import build_target, builtin_recipe, load_target
-    from draftsync.speculative.training import train_drafter
+    from draftsync.speculative.training import TrainConfig, train_drafter
 
     profile = method_profile(settings)
     v1_dir = build_target(builtin_recipe(1, "strong-deep"), cache)
@@ -327,10 +327,10 @@ def warm_part(settings: dict, cache: Path, root: Path) -> dict:
     torch.set_num_threads(2)
     v1_data = build_dataset(v1_dir, v1, v1_tokenizer, builtin_recipe(1, "strong-deep").task_mix, profile, root)
     v2_data = build_dataset(v2_dir, v2, tokenizer, v2_recipe.task_mix, profile, root)
-    previous, _ = train_drafter(v1, v1_data, profile.train_config(warm_start=False))
+    previous, _ = train_drafter(v1, v1_data, TrainConfig.from_profile(profile, warm_start=False))
     cold_steps = profile.train_steps
     every = max(1, cold_steps // 12)
-    config = profile.train_config(warm_start=False)
+    config = TrainConfig.from_profile(profile, warm_start=False)
     config.eval_every = every
     cold, cold_report = train_drafter(v2, v2_data, config)
     requests = [
@@ -355,7 +355,7 @@ def warm_part(settings: dict, cache: Path, root: Path) -> dict:
     warm_runs = []
     for share in (1 / 12, 1 / 6, 1 / 3):
         steps = max(1, round(cold_steps * share))
-        config = profile.train_config(warm_start=True)
+        config = TrainConfig.from_profile(profile, warm_start=True)
         config.steps, config.eval_every = steps, max(1, steps // 4)
         warm, report = train_drafter(v2, v2_data, config, init_from=previous)
         result = validation(warm)

@@ -157,30 +157,6 @@ class SyncProfile(BaseModel):
             raise ValueError(f"method {method!r} is not one a sync trains: use one of {', '.join(TRAINED_METHODS)}")
         return method
 
-    def train_config(self, warm_start: bool):
-        """The trainer's config for this profile (`warm_start`: continuing the previous version's drafter)."""
-        from draftsync.speculative.training import TrainConfig
-
-        return TrainConfig(
-            method=self.method,
-            draft_vocab_size=None if METHODS[self.method].full_vocabulary else self.draft_vocab_size,
-            aux_layer_ids=self.aux_layer_ids,
-            medusa_heads=self.medusa_heads,
-            steps=self.warm_start_steps if warm_start else self.train_steps,
-            batch_size=self.batch_size,
-            seq_len=self.seq_len,
-            lr=self.lr,
-            warmup_steps=self.warmup_steps,
-            min_lr_ratio=self.min_lr_ratio,
-            ttt_steps=self.ttt_steps,
-            position_decay=self.position_decay,
-            teacher_temperature=self.teacher_temperature,
-            noise_std=self.noise_std,
-            seed=self.seed,
-            checkpoint_every=self.checkpoint_every,
-            device=self.training_device,
-        )
-
     def dataset_key(self) -> str:
         """What the dataset depends on: a rerun with the same key resumes it, another key builds anew."""
         import hashlib

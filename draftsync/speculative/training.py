@@ -31,6 +31,7 @@ from draftsync.speculative.methods import (
     EAGLE,
     EAGLE3,
     MEDUSA,
+    METHODS,
     TRAINED_METHODS,
     is_eagle3_family,
 )
@@ -38,6 +39,7 @@ from draftsync.speculative.methods import (
 if TYPE_CHECKING:
     import torch
 
+    from draftsync.profiles import SyncProfile
     from draftsync.speculative.shard_reader import ShardDataset
     from draftsync.speculative.training_batch import TrainingBatch
 
@@ -75,6 +77,29 @@ class TrainConfig:
     eval_every: int = 0  # steps between held-out evaluations reported to on_progress (0: only at the end)
     device: str = "auto"  # "cpu", "cuda" or "auto" (CUDA when available)
     precision: str = "auto"  # "bf16" (autocast), "fp32" or "auto" (trains_in_bf16: where the hardware runs bf16)
+
+    @classmethod
+    def from_profile(cls, profile: SyncProfile, warm_start: bool) -> TrainConfig:
+        """The config a sync with `profile` trains with (`warm_start`: continuing the previous version's drafter)."""
+        return cls(
+            method=profile.method,
+            draft_vocab_size=None if METHODS[profile.method].full_vocabulary else profile.draft_vocab_size,
+            aux_layer_ids=profile.aux_layer_ids,
+            medusa_heads=profile.medusa_heads,
+            steps=profile.warm_start_steps if warm_start else profile.train_steps,
+            batch_size=profile.batch_size,
+            seq_len=profile.seq_len,
+            lr=profile.lr,
+            warmup_steps=profile.warmup_steps,
+            min_lr_ratio=profile.min_lr_ratio,
+            ttt_steps=profile.ttt_steps,
+            position_decay=profile.position_decay,
+            teacher_temperature=profile.teacher_temperature,
+            noise_std=profile.noise_std,
+            seed=profile.seed,
+            checkpoint_every=profile.checkpoint_every,
+            device=profile.training_device,
+        )
 
     def fingerprint(self, warm_start: bool = False) -> str:
         """What a checkpoint must agree with to be resumed: everything that shapes the run, `steps` included

@@ -58,12 +58,13 @@ def train_drafter(
     from draftsync.speculative.drafters import parameter_count, save_drafter
     from draftsync.speculative.shard_reader import ShardDataset
     from draftsync.speculative.targets import load_target
+    from draftsync.speculative.training import TrainConfig
     from draftsync.speculative.training import train_drafter as train
 
     logger = context.logger()
     target, _ = load_target(Path(target_dir))
     init_from = _warm_start_source(warm_start_dir, profile, target)
-    config = profile.train_config(warm_start=init_from is not None)
+    config = TrainConfig.from_profile(profile, warm_start=init_from is not None)
     every = max(1, config.steps // 5)
     shown = max(1, config.steps // 50)  # the UI's progress bar moves in 2% steps
     # async_dispatch types it as a UUID or a coroutine; called from this sync function it returns the UUID

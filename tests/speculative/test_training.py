@@ -142,7 +142,7 @@ def test_the_sync_profile_is_what_the_trainer_runs():
     from draftsync.profiles import profile
 
     demo = profile("demo")
-    cold, warm = demo.train_config(warm_start=False), demo.train_config(warm_start=True)
+    cold, warm = TrainConfig.from_profile(demo, warm_start=False), TrainConfig.from_profile(demo, warm_start=True)
     assert (cold.steps, warm.steps) == (demo.train_steps, demo.warm_start_steps)
     assert (cold.ttt_steps, cold.position_decay, cold.min_lr_ratio) == (
         demo.ttt_steps,
@@ -150,9 +150,9 @@ def test_the_sync_profile_is_what_the_trainer_runs():
         demo.min_lr_ratio,
     )
     assert cold.draft_vocab_size == demo.draft_vocab_size
-    sharpened = demo.model_copy(update={"teacher_temperature": 0.25}).train_config(False)
+    sharpened = TrainConfig.from_profile(demo.model_copy(update={"teacher_temperature": 0.25}), False)
     assert cold.teacher_temperature == 1.0 and sharpened.teacher_temperature == 0.25
-    assert demo.model_copy(update={"method": "eagle"}).train_config(False).draft_vocab_size is None
+    assert TrainConfig.from_profile(demo.model_copy(update={"method": "eagle"}), False).draft_vocab_size is None
 
 
 # ---- checkpoints and resume -----------------------------------------------------------------------
