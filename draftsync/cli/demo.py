@@ -1,11 +1,11 @@
 """`draftsync demo`: the whole loop on one machine, with real MLflow, Prefect, servers and e-mail.
 
-The story: target v1 appears -> drafter v1 -> served; code and math traffic; traffic drifts to prose and
-acceptance falls; the weekly review flags the drafter stale, falls back and mails the team; target v2
-appears -> drafter v2 (warm start) -> the v2 pair serves and acceptance recovers. The monitor's clock is
-a parameter: the demo moves it 12 simulated hours per scrape, so a week passes in a few minutes. The
-simulated days end at the real present, and the demo's deployment is declared in the deployments file,
-so `draftsync status`, `report` and `rollout` read the story afterwards as they would a real one.
+The story: target v1 appears -> drafter v1 (for the math traffic it serves) -> served; math traffic;
+traffic drifts to prose and acceptance falls; the weekly review flags the drafter stale, falls back and mails
+the team; target v2 appears -> drafter v2 (warm start) -> the v2 pair serves and acceptance recovers. The
+monitor's clock is a parameter: the demo moves it 12 simulated hours per scrape, so a week passes in a few
+minutes. The simulated days end at the real present, and the demo's deployment is declared in the deployments
+file, so `draftsync status`, `report` and `rollout` read the story afterwards as they would a real one.
 """
 
 from __future__ import annotations
@@ -33,16 +33,21 @@ TEMPERATURE = 0.0
 # Short completions (chat turns, code completions). Tiny targets fall into loops after a few dozen greedy
 # tokens, and loops are easy to draft whatever the domain; short outputs keep the drift visible.
 MAX_TOKENS = 24
-# The demo's stale line: the bottom of the healthy band the source document gives (acceptance 70-90 %).
-# Its drafters validate at about 0.77 and hold 0.63 on the drifted traffic, so the global default (0.50,
-# the source's line for drafters that no longer match at all) would never call them stale; the
+# The traffic each target version is registered for (its task mix: what its drafter's data covers). Target v1 knows
+# code and math and serves a math assistant, so drafter v1 learns math and a draft vocabulary of math's tokens. On
+# prose the tiny v1 writes code-like text its drafter never saw: acceptance falls from about 0.8 to near 0, where
+# a drafter that had learned code too would have held about 0.7 on those loops, too close to any line to show a
+# drift. Target v2 is registered for the mix it was fine-tuned on, prose included (a version not named here is).
+TRAFFIC_MIX: dict[int, dict[str, float]] = {1: {"math": 1.0}}
+# The demo's stale line: the bottom of the healthy band the source document gives (acceptance 70-90 %). The
+# global default (0.50, the source's line for drafters that no longer match at all) is for production; the
 # environment variable DRAFTSYNC_STALE_THRESHOLD still wins.
 STALE_THRESHOLD = 0.70
 STEP = timedelta(hours=12)
 # The traffic phases: (name, prompts per task, scrapes, seed). Scrapes of all three times STEP is how far back
 # the simulated clock starts, so that the last scrape lands at about the real present.
 TRAFFIC = {
-    "b": ("b: code+math traffic", {"code": 6, "math": 6}, 6, 1),
+    "b": ("b: math traffic", {"math": 12}, 6, 1),
     "c": ("c: drift to prose", {"prose": 12}, 8, 2),
     "d": ("d: prose traffic on the v2 pair", {"prose": 12}, 4, 3),
 }
@@ -111,16 +116,18 @@ def _declare(deployment: ServingDeployment, path: Path) -> None:
     partial.replace(path)
 
 
-def _target_entry(version: int, recipe, built: str, cache_dir: Path) -> dict:
-    """A target as demo.json records it: when it was `built` ("before the demo": by `demo --prepare` or an earlier
-    run; else "in the story"), and the seconds its training took."""
+def _target_entry(version: int, recipe, task_mix: dict[str, float], built: str, cache_dir: Path) -> dict:
+    """A target as demo.json records it: the traffic it is registered for (`task_mix`) and what it was trained on,
+    when it was `built` ("before the demo": by `demo --prepare` or an earlier run; else "in the story"), and the
+    seconds its training took."""
     from draftsync.speculative.targets import built_target_info
 
     info = built_target_info(recipe, cache_dir) or {}
     return {
         "name": TARGET_NAME,
         "version": version,
-        "task_mix": recipe.task_mix,
+        "task_mix": task_mix,
+        "trained_on": recipe.task_mix,
         "built": built,
         "train_seconds": info.get("train_seconds"),
     }
@@ -197,7 +204,7 @@ def run_demo(engine: str = "auto") -> dict:
         name=DEPLOYMENT,
         target_name=TARGET_NAME,
         temperature=TEMPERATURE,
-        task_mix={"code": 0.5, "math": 0.5},
+        task_mix=TRAFFIC_MIX[1],
         launch=serving_engine["name"],
     )
     _deployments_with(deployment, settings.deployments_path)  # a deployments file it cannot keep fails before the story
@@ -241,18 +248,19 @@ def run_demo(engine: str = "auto") -> dict:
         path = build_target(recipe, settings.cache_dir)
         mark(f"target_v{version}_build", t)
         t = time.perf_counter()
-        registered = publish_target(TARGET_NAME, str(path), recipe.task_mix)
-        targets.append(_target_entry(registered, recipe, built, settings.cache_dir))
+        task_mix = TRAFFIC_MIX.get(version, recipe.task_mix)
+        registered = publish_target(TARGET_NAME, str(path), task_mix)
+        targets.append(_target_entry(registered, recipe, task_mix, built, settings.cache_dir))
         sync_stages[f"v{version}"] = watch(TARGET_NAME, deployment, sync_profile)["syncs"][0]["stages_s"]
         mark(f"sync_and_rollout_v{version}", t)
 
     try:
         # (a) target v1 appears; the watch syncs a drafter for it and rolls the pair out.
-        target_appears(1, "[bold](a)[/] target v1 (code + math; built once, then cached) ...")
+        target_appears(1, "[bold](a)[/] target v1 (trained on code + math; serves math; built once, then cached) ...")
 
-        # (b) normal traffic: code and math.
+        # (b) normal traffic: math.
         t = time.perf_counter()
-        console.print("[bold](b)[/] code and math traffic ...")
+        console.print("[bold](b)[/] math traffic ...")
         phases.append(_phase(*TRAFFIC["b"], requests, clock, deployment, max_tokens))
         mark("phase_b", t)
 

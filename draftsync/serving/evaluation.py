@@ -24,11 +24,16 @@ REFERENCE_START_TIMEOUT_S = 180.0
 
 @dataclass(frozen=True)
 class EvalRequest:
-    """One request of an evaluation: a prompt of a task, and how many tokens to generate."""
+    """One request of an evaluation: a prompt of a task, and how many tokens to generate. `ignore_eos`: generate
+    all `max_tokens` past the target's EOS (True), end there (False), or as the backend does by default (None)."""
 
     prompt: str
     task: str
     max_tokens: int
+    ignore_eos: bool | None = None
+
+    def runs_past_eos(self, backend_default: bool) -> bool:
+        return backend_default if self.ignore_eos is None else self.ignore_eos
 
 
 @dataclass
@@ -132,8 +137,11 @@ class ReferenceBackend:
     """The CPU reference engine: target and drafter loaded once, one engine per gamma.
 
     Torch runs on `threads` threads (1 by default): tiny models are faster on one thread than on two
-    that spin-wait on a busy machine, and timings are steadier. `close()` gives the process its threads back:
-    a sync trains after it validates, and training on one of two cores took 45 s longer in the demo.
+    that spin-wait on a busy machine, and timings are steadier. `ignore_eos` (default) generates every request to
+    its `max_tokens`, the same load whatever the target answers, as benchmarks want; the checklist turns it off,
+    so acceptance is counted on what a served request returns (a request ends at the target's EOS). `close()`
+    gives the process its threads back: a sync trains after it validates, and training on one of two cores took
+    45 s longer in the demo.
     """
 
     name = "reference"
@@ -145,6 +153,7 @@ class ReferenceBackend:
         drafter_dir: str | Path | None,
         threads: int | None = 1,
         log_dir: str | Path | None = None,
+        ignore_eos: bool = True,
     ):
         import torch
 
@@ -165,6 +174,7 @@ class ReferenceBackend:
         self._engines: dict[int, Any] = {}
         self.target_dir, self.drafter_dir = Path(target_dir), Path(drafter_dir) if drafter_dir is not None else None
         self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.ignore_eos = bool(ignore_eos)
         self._servers: dict[int, Any] = {}  # gamma -> ServerProcess
 
     def engine(self, gamma: int) -> Any:
@@ -189,7 +199,10 @@ class ReferenceBackend:
         with torch.no_grad():
             for index, request in enumerate(requests):
                 ids = self.tokenizer(request.prompt)["input_ids"]
-                out = engine.generate(ids, request.max_tokens, temperature=temperature, seed=seed + index)
+                eos = None if request.runs_past_eos(self.ignore_eos) else self.tokenizer.eos_token_id
+                out = engine.generate(
+                    ids, request.max_tokens, temperature=temperature, seed=seed + index, eos_token_id=eos
+                )
                 stats = out.stats
                 results.append(
                     RequestResult(

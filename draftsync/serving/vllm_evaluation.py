@@ -13,8 +13,9 @@ cannot be measured there, and they must fail rather than pass on nothing. One wi
 NaN timings, so the speed gates compare nothing and fail.
 
 Switching gamma restarts the server (`cheap_gamma_switch = False`): the checklist groups its requests by gamma.
-Every request generates exactly `max_tokens` tokens (`ignore_eos`), as the reference engine does, so both
-backends put the same load on the target. Server logs stay in `log_dir`; an engine that dies mid-run is named by
+With `ignore_eos` (the default) every request generates exactly `max_tokens` tokens, as the reference engine does,
+so both backends put the same load on the target (benchmarks); the checklist turns it off, so requests end at the
+target's EOS as served ones do. Server logs stay in `log_dir`; an engine that dies mid-run is named by
 its own error line and that log.
 """
 
@@ -265,9 +266,18 @@ class VllmBackend:
             )
         return list(self._tokenizer(prompt)["input_ids"])
 
-    def complete(self, ids: list[int], max_tokens: int, temperature: float, seed: int, http: Any = None) -> dict:
+    def complete(
+        self,
+        ids: list[int],
+        max_tokens: int,
+        temperature: float,
+        seed: int,
+        http: Any = None,
+        ignore_eos: bool | None = None,
+    ) -> dict:
         """vLLM's answer to one completion of `ids` on the running server. Safe from several threads at once when
-        each passes its own `httpx.Client` as `http` (a benchmark's concurrent clients)."""
+        each passes its own `httpx.Client` as `http` (a benchmark's concurrent clients). `ignore_eos`: None for the
+        backend's own."""
         import httpx
 
         server = self._server
@@ -286,7 +296,7 @@ class VllmBackend:
             "max_tokens": int(max_tokens),
             "temperature": float(temperature),
             "seed": int(seed),
-            "ignore_eos": self.ignore_eos,
+            "ignore_eos": self.ignore_eos if ignore_eos is None else ignore_eos,
             "return_token_ids": True,
         }
         post = http.post if http is not None else httpx.post
@@ -318,7 +328,9 @@ class VllmBackend:
         results = []
         for index, request in enumerate(requests):
             ids = self._token_ids(request.prompt)
-            body = self.complete(ids, request.max_tokens, temperature, seed + index)
+            body = self.complete(
+                ids, request.max_tokens, temperature, seed + index, ignore_eos=request.runs_past_eos(self.ignore_eos)
+            )
             results.append(request_result(index, request, len(ids), body, gamma, server.url))
         return results
 

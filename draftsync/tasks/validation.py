@@ -1,7 +1,9 @@
 """The `validate-drafter` task: the checklist (validation/runner.py) on the CPU reference engine or on vLLM.
 
 The checklist itself is Prefect-free; this task chooses the evaluation backend (whose servers stress loads too) and
-hands the checklist the run logger so its sweep and verdict show in the Prefect UI.
+hands the checklist the run logger so its sweep and verdict show in the Prefect UI. Its requests end at the target's
+EOS, as served requests do: tokens past the end of an answer are no traffic a drafter was trained for, and a prompt the
+target answers at once would otherwise weigh in the per-request P5 with the drafter's guesses at what follows an end.
 """
 
 from __future__ import annotations
@@ -42,11 +44,13 @@ def validate_drafter(
     if backend == "reference":
         from draftsync.serving.evaluation import ReferenceBackend
 
-        chosen: EvaluationBackend = ReferenceBackend(target_dir, drafter_dir, log_dir=log_dir)
+        chosen: EvaluationBackend = ReferenceBackend(target_dir, drafter_dir, log_dir=log_dir, ignore_eos=False)
     else:
         from draftsync.serving.vllm_evaluation import VllmBackend
 
-        chosen = VllmBackend(target_dir, drafter_dir, log_dir=log_dir, draft_sampling=profile.draft_sampling)
+        chosen = VllmBackend(
+            target_dir, drafter_dir, log_dir=log_dir, draft_sampling=profile.draft_sampling, ignore_eos=False
+        )
     context.logger().info("validating on the %s backend", backend)
     try:
         return run_checklist(
@@ -61,6 +65,7 @@ def validate_drafter(
             batch_sizes,
             no_schedule_reason,
             context.logger(),
+            stale_threshold=context.settings().stale_threshold,
         )
     finally:
         chosen.close()

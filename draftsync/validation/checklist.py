@@ -128,10 +128,15 @@ def gamma_knee(sweep: Sequence[dict], tolerance: float = 0.02, min_acceptance: f
     clear it. When no gamma's bound does but some rates do, speed no longer decides: the knee is the gamma
     most likely to clear the gate (the highest bound, then the highest rate). Picking the faster of two
     gammas that clear only by luck failed the demo's v2 drafter at 0.550 against a 0.55 gate, where the
-    other gamma measured 0.67. When no rate clears, every gamma competes (and the gates will say so)."""
+    other gamma measured 0.67. When no rate clears, every gamma competes (and the gates will say so).
+
+    A sweep that measured no TPOT at all (each of its requests ended at the target's EOS after one token) says
+    nothing about speed: the knee is then the smallest gamma, the cheapest to be wrong about."""
+    if not sweep:
+        raise ValueError("the gamma sweep is empty")
     measured = [row for row in sweep if row.get("tpot_ms") is not None and not math.isnan(row["tpot_ms"])]
     if not measured:
-        raise ValueError("no gamma in the sweep has a measured TPOT")
+        return min(int(row["gamma"]) for row in sweep)
     if min_acceptance is not None:
 
         def bound(row: dict) -> float:

@@ -154,13 +154,15 @@ class _Runs:
 def _long_requests(
     requests: list[EvalRequest], target_dir: str, task_mix: dict[str, float], profile: ValidationProfile, seed: int
 ) -> list[EvalRequest]:
-    """The long-output requests: as long as the profile asks, within what the target's context leaves."""
+    """The long-output requests: as long as the profile asks, within what the target's context leaves. They run
+    past the target's EOS, where the validation set's requests end there: the check is about acceptance deep into
+    a long output, and a target that answers briefly would leave it nothing to measure."""
     longest_prompt = max(len(r.prompt) for r in requests)  # characters >= tokens for a byte-level BPE
     context_length = _context_length(target_dir)
     room = context_length - min(longest_prompt, context_length // 2) - 1
     long_tokens = min(profile.long_max_tokens or room, room)
     return [
-        EvalRequest(r.prompt, r.task, long_tokens)
+        EvalRequest(r.prompt, r.task, long_tokens, ignore_eos=True)
         for r in validation_requests(task_mix, profile.long_requests, long_tokens, seed + 23)
     ]
 
@@ -269,6 +271,7 @@ def run_checklist(
     batch_sizes: Sequence[int] = (),
     no_schedule_reason: str | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+    stale_threshold: float | None = None,
 ) -> ChecklistResult:
     """Run every measurement through `backend` and judge the gates.
 
@@ -276,7 +279,10 @@ def run_checklist(
     `batch_sizes` it also measures the per-batch-size schedule and relaunches the pair with it.
     `no_schedule_reason`: why the drafter cannot be served with a per-batch-size schedule (its method's entry
     in UNSCHEDULED_METHODS); the result then records that reason and no schedule, whatever stress measured.
-    `logger`: where the sweep and the verdict are logged (a Prefect run logger shows them in the UI)."""
+    `logger`: where the sweep and the verdict are logged (a Prefect run logger shows them in the UI).
+    `stale_threshold`: the serving monitor's stale line. The knee must clear it as well as the gate: a pair served at
+    a gamma whose acceptance sits under that line is called stale by the first weekly review, though a smaller gamma
+    would have held. The gates stay the profile's."""
     logger = logger or logging.getLogger(__name__)
     temperature = profile.temperature
     requests = validation_requests(task_mix, profile.requests, profile.max_tokens, seed + 11)
@@ -293,7 +299,9 @@ def run_checklist(
             () if no_schedule_reason else tuple(batch_sizes),
         )
     measure = _measure_request_by_request if getattr(backend, "cheap_gamma_switch", False) else _measure_gamma_by_gamma
-    runs = measure(backend, requests, long_requests, profile, seed, logger, stress)
+    knee_floor = max(profile.min_acceptance, stale_threshold or 0.0)
+    knee_profile = profile.model_copy(update={"min_acceptance": knee_floor})  # what the knee must clear
+    runs = measure(backend, requests, long_requests, knee_profile, seed, logger, stress)
     sweep, knee, fastest = runs.sweep, runs.knee, runs.fastest
     spec, plain, spec_greedy, plain_greedy, long = runs.spec, runs.plain, runs.spec_greedy, runs.plain_greedy, runs.long
     acceptance, greedy_acceptance = summarize_acceptance(spec), summarize_acceptance(spec_greedy)

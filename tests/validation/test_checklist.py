@@ -81,7 +81,15 @@ def test_the_knee_is_the_best_tpot_and_near_ties_go_to_the_smaller_gamma():
     assert gamma_knee(sweep, tolerance=0.0) == 4
     assert gamma_knee([{"gamma": 6, "tpot_ms": 1.0}, {"gamma": 2, "tpot_ms": 1.0}], tolerance=0.0) == 2
     with pytest.raises(ValueError):
-        gamma_knee([{"gamma": 2, "tpot_ms": float("nan")}])
+        gamma_knee([])
+
+
+def test_a_sweep_that_measured_no_tpot_has_its_smallest_gamma_as_the_knee():
+    # Every sweep request ended at the target's EOS after one token: nothing says which gamma is faster.
+    nan = float("nan")
+    sweep = [{"gamma": 4, "tpot_ms": nan, "acceptance_rate": 0.9}, {"gamma": 3, "tpot_ms": nan}]
+    assert gamma_knee(sweep) == 3
+    assert gamma_knee(sweep, min_acceptance=0.5) == 3
 
 
 def test_a_batch_size_schedule_drops_gamma_where_plain_decoding_is_faster():

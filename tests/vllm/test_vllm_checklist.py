@@ -7,12 +7,14 @@ vLLM must hold exactly: in float32, speculative output equals plain output token
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import ValidationProfile
+from transformers import AutoTokenizer
 
 pytestmark = pytest.mark.vllm
 
@@ -54,6 +56,8 @@ def test_per_request_counts_are_vllms_own_and_add_up_to_its_counters(vllm_engine
         before = scrape_counters(f"{url}/metrics")
         results = backend.generate(requests, 3, 0.0, 0)
         counted, _ = delta(before, scrape_counters(f"{url}/metrics"))
+        # The checklist's requests end at the target's EOS, on the same server: the same tokens, cut there.
+        ended = backend.generate([dataclasses.replace(r, ignore_eos=False) for r in requests], 3, 0.0, 0)
         if vllm_engine.sampled_speculation_fault():  # the CPU build: a sampled speculative request is refused
             with pytest.raises(DraftsyncError, match="temperature 1 on this vLLM") as refused:
                 backend.generate(requests[:1], 3, 1.0, 0)
@@ -68,6 +72,11 @@ def test_per_request_counts_are_vllms_own_and_add_up_to_its_counters(vllm_engine
     for result in results:
         assert result.output_tokens == 24  # ignore_eos: the same load as the reference engine
         assert 0 < result.ttft_s < result.seconds and result.tpot_ms > 0  # vLLM's own timestamps
+    eos = AutoTokenizer.from_pretrained(str(built_targets[1])).eos_token_id
+    assert any(eos in r.token_ids for r in results), "the test needs a request the target ends early"
+    for full, cut in zip(results, ended, strict=True):
+        ids = full.token_ids
+        assert cut.token_ids == (ids[: ids.index(eos) + 1] if eos in ids else ids)
 
 
 def test_the_checklist_runs_on_vllm_with_one_start_per_gamma(vllm_engine, built_targets, family_drafters, tmp_path):
