@@ -167,9 +167,10 @@ def _long_requests(
     ]
 
 
-def _knee(sweep: list[dict], profile: ValidationProfile, logger: Any) -> tuple[int, int]:
+def _knee(sweep: list[dict], profile: ValidationProfile, floor: float, logger: Any) -> tuple[int, int]:
+    """(knee, fastest): the knee's acceptance must clear `floor` (the gate, or the stale line above it)."""
     fastest = gamma_knee(sweep, profile.knee_tolerance)
-    knee = gamma_knee(sweep, profile.knee_tolerance, min_acceptance=profile.min_acceptance)
+    knee = gamma_knee(sweep, profile.knee_tolerance, min_acceptance=floor)
     logger.info(
         "gamma sweep (gamma, TPOT ms, acceptance) %s; knee %d (fastest %d)",
         [(r["gamma"], r["tpot_ms"], r["acceptance_rate"]) for r in sweep],
@@ -187,12 +188,13 @@ def _measure_request_by_request(
     seed: int,
     logger: Any,
     stress: StressLoad | None,
+    knee_floor: float,
 ) -> _Runs:
     """Where switching gamma is free (the reference engine): the sweep, then each request with speculation and
     without back to back, so a burst of load on a shared machine hits both sides of a ratio."""
     temperature = profile.temperature
     sweep, sweep_plain_tpot = _sweep(backend, requests[: profile.sweep_requests], profile, seed)
-    knee, fastest = _knee(sweep, profile, logger)
+    knee, fastest = _knee(sweep, profile, knee_floor, logger)
     spec, plain = _paired_runs(backend, requests, knee, temperature, seed)
     spec_greedy, plain_greedy = spec, plain
     if temperature > 0:
@@ -227,6 +229,7 @@ def _measure_gamma_by_gamma(
     seed: int,
     logger: Any,
     stress: StressLoad | None,
+    knee_floor: float,
 ) -> _Runs:
     """Where each gamma is its own engine (vLLM): everything a server is needed for runs while it is up. The sweep
     runs from the largest gamma down, as the knee is usually a small one; the knee's requests and the speculative
@@ -242,7 +245,7 @@ def _measure_gamma_by_gamma(
         for gamma in sorted(_sweep_gammas(backend, profile), reverse=True)
     }
     sweep = [_sweep_row(gamma, by_gamma[gamma]) for gamma in sorted(by_gamma)]
-    knee, fastest = _knee(sweep, profile, logger)
+    knee, fastest = _knee(sweep, profile, knee_floor, logger)
     spec = by_gamma[knee] + backend.generate(requests[sweep_count:], knee, temperature, seed + sweep_count)
     for index, result in enumerate(spec):
         result.index = index
@@ -300,8 +303,7 @@ def run_checklist(
         )
     measure = _measure_request_by_request if getattr(backend, "cheap_gamma_switch", False) else _measure_gamma_by_gamma
     knee_floor = max(profile.min_acceptance, stale_threshold or 0.0)
-    knee_profile = profile.model_copy(update={"min_acceptance": knee_floor})  # what the knee must clear
-    runs = measure(backend, requests, long_requests, knee_profile, seed, logger, stress)
+    runs = measure(backend, requests, long_requests, profile, seed, logger, stress, knee_floor)
     sweep, knee, fastest = runs.sweep, runs.knee, runs.fastest
     spec, plain, spec_greedy, plain_greedy, long = runs.spec, runs.plain, runs.spec_greedy, runs.plain_greedy, runs.long
     acceptance, greedy_acceptance = summarize_acceptance(spec), summarize_acceptance(spec_greedy)
