@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +44,10 @@ if TYPE_CHECKING:
     from draftsync.speculative.training_batch import TrainingBatch
 
 CHECKPOINT_FILE = "trainer-state.pt"
+
+
+# TrainConfig fields added after the fingerprint was first written (see TrainConfig.fingerprint).
+FIELDS_ADDED_LATER = ("min_lr_ratio", "position_decay", "ttt_feed", "teacher_temperature")
 
 
 @dataclass
@@ -104,11 +108,13 @@ class TrainConfig:
     def fingerprint(self, warm_start: bool = False) -> str:
         """What a checkpoint must agree with to be resumed: everything that shapes the run, `steps` included
         (the learning-rate schedule spans them) and whether it started from a previous drafter."""
-        defaults_since = {"min_lr_ratio": 0.1, "position_decay": 1.0, "ttt_feed": "drafter", "teacher_temperature": 1.0}
+        # Fields added after checkpoints were first written count only away from their defaults, so a run started
+        # before they existed still resumes.
+        later = {f.name: f.default for f in fields(self) if f.name in FIELDS_ADDED_LATER}
         data = {
             k: v
             for k, v in asdict(self).items()
-            if k not in ("checkpoint_every", "eval_every") and not (k in defaults_since and v == defaults_since[k])
+            if k not in ("checkpoint_every", "eval_every") and not (k in later and v == later[k])
         }
         data["warm_start"] = warm_start
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()[:16]
