@@ -108,20 +108,29 @@ def train(method, target, dataset, settings, init_from=None, **overrides):
     return train_drafter(target, dataset, config, init_from=init_from)
 
 
-def measure(engine, tokenized_prompts, max_tokens, temperature):
-    """Aggregate counters over the prompts, and the outputs."""
-    drafts = draft_tokens = accepted = 0
-    outputs = []
-    for i, ids in enumerate(tokenized_prompts):
-        result = engine.generate(ids, max_tokens, temperature=temperature, seed=1000 + i)
-        drafts += result.stats.drafts
-        draft_tokens += result.stats.draft_tokens
-        accepted += result.stats.accepted
-        outputs.append(result.token_ids)
+def generate_all(engine, tokenized_prompts, max_tokens, temperature) -> list:
+    """Each prompt through the engine, seeded by its position (the same seeds in every benchmark)."""
+    return [
+        engine.generate(ids, max_tokens, temperature=temperature, seed=1000 + i)
+        for i, ids in enumerate(tokenized_prompts)
+    ]
+
+
+def pooled(generations) -> dict:
+    """Acceptance rate and mean acceptance length, pooled over the generations' counters."""
+    drafts = sum(g.stats.drafts for g in generations)
+    draft_tokens = sum(g.stats.draft_tokens for g in generations)
+    accepted = sum(g.stats.accepted for g in generations)
     return {
         "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
         "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
-    }, outputs
+    }
+
+
+def measure(engine, tokenized_prompts, max_tokens, temperature):
+    """Aggregate counters over the prompts, and the outputs."""
+    generations = generate_all(engine, tokenized_prompts, max_tokens, temperature)
+    return pooled(generations), [g.token_ids for g in generations]
 
 
 def main() -> None:

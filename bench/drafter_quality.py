@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from acceptance import distinct_4gram_share, quiet_offline_environment
+from acceptance import distinct_4gram_share, generate_all, pooled, quiet_offline_environment
 from harness import emit_json, machine_facts
 
 GAMMAS = (2, 3, 4, 5, 6)
@@ -105,23 +105,15 @@ def acceptance(target, drafter, requests: list[list[int]], gamma: int, max_token
     from draftsync.speculative.engine import SpeculativeEngine
     from draftsync.validation.checklist import percentile
 
-    engine = SpeculativeEngine(target, drafter, gamma)
-    drafts = draft_tokens = accepted = 0
-    rates, outputs = [], []
-    for i, ids in enumerate(requests):
-        result = engine.generate(ids, max_tokens, temperature=temperature, seed=1000 + i)
-        drafts += result.stats.drafts
-        draft_tokens += result.stats.draft_tokens
-        accepted += result.stats.accepted
-        if result.stats.draft_tokens:
-            rates.append(result.stats.acceptance_rate)
-        outputs.append(result.token_ids)
+    generations = generate_all(SpeculativeEngine(target, drafter, gamma), requests, max_tokens, temperature)
+    counts = pooled(generations)
+    rates = [g.stats.acceptance_rate for g in generations if g.stats.draft_tokens]
     return {
-        "mean": round(accepted / draft_tokens, 4) if draft_tokens else 0.0,
+        "mean": round(counts["acceptance_rate"], 4),
         "p50": round(percentile(rates, 50), 4),
         "p5": round(percentile(rates, 5), 4),
-        "mean_acceptance_length": round(1.0 + accepted / drafts, 4) if drafts else 1.0,
-        "outputs": outputs,
+        "mean_acceptance_length": round(counts["mean_acceptance_length"], 4),
+        "outputs": [g.token_ids for g in generations],
     }
 
 
