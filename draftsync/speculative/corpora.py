@@ -20,6 +20,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftsync.speculative.machine import user_cache_dir
+
 TASKS = ("code", "math", "prose")
 HELD_OUT_SHARE = 10  # one origin in ten is held out
 CORPUS_VERSION = 2  # bump when the corpora change: cached targets are rebuilt and cached documents re-read
@@ -62,8 +64,7 @@ def _strip_docstrings(nodes: list[ast.AST]) -> list[str]:
 def _documents_cache_file() -> Path:
     root = sysconfig.get_paths()["stdlib"]
     key = hashlib.sha256(f"{CORPUS_VERSION}|{sys.version}|{root}".encode()).hexdigest()[:16]
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "draftsync" / f"stdlib-documents-{key}.json"
+    return user_cache_dir() / f"stdlib-documents-{key}.json"
 
 
 @functools.lru_cache(maxsize=1)

@@ -52,7 +52,7 @@ class TargetRecipe:
     def trains_in_bf16(self) -> bool:
         import torch
 
-        from draftsync.speculative.training import trains_in_bf16
+        from draftsync.speculative.machine import trains_in_bf16
 
         return trains_in_bf16(self.precision, torch.device("cpu"))
 

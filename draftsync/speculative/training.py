@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.machine import trains_in_bf16
 from draftsync.speculative.methods import (
     DEFAULT_METHOD,
     DRAFT_MODEL,
@@ -80,7 +81,7 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps between resumable checkpoints (0: none)
     eval_every: int = 0  # steps between held-out evaluations reported to on_progress (0: only at the end)
     device: str = "auto"  # "cpu", "cuda" or "auto" (CUDA when available)
-    precision: str = "auto"  # "bf16" (autocast), "fp32" or "auto" (trains_in_bf16: where the hardware runs bf16)
+    precision: str = "auto"  # "bf16" (autocast), "fp32" or "auto" (machine.trains_in_bf16: bf16 where it is faster)
 
     @classmethod
     def from_profile(cls, profile: SyncProfile, warm_start: bool) -> TrainConfig:
@@ -149,23 +150,6 @@ def _device(name: str) -> torch.device:
             "run on a GPU worker or set the training device to cpu",
         )
     return torch.device(name)
-
-
-def trains_in_bf16(precision: str, device: torch.device) -> bool:
-    """Whether to train under bf16 autocast: the weights and optimiser stay fp32, the matmuls run in bf16.
-
-    `auto` takes bf16 on CUDA and on CPUs with native bf16 matmuls (AVX512-BF16 or AMX, through oneDNN): on 2
-    AVX512-BF16 cores a step of the demo's target is 1.5x faster and one of its EAGLE-3 drafter 1.35x
-    (bench/train_precision.py). Without those instructions bf16 is emulated and slower, so such CPUs keep fp32."""
-    import torch
-
-    if precision not in ("auto", "bf16", "fp32"):
-        raise DraftsyncError(f"training precision {precision!r} is not known", "use auto, bf16 or fp32")
-    if precision != "auto":
-        return precision == "bf16"
-    if device.type == "cuda":
-        return True
-    return device.type == "cpu" and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def new_drafter_for(target_model: Any, dataset: ShardDataset, config: TrainConfig):
