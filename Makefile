@@ -32,8 +32,9 @@ $(STAMP): pyproject.toml requirements/draftsync-tested.txt
 	touch $(STAMP)
 
 # The demo serves with vLLM where its CPU build installs (x86-64 Linux), with the reference server elsewhere.
-# The two environments install side by side (on a fresh 2-core machine: .venv in 44-54 s, .venv-vllm in 70-78 s), and
-# the demo's first target trains as soon as draftsync's own is in, while vLLM's still installs (demo-prepare).
+# The two environments install side by side (on a fresh 2-core machine: .venv in 44-54 s, .venv-vllm in 70-78 s and
+# 23 s more warming vLLM's first start), and the demo's first target trains as soon as draftsync's own is in, while
+# vLLM's still installs (demo-prepare).
 demo:
 	$(MAKE) --no-print-directory -j2 vllm demo-prepare
 	$(VENV)/bin/draftsync demo
