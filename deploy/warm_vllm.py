@@ -11,6 +11,7 @@ effort: vLLM works without any of it, only its first start is slower, so a failu
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import time
 
 # The OpenAI server, the engine core, the CPU worker and the speculative proposers draftsync serves with.

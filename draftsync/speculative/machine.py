@@ -57,14 +57,16 @@ def trains_in_bf16(precision: str, device: torch.device) -> bool:
 @functools.lru_cache(maxsize=1)
 def cpu_bf16_speedup() -> float:
     """fp32 time over bf16-autocast time of a training step on this CPU: from the user's cache, else measured
-    (about a second) and stored there."""
-    cache = _probe_cache_file()
+    (about 2 s on 2 cores) and stored there."""
+    cpu = _cpu_identity()
+    key = hashlib.sha256(f"{PROBE_VERSION}|{cpu}".encode()).hexdigest()[:16]
+    cache = user_cache_dir() / f"cpu-bf16-speedup-{key}.json"
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         return float(json.loads(cache.read_text())["fp32_over_bf16"])
     ratio = _measure_bf16_speedup()
     cache.parent.mkdir(parents=True, exist_ok=True)
     partial = cache.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_text(json.dumps({"fp32_over_bf16": ratio, "cpu": _cpu_identity()}) + "\n")
+    partial.write_text(json.dumps({"fp32_over_bf16": ratio, "cpu": cpu}) + "\n")
     partial.replace(cache)  # atomic: a process reading at the same time sees the old file or the whole new one
     return ratio
 
@@ -83,11 +85,6 @@ def _cpu_identity() -> str:
                 fields[name.strip()] = value.strip()
     model = fields.get("model name") or platform.processor() or platform.machine()
     return f"{model}|{fields.get('flags', '')}|torch {torch.__version__}"
-
-
-def _probe_cache_file() -> Path:
-    key = hashlib.sha256(f"{PROBE_VERSION}|{_cpu_identity()}".encode()).hexdigest()[:16]
-    return user_cache_dir() / f"cpu-bf16-speedup-{key}.json"
 
 
 def _measure_bf16_speedup(rounds: int = 5) -> float:
