@@ -10,8 +10,9 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "draftsync"
-# Modules every layer may use: the error type, the settings and the sync profiles, the model-path confinement.
-BASE = {"errors", "settings", "profiles", "model_paths", "__init__", "__main__"}
+# Modules every layer may use: the error type, the settings and the sync profiles, the model-path confinement,
+# atomic file writes.
+BASE = {"errors", "settings", "profiles", "model_paths", "files", "__init__", "__main__"}
 # Modules of a package that every layer may use: the drafter methods' registry (names, families, vLLM's names).
 SHARED = {"draftsync.speculative.methods"}
 # Each package and the draftsync packages it may import (besides BASE); anything absent is not allowed.

@@ -24,6 +24,7 @@ from rich.console import Console
 
 from draftsync.cli.common import JsonOption, write_json
 from draftsync.errors import DraftsyncError
+from draftsync.files import atomic_write
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context
 
@@ -111,9 +112,8 @@ def _deployments_with(deployment: ServingDeployment, path: Path) -> str:
 
 def _declare(deployment: ServingDeployment, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_text(_deployments_with(deployment, path))
-    partial.replace(path)
+    text = _deployments_with(deployment, path)
+    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def _target_entry(version: int, recipe, task_mix: dict[str, float], built: str, cache_dir: Path) -> dict:

@@ -16,7 +16,6 @@ password is scrubbed from every error kept or logged.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import smtplib
 import ssl
@@ -30,6 +29,7 @@ from email.utils import format_datetime, getaddresses, make_msgid, parseaddr
 from pathlib import Path
 
 from draftsync.errors import DraftsyncError
+from draftsync.files import atomic_write
 from draftsync.monitors.store import Store
 from draftsync.monitors.tables import OutboxEntry, OutboxStatus, as_utc
 from draftsync.settings import Settings
@@ -124,9 +124,7 @@ class Mailer:
             ) from exc
         slug = re.sub(r"[^A-Za-z0-9]+", "-", str(message["Subject"] or "message")).strip("-")[:60]
         path = self.outbox_dir / f"{now:%Y%m%dT%H%M%SZ}-{slug}-{uuid.uuid4().hex[:8]}.eml"
-        partial = path.with_suffix(".eml.partial")
-        partial.write_bytes(message.as_bytes())
-        os.replace(partial, path)
+        atomic_write(path, lambda tmp: tmp.write_bytes(message.as_bytes()))
         return path
 
     def _deliver(self, entry: OutboxEntry, now: datetime) -> OutboxEntry | None:

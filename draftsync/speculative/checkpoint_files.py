@@ -7,10 +7,12 @@ never sees half a file; every read failure names the file and says how to repair
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
+from draftsync.files import atomic_write_all
 
 if TYPE_CHECKING:
     import torch
@@ -36,19 +38,18 @@ def write_directory(
     """Write safetensors files (`weights`: file name -> tensors) then JSON files, each atomically."""
     from safetensors.torch import save_file
 
+    def safetensors(tensors: dict[str, torch.Tensor]) -> Callable[[Path], object]:
+        return lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"})
+
+    def json_document(document: dict[str, Any]) -> Callable[[Path], object]:
+        return lambda tmp: tmp.write_text(json.dumps(document, indent=2) + "\n")
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    staged = []
-    for name, tensors in weights.items():
-        temporary = out / (name + ".tmp")
-        save_file(tensors, str(temporary), metadata={"format": "pt"})
-        staged.append((temporary, out / name))
-    for name, document in documents.items():
-        temporary = out / (name + ".tmp")
-        temporary.write_text(json.dumps(document, indent=2) + "\n")
-        staged.append((temporary, out / name))
-    for temporary, final in staged:  # weights first, config.json last
-        temporary.replace(final)
+    atomic_write_all(  # weights first, config.json last: nothing is replaced unless every file was written
+        [(out / name, safetensors(tensors)) for name, tensors in weights.items()]
+        + [(out / name, json_document(document)) for name, document in documents.items()]
+    )
     return out
 
 

@@ -13,13 +13,13 @@ import ast
 import functools
 import hashlib
 import json
-import os
 import random
 import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftsync.files import atomic_write
 from draftsync.speculative.machine import user_cache_dir
 
 TASKS = ("code", "math", "prose")
@@ -79,10 +79,8 @@ def _stdlib_documents() -> tuple[tuple[Document, ...], tuple[Document, ...]]:
     code, prose = _parse_stdlib_documents()
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        partial = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
         rows = {name: [[d.task, d.origin, d.text] for d in docs] for name, docs in (("code", code), ("prose", prose))}
-        partial.write_text(json.dumps(rows), encoding="utf-8")
-        partial.replace(cache)
+        atomic_write(cache, lambda tmp: tmp.write_text(json.dumps(rows), encoding="utf-8"))
     except OSError:
         pass  # a read-only home: parse in every process
     return code, prose

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftsync.errors import DraftsyncError
+from draftsync.files import atomic_write
 
 if TYPE_CHECKING:
     import torch
@@ -65,9 +66,7 @@ def cpu_bf16_speedup() -> float:
         return float(json.loads(cache.read_text())["fp32_over_bf16"])
     ratio = _measure_bf16_speedup()
     cache.parent.mkdir(parents=True, exist_ok=True)
-    partial = cache.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_text(json.dumps({"fp32_over_bf16": ratio, "cpu": cpu}) + "\n")
-    partial.replace(cache)  # atomic: a process reading at the same time sees the old file or the whole new one
+    atomic_write(cache, lambda tmp: tmp.write_text(json.dumps({"fp32_over_bf16": ratio, "cpu": cpu}) + "\n"))
     return ratio
 
 

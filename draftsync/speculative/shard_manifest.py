@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import torch
 
 from draftsync.errors import DraftsyncError
+from draftsync.files import atomic_write, is_temp_file
 from draftsync.speculative.hidden_states import num_decoder_layers
 from draftsync.speculative.samples import Sample, SampleSource
 
@@ -60,14 +60,7 @@ def target_facts(model: Any, target_name: str | None) -> dict:
     }
 
 
-# --- files, each written atomically ---------------------------------------------------------------
-def atomic_write(path: Path, write) -> None:
-    """`write(tmp)` then rename over `path`: a crash leaves the old file or the new one, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
+# --- files, each written atomically (draftsync/files.py) -------------------------------------------
 def write_json(path: Path, payload: dict) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2)))
 
@@ -178,9 +171,8 @@ def recount_tokens(out_dir: Path, manifest: dict, vocab_size: int) -> torch.Tens
 def remove_uncommitted(out_dir: Path, manifest: dict) -> None:
     """Delete shards written after the last manifest update (an interrupted build) and leftover temp files."""
     kept = {shard["file"] for shard in manifest["shards"]}
-    ours = (MANIFEST_FILE + ".tmp", TOKEN_COUNTS_FILE + ".tmp")
     for path in out_dir.iterdir():
-        if path.name in ours or (path.name.startswith("shard-") and path.name not in kept):
+        if is_temp_file(path) or (path.name.startswith("shard-") and path.name not in kept):
             path.unlink()
 
 

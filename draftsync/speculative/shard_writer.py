@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from draftsync.errors import DraftsyncError
+from draftsync.files import atomic_write
 from draftsync.speculative.hidden_states import capture, num_decoder_layers, validate_aux_layer_ids
 from draftsync.speculative.samples import Sample, SampleSource
 from draftsync.speculative.shard_manifest import (
@@ -25,7 +26,6 @@ from draftsync.speculative.shard_manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     TOKEN_COUNTS_FILE,
-    atomic_write,
     chain_digest,
     check_resumable,
     iterate_from,

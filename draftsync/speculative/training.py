@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
+from draftsync.files import atomic_write
 from draftsync.speculative.machine import trains_in_bf16
 from draftsync.speculative.methods import (
     DEFAULT_METHOD,
@@ -265,9 +265,7 @@ def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def _load_checkpoint(path: Path, fingerprint: str, dataset_id: str) -> dict[str, Any] | None:

@@ -8,12 +8,15 @@ import json
 import pytest
 import torch
 from draftsync.errors import DraftsyncError
+from draftsync.files import is_temp_file
 from draftsync.speculative.hidden_states import capture
 from draftsync.speculative.samples import Sample, concat_samples, regenerated_samples, teacher_forced_samples
 from draftsync.speculative.shard_manifest import MANIFEST_FILE
 from draftsync.speculative.shard_reader import ShardDataset
 from draftsync.speculative.shard_writer import _length_groups, build_shards
 from safetensors.torch import load_file
+
+from tests.killed_writer import killed_mid_write
 
 LAYERS = (1, 2, 4)
 TASKS = ("code", "math", "prose")
@@ -202,14 +205,18 @@ def test_an_interrupted_build_resumes_to_exactly_the_uninterrupted_result(built,
     assert partial["samples_consumed"] % 4 == 0  # shards close on batch boundaries
     with pytest.raises(DraftsyncError, match="incomplete"):
         ShardDataset(tmp_path)
-    # A shard written after the last manifest update (killed before committing) is discarded on resume.
+    # A shard written after the last manifest update (killed before committing) is discarded on resume, and so
+    # is what a writer killed mid-write leaves; the manifest it was writing stays the last committed one.
     next_shard = tmp_path / f"shard-{len(partial['shards']):05d}.safetensors"
     next_shard.write_bytes(b"half a shard")
-    (tmp_path / "manifest.json.tmp").write_text("{")
+    killed_mid_write(tmp_path / MANIFEST_FILE, "{")
+    killed_mid_write(tmp_path / f"shard-{len(partial['shards']) + 1:05d}.safetensors", "half a shard")
+    assert json.loads((tmp_path / MANIFEST_FILE).read_text()) == partial
+    assert sum(is_temp_file(p) for p in tmp_path.iterdir()) == 2
 
     resumed = build_shards(random_target, samples, tmp_path, LAYERS, shard_tokens=200, batch_size=4)
     assert resumed == manifest
-    assert not list(tmp_path.glob("*.tmp"))
+    assert not list(tmp_path.glob("*.tmp"))  # hidden files included
     expected, got = shard_tensors(directory), shard_tensors(tmp_path)
     assert expected.keys() == got.keys()
     for name in expected:
