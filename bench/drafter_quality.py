@@ -12,8 +12,12 @@ Three parts, each on the reference engine at a fixed seed, so the figures of one
   acceptance); eagle3 over eagle and over medusa at gamma 5 on code, with the spread across seeds.
 - `warm`: on the 8-layer target, target v1's drafter continued on v2's data for a share of the cold steps,
   against one trained cold for all of them: the validation acceptance each reaches, and the held-out curves.
+- `story`: the demo story's two drafters as its syncs make them (drafter v1 cold on target v1, drafter v2
+  warm-started from it on target v2, the demo profile's recipe) at several training seeds, with targets and
+  drafters trained in fp32 and in bf16 (the two precisions `auto` picks on different CPUs), each judged by the
+  demo's own checklist on the reference engine: sweep, knee, step-down and the acceptance gates (stress left out).
 
-Usage: python bench/drafter_quality.py [--parts recipe,methods,warm] [--quick] [--json PATH] [--workdir DIR]
+Usage: python bench/drafter_quality.py [--parts recipe,methods,warm,story] [--quick] [--json PATH] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from acceptance import distinct_4gram_share, generate_all, pooled, quiet_offline_environment
 from harness import emit_json, machine_facts
@@ -374,9 +379,100 @@ def warm_part(settings: dict, cache: Path, root: Path) -> dict:
     }
 
 
+def story_part(seeds: int, precisions: list[str], cache: Path, root: Path) -> dict:
+    """The story's drafters v1 and v2 at `seeds` training seeds and each precision, judged by the demo's checklist."""
+    import dataclasses
+
+    import torch
+    from draftsync.cli.demo import STALE_THRESHOLD, TRAFFIC_MIX
+    from draftsync.profiles import profile as sync_profile
+    from draftsync.serving.evaluation import ReferenceBackend
+    from draftsync.speculative.drafters import save_drafter
+    from draftsync.speculative.targets import build_target, builtin_recipe, load_target
+    from draftsync.speculative.training import TrainConfig, train_drafter
+    from draftsync.validation.runner import run_checklist
+
+    base = sync_profile("demo")
+    gates = ("validation_acceptance_mean", "acceptance_at_deployment_temperature", "acceptance_p50", "acceptance_p5")
+    rows: list[dict[str, Any]] = []
+    for precision in precisions:
+        v1_recipe = dataclasses.replace(builtin_recipe(1, "demo"), precision=precision)
+        v2_recipe = dataclasses.replace(builtin_recipe(2, "demo"), precision=precision, parent=v1_recipe)
+        torch.set_num_threads(2)
+        pairs = []
+        for version, recipe in ((1, v1_recipe), (2, v2_recipe)):
+            target_dir = build_target(recipe, cache)
+            model, tokenizer = load_target(target_dir)
+            task_mix = TRAFFIC_MIX.get(version, recipe.task_mix)  # what the demo registers it for
+            dataset = build_dataset(target_dir, model, tokenizer, task_mix, base, root)
+            pairs.append((version, task_mix, target_dir, model, dataset))
+        for seed in range(seeds):
+            previous = None
+            for version, task_mix, target_dir, model, dataset in pairs:
+                config = TrainConfig.from_profile(base, warm_start=previous is not None)
+                config.seed, config.precision = seed, precision
+                torch.set_num_threads(2)
+                torch.manual_seed(seed)
+                started = time.perf_counter()
+                drafter, _ = train_drafter(model, dataset, config, init_from=previous)
+                seconds = time.perf_counter() - started
+                out = save_drafter(
+                    drafter,
+                    root / f"story-{precision}-seed{seed}-v{version}",
+                    str(target_dir),
+                    list(model.config.architectures or ["LlamaForCausalLM"]),
+                    base.gamma,
+                )
+                backend = ReferenceBackend(target_dir, out, ignore_eos=False)
+                try:
+                    checklist = run_checklist(
+                        backend,
+                        str(target_dir),
+                        str(out),
+                        task_mix,
+                        base.validation,
+                        base.seed,
+                        run_stress=False,
+                        stale_threshold=STALE_THRESHOLD,
+                    )
+                finally:
+                    backend.close()
+                verdicts = {gate.name: gate.passed for gate in checklist.gates if gate.name in gates}
+                rows.append(
+                    {
+                        "precision": precision,
+                        "seed": seed,
+                        "drafter": f"v{version}",
+                        "warm_start": previous is not None,
+                        "train_seconds": round(seconds, 1),
+                        "gamma_fastest": checklist.gamma_fastest,
+                        "gamma_served": checklist.gamma_knee,
+                        "gammas_rejected": checklist.gammas_rejected,
+                        "mean_t0": checklist.acceptance_greedy,
+                        "p50": checklist.acceptance.p50,
+                        "p5": checklist.acceptance.p5,
+                        "sweep": [(r["gamma"], r["acceptance_rate"], r["tpot_ms"]) for r in checklist.gamma_sweep],
+                        "passes_acceptance_gates": all(verdicts.values()),
+                    }
+                )
+                log(f"story {precision} seed {seed} v{version}: {rows[-1]}")
+                previous = drafter
+    return {
+        "gates": {
+            "mean": base.validation.min_acceptance,
+            "p50": base.validation.min_p50,
+            "p5": base.validation.min_p5,
+        },
+        "validation_requests": base.validation.requests,
+        "all_pass": all(row["passes_acceptance_gates"] for row in rows),
+        "worst": {key: min(row[key] for row in rows) for key in ("mean_t0", "p50", "p5")},
+        "drafters": rows,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="recipe,methods,warm", help="comma-separated: recipe, methods, warm")
+    parser.add_argument("--parts", default="recipe,methods,warm", help="comma-separated: recipe, methods, warm, story")
     parser.add_argument("--quick", action="store_true", help="fewer variants, seeds, steps and requests")
     parser.add_argument("--variants", help="recipe variants to run, by name, separated by ';' (default: all)")
     parser.add_argument(
@@ -385,17 +481,23 @@ def main() -> None:
     parser.add_argument("--methods", help="the methods part's drafters, separated by ';' (default: all)")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--workdir", type=Path, help="where targets and datasets are cached (default: a temporary dir)")
+    parser.add_argument("--targets", type=Path, help="where built targets are cached (default: WORKDIR/targets)")
+    parser.add_argument("--seeds", type=int, default=3, help="the story part's training seeds")
+    parser.add_argument("--precisions", default="fp32,bf16", help="the story part's training precisions")
     args = parser.parse_args()
     quiet_offline_environment()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = set(parts) - {"recipe", "methods", "warm"}
+    unknown = set(parts) - {"recipe", "methods", "warm", "story"}
     if unknown:
-        parser.error(f"unknown parts {sorted(unknown)}: use recipe, methods, warm")
+        parser.error(f"unknown parts {sorted(unknown)}: use recipe, methods, warm, story")
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    if set(precisions) - {"fp32", "bf16"}:
+        parser.error(f"unknown precisions {sorted(set(precisions) - {'fp32', 'bf16'})}: use fp32, bf16")
     load_at_start = round(os.getloadavg()[0], 2)
     started = time.perf_counter()
     settings = SETTINGS[args.quick]
     root = args.workdir or Path(tempfile.mkdtemp(prefix="draftsync-quality-"))
-    cache = root / "targets"
+    cache = args.targets or root / "targets"
     out: dict = {"benchmark": "drafter_quality", "quick": args.quick, "settings": settings}
     only = [v.strip() for v in args.variants.split(";") if v.strip()] if args.variants else []
     runners = {"recipe": lambda: recipe_part(settings, args.quick, only, cache, root)}
@@ -405,6 +507,7 @@ def main() -> None:
         parser.error(f"unknown methods {sorted(set(methods) - set(METHOD_VARIANTS))}: use {'; '.join(METHOD_VARIANTS)}")
     runners["methods"] = lambda: methods_part(settings, sizes, methods, cache, root)
     runners["warm"] = lambda: warm_part(settings, cache, root)
+    runners["story"] = lambda: story_part(args.seeds, precisions, cache, root)
     for part in parts:
         part_started = time.perf_counter()
         out[part] = runners[part]()

@@ -59,9 +59,8 @@ VALIDATION_PROFILES = {
         requests=16,
         max_tokens=48,
         sweep_requests=6,
-        min_acceptance=0.55,
-        min_p50=0.55,
-        min_p5=0.30,
+        # The source's own acceptance gates (0.70 / 0.70 / 0.50, the defaults): the story's drafters clear them at
+        # gamma 2 (docs/TRAINING.md), and a knee whose whole validation set misses one steps down to a smaller gamma.
         stress_requests=8,
         stress_concurrency=4,
         schedule_batch_sizes=(1, 2, 4, 8),  # on vLLM (a CPU's batches)

@@ -40,6 +40,14 @@ def _number(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _gamma_label(gamma: int, checklist: ChecklistResult) -> str:
+    """A sweep row's gamma as the report names it: the knee, or a gamma validated and stepped down from."""
+    if gamma == checklist.gamma_knee:
+        return f"{gamma} (knee)"
+    failed = next((r["failed_gates"] for r in checklist.gammas_rejected if r["gamma"] == gamma), None)
+    return f"{gamma} (validated, failed {', '.join(failed)})" if failed else str(gamma)
+
+
 def _markdown(result: ValidationResult) -> str:
     checklist = result.checklist
     gates = "\n".join(
@@ -48,7 +56,7 @@ def _markdown(result: ValidationResult) -> str:
         for g in checklist.gates
     )
     sweep = "\n".join(
-        f"| {r['gamma']}{' (knee)' if r['gamma'] == checklist.gamma_knee else ''} | "
+        f"| {_gamma_label(r['gamma'], checklist)} | "
         f"{r['mean_acceptance_length']:.3f} | {r['acceptance_rate']:.3f} | {r['tpot_ms']:.3f} |"
         for r in checklist.gamma_sweep
     )

@@ -71,6 +71,9 @@ class ChecklistResult:
     gamma_sweep: list[dict[str, Any]]  # per gamma: gamma, mean_acceptance_length, acceptance_rate(_lower), tpot_ms
     gamma_knee: int
     gamma_fastest: int  # the best TPOT whatever its acceptance (the knee must also clear the gate)
+    # Gammas validated before the knee and stepped down from, each with the acceptance gates it failed: [{gamma,
+    # failed_gates}]; empty when the sweep's knee cleared them.
+    gammas_rejected: list[dict[str, Any]]
     sweep_plain_tpot_ms: float
     acceptance: AcceptanceFigures
     acceptance_greedy: float
@@ -106,6 +109,7 @@ class ChecklistResult:
             "gamma_sweep": self.gamma_sweep,
             "gamma_knee": self.gamma_knee,
             "gamma_fastest": self.gamma_fastest,
+            "gammas_rejected": self.gammas_rejected,
             "sweep_plain_tpot_ms": self.sweep_plain_tpot_ms,
             "acceptance": asdict(self.acceptance),
             "acceptance_greedy": self.acceptance_greedy,

@@ -1,12 +1,14 @@
-"""The knee clears the serving monitor's stale line as well as the gate: the checklist run end to end on a scripted
-backend whose fastest gamma accepts under the stale line (the arithmetic of the knee: test_checklist.py)."""
+"""The knee clears the serving monitor's stale line as well as the gate, and every acceptance gate on the whole
+validation set: the checklist run end to end on scripted backends whose fastest gamma accepts under the stale line,
+or has a few requests the sweep did not see drag its P5 under the gate (the arithmetic of the knee:
+test_checklist.py)."""
 
 from __future__ import annotations
 
 import pytest
 from draftsync.profiles import ValidationProfile
 from draftsync.serving.evaluation import EvalRequest, RequestResult
-from draftsync.validation.runner import run_checklist
+from draftsync.validation.runner import run_checklist, validation_requests
 
 # gamma -> (acceptance per draft token, decode seconds per request): gamma 3 is the fastest but accepts 0.65.
 SCRIPT = {0: (0.0, 2.0), 2: (0.80, 1.2), 3: (0.65, 1.0)}
@@ -20,10 +22,14 @@ class ScriptedBackend:
     max_gamma = 3
     cheap_gamma_switch = True
 
+    script = SCRIPT
+
+    def rate(self, request: EvalRequest, gamma: int) -> float:
+        return self.script[gamma][0]
+
     def generate(self, requests: list[EvalRequest], gamma: int, temperature: float, seed: int) -> list[RequestResult]:
-        rate, seconds = SCRIPT[gamma]
+        seconds = self.script[gamma][1]
         drafts = OUTPUT_TOKENS // (1 + gamma) if gamma else 0
-        accepted = round(rate * drafts * gamma)
         return [
             RequestResult(
                 index=i,
@@ -32,7 +38,7 @@ class ScriptedBackend:
                 output_tokens=r.max_tokens,
                 drafts=drafts,
                 draft_tokens=drafts * gamma,
-                accepted=accepted,
+                accepted=round(self.rate(r, gamma) * drafts * gamma),
                 accepted_per_position=[],
                 seconds=seconds,
                 ttft_s=0.0,
@@ -95,3 +101,58 @@ def test_a_stale_line_above_the_gate_moves_the_knee_to_a_gamma_that_clears_it(pa
     # The gates are still the profile's: the mean is judged against 0.55, not the stale line.
     gate = next(g for g in result.gates if g.name == "validation_acceptance_mean")
     assert gate.threshold == 0.55 and gate.passed
+
+
+# The validation set the checklist draws for PROFILE at seed 0 (run_checklist asks for seed + 11); the sweep runs
+# the first SWEEP of them. Two requests past the sweep accept almost nothing at gamma 3 and well at gamma 2.
+SWEEP = 2
+VALIDATION_SET = validation_requests({"code": 1.0}, PROFILE.requests, OUTPUT_TOKENS, 11)
+NOT_MEASURED = {"data_coverage", "stress_speedup", "stress_errors"}
+HARD = {request.prompt for request in VALIDATION_SET[SWEEP : SWEEP + 2]}
+
+
+class UnevenBackend(ScriptedBackend):
+    """Gamma 3 is the fastest and its sweep accepts 0.80, but two requests the sweep does not run accept 0.10 there
+    (the validation set's P5 then sits under the gate, its mean and P50 above); gamma 2 accepts `gamma2_rate` on all."""
+
+    def __init__(self, cheap_gamma_switch: bool, gamma2_rate: float = 0.80) -> None:
+        self.cheap_gamma_switch = cheap_gamma_switch
+        self.gamma2_rate = gamma2_rate
+
+    def rate(self, request: EvalRequest, gamma: int) -> float:
+        if gamma == 2:
+            return self.gamma2_rate
+        return 0.10 if request.prompt in HARD else 0.80
+
+
+@pytest.mark.parametrize("cheap_gamma_switch", [True, False], ids=["reference", "engine-per-gamma"])
+def test_a_knee_whose_validation_fails_an_acceptance_gate_steps_down_to_a_gamma_that_clears_them(
+    pair, cheap_gamma_switch
+):
+    assert len(HARD) == 2 and not HARD & {r.prompt for r in VALIDATION_SET[:SWEEP]}
+    profile = PROFILE.model_copy(update={"sweep_requests": SWEEP})
+    result = run_checklist(UnevenBackend(cheap_gamma_switch), *pair, {"code": 1.0}, profile)
+    assert (result.gamma_fastest, result.gamma_knee) == (3, 2)
+    assert result.gammas_rejected == [{"gamma": 3, "failed_gates": ["acceptance_p5"]}]
+    # Stress and the data check do not run here; every gate that was measured passes at the served gamma.
+    assert set(result.failed_gates) == NOT_MEASURED
+    assert result.acceptance.p5 == pytest.approx(0.80, abs=0.01)  # measured at gamma 2, the served one
+    assert {row["gamma"] for row in result.rows if row["phase"] != "plain"} == {2}
+    assert len([row for row in result.rows if row["phase"] == "validation"]) == PROFILE.requests
+
+
+def test_when_no_gamma_clears_the_gates_the_smallest_is_reported_and_the_verdict_fails(pair):
+    profile = PROFILE.model_copy(update={"sweep_requests": SWEEP})
+    result = run_checklist(UnevenBackend(True, gamma2_rate=0.20), *pair, {"code": 1.0}, profile)
+    assert result.gamma_knee == 2 and result.gammas_rejected[0]["gamma"] == 3
+    assert set(result.failed_gates) - NOT_MEASURED == {
+        "validation_acceptance_mean",
+        "acceptance_at_deployment_temperature",
+        "acceptance_p50",
+        "acceptance_p5",
+    }
+
+
+def test_a_knee_that_clears_every_gate_is_served_without_stepping_down(pair):
+    result = checklist(pair, None)
+    assert result.gamma_knee == 3 and result.gammas_rejected == []

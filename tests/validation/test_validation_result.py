@@ -26,6 +26,7 @@ REPORT_KEYS = [
     "gamma_sweep",
     "gamma_knee",
     "gamma_fastest",
+    "gammas_rejected",
     "sweep_plain_tpot_ms",
     "acceptance",
     "acceptance_greedy",
@@ -67,9 +68,13 @@ def sample_validation(suite_passed: bool = True) -> ValidationResult:
             Gate("validation_acceptance_mean", 0.712345, 0.55, ">", "pooled, T=0"),
             Gate("stress_speedup", None, 1.0, ">", "not run"),
         ),
-        gamma_sweep=[{"gamma": 2, "mean_acceptance_length": 2.1, "acceptance_rate": 0.7, "tpot_ms": 3.0}],
+        gamma_sweep=[
+            {"gamma": 2, "mean_acceptance_length": 2.1, "acceptance_rate": 0.7, "tpot_ms": 3.0},
+            {"gamma": 3, "mean_acceptance_length": 2.4, "acceptance_rate": 0.62, "tpot_ms": 2.9},
+        ],
         gamma_knee=2,
-        gamma_fastest=2,
+        gamma_fastest=3,
+        gammas_rejected=[{"gamma": 3, "failed_gates": ["acceptance_p5"]}],
         sweep_plain_tpot_ms=4.0,
         acceptance=AcceptanceFigures(mean=0.7, p5=0.4, p50=0.7, p90=0.9, p99=1.0),
         acceptance_greedy=0.71,
@@ -169,3 +174,11 @@ def test_the_report_shows_the_engine_starts_and_how_the_measured_schedule_did():
     assert "`num_speculative_tokens_per_batch_size`: [(1, 7, 2), (8, 8, 0)]" in text
     assert "| 1 | 2 | 8 | 8.2 | 10 | 1.25 |" in text and "| 8 | 0 | 4.1 | 3.9 | 4 | 0.9756 |" in text
     assert "Revised from [(1, 7, 2), (8, 8, 0)]: k = 0 was slower than speculating at gamma 2 at concurrency 8" in text
+
+
+def test_the_report_names_the_gamma_validation_stepped_down_from():
+    from draftsync.flows.validate import _markdown
+
+    text = _markdown(sample_validation())
+    assert "| 2 (knee) | 2.100 | 0.700 | 3.000 |" in text
+    assert "| 3 (validated, failed acceptance_p5) | 2.400 | 0.620 | 2.900 |" in text
