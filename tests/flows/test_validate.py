@@ -60,7 +60,15 @@ def _check_sync_validation(result: dict) -> None:
         or sweep
     )
     best = min(r["tpot_ms"] for r in clearing)
-    assert validation["gamma_knee"] == min(r["gamma"] for r in clearing if r["tpot_ms"] <= best * 1.02)
+    sweep_knee = min(r["gamma"] for r in clearing if r["tpot_ms"] <= best * 1.02)
+    # A knee whose validation set fails an acceptance gate steps down, one swept gamma at a time.
+    candidates = [sweep_knee] + sorted((r["gamma"] for r in sweep if r["gamma"] < sweep_knee), reverse=True)
+    rejected = validation["gammas_rejected"]
+    assert [r["gamma"] for r in rejected] == candidates[: len(rejected)]
+    assert validation["gamma_knee"] == candidates[len(rejected)]
+    acceptance_gates = {"validation_acceptance_mean", "acceptance_at_deployment_temperature"}
+    acceptance_gates |= {"acceptance_p50", "acceptance_p5"}
+    assert all(r["failed_gates"] and set(r["failed_gates"]) <= acceptance_gates for r in rejected)
     acceptance = validation["acceptance"]
     assert acceptance["p5"] <= acceptance["p50"] <= acceptance["p90"] <= acceptance["p99"]
     assert validation["passed"] == (all(g["passed"] for g in validation["gates"]) and validation["suite"]["passed"])
