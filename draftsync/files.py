@@ -1,8 +1,9 @@
-"""Writing files atomically: to a temporary file next to the destination, then `os.replace` over it.
+"""Writing files and directories atomically: to a temporary one next to the destination, then renamed over it.
 
 A reader never sees a half-written file (it opens the old one or the whole new one), a crash leaves the old
 file intact, and two processes writing the same file at once never tear each other: each writes its own
-temporary file and the last replace wins whole.
+temporary file and the last replace wins whole. Directories (a built checkpoint, a downloaded one) are published
+the same way, except that the first one in place wins: a directory cannot be replaced whole.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -37,6 +40,29 @@ def atomic_write_all(writes: Sequence[tuple[Path, Callable[[Path], object]]]) ->
         for temporary, _ in staged:
             temporary.unlink(missing_ok=True)
         raise
+
+
+def publish_directory(destination: Path, build: Callable[[Path], Path | None]) -> Path:
+    """`build(staging)` fills the empty folder `staging` next to `destination` (or returns a folder inside it to
+    publish instead), which is then renamed to `destination`; returns `destination`.
+
+    When another process published `destination` first, its copy stays and this one is dropped; when `build`
+    raises, nothing is published. Either way the staging folder is removed. A process killed mid-build leaves a
+    hidden `.<name>.*.tmp` folder beside `destination`, which no reader takes for the directory."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    holder = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent))
+    try:
+        staging = holder / destination.name  # made with the default mode, not mkdtemp's 0700
+        staging.mkdir()
+        built = build(staging) or staging
+        try:
+            Path(built).rename(destination)
+        except OSError:  # another process published it first
+            if not destination.is_dir():
+                raise
+    finally:
+        shutil.rmtree(holder, ignore_errors=True)
+    return destination
 
 
 def is_temp_file(path: Path) -> bool:

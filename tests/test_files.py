@@ -1,5 +1,5 @@
 """Atomic writes: the content lands whole, a failed or killed writer leaves the old file, concurrent writers never
-tear each other."""
+tear each other; a published directory appears whole or not at all, and the first of two builders wins."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from draftsync.files import atomic_write, atomic_write_all, is_temp_file
+from draftsync.files import atomic_write, atomic_write_all, is_temp_file, publish_directory
 
 from tests.killed_writer import killed_mid_write
 
@@ -108,3 +108,66 @@ def test_two_processes_writing_the_same_file_never_tear_it(tmp_path):
     assert reads > 0
     assert path.read_bytes() in payloads
     assert [p.name for p in tmp_path.iterdir()] == ["shared.bin"]
+
+
+_BUILDER = """
+import sys, time
+from pathlib import Path
+from draftsync.files import publish_directory
+
+destination, letter = Path(sys.argv[1]), sys.argv[2]
+
+def build(staging):
+    for index in range(20):  # slowly: the other builder runs meanwhile
+        (staging / f"part-{index}").write_text(letter)
+        time.sleep(0.01)
+
+print(publish_directory(destination, build))
+"""
+
+
+def test_two_processes_building_the_same_directory_both_end_with_one_whole_copy(tmp_path):
+    destination = tmp_path / "target-abc"
+    builders = [
+        subprocess.Popen(
+            [sys.executable, "-c", _BUILDER, str(destination), letter], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for letter in "AB"
+    ]
+    for builder in builders:
+        out, err = builder.communicate(timeout=120)
+        assert builder.returncode == 0, err.decode()
+        assert out.decode().strip() == str(destination)
+    parts = sorted(destination.iterdir())
+    assert [p.name for p in parts] == sorted(f"part-{i}" for i in range(20))
+    assert len({p.read_text() for p in parts}) == 1, "the copy mixes both builders' files"
+    assert [p.name for p in tmp_path.iterdir()] == ["target-abc"]  # no staging folder left
+
+
+def test_a_build_that_raises_publishes_nothing_and_leaves_no_staging_folder(tmp_path):
+    destination = tmp_path / "target-abc"
+
+    def half_then_fail(staging: Path) -> None:
+        (staging / "model.safetensors").write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        publish_directory(destination, half_then_fail)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_published_directory_has_the_mode_of_one_made_in_place_and_can_be_a_folder_the_build_made(tmp_path):
+    in_place = tmp_path / "in-place"
+    in_place.mkdir()
+    built = publish_directory(tmp_path / "built", lambda staging: (staging / "config.json").write_text("{}") and None)
+    assert built.stat().st_mode == in_place.stat().st_mode  # not mkdtemp's 0700
+    assert (built / "config.json").read_text() == "{}"
+
+    def download(staging: Path) -> Path:
+        inner = staging / "artifacts"
+        inner.mkdir()
+        (inner / "weights").write_text("w")
+        return inner
+
+    assert sorted(p.name for p in publish_directory(tmp_path / "downloaded", download).iterdir()) == ["weights"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["built", "downloaded", "in-place"]

@@ -7,10 +7,10 @@ download never looks complete, and two processes racing for the same version bot
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 
+from draftsync.files import publish_directory
 from draftsync.registry.outages import is_outage, outage
 
 
@@ -26,24 +26,17 @@ def download_once(source: str, name: str, version: int, tracking_uri: str, artif
     destination = cache_root / name / str(int(version))
     if destination.is_dir():
         return destination
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=destination.parent))
-    try:
+
+    def download(staging: Path) -> Path:
         try:
-            local = Path(
-                mlflow.artifacts.download_artifacts(
-                    artifact_uri=source, dst_path=str(staging), tracking_uri=tracking_uri
-                )
+            local = mlflow.artifacts.download_artifacts(
+                artifact_uri=source, dst_path=str(staging), tracking_uri=tracking_uri
             )
         except Exception as error:
             if not is_outage(error):
                 raise
             raise outage(tracking_uri, f"the download of {name} v{version}", error) from error
-        try:
-            local.rename(destination)
-        except OSError:  # another process finished first
-            if not destination.is_dir():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        return Path(local)
+
+    publish_directory(destination, download)
     return destination

@@ -12,7 +12,6 @@ import hashlib
 import json
 import math
 import random
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, cast
 
 from draftsync.errors import DraftsyncError
+from draftsync.files import publish_directory
 from draftsync.speculative import corpora
 
 if TYPE_CHECKING:
@@ -205,10 +205,11 @@ def _tokenizer(recipe: TargetRecipe, cache_dir: Path):
     # The tokenizer sees all three tasks, so every version of a target shares it.
     per_task = recipe.tokenizer_texts // len(corpora.TASKS)
     texts = [t for _, t in corpora.mixed_texts({t: 1.0 for t in corpora.TASKS}, per_task * 3, seed=7)]
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    train_tokenizer(texts, recipe.vocab_size, tmp)
-    tmp.rename(out)
+
+    def train(staging: Path) -> None:
+        train_tokenizer(texts, recipe.vocab_size, staging)
+
+    publish_directory(out, train)
     return PreTrainedTokenizerFast.from_pretrained(out)
 
 
@@ -307,10 +308,6 @@ def build_target(
     model.eval()
     val_loss = evaluate_loss(model, tokenizer, list(corpora.TASKS), recipe.seq_len)
 
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
     info = {
         "recipe_key": recipe.key(),
         "task_mix": recipe.task_mix,
@@ -322,9 +319,13 @@ def build_target(
         "final_train_loss": round(loss_value, 4),
         "heldout_loss": {t: round(v, 4) for t, v in val_loss.items()},
     }
-    (tmp / TARGET_INFO_FILE).write_text(json.dumps(info, indent=2))
-    tmp.rename(out)
-    return out
+
+    def save(staging: Path) -> None:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / TARGET_INFO_FILE).write_text(json.dumps(info, indent=2))
+
+    return publish_directory(out, save)
 
 
 def evaluate_loss(model, tokenizer, tasks: list[str], seq_len: int, batches: int = 4) -> dict[str, float]:
