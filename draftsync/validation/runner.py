@@ -252,13 +252,11 @@ def _measure_request_by_request(
     candidates = _knee_candidates(sweep, knee)
     for gamma in candidates:
         spec, plain = _paired_runs(backend, requests, gamma, temperature, seed)
-        spec_greedy, plain_greedy = spec, plain
-        if temperature > 0:
-            spec_greedy = backend.generate(greedy_set, gamma, 0.0, seed)
-            plain_greedy = backend.generate(greedy_set, 0, 0.0, seed)
+        spec_greedy = backend.generate(greedy_set, gamma, 0.0, seed) if temperature > 0 else spec
         if not _step_down(gamma, candidates, spec, spec_greedy, profile, rejected, logger):
             break
     knee = gamma
+    plain_greedy = backend.generate(greedy_set, 0, 0.0, seed) if temperature > 0 else plain  # the same at any gamma
     long = backend.generate(long_requests, knee, temperature, seed + 1000)
     stressed = None
     if stress is not None:

@@ -118,6 +118,11 @@ class UnevenBackend(ScriptedBackend):
     def __init__(self, cheap_gamma_switch: bool, gamma2_rate: float = 0.80) -> None:
         self.cheap_gamma_switch = cheap_gamma_switch
         self.gamma2_rate = gamma2_rate
+        self.calls: list[tuple[int, float]] = []  # (gamma, temperature) of each generate call
+
+    def generate(self, requests: list[EvalRequest], gamma: int, temperature: float, seed: int) -> list[RequestResult]:
+        self.calls.append((gamma, temperature))
+        return super().generate(requests, gamma, temperature, seed)
 
     def rate(self, request: EvalRequest, gamma: int) -> float:
         if gamma == 2:
@@ -139,6 +144,21 @@ def test_a_knee_whose_validation_fails_an_acceptance_gate_steps_down_to_a_gamma_
     assert result.acceptance.p5 == pytest.approx(0.80, abs=0.01)  # measured at gamma 2, the served one
     assert {row["gamma"] for row in result.rows if row["phase"] != "plain"} == {2}
     assert len([row for row in result.rows if row["phase"] == "validation"]) == PROFILE.requests
+
+
+@pytest.mark.parametrize("cheap_gamma_switch", [True, False], ids=["reference", "engine-per-gamma"])
+def test_at_a_sampling_temperature_the_step_down_judges_each_gamma_and_checks_the_fallback_once(
+    pair, cheap_gamma_switch
+):
+    profile = PROFILE.model_copy(update={"sweep_requests": SWEEP, "temperature": 0.7})
+    backend = UnevenBackend(cheap_gamma_switch)
+    result = run_checklist(backend, *pair, {"code": 1.0}, profile)
+    assert result.gamma_knee == 2
+    assert result.gammas_rejected == [{"gamma": 3, "failed_gates": ["acceptance_p5"]}]
+    assert set(result.failed_gates) == NOT_MEASURED  # fallback_equivalence included: measured and passed
+    greedy = [gamma for gamma, temperature in backend.calls if temperature == 0.0]
+    # The greedy check ran at the knee and at the gamma stepped down to; its plain half, the same at any gamma, once.
+    assert sorted(greedy) == [0, 2, 3]
 
 
 def test_when_no_gamma_clears_the_gates_the_smallest_is_reported_and_the_verdict_fails(pair):
