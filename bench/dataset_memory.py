@@ -143,7 +143,9 @@ def main() -> None:
     report["ratio_build"] = round(large["build"]["peak_rss_mb"] / small["build"]["peak_rss_mb"], 3)
     report["ratio_read"] = round(large["read"]["peak_rss_mb"] / small["read"]["peak_rss_mb"], 3)
     report["within_20_percent"] = report["ratio"] <= 1.2
-    print(json.dumps(report, indent=2))
+    from harness import emit_json  # bench/ is the script's folder, first on sys.path
+
+    emit_json(report, None)
 
 
 if __name__ == "__main__":

@@ -89,7 +89,9 @@ def main() -> None:
             f"{prefix}peak_rss_sum_mb": round(rss / 2**20),
             f"{prefix}peak_processes": count,
         }
-    print(json.dumps(result, indent=2))
+    from harness import emit_json  # bench/ is the script's folder, first on sys.path
+
+    emit_json(result, None)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import platform
+import sys
 from pathlib import Path
 from typing import TextIO
 
@@ -47,11 +48,16 @@ def machine_facts(load_at_start: float, packages: tuple[str, ...] = ()) -> dict:
     }
 
 
-def emit_json(out: dict, json_path: Path | None, stdout: TextIO) -> None:
-    """The results on `stdout` (progress went to stderr) and, with --json, in that file too."""
+def emit_json(out: dict, json_path: Path | None, stdout: TextIO = sys.stdout) -> None:
+    """The results on `stdout` (progress went to stderr) and, with --json, in that file too; `machine` always names
+    the CPU (model, cores, vector extensions), beside whatever else the benchmark recorded of its machine."""
+    from draftsync.speculative.machine import machine_record
+
+    out["machine"] = {**machine_record(), **out.get("machine", {})}
     text = json.dumps(out, indent=2)
     print(text, file=stdout)
     if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(text + "\n")
 
 

@@ -540,11 +540,9 @@ def main() -> None:
     if pg:
         median = pg["weekly_report_aligned_week"]["total_s_median"]
         result["must_show_weekly_report_on_postgres_under_5s"] = median < 5.0
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    from bench.harness import emit_json
+
+    emit_json(result, args.json)
 
 
 if __name__ == "__main__":

@@ -118,8 +118,8 @@ def _declare(deployment: ServingDeployment, path: Path) -> None:
 
 def _target_entry(version: int, recipe, task_mix: dict[str, float], built: str, cache_dir: Path) -> dict:
     """A target as demo.json records it: the traffic it is registered for (`task_mix`) and what it was trained on,
-    when it was `built` ("before the demo": by `demo --prepare` or an earlier run; else "in the story"), and the
-    seconds its training took."""
+    how it came (`built`: "shipped" with draftsync; else "before the demo", by `demo --prepare` or an earlier
+    run; else "in the story"), and the seconds its training took."""
     from draftsync.speculative.targets import built_target_info
 
     info = built_target_info(recipe, cache_dir) or {}
@@ -193,6 +193,8 @@ def run_demo(engine: str = "auto") -> dict:
     from draftsync.profiles import profile
     from draftsync.registry.model_registry import drafter_model_name
     from draftsync.registry.tags import DrafterVersion
+    from draftsync.speculative.machine import machine_record
+    from draftsync.speculative.shipped_targets import find_shipped
     from draftsync.speculative.targets import build_target, built_target_info, builtin_recipe
     from draftsync.tasks.registration import publish_target
     from draftsync.tasks.serving import serving_record, stop_all
@@ -244,7 +246,10 @@ def run_demo(engine: str = "auto") -> dict:
         t = time.perf_counter()
         console.print(headline)
         recipe = builtin_recipe(version)
-        built = "before the demo" if built_target_info(recipe, settings.cache_dir) else "in the story"
+        if find_shipped(recipe.key()) is not None:
+            built = "shipped"
+        else:
+            built = "before the demo" if built_target_info(recipe, settings.cache_dir) else "in the story"
         path = build_target(recipe, settings.cache_dir)
         mark(f"target_v{version}_build", t)
         t = time.perf_counter()
@@ -256,7 +261,7 @@ def run_demo(engine: str = "auto") -> dict:
 
     try:
         # (a) target v1 appears; the watch syncs a drafter for it and rolls the pair out.
-        target_appears(1, "[bold](a)[/] target v1 (trained on code + math; serves math; built once, then cached) ...")
+        target_appears(1, "[bold](a)[/] target v1 (trained on code + math; serves math; shipped with draftsync) ...")
 
         # (b) normal traffic: math.
         t = time.perf_counter()
@@ -315,6 +320,7 @@ def run_demo(engine: str = "auto") -> dict:
         )
     store = context.store()
     result = {
+        "machine": machine_record(),
         "engine": serving_engine,
         "targets": targets,
         "drafters": drafters,
@@ -382,14 +388,25 @@ def _print_summary(console: Console, result: dict, settings) -> None:
 
 
 def prepare_demo() -> Path:
-    """Build target v1, what the story starts from, into the work dir's cache (found there when built before).
-    `make demo` runs this while vLLM's environment installs: training a target needs only draftsync's."""
+    """Put target v1, what the story starts from, into the work dir's cache (copied from the shipped targets, or
+    found there). `make demo` runs this while vLLM's environment installs."""
     from draftsync.speculative.targets import build_target, builtin_recipe
 
     t = time.perf_counter()
     path = build_target(builtin_recipe(1), context.settings().cache_dir)
     Console().print(f"demo target v1: {path} ({time.perf_counter() - t:.1f} s)")
     return path
+
+
+def rebuild_shipped_targets() -> None:
+    """Train every shipped target from its recipe and ship it; the work dir's cache keeps what it had (same keys)."""
+    from draftsync.speculative.targets import rebuild_shipped_targets as rebuild
+
+    console = Console()
+    t = time.perf_counter()
+    rebuild(
+        lambda name, path: console.print(f"shipped target {name}: {path} ({time.perf_counter() - t:.0f} s)")
+    )
 
 
 def demo_command(
@@ -405,8 +422,16 @@ def demo_command(
         bool,
         typer.Option(
             "--prepare",
-            help="Only build target v1, what the story starts from (cached in the work dir, where the demo finds "
+            help="Only put target v1, what the story starts from, in the work dir's cache (where the demo finds "
             "it), and stop. `make demo` runs this while vLLM's environment installs.",
+        ),
+    ] = False,
+    rebuild_targets: Annotated[
+        bool,
+        typer.Option(
+            "--rebuild-targets",
+            help="Train the shipped built-in targets anew from their recipes and write them, with their hashes, "
+            "where draftsync ships them (after a recipe change, or when a shipped file fails its hash); then go on.",
         ),
     ] = False,
     json_path: JsonOption = None,
@@ -414,6 +439,8 @@ def demo_command(
     """Run the whole loop on this machine: targets v1 and v2, drafters, serving, monitoring, a stale e-mail."""
     if engine not in ENGINES:
         raise DraftsyncError(f"demo engine {engine!r} is unknown", f"use one of {', '.join(ENGINES)}")
+    if rebuild_targets:
+        rebuild_shipped_targets()
     if prepare:
         prepare_demo()
         return

@@ -70,18 +70,45 @@ def cpu_bf16_speedup() -> float:
     return ratio
 
 
+# The vector extensions a CPU training figure depends on: /proc/cpuinfo's flag, then the name a reader knows.
+VECTOR_EXTENSIONS = {
+    "avx2": "AVX2",
+    "avx512f": "AVX-512",
+    "avx512_bf16": "AVX512-BF16",
+    "amx_tile": "AMX",
+}
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's `model name` and `flags` from /proc/cpuinfo (Linux); empty elsewhere."""
+    fields: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() in ("model name", "flags") and name.strip() not in fields:
+                fields[name.strip()] = value.strip()
+    return fields
+
+
+def machine_record() -> dict:
+    """The CPU a time was measured on: its model, the cores this process may use and its vector extensions (torch
+    trains several times slower without AVX-512), so that no figure is read without its machine."""
+    fields = _cpuinfo()
+    flags = set(fields.get("flags", "").split())
+    return {
+        "cpu_model": fields.get("model name") or platform.processor() or platform.machine(),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "vector_extensions": [name for flag, name in VECTOR_EXTENSIONS.items() if flag in flags],
+    }
+
+
 def _cpu_identity() -> str:
     """The CPU's model and instruction-set flags (Linux), else what the platform module knows, and torch's version.
 
     Not the thread count: one answer holds for every process on the machine, whatever threads each one runs."""
     import torch
 
-    fields = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() in ("model name", "flags") and name.strip() not in fields:
-                fields[name.strip()] = value.strip()
+    fields = _cpuinfo()
     model = fields.get("model name") or platform.processor() or platform.machine()
     return f"{model}|{fields.get('flags', '')}|torch {torch.__version__}"
 

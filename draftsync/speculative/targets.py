@@ -1,7 +1,8 @@
 """Built-in tiny targets (HF Llama checkpoints trained on local text) and the checked loader for any target.
 
-Recipes are hashed; a built checkpoint is cached under that hash, so reruns reuse it. Version 2 of a
-target is version 1 fine-tuned at a low rate on a shifted mix (a high rate makes it forget the old tasks).
+Recipes are hashed; a built checkpoint is cached under that hash, so reruns reuse it, and the ones draftsync ships
+(shipped_targets) are copied rather than trained. Version 2 of a target is version 1 fine-tuned at a low rate on a
+shifted mix (a high rate makes it forget the old tasks).
 """
 
 from __future__ import annotations
@@ -157,7 +158,10 @@ def builtin_recipe(version: int, size: str = "demo", family: str = "llama") -> T
     if family not in FAMILY_SHAPES:
         raise DraftsyncError(f"unknown built-in target family {family!r}", f"use one of {', '.join(FAMILY_SHAPES)}")
     v1_steps, v2_steps = _STEPS[size]
-    v1 = TargetRecipe(task_mix={"code": 0.5, "math": 0.5}, steps=v1_steps, family=family, **_SIZES[size])
+    # fp32 on every machine: a recipe whose key depended on the CPU's bf16 speed would miss the shipped targets.
+    v1 = TargetRecipe(
+        task_mix={"code": 0.5, "math": 0.5}, steps=v1_steps, family=family, precision="fp32", **_SIZES[size]
+    )
     if version == 1:
         return v1
     if version == 2:
@@ -260,19 +264,26 @@ def build_target(
     recipe: TargetRecipe,
     cache_dir: Path,
     on_progress: Callable[[int, int, float], None] | None = None,
+    use_shipped: bool = True,
 ) -> Path:
-    """Return the checkpoint dir for `recipe`, training it (and its parent) only if not cached."""
+    """Return the checkpoint dir for `recipe`: cached, else copied from the shipped targets (`use_shipped`), else
+    trained (its parent too). A shipped copy whose files do not match their hashes is refused, not trained over."""
     import torch
     from transformers import AutoModelForCausalLM
+
+    from draftsync.speculative.shipped_targets import copy_shipped, find_shipped
 
     cache_dir = Path(cache_dir)
     out = _target_dir(recipe, cache_dir)
     if (out / TARGET_INFO_FILE).exists():
         return out
+    shipped = find_shipped(recipe.key()) if use_shipped else None
+    if shipped is not None:
+        return publish_directory(out, copy_shipped(shipped))
     tokenizer = _tokenizer(recipe, cache_dir)
     torch.manual_seed(recipe.seed)
     if recipe.parent is not None:
-        parent_dir = build_target(recipe.parent, cache_dir, on_progress)
+        parent_dir = build_target(recipe.parent, cache_dir, on_progress, use_shipped)
         model = AutoModelForCausalLM.from_pretrained(parent_dir, dtype=torch.float32)
     else:
         model = AutoModelForCausalLM.from_config(family_config(recipe, tokenizer.eos_token_id))
@@ -326,6 +337,25 @@ def build_target(
         (staging / TARGET_INFO_FILE).write_text(json.dumps(info, indent=2))
 
     return publish_directory(out, save)
+
+
+def rebuild_shipped_targets(
+    on_built: Callable[[str, Path], None] | None = None, root: Path | None = None
+) -> list[Path]:
+    """Train every shipped target from its recipe (never from a shipped copy or a cache) and ship it."""
+    import tempfile
+
+    from draftsync.speculative.shipped_targets import SHIPPED, ship, shipped_name
+
+    written = []
+    with tempfile.TemporaryDirectory(prefix="draftsync-rebuild-") as cache:
+        for size, family, version in SHIPPED:
+            recipe = builtin_recipe(version, size, family)
+            name = shipped_name(size, family, version)
+            written.append(ship(build_target(recipe, Path(cache), use_shipped=False), name, recipe.key(), root))
+            if on_built:
+                on_built(name, written[-1])
+    return written
 
 
 def evaluate_loss(model, tokenizer, tasks: list[str], seq_len: int, batches: int = 4) -> dict[str, float]:

@@ -68,6 +68,7 @@ class Client(threading.Thread):
                     self.answers.append(response.json())
 
 
+@pytest.mark.smoke  # its vLLM run: a rollout on real vLLM with a client throughout
 def test_swapping_drafters_under_load_fails_no_request(workdir, built_targets, tmp_path, launch):
     from draftsync.flows.rollout import rollout
     from draftsync.serving.deployment import ServingDeployment
@@ -254,6 +255,7 @@ def test_live_acceptance_under_the_threshold_falls_back_to_plain_decoding_and_al
 
 
 @pytest.mark.vllm
+@pytest.mark.smoke
 def test_a_vllm_that_refuses_to_start_leaves_the_pair_serving_and_the_alert_names_its_error_and_log(
     workdir, built_targets, tmp_path, vllm_engine, monkeypatch
 ):

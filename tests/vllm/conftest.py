@@ -1,7 +1,9 @@
-"""Fixtures of the real-vLLM tests: one briefly trained drafter of each family vLLM serves, shared by the session."""
+"""Fixtures of the real-vLLM tests: one briefly trained drafter of each family vLLM serves, shared by the session
+and trained when a test first asks for it (the smoke tier needs EAGLE-3's only)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -11,34 +13,60 @@ MAX_GAMMA = 3  # the largest gamma these tests serve; Medusa drafters get this m
 
 
 @pytest.fixture(scope="session")
-def family_drafters(built_targets, tmp_path_factory) -> dict[str, Path]:
-    """One briefly trained drafter per family for target v1, saved as a sync saves it."""
-    return train_drafters(built_targets[1], tmp_path_factory.mktemp("families"))
+def family_drafters(built_targets, tmp_path_factory) -> Mapping[str, Path]:
+    """One briefly trained drafter per family for target v1, saved as a sync saves it, trained on first use."""
+    return FamilyDrafters(built_targets[1], tmp_path_factory.mktemp("families"))
 
 
-def train_drafters(target_dir: Path, root: Path, methods: tuple[str, ...] = FAMILIES) -> dict[str, Path]:
-    """One briefly trained drafter of each method for the target at `target_dir`, saved under `root` as a sync
-    saves it: shards of teacher-forced corpus text and the target's own answers, then 120 steps each."""
-    import torch
-    from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
-    from draftsync.speculative.drafters import save_drafter
-    from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
-    from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
-    from draftsync.speculative.shard_reader import ShardDataset
-    from draftsync.speculative.shard_writer import build_shards
-    from draftsync.speculative.targets import load_target
-    from draftsync.speculative.training import TrainConfig, train_drafter
+class FamilyDrafters(Mapping[str, Path]):
+    """The drafters of `methods` for the target at `target_dir`, under `root` as a sync saves them: shards of
+    teacher-forced corpus text and the target's own answers (built once), then 120 steps each, a method's drafter
+    trained when it is first looked up."""
 
-    model, tokenizer = load_target(target_dir)
-    mix = {"code": 0.5, "math": 0.5}
-    samples = concat_samples(
-        teacher_forced_samples(tokenizer, mixed_texts(mix, 120, seed=3)),
-        regenerated_samples(model, tokenizer, task_prompts_for_mix(mix, 48, seed=4, split="train"), 48, seed=5),
-    )
-    build_shards(model, samples, root / "shards", default_aux_layer_ids(num_decoder_layers(model)), store_aux=True)
-    dataset = ShardDataset(root / "shards")
-    drafters = {}
-    for method in methods:
+    def __init__(self, target_dir: Path, root: Path, methods: tuple[str, ...] = FAMILIES):
+        self.target_dir, self.root, self.methods = target_dir, root, methods
+        self._trained: dict[str, Path] = {}
+        self._loaded = None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.methods)
+
+    def __len__(self) -> int:
+        return len(self.methods)
+
+    def __getitem__(self, method: str) -> Path:
+        if method not in self.methods:
+            raise KeyError(method)
+        if method not in self._trained:
+            self._trained[method] = self._train(method)
+        return self._trained[method]
+
+    def _target_and_data(self):
+        from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
+        from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
+        from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
+        from draftsync.speculative.shard_reader import ShardDataset
+        from draftsync.speculative.shard_writer import build_shards
+        from draftsync.speculative.targets import load_target
+
+        if self._loaded is None:
+            model, tokenizer = load_target(self.target_dir)
+            mix = {"code": 0.5, "math": 0.5}
+            samples = concat_samples(
+                teacher_forced_samples(tokenizer, mixed_texts(mix, 120, seed=3)),
+                regenerated_samples(model, tokenizer, task_prompts_for_mix(mix, 48, seed=4, split="train"), 48, seed=5),
+            )
+            shards = self.root / "shards"
+            build_shards(model, samples, shards, default_aux_layer_ids(num_decoder_layers(model)), store_aux=True)
+            self._loaded = (model, ShardDataset(shards))
+        return self._loaded
+
+    def _train(self, method: str) -> Path:
+        import torch
+        from draftsync.speculative.drafters import save_drafter
+        from draftsync.speculative.training import TrainConfig, train_drafter
+
+        model, dataset = self._target_and_data()
         torch.manual_seed(0)
         config = TrainConfig(
             method=method,
@@ -50,7 +78,6 @@ def train_drafters(target_dir: Path, root: Path, methods: tuple[str, ...] = FAMI
             draft_vocab_size=None if method == "eagle" else 512,
         )
         drafter, _ = train_drafter(model, dataset, config)
-        drafters[method] = save_drafter(
-            drafter, root / method, str(target_dir), list(model.config.architectures), MAX_GAMMA
+        return save_drafter(
+            drafter, self.root / method, str(self.target_dir), list(model.config.architectures), MAX_GAMMA
         )
-    return drafters

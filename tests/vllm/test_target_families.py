@@ -19,7 +19,7 @@ import pytest
 
 from tests.servers import vllm_process
 from tests.vllm.conftest import FAMILIES as METHODS
-from tests.vllm.conftest import train_drafters
+from tests.vllm.conftest import FamilyDrafters
 from tests.vllm.test_engine_agreement import TOLERANCE, _prompt_ids, _reference_run, _vllm_run
 
 pytestmark = pytest.mark.vllm
@@ -42,7 +42,7 @@ def family_target(family: str, tmp_path: Path) -> Path:
 
 def _family_rows(family: str, engine, tmp_path: Path) -> list[dict]:
     target_dir = family_target(family, tmp_path)
-    drafters = train_drafters(target_dir, tmp_path / f"{family}-drafters")
+    drafters = dict(FamilyDrafters(target_dir, tmp_path / f"{family}-drafters"))
     prompt_ids = _prompt_ids(target_dir)
     plain_server = vllm_process(engine, target_dir, None, "eagle3", 0, tmp_path)
     try:

@@ -79,6 +79,7 @@ def test_per_request_counts_are_vllms_own_and_add_up_to_its_counters(vllm_engine
         assert cut.token_ids == (ids[: ids.index(eos) + 1] if eos in ids else ids)
 
 
+@pytest.mark.smoke
 def test_the_checklist_runs_on_vllm_with_one_start_per_gamma(vllm_engine, built_targets, family_drafters, tmp_path):
     from draftsync.serving.vllm_evaluation import VllmBackend
     from draftsync.validation.runner import run_checklist
