@@ -404,9 +404,7 @@ def rebuild_shipped_targets() -> None:
 
     console = Console()
     t = time.perf_counter()
-    rebuild(
-        lambda name, path: console.print(f"shipped target {name}: {path} ({time.perf_counter() - t:.0f} s)")
-    )
+    rebuild(lambda name, path: console.print(f"shipped target {name}: {path} ({time.perf_counter() - t:.0f} s)"))
 
 
 def demo_command(

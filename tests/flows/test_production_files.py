@@ -794,7 +794,7 @@ def _start_prefect_server(tmp_path: Path, database_url: str) -> tuple[subprocess
     return server, api, env
 
 
-@pytest.mark.slow
+@pytest.mark.system  # a real Prefect server and `prefect deploy --all`: make test-system
 def test_setup_script_creates_pools_and_deploys_prefect_yaml_on_a_real_server(tmp_path, postgres_server):
     """The compose `setup` service's own script, run twice against a Prefect server on Postgres."""
     import httpx

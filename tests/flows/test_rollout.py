@@ -68,7 +68,13 @@ class Client(threading.Thread):
                     self.answers.append(response.json())
 
 
-@pytest.mark.smoke  # its vLLM run: a rollout on real vLLM with a client throughout
+# CI's vLLM smoke tier runs it on vLLM; the reference engine's run is the system tier's (make test-all).
+@pytest.mark.smoke
+@pytest.mark.parametrize(
+    "launch",
+    [pytest.param("reference", marks=pytest.mark.system), pytest.param("vllm", marks=pytest.mark.vllm)],
+    indirect=True,
+)
 def test_swapping_drafters_under_load_fails_no_request(workdir, built_targets, tmp_path, launch):
     from draftsync.flows.rollout import rollout
     from draftsync.serving.deployment import ServingDeployment
