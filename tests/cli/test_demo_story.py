@@ -66,6 +66,13 @@ def after_the_demo(story, workdir) -> dict:
     return {name: json.loads((workdir / f"{name}.json").read_text()) for name in ("launch", "report")}
 
 
+def test_the_summary_names_the_machine_its_times_came_from(story):
+    from draftsync.speculative.machine import machine_record
+
+    assert story["machine"] == machine_record()
+    assert set(story["timings_s"]) >= {"total", "target_v1_build", "sync_and_rollout_v1"}
+
+
 def test_the_demo_serves_with_vllm_where_it_is_installed(story):
     from draftsync import __version__
     from draftsync.serving.vllm_engine import find_vllm_engine

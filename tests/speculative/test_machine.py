@@ -72,3 +72,21 @@ def test_an_unknown_precision_names_the_choices():
     with pytest.raises(DraftsyncError, match="fp8") as error:
         machine.trains_in_bf16("fp8", torch.device("cpu"))
     assert error.value.fix == "use auto, bf16 or fp32"
+
+
+def test_the_machine_record_names_the_cpu_its_cores_and_the_vector_extensions_its_flags_list(monkeypatch):
+    from pathlib import Path
+
+    real_read_text = Path.read_text
+    cpuinfo = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse avx avx2 fma\n\nprocessor\t: 1\n"
+
+    def read_text(path, *args, **kwargs):
+        return cpuinfo if str(path) == "/proc/cpuinfo" else real_read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    record = machine.machine_record()
+    assert record["cpu_model"] == "AMD EPYC 7B13"
+    assert record["vector_extensions"] == ["AVX2"]  # no AVX-512, AVX512-BF16 or AMX on this CPU
+    assert record["cores"] == len(os.sched_getaffinity(0))
+    cpuinfo = cpuinfo.replace("avx2 fma", "avx2 avx512f avx512_bf16 amx_tile amx_bf16")
+    assert machine.machine_record()["vector_extensions"] == ["AVX2", "AVX-512", "AVX512-BF16", "AMX"]
