@@ -52,18 +52,18 @@ lint: install
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy draftsync
 
-# The suite without the end-to-end runs below (11.8 min on 2 cores with its install, 10.8 of tests, measured on a fresh
-# clone); CI runs those too.
+# The suite without the tiers below (13.3 min on 2 AVX-512 cores, its install done, measured on a fresh clone).
 test: install
 	$(PY) -m pytest -m "not story and not system and not vllm"
 
 # `draftsync demo` from a fresh work dir, every step of its story checked (about 12 min on 2 cores).
-# The story builds the demo's targets on a fresh machine and starts vLLM servers: it gets 30 min, not the default 15.
+# The story starts vLLM servers and trains two drafters: it gets 30 min, not the default 15.
 test-story: environments
 	$(PY) -m pytest -m story --timeout 1800
 
 # Production-like runs with real servers and worker processes: webhook to completed sync, a worker killed at
-# every stage of a sync, MLflow stopped mid-sync (about 8 min on 2 cores).
+# every stage of a sync, MLflow stopped mid-sync, the compose setup script deploying prefect.yaml, the reference
+# engine's swap under load.
 test-system: install
 	$(PY) -m pytest -m system
 

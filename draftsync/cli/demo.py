@@ -387,35 +387,31 @@ def _print_summary(console: Console, result: dict, settings) -> None:
     console.print(f"Prefect UI: PREFECT_HOME={settings.prefect_home} prefect server start")
 
 
-# What the story imports first on the clock, heaviest first: pip installs without byte-compiling (half the install's
-# time), so a fresh environment's first import of each compiles it; `demo --prepare` does that beside vLLM's install.
-STORY_MODULES = (
-    "draftsync.flows.watch",
-    "draftsync.flows.weekly_report",
-    "draftsync.flows.scrape",
-    "mlflow.server",
-    "great_expectations",
-    "matplotlib.pyplot",
-    "draftsync.validation.data_checks",
-    "draftsync.validation.plots",
-    "draftsync.monitors.report",
-)
-
-
 def prepare_demo() -> Path:
     """Put target v1, what the story starts from, into the work dir's cache (copied from the shipped targets, or
-    found there), import the story's modules and migrate Prefect's database: what the story would otherwise do
-    first on the clock. `make demo` runs this while vLLM's environment installs."""
-    import importlib
-
+    found there), import the story's modules, migrate Prefect's database, and fill the user cache's corpus documents
+    and training-precision probe: what the story would otherwise do first on the clock. `make demo` runs this while
+    vLLM's environment installs."""
+    from draftsync.speculative.corpora import documents
+    from draftsync.speculative.machine import cpu_bf16_speedup
     from draftsync.speculative.targets import build_target, builtin_recipe
 
     t = time.perf_counter()
     settings = context.settings()
     path = build_target(builtin_recipe(1), settings.cache_dir)
     prefect_api = _start_prefect_api()
-    for module in STORY_MODULES:
-        importlib.import_module(module)
+    # What the story imports first on the clock. pip installs without byte-compiling (half the install's time), so a
+    # fresh environment's first import of each module compiles it.
+    import great_expectations  # noqa: F401
+    import matplotlib.pyplot  # noqa: F401
+    import mlflow.server  # noqa: F401
+
+    from draftsync.flows import scrape, watch, weekly_report  # noqa: F401
+    from draftsync.monitors import report  # noqa: F401
+    from draftsync.validation import data_checks, plots  # noqa: F401
+
+    documents("prose")  # the standard library's documents, parsed once and kept for every later process
+    cpu_bf16_speedup()
     prefect_api.join()
     Console().print(
         f"demo target v1: {path}; story modules and Prefect's database ready ({time.perf_counter() - t:.1f} s)"
