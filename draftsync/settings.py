@@ -17,6 +17,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DRAFTSYNC_", extra="ignore")
 
     workdir: Path = Path(".draftsync")
+    debug: bool = False  # tracebacks on the terminal for expected errors too (`draftsync --debug`)
     monitor_db_url: str | None = None  # default: SQLite file under the work dir
 
     smtp_host: str | None = None
@@ -34,6 +35,10 @@ class Settings(BaseSettings):
     # Directories model checkpoints may be read from besides the work dir (comma- or os.pathsep-separated).
     # Registry downloads and everything `draftsync demo` builds live under the work dir, which is always a root.
     model_roots: str = ""
+    # Where a target logged by reference (a hub repository and revision) is looked for besides the Hugging Face
+    # cache: directories holding `<org>/<name>` local-dir downloads or a hub cache's `models--org--name` folders.
+    model_mirrors: str = ""
+    hub_downloads: bool = False  # let a worker download a by-reference target's weights from the hub
     deployments_file: Path | None = None  # the deployments YAML; default: <workdir>/deployments.yaml
 
     # The vLLM that `launch: vllm` starts (serving/vllm_engine.py): a Python interpreter or venv of a vLLM
@@ -88,9 +93,11 @@ class Settings(BaseSettings):
     @property
     def model_root_paths(self) -> list[Path]:
         """The work dir, then each DRAFTSYNC_MODEL_ROOTS entry, resolved (symlinks followed), without repeats."""
-        listed = [entry.strip() for entry in re.split(f"[,{re.escape(os.pathsep)}]", self.model_roots)]
-        entries = [self.root] + [Path(entry).expanduser().resolve() for entry in listed if entry]
-        return list(dict.fromkeys(entries))
+        return list(dict.fromkeys([self.root, *_paths(self.model_roots)]))
+
+    @property
+    def model_mirror_paths(self) -> list[Path]:
+        return list(dict.fromkeys(_paths(self.model_mirrors)))
 
     @property
     def target_names(self) -> list[str]:
@@ -101,8 +108,15 @@ class Settings(BaseSettings):
         return [a.strip() for a in self.alert_to.split(",") if a.strip()]
 
 
+def _paths(listed: str) -> list[Path]:
+    """Comma- or os.pathsep-separated directories, resolved (symlinks followed)."""
+    entries = [entry.strip() for entry in re.split(f"[,{re.escape(os.pathsep)}]", listed)]
+    return [Path(entry).expanduser().resolve() for entry in entries if entry]
+
+
 def apply_environment(settings: Settings) -> None:
-    """Point MLflow and Prefect at the work dir and keep every library offline and quiet.
+    """Point MLflow and Prefect at the work dir and keep every library offline and quiet (the hub stays reachable
+    only where DRAFTSYNC_HUB_DOWNLOADS allows it).
 
     Must run before prefect or mlflow is imported: both read their settings at import time.
     """
@@ -123,5 +137,7 @@ def apply_environment(settings: Settings) -> None:
         "MLFLOW_LOGGING_LEVEL": "WARNING",
         "GIT_PYTHON_REFRESH": "quiet",
     }
+    if settings.hub_downloads:
+        del defaults["HF_HUB_OFFLINE"], defaults["TRANSFORMERS_OFFLINE"]
     for key, value in defaults.items():
         os.environ.setdefault(key, value)

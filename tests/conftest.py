@@ -51,8 +51,12 @@ def model_roots_for_tests(tmp_path_factory) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def prefect_harness():
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    from prefect.logging.configuration import ensure_logging_setup
     from prefect.testing.utilities import prefect_test_harness
 
+    # Prefect's console handler binds the sys.stderr of the moment it is set up: set it up now, not inside a
+    # CliRunner invocation whose stderr is closed when the command returns.
+    ensure_logging_setup()
     with prefect_test_harness(server_startup_timeout=120):
         yield
 

@@ -50,13 +50,16 @@ class HttpStub:
             def do_GET(self):  # noqa: N802 - http.server's hook name
                 self._respond()
 
+            def do_HEAD(self):  # noqa: N802 - http.server's hook name
+                self._respond(body=False)
+
             def do_POST(self):  # noqa: N802 - http.server's hook name
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
                     self.rfile.read(length)
                 self._respond()
 
-            def _respond(self) -> None:
+            def _respond(self, body: bool = True) -> None:
                 parts = urlsplit(self.path)
                 request = StubRequest(
                     port=self.server.server_address[1],
@@ -71,7 +74,8 @@ class HttpStub:
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                if body:
+                    self.wfile.write(data)
 
             def log_message(self, *args):
                 pass

@@ -36,6 +36,9 @@ def main_options(
             "--workdir", envvar="DRAFTSYNC_WORKDIR", help="Holds MLflow, the monitor store, Prefect's home, the outbox."
         ),
     ] = None,
+    debug: Annotated[
+        bool, typer.Option("--debug", envvar="DRAFTSYNC_DEBUG", help="Print tracebacks for expected errors too.")
+    ] = False,
 ) -> None:
     """Keep speculative-decoding drafters in sync with their target LLMs."""
     import os
@@ -44,6 +47,8 @@ def main_options(
 
     if workdir is not None:
         os.environ["DRAFTSYNC_WORKDIR"] = str(workdir)
+    if debug:
+        os.environ["DRAFTSYNC_DEBUG"] = "true"
     apply_environment(Settings())
 
 
@@ -60,5 +65,11 @@ def main() -> None:
     try:
         app()
     except DraftsyncError as exc:
+        from draftsync.settings import Settings
+
+        if Settings().debug:
+            import traceback
+
+            traceback.print_exc()
         typer.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(2)

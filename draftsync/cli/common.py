@@ -7,6 +7,7 @@ The app and each command group import this module and never each other, so the C
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -39,7 +40,45 @@ def write_json(result: Any, json_path: Path | None) -> None:
 
 
 def check_registry() -> None:
-    """Fail fast, before Prefect starts, when MLflow cannot be reached."""
+    """Fail fast, before Prefect starts, when MLflow cannot be reached; every command that runs flows calls this
+    first, so it also sets how their errors reach the terminal (`expected_errors_in_one_line`)."""
     from draftsync.tasks import context
 
+    expected_errors_in_one_line()
     context.registry().ping()
+
+
+def expected_errors_in_one_line() -> None:
+    """Prefect logs a failed flow or task run with its traceback. A DraftsyncError already names the problem and
+    the fix, so on the terminal it gets one line, unless `--debug`; the run's logs in the Prefect UI keep it whole.
+    A traceback of any other error is a bug's, and stays."""
+    import logging
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    from draftsync.settings import Settings
+
+    if Settings().debug:
+        return
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler) and not isinstance(handler.formatter, _ExpectedErrorsInOneLine):
+            handler.setFormatter(_ExpectedErrorsInOneLine(handler.formatter))
+
+
+class _ExpectedErrorsInOneLine(logging.Formatter):
+    def __init__(self, inner: logging.Formatter | None):
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        from draftsync.errors import DraftsyncError
+
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, DraftsyncError):
+            # a copy: the other handlers (Prefect's API log) still get the traceback
+            message = record.getMessage()
+            if error.what not in message:
+                message = f"{message} {type(error).__name__}: {error}"
+            fields = {**record.__dict__, "msg": message, "args": None, "exc_info": None, "exc_text": None}
+            record = logging.makeLogRecord(fields)
+        return self.inner.format(record)

@@ -81,6 +81,14 @@ def register(
         str, typer.Option("--alias", help="Point this alias of the target at the new version.")
     ] = "production",
     no_sync: Annotated[bool, typer.Option("--no-sync", help="Register only: do not ask for the drafter sync.")] = False,
+    flavor: Annotated[
+        str,
+        typer.Option(
+            "--flavor",
+            help="How to log it: 'checkpoint' (the directory's files as run artifacts) or 'transformers' (an "
+            "MLflow transformers-flavor model, which MLflow's own tools load too).",
+        ),
+    ] = "checkpoint",
     json_path: JsonOption = None,
 ) -> None:
     """Register CHECKPOINT as the next version of target NAME, then ask for its drafter sync.
@@ -89,11 +97,16 @@ def register(
     loaded once on the CPU to check its config against its weights and its tokenizer against its vocabulary.
     A checkpoint draftsync cannot sync is refused and nothing is registered. The sync is requested as a webhook
     delivery requests it (event draftsync.target.version.created), so a webhook reporting the same version
-    does not start a second one."""
+    does not start a second one. CHECKPOINT may lie anywhere: a path typed here is the operator's intent, and the
+    model roots (DRAFTSYNC_MODEL_ROOTS) confine only paths that arrive from elsewhere."""
+    from draftsync.registry.target_layouts import FLAVOR, PLAIN
+
+    if flavor not in (PLAIN, FLAVOR):
+        raise DraftsyncError(f"--flavor {flavor!r} is not known", f"pass --flavor {PLAIN} or --flavor {FLAVOR}")
     mix = parse_task_mix(task_mix, name)
     check_checkpoint(checkpoint, name)
     check_registry()
-    result = register_target(checkpoint, name, mix, alias, request_sync=not no_sync)
+    result = register_target(checkpoint, name, mix, alias, request_sync=not no_sync, flavor=flavor)
     typer.echo(f"registered {name} version {result['version']} from {result['checkpoint']} (alias {alias})")
     for key, value in sorted(result["tags"].items()):
         typer.echo(f"  {key} = {value}")
@@ -105,13 +118,12 @@ def check_checkpoint(checkpoint: Path, name: str) -> None:
     """Everything a sync will ask of the checkpoint, before anything is stored: a family draftsync trains for,
     sound weight files, a config that fits the weights and a tokenizer that fits the vocabulary."""
     import gc
+    import os
 
-    from draftsync.model_paths import confined_model_path
     from draftsync.speculative.targets import load_target
 
     try:
-        # the registry stores only checkpoints under a model root: refuse another before loading it
-        model, tokenizer = load_target(confined_model_path(checkpoint, "target checkpoint"))
+        model, tokenizer = load_target(Path(os.path.realpath(checkpoint)))
     except DraftsyncError as error:
         raise DraftsyncError(f"{error.what}; nothing was registered as {name}", error.fix) from error
     del model, tokenizer
@@ -119,7 +131,7 @@ def check_checkpoint(checkpoint: Path, name: str) -> None:
 
 
 def register_target(
-    checkpoint: Path, name: str, task_mix: dict[str, float], alias: str, *, request_sync: bool
+    checkpoint: Path, name: str, task_mix: dict[str, float], alias: str, *, request_sync: bool, flavor: str
 ) -> dict[str, Any]:
     """Publish the checked checkpoint (publish_target) and, unless told not to, request its sync."""
     from draftsync.tasks import context
@@ -127,7 +139,7 @@ def register_target(
     from draftsync.tasks.sync_requests import request_new_version_sync
 
     # the task's own function: outside a flow a Prefect task run only adds a warning about its logs
-    version = publish_target.fn(name, str(checkpoint), task_mix, alias)
+    version = publish_target.fn(name, str(checkpoint), task_mix, alias, flavor=flavor, confine=False)
     sync = None
     if request_sync:
         sync = request_new_version_sync(
@@ -138,6 +150,7 @@ def register_target(
         "version": version,
         "checkpoint": str(checkpoint.resolve()),
         "alias": alias,
+        "flavor": flavor,
         "tags": context.registry().version_tags(name, version),
         "sync": sync,
     }

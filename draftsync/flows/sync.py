@@ -214,6 +214,7 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
         history_path=str(checkpoints / HISTORY_FILE),
         data_checks=data["checks"],
         generation=generation,
+        target_link=target["lineage"],
     )
     tag_drafter(target_name, version, recommendation_tags(plan))
     if not chosen.keep_dataset:

@@ -25,13 +25,16 @@ def check_name(name: str) -> None:
         )
 
 
-def check_checkpoint_dir(path: Path, what: str) -> Path:
+def check_checkpoint_dir(path: Path, what: str, *, confine: bool = True) -> Path:
     """The checkpoint's real path, once it is known to lie inside a model root and to hold config and safetensors.
 
-    The root check comes first, so nothing outside the roots is read, let alone uploaded."""
+    The root check comes first, so nothing outside the roots is read, let alone uploaded. `confine=False` is for a
+    path the operator typed: their intent, wherever it lies."""
+    import os
+
     from draftsync.model_paths import confined_model_path
 
-    path = confined_model_path(path, f"{what} checkpoint")
+    path = confined_model_path(path, f"{what} checkpoint") if confine else Path(os.path.realpath(path))
     if not (path / "config.json").is_file():
         raise DraftsyncError(
             f"{what} checkpoint {path} has no config.json",

@@ -9,8 +9,9 @@ their readers are in tags.py, the outage errors in outages.py, the checks before
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -26,6 +27,9 @@ from draftsync.registry.tags import (
     PENDING,
     SYNC_KEY_TAG,
     TARGET_KIND,
+    TARGET_MODEL_ID_TAG,
+    TARGET_NAME_TAG,
+    TARGET_REVISION_TAG,
     TARGET_VERSION_TAG,
     VALIDATION_PASSED_TAG,
     VALIDATION_STATUS_TAG,
@@ -35,6 +39,7 @@ from draftsync.registry.tags import (
     validation_metric_tags,
     validation_status,
 )
+from draftsync.registry.target_layouts import FLAVOR, PLAIN, TargetLayout, read_layout
 from draftsync.speculative.methods import TRAINED_METHODS
 
 if TYPE_CHECKING:
@@ -60,6 +65,7 @@ class ModelVersionInfo:
     tags: dict[str, str] = field(default_factory=dict)
     aliases: list[str] = field(default_factory=list)
     created_ms: int = 0
+    model_id: str | None = None  # MLflow 3: the logged model the version was made from (its source `models:/m-...`)
 
 
 def drafter_model_name(target_name: str) -> str:
@@ -131,17 +137,55 @@ class Registry:
 
     # -- targets ------------------------------------------------------------------------------
 
-    def register_target(self, name: str, checkpoint_dir: Path, tags: Mapping[str, str]) -> int:
-        """Log a target checkpoint as run artifacts and register it as a new version of `name`.
+    def register_target(
+        self, name: str, checkpoint_dir: Path, tags: Mapping[str, str], *, flavor: str = PLAIN, confine: bool = True
+    ) -> int:
+        """Log a target checkpoint and register it as a new version of `name`.
 
-        The version is created only after every file is stored, so a failure leaves no version.
+        `flavor` PLAIN logs the checkpoint's files as run artifacts; FLAVOR logs it with the transformers flavor
+        (`mlflow.transformers.log_model`), an MLflow 3 logged model MLflow's own tools load too. `confine=False`
+        takes a checkpoint outside the model roots (a path the operator typed). The version is created only after
+        every file is stored, so a failure leaves no version.
         """
         check_name(name)
-        checkpoint_dir = check_checkpoint_dir(checkpoint_dir, "target")
+        if flavor not in (PLAIN, FLAVOR):
+            raise DraftsyncError(f"target flavor {flavor!r} is not known", f"use {PLAIN} or {FLAVOR}")
+        checkpoint_dir = check_checkpoint_dir(checkpoint_dir, "target", confine=confine)
         check_target_tags(name, tags)
         version_tags = {**{k: str(v) for k, v in tags.items()}, KIND_TAG: TARGET_KIND}
+        if flavor == FLAVOR:
+            return self._log_transformers_target(name, checkpoint_dir, version_tags)
         run_id = self._log_run(f"target {name}", checkpoint_dir, version_tags, metrics={}, reports_dir=None)
         return self._create_version(name, run_id, version_tags)
+
+    def _log_transformers_target(self, name: str, checkpoint_dir: Path, tags: Mapping[str, str]) -> int:
+        """The checkpoint as a transformers-flavor logged model, then a version made from it. The model is loaded
+        in the checkpoint's own dtype and saved by MLflow (its log from a checkpoint path fails with transformers
+        5's pipeline registry). Requirements are given, not inferred: inference loads the model once more."""
+        import mlflow
+        import mlflow.transformers
+        import torch
+        import transformers
+        from packaging.version import Version
+
+        model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint_dir, dtype="auto")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint_dir)
+        torch_version = Version(torch.__version__).base_version
+        requirements = [f"transformers=={transformers.__version__}", f"torch=={torch_version}"]
+        mlflow.set_tracking_uri(self.tracking_uri)
+        with mlflow.start_run(experiment_id=self._experiment(), run_name=f"target {name}", tags=dict(tags)) as run:
+            logged = mlflow.transformers.log_model(
+                {"model": model, "tokenizer": tokenizer},
+                name="model",
+                task="text-generation",
+                torch_dtype=model.dtype,
+                pip_requirements=requirements,
+            )
+        self._ensure_registered_model(name)
+        version = self._client.create_model_version(
+            name, logged.model_uri, run_id=run.info.run_id, tags=dict(tags), model_id=logged.model_id
+        )
+        return int(version.version)
 
     def target_versions_after(self, name: str, version: int) -> list[ModelVersionInfo]:
         """Versions of `name` newer than the watermark `version`, oldest first."""
@@ -214,7 +258,7 @@ class Registry:
             reports_dir,
             metric_history,
         )
-        version = self._create_version(model_name, run_id, tags)
+        version = self._create_version(model_name, run_id, tags, description=drafter_description(tags))
         self._client.set_registered_model_alias(model_name, CANDIDATE, str(version))
         return version
 
@@ -368,10 +412,15 @@ class Registry:
         return self._info(self._get_version(model_name, version))
 
     def download(self, name: str, version: int) -> Path:
-        """A local copy of the version's checkpoint, downloaded once and then reused (`downloads.py`)."""
-        return download_once(
-            self._get_version(name, version).source, name, version, self.tracking_uri, self.artifacts_dir
-        )
+        """The plain checkpoint directory of a local copy of the version, downloaded once and then reused
+        (`downloads.py`), whatever layout the version was logged in (`target_layouts.py`)."""
+        return self.checkpoint_layout(name, version).path
+
+    def checkpoint_layout(self, name: str, version: int) -> TargetLayout:
+        """The version's layout, its plain checkpoint directory, and its MLflow logged model when it has one."""
+        info = self._info(self._get_version(name, version), with_aliases=False)
+        layout = read_layout(download_once(info.source, name, version, self.tracking_uri, self.artifacts_dir))
+        return replace(layout, model_id=info.model_id or layout.model_id)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -417,7 +466,17 @@ class Registry:
         for start in range(0, len(points), 1000):
             self._client.log_batch(run_id, metrics=points[start : start + 1000])
 
-    def _create_version(self, model_name: str, run_id: str, tags: Mapping[str, str]) -> int:
+    def _create_version(
+        self, model_name: str, run_id: str, tags: Mapping[str, str], description: str | None = None
+    ) -> int:
+        self._ensure_registered_model(model_name)
+        source = f"{self._client.get_run(run_id).info.artifact_uri}/{CHECKPOINT_ARTIFACT_PATH}"
+        version = self._client.create_model_version(
+            model_name, source, run_id=run_id, tags=dict(tags), description=description
+        )
+        return int(version.version)
+
+    def _ensure_registered_model(self, model_name: str) -> None:
         from mlflow.exceptions import MlflowException
 
         try:
@@ -425,9 +484,6 @@ class Registry:
         except MlflowException as error:
             if error.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-        source = f"{self._client.get_run(run_id).info.artifact_uri}/{CHECKPOINT_ARTIFACT_PATH}"
-        version = self._client.create_model_version(model_name, source, run_id=run_id, tags=dict(tags))
-        return int(version.version)
 
     def _versions(self, model_name: str) -> list[ModelVersionInfo]:
         check_name(model_name)
@@ -460,7 +516,24 @@ class Registry:
             tags=dict(model_version.tags),
             aliases=sorted(aliases),
             created_ms=int(model_version.creation_timestamp or 0),
+            model_id=getattr(model_version, "model_id", None) or logged_model_id(model_version.source),
         )
+
+
+def drafter_description(tags: Mapping[str, str]) -> str:
+    """The drafter version's description in the MLflow UI: what it drafts for, down to the target's exact model."""
+    text = f"{tags.get(METHOD_TAG)} drafter for {tags.get(TARGET_NAME_TAG)} version {tags.get(TARGET_VERSION_TAG)}"
+    if tags.get(TARGET_MODEL_ID_TAG):
+        text += f" (MLflow model {tags[TARGET_MODEL_ID_TAG]})"
+    if tags.get(TARGET_REVISION_TAG):
+        text += f", hub revision {tags[TARGET_REVISION_TAG]}"
+    return text + "."
+
+
+def logged_model_id(source: str) -> str | None:
+    """The logged model id in an MLflow 3 source `models:/m-<id>` (not `models:/<name>/<version>`)."""
+    match = re.fullmatch(r"models:/(m-[0-9a-f]+)/?", source or "")
+    return match.group(1) if match else None
 
 
 def rolled_back(target_name: str, snapshot: Mapping[str, int | None]) -> dict[str, int | None]:

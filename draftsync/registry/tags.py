@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from draftsync.errors import DraftsyncError
+from draftsync.registry.target_layouts import TargetLayout
 from draftsync.speculative.methods import family_of
 
 KIND_TAG = "draftsync.kind"
@@ -40,6 +41,13 @@ TARGET_TAGS = (
     VOCAB_SIZE_TAG,
     NUM_PARAMETERS_TAG,
 )
+# how the version stores its checkpoint (target_layouts.py), and what an MLmodel of the transformers flavor records
+CHECKPOINT_LAYOUT_TAG = "draftsync.checkpoint.layout"
+TORCH_DTYPE_TAG = "draftsync.transformers.torch_dtype"
+HF_TASK_TAG = "draftsync.transformers.task"
+TRANSFORMERS_VERSION_TAG = "draftsync.transformers.version"
+SOURCE_MODEL_TAG = "draftsync.source_model.name"  # by reference: the hub repository and its commit
+SOURCE_REVISION_TAG = "draftsync.source_model.revision"
 # what a target checkpoint tells of itself (`checkpoint_tags`): every target tag but the task mix
 CHECKPOINT_TAGS = (
     ARCHITECTURE_TAG,
@@ -54,6 +62,8 @@ CHECKPOINT_TAGS = (
 # -- a drafter version: lineage, what it serves with, how it was trained ----------------------------------
 TARGET_NAME_TAG = "draftsync.target.name"
 TARGET_VERSION_TAG = "draftsync.target.version"  # the target version it was trained for
+TARGET_MODEL_ID_TAG = "draftsync.target.model_id"  # ... its MLflow logged model, when it has one
+TARGET_REVISION_TAG = "draftsync.target.revision"  # ... its hub commit, when logged by reference
 METHOD_TAG = "draftsync.method"
 GAMMA_TAG = "draftsync.gamma"  # the served gamma: validation's knee once validated
 GAMMA_SCHEDULE_TAG = "draftsync.gamma_schedule"  # JSON [[first batch size, last, gamma], ...]
@@ -157,6 +167,26 @@ def checkpoint_tags(
     if features is not None:
         tags[FEATURES_TAG] = json.dumps(dict(features), sort_keys=True)
     return tags
+
+
+def layout_tags(layout: TargetLayout) -> dict[str, str]:
+    """What a target version's layout tells: the layout, and the flavor's dtype, task, version and source model."""
+    values = {
+        CHECKPOINT_LAYOUT_TAG: layout.layout,
+        TORCH_DTYPE_TAG: layout.torch_dtype,
+        HF_TASK_TAG: layout.task,
+        TRANSFORMERS_VERSION_TAG: layout.transformers_version,
+        SOURCE_MODEL_TAG: layout.source_model,
+        SOURCE_REVISION_TAG: layout.source_revision,
+    }
+    return {key: value for key, value in values.items() if value}
+
+
+def target_link_tags(layout: TargetLayout) -> dict[str, str]:
+    """A drafter's link to the exact target it was trained on, beyond the registered version: the target's MLflow
+    logged model, and its hub commit when it was logged by reference."""
+    values = {TARGET_MODEL_ID_TAG: layout.model_id, TARGET_REVISION_TAG: layout.source_revision}
+    return {key: value for key, value in values.items() if value}
 
 
 def check_target_tags(name: str, tags: Mapping[str, Any]) -> None:

@@ -14,7 +14,15 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.registry.model_registry import drafter_model_name
-from draftsync.registry.tags import CHECKPOINT_TAGS, checklist_tags, checkpoint_tags, training_tags
+from draftsync.registry.tags import (
+    CHECKPOINT_TAGS,
+    checklist_tags,
+    checkpoint_tags,
+    layout_tags,
+    target_link_tags,
+    training_tags,
+)
+from draftsync.registry.target_layouts import PLAIN, TargetLayout
 from draftsync.tasks import context
 from draftsync.validation.result import ChecklistResult, ValidationResult
 
@@ -33,41 +41,67 @@ __all__ = [
 
 
 @task(name="publish-target", cache_policy=NONE)
-def publish_target(name: str, checkpoint_dir: str, task_mix: dict[str, float], alias: str = "production") -> int:
-    """Register a target checkpoint as a new version and point `alias` at it (what a model team does)."""
+def publish_target(
+    name: str,
+    checkpoint_dir: str,
+    task_mix: dict[str, float],
+    alias: str = "production",
+    flavor: str = PLAIN,
+    confine: bool = True,
+) -> int:
+    """Register a target checkpoint as a new version and point `alias` at it (what a model team does).
+
+    `flavor`: PLAIN logs the checkpoint directory as it is, FLAVOR with the transformers flavor. `confine=False`
+    for a path the operator typed, which may lie outside the model roots."""
     from draftsync.registry.tags import target_tags
     from draftsync.speculative.targets import describe_target
 
     registry = context.registry()
     facts = {**describe_target(Path(checkpoint_dir)), "task_mix": task_mix}
-    version = registry.register_target(name, Path(checkpoint_dir), target_tags(**facts))
+    version = registry.register_target(name, Path(checkpoint_dir), target_tags(**facts), flavor=flavor, confine=confine)
     registry.set_target_alias(name, alias, version)
     context.logger().info("target %s version %d registered, alias %s", name, version, alias)
     return version
 
 
-@task(name="fetch-target", retries=2, retry_delay_seconds=5, cache_policy=NONE)
+def worth_retrying(task, task_run, state) -> bool:
+    """A registry step is retried after an outage or an unexpected error, not after a DraftsyncError that names
+    bad input (a layout draftsync cannot read, weights not on the worker): a retry would only say it again."""
+    from draftsync.errors import DraftsyncError
+    from draftsync.registry.outages import is_outage
+
+    error = state.result(raise_on_failure=False)
+    return not isinstance(error, DraftsyncError) or is_outage(error)
+
+
+@task(name="fetch-target", retries=2, retry_delay_seconds=5, retry_condition_fn=worth_retrying, cache_policy=NONE)
 def fetch_target(name: str, version: int) -> dict:
-    """A local copy of the target version and its registry tags (the checkpoint's facts filled in where missing)."""
+    """A local copy of the target version, whatever layout it was logged in: `path` is its plain checkpoint
+    directory, `tags` the registry's (what the checkpoint and its layout tell filled in where missing), and
+    `lineage` the tags that link a drafter to this exact target (its MLflow model id, its hub revision)."""
     registry = context.registry()
-    path = registry.download(name, version)
-    return {"path": str(path), "tags": fill_target_tags(name, version, path, registry.version_tags(name, version))}
+    layout = registry.checkpoint_layout(name, version)
+    tags = fill_target_tags(name, version, layout, registry.version_tags(name, version))
+    return {"path": str(layout.path), "tags": tags, "lineage": target_link_tags(layout), "layout": layout.layout}
 
 
-def fill_target_tags(name: str, version: int, checkpoint_dir: Path, tags: dict[str, str]) -> dict[str, str]:
-    """The version's tags, with the checkpoint facts it lacks read from `checkpoint_dir` and set on the version.
+def fill_target_tags(name: str, version: int, layout: TargetLayout, tags: dict[str, str]) -> dict[str, str]:
+    """The version's tags, with the facts it lacks read from its checkpoint and its layout and set on the version.
 
     A version registered by hand in MLflow has no architecture, size or family tags; its checkpoint tells them
-    (`describe_target`, which also refuses a family draftsync does not train for). Tags already there are
-    kept as they are, and the task mix, which no checkpoint tells, is never set here."""
+    (`describe_target`, which also refuses a family draftsync does not train for), and an MLmodel its dtype, task
+    and transformers version. Tags already there are kept as they are, and the task mix, which no checkpoint tells,
+    is never set here."""
     from draftsync.speculative.targets import describe_target
 
-    if all(str(tags.get(key, "")).strip() for key in CHECKPOINT_TAGS):
+    derived = layout_tags(layout)
+    if not all(str(tags.get(key, "")).strip() for key in CHECKPOINT_TAGS):
+        facts = describe_target(layout.path)
+        facts.pop("task_mix", None)
+        derived.update(checkpoint_tags(**facts))
+    missing = {key: value for key, value in derived.items() if not str(tags.get(key, "")).strip()}
+    if not missing:
         return tags
-    facts = describe_target(Path(checkpoint_dir))
-    facts.pop("task_mix", None)
-    derived = checkpoint_tags(**facts)
-    missing = {key: derived[key] for key in CHECKPOINT_TAGS if not str(tags.get(key, "")).strip()}
     registry = context.registry()
     for key, value in missing.items():
         registry.tag_version(name, version, key, value)
@@ -77,7 +111,7 @@ def fill_target_tags(name: str, version: int, checkpoint_dir: Path, tags: dict[s
     return {**tags, **missing}
 
 
-@task(name="fetch-drafter", retries=2, retry_delay_seconds=5, cache_policy=NONE)
+@task(name="fetch-drafter", retries=2, retry_delay_seconds=5, retry_condition_fn=worth_retrying, cache_policy=NONE)
 def fetch_drafter(target_name: str, drafter_version: int) -> str:
     """A local copy of the target's drafter version (the checkpoint validated, or a sync's warm start)."""
     return str(context.registry().download(drafter_model_name(target_name), drafter_version))
@@ -102,17 +136,19 @@ def register_drafter(
     history_path: str | None = None,
     data_checks: dict | None = None,
     generation: int = 0,
+    target_link: dict[str, str] | None = None,
 ) -> int:
     """Register the drafter (validation pending) with its lineage, training curves and data checks.
 
-    A retried sync gets the same version back; a retrain (`generation` > 0) registers a new one. The data
-    checks' failures are a tag, so a later `draftsync validate` of this version judges the data-coverage gate
-    without the dataset."""
+    `target_link` (fetch_target's `lineage`) ties it to the exact target: its MLflow model id and hub revision. A
+    retried sync gets the same version back; a retrain (`generation` > 0) registers a new one. The data checks'
+    failures are a tag, so a later `draftsync validate` of this version judges the data-coverage gate without the
+    dataset."""
 
     registry = context.registry()
     history = json.loads(Path(history_path).read_text()) if history_path and Path(history_path).exists() else None
     failures = sum(not o["passed"] for o in data_checks.get("outcomes", [])) if data_checks is not None else None
-    tags = training_tags(training, generation, failures)
+    tags = {**training_tags(training, generation, failures), **(target_link or {})}
     version = registry.register_drafter(
         target_name,
         target_version,

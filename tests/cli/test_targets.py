@@ -86,6 +86,39 @@ def test_register_tags_the_next_version_from_the_checkpoint_and_requests_its_syn
     assert context.sync_ledger().get("reg-llm", 2, method) is None
 
 
+def test_register_with_the_transformers_flavor_logs_a_model_mlflow_loads_and_a_sync_reads(
+    workdir, built_targets, tmp_path, monkeypatch
+):
+    """`--flavor transformers`: an MLflow 3 logged model of the checkpoint's own files, from a folder outside every
+    model root (a path typed on the command line is the operator's intent)."""
+    import mlflow.transformers
+    from draftsync.tasks import context
+    from draftsync.tasks.registration import fetch_target
+
+    elsewhere = Path(shutil.copytree(built_targets[1], tmp_path / "elsewhere" / "ckpt"))
+    monkeypatch.setenv("DRAFTSYNC_MODEL_ROOTS", str(tmp_path / "roots-elsewhere"))
+    result = _register(
+        workdir, str(elsewhere), "--name", "flavored-llm", "--task-mix", "code=1", "--flavor", "transformers"
+    )
+    assert result.exit_code == 0, result.output
+    registry = context.registry()
+    info = registry.version_info("flavored-llm", 1)
+    assert info.model_id and info.source == f"models:/{info.model_id}"
+    assert info.tags["draftsync.kind"] == "target" and info.tags["draftsync.family"] == "llama"
+
+    parts = mlflow.transformers.load_model(info.source, return_type="components")
+    assert type(parts["model"]).__name__ == "LlamaForCausalLM" and len(parts["tokenizer"]) == 1024
+    fetched = fetch_target.fn("flavored-llm", 1)
+    assert fetched["layout"] == "transformers" and fetched["lineage"] == {"draftsync.target.model_id": info.model_id}
+    assert fetched["tags"]["draftsync.transformers.task"] == "text-generation"
+    assert fetched["tags"]["draftsync.transformers.torch_dtype"] == "torch.float32"  # the checkpoint's own
+    assert (Path(fetched["path"]) / "config.json").is_file() and (Path(fetched["path"]) / "tokenizer.json").is_file()
+
+    refused = _register(workdir, str(elsewhere), "--name", "flavored-llm", "--task-mix", "code=1", "--flavor", "onnx")
+    assert refused.exit_code != 0 and "--flavor 'onnx' is not known" in refused.exception.what
+    assert _versions("flavored-llm") == [1]
+
+
 def test_register_without_a_task_mix_says_how_to_give_it(workdir, built_targets):
     result = _register(workdir, str(built_targets[1]), "--name", "mixless-llm")
     assert result.exit_code != 0
