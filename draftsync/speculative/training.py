@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from draftsync.profiles import SyncProfile
     from draftsync.speculative.shard_reader import ShardDataset
-    from draftsync.speculative.training_batch import TrainingBatch
+    from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
 
 CHECKPOINT_FILE = "trainer-state.pt"
 
@@ -341,6 +341,33 @@ def _positions(drafter: Any) -> int:
     return getattr(drafter.config, "num_heads", 3)
 
 
+def optimisation_step(
+    drafter: Any,
+    batch: TrainingBatch,
+    head: Any,
+    optimizer: torch.optim.Optimizer,
+    parameters: list[torch.nn.Parameter],
+    config: TrainConfig,
+    step: int,
+    autocast: Any,
+) -> DraftLoss:
+    """One step on a batch already on the device: the target's logits, the drafter's loss, backward, clip, AdamW.
+    The whole of a step's memory is here, so bench/train_memory.py measures this very function."""
+    import torch
+
+    # the last step's gradients go before the forward pass, so they never sit beside its activations
+    optimizer.zero_grad(set_to_none=True)
+    batch = _with_target_logits(batch, head, config.teacher_temperature)
+    generator = torch.Generator(device=batch.ids.device).manual_seed(config.seed * 1_000_003 + step)
+    feed = {"feed_target_states": True} if config.ttt_feed == "target" else {}
+    with autocast:
+        result = drafter.training_loss(batch, config.ttt_steps, config.noise_std, generator, **feed)
+    result.weighted_total(config.position_decay).backward()
+    torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+    optimizer.step()
+    return result
+
+
 def train_drafter(
     target_model: Any,
     dataset: ShardDataset,
@@ -418,15 +445,8 @@ def train_drafter(
             for group in optimizer.param_groups:
                 group["lr"] = lr
             batch = dataset.batch_for_step(step, config.batch_size, config.seq_len, config.seed, train_windows)
-            batch = _with_target_logits(_to_device(batch, device), head, config.teacher_temperature)
-            generator = torch.Generator(device=device).manual_seed(config.seed * 1_000_003 + step)
-            feed = {"feed_target_states": True} if config.ttt_feed == "target" else {}
-            with autocast:
-                result = drafter.training_loss(batch, config.ttt_steps, config.noise_std, generator, **feed)
-            optimizer.zero_grad(set_to_none=True)
-            result.weighted_total(config.position_decay).backward()
-            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-            optimizer.step()
+            batch = _to_device(batch, device)
+            result = optimisation_step(drafter, batch, head, optimizer, parameters, config, step, autocast)
 
             step += 1
             tokens += int(batch.valid.sum())

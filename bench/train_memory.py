@@ -1,0 +1,125 @@
+"""Peak memory of one EAGLE-3 training step, measured against `speculative/step_memory.py`'s prediction.
+
+Each shape runs in its own process: a Llama-shaped target config (no target weights: the step needs only the target's
+lm_head, randomly initialised here), a fresh EAGLE-3 drafter, a batch of random states, then two
+`training.optimisation_step`s in fp32 on this CPU, the function a sync trains with (the second holds AdamW's state, as
+every later one does). The measured figure is the peak
+resident memory (the kernel's ru_maxrss) less the resident memory before the drafter, head and batch were made, so
+the interpreter and torch's libraries do not count; on CUDA it would be torch.cuda.max_memory_allocated. Prints JSON:
+per shape, the prediction's parts, its total, the measurement and their ratio.
+
+Usage: python bench/train_memory.py [--shapes 1b-256,1b-512,3b-1024,8b-2048] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# name: (hidden, layers' intermediate, heads, kv heads, vocabulary, draft vocabulary, batch, sequence length)
+SHAPES = {
+    "1b-256": (2048, 8192, 32, 8, 128256, 32000, 1, 256),  # Llama-3.2-1B's widths
+    "1b-512": (2048, 8192, 32, 8, 128256, 32000, 1, 512),
+    "3b-1024": (3072, 8192, 24, 8, 128256, 32000, 1, 1024),  # Llama-3.2-3B's
+    "8b-2048": (4096, 14336, 32, 8, 128256, 32000, 1, 2048),  # Llama-3.1-8B's drafter at 2,048 tokens
+}
+TTT_STEPS = 4  # the production profile's
+
+
+def _rss_bytes() -> int:
+    import os
+
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def measure(name: str) -> dict:
+    """One shape, in this process (run as a child of main())."""
+    import resource
+    from contextlib import nullcontext
+
+    import torch
+    from draftsync.speculative.draft_vocab import build_draft_vocab
+    from draftsync.speculative.drafters import new_drafter
+    from draftsync.speculative.methods import EAGLE3
+    from draftsync.speculative.step_memory import StepShape, predict_step_memory
+    from draftsync.speculative.training import TrainConfig, optimisation_step
+    from draftsync.speculative.training_batch import TrainingBatch
+    from transformers import LlamaConfig
+
+    hidden, intermediate, heads, kv_heads, vocab, draft_vocab, batch, seq_len = SHAPES[name]
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        vocab_size=vocab,
+        num_hidden_layers=32,
+        max_position_embeddings=8192,
+    )
+    shape = StepShape.for_target(config, draft_vocab, batch, seq_len, TTT_STEPS)
+    torch.manual_seed(0)
+    torch.ones(8) @ torch.ones(8)  # torch's kernels loaded before the baseline
+    baseline = _rss_bytes()
+
+    drafter = new_drafter(EAGLE3.name, config, draft_vocab, (1, 15, 29))
+    drafter.set_draft_vocab(*build_draft_vocab(torch.arange(vocab, 0, -1), draft_vocab))  # the most frequent ids
+    drafter.embed_tokens.weight.requires_grad_(False)
+    drafter.train()
+    head = torch.nn.Linear(hidden, vocab, bias=False)
+    head.requires_grad_(False)
+    ids = torch.randint(0, vocab, (batch, seq_len))
+    step_batch = TrainingBatch(
+        ids=ids,
+        valid=torch.ones(batch, seq_len, dtype=torch.bool),
+        loss_mask=torch.ones(batch, seq_len, dtype=torch.bool),
+        aux=torch.randn(batch, seq_len, 3 * hidden),
+        final=torch.randn(batch, seq_len, hidden),
+    )
+    parameters = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0)
+    train_config = TrainConfig(method=EAGLE3.name, ttt_steps=TTT_STEPS, precision="fp32", device="cpu")
+    for step in range(2):  # the second step is the steady state: AdamW's moments exist
+        result = optimisation_step(drafter, step_batch, head, optimizer, parameters, train_config, step, nullcontext())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    predicted = predict_step_memory(shape)
+    measured = peak - baseline
+    return {
+        "shape": name,
+        **shape.to_dict(),
+        "loss": round(float(result.total), 4),
+        "predicted_gib": {part: round(value / 2**30, 3) for part, value in predicted.items()},
+        "measured_gib": round(measured / 2**30, 3),
+        "predicted_over_measured": round(predicted["total"] / measured, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(args.one)))
+        return
+    from bench.harness import emit_json
+
+    rows = []
+    for name in args.shapes.split(","):
+        child = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True, check=False)
+        if child.returncode != 0:
+            raise SystemExit(f"shape {name} failed:\n{child.stderr[-3000:]}")
+        rows.append(json.loads(child.stdout.strip().splitlines()[-1]))
+        print(f"{name}: predicted/measured {rows[-1]['predicted_over_measured']}", file=sys.stderr)
+    emit_json({"benchmark": "train_memory", "ttt_steps": TTT_STEPS, "precision": "fp32", "rows": rows}, args.json)
+
+
+if __name__ == "__main__":
+    main()

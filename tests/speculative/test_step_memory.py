@@ -1,0 +1,54 @@
+"""The training step's memory model counts what the real drafter holds: its parameter counts against a drafter built
+at Llama-3-like proportions (grouped-query attention, a draft vocabulary), and its parts scale as the shapes do. How
+close the total comes to a measured peak is bench/train_memory.py's to say."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from draftsync.speculative.step_memory import FP32, StepShape, drafter_parameters, predict_step_memory
+from transformers import LlamaConfig
+
+
+def _config(**changes) -> LlamaConfig:
+    shape = {
+        "hidden_size": 256,
+        "intermediate_size": 896,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 3000,
+        "num_hidden_layers": 8,
+    }
+    return LlamaConfig(**{**shape, **changes})
+
+
+@pytest.mark.parametrize("draft_vocab", [3000, 512])
+def test_the_parameter_counts_are_the_drafters_own(draft_vocab):
+    from draftsync.speculative.drafters import new_drafter
+
+    config = _config()
+    drafter = new_drafter("eagle3", config, draft_vocab, (1, 4, 6))
+    drafter.initialise_from_target(_target(config), freeze_embeddings=True)
+    trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in drafter.parameters() if not p.requires_grad)
+    shape = StepShape.for_target(config, draft_vocab, batch=2, seq_len=64, ttt_steps=3)
+    assert drafter_parameters(shape) == (trainable, frozen)
+
+
+def _target(config: LlamaConfig):
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+def test_the_parts_scale_with_tokens_and_steps_and_the_weights_do_not():
+    config = _config()
+    base = predict_step_memory(StepShape.for_target(config, 512, batch=1, seq_len=128, ttt_steps=2))
+    longer = predict_step_memory(StepShape.for_target(config, 512, batch=2, seq_len=128, ttt_steps=2))
+    deeper = predict_step_memory(StepShape.for_target(config, 512, batch=1, seq_len=128, ttt_steps=4))
+    for part in ("drafter_weights", "adam_moments", "gradients", "target_head"):
+        assert base[part] == longer[part] == deeper[part]
+    assert longer["target_logits"] == 2 * base["target_logits"] == 2 * FP32 * 128 * 3000
+    assert longer["activations"] == deeper["activations"] == 2 * base["activations"]
+    assert base["total"] == sum(value for part, value in base.items() if part != "total")
