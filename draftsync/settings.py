@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     model_mirrors: str = ""
     hub_downloads: bool = False  # let a worker download a by-reference target's weights from the hub
     deployments_file: Path | None = None  # the deployments YAML; default: <workdir>/deployments.yaml
+    # The most a sync's dataset may take on disk; None: the free space of the work dir's disk.
+    disk_budget_gb: float | None = Field(None, gt=0)
 
     # The vLLM that `launch: vllm` starts (serving/vllm_engine.py): a Python interpreter or venv of a vLLM
     # installation, or its `vllm` command; default: .venv-vllm (`make vllm`), else `vllm` on PATH.

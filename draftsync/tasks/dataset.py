@@ -29,6 +29,39 @@ def target_task_mix(target_dir: Path, tags: dict[str, str] | None = None) -> dic
     )
 
 
+def planned_dataset_tokens(model, tokenizer, texts, prompts, profile: SyncProfile) -> int:
+    """Tokens the dataset will hold at most: the texts' own (cut at the longest sequence kept), and for each prompt
+    its tokens and the longest response the profile lets the target write."""
+    longest = profile.dataset_max_seq_len or getattr(model.config, "max_position_embeddings", None) or 1 << 30
+    tokens = sum(min(len(sample.input_ids), longest) for sample in texts.iter_from(0))
+    if profile.generated_samples:
+        tokens += sum(
+            min(len(tokenizer(prompt)["input_ids"]) + profile.generated_max_tokens, longest) for _, prompt in prompts
+        )
+    return tokens
+
+
+def check_dataset_disk(out_dir: Path, tokens: int, bytes_per_token: int) -> None:
+    """Refuse, before a byte is written, a dataset the disk (or DRAFTSYNC_DISK_BUDGET_GB) cannot hold; shards a
+    resumed build already wrote count as written."""
+    import shutil
+
+    needed = tokens * bytes_per_token
+    written = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file()) if out_dir.exists() else 0
+    existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    budget = context.settings().disk_budget_gb
+    room = min(free, int(budget * 1e9)) if budget is not None else free
+    what = "DRAFTSYNC_DISK_BUDGET_GB" if budget is not None and room < free else f"free space on {existing}"
+    if needed - written > room:
+        raise DraftsyncError(
+            f"the dataset for this sync needs up to {needed / 1e9:.3g} GB ({tokens:,} tokens at {bytes_per_token:,} "
+            f"bytes each) and {what} allows {room / 1e9:.3g} GB; nothing was written",
+            "free disk space or raise DRAFTSYNC_DISK_BUDGET_GB, or sync with a profile of fewer training_texts, "
+            "generated_samples or a shorter dataset_max_seq_len",
+        )
+
+
 def _checks_markdown(report: dict) -> str:
     rows = "\n".join(
         f"| {o['name']} | {o['check']} | {o['observed']} | {o['expected']} | {'pass' if o['passed'] else 'FAIL'} |"
@@ -55,7 +88,7 @@ def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProf
     from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
     from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
     from draftsync.speculative.shard_reader import ShardDataset
-    from draftsync.speculative.shard_writer import build_shards
+    from draftsync.speculative.shard_writer import build_shards, shard_bytes_per_token
     from draftsync.speculative.targets import load_target
     from draftsync.validation.data_checks import run_data_checks
 
@@ -79,6 +112,12 @@ def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProf
             )
         )
     layer_ids = tuple(profile.aux_layer_ids or default_aux_layer_ids(num_decoder_layers(model)))
+    store_aux = METHODS[profile.method].reads_aux_states
+    check_dataset_disk(
+        Path(out_dir),
+        planned_dataset_tokens(model, tokenizer, sources[0], prompts, profile),
+        shard_bytes_per_token(model.config.hidden_size, store_aux),
+    )
 
     def progress(consumed: int, manifest: dict) -> None:
         logger.info(
@@ -90,7 +129,7 @@ def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProf
         concat_samples(*sources),
         out_dir,
         layer_ids,
-        store_aux=METHODS[profile.method].reads_aux_states,
+        store_aux=store_aux,
         max_seq_len=profile.dataset_max_seq_len,
         target_name=target_dir,
         on_progress=progress,

@@ -64,6 +64,37 @@ def test_sync_of_a_corrupt_registered_target_registers_no_drafter(workdir, built
     assert registry.alias_version("broken-llm-drafter", "production") is None
 
 
+def test_a_dataset_larger_than_the_disk_budget_is_refused_before_a_byte_is_written(workdir, built_targets, monkeypatch):
+    """The shards' size is planned from the texts' and prompts' tokens at 8 x hidden + 5 bytes a token (EAGLE-3)."""
+    from draftsync.flows.sync import sync
+    from draftsync.profiles import profile
+    from draftsync.tasks import context
+
+    version = _register("roomless-llm", built_targets[1])
+    monkeypatch.setenv("DRAFTSYNC_DISK_BUDGET_GB", "0.001")  # 1 MB; the test profile's dataset is several
+    context.reset()
+    with pytest.raises(DraftsyncError) as refused:
+        sync("roomless-llm", version, "test")
+    what = refused.value.what
+    assert "DRAFTSYNC_DISK_BUDGET_GB allows 0.001 GB" in what and "nothing was written" in what
+    assert f"at {8 * 128 + 5:,} bytes each" in what  # hidden 128
+    planned = float(what.split("needs up to ")[1].split(" GB")[0])
+    assert planned > 0.001
+    assert "DRAFTSYNC_DISK_BUDGET_GB" in refused.value.fix and "training_texts" in refused.value.fix
+    sync_dir = workdir / "syncs" / "roomless-llm"
+    assert not any(sync_dir.rglob("*.pt")) and not any(sync_dir.rglob("manifest*")), "no shard was written"
+    assert context.registry().drafter_for_target_version("roomless-llm", version, validated_only=False) is None
+
+    # with room, the same sync's dataset lands within the plan
+    monkeypatch.delenv("DRAFTSYNC_DISK_BUDGET_GB")
+    context.reset()
+    small = profile("test").model_copy(update={"train_steps": 5, "checkpoint_every": 0, "keep_dataset": True})
+    result = sync("roomless-llm", version, small)
+    written = sum(f.stat().st_size for f in Path(result["dataset"]["path"]).rglob("*") if f.is_file())
+    assert result["dataset"]["tokens"] * (8 * 128 + 5) <= planned * 1e9 * 1.01
+    assert written <= planned * 1e9 * 1.05
+
+
 def test_a_drafter_for_another_vocabulary_is_refused_and_never_promoted(workdir, built_targets, tmp_path):
     """A drafter trained for a target with another vocabulary fails validation loudly; no alias moves."""
     from draftsync.profiles import validation_profile
