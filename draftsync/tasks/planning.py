@@ -15,7 +15,8 @@ from prefect.cache_policies import NONE
 
 from draftsync.profiles import SyncProfile
 from draftsync.registry.tags import TargetVersion, recommended_tags
-from draftsync.speculative.methods import is_eagle3_family
+from draftsync.serving.workload import NO_DRAFTER
+from draftsync.speculative.methods import MEDUSA, TRAINED_METHODS
 from draftsync.tasks import context
 from draftsync.tasks.serving import configured_deployments
 
@@ -63,19 +64,32 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
     )
     advice = recommend(workload).to_dict()
     chosen, applied = profile, False
-    if profile.follow_recommendation and is_eagle3_family(advice["method"]):
+    recommended = advice["method"]
+    if profile.follow_recommendation and recommended in TRAINED_METHODS:
         low, high = advice["gamma_range"]
-        chosen = profile.model_copy(
-            update={
-                "method": advice["method"],
-                "gamma": advice["gamma_start"],
-                "validation": profile.validation.model_copy(update={"gamma_range": (low, high)}),
-            }
-        )
+        start = advice["gamma_start"]
+        update: dict = {
+            "method": recommended,
+            "gamma": start,
+            "validation": profile.validation.model_copy(update={"gamma_range": (low, high)}),
+        }
+        if recommended == MEDUSA.name:
+            update["medusa_heads"] = max(profile.medusa_heads, start)  # one head per drafted token
+        elif profile.ttt_steps < start:
+            # a chained drafter learns as many positions ahead as it will draft
+            update["ttt_steps"] = start
+            assumptions.append(f"ttt_steps raised from {profile.ttt_steps} to the recommended gamma {start}")
+        chosen = profile.model_copy(update=update)
         applied = True
+    elif recommended == NO_DRAFTER:
+        assumptions.append(
+            f"the decision framework advises no speculative decoding for {target_name} on this hardware and "
+            f"workload; the profile's {profile.method} drafter is trained and validated anyway, and a deployment "
+            "serves it only where its own batch and latency ask for one"
+        )
     elif profile.follow_recommendation:
         assumptions.append(
-            f"recommended method {advice['method']!r} is not trained by a sync: the profile's {profile.method} is"
+            f"recommended method {recommended!r} is not one a sync trains: the profile's {profile.method} is"
         )
     context.logger().info(
         "recommendation for %s: %s, gamma %s (start %s)%s",
