@@ -52,8 +52,6 @@ def expected_errors_in_one_line() -> None:
     """Prefect logs a failed flow or task run with its traceback. A DraftsyncError already names the problem and
     the fix, so on the terminal it gets one line, unless `--debug`; the run's logs in the Prefect UI keep it whole.
     A traceback of any other error is a bug's, and stays."""
-    import logging
-
     from prefect.logging.handlers import PrefectConsoleHandler
 
     from draftsync.settings import Settings

@@ -99,10 +99,9 @@ def register(
     delivery requests it (event draftsync.target.version.created), so a webhook reporting the same version
     does not start a second one. CHECKPOINT may lie anywhere: a path typed here is the operator's intent, and the
     model roots (DRAFTSYNC_MODEL_ROOTS) confine only paths that arrive from elsewhere."""
-    from draftsync.registry.target_layouts import FLAVOR, PLAIN
+    from draftsync.registry.target_layouts import check_flavor
 
-    if flavor not in (PLAIN, FLAVOR):
-        raise DraftsyncError(f"--flavor {flavor!r} is not known", f"pass --flavor {PLAIN} or --flavor {FLAVOR}")
+    check_flavor(flavor, "--flavor")  # before the checkpoint is loaded
     mix = parse_task_mix(task_mix, name)
     check_checkpoint(checkpoint, name)
     check_registry()

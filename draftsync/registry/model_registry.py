@@ -39,7 +39,7 @@ from draftsync.registry.tags import (
     validation_metric_tags,
     validation_status,
 )
-from draftsync.registry.target_layouts import FLAVOR, PLAIN, TargetLayout, read_layout
+from draftsync.registry.target_layouts import FLAVOR, PLAIN, TargetLayout, check_flavor, read_layout
 from draftsync.speculative.methods import TRAINED_METHODS
 
 if TYPE_CHECKING:
@@ -148,8 +148,7 @@ class Registry:
         every file is stored, so a failure leaves no version.
         """
         check_name(name)
-        if flavor not in (PLAIN, FLAVOR):
-            raise DraftsyncError(f"target flavor {flavor!r} is not known", f"use {PLAIN} or {FLAVOR}")
+        check_flavor(flavor)
         checkpoint_dir = check_checkpoint_dir(checkpoint_dir, "target", confine=confine)
         check_target_tags(name, tags)
         version_tags = {**{k: str(v) for k, v in tags.items()}, KIND_TAG: TARGET_KIND}

@@ -19,14 +19,16 @@ import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
+
+if TYPE_CHECKING:
+    from draftsync.settings import Settings
 
 PLAIN = "checkpoint"
 FLAVOR = "transformers"
 BY_REFERENCE = "transformers-by-reference"
-LAYOUTS = (PLAIN, FLAVOR, BY_REFERENCE)
 
 LAYOUT_FILE = "draftsync-layout.json"  # beside the downloaded files; names the layout and the directory to read
 CHECKPOINT_VIEW = "draftsync-checkpoint"  # the plain directory built from links, for the flavor layouts
@@ -58,6 +60,12 @@ class TargetLayout:
     def from_json(cls, text: str, root: Path) -> TargetLayout:
         fields = json.loads(text)
         return cls(**{**fields, "path": root / fields["path"]})
+
+
+def check_flavor(flavor: str, named: str = "target flavor") -> None:
+    """The ways draftsync logs a target: PLAIN (the checkpoint's files) or FLAVOR (an MLflow transformers model)."""
+    if flavor not in (PLAIN, FLAVOR):
+        raise DraftsyncError(f"{named} {flavor!r} is not known", f"use {PLAIN} or {FLAVOR}")
 
 
 def read_layout(downloaded: Path) -> TargetLayout:
@@ -178,12 +186,9 @@ def hub_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface" / "hub"
 
 
-def model_places() -> list[tuple[str, Path]]:
+def model_places(settings: Settings) -> list[tuple[str, Path]]:
     """Where a worker keeps checkpoints, each with the setting that names it: the hub cache, then the mirrors,
     then the model roots."""
-    from draftsync.settings import Settings
-
-    settings = Settings()
     places = [("the Hugging Face cache (HF_HOME, HF_HUB_CACHE)", hub_cache_dir())]
     places += [("DRAFTSYNC_MODEL_MIRRORS", path) for path in settings.model_mirror_paths]
     places += [("DRAFTSYNC_MODEL_ROOTS", path) for path in settings.model_root_paths]
@@ -193,7 +198,7 @@ def model_places() -> list[tuple[str, Path]]:
 def find_local_copy(repo_id: str, revision: str, what: str) -> Path:
     """The directory holding `repo_id` at `revision` on this worker, in the hub cache's layout
     (`models--org--name/snapshots/<commit>`) or a local-dir download's (`org/name`, its revision recorded by
-    `hf download --local-dir`), in any of `model_places()`. Downloads it only when DRAFTSYNC_HUB_DOWNLOADS is on."""
+    `hf download --local-dir`), in any of `model_places`. Downloads it only when DRAFTSYNC_HUB_DOWNLOADS is on."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
@@ -208,7 +213,10 @@ def find_local_copy(repo_id: str, revision: str, what: str) -> Path:
             f"{what} refers to {repo_id} at revision {revision!r}, which is not a commit or branch name",
             "log the model again; MLflow records the repository's commit",
         )
-    places = model_places()
+    from draftsync.settings import Settings
+
+    settings = Settings()
+    places = model_places(settings)
     other_revisions: list[str] = []
     for _, place in places:
         for look_in in (_in_hub_cache, _in_local_dir):
@@ -216,9 +224,7 @@ def find_local_copy(repo_id: str, revision: str, what: str) -> Path:
             if found is not None:
                 return found
             other_revisions += others
-    from draftsync.settings import Settings
-
-    if Settings().hub_downloads:
+    if settings.hub_downloads:
         return _download(repo_id, revision, what)
     looked = "; ".join(f"{path} ({setting})" for setting, path in places)
     if other_revisions:

@@ -41,9 +41,7 @@ class StepShape:
     aux_layers: int = 3
 
     @classmethod
-    def for_target(
-        cls, config: Any, draft_vocab: int, batch: int, seq_len: int, ttt_steps: int, intermediate: int | None = None
-    ) -> StepShape:
+    def for_target(cls, config: Any, draft_vocab: int, batch: int, seq_len: int, ttt_steps: int) -> StepShape:
         """From a transformers config of the target (the drafter's layer takes the target's widths)."""
         heads = config.num_attention_heads
         return cls(
@@ -53,7 +51,7 @@ class StepShape:
             heads=heads,
             kv_heads=getattr(config, "num_key_value_heads", None) or heads,
             head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-            intermediate=intermediate or config.intermediate_size,
+            intermediate=config.intermediate_size,
             batch=batch,
             seq_len=seq_len,
             ttt_steps=ttt_steps,

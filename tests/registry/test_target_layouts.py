@@ -103,15 +103,21 @@ def log_by_reference_here(tracking_uri: str, name: str, checkpoint: str) -> int:
 
 
 @pytest.fixture(autouse=True)
-def fluent_mlflow_uris(monkeypatch):
-    """mlflow.transformers.log_model works through MLflow's process-wide URIs (globals, and variables it exports):
-    unset them after each test, and let monkeypatch put the environment back."""
-    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+def fluent_mlflow_uris():
+    """mlflow.transformers.log_model works through MLflow's process-wide URIs, globals that it also exports as
+    MLFLOW_TRACKING_URI and MLFLOW_REGISTRY_URI: unset the globals after each test and put the variables back, so
+    no later test talks to this test's (stopped) server."""
+    saved = {key: os.environ.get(key) for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
     yield
     import mlflow
 
     mlflow.set_tracking_uri(None)
     mlflow.set_registry_uri(None)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def _log_by_reference(tracking_uri: str, name: str, checkpoint: Path, hub) -> int:
