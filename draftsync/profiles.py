@@ -125,6 +125,10 @@ class SyncProfile(BaseModel):
     dataset_max_seq_len: int | None = Field(None, ge=8)  # cut longer samples (None: the target's context)
     batch_size: int = Field(8, ge=1)
     seq_len: int = Field(128, ge=8)
+    # A step's windows in micro-batches of at most this many tokens, their gradients accumulated (None: the whole
+    # batch at once); `draftsync plan` picks it, and activation checkpointing, when a step would not fit the GPU.
+    batch_tokens: int | None = Field(None, ge=8)
+    activation_checkpointing: bool = False
     lr: float = 2e-3
     warmup_steps: int = Field(10, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)  # the cosine decay ends at lr * min_lr_ratio
@@ -144,7 +148,7 @@ class SyncProfile(BaseModel):
     # production profile's; the tiny CPU targets of the demo reach about 0.6-0.75, so its profile gates lower.
     validation: ValidationProfile = Field(default_factory=lambda: VALIDATION_PROFILES["production"].model_copy())
     seed: int = 0
-    training_device: Literal["auto", "cpu", "cuda"] = "auto"
+    training_device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")  # `draftsync plan` picks the GPU
     # Train the method and sweep the gamma range the decision framework recommends for the target and its
     # hardware (`draftsync recommend`); off, the recommendation is only recorded on the drafter version.
     follow_recommendation: bool = False

@@ -239,7 +239,7 @@ class EagleDrafter(nn.Module):
         token_loss_weight * cross-entropy. Gaussian noise of std `noise_std` (drawn from `generator`) is
         added to the input states. `position_losses` holds each step's combined loss.
         """
-        target_logits = batch.filled_target_logits()
+        batch.filled_target_logits()  # every family's loss needs them: fail before the forward pass
         length = batch.ids.shape[1]
         check_window(length, ttt_steps)
         final = batch.final[:, :-1]
@@ -251,7 +251,7 @@ class EagleDrafter(nn.Module):
         result = DraftLoss(total=torch.zeros(()), position_losses=[], position_hits=[], position_counts=[])
         for step, (logits, features) in enumerate(zip(logits_per_step, features_per_step, strict=True)):
             offset = step + 1
-            terms = distribution_terms(logits, target_logits, batch.loss_mask, offset, None, self.to_target_ids)
+            terms = distribution_terms(logits, batch, offset, None, self.to_target_ids)
             if terms.loss is not None:
                 rows = prediction_rows(length, offset)
                 regression = F.smooth_l1_loss(

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_loss import check_window, distribution_terms, gaussian_noise
@@ -326,6 +327,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
     target_copy_names = ("embed_tokens.weight",)  # a frozen copy of the target's embedding
     config: Eagle3Config
     inv_freq: torch.Tensor  # a buffer (register_buffer)
+    activation_checkpointing = False  # the trainer's: recompute the layer in backward instead of keeping it
 
     def __init__(self, config: Eagle3Config):
         super().__init__()
@@ -440,9 +442,11 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
         for step in range(ttt_steps):
             past = None if step == 0 else (torch.cat(keys, 2), torch.cat(values, 2))
             mask = training_time_test_mask(length, step, device, self.config.sliding_window)
-            out, k, v = self.layers[0](
-                self.embed_tokens(ids), hidden, self._rope(positions + step, hidden.dtype), past, mask
-            )
+            layer_inputs = (self.embed_tokens(ids), hidden, self._rope(positions + step, hidden.dtype), past, mask)
+            if self.activation_checkpointing and torch.is_grad_enabled():
+                out, k, v = checkpoint(self.layers[0], *layer_inputs, use_reentrant=False)
+            else:
+                out, k, v = self.layers[0](*layer_inputs)
             keys.append(k)
             values.append(v)
             logits, hidden = self._head(out)
@@ -474,7 +478,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
                 "the training batch has no aux states, which an EAGLE-3 drafter reads",
                 "build the training dataset with aux states for eagle3/eagle3.1 drafters",
             )
-        target_logits = batch.filled_target_logits()
+        batch.filled_target_logits()  # every family's loss needs them: fail before the forward pass
         check_window(batch.ids.shape[1], ttt_steps)
         aux = batch.aux[:, :-1]
         if noise_std > 0:
@@ -484,7 +488,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
         losses: list[torch.Tensor] = []
         result = DraftLoss(total=torch.zeros(()), position_losses=[], position_hits=[], position_counts=[])
         for step, logits in enumerate(logits_per_step):
-            terms = distribution_terms(logits, target_logits, batch.loss_mask, step + 1, draft_ids, self.to_target_ids)
+            terms = distribution_terms(logits, batch, step + 1, draft_ids, self.to_target_ids)
             if terms.loss is not None:
                 losses.append(terms.loss)
                 result.chain_terms.append((step, terms.loss))

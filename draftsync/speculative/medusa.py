@@ -136,7 +136,7 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
         do not chain) and is only checked; Gaussian noise of std `noise_std` (from `generator`) is added
         to the final states.
         """
-        target_logits = batch.filled_target_logits()
+        batch.filled_target_logits()  # every family's loss needs them: fail before the forward pass
         check_window(batch.ids.shape[1], ttt_steps)
         final = batch.final
         if noise_std > 0:
@@ -146,9 +146,7 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
         losses: list[torch.Tensor] = []
         result = DraftLoss(total=torch.zeros(()), position_losses=[], position_hits=[], position_counts=[])
         for k in range(self.config.num_heads):
-            terms = distribution_terms(
-                logits[:, :, k], target_logits, batch.loss_mask, k + 1, draft_ids, self.to_target_ids
-            )
+            terms = distribution_terms(logits[:, :, k], batch, k + 1, draft_ids, self.to_target_ids)
             if terms.loss is not None:
                 losses.append(self.config.loss_decay**k * terms.loss)
             result.position_losses.append(0.0 if terms.loss is None else terms.loss.item())

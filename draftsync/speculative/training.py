@@ -49,6 +49,10 @@ CHECKPOINT_FILE = "trainer-state.pt"
 
 # TrainConfig fields added after the fingerprint was first written (see TrainConfig.fingerprint).
 FIELDS_ADDED_LATER = ("min_lr_ratio", "position_decay", "ttt_feed", "teacher_temperature")
+# How a step is laid out in memory, not what it computes: a checkpoint resumes across them.
+MEMORY_ONLY_FIELDS = ("batch_tokens", "activation_checkpointing")
+# Target logits computed at once while filling a batch: [tokens x vocabulary] is never whole.
+TARGET_CHUNK_ELEMENTS = 1 << 25
 
 
 @dataclass
@@ -80,7 +84,11 @@ class TrainConfig:
     freeze_embeddings: bool = True
     checkpoint_every: int = 0  # steps between resumable checkpoints (0: none)
     eval_every: int = 0  # steps between held-out evaluations reported to on_progress (0: only at the end)
-    device: str = "auto"  # "cpu", "cuda" or "auto" (CUDA when available)
+    # Memory bounds of a step: the step's windows are split into micro-batches of at most `batch_tokens` tokens
+    # (padded to their own longest window, not to seq_len) whose gradients accumulate; None: one micro-batch.
+    batch_tokens: int | None = None
+    activation_checkpointing: bool = False  # recompute the drafter layer's activations in backward (EAGLE-3)
+    device: str = "auto"  # "cpu", "cuda", "cuda:N" or "auto" (CUDA when available)
     precision: str = "auto"  # "bf16" (autocast), "fp32" or "auto" (machine.trains_in_bf16: bf16 where it is faster)
 
     @classmethod
@@ -94,6 +102,8 @@ class TrainConfig:
             steps=profile.warm_start_steps if warm_start else profile.train_steps,
             batch_size=profile.batch_size,
             seq_len=profile.seq_len,
+            batch_tokens=profile.batch_tokens,
+            activation_checkpointing=profile.activation_checkpointing,
             lr=profile.lr,
             warmup_steps=profile.warmup_steps,
             min_lr_ratio=profile.min_lr_ratio,
@@ -115,7 +125,7 @@ class TrainConfig:
         data = {
             k: v
             for k, v in asdict(self).items()
-            if k not in ("checkpoint_every", "eval_every") and not (k in later and v == later[k])
+            if k not in ("checkpoint_every", "eval_every", *MEMORY_ONLY_FIELDS) and not (k in later and v == later[k])
         }
         data["warm_start"] = warm_start
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()[:16]
@@ -144,7 +154,7 @@ def _device(name: str) -> torch.device:
 
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
+    if name.startswith("cuda") and not torch.cuda.is_available():
         raise DraftsyncError(
             "training was asked to run on CUDA but no CUDA device is visible",
             "run on a GPU worker or set the training device to cpu",
@@ -241,16 +251,69 @@ def _to_device(batch: TrainingBatch, device: torch.device) -> TrainingBatch:
         aux=move(batch.aux),
         final=move(batch.final),
         target_logits=move(batch.target_logits),
+        target_columns=move(batch.target_columns),
+        target_top=move(batch.target_top),
     )
 
 
-def _with_target_logits(batch: TrainingBatch, head: Any, temperature: float = 1.0) -> TrainingBatch:
+def _with_target_logits(
+    batch: TrainingBatch, head: Any, temperature: float = 1.0, columns: torch.Tensor | None = None
+) -> TrainingBatch:
+    """Fill the target's logits (lm_head(final) / temperature), a chunk of tokens at a time.
+
+    With `columns` (the drafter's draft vocabulary as target ids) only those columns are kept, with the target's
+    greedy token over its whole vocabulary beside them: a step then never holds [tokens x vocabulary]. The logits
+    keep the head's dtype: bf16 or fp16 on a GPU target, fp32 on a CPU one (and for any other dtype)."""
     import torch
 
-    if batch.target_logits is None:
-        with torch.no_grad():
-            batch.target_logits = head(batch.final.to(head.weight.dtype)).float() / temperature
+    if batch.target_logits is not None:
+        return batch
+    final = batch.final
+    weight = head.weight
+    dtype = weight.dtype if weight.dtype in (torch.float32, torch.bfloat16, torch.float16) else torch.float32
+    flat = final.reshape(-1, final.shape[-1])
+    width = weight.shape[0] if columns is None else columns.numel()
+    logits = torch.empty(flat.shape[0], width, dtype=dtype, device=final.device)
+    top = torch.empty(flat.shape[0], dtype=torch.long, device=final.device)
+    chunk = max(1, TARGET_CHUNK_ELEMENTS // weight.shape[0])
+    with torch.no_grad():
+        for begin in range(0, flat.shape[0], chunk):
+            full = head(flat[begin : begin + chunk].to(weight.dtype).to(weight.device)).to(final.device)
+            if columns is None:
+                logits[begin : begin + chunk] = (full.float() / temperature).to(dtype)
+                continue
+            top[begin : begin + chunk] = full.argmax(-1)
+            logits[begin : begin + chunk] = (full.index_select(-1, columns).float() / temperature).to(dtype)
+    batch.target_logits = logits.reshape(*final.shape[:-1], width)
+    if columns is not None:
+        batch.target_columns = columns
+        batch.target_top = top.reshape(final.shape[:-1])
     return batch
+
+
+def _draft_columns(drafter: Any, vocab_size: int, device: torch.device) -> torch.Tensor | None:
+    """The target ids of a reduced draft vocabulary (None: the drafter predicts over the whole vocabulary)."""
+    if getattr(drafter, "d2t", None) is None or drafter.config.draft_vocab_size >= vocab_size:
+        return None
+    return drafter.draft_token_ids.to(device)
+
+
+def micro_batches(windows: torch.Tensor, batch_tokens: int | None) -> list[torch.Tensor]:
+    """A step's windows [W, 3] in groups of at most `batch_tokens` padded tokens (count x longest window), longest
+    first, so each group pads little; a window longer than the budget is a group of its own. None: one group."""
+    if batch_tokens is None:
+        return [windows]
+    order = windows[:, 2].argsort(descending=True, stable=True)
+    groups: list[list[int]] = []
+    longest = 0
+    for row in order.tolist():
+        length = int(windows[row, 2])
+        if groups and (len(groups[-1]) + 1) * longest <= batch_tokens:
+            groups[-1].append(row)
+            continue
+        groups.append([row])
+        longest = length
+    return [windows[group] for group in groups]
 
 
 def _lr_at(config: TrainConfig, step: int) -> float:
@@ -297,9 +360,10 @@ def evaluate(
     counts: list[int] = []
     was_training = drafter.training
     drafter.eval()
+    columns = _draft_columns(drafter, head.weight.shape[0], device)
     with torch.no_grad():
         for batch in dataset.batches(windows, batch_size):
-            batch = _with_target_logits(_to_device(batch, device), head)
+            batch = _with_target_logits(_to_device(batch, device), head, columns=columns)
             result = drafter.training_loss(batch, ttt_steps=_positions(drafter), noise_std=0.0, generator=None)
             for i, (h, c) in enumerate(zip(result.position_hits, result.position_counts, strict=True)):
                 if i >= len(hits):
@@ -343,7 +407,7 @@ def _positions(drafter: Any) -> int:
 
 def optimisation_step(
     drafter: Any,
-    batch: TrainingBatch,
+    micro: list[TrainingBatch],
     head: Any,
     optimizer: torch.optim.Optimizer,
     parameters: list[torch.nn.Parameter],
@@ -351,21 +415,44 @@ def optimisation_step(
     step: int,
     autocast: Any,
 ) -> DraftLoss:
-    """One step on a batch already on the device: the target's logits, the drafter's loss, backward, clip, AdamW.
-    The whole of a step's memory is here, so bench/train_memory.py measures this very function."""
+    """One step over micro-batches, each moved to the drafter's device only when its turn comes: per micro-batch
+    the target's logits (over the draft vocabulary), the drafter's loss and backward, gradients accumulated; then
+    clip and AdamW.
+
+    Each micro-batch weighs its share of the step's loss-masked tokens, so the step's loss is the one of its
+    windows taken together. The whole of a step's memory is here: bench/train_memory.py measures this function."""
     import torch
+
+    from draftsync.speculative.training_batch import DraftLoss
 
     # the last step's gradients go before the forward pass, so they never sit beside its activations
     optimizer.zero_grad(set_to_none=True)
-    batch = _with_target_logits(batch, head, config.teacher_temperature)
-    generator = torch.Generator(device=batch.ids.device).manual_seed(config.seed * 1_000_003 + step)
+    device = next(drafter.parameters()).device
+    columns = _draft_columns(drafter, head.weight.shape[0], device)
     feed = {"feed_target_states": True} if config.ttt_feed == "target" else {}
-    with autocast:
-        result = drafter.training_loss(batch, config.ttt_steps, config.noise_std, generator, **feed)
-    result.weighted_total(config.position_decay).backward()
+    masked = [int(batch.loss_mask[:, 2:].sum()) for batch in micro]
+    everything = sum(masked)
+    combined = DraftLoss(total=torch.zeros(()), position_losses=[], position_hits=[], position_counts=[])
+    for index, batch in enumerate(micro):
+        share = masked[index] / everything if everything else 1.0 / len(micro)
+        batch = _with_target_logits(_to_device(batch, device), head, config.teacher_temperature, columns)
+        generator = torch.Generator(device=device).manual_seed(config.seed * 1_000_003 + step + 7919 * index)
+        with autocast:
+            result = drafter.training_loss(batch, config.ttt_steps, config.noise_std, generator, **feed)
+        (result.weighted_total(config.position_decay) * share).backward()
+        combined.total = combined.total + share * float(result.total.detach())
+        for position, loss in enumerate(result.position_losses):
+            if position == len(combined.position_losses):
+                combined.position_losses.append(0.0)
+                combined.position_hits.append(0)
+                combined.position_counts.append(0)
+            combined.position_losses[position] += share * loss
+            combined.position_hits[position] += result.position_hits[position]
+            combined.position_counts[position] += result.position_counts[position]
+        del batch, result
     torch.nn.utils.clip_grad_norm_(parameters, 1.0)
     optimizer.step()
-    return result
+    return combined
 
 
 def train_drafter(
@@ -418,6 +505,7 @@ def train_drafter(
     drafter = new_drafter_for(target_model, dataset, config)
     warm_tensors = warm_start(drafter, init_from) if init_from is not None else 0
     drafter.to(device).train()
+    drafter.activation_checkpointing = config.activation_checkpointing
     parameters = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
@@ -444,12 +532,15 @@ def train_drafter(
             lr = _lr_at(config, step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            batch = dataset.batch_for_step(step, config.batch_size, config.seq_len, config.seed, train_windows)
-            batch = _to_device(batch, device)
-            result = optimisation_step(drafter, batch, head, optimizer, parameters, config, step, autocast)
+            rows = dataset.windows_for_step(step, config.batch_size, config.seed, train_windows)
+            groups = micro_batches(train_windows[rows], config.batch_tokens)
+            width = None if config.batch_tokens is not None else config.seq_len
+            micro = [dataset.batch(group, width) for group in groups]
+            result = optimisation_step(drafter, micro, head, optimizer, parameters, config, step, autocast)
 
             step += 1
-            tokens += int(batch.valid.sum())
+            tokens += sum(int(batch.valid.sum()) for batch in micro)
+            del micro
             losses.append(float(result.total.detach()))
             seconds = time.perf_counter() - started
             metrics = {"loss": losses[-1], "lr": lr, "tokens_per_s": (tokens - tokens_at_start) / max(seconds, 1e-9)}

@@ -32,6 +32,14 @@ class TrainingBatch:
     aux: Tensor | None  # [B,T,3H] float32; None when the dataset was built without aux states
     final: Tensor  # [B,T,H] float32, the target's post-norm last hidden state
     target_logits: Tensor | None = None  # [B,T,V] float32 = lm_head(final): distribution after token t
+    # When the trainer fills the logits over the draft vocabulary only ([B,T,Dv], the target's lm_head rows of the
+    # drafter's `d2t`): the target ids of those columns, and the target's greedy token over its whole vocabulary.
+    target_columns: Tensor | None = None  # [Dv] long; None: target_logits covers the whole vocabulary
+    target_top: Tensor | None = None  # [B,T] long; None: target_logits.argmax(-1)
+
+    def target_greedy(self) -> Tensor:
+        """The target's greedy token after each position, over its whole vocabulary: what agreement is counted on."""
+        return self.target_top if self.target_top is not None else self.filled_target_logits().argmax(-1)
 
     def filled_target_logits(self) -> Tensor:
         """`target_logits`, which every drafter's loss needs and the trainer fills in."""

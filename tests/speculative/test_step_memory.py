@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from draftsync.speculative.step_memory import FP32, StepShape, drafter_parameters, predict_step_memory
+from draftsync.speculative.step_memory import BF16, FP32, StepShape, drafter_parameters, predict_step_memory
 from transformers import LlamaConfig
 
 
@@ -49,6 +49,22 @@ def test_the_parts_scale_with_tokens_and_steps_and_the_weights_do_not():
     deeper = predict_step_memory(StepShape.for_target(config, 512, batch=1, seq_len=128, ttt_steps=4))
     for part in ("drafter_weights", "adam_moments", "gradients", "target_head"):
         assert base[part] == longer[part] == deeper[part]
-    assert longer["target_logits"] == 2 * base["target_logits"] == 2 * FP32 * 128 * 3000
-    assert longer["activations"] == deeper["activations"] == 2 * base["activations"]
+    # the target's logits over the draft vocabulary only, and its greedy ids: never [tokens x vocabulary]
+    assert longer["target_logits"] == 2 * base["target_logits"] == 2 * (FP32 * 128 * 512 + 8 * 128)
+    assert base["activations"] < deeper["activations"] < longer["activations"] == 2 * base["activations"]
     assert base["total"] == sum(value for part, value in base.items() if part != "total")
+
+
+def test_checkpointing_and_bf16_shrink_the_activations_and_nothing_else():
+    config = _config()
+    plain = predict_step_memory(StepShape.for_target(config, 512, batch=4, seq_len=256, ttt_steps=4))
+    kept = predict_step_memory(StepShape.for_target(config, 512, batch=4, seq_len=256, ttt_steps=4, checkpointing=True))
+    half = predict_step_memory(
+        StepShape.for_target(config, 512, batch=4, seq_len=256, ttt_steps=4, activation_bytes=BF16, head_bytes=BF16)
+    )
+    assert kept["activations"] < plain["activations"]
+    assert {k: v for k, v in kept.items() if k not in ("activations", "total")} == {
+        k: v for k, v in plain.items() if k not in ("activations", "total")
+    }
+    assert half["activations"] * 2 == plain["activations"] and half["target_head"] * 2 == plain["target_head"]
+    assert half["autocast_copies"] == BF16 * drafter_parameters(StepShape.for_target(config, 512, 4, 256, 4))[0]
