@@ -20,14 +20,15 @@ ALLOWED = {
     "speculative": set(),
     "registry": set(),
     "monitors": set(),
+    "planning": {"speculative"},
     "serving": {"speculative"},
     "validation": {"speculative", "serving"},
-    "tasks": {"speculative", "registry", "monitors", "serving", "validation"},
-    "flows": {"speculative", "registry", "monitors", "serving", "validation", "tasks"},
-    "receiver": {"speculative", "registry", "monitors", "serving", "validation", "tasks"},
-    "cli": {"speculative", "registry", "monitors", "serving", "validation", "tasks", "flows", "receiver"},
+    "tasks": {"speculative", "registry", "monitors", "planning", "serving", "validation"},
+    "flows": {"speculative", "registry", "monitors", "planning", "serving", "validation", "tasks"},
+    "receiver": {"speculative", "registry", "monitors", "planning", "serving", "validation", "tasks"},
+    "cli": {"speculative", "registry", "monitors", "planning", "serving", "validation", "tasks", "flows", "receiver"},
 }
-PREFECT_FREE = ("speculative", "registry", "monitors", "serving", "validation")
+PREFECT_FREE = ("speculative", "registry", "monitors", "planning", "serving", "validation")
 
 
 def _imports(path: Path) -> set[str]:

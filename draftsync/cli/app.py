@@ -13,6 +13,7 @@ import typer
 from draftsync.cli.demo import demo_command
 from draftsync.cli.drafters import sync, validate
 from draftsync.cli.monitoring import report, scrape
+from draftsync.cli.plan import plan_command
 from draftsync.cli.recommend import recommend_command
 from draftsync.cli.rollouts import rollback, rollout
 from draftsync.cli.runner import serve, watch
@@ -56,6 +57,7 @@ app.command(name="demo")(demo_command)
 for command in (watch, sync, validate, rollout, rollback, serve, scrape, report):
     app.command()(command)
 app.command(name="recommend")(recommend_command)
+app.command(name="plan")(plan_command)
 app.command(name="status")(status_command)
 app.add_typer(targets_app, name="targets", help="Target models: register a Hugging Face checkpoint as a new version.")
 app.add_typer(webhooks_app, name="webhooks", help="The MLflow webhook receiver: serve it, register it with MLflow.")

@@ -23,10 +23,11 @@ from draftsync.flows.validate import validate
 from draftsync.profiles import SyncProfile
 from draftsync.profiles import profile as named_profile
 from draftsync.registry.model_registry import PRODUCTION
+from draftsync.speculative.placement import release_shared_targets
 from draftsync.tasks import context, links
 from draftsync.tasks.dataset import build_dataset, target_task_mix
 from draftsync.tasks.drafting import HISTORY_FILE, train_drafter
-from draftsync.tasks.planning import plan_drafter, recommendation_tags
+from draftsync.tasks.planning import plan_drafter, plan_sync_resources, recommendation_tags
 from draftsync.tasks.registration import drafter_model_name, fetch_drafter, fetch_target, register_drafter, tag_drafter
 from draftsync.tasks.sync_requests import owner_is_gone, run_owner
 from draftsync.validation.result import ValidationResult
@@ -51,6 +52,7 @@ class SyncResult:
     data_checks: dict[str, Any]
     stages_s: dict[str, float]
     generation: int = 0
+    plan: dict[str, Any] | None = None  # the resource plan the sync followed (planning/sync_plan.py)
 
     def as_dict(self) -> dict[str, Any]:
         out = {field.name: getattr(self, field.name) for field in fields(self)}
@@ -101,6 +103,8 @@ def sync(
         detail = "".join(traceback.format_exception_only(error)).strip()[:2000]
         context.sync_ledger().finish(job.id, "failed", detail=detail)
         raise
+    finally:
+        release_shared_targets()
     context.sync_ledger().finish(
         job.id,
         "succeeded",
@@ -188,13 +192,17 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     plan = plan_drafter(target_name, target["tags"], chosen)
     chosen = plan["profile"]
     task_mix = target_task_mix(target["path"], target["tags"])
+    # Refused here, before a byte is written, when a stage cannot fit this worker; else the sync follows it.
+    resources = plan_sync_resources(target_name, target["path"], task_mix, chosen)
+    chosen = chosen.model_copy(update=resources.profile_updates())
+    placement, servers = resources.placement(), resources.settings.get("servers")
     # One work directory per (target version, method): a rerun after a crash resumes the dataset build
     # from its last shard and the training from its last checkpoint.
     suffix = f"-g{generation}" if generation else ""
     work = settings.root / "syncs" / target_name / f"v{target_version}-{chosen.method}{suffix}"
     dataset_dir = work / f"dataset-{chosen.dataset_key()}"
     lap("preparation")
-    data = build_dataset(target["path"], task_mix, chosen, str(dataset_dir))
+    data = build_dataset(target["path"], task_mix, chosen, str(dataset_dir), placement, servers)
     lap("dataset")
 
     drafter_model = drafter_model_name(target_name)
@@ -202,7 +210,12 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     warm_start_dir = fetch_drafter(target_name, previous) if previous is not None else None
     out_dir = settings.root / "drafters" / target_name / f"target-v{target_version}-{chosen.method}{suffix}"
     checkpoints = work / "checkpoints"
-    training = train_drafter(target["path"], data["path"], chosen, str(out_dir), str(checkpoints), warm_start_dir)
+    try:
+        training = train_drafter(
+            target["path"], data["path"], chosen, str(out_dir), str(checkpoints), warm_start_dir, placement=placement
+        )
+    finally:
+        release_shared_targets()  # the target's memory goes back before the validation servers start
     lap("training")
     version = register_drafter(
         target_name,
@@ -215,12 +228,13 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
         data_checks=data["checks"],
         generation=generation,
         target_link=target["lineage"],
+        params=resources.run_params(),
     )
     tag_drafter(target_name, version, recommendation_tags(plan))
     if not chosen.keep_dataset:
         shutil.rmtree(dataset_dir, ignore_errors=True)
     lap("registration")
-    validation = validate(target_name, version, chosen.validation, promote=True, seed=chosen.seed)
+    validation = validate(target_name, version, chosen.validation, promote=True, seed=chosen.seed, servers=servers)
     lap("validation")
     if not validation.passed:
         logger.warning("drafter %s v%d stays a candidate and does not serve", drafter_model, version)
@@ -239,4 +253,5 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
         data_checks=data["checks"],
         stages_s=stages,
         generation=generation,
+        plan=resources.to_dict(),
     )

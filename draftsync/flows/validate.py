@@ -140,11 +140,12 @@ def validate(
     promote: bool = False,
     seed: int = 0,
     backend: str | None = None,
+    servers: dict | None = None,
 ) -> ValidationResult:
     """Run the checklist on a drafter version; record it; with `promote`, make a passing drafter `production`.
 
     `backend`: "vllm" (real vLLM servers), "reference" (the CPU reference engine) or "auto"; default: the
-    profile's."""
+    profile's. `servers`: the GPUs a sync's plan gives the vLLM servers (its `servers` setting)."""
     from draftsync.validation.suite import run_validation_suite
 
     logger = context.logger()
@@ -158,7 +159,14 @@ def validate(
     drafter_dir = fetch_drafter(target_name, drafter_version)
     task_mix = target_task_mix(Path(target["path"]), target["tags"])
     checklist = validate_drafter(
-        target["path"], drafter_dir, task_mix, chosen, seed, drafter.data_check_failures, backend=backend
+        target["path"],
+        drafter_dir,
+        task_mix,
+        chosen,
+        seed,
+        drafter.data_check_failures,
+        backend=backend,
+        servers=servers,
     )
 
     suite = run_validation_suite(

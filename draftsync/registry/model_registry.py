@@ -216,6 +216,7 @@ class Registry:
         sync_key: str | None = None,
         reports_dir: Path | None = None,
         metric_history: Mapping[str, Sequence[tuple[int, float]]] | None = None,
+        params: Mapping[str, str] | None = None,
     ) -> int:
         """Register a drafter trained for `target_name` version `target_version`; alias it `candidate`.
 
@@ -256,6 +257,7 @@ class Registry:
             metrics,
             reports_dir,
             metric_history,
+            params,
         )
         version = self._create_version(model_name, run_id, tags, description=drafter_description(tags))
         self._client.set_registered_model_alias(model_name, CANDIDATE, str(version))
@@ -431,8 +433,10 @@ class Registry:
         metrics: Mapping[str, float],
         reports_dir: Path | None,
         metric_history: Mapping[str, Sequence[tuple[int, float]]] | None = None,
+        params: Mapping[str, str] | None = None,
     ) -> str:
-        """One run per registration: its artifacts are the checkpoint; marked FAILED if logging breaks."""
+        """One run per registration: its artifacts are the checkpoint, `params` its parameters; marked FAILED if
+        logging breaks."""
         run = self._client.create_run(self._experiment(), run_name=run_name, tags=dict(tags))
         run_id = run.info.run_id
         try:
@@ -442,6 +446,10 @@ class Registry:
             for key, value in metrics.items():
                 self._client.log_metric(run_id, key, float(value))
             self._log_history(run_id, metric_history or {})
+            if params:
+                from mlflow.entities import Param
+
+                self._client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
         except BaseException:
             self._client.set_terminated(run_id, "FAILED")
             raise

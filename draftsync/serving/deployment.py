@@ -59,6 +59,9 @@ if TYPE_CHECKING:
 LaunchMode = Literal["reference", "vllm", "external"]
 
 
+VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default `--gpu-memory-utilization`
+
+
 def _invalid(message: str, fix: str) -> PydanticCustomError:
     """A validation error that carries its fix through pydantic to the loader's message."""
     return PydanticCustomError("draftsync", message, {"fix": fix})
@@ -143,6 +146,19 @@ class ServingDeployment(BaseModel):
             return check_extra_vllm_args(args)
         except DraftsyncError as error:
             raise _invalid(error.what, error.fix) from None
+
+    def gpu_memory_fraction(self) -> float | None:
+        """The fraction of each of its GPUs this deployment's vLLM holds on the worker (vLLM's 0.9 unless its args
+        say); None for a deployment that holds no GPU of this worker (the reference server, an external one)."""
+        if self.launch != "vllm":
+            return None
+        args = self.extra_vllm_args
+        for index, arg in enumerate(args):
+            if arg.startswith("--gpu-memory-utilization="):
+                return float(arg.split("=", 1)[1])
+            if arg == "--gpu-memory-utilization" and index + 1 < len(args):
+                return float(args[index + 1])
+        return VLLM_GPU_MEMORY_UTILIZATION
 
     def vllm_launch(
         self,

@@ -419,3 +419,33 @@ def _check_medusa(drafter_dir: Path | str | None, gamma: int, schedule: Sequence
             f"use gamma <= {heads} (one token per head: vLLM fails to start with heads the checkpoint lacks), or "
             "train a drafter with more heads",
         )
+
+
+@dataclass(frozen=True)
+class ServerResources:
+    """The GPUs a server that a sync starts may take, as its plan gives them: which devices, how many the target is
+    split over (tensor parallelism), and the fraction of each it may fill, after what serving deployments hold."""
+
+    devices: tuple[int, ...] = ()  # () : whatever the process sees (a CPU engine, or one GPU worker)
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None  # None: vLLM's own default
+
+    @classmethod
+    def from_plan(cls, planned: dict | None) -> ServerResources:
+        """From a plan's `servers` settings (None or empty: the defaults)."""
+        if not planned:
+            return cls()
+        return cls(
+            devices=tuple(int(d) for d in planned.get("devices", ())),
+            tensor_parallel_size=int(planned.get("tensor_parallel_size", 1)),
+            gpu_memory_utilization=planned.get("gpu_memory_utilization"),
+        )
+
+    def extra_args(self) -> list[str]:
+        if self.gpu_memory_utilization is None:
+            return []
+        return ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
+
+    def environment(self) -> dict[str, str]:
+        """The explicit devices: the server sees only them, numbered from 0."""
+        return {"CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in self.devices)} if self.devices else {}

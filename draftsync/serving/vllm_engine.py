@@ -269,10 +269,17 @@ def engine_error_line(log_path: Path) -> str | None:
 
 
 def start_vllm_server(
-    engine: VllmEngine, served_argv: list[str], host: str, port: int, log_path: Path
+    engine: VllmEngine,
+    served_argv: list[str],
+    host: str,
+    port: int,
+    log_path: Path,
+    extra_env: dict[str, str] | None = None,
 ) -> ServerProcess:
-    """Start `engine` for a rendered `vllm serve DIR ...` launch (not yet healthy: see `wait_until_serving`)."""
-    return ServerProcess(engine.server_argv(served_argv), host, port, log_path, env=engine.environment()).start()
+    """Start `engine` for a rendered `vllm serve DIR ...` launch (not yet healthy: see `wait_until_serving`);
+    `extra_env` (e.g. the GPUs it may see) goes on top of the engine's environment."""
+    env = {**engine.environment(), **(extra_env or {})}
+    return ServerProcess(engine.server_argv(served_argv), host, port, log_path, env=env).start()
 
 
 def wait_until_serving(server: ServerProcess, what: str, timeout: float = VLLM_START_TIMEOUT_S) -> None:

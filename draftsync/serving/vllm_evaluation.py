@@ -28,6 +28,7 @@ from typing import Any
 
 from draftsync.errors import DraftsyncError
 from draftsync.serving.evaluation import SERVED_NAME, EvalRequest, RequestResult
+from draftsync.serving.vllm_args import ServerResources
 from draftsync.speculative.methods import CHECKPOINT_METHODS, METHODS, NGRAM, VLLM_METHODS
 
 WARM_UP_PROMPT = "def main():\n    return 0\n"
@@ -168,6 +169,7 @@ class VllmBackend:
         prompt_lookup_max: int | None = None,
         draft_sampling: str | None = None,
         engine: Any = None,
+        resources: ServerResources | None = None,
     ):
         from draftsync.model_paths import confined_model_path
 
@@ -180,7 +182,8 @@ class VllmBackend:
         self.method = resolve_method(self.drafter_dir, method)
         self.max_gamma = proposable_tokens(self.method, self.drafter_dir)
         self.log_dir = Path(log_dir)
-        self.extra_args = list(extra_args)
+        self.resources = resources or ServerResources()
+        self.extra_args = [*extra_args, *self.resources.extra_args()]
         self.ignore_eos = bool(ignore_eos)
         self.prompt_lookup = (prompt_lookup_min, prompt_lookup_max)
         self.draft_sampling = draft_sampling  # vLLM's draft_sample_method (render_vllm_command); None: its default
@@ -212,6 +215,7 @@ class VllmBackend:
             "127.0.0.1",
             port,
             SERVED_NAME,
+            self.resources.tensor_parallel_size,
             extra_args=[*self.extra_args, TIMING_FLAG],
             schedule=schedule if speculating else None,
             prompt_lookup_min=self.prompt_lookup[0],
@@ -243,7 +247,7 @@ class VllmBackend:
         port = free_port()
         launch = self.launch(gamma, port, schedule)
         log = self.log_dir / f"evaluation-gamma{gamma}{'-scheduled' if schedule else ''}-{port}.log"
-        server = start_vllm_server(self.engine, launch.argv, "127.0.0.1", port, log)
+        server = start_vllm_server(self.engine, launch.argv, "127.0.0.1", port, log, self.resources.environment())
         self.starts += 1
         wait_until_serving(server, f"evaluation at gamma {gamma}")
         self._server, self._key = server, key

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsync.errors import DraftsyncError
+from draftsync.serving.vllm_args import ServerResources
 from draftsync.speculative.responses import WRITERS, response_sample, response_seed
 
 SERVED_NAME = "responses"
@@ -48,7 +49,12 @@ class VllmResponseWriter:
     """
 
     def __init__(
-        self, target_dir: str | Path, log_dir: str | Path, in_flight: int = IN_FLIGHT, engine: Any = None
+        self,
+        target_dir: str | Path,
+        log_dir: str | Path,
+        in_flight: int = IN_FLIGHT,
+        engine: Any = None,
+        resources: ServerResources | None = None,
     ) -> None:
         from draftsync.model_paths import confined_model_path
 
@@ -57,6 +63,7 @@ class VllmResponseWriter:
         self.target_dir = confined_model_path(target_dir, "target checkpoint")  # what vLLM serves is what was checked
         self.log_dir = Path(log_dir)
         self.in_flight, self.engine = in_flight, engine
+        self.resources = resources or ServerResources()  # the GPUs the sync's plan gives the server
         self.server: Any = None
         self._client: Any = None
         self._pool: Any = None
@@ -72,10 +79,20 @@ class VllmResponseWriter:
 
         self.engine = self.engine or find_vllm_engine()
         port = free_port()
-        launch = render_vllm_command(self.target_dir, None, None, 0, "127.0.0.1", port, SERVED_NAME)
-        self.server = start_vllm_server(
-            self.engine, launch.argv, "127.0.0.1", port, self.log_dir / f"responses-{port}.log"
+        resources = self.resources
+        launch = render_vllm_command(
+            self.target_dir,
+            None,
+            None,
+            0,
+            "127.0.0.1",
+            port,
+            SERVED_NAME,
+            resources.tensor_parallel_size,
+            resources.extra_args(),
         )
+        log = self.log_dir / f"responses-{port}.log"
+        self.server = start_vllm_server(self.engine, launch.argv, "127.0.0.1", port, log, resources.environment())
         wait_until_serving(self.server, f"the responses of {self.target_dir}")  # stops the server if it fails
         self._client = httpx.Client(
             timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0),

@@ -215,14 +215,18 @@ def mixed_texts(task_mix: dict[str, float], count: int, seed: int, split: str = 
 
 
 def task_prompts_for_mix(
-    task_mix: dict[str, float], count: int, seed: int, split: str = "heldout"
+    task_mix: dict[str, float], count: int, seed: int, split: str = "heldout", distinct: bool = False
 ) -> list[tuple[str, str]]:
-    """About `count` (task, prompt) pairs in the proportions of the task mix, at least one per task."""
-    return [
+    """About `count` (task, prompt) pairs in the proportions of the task mix, at least one per task.
+
+    `distinct`: each prompt once (the first time it is drawn), so a dataset never stores the target's answer to the
+    same prompt twice; asking for more than the documents hold then gives fewer."""
+    pairs = [
         (task, p)
         for task, n in _quotas(task_mix, count, minimum=1).items()
         for p in prompts(task, n, seed=seed, split=split)
     ]
+    return list(dict.fromkeys(pairs)) if distinct else pairs
 
 
 def prompts_for_mix(task_mix: dict[str, float], count: int, seed: int, split: str = "heldout") -> list[str]:

@@ -153,5 +153,5 @@ def capture(
     finally:
         for handle in handles:
             handle.remove()
-    aux = torch.cat([captured[k] for k in ids], dim=-1)
+    aux = torch.cat([captured[k].to(final.device) for k in ids], dim=-1)  # a device_map spreads the layers
     return CapturedStates(aux=aux, last=captured[num_layers], final=final, logits=out.logits)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from draftsync.errors import DraftsyncError
 from draftsync.files import publish_directory
@@ -374,7 +374,8 @@ def evaluate_loss(model, tokenizer, tasks: list[str], seq_len: int, batches: int
     return out
 
 
-def _read_config(path: Path) -> dict:
+def read_target_config(path: Path) -> dict:
+    """A checkpoint's config.json, or an error that names what is missing or broken."""
     config_file = path / "config.json"
     if not path.is_dir():
         raise DraftsyncError(
@@ -404,7 +405,7 @@ def describe_target(path: Path) -> dict:
     from draftsync.speculative.families import config_features, family_of
 
     path = Path(path)
-    config = _read_config(path)
+    config = read_target_config(path)
     family = family_of(config, f"target checkpoint {path}")
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
@@ -434,10 +435,11 @@ def describe_target(path: Path) -> dict:
     }
 
 
-def load_target(path: Path, trust_remote_code: bool | None = None):
+def load_target(path: Path, trust_remote_code: bool | None = None, load_options: dict[str, Any] | None = None):
     """Load (model, tokenizer) in eval mode, failing with a clear error on anything a sync cannot use.
 
-    `trust_remote_code` None: DRAFTSYNC_TRUST_REMOTE_CODE decides (off unless configured).
+    `trust_remote_code` None: DRAFTSYNC_TRUST_REMOTE_CODE decides (off unless configured). `load_options`: where and
+    in which dtype (`placement.from_pretrained_options`); None: on the CPU in fp32.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -447,7 +449,7 @@ def load_target(path: Path, trust_remote_code: bool | None = None):
 
         trust_remote_code = Settings().trust_remote_code
     path = Path(path)
-    config = _read_config(path)
+    config = read_target_config(path)
     if config.get("auto_map") and not trust_remote_code:
         raise DraftsyncError(
             f"target {path} needs trust_remote_code (its config has auto_map)",
@@ -456,7 +458,10 @@ def load_target(path: Path, trust_remote_code: bool | None = None):
     describe_target(path)  # checks the weight headers before a long load
     try:
         loaded = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32, trust_remote_code=trust_remote_code, output_loading_info=True
+            path,
+            trust_remote_code=trust_remote_code,
+            output_loading_info=True,
+            **(load_options if load_options is not None else {"dtype": torch.float32}),
         )
         # With output_loading_info=True it returns (model, loading info); transformers types the model only.
         model, loading = cast("tuple[PreTrainedModel, dict[str, list[str]]]", loaded)

@@ -12,6 +12,7 @@ from draftsync.errors import DraftsyncError
 from draftsync.profiles import SyncProfile
 from draftsync.registry.tags import TASK_MIX_TAG, TargetVersion
 from draftsync.speculative.methods import METHODS
+from draftsync.speculative.placement import TargetPlacement
 from draftsync.tasks import context
 
 
@@ -74,28 +75,45 @@ def _checks_markdown(report: dict) -> str:
 
 
 @task(name="build-dataset", cache_policy=NONE)
-def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProfile, out_dir: str) -> dict:
+def build_dataset(
+    target_dir: str,
+    task_mix: dict[str, float],
+    profile: SyncProfile,
+    out_dir: str,
+    placement: TargetPlacement | None = None,
+    servers: dict | None = None,
+) -> dict:
     """Shards of the target's states on texts of the task mix (teacher-forced) and on its own responses
     (written by vLLM or by transformers, as the profile's `response_writer` says; the manifest records which).
 
     Resumable: a rerun after a crash continues from the last complete shard. The Great Expectations
-    data checks run on the result; a failure stops the sync with the table of what was observed.
+    data checks run on the result; a failure stops the sync with the table of what was observed. `placement`: where
+    the target runs (the plan's; None: the CPU); `servers`: the GPUs the plan gives a vLLM response writer.
     """
     from prefect.artifacts import create_markdown_artifact
 
+    from draftsync.serving.vllm_args import ServerResources
     from draftsync.serving.vllm_responses import VllmResponseWriter, response_writer
     from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
     from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
+    from draftsync.speculative.placement import shared_target
     from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
     from draftsync.speculative.shard_reader import ShardDataset
     from draftsync.speculative.shard_writer import build_shards, shard_bytes_per_token
-    from draftsync.speculative.targets import load_target
     from draftsync.validation.data_checks import run_data_checks
 
     logger = context.logger()
-    model, tokenizer = load_target(Path(target_dir))
+    model, tokenizer = shared_target(Path(target_dir), placement)
     pairs = mixed_texts(task_mix, profile.training_texts, seed=profile.seed)
-    prompts = task_prompts_for_mix(task_mix, profile.generated_samples, seed=profile.seed + 100, split="train")
+    prompts = task_prompts_for_mix(
+        task_mix, profile.generated_samples, seed=profile.seed + 100, split="train", distinct=True
+    )
+    if profile.generated_samples and len(prompts) < profile.generated_samples:
+        logger.info(
+            "dataset: %d responses asked for, %d distinct prompts drawn: each is answered once",
+            profile.generated_samples,
+            len(prompts),
+        )
     sources = [teacher_forced_samples(tokenizer, pairs)]
     if profile.generated_samples:
         writer = response_writer(profile.response_writer)
@@ -108,7 +126,9 @@ def build_dataset(target_dir: str, task_mix: dict[str, float], profile: SyncProf
                 profile.generated_max_tokens,
                 seed=profile.seed,
                 writer=writer,
-                open_writer=lambda: VllmResponseWriter(target_dir, context.settings().root / "serving"),
+                open_writer=lambda: VllmResponseWriter(
+                    target_dir, context.settings().root / "serving", resources=ServerResources.from_plan(servers)
+                ),
             )
         )
     layer_ids = tuple(profile.aux_layer_ids or default_aux_layer_ids(num_decoder_layers(model)))

@@ -12,6 +12,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NONE
 
 from draftsync.profiles import SyncProfile
+from draftsync.speculative.placement import TargetPlacement
 from draftsync.tasks import context
 
 HISTORY_FILE = "history.json"  # in the checkpoint directory: name -> [(step, value)]
@@ -47,6 +48,7 @@ def train_drafter(
     checkpoint_dir: str,
     warm_start_dir: str | None = None,
     verifier_name: str | None = None,
+    placement: TargetPlacement | None = None,
 ) -> dict:
     """Train (resuming from `checkpoint_dir` after a crash, warm-starting when it can) and save to `out_dir`.
 
@@ -56,13 +58,16 @@ def train_drafter(
     import torch
 
     from draftsync.speculative.drafters import parameter_count, save_drafter
+    from draftsync.speculative.placement import drop_decoder_layers, shared_target
     from draftsync.speculative.shard_reader import ShardDataset
-    from draftsync.speculative.targets import load_target
     from draftsync.speculative.training import TrainConfig
     from draftsync.speculative.training import train_drafter as train
 
     logger = context.logger()
-    target, _ = load_target(Path(target_dir))
+    target, _ = shared_target(Path(target_dir), placement)  # the copy the dataset read: loaded once a sync
+    target_parameters = sum(p.numel() for p in target.parameters())
+    if placement is not None and placement.on_gpu:
+        drop_decoder_layers(target)  # the GPU memory the plan gives training
     init_from = _warm_start_source(warm_start_dir, profile, target)
     config = TrainConfig.from_profile(profile, warm_start=init_from is not None)
     every = max(1, config.steps // 5)
@@ -101,7 +106,6 @@ def train_drafter(
         speculative_tokens=profile.gamma,
     )
     counts = parameter_count(drafter)
-    target_parameters = sum(p.numel() for p in target.parameters())
     summary = {
         "method": report.method,
         "steps": report.steps,

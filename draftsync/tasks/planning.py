@@ -21,6 +21,7 @@ from draftsync.tasks import context
 from draftsync.tasks.serving import configured_deployments
 
 if TYPE_CHECKING:
+    from draftsync.planning.sync_plan import SyncPlan
     from draftsync.serving.workload import Task
 
 # The built-in corpora's task names, in the framework's words: prose is conversational text, the
@@ -107,3 +108,46 @@ def recommendation_tags(plan: dict) -> dict[str, str]:
     advice = plan["recommendation"]
     reasons = "\n".join(advice["reasons"] + plan["assumptions"])
     return recommended_tags(advice["method"], advice["gamma_range"], advice["gamma_start"], plan["applied"], reasons)
+
+
+@task(name="plan-sync", cache_policy=NONE)
+def plan_sync_resources(
+    target_name: str, target_dir: str, task_mix: dict[str, float], profile: SyncProfile
+) -> SyncPlan:
+    """The sync's resource plan on this worker, shown in the Prefect UI; refused here, before any work, when a stage
+    cannot fit (the error names the stage, the numbers and the fix)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from prefect.artifacts import create_markdown_artifact
+
+    from draftsync.planning.sync_plan import HeldMemory, TargetShape, detect_worker, plan_sync
+    from draftsync.speculative.corpora import task_prompts_for_mix
+
+    settings = context.settings()
+    worker = detect_worker(settings.root)
+    if settings.disk_budget_gb is not None:
+        worker = replace(worker, disk_gib=min(worker.disk_gib, settings.disk_budget_gb * 1e9 / 1024**3))
+    if worker.gpus:
+        held = tuple(
+            HeldMemory(spec.name, spec.tensor_parallel_size, fraction * worker.gpu_memory_gib)
+            for spec in configured_deployments().values()
+            if (fraction := spec.gpu_memory_fraction()) is not None
+        )
+        worker = replace(worker, held=held)
+    prompts = task_prompts_for_mix(
+        task_mix, profile.generated_samples, seed=profile.seed + 100, split="train", distinct=True
+    )
+    plan = plan_sync(TargetShape.from_directory(Path(target_dir), target_name), worker, profile, len(prompts))
+    create_markdown_artifact(markdown=plan.markdown(), description=f"resource plan of the sync of {target_name}")
+    context.logger().info(
+        "plan for %s: target on %s, training on %s (%s-token micro-batches x %s, checkpointing %s)",
+        target_name,
+        plan.settings["target_placement"],
+        plan.settings["training_device"],
+        plan.settings["batch_tokens"],
+        plan.settings["accumulation"],
+        plan.settings["activation_checkpointing"],
+    )
+    plan.require_fit()
+    return plan

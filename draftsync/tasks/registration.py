@@ -137,8 +137,10 @@ def register_drafter(
     data_checks: dict | None = None,
     generation: int = 0,
     target_link: dict[str, str] | None = None,
+    params: dict[str, str] | None = None,
 ) -> int:
-    """Register the drafter (validation pending) with its lineage, training curves and data checks.
+    """Register the drafter (validation pending) with its lineage, training curves, data checks and the sync's plan
+    (`params`: run parameters).
 
     `target_link` (fetch_target's `lineage`) ties it to the exact target: its MLflow model id and hub revision. A
     retried sync gets the same version back; a retrain (`generation` > 0) registers a new one. The data checks'
@@ -159,6 +161,7 @@ def register_drafter(
         extra_tags=tags,
         validation_passed=None,
         metric_history=history,
+        params=params,
         sync_key=f"{target_name}:{target_version}:{method}" + (f":g{generation}" if generation else ""),
     )
     context.logger().info("drafter version %d registered for %s v%d", version, target_name, target_version)

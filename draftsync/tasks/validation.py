@@ -29,9 +29,11 @@ def validate_drafter(
     data_check_failures: int | None = None,
     run_stress: bool = True,
     backend: str | None = None,
+    servers: dict | None = None,
 ) -> ChecklistResult:
     """The checklist on real vLLM servers or on the CPU reference engine (`backend`, default the profile's: see
-    `evaluation_backend`); stress runs against served instances of the same kind (the reference server, or vLLM)."""
+    `evaluation_backend`); stress runs against served instances of the same kind (the reference server, or vLLM).
+    `servers`: the GPUs a sync's plan gives its vLLM servers (devices, tensor parallelism, memory fraction)."""
     from draftsync.speculative.drafters import check_drafter_fits_target, drafter_method
 
     check_drafter_fits_target(drafter_dir, target_dir)
@@ -46,10 +48,16 @@ def validate_drafter(
 
         chosen: EvaluationBackend = ReferenceBackend(target_dir, drafter_dir, log_dir=log_dir, ignore_eos=False)
     else:
+        from draftsync.serving.vllm_args import ServerResources
         from draftsync.serving.vllm_evaluation import VllmBackend
 
         chosen = VllmBackend(
-            target_dir, drafter_dir, log_dir=log_dir, draft_sampling=profile.draft_sampling, ignore_eos=False
+            target_dir,
+            drafter_dir,
+            log_dir=log_dir,
+            draft_sampling=profile.draft_sampling,
+            ignore_eos=False,
+            resources=ServerResources.from_plan(servers),
         )
     context.logger().info("validating on the %s backend", backend)
     try:

@@ -64,26 +64,37 @@ def test_sync_of_a_corrupt_registered_target_registers_no_drafter(workdir, built
     assert registry.alias_version("broken-llm-drafter", "production") is None
 
 
-def test_a_dataset_larger_than_the_disk_budget_is_refused_before_a_byte_is_written(workdir, built_targets, monkeypatch):
+def test_a_dataset_larger_than_the_disk_budget_is_refused_before_a_byte_is_written(
+    workdir, built_targets, monkeypatch, tmp_path
+):
     """The shards' size is planned from the texts' and prompts' tokens at 8 x hidden + 5 bytes a token (EAGLE-3)."""
     from draftsync.flows.sync import sync
     from draftsync.profiles import profile
     from draftsync.tasks import context
+    from draftsync.tasks.dataset import build_dataset
 
     version = _register("roomless-llm", built_targets[1])
     monkeypatch.setenv("DRAFTSYNC_DISK_BUDGET_GB", "0.001")  # 1 MB; the test profile's dataset is several
     context.reset()
     with pytest.raises(DraftsyncError) as refused:
         sync("roomless-llm", version, "test")
-    what = refused.value.what
-    assert "DRAFTSYNC_DISK_BUDGET_GB allows 0.001 GB" in what and "nothing was written" in what
-    assert f"at {8 * 128 + 5:,} bytes each" in what  # hidden 128
-    planned = float(what.split("needs up to ")[1].split(" GB")[0])
-    assert planned > 0.001
+    what = refused.value.what  # the plan, the sync's first step, refuses on its estimate
+    assert "hidden_states stage needs" in what and "nothing was started or written" in what
+    assert f"at {8 * 128 + 5:,} bytes each" in what and "0.00093 GiB free" in what  # hidden 128; 1 MB
+    estimated_gib = float(what.split("needs ")[1].split(" GiB")[0])
     assert "DRAFTSYNC_DISK_BUDGET_GB" in refused.value.fix and "training_texts" in refused.value.fix
     sync_dir = workdir / "syncs" / "roomless-llm"
-    assert not any(sync_dir.rglob("*.pt")) and not any(sync_dir.rglob("manifest*")), "no shard was written"
+    assert not sync_dir.exists() or not any(sync_dir.rglob("*")), "nothing was written"
     assert context.registry().drafter_for_target_version("roomless-llm", version, validated_only=False) is None
+
+    # the dataset task checks the exact count (the texts tokenized) again before it writes
+    stored = context.registry().download("roomless-llm", version)
+    with pytest.raises(DraftsyncError) as exact:
+        build_dataset.fn(str(stored), {"code": 1.0}, profile("test"), str(tmp_path / "shards"))
+    assert "DRAFTSYNC_DISK_BUDGET_GB allows 0.001 GB" in exact.value.what and "nothing was written" in exact.value.what
+    planned = float(exact.value.what.split("needs up to ")[1].split(" GB")[0])
+    assert 0.001 < planned <= estimated_gib * 1.074  # the exact count within the plan's estimate
+    assert not (tmp_path / "shards").exists() or not any((tmp_path / "shards").rglob("*.safetensors"))
 
     # with room, the same sync's dataset lands within the plan
     monkeypatch.delenv("DRAFTSYNC_DISK_BUDGET_GB")
@@ -93,6 +104,19 @@ def test_a_dataset_larger_than_the_disk_budget_is_refused_before_a_byte_is_writt
     written = sum(f.stat().st_size for f in Path(result["dataset"]["path"]).rglob("*") if f.is_file())
     assert result["dataset"]["tokens"] * (8 * 128 + 5) <= planned * 1e9 * 1.01
     assert written <= planned * 1e9 * 1.05
+    # the sync followed its plan (the whole batch in one micro-batch on this CPU) and recorded it on the drafter's run
+    plan = result["plan"]
+    assert plan["fits"] and plan["settings"]["target_devices"] == ["cpu"]
+    assert plan["settings"]["batch_tokens"] == small.batch_size * small.seq_len
+    assert result["dataset"]["tokens"] * (8 * 128 + 5) <= stage_of(plan, "hidden_states")["disk_gib"] * 1024**3
+    from mlflow import MlflowClient
+
+    uri = context.registry().tracking_uri
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    run = client.get_run(client.get_model_version(result["drafter_name"], str(result["drafter_version"])).run_id)
+    assert run.data.params["plan.batch_tokens"] == str(small.batch_size * small.seq_len)
+    assert run.data.params["plan.target_placement"] == "cpu"
+    assert "plan.training.hours_estimate" in run.data.params
 
 
 def test_a_drafter_for_another_vocabulary_is_refused_and_never_promoted(workdir, built_targets, tmp_path):
@@ -138,3 +162,7 @@ def test_an_error_keeps_its_fix_through_pickling():
     copy = pickle.loads(pickle.dumps(DraftsyncError("store x is unavailable", "start the database")))
     assert (type(copy), copy.what, copy.fix) == (DraftsyncError, "store x is unavailable", "start the database")
     assert str(copy).endswith("fix: start the database")
+
+
+def stage_of(plan: dict, name: str) -> dict:
+    return next(stage for stage in plan["stages"] if stage["stage"] == name)

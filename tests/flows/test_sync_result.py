@@ -21,6 +21,7 @@ SYNC_KEYS = [
     "data_checks",
     "stages_s",
     "generation",
+    "plan",
 ]
 SKIPPED_KEYS = ["target_name", "target_version", "method", "skipped", "drafter_version", "run_id"]
 

@@ -61,3 +61,13 @@ def test_a_home_that_cannot_be_written_still_gets_its_documents(cache_home, monk
     corpora._stdlib_documents.cache_clear()
     assert corpora._stdlib_documents() == PARSED
     assert len(calls) == 2
+
+
+def test_distinct_prompts_are_each_drawn_once_and_never_more_than_the_documents_hold():
+    from draftsync.speculative.corpora import task_prompts_for_mix
+
+    mix = {"code": 0.5, "math": 0.3, "prose": 0.2}
+    drawn = task_prompts_for_mix(mix, 50_000, seed=100, split="train")
+    distinct = task_prompts_for_mix(mix, 50_000, seed=100, split="train", distinct=True)
+    assert len(set(drawn)) == len(distinct) < len(drawn)  # with replacement, most of 50,000 repeat
+    assert distinct == list(dict.fromkeys(drawn))  # the same draw, each prompt at its first place

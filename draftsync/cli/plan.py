@@ -1,0 +1,103 @@
+"""`draftsync plan`: what a sync of a target would need of a worker, stage by stage, or why it would be refused.
+
+The same plan a sync makes as its first step, without running anything: from a registered target version, a
+checkpoint, or a config-only directory (a transformers config.json is all it reads), on this machine or on a worker
+described by its flags. It exits 1 when the sync would be refused, so a script can ask before it schedules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from draftsync.cli.common import JsonOption, write_json
+
+
+def plan_command(
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="A checkpoint or config-only directory, or a registered target as NAME or NAME:VERSION "
+            "(default version: its production alias)."
+        ),
+    ],
+    profile: Annotated[str | None, typer.Option("--profile", help="Sync profile (default: the configured).")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs of the worker (default: this machine's).")] = None,
+    gpu_memory_gb: Annotated[
+        float | None, typer.Option("--gpu-memory-gb", help="Memory of one GPU, in GiB (an 80 GB H100: 80).")
+    ] = None,
+    host_memory_gb: Annotated[
+        float | None, typer.Option("--host-memory-gb", help="Host memory, in GiB (default: what is available).")
+    ] = None,
+    disk_gb: Annotated[
+        float | None, typer.Option("--disk-gb", help="Disk for the shards, in GiB (default: free at the work dir).")
+    ] = None,
+    json_path: JsonOption = None,
+) -> None:
+    """Plan a sync of TARGET: per stage (responses, hidden states, training, validation) the GPU and host memory,
+    disk and time it needs and the settings it takes, or the stage that does not fit, its numbers and the fix."""
+    from draftsync.errors import DraftsyncError
+    from draftsync.planning.sync_plan import TargetShape, detect_worker, plan_sync
+    from draftsync.profiles import profile as named_profile
+    from draftsync.settings import Settings
+    from draftsync.speculative.corpora import task_prompts_for_mix
+
+    for flag, value in (("--gpus", gpus), ("--gpu-memory-gb", gpu_memory_gb)):
+        if value is not None and value < (0 if flag == "--gpus" else 1e-9):
+            raise DraftsyncError(f"{flag} {value} is not a usable size", f"give {flag} a positive number")
+    if gpus and gpu_memory_gb is None and gpus != _visible_gpus():
+        raise DraftsyncError(
+            f"--gpus {gpus} describes another machine, whose GPU memory cannot be read from this one",
+            "give --gpu-memory-gb as well",
+        )
+    settings = Settings()
+    chosen = named_profile(profile or settings.sync_profile)
+    directory, name, task_mix = _target(target)
+    worker = detect_worker(
+        settings.root,
+        gpus=gpus,
+        gpu_memory_gib=gpu_memory_gb,
+        host_memory_gib=host_memory_gb,
+        disk_gib=disk_gb,
+    )
+    prompts = task_prompts_for_mix(task_mix, chosen.generated_samples, chosen.seed + 100, "train", distinct=True)
+    plan = plan_sync(TargetShape.from_directory(directory, name), worker, chosen, len(prompts))
+    typer.echo(plan.markdown())
+    write_json(plan.to_dict(), json_path)
+    if not plan.fits:
+        raise typer.Exit(1)
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _target(spec: str) -> tuple[Path, str, dict[str, float]]:
+    """(directory, name, task mix) of a directory or a registered version (its declared task mix, else prose)."""
+    from draftsync.errors import DraftsyncError
+    from draftsync.registry.tags import TargetVersion
+
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise DraftsyncError(f"{path} has no config.json", "give a checkpoint or a config-only directory")
+        return path, path.name, {"prose": 1.0}
+    from draftsync.tasks import context
+
+    name, _, version_text = spec.partition(":")
+    registry = context.registry()
+    if version_text and not version_text.isdigit():
+        raise DraftsyncError(f"target version {version_text!r} is not a number", f"give {name}:N, N a version")
+    version = int(version_text) if version_text else registry.alias_version(name, "production")
+    if version is None:
+        raise DraftsyncError(
+            f"{spec} is neither a directory nor a target with a production alias",
+            f"give a checkpoint directory, or a version: {name}:N",
+        )
+    tags = registry.version_tags(name, version)
+    mix = TargetVersion.from_tags(name, version, tags).task_mix() or {"prose": 1.0}
+    return registry.download(name, version), f"{name} v{version}", mix

@@ -1,0 +1,136 @@
+"""`draftsync plan` on real model shapes: config-only checkpoints made from transformers' own config classes, planned
+for the workers a platform team runs, and refused, before anything runs, where a stage cannot fit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from draftsync.planning.sync_plan import HeldMemory, TargetShape, Worker, plan_sync
+from draftsync.profiles import profile
+from transformers import LlamaConfig
+from typer.testing import CliRunner
+
+LLAMA_31 = dict(vocab_size=128256, num_key_value_heads=8, max_position_embeddings=131072, dtype="bfloat16")
+SHAPES = {
+    "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32),
+    "llama-3.1-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64),
+}
+
+
+@pytest.fixture(scope="module")
+def config_only(tmp_path_factory):
+    """Config-only checkpoint directories of Llama-3.1-8B and -70B (no weights: the plan reads config.json)."""
+    root = tmp_path_factory.mktemp("config-only")
+    for name, shape in SHAPES.items():
+        LlamaConfig(**LLAMA_31, **shape).save_pretrained(root / name)
+    return root
+
+
+def plan_json(directory, tmp_path, *worker: str) -> tuple[int, dict, str]:
+    from draftsync.cli.app import app
+
+    out = tmp_path / "plan.json"
+    fixed = ["--profile", "production", "--host-memory-gb", "256", "--disk-gb", "4000"]  # worker flags may override
+    argv = ["plan", str(directory), *fixed, *worker, "--json", str(out)]
+    result = CliRunner().invoke(app, argv)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result.exit_code, json.loads(out.read_text()), result.output
+
+
+def stage(plan: dict, name: str) -> dict:
+    return next(s for s in plan["stages"] if s["stage"] == name)
+
+
+def test_llama_8b_on_one_80gb_gpu_fits_with_the_whole_batch_in_one_step(config_only, tmp_path):
+    code, plan, output = plan_json(config_only / "llama-3.1-8b", tmp_path, "--gpus", "1", "--gpu-memory-gb", "80")
+    assert code == 0 and plan["fits"] and "Verdict: fits" in output
+    assert 8.0e9 < plan["parameters"] < 8.1e9  # Llama-3.1-8B's 8.03B, counted from its config
+    settings = plan["settings"]
+    assert settings["target_devices"] == ["cuda:0"] and settings["target_dtype"] == "bfloat16"
+    assert settings["batch_tokens"] == 16 * 2048 and settings["accumulation"] == 1
+    assert not settings["activation_checkpointing"]
+    assert 14.9 < stage(plan, "hidden_states")["gpu_gib"] < 20  # 16-bit weights (14.96 GiB) and one pass
+    assert stage(plan, "training")["gpu_gib"] <= 78
+    assert stage(plan, "hidden_states")["disk_gib"] > 100  # 32,773 bytes a token: hundreds of GiB
+    assert stage(plan, "responses")["settings"]["responses"] < profile("production").generated_samples  # distinct
+    assert all(s["hours_estimate"] > 0 for s in plan["stages"])
+
+
+def test_llama_8b_on_one_24gb_gpu_trains_in_micro_batches(config_only, tmp_path):
+    code, plan, _ = plan_json(config_only / "llama-3.1-8b", tmp_path, "--gpus", "1", "--gpu-memory-gb", "24")
+    assert code == 0 and plan["fits"]
+    settings = plan["settings"]
+    assert settings["batch_tokens"] * settings["accumulation"] >= 16 * 2048 > settings["batch_tokens"]
+    assert stage(plan, "training")["gpu_gib"] <= 22  # 24 less the reserve
+    assert stage(plan, "responses")["settings"]["gpu_memory_utilization"] <= 0.9
+
+
+def test_llama_70b_on_one_80gb_gpu_is_refused_naming_the_stage_and_the_numbers(config_only, tmp_path):
+    code, plan, output = plan_json(config_only / "llama-3.1-70b", tmp_path, "--gpus", "1", "--gpu-memory-gb", "80")
+    assert code == 1 and not plan["fits"] and "refused" in output
+    refusal = plan["refusal"]
+    assert refusal["stage"] == "hidden_states"
+    needed = float(refusal["needed"].split(" GiB")[0])
+    assert needed > 131  # the 16-bit weights alone are 131 GiB
+    assert "78.0 GiB free on 1 x 80 GiB" in refusal["available"]
+    assert "2 x 80 GiB" in refusal["fix"]
+
+
+def test_llama_70b_on_eight_80gb_gpus_spreads_the_target_and_splits_the_servers(config_only, tmp_path):
+    code, plan, _ = plan_json(config_only / "llama-3.1-70b", tmp_path, "--gpus", "8", "--gpu-memory-gb", "80")
+    assert code == 0 and plan["fits"]
+    settings = plan["settings"]
+    assert settings["target_devices"] == ["cuda:0", "cuda:1"] and "device_map" in settings["target_placement"]
+    assert settings["servers"]["tensor_parallel_size"] == 2 and settings["servers"]["devices"] == [0, 1]
+    assert stage(plan, "training")["gpu_gib"] <= 78
+
+
+def test_a_disk_too_small_for_the_shards_is_refused_with_their_size(config_only, tmp_path):
+    code, plan, _ = plan_json(
+        config_only / "llama-3.1-8b", tmp_path, "--gpus", "1", "--gpu-memory-gb", "80", "--disk-gb", "100"
+    )
+    assert code == 1 and plan["refusal"]["stage"] == "hidden_states"
+    assert "GiB of disk for" in plan["refusal"]["needed"] and "32,773 bytes each" in plan["refusal"]["needed"]
+    assert plan["refusal"]["available"] == "100 GiB free"
+
+
+def test_a_gpu_held_by_a_serving_deployment_is_named_with_what_it_holds(config_only):
+    target = TargetShape.from_directory(config_only / "llama-3.1-8b")
+    free = plan_sync(target, Worker(1, 24, 256, 4000), profile("production"), 1000)
+    assert free.fits
+    held = Worker(1, 24, 256, 4000, held=(HeldMemory("chat", 1, 12.0),))
+    refused = plan_sync(target, held, profile("production"), 1000)
+    assert not refused.fits
+    assert "serving deployment chat holds 12.0 GiB" in refused.refusal.available
+    assert "chat" in refused.refusal.fix
+    with pytest.raises(Exception, match="nothing was started or written"):
+        refused.require_fit()
+
+
+def test_the_plan_counts_the_parameters_a_real_model_has():
+    import torch
+    from transformers import LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=1000,
+        tie_word_embeddings=False,
+    )
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    shape = TargetShape.from_directory(_saved(config))
+    assert shape.parameters == sum(p.numel() for p in model.parameters())
+
+
+def _saved(config):
+    import tempfile
+    from pathlib import Path
+
+    directory = Path(tempfile.mkdtemp())
+    config.save_pretrained(directory)
+    return directory
