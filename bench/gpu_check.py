@@ -12,13 +12,13 @@ Usage: python bench/gpu_check.py [--steps 300] [--tiny] [--json PATH]
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT / "bench"))
 
 # Llama-3.2-1B's widths (1.24B parameters with its tied embedding); the tiny shape keeps its proportions
 FULL = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
@@ -33,11 +33,9 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="toy shapes, on the CPU when there is no GPU")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    result = run(args.steps, args.tiny)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.write_text(text)
+    from harness import emit_json
+
+    emit_json(run(args.steps, args.tiny), args.json)
 
 
 def run(steps: int, tiny: bool) -> dict:
