@@ -5,7 +5,8 @@ fallback threshold is relaunched with speculation off (through rollout, for depl
 deployments file), a stale one is marked so, and a retrain is requested with an event the sync deployment
 listens to. A retrain request, like an alert, is not repeated within a week unless the finding got worse.
 A report on a past ISO week (`week="2026-W45"`) only looks back: it takes no action, since the deployments
-may have changed since. With `send`, mail left pending by an earlier SMTP outage goes out first.
+may have changed since. With `send`, mail left pending by an earlier SMTP outage goes out first. With `act` False
+(`draftsync report` without --act or --send) the review only reads: no action, no alert recorded, no e-mail.
 """
 
 from __future__ import annotations
@@ -123,6 +124,29 @@ def _act(pair, review: dict, specs: dict[str, ServingDeployment], fresh: set[str
     return taken
 
 
+def _planned(findings) -> str:
+    """What the acting review would do about these findings, for a read-only report."""
+    words = {"fallback": "fall back to plain decoding", "retrain": "request a retrain"}
+    wanted = {part for f in findings if f.severity != "info" for part in f.action.split("+") if part in words}
+    return f"the acting review would {' and '.join(words[w] for w in sorted(wanted))}" if wanted else ""
+
+
+def _write_charts(summaries, thresholds, charts_dir: str) -> dict[str, str]:
+    """Each deployment's acceptance chart as a PNG in `charts_dir`; deployment -> path."""
+    from pathlib import Path
+
+    from draftsync.monitors.report import render_chart
+
+    folder = Path(charts_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for summary in summaries:
+        path = folder / f"{re.sub(r'[^A-Za-z0-9._-]+', '-', summary.deployment)}-acceptance.png"
+        path.write_bytes(render_chart(summary, thresholds))
+        paths[summary.deployment] = str(path)
+    return paths
+
+
 def _status(findings) -> str:
     from draftsync.monitors.report import deployment_state
 
@@ -150,11 +174,15 @@ def weekly_report(
     notes: list[str] | None = None,
     week: str | None = None,
     send: bool = True,
+    act: bool = True,
+    charts_dir: str | None = None,
 ) -> dict:
     """Review the last 7 days (or look back at ISO `week`); stale drafters fall back and a retrain is requested.
 
     `deployments`: the specs to relaunch on a fallback (default: the deployments file, when it exists).
-    `send`: deliver by SMTP when configured; False writes the e-mail to the outbox folder only."""
+    `send`: deliver by SMTP when configured; False writes the e-mail to the outbox folder only. `act` False, without
+    `send`: read only (nothing acted on, recorded or written but the charts). `charts_dir`: write each deployment's
+    acceptance chart there as a PNG."""
     from draftsync.monitors.mailer import Mailer
     from draftsync.monitors.report import build_weekly_report
     from draftsync.monitors.staleness import Thresholds
@@ -167,7 +195,8 @@ def weekly_report(
         acting = False
     else:
         end = now or datetime.now(UTC)
-        start, acting = end - WEEK, True
+        start, acting = end - WEEK, act
+    writes_email = act or send
     problems: list[str] = []
     specs = configured_deployments(deployments, problems) if acting else {}
     mailer = Mailer(settings.outbox_dir, store, settings, secret_loader=smtp_password_block)
@@ -189,8 +218,10 @@ def weekly_report(
                 fresh.add(f.key)
         if acting:
             taken = _act(pair, review, specs, fresh, end) or ["none"]
-        else:
+        elif week is not None:
             taken = [f"none: a look back at {week} (actions are taken by the review of the last 7 days)"]
+        else:
+            taken = [f"none yet: {_planned(found)}" if _planned(found) else "none"]
         actions[pair.deployment] = taken
         rows.append(
             {
@@ -214,6 +245,7 @@ def weekly_report(
                 "draft_tokens": summary.draft_tokens,
                 "server_restarts": summary.resets,
                 "serving_state": (store.serving_pair(pair.deployment) or pair).state,
+                "serving_drafter_version": (store.serving_pair(pair.deployment) or pair).drafter_version,
                 "target": {"name": pair.target_name, "version": pair.target_version},
                 "drafter_version": summary.drafter_version,
             }
@@ -221,12 +253,20 @@ def weekly_report(
 
     thresholds = Thresholds.from_settings(settings)
     all_notes = list(notes or []) + problems
-    if not acting:
+    if week is not None:
         all_notes.append(f"A look back at ISO week {week}: no action was taken by this report.")
+    elif not acting:
+        all_notes.append(
+            "Read only: nothing was acted on, recorded or e-mailed. The scheduled review acts; "
+            "`draftsync report --act` acts now."
+        )
+    charts = _write_charts(summaries, thresholds, charts_dir) if charts_dir else {}
     message = build_weekly_report(
         summaries, findings, actions, _links(targets), (start, end), thresholds=thresholds, notes=all_notes
     )
-    if send:
+    if not writes_email:
+        eml_path, status, entry_id, delivery = None, "not written", None, "read only: no e-mail was written"
+    elif send:
         entry = mailer.send(message, now=clock)
         eml_path, status, entry_id = entry.eml_path, entry.status, entry.id
         retry = "kept in the outbox and retried next run" if status == "pending" else "given up after repeated failures"
@@ -277,6 +317,8 @@ def weekly_report(
         "delivery": delivery,
         "retried": [{"subject": e.subject, "status": e.status} for e in retried],
         "acted": acting,
+        "thresholds": {"stale": thresholds.stale, "mismatch": thresholds.mismatch},
+        "charts": charts,
         "notes": all_notes,
         "findings": [_finding_row(f) for f in findings],
         "actions": actions,

@@ -236,13 +236,27 @@ def test_report_command_stale_week_smtp_down_then_delivered(report_setup, monkey
     job = context.sync_ledger().get("report-llm", version, event.payload["method"])
     assert (job.status, job.source) == ("requested", "weekly-review")
 
-    # run 3: without --send the e-mail is a file in the outbox folder only, and the JSON says so.
-    outbox_rows = len(context.store().outbox())
-    code, third, output, error = run_report(monkeypatch)
+    # run 3: without --act or --send the report only reads, twice alike: no alert, no outbox row, no .eml, no event
+    outbox = report_setup["workdir"] / "outbox"
+    before = (len(context.store().alerts()), len(context.store().outbox()), sorted(outbox.glob("*.eml")))
+    for _ in range(2):
+        code, third, output, error = run_report(monkeypatch)
+        assert error is None and code == 0, output
+        assert (third["status"], third["eml_path"], third["acted"]) == ("not written", None, False)
+        assert (len(context.store().alerts()), len(context.store().outbox()), sorted(outbox.glob("*.eml"))) == before
+    (chat,) = third["deployments"]
+    assert chat["serving_state"] == "stale" and chat["status"] == "STALE"  # the pair as it is, the week as it was
+    assert "serving now" in output and "stale: report-llm" in output and "speculation off" in output
+    assert "Lines: stale under 0.50" in output and not output.lstrip().startswith("{")  # a summary, not JSON
+    assert Path(third["charts"]["chat"]).read_bytes().startswith(b"\x89PNG") and "chart" in output
+    assert len(target_events(STALE_EVENT, started, "report-llm", version, wanted=1)) == 1
+
+    # run 3b: --act writes the e-mail to the outbox folder only, and the JSON says so.
+    code, acted, output, error = run_report(monkeypatch, "--act")
     assert error is None and code == 0, output
-    assert (third["sent"], third["status"]) == (False, "not sent") and "outbox folder only" in third["delivery"]
-    assert Path(third["eml_path"]).is_file() and Path(third["eml_path"]).parent == report_setup["workdir"] / "outbox"
-    assert len(context.store().outbox()) == outbox_rows and len(server.messages) == 2
+    assert (acted["sent"], acted["status"]) == (False, "not sent") and "outbox folder only" in acted["delivery"]
+    assert Path(acted["eml_path"]).is_file() and Path(acted["eml_path"]).parent == outbox
+    assert len(context.store().outbox()) == before[1] and len(server.messages) == 2
 
     # run 4: a look back at the last complete ISO week takes no action.
     week = last_complete_iso_week(datetime.now(UTC))
@@ -287,7 +301,7 @@ def test_a_broken_deployments_file_is_reported_not_fatal(workdir, monkeypatch):
         state="serving",
     )
     record_week(store, "chat", ServedPair("report-llm", 1, 1, 3), datetime.now(UTC))
-    code, report, output, error = run_report(monkeypatch)
+    code, report, output, error = run_report(monkeypatch, "--act")
     assert error is None and code == 0, output
     assert any("is not valid YAML" in note and "no deployment was relaunched" in note for note in report["notes"])
     (chat,) = report["deployments"]
