@@ -8,7 +8,12 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, DotEnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+
+# The settings a work dir was set up with (`draftsync demo` writes its thresholds there), read by every later command
+# on that work dir; an environment variable wins over the file.
+WORKDIR_SETTINGS_FILE = "settings.env"
+DEFAULT_WORKDIR = Path(".draftsync")
 
 
 class Settings(BaseSettings):
@@ -16,7 +21,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="DRAFTSYNC_", extra="ignore")
 
-    workdir: Path = Path(".draftsync")
+    workdir: Path = DEFAULT_WORKDIR
     debug: bool = False  # tracebacks on the terminal for expected errors too (`draftsync --debug`)
     monitor_db_url: str | None = None  # default: SQLite file under the work dir
 
@@ -59,6 +64,21 @@ class Settings(BaseSettings):
     webhook_max_body_bytes: int = 1 << 20
     report_timezone: str = "UTC"  # the weekly report's cron runs in this zone
     mlflow_ui_url: str | None = None  # where `mlflow ui` runs for an embedded registry (links in mail and artifacts)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The environment, then the work dir's settings file."""
+        workdir = Path(os.environ.get("DRAFTSYNC_WORKDIR") or DEFAULT_WORKDIR).expanduser()
+        settings_file = workdir / WORKDIR_SETTINGS_FILE
+        in_workdir = DotEnvSettingsSource(settings_cls, env_file=settings_file, env_prefix="DRAFTSYNC_")
+        return (init_settings, env_settings, in_workdir, file_secret_settings)
 
     @property
     def root(self) -> Path:
@@ -108,6 +128,18 @@ class Settings(BaseSettings):
     @property
     def alert_recipients(self) -> list[str]:
         return [a.strip() for a in self.alert_to.split(",") if a.strip()]
+
+
+def write_workdir_settings(root: Path, values: dict[str, str]) -> Path:
+    """Set DRAFTSYNC_ variables in the work dir's settings file (others it holds are kept); returns its path."""
+    from draftsync.files import atomic_write
+
+    path = root / WORKDIR_SETTINGS_FILE
+    lines = path.read_text().splitlines() if path.exists() else []
+    kept = [line for line in lines if line.split("=", 1)[0].strip() not in values]
+    text = "\n".join([*kept, *(f"{key}={value}" for key, value in values.items())]) + "\n"
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+    return path
 
 
 def _paths(listed: str) -> list[Path]:

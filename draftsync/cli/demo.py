@@ -11,8 +11,8 @@ file, so `draftsync status`, `report` and `rollout` read the story afterwards as
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -26,6 +26,7 @@ from draftsync.cli.common import JsonOption, write_json
 from draftsync.errors import DraftsyncError
 from draftsync.files import atomic_write
 from draftsync.serving.deployment import ServingDeployment
+from draftsync.settings import write_workdir_settings
 from draftsync.tasks import context
 
 TARGET_NAME = "demo-llm"
@@ -41,8 +42,9 @@ MAX_TOKENS = 24
 # drift. Target v2 is registered for the mix it was fine-tuned on, prose included (a version not named here is).
 TRAFFIC_MIX: dict[int, dict[str, float]] = {1: {"math": 1.0}}
 # The demo's stale line: the bottom of the healthy band the source document gives (acceptance 70-90 %). The
-# global default (0.50, the source's line for drafters that no longer match at all) is for production; the
-# environment variable DRAFTSYNC_STALE_THRESHOLD still wins.
+# global default (0.50, the source's line for drafters that no longer match at all) is for production. The demo
+# writes it into its work dir's settings file, so every later command on that work dir (report, status, a retrain)
+# judges with the same line; the environment variable DRAFTSYNC_STALE_THRESHOLD still wins.
 STALE_THRESHOLD = 0.70
 STEP = timedelta(hours=12)
 # The traffic phases: (name, prompts per task, scrapes, seed). Scrapes of all three times STEP is how far back
@@ -211,7 +213,7 @@ def run_demo(engine: str = "auto") -> dict:
     )
     _deployments_with(deployment, settings.deployments_path)  # a deployments file it cannot keep fails before the story
     archived = _archive_previous_story(settings.root)
-    os.environ.setdefault("DRAFTSYNC_STALE_THRESHOLD", str(STALE_THRESHOLD))
+    write_workdir_settings(settings.root, {"DRAFTSYNC_STALE_THRESHOLD": str(STALE_THRESHOLD)})
     context.reset()
     settings, registry = context.settings(), context.registry()
     prefect_api = _start_prefect_api()
@@ -367,24 +369,36 @@ def _print_summary(console: Console, result: dict, settings) -> None:
     console.print(table)
     for d in result["drafters"]:
         recommended = d["gamma_recommended"]
+        span = recommended["range"]
+        if recommended["method"] == "none":
+            advice = "the decision framework advises no speculation for a target this size on this hardware"
+        elif span:
+            advice = f"recommended {recommended['method']}, gamma {span[0]}-{span[1]}"
+        else:
+            advice = f"recommended {recommended['method']}"
         console.print(
-            f"drafter {d['name']} v{d['version']} for target v{d['target_version']} ({d['method']}, gamma "
-            f"{d['gamma']} measured; recommended {recommended['method']} {recommended['range']}): "
-            f"aliases {d['aliases']}"
+            f"drafter {d['name']} v{d['version']} for target v{d['target_version']}: {d['method']}, gamma "
+            f"{d['gamma']} measured ({advice}); aliases {', '.join(d['aliases']) or 'none'}"
         )
-    console.print(f"weekly report: {result['weekly_report']['subject']}\n  {result['weekly_report']['file']}")
+    console.print(f"weekly report: {result['weekly_report']['subject']}")
+    console.print(f"  {result['weekly_report']['file']}", soft_wrap=True)
+    tools = Path(sys.executable).parent  # the venv the demo runs in holds draftsync, mlflow and prefect
     for d in result["deployments"]:
         console.print(
             f"{d['name']}: {d['state_at_end']} at the end, then {d['state']} (the demo stops its servers; "
-            f"`draftsync --workdir {settings.root} rollout {d['name']}` serves the pair again)"
+            "this serves the pair again:)"
         )
+        console.print(f"  {tools / 'draftsync'} --workdir {settings.root} rollout {d['name']}", soft_wrap=True)
     console.print(f"timings (s): {result['timings_s']}")
-    console.print(f"summary: {settings.root / 'demo.json'}")
+    console.print(f"summary: {settings.root / 'demo.json'}", soft_wrap=True)
+    console.print("MLflow UI (then open http://127.0.0.1:5000):")
     console.print(
-        f"MLflow UI:  mlflow ui --backend-store-uri {settings.mlflow_tracking_uri} "
-        f"--default-artifact-root {settings.mlflow_artifacts_dir}"
+        f"  {tools / 'mlflow'} ui --backend-store-uri {settings.mlflow_tracking_uri} "
+        f"--default-artifact-root {settings.mlflow_artifacts_dir}",
+        soft_wrap=True,
     )
-    console.print(f"Prefect UI: PREFECT_HOME={settings.prefect_home} prefect server start")
+    console.print("Prefect UI (then open http://127.0.0.1:4200):")
+    console.print(f"  PREFECT_HOME={settings.prefect_home} {tools / 'prefect'} server start", soft_wrap=True)
 
 
 def prepare_demo() -> Path:
