@@ -77,7 +77,8 @@ def _markdown(result: ValidationResult) -> str:
         f"Per-request acceptance: mean {_number(a.mean)}, P5 {_number(a.p5)}, P50 {_number(a.p50)}, "
         f"P90 {_number(a.p90)}, P99 {_number(a.p99)}. TPOT {tpot.spec:.3f} ms with speculation, "
         f"{tpot.plain:.3f} ms without ({checklist.speedup:.2f}x).\n\n"
-        f"## Gamma sweep (knee = best TPOT; plain decoding {checklist.sweep_plain_tpot_ms:.3f} ms)\n\n"
+        f"## Gamma sweep (plain decoding {checklist.sweep_plain_tpot_ms:.3f} ms)\n\n"
+        f"Served: gamma {checklist.gamma_knee}, because {checklist.knee_reason}.\n\n"
         f"| gamma | mean acceptance length | acceptance rate | TPOT ms |\n|---|---|---|---|\n{sweep}\n"
         + _schedule_markdown(checklist)
     )
@@ -128,6 +129,8 @@ def _write_reports(result: ValidationResult) -> None:
         knee=checklist.gamma_knee,
         plain_tpot_ms=checklist.sweep_plain_tpot_ms,
         gamma=checklist.gamma_knee,
+        fastest=checklist.gamma_fastest,
+        knee_reason=checklist.knee_reason,
     )
 
 

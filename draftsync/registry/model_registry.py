@@ -46,6 +46,9 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 EXPERIMENT_NAME = "draftsync"
+# The MLflow UI opens an experiment in its model-training view (runs, metrics, models), not its GenAI (traces) one.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_DEVELOPMENT = "custom_model_development"
 CHECKPOINT_ARTIFACT_PATH = "checkpoint"
 REPORTS_ARTIFACT_PATH = "reports"
 
@@ -122,13 +125,17 @@ class Registry:
         existing = self._client.get_experiment_by_name(EXPERIMENT_NAME)
         if existing is not None:
             self._experiment_id = existing.experiment_id
+            if existing.tags.get(EXPERIMENT_KIND_TAG) != MODEL_DEVELOPMENT:  # made before the kind was set
+                self._client.set_experiment_tag(existing.experiment_id, EXPERIMENT_KIND_TAG, MODEL_DEVELOPMENT)
             return self._experiment_id
         location = None
         if self.artifacts_dir is not None and not self.tracking_uri.startswith(("http://", "https://")):
             self.artifacts_dir.mkdir(parents=True, exist_ok=True)
             location = self.artifacts_dir.as_uri()
         try:
-            self._experiment_id = self._client.create_experiment(EXPERIMENT_NAME, artifact_location=location)
+            self._experiment_id = self._client.create_experiment(
+                EXPERIMENT_NAME, artifact_location=location, tags={EXPERIMENT_KIND_TAG: MODEL_DEVELOPMENT}
+            )
         except MlflowException:  # created concurrently by another process
             experiment = self._client.get_experiment_by_name(EXPERIMENT_NAME)
             assert experiment is not None, "creating it failed because it exists"
@@ -277,7 +284,8 @@ class Registry:
         metric_history: Mapping[str, Sequence[tuple[int, float]]] | None = None,
     ) -> None:
         """Put a validation's results on an existing drafter version: metrics, curves and reports on its run,
-        tags on the version. The verdict is written last, so a crash half-way leaves the version unvalidated."""
+        tags on the version and its run alike. The verdict is written last, so a crash half-way leaves the version
+        unvalidated."""
         import math
 
         model_name = drafter_model_name(target_name)
@@ -289,18 +297,25 @@ class Registry:
             if value is not None and math.isfinite(float(value)):
                 self._client.log_metric(run_id, key, float(value))
         self._log_history(run_id, metric_history or {})
-        version = str(int(drafter_version))
         updates: dict[str, str] = {**{k: str(v) for k, v in tags.items()}, **validation_metric_tags(metrics)}
         if gamma is not None:
             updates[GAMMA_TAG] = str(int(gamma))
         updates[FAILED_GATES_TAG] = ",".join(failed_gates) or "none"
-        for key, tag in updates.items():
-            self._client.set_model_version_tag(model_name, version, key, tag)
-        self._client.set_model_version_tag(model_name, version, VALIDATION_STATUS_TAG, validation_status(passed))
-        self._client.set_model_version_tag(model_name, version, VALIDATION_PASSED_TAG, flag(passed))
+        self._set_tags(model_name, drafter_version, updates, run_id)
+        verdict = {VALIDATION_STATUS_TAG: validation_status(passed), VALIDATION_PASSED_TAG: flag(passed)}
+        self._set_tags(model_name, drafter_version, verdict, run_id)
 
     def tag_version(self, model_name: str, version: int, key: str, value: str) -> None:
-        self._client.set_model_version_tag(model_name, str(int(version)), key, value)
+        self._set_tags(model_name, version, {key: value}, self.version_info(model_name, version).run_id)
+
+    def _set_tags(self, model_name: str, version: int, tags: Mapping[str, str], run_id: str | None) -> None:
+        """Tags on a version and on the run it was logged from, so the MLflow UI's two pages never disagree."""
+        from mlflow.entities import RunTag
+
+        for key, value in tags.items():
+            self._client.set_model_version_tag(model_name, str(int(version)), key, value)
+        if run_id is not None and tags:
+            self._client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
 
     def _close_abandoned_runs(self, sync_key: str) -> None:
         """Runs of this sync left RUNNING by a worker killed while logging: marked KILLED, so the UI shows no live run.

@@ -78,6 +78,7 @@ VALIDATION_PASSED_TAG = "draftsync.validation.passed"
 VALIDATION_STATUS_TAG = "draftsync.validation.status"  # pending | passed | failed
 FAILED_GATES_TAG = "draftsync.validation.failed_gates"
 GAMMA_KNEE_TAG = f"{VALIDATION_PREFIX}gamma_knee"  # the metric record_validation writes as a tag
+GAMMA_REASON_TAG = f"{VALIDATION_PREFIX}gamma_reason"  # why the served gamma and not the fastest
 VALIDATION_PROFILE_TAG = f"{VALIDATION_PREFIX}profile"
 VALIDATION_BACKEND_TAG = f"{VALIDATION_PREFIX}backend"
 VALIDATION_TEMPERATURE_TAG = f"{VALIDATION_PREFIX}temperature"
@@ -246,8 +247,10 @@ def checklist_tags(
     acceptance_rate: float,
     threshold: float,
     schedule: Any = None,
+    gamma_reason: str = "",
 ) -> dict[str, str]:
-    """A validation's gates, where it ran, the next iteration's baseline and the per-batch-size schedule."""
+    """A validation's gates, where it ran, the next iteration's baseline, the per-batch-size schedule and why the
+    served gamma was chosen."""
     tags = {f"{GATE_PREFIX}{name}": "pass" if passed else "fail" for name, passed in gates}
     tags.update(
         {
@@ -260,6 +263,8 @@ def checklist_tags(
     )
     if schedule:
         tags[GAMMA_SCHEDULE_TAG] = json.dumps(schedule)
+    if gamma_reason:
+        tags[GAMMA_REASON_TAG] = gamma_reason
     return tags
 
 
@@ -326,7 +331,7 @@ def recommended_gamma(tags: Mapping[str, str]) -> dict[str, Any] | None:
     gamma_range = parse_gamma_range(tags.get(RECOMMENDED_GAMMA_RANGE_TAG))
     if start is None and gamma_range is None:
         return None
-    return {"start": start, "range": gamma_range}
+    return {"start": start, "range": gamma_range, "method": tags.get(RECOMMENDED_METHOD_TAG)}
 
 
 def is_target(tags: Mapping[str, str] | None) -> bool:

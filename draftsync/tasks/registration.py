@@ -207,6 +207,7 @@ def record_validation(result: ValidationResult, mismatch_threshold: float) -> No
         acceptance_rate=checklist.acceptance.mean,
         threshold=mismatch_threshold,
         schedule=checklist.speculation_schedule,
+        gamma_reason=checklist.knee_reason,
     )
     context.registry().record_validation(
         result.target_name,

@@ -45,13 +45,20 @@ def _figure(width: float, height: float):
 
 
 def plot_acceptance_vs_gamma(
-    sweep: Sequence[dict], out_dir: str | Path, knee: int | None = None, plain_tpot_ms: float | None = None
+    sweep: Sequence[dict],
+    out_dir: str | Path,
+    knee: int | None = None,
+    plain_tpot_ms: float | None = None,
+    fastest: int | None = None,
+    knee_reason: str = "",
 ) -> Path:
     """Acceptance rate and mean acceptance length (top) and TPOT (bottom, its own axis) against gamma.
 
     `sweep`: rows {gamma, mean_acceptance_length, acceptance_rate, tpot_ms}. `knee`: the chosen gamma
     (default: `checklist.gamma_knee(sweep)`, the best TPOT with near-ties to the smaller gamma); it is
-    marked on both panels. `plain_tpot_ms`, when given, draws TPOT without speculation for reference.
+    marked on both panels as the served gamma. `plain_tpot_ms`, when given, draws TPOT without speculation for
+    reference; `fastest`, the gamma of the best TPOT, is marked apart when it is not the one served, and
+    `knee_reason` says under the panels why the served one was chosen.
     """
     rows = _check_sweep(sweep)
     if knee is None:
@@ -101,12 +108,29 @@ def plot_acceptance_vs_gamma(
         knee_tpot = _number(knee_row["tpot_ms"])
         bottom.plot([knee], [knee_tpot], marker="*", markersize=16, color="black", linestyle="none")
         bottom.annotate(
-            f"knee: gamma {knee}, {knee_tpot:.2f} ms",
+            f"served: gamma {knee}, {knee_tpot:.2f} ms",
             (knee, knee_tpot),
             xytext=(8, 10),
             textcoords="offset points",
             fontsize=9,
         )
+    fastest_row = next((row for row in rows if int(row["gamma"]) == fastest), None)
+    if fastest_row is not None and fastest != knee and not math.isnan(_number(fastest_row["tpot_ms"])):
+        fastest_tpot = _number(fastest_row["tpot_ms"])
+        bottom.plot([fastest], [fastest_tpot], marker="v", markersize=11, color="tab:orange", linestyle="none")
+        bottom.annotate(
+            f"fastest: gamma {fastest}, {fastest_tpot:.2f} ms",
+            (fastest, fastest_tpot),
+            xytext=(-10, 8),
+            textcoords="offset points",
+            ha="right",
+            fontsize=9,
+        )
+    if knee_reason:
+        import textwrap
+
+        why = "\n".join(textwrap.wrap(f"Served: gamma {knee}, because {knee_reason}.", 80))
+        bottom.set_title(f"Time per output token (lower is better)\n{why}", fontsize=9)
     top.legend(handles=rate_line + length_line, loc="lower left", fontsize=8)
     bottom.legend(handles=tpot_lines, loc="best", fontsize=8)
 
@@ -164,9 +188,14 @@ def write_validation_plots(
     plain_tpot_ms: float | None = None,
     gamma: int | None = None,
     drafts: int | None = None,
+    fastest: int | None = None,
+    knee_reason: str = "",
 ) -> dict[str, Path]:
     """Both PNGs into `out_dir`; returns {"acceptance_vs_gamma": path, "acceptance_by_position": path}."""
+    vs_gamma = plot_acceptance_vs_gamma(
+        sweep, out_dir, knee=knee, plain_tpot_ms=plain_tpot_ms, fastest=fastest, knee_reason=knee_reason
+    )
     return {
-        "acceptance_vs_gamma": plot_acceptance_vs_gamma(sweep, out_dir, knee=knee, plain_tpot_ms=plain_tpot_ms),
+        "acceptance_vs_gamma": vs_gamma,
         "acceptance_by_position": plot_acceptance_by_position(per_position, out_dir, gamma=gamma, drafts=drafts),
     }

@@ -90,6 +90,7 @@ class ChecklistResult:
     requests: RequestCounts
     # The per-request table (requests.csv, the suite's input): too long for the JSON, so not in as_dict().
     rows: list[dict[str, Any]] = field(repr=False)
+    knee_reason: str = ""  # why the served gamma (the knee) and not the fastest: a tie, the gate, a step-down
 
     @property
     def passed(self) -> bool:
@@ -109,6 +110,7 @@ class ChecklistResult:
             "gamma_sweep": self.gamma_sweep,
             "gamma_knee": self.gamma_knee,
             "gamma_fastest": self.gamma_fastest,
+            "knee_reason": self.knee_reason,
             "gammas_rejected": self.gammas_rejected,
             "sweep_plain_tpot_ms": self.sweep_plain_tpot_ms,
             "acceptance": asdict(self.acceptance),
@@ -162,3 +164,30 @@ class ValidationResult:
     def as_dict(self) -> dict[str, Any]:
         """`draftsync validate --json` and a sync's `validation`."""
         return {**self.report_dict(), "promoted": self.promoted, "reports_dir": self.reports_dir}
+
+
+def knee_reason(
+    sweep: list[dict[str, Any]], knee: int, fastest: int, rejected: list[dict[str, Any]], tolerance: float, floor: float
+) -> str:
+    """Why `knee` serves: the fastest TPOT, a near-tie with the fastest (the smaller gamma wins), an acceptance
+    under the gate's floor at the fastest, or a step-down from gammas that failed the acceptance gates."""
+    rows = {int(row["gamma"]): row for row in sweep}
+    if rejected:
+        steps = "; ".join(f"gamma {r['gamma']} failed {', '.join(r['failed_gates'])}" for r in rejected)
+        return f"validation stepped down to it from larger gammas that failed acceptance gates ({steps})"
+    if knee == fastest:
+        return "it has the best TPOT of the sweep"
+    fast, served = rows.get(fastest, {}), rows.get(knee, {})
+    fast_ms, served_ms = fast.get("tpot_ms"), served.get("tpot_ms")
+    if fast_ms and served_ms and served_ms <= fast_ms * (1 + tolerance):
+        return (
+            f"gamma {fastest} is fastest ({fast_ms:.2f} ms) and gamma {knee} ({served_ms:.2f} ms) is within the "
+            f"knee tolerance of {tolerance:.0%}: a tie goes to the smaller gamma"
+        )
+    rate = fast.get("acceptance_rate_lower", fast.get("acceptance_rate"))
+    return (
+        f"gamma {fastest} is fastest but its acceptance ({rate:.2f}, with the sweep's sampling error) does not "
+        f"clear {floor:.2f}; gamma {knee} is the fastest that does"
+        if rate is not None
+        else f"the fastest, gamma {fastest}, was not measured well enough to be chosen"
+    )

@@ -57,7 +57,14 @@ from draftsync.validation.checklist import (
     pooled_tpot_ms,
     summarize_acceptance,
 )
-from draftsync.validation.result import AcceptanceFigures, ChecklistResult, MemoryFootprint, RequestCounts, TpotMs
+from draftsync.validation.result import (
+    AcceptanceFigures,
+    ChecklistResult,
+    MemoryFootprint,
+    RequestCounts,
+    TpotMs,
+    knee_reason,
+)
 from draftsync.validation.stress import StressLoad, schedule_check, stress_comparison
 
 GREEDY_CHECK_REQUESTS = 8  # at T>0 the equivalence check reruns this many requests greedily
@@ -432,6 +439,7 @@ def run_checklist(
         gamma_sweep=sweep,
         gamma_knee=knee,
         gamma_fastest=fastest,
+        knee_reason=knee_reason(sweep, knee, fastest, runs.rejected, profile.knee_tolerance, knee_floor),
         gammas_rejected=runs.rejected,
         sweep_plain_tpot_ms=round(runs.sweep_plain_tpot, 4),
         acceptance=AcceptanceFigures.of(acceptance),

@@ -271,3 +271,30 @@ def test_a_rollback_is_a_state_to_write_so_writing_it_twice_lands_the_same(regis
     assert (registry.alias_version(name, PRODUCTION), registry.alias_version(name, PREVIOUS)) == (first, second)
     with pytest.raises(DraftsyncError, match="no `previous` alias"):
         rolled_back("tgt-r", {**before, PREVIOUS: None})
+
+
+def test_the_drafter_run_and_its_version_never_disagree_on_a_tag(registry, target_dir, tmp_path):
+    """The MLflow UI shows the run's tags on one page and the version's on another: they must tell one story."""
+    target_version = registry.register_target("tgt-agree", target_dir, tags_for({"code": 1.0}))
+    name = drafter_model_name("tgt-agree")
+    version = registry.register_drafter(
+        "tgt-agree", target_version, make_checkpoint(tmp_path / "drafter"), "eagle3", 3, {}, validation_passed=None
+    )
+    run_id = registry.version_info(name, version).run_id
+    assert registry._client.get_run(run_id).data.tags["draftsync.validation.status"] == "pending"
+    registry.record_validation(
+        "tgt-agree", version, passed=True, metrics={"acceptance_rate": 0.8}, tags={"draftsync.gate.x": "pass"}, gamma=2
+    )
+    registry.tag_version(name, version, "draftsync.recommended.method", "eagle3")
+    version_tags = registry.version_tags(name, version)
+    run_tags = registry._client.get_run(run_id).data.tags
+    shared = set(version_tags) & set(run_tags)
+    assert {"draftsync.validation.status", "draftsync.validation.passed", "draftsync.gamma"} <= shared
+    assert "draftsync.recommended.method" in shared and "draftsync.gate.x" in shared
+    assert {key: run_tags[key] for key in shared} == {key: version_tags[key] for key in shared}
+    assert (version_tags["draftsync.validation.status"], version_tags["draftsync.gamma"]) == ("passed", "2")
+
+
+def test_the_experiment_opens_as_model_development_in_the_mlflow_ui(registry):
+    experiment = registry._client.get_experiment(registry._experiment())
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # not the GenAI traces view

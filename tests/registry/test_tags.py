@@ -53,7 +53,8 @@ def test_a_drafter_version_reads_back_what_a_sync_writes():
         True,
     )
     assert drafter.gamma_schedule() == [[1, 4, 5]] and drafter.data_check_failures == 2
-    assert drafter.gamma_recommended == {"start": 3, "range": [2, 4]} and drafter.recommended_method == "eagle3"
+    assert drafter.gamma_recommended == {"start": 3, "range": [2, 4], "method": "eagle3"}
+    assert drafter.recommended_method == "eagle3"
 
 
 def test_strict_readers_name_the_tag():

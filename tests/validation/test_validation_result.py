@@ -26,6 +26,7 @@ REPORT_KEYS = [
     "gamma_sweep",
     "gamma_knee",
     "gamma_fastest",
+    "knee_reason",
     "gammas_rejected",
     "sweep_plain_tpot_ms",
     "acceptance",
@@ -182,3 +183,19 @@ def test_the_report_names_the_gamma_validation_stepped_down_from():
     text = _markdown(sample_validation())
     assert "| 2 (knee) | 2.100 | 0.700 | 3.000 |" in text
     assert "| 3 (validated, failed acceptance_p5) | 2.400 | 0.620 | 2.900 |" in text
+
+
+def test_the_served_gammas_reason_names_the_rule_that_chose_it():
+    from draftsync.validation.result import knee_reason
+
+    sweep = [
+        {"gamma": 2, "acceptance_rate": 0.80, "tpot_ms": 15.59},
+        {"gamma": 3, "acceptance_rate": 0.75, "tpot_ms": 15.40},
+        {"gamma": 5, "acceptance_rate": 0.65, "tpot_ms": 11.50},
+    ]
+    assert knee_reason(sweep, 5, 5, [], 0.02, 0.7) == "it has the best TPOT of the sweep"
+    assert "within the knee tolerance of 2%" in knee_reason(sweep, 2, 3, [], 0.02, 0.7)
+    floor = knee_reason(sweep, 2, 5, [], 0.02, 0.7)
+    assert "gamma 5 is fastest" in floor and "does not clear 0.70" in floor
+    stepped = knee_reason(sweep, 2, 5, [{"gamma": 5, "failed_gates": ["acceptance_p5"]}], 0.02, 0.7)
+    assert "stepped down" in stepped and "gamma 5 failed acceptance_p5" in stepped
