@@ -34,7 +34,9 @@ def rollout(
             "--drafter-version", help="Serve this validated drafter version (default: the one for the served target)."
         ),
     ] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the rendered launch; start nothing.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the launch as a command to paste into a shell; start nothing.")
+    ] = False,
     canary_requests: Annotated[
         int,
         typer.Option(
@@ -50,12 +52,22 @@ def rollout(
     check_registry()
     if dry_run:
         from draftsync.flows.rollout import planned_launch
+        from draftsync.serving.process import free_port
 
-        result = {**planned_launch(spec, drafter_version)[2], "dry_run": True}
-    else:
-        result = rollout_flow(
-            spec, drafter_version=drafter_version, canary_requests=canary_requests, reason="rolled out by hand"
+        # the deployment's own port, or (0: chosen at launch) one free now
+        port = spec.port or free_port()
+        result = {**planned_launch(spec, drafter_version, port=port)[2], "dry_run": True, "port": port}
+        drafter = "speculation off" if result["drafter_version"] is None else f"drafter v{result['drafter_version']}"
+        typer.echo(
+            f"{spec.name}: target v{result['target_version']} + {drafter}, gamma {result['gamma']}; "
+            f"port {port}{'' if spec.port else ' (free now; a rollout picks its own)'}. Nothing was started.\n"
         )
+        typer.echo(result["command"])
+        write_json(result, json_path)
+        return
+    result = rollout_flow(
+        spec, drafter_version=drafter_version, canary_requests=canary_requests, reason="rolled out by hand"
+    )
     echo_json(result)
     write_json(result, json_path)
 

@@ -109,7 +109,7 @@ def _production_drafter_for(target_name: str, target_version: int) -> int | None
     return registry.drafter_for_target_version(target_name, target_version)
 
 
-def render_launch(deployment: ServingDeployment, pair: ServedPair) -> dict:
+def render_launch(deployment: ServingDeployment, pair: ServedPair, port: int | None = None) -> dict:
     """The vLLM launch for the pair, as `--dry-run` prints it and as `launch: external` hands it over; for
     `launch: vllm` it is the command line of the engine installed here (vllm_engine.py), when there is one."""
     registry = context.registry()
@@ -123,7 +123,7 @@ def render_launch(deployment: ServingDeployment, pair: ServedPair) -> dict:
 
         engine = find_vllm_engine(required=False)  # none here: the `vllm serve` a GPU worker's image runs
     launch = deployment.vllm_launch(
-        target_dir, drafter_dir, pair.method, pair.gamma, schedule=pair.schedule, engine=engine
+        target_dir, drafter_dir, pair.method, pair.gamma, schedule=pair.schedule, port=port, engine=engine
     )
     return {
         "target_dir": str(target_dir),
@@ -133,19 +133,26 @@ def render_launch(deployment: ServingDeployment, pair: ServedPair) -> dict:
 
 
 def planned_launch(
-    deployment: ServingDeployment, drafter_version: int | None = None, speculation: bool = True, reason: str = ""
+    deployment: ServingDeployment,
+    drafter_version: int | None = None,
+    speculation: bool = True,
+    reason: str = "",
+    port: int | None = None,
 ) -> tuple[ServedPair, dict, dict]:
-    """The pair, its rendered launch and the summary both a rollout and `rollout --dry-run` report."""
+    """The pair, its rendered launch and the summary both a rollout and `rollout --dry-run` report; `port`: render
+    the launch on it instead of the deployment's."""
+    import shlex
+
     pair = choose_pair(deployment, drafter_version, speculation)
-    launch = render_launch(deployment, pair)
+    launch = render_launch(deployment, pair, port)
     summary = {
         "deployment": deployment.name,
         "target_version": pair.target_version,
         "drafter_version": pair.drafter_version,
         "gamma": pair.gamma,
         "argv": launch["argv"],
+        "command": shlex.join(launch["argv"]),
         "speculative_config": launch["speculative_config"],
-        "vllm": {"argv": launch["argv"], "speculative_config": launch["speculative_config"]},
         "reason": reason,
     }
     return pair, launch, summary

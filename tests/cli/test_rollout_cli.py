@@ -46,6 +46,12 @@ def test_dry_run_prints_the_vllm_launch_and_starts_nothing(workdir, built_target
     assert config == launch["speculative_config"]
     assert config["method"] == "eagle3" and config["num_speculative_tokens"] == 2
     assert serving_record("cli") is None  # nothing was started
+    # what is printed is the launch as a shell command, on a real port, once
+    import shlex
+
+    assert result.output.count("--speculative-config") == 1 and launch["port"] > 0
+    assert shlex.split(result.output.strip().splitlines()[-1]) == launch["argv"]
+    assert launch["argv"][launch["argv"].index("--port") + 1] == str(launch["port"])
 
     unknown = CliRunner().invoke(app, ["--workdir", str(workdir), "rollout", "nope", "--dry-run"])
     assert unknown.exit_code != 0 and "cli" in str(unknown.exception)

@@ -180,7 +180,7 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
             "validation": "passed",
             "aliases": ["production"],
             "gamma_measured": 4,
-            "gamma_recommended": {"start": 3, "range": [2, 4]},
+            "gamma_recommended": {"start": 3, "range": [2, 4], "method": None},
         },
         {
             "version": w["d3"],
@@ -244,6 +244,12 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
     assert "-> d1" not in out  # the re-opened job's earlier drafter is not shown as its result
     assert f"{w['retrain_at']:%Y-%m-%d %H:%M} UTC" in out
 
+    # at 80 columns nothing is cut: every line fits, no cell ends in an ellipsis, and the short forms are defined
+    narrow = CliRunner().invoke(_cli(), ["status"], env={"COLUMNS": "80"}).output
+    assert max(len(line) for line in narrow.splitlines()) <= 80 and "\u2026" not in narrow
+    assert "production -> v2" in narrow and "bare-llm" in narrow and "not deployed" in narrow
+    assert "drafter version 3, trained for target version 2" in narrow.replace("\n", " ")
+
 
 def test_status_with_no_targets_says_how_to_get_one(workdir, tmp_path):
     json_path = tmp_path / "status.json"
@@ -298,8 +304,9 @@ def test_recommended_gamma_range_forms(text, expected):
 
 def test_gammas_from_tags():
     assert recommended_gamma({}) is None
-    assert recommended_gamma({"draftsync.recommended.gamma_start": "6"}) == {"start": 6, "range": None}
-    assert recommended_gamma({"draftsync.recommended.gamma_range": "6-8"}) == {"start": None, "range": [6, 8]}
+    assert recommended_gamma({"draftsync.recommended.gamma_start": "6"}) == {"start": 6, "range": None, "method": None}
+    none = {"draftsync.recommended.gamma_range": "0-0", "draftsync.recommended.method": "none"}
+    assert recommended_gamma(none) == {"start": None, "range": [0, 0], "method": "none"}
     # the knee wins; a validated version's gamma tag is measured; a pending version's is only configured
     assert (
         measured_gamma(
