@@ -115,7 +115,8 @@ def _act(pair, review: dict, specs: dict[str, ServingDeployment], fresh: set[str
             f"({', '.join(f.rule for f in retrain)})",
         )
         taken.append(
-            f"retrain requested (event {events.DRAFTER_STALE} for {pair.target_name} v{pair.target_version})"
+            f"retrain requested (event {events.DRAFTER_STALE} for {pair.target_name} v{pair.target_version}): the "
+            f"drafter-sync deployment starts it as soon as a GPU worker is free; watch it at {links.flow_run_url()}"
             if asked["requested"]
             else f"retrain of {pair.target_name} v{pair.target_version} already requested: not repeated"
         )

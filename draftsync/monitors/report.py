@@ -32,6 +32,13 @@ STATE_COLORS = {
 }
 
 
+FIGURES_EXPLAINED = (
+    "Acceptance: accepted / drafted tokens. Per position: the share of drafts whose k-th token was accepted (each "
+    "counts only when every token before it was), so later positions fall. Slope: the daily acceptance's change a "
+    "day, fitted over the period. Intervals: the scrapes' own acceptance, whose p5 shows the worst stretches."
+)
+
+
 def deployment_state(findings: Sequence[Finding]) -> str:
     """One word for the subject and headings: the worst actionable finding's, or OK."""
     actionable = [f for f in findings if f.rule in STATE_BY_RULE]
@@ -45,7 +52,7 @@ def render_chart(summary: DeploymentSummary, thresholds: Thresholds | None = Non
     from matplotlib.dates import DateFormatter
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7.0, 2.6), dpi=100)
+    fig = Figure(figsize=(7.0, 3.0), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     # The x values are datetimes, which matplotlib plots through its date units; its stubs take only numbers.
@@ -71,8 +78,7 @@ def render_chart(summary: DeploymentSummary, thresholds: Thresholds | None = Non
     ax.set_title(f"{summary.deployment}: draft-token acceptance", fontsize=10)
     ax.xaxis.set_major_formatter(DateFormatter("%m-%d"))
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower left", fontsize=7, ncol=4)
-    fig.tight_layout()
+    fig.legend(loc="outside lower center", fontsize=7, ncol=4, frameon=False)  # below the axes: it hides no data
     buffer = BytesIO()
     fig.savefig(buffer, format="png")
     return buffer.getvalue()
@@ -134,6 +140,7 @@ def _text_body(
         f"Period: {period[0]:%Y-%m-%d %H:%M} -> {period[1]:%Y-%m-%d %H:%M} UTC",
     ]
     lines += [f"Note: {note}" for note in notes]
+    lines.append(f"How to read it: {FIGURES_EXPLAINED}")
     for s in summaries:
         findings = by_deployment.get(s.deployment, [])
         lines += [
@@ -188,6 +195,7 @@ def _html_body(
         ]
         parts += [f'<tr><th align="left">{e(k)}</th><td>{e(v)}</td></tr>' for k, v in rows]
         parts.append("</table>")
+        parts.append(f"<p><small>{e(FIGURES_EXPLAINED)}</small></p>")
         if s.daily:
             parts.append('<p>Daily acceptance:</p><table border="1" cellpadding="4" cellspacing="0"><tr>')
             parts += [f"<th>{day:%m-%d}</th>" for day, _ in s.daily]
@@ -208,7 +216,12 @@ def _html_body(
         parts.append("</ul>")
     if links:
         parts.append("<p><b>Links</b></p><ul>")
-        parts += [f'<li><a href="{e(url, quote=True)}">{e(label)}</a></li>' for label, url in links.items()]
+        parts += [
+            f'<li><a href="{e(url, quote=True)}">{e(label)}</a></li>'
+            if url.startswith(("http://", "https://"))
+            else f"<li>{e(label)}: <code>{e(url)}</code></li>"  # a command to run, not an address
+            for label, url in links.items()
+        ]
         parts.append("</ul>")
     parts.append("</body></html>")
     return "\n".join(parts)

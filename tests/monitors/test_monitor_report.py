@@ -340,3 +340,15 @@ def test_every_state_a_heading_can_show_has_a_colour():
     from draftsync.monitors.report import STATE_BY_RULE, STATE_COLORS
 
     assert set(STATE_COLORS) == {*STATE_BY_RULE.values(), "OK"}
+
+
+def test_the_report_explains_its_figures_and_links_only_to_addresses():
+    summaries, findings, actions, links = report_inputs()
+    links["MLflow UI on this work dir"] = "mlflow ui --backend-store-uri sqlite:////tmp/w/mlflow.db"
+    text, html, _ = parts_of(build_weekly_report(summaries, findings, actions, links, (START, END)))
+    for body in (text, html):
+        assert "Per position: the share of drafts whose k-th token was accepted" in body
+        assert "Slope: the daily acceptance" in body
+    assert '<a href="http://127.0.0.1:5000/#/models/demo-target-drafter">' in html
+    assert "<code>mlflow ui --backend-store-uri sqlite:////tmp/w/mlflow.db</code>" in html
+    assert 'href="mlflow ui' not in html  # a command is text to copy, never a link
