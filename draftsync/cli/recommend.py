@@ -1,4 +1,4 @@
-"""`draftsync recommend`: the seed's decision framework for one workload, as an answer with its reasons.
+"""`draftsync recommend`: the production guide's decision framework for one workload, as an answer with its reasons.
 
 A plain function with typer options; the `draftsync` app registers it as `recommend`. Nothing heavy is
 imported: it answers instantly and needs no MLflow, Prefect or GPU.
@@ -13,14 +13,19 @@ import typer
 from draftsync.cli.common import JsonOption, write_json
 from draftsync.errors import DraftsyncError
 from draftsync.serving.recommendation import Recommendation, recommend
-from draftsync.serving.workload import TASKS, Task, Workload, parse_params
+from draftsync.serving.workload import FRAMEWORK_TASK, TASKS, Task, Workload, params_text, parse_params
 
 
 def recommend_command(
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs the target is served on.")],
     gpu_memory_gb: Annotated[float, typer.Option("--gpu-memory-gb", help="Memory of one GPU in GB, e.g. 80.")],
     tpot_ms: Annotated[float, typer.Option("--tpot-ms", help="Time-per-output-token target in milliseconds.")],
-    task: Annotated[str, typer.Option("--task", help=f"Main task: {', '.join(TASKS)}.")],
+    task: Annotated[
+        str,
+        typer.Option(
+            "--task", help=f"Main task: {', '.join(TASKS)}; prose, as in a target's task mix, is read as chat."
+        ),
+    ],
     params: Annotated[str | None, typer.Option("--params", help="Target size: 70B, 7b, 1.5B, 500M.")] = None,
     target: Annotated[
         str | None,
@@ -34,8 +39,8 @@ def recommend_command(
     batch: Annotated[int, typer.Option("--batch", help="Requests served together (1: single-stream).")] = 1,
     json_path: JsonOption = None,
 ) -> None:
-    """Recommend a drafter method, gamma range and start for a target, with the seed's expected speedup, a memory
-    check and the rule behind each step."""
+    """Recommend a drafter method, gamma range and start for a target, with the production guide's expected speedup,
+    a memory check and the rule behind each step."""
     if (params is None) == (target is None):
         raise DraftsyncError(
             "recommend needs the target's size: give --params or --target, not both and not neither",
@@ -51,12 +56,13 @@ def recommend_command(
         gpus=gpus,
         gpu_memory_gb=gpu_memory_gb,
         tpot_ms=tpot_ms,
-        task=cast(Task, task.strip().lower()),  # Workload checks it is one of TASKS, with the fix
+        task=cast(Task, framework_task(task)),  # Workload checks it is one of TASKS, with the fix
         output_tokens=output_tokens,
         batch=batch,
         **facts,
     )
     recommendation = recommend(workload)
+    typer.echo(workload_text(workload))
     typer.echo(format_recommendation(recommendation))
     write_json(recommendation.to_dict(), json_path)
 
@@ -76,6 +82,22 @@ def _registered_target(spec: str) -> tuple[float, dict]:
         )
     found = TargetVersion.from_tags(name, version, registry.version_tags(name, version))
     return found.parameter_count() / 1e9, target_memory_facts(found.num_hidden_layers, found.features())
+
+
+def framework_task(task: str) -> str:
+    """The decision framework's task for a task name of either vocabulary (a target's task mix says prose)."""
+    name = task.strip().lower()
+    return FRAMEWORK_TASK.get(name, name)
+
+
+def workload_text(workload: Workload) -> str:
+    """The inputs that decide the answer, defaults included, so a reader sees what was assumed."""
+    w = workload
+    serving = "single-stream (batch 1; --batch for batched serving)" if w.batch == 1 else f"batch {w.batch}"
+    return (
+        f"for:      {params_text(w.params_b)} target on {w.gpus} x {w.gpu_memory_gb:g} GB, TPOT target "
+        f"{w.tpot_ms:g} ms, task {w.task}, {serving}, {w.output_tokens} output tokens"
+    )
 
 
 def format_recommendation(recommendation: Recommendation) -> str:

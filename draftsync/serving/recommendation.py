@@ -1,8 +1,8 @@
-"""The seed's four-step decision framework (target size, hardware, latency target, task) as a pure function.
+"""The production guide's four-step decision framework (target size, hardware, latency target, task) as a pure function.
 
 `recommend(Workload(...))` picks the drafter method and the gamma range a new target starts from, with the
-seed's expected speedup, a memory check and one reason line per step. It is a first guess: validation
-measures the gamma knee and that replaces `gamma_start`. Where the seed is silent or its rules conflict the
+production guide's expected speedup, a memory check and one reason line per step. It is a first guess: validation
+measures the gamma knee and that replaces `gamma_start`. Where the production guide is silent or its rules conflict the
 choice made here is written into the reasons (the inputs, thresholds and figures are in `workload.py`);
 `docs/RECOMMEND.md` lists every rule, its branch and its test.
 
@@ -39,6 +39,7 @@ from draftsync.serving.workload import (
     eagle3_speedup_for_size,
     memory_budget,
     number_text,
+    params_text,
 )
 from draftsync.speculative.methods import EAGLE3, EAGLE3_1, MEDUSA
 
@@ -74,9 +75,9 @@ def _gamma_text(gamma: tuple[int, int]) -> str:
 
 
 def recommend(workload: Workload) -> Recommendation:
-    """Apply the seed's four steps, the EAGLE 3.1 upgrade and the memory check to one workload."""
+    """Apply the production guide's four steps, the EAGLE 3.1 upgrade and the memory check to one workload."""
     w = workload
-    size = number_text(w.params_b)
+    size = params_text(w.params_b)
     batched = w.batch >= 2
 
     # Step 1: target size.
@@ -134,7 +135,7 @@ def recommend(workload: Workload) -> Recommendation:
         medusa_fits = memory_budget(w, MEDUSA.name).fits
         blockers = []
         if size_class != "large":
-            blockers.append(f"the target is {size}B <= 70B, where an EAGLE-3 drafter costs little to train")
+            blockers.append(f"the target is {size} <= 70B, where an EAGLE-3 drafter costs little to train")
         if not medusa_fits:
             blockers.append("memory still binds: the Medusa budget does not fit")
         if triggers:
@@ -143,14 +144,14 @@ def recommend(workload: Workload) -> Recommendation:
             medusa_line = (
                 "medusa [medusa:not-taken]: the option is declined: "
                 + "; ".join(blockers)
-                + "; the seed's default is EAGLE-3 (Medusa changes the target, a burden in multi-tenant "
+                + "; the production guide's default is EAGLE-3 (Medusa changes the target, a burden in multi-tenant "
                 "serving)"
             )
         else:
             method = MEDUSA.name
             gamma = (min(gamma[0], MEDUSA_MAX_HEADS), min(gamma[1], MEDUSA_MAX_HEADS))
             medusa_line = (
-                f"medusa [medusa:taken]: 8+ GPUs, a {size}B > 70B target whose drafter training cost binds, "
+                f"medusa [medusa:taken]: 8+ GPUs, a {size} > 70B target whose drafter training cost binds, "
                 "the Medusa budget fits and nothing asks for EAGLE 3.1: Medusa with "
                 f"{_gamma_text(gamma)} heads (training needs only the target's own text)"
             )
@@ -180,7 +181,7 @@ def recommend(workload: Workload) -> Recommendation:
         )
     if method != NO_DRAFTER:
         reasons.append(
-            f"gamma start [gamma:start-4]: the seed starts at {GAMMA_START} and finds the knee by "
+            f"gamma start [gamma:start-4]: the production guide starts at {GAMMA_START} and finds the knee by "
             f"measurement (5-6 typical): {GAMMA_START} within {_gamma_text(gamma)} -> {gamma_start}; "
             "validation's measured knee replaces it"
         )
@@ -201,27 +202,27 @@ def recommend(workload: Workload) -> Recommendation:
 
 
 def _size_reason(w: Workload, size_class: str) -> str:
-    size = number_text(w.params_b)
+    size = params_text(w.params_b)
     if size_class == "small":
         return (
-            f"step 1 size [size:small-none]: {size}B < 13B: usually no speculative decoding (< 1.3x); "
+            f"step 1 size [size:small-none]: {size} < 13B: usually no speculative decoding (< 1.3x); "
             f"batch {w.batch} is not batched serving, so the EAGLE-3 exception does not apply"
         )
     if size_class == "small-batched":
         return (
-            f"step 1 size [size:small-batched]: {size}B < 13B, but batch {w.batch} is batched serving: "
+            f"step 1 size [size:small-batched]: {size} < 13B, but batch {w.batch} is batched serving: "
             "the exception, EAGLE-3 (1.3-1.5x)"
         )
     if size_class == "sweet-spot":
-        return f"step 1 size [size:sweet-spot]: {size}B is in 13-70B, the sweet spot: EAGLE-3 or 3.1"
+        return f"step 1 size [size:sweet-spot]: {size} is in 13-70B, the sweet spot: EAGLE-3 or 3.1"
     return (
-        f"step 1 size [size:large-required]: {size}B > 70B: speculative decoding is required; drafter training "
+        f"step 1 size [size:large-required]: {size} > 70B: speculative decoding is required; drafter training "
         "cost and memory become the constraint"
     )
 
 
 def _hardware_reason(w: Workload, method: str, memory: MemoryBudget) -> str:
-    size = number_text(w.params_b)
+    size = params_text(w.params_b)
     hardware = f"{w.gpus} x {number_text(w.gpu_memory_gb)} GB"
     fit_word = "fits" if memory.fits else "does not fit"
     same_size_note = ""
@@ -234,12 +235,12 @@ def _hardware_reason(w: Workload, method: str, memory: MemoryBudget) -> str:
         if w.params_b > SEED_SINGLE_GPU_MAX_TARGET_B:
             return (
                 f"step 2 hardware [hw:single-24gb-too-large]: one GPU of <= 24 GB runs targets <= 30B only; "
-                f"{size}B is beyond it: add GPUs (memory {fit_word})"
+                f"{size} is beyond it: add GPUs (memory {fit_word})"
             )
         quantised_note = ""
         if not memory.fits:
             quantised_note = (
-                "; the seed's '<= 30B' holds only with ~4-bit weights (30B x 0.5 bytes = 15 GB): in "
+                "; the production guide's '<= 30B' holds only with ~4-bit weights (30B x 0.5 bytes = 15 GB): in "
                 "bf16 it does not fit, so quantise the target or add GPUs"
             )
         return (
@@ -248,14 +249,14 @@ def _hardware_reason(w: Workload, method: str, memory: MemoryBudget) -> str:
         )
     if w.gpus == 1:
         return (
-            f"step 2 hardware [hw:single-large]: one GPU of {number_text(w.gpu_memory_gb)} GB; the seed names only the "
-            "24 GB case, so its 30B limit is replaced by the memory arithmetic and its drafter budget "
+            f"step 2 hardware [hw:single-large]: one GPU of {number_text(w.gpu_memory_gb)} GB; the production guide "
+            "names only the 24 GB case, so its 30B limit is replaced by the memory arithmetic and its drafter budget "
             f"(< 3% of the target) is kept; memory {fit_word}{same_size_note}"
         )
     if w.gpus < CLUSTER_GPUS:
         return (
-            f"step 2 hardware [hw:multi]: {hardware} is the seed's 4x A100-80GB case or its equivalent: a 70B "
-            "target with EAGLE 3.1, the drafter on the same GPUs (2-4% extra memory); this only says the drafter "
+            f"step 2 hardware [hw:multi]: {hardware} is the production guide's 4x A100-80GB case or its equivalent: "
+            "a 70B target with EAGLE 3.1, the drafter on the same GPUs (2-4% extra memory); this only says the drafter "
             f"fits, it does not choose between EAGLE-3 and 3.1; memory {fit_word}"
         )
     return (
@@ -333,23 +334,23 @@ def _upgrade_reason(method: str, triggers: list[tuple[str, str]], latency_class:
 def _expected_speedup(
     w: Workload, method: str, size_class: str, gamma: tuple[int, int]
 ) -> tuple[tuple[float, float], str]:
-    """The seed's figures for the chosen method and size, and the line that says where they come from."""
-    size = number_text(w.params_b)
+    """The production guide's figures for the chosen method and size, and the line that says where they come from."""
+    size = params_text(w.params_b)
     if method == NO_DRAFTER:
         below = f" (the seed: < {SMALL_TARGET_SPEEDUP_BELOW}x for < 13B)" if size_class.startswith("small") else ""
         return (1.0, 1.0), f"speedup [speedup:none]: 1.0x without speculative decoding{below}"
     if method == MEDUSA.name:
         return MEDUSA_SPEEDUP, (
-            "speedup [speedup:medusa-paper]: 2.0-2.5x, the seed's only Medusa figure (Llama-2-Chat "
+            "speedup [speedup:medusa-paper]: 2.0-2.5x, the production guide's only Medusa figure (Llama-2-Chat "
             "7B), not measured at this size"
         )
     if size_class == "small-batched":
         return BATCHED_SMALL_SPEEDUP, (
-            "speedup [speedup:batched-small]: 1.3-1.5x, the seed's batched EAGLE-3 figure for < 13B"
+            "speedup [speedup:batched-small]: 1.3-1.5x, the production guide's batched EAGLE-3 figure for < 13B"
         )
     base = round(eagle3_speedup_for_size(w.params_b), 2)
     anchors = "13B 1.4x, 30B 1.7x, 70B 2.1x"
-    curve = f"vLLM's EAGLE-3 figures ({anchors}) linear in log(params), held at 2.1x past 70B: {size}B -> {base}x"
+    curve = f"vLLM's EAGLE-3 figures ({anchors}) linear in log(params), held at 2.1x past 70B: {size} -> {base}x"
     if method == EAGLE3_1.name and gamma[1] > HIGH_GAMMA_ABOVE:
         lifted = round(base * EAGLE31_ACCEPTANCE_LIFT, 2)
         return (base, lifted), (

@@ -1,6 +1,7 @@
-"""What the decision framework decides on: the workload, the seed's thresholds and figures, the memory budget.
+"""What the decision framework decides on: the workload, the production guide's thresholds and figures, the memory
+budget.
 
-The numbers are the seed's, each with the sentence it comes from; `recommendation.py` applies them.
+The numbers are the production guide's, each with the sentence it comes from; `recommendation.py` applies them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ NO_DRAFTER = "none"  # the recommendation's method when speculative decoding doe
 METHODS: tuple[str, ...] = (NO_DRAFTER, EAGLE3.name, EAGLE3_1.name, MEDUSA.name)
 TASKS: tuple[str, ...] = get_args(Task)
 
-# --- The seed's thresholds -------------------------------------------------------------------------------
+# --- The production guide's thresholds -------------------------------------------------------------------------------
 SMALL_TARGET_BELOW_B = 13.0  # step 1: < 13B usually no speculative decoding
 LARGE_TARGET_ABOVE_B = 70.0  # step 1: > 70B speculative decoding is required; 13B and 70B are in the sweet spot
 SEED_SINGLE_GPU_MEMORY_GB = 24.0  # step 2: "one 24 GB GPU (RTX 4090)"
@@ -30,10 +31,10 @@ BATCH_TPOT_ABOVE_MS = 80.0  # step 3: > 80 ms batch processing
 LONG_OUTPUT_ABOVE_TOKENS = 4096  # upgrade to 3.1 for outputs > 4K tokens (4K read as 4096)
 HIGH_GAMMA_ABOVE = 5  # upgrade to 3.1 for gamma > 5
 GAMMA_START = 4  # "start gamma at 4 and find the knee by measurement (5-6 typical)"
-MEDUSA_MAX_HEADS = 5  # the seed's Medusa ablation goes from 2 to 5 heads
+MEDUSA_MAX_HEADS = 5  # the production guide's Medusa ablation goes from 2 to 5 heads
 
 LATENCY_GAMMA: dict[str, tuple[int, int]] = {"interactive": (5, 8), "near-real-time": (4, 6), "batch": (2, 3)}
-# Step 4 gives no numbers beyond "gamma 4" for translation/summary; the seed's configuration section does:
+# Step 4 gives no numbers beyond "gamma 4" for translation/summary; the production guide's configuration section does:
 # num_speculative_tokens "code 6-8, chat 3-5" (Snowflake's "code 6-8, chat 4-5" lies inside).
 TASK_GAMMA: dict[str, tuple[int, int]] = {
     "code": (6, 8),
@@ -57,18 +58,23 @@ TASK_GROUP = {
 EAGLE3_SPEEDUP_BY_SIZE_B: tuple[tuple[float, float], ...] = ((13.0, 1.4), (30.0, 1.7), (70.0, 2.1))
 BATCHED_SMALL_SPEEDUP = (1.3, 1.5)  # < 13B, batched serving, EAGLE-3
 SMALL_TARGET_SPEEDUP_BELOW = 1.3  # < 13B otherwise
-MEDUSA_SPEEDUP = (2.0, 2.5)  # the seed's only Medusa figure: Llama-2-Chat 7B
+MEDUSA_SPEEDUP = (2.0, 2.5)  # the production guide's only Medusa figure: Llama-2-Chat 7B
 EAGLE31_ACCEPTANCE_LIFT = 0.88 / 0.75  # EAGLE-3 -> 3.1 acceptance at gamma 8
 
 # --- Memory ----------------------------------------------------------------------------------------
 BYTES_PER_PARAM = 2  # target weights in bf16, unless the target's config says otherwise
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
-# Drafter weights as a share of the target's weights. EAGLE-3/3.1: the seed's "< 3%" on one GPU, inside
+# Drafter weights as a share of the target's weights. EAGLE-3/3.1: the production guide's "< 3%" on one GPU, inside
 # "2-4% extra" on 4x A100-80GB (a real 70B EAGLE-3 drafter is ~1.3-2%, so this is an upper budget).
-# Medusa: the seed gives no figure; 5 heads (residual block + vocabulary projection each) ~5%.
+# Medusa: the production guide gives no figure; 5 heads (residual block + vocabulary projection each) ~5%.
 DRAFTER_SHARE: dict[str, float] = {NO_DRAFTER: 0.0, EAGLE3.name: 0.03, EAGLE3_1.name: 0.03, MEDUSA.name: 0.05}
 # Kept free for the KV cache, activations and CUDA graphs (vLLM itself takes only 90% of each GPU).
 KV_HEADROOM_SHARE = 0.20
+
+
+# The built-in corpora's task names (a target's task mix), in the framework's words: prose is conversational text,
+# the framework's conservative case.
+FRAMEWORK_TASK: dict[str, Task] = {"code": "code", "math": "math", "prose": "chat"}
 
 
 def parse_params(text: str) -> float:
@@ -165,7 +171,8 @@ class MemoryBudget:
 
 def eagle3_speedup_for_size(params_b: float) -> float:
     """vLLM's EAGLE-3 speedup by target size (13B 1.4x, 30B 1.7x, 70B 2.1x), linear in log(params) between
-    the anchors and held at the end figure outside them (the seed quotes nothing beyond, so nothing is extrapolated)."""
+    the anchors and held at the end figure outside them (the production guide quotes nothing beyond, so nothing is
+    extrapolated)."""
     anchors = EAGLE3_SPEEDUP_BY_SIZE_B
     if params_b <= anchors[0][0]:
         return anchors[0][1]
@@ -203,7 +210,7 @@ def memory_budget(workload: Workload, method: str) -> MemoryBudget:
             f"bytes ({gb_text(kv_cache_gb)} GB)"
         )
     arithmetic = (
-        f"target {number_text(workload.params_b)}B x {number_text(workload.weight_bytes)} bytes ({dtype}) = "
+        f"target {params_text(workload.params_b)} x {number_text(workload.weight_bytes)} bytes ({dtype}) = "
         f"{gb_text(target_gb)} GB"
         f" + drafter {method} {share:.0%} of it = {gb_text(drafter_gb)} GB"
         f" + {headroom} = {gb_text(headroom_gb)} GB"
@@ -227,6 +234,13 @@ def memory_budget(workload: Workload, method: str) -> MemoryBudget:
 
 def number_text(value: float) -> str:
     return f"{value:g}"
+
+
+def params_text(params_b: float) -> str:
+    """A model size as people write it: 70B, 8.03B, 4.26M."""
+    if params_b >= 1:
+        return f"{params_b:.3g}B"
+    return f"{params_b * 1000:.3g}M"
 
 
 def gb_text(value: float) -> str:

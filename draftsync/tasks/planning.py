@@ -15,18 +15,14 @@ from prefect.cache_policies import NONE
 
 from draftsync.profiles import SyncProfile
 from draftsync.registry.tags import TargetVersion, recommended_tags
-from draftsync.serving.workload import NO_DRAFTER
+from draftsync.serving.workload import FRAMEWORK_TASK, NO_DRAFTER
 from draftsync.speculative.methods import MEDUSA, TRAINED_METHODS
 from draftsync.tasks import context
 from draftsync.tasks.serving import configured_deployments
 
 if TYPE_CHECKING:
     from draftsync.planning.sync_plan import SyncPlan
-    from draftsync.serving.workload import Task
 
-# The built-in corpora's task names, in the framework's words: prose is conversational text, the
-# framework's conservative case.
-FRAMEWORK_TASK: dict[str, Task] = {"code": "code", "math": "math", "prose": "chat"}
 ASSUMED_GPU_MEMORY_GB = 80.0
 ASSUMED_TPOT_MS = 50.0  # 30-80 ms: the framework's middle band, when no deployment states a target
 

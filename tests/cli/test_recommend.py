@@ -125,3 +125,13 @@ def test_cli_reads_a_registered_targets_size_and_kv_cache_from_its_tags(workdir,
     assert "the KV cache of 4 x 1024 tokens x 2048 bytes" in result.output
     with pytest.raises(DraftsyncError, match="not both"):
         recommend_command(gpus=1, gpu_memory_gb=24, tpot_ms=50, task="code", params="7B", target="sized-llm")
+
+
+def test_the_answer_says_what_it_assumed_and_reads_task_names_of_either_vocabulary():
+    argv = ["recommend", "--params", "8B", "--gpus", "1", "--gpu-memory-gb", "80", "--tpot-ms", "30", "--task", "prose"]
+    result = CliRunner().invoke(_cli(), argv)
+    assert result.exit_code == 0, result.output
+    headline = result.output.splitlines()[0]
+    assert "8B target" in headline and "batch 1; --batch for batched serving" in headline and "task chat" in headline
+    small = CliRunner().invoke(_cli(), [*argv[:2], "0.00426214B", *argv[3:]])
+    assert "4.26M target" in small.output and "0.00426214B" not in small.output
