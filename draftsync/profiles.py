@@ -13,7 +13,7 @@ DraftSampling = Literal["greedy", "probabilistic"]
 
 
 class ValidationProfile(BaseModel):
-    """The checklist's load and thresholds. `production` is the seed's process (1000 requests, 3x QPS,
+    """The checklist's load and thresholds. `production` is the production guide's process (1000 requests, 3x QPS,
     outputs over 4K tokens); `demo` scales it to a 2-core CPU; `test` is smaller still."""
 
     name: str = "production"
@@ -144,7 +144,7 @@ class SyncProfile(BaseModel):
     # Who writes those responses: "vllm" (one plain server, many requests batched: how 50K-100K are written),
     # "hf" (transformers' generate, 32 prompts a batch, no engine needed), "auto": vLLM when an engine is installed.
     response_writer: Literal["auto", "vllm", "hf"] = "auto"
-    # The checklist the drafter must pass. The seed's thresholds (0.70 mean and P50, 0.50 P5) are the
+    # The checklist the drafter must pass. The production guide's thresholds (0.70 mean and P50, 0.50 P5) are the
     # production profile's; the tiny CPU targets of the demo reach about 0.6-0.75, so its profile gates lower.
     validation: ValidationProfile = Field(default_factory=lambda: VALIDATION_PROFILES["production"].model_copy())
     seed: int = 0
@@ -178,7 +178,7 @@ class SyncProfile(BaseModel):
 
 
 PROFILES = {
-    # A GPU worker and a real target: the seed's 50K-100K samples the target writes itself, a draft
+    # A GPU worker and a real target: the production guide's 50K-100K samples the target writes itself, a draft
     # vocabulary of 32K, as many training-time-test steps as the gamma it serves (fewer leave the last draft positions
     # untrained: on the demo's target 4 steps against 2 raised acceptance at gamma 5 from 0.50 to 0.55,
     # bench/drafter_quality.py), the production checklist.

@@ -91,7 +91,7 @@ class ServingDeployment(BaseModel):
     draft_sampling: DraftSampling | None = None
     # The acceptance guard (vLLM has no acceptance threshold): pooled live acceptance over the window below
     # the threshold, with at least `fallback_min_draft_tokens` drafted -> relaunch with speculation off.
-    fallback_threshold: float | None = Field(0.60, ge=0.0, le=1.0)  # the seed's 0.6; None: no guard
+    fallback_threshold: float | None = Field(0.60, ge=0.0, le=1.0)  # the production guide's 0.6; None: no guard
     fallback_window_minutes: int = Field(30, ge=1)
     fallback_min_draft_tokens: int = Field(200, ge=1)
     # Read the counters from a Prometheus server's HTTP API instead of the endpoint's /metrics (for teams that

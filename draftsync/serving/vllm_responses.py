@@ -1,7 +1,7 @@
 """The target's responses written by vLLM: one plain server, many requests in flight, so the engine batches them.
 
-How speculators and SpecForge write the seed's 50K-100K responses. The samples have the shape and seeding of the
-Hugging Face loop's (`draftsync.speculative.responses`), so a dataset build takes either.
+How speculators and SpecForge write the production guide's 50K-100K responses. The samples have the shape and
+seeding of the Hugging Face loop's (`draftsync.speculative.responses`), so a dataset build takes either.
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ def record_validation(result: ValidationResult, mismatch_threshold: float) -> No
     """The verdict, gates, knee and baseline onto the drafter version; plots and tables onto its run."""
     checklist = result.checklist
     metrics, sweep = validation_metrics(checklist)
-    # the seed's baseline for the next iteration: the best gamma's acceptance and the live threshold
+    # the production guide's baseline for the next iteration: the best gamma's acceptance and the live threshold
     tags = checklist_tags(
         ((g.name, g.passed) for g in checklist.gates),
         profile=checklist.profile,

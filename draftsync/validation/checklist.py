@@ -4,7 +4,7 @@ Pure functions over per-request results (`serving.evaluation.RequestResult`), so
 judges is computed in one place and tested without a model or a Prefect run. Percentiles are taken
 over each request's own acceptance rate (accepted / draft tokens of that request), never derived from
 a pooled mean: a drafter that is excellent on most requests and useless on some has a good mean and a
-bad P5, and P5 is what the seed's checklist asks about.
+bad P5, and P5 is what the production guide's checklist asks about.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 evaluation backend. Prefect-free, so the checklist runs and is tested without a flow: the task in
 tasks/validation.py picks the backend and the stress runner and passes its run logger in.
 
-The seed's checklist, each item a named gate with its measured value, threshold and verdict:
+The production guide's checklist, each item a named gate with its measured value, threshold and verdict:
 
 | gate | measures |
 |---|---|

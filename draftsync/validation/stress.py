@@ -3,7 +3,7 @@
 The served instances are the evaluation backend's own (`EvaluationBackend.endpoint`: vLLM servers, or the CPU
 reference server), so on vLLM stress reuses the servers the checklist has up anyway.
 
-The seed's pre-go-live step 2: speculation must not degrade under concurrency. Requests arrive on a
+The production guide's pre-go-live step 2: speculation must not degrade under concurrency. Requests arrive on a
 fixed schedule (stress_factor x qps) whether or not earlier ones have finished, up to `concurrency`
 clients in flight; each request's latency counts from its scheduled arrival, so queueing on an
 overloaded server is part of what is measured. The figure compared is end-to-end milliseconds per
