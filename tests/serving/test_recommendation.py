@@ -1,5 +1,5 @@
-"""The production guide's decision framework, branch by branch: each case checks the method, the gamma range and that the
-reasons name the rule that decided (docs/RECOMMEND.md maps every rule to its test id)."""
+"""The production guide's decision framework, branch by branch: each case checks the method, the gamma range and that
+the reasons name the rule that decided (docs/RECOMMEND.md maps every rule to its test id)."""
 
 from __future__ import annotations
 
