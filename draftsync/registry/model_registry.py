@@ -304,6 +304,8 @@ class Registry:
         self._set_tags(model_name, drafter_version, updates, run_id)
         verdict = {VALIDATION_STATUS_TAG: validation_status(passed), VALIDATION_PASSED_TAG: flag(passed)}
         self._set_tags(model_name, drafter_version, verdict, run_id)
+        description = drafter_description(self.version_tags(model_name, drafter_version))
+        self._client.update_model_version(model_name, str(int(drafter_version)), description=description)
 
     def tag_version(self, model_name: str, version: int, key: str, value: str) -> None:
         self._set_tags(model_name, version, {key: value}, self.version_info(model_name, version).run_id)
@@ -543,12 +545,21 @@ class Registry:
 
 
 def drafter_description(tags: Mapping[str, str]) -> str:
-    """The drafter version's description in the MLflow UI: what it drafts for, down to the target's exact model."""
-    text = f"{tags.get(METHOD_TAG)} drafter for {tags.get(TARGET_NAME_TAG)} version {tags.get(TARGET_VERSION_TAG)}"
+    """The drafter version's description in the MLflow UI (markdown): what it drafts for, down to the target's exact
+    model, with a link to that target version, the gamma it serves and its validation verdict."""
+    target, version = tags.get(TARGET_NAME_TAG), tags.get(TARGET_VERSION_TAG)
+    text = f"{tags.get(METHOD_TAG)} drafter for [{target} version {version}](#/models/{target}/versions/{version})"
     if tags.get(TARGET_MODEL_ID_TAG):
         text += f" (MLflow model {tags[TARGET_MODEL_ID_TAG]})"
     if tags.get(TARGET_REVISION_TAG):
         text += f", hub revision {tags[TARGET_REVISION_TAG]}"
+    if tags.get(GAMMA_TAG):
+        text += f"; serves gamma {tags[GAMMA_TAG]}"
+    status = tags.get(VALIDATION_STATUS_TAG) or "pending"
+    failed = tags.get(FAILED_GATES_TAG)
+    text += f". Validation: {status}"
+    if failed and failed != "none":
+        text += f" (failed gates: {failed.replace(',', ', ')})"
     return text + "."
 
 

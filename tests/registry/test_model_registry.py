@@ -293,6 +293,9 @@ def test_the_drafter_run_and_its_version_never_disagree_on_a_tag(registry, targe
     assert "draftsync.recommended.method" in shared and "draftsync.gate.x" in shared
     assert {key: run_tags[key] for key in shared} == {key: version_tags[key] for key in shared}
     assert (version_tags["draftsync.validation.status"], version_tags["draftsync.gamma"]) == ("passed", "2")
+    described = registry._client.get_model_version(name, str(version)).description
+    assert f"[tgt-agree version {target_version}](#/models/tgt-agree/versions/{target_version})" in described
+    assert "serves gamma 2" in described and "Validation: passed" in described
 
 
 def test_the_experiment_opens_as_model_development_in_the_mlflow_ui(registry):
