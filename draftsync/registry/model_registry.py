@@ -316,7 +316,7 @@ class Registry:
 
         for key, value in tags.items():
             self._client.set_model_version_tag(model_name, str(int(version)), key, value)
-        if run_id is not None and tags:
+        if run_id and tags:  # a version logged as a model without a run has none
             self._client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
 
     def _close_abandoned_runs(self, sync_key: str) -> None:
