@@ -300,7 +300,8 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
             if room < weights * DEVICE_MAP_OVERHEAD + forward:
                 refusal = _gpu_refusal("hidden_states", weights * DEVICE_MAP_OVERHEAD + forward, worker, room)
         settings["target_devices"] = [f"cuda:{gpu}" for gpu in sorted(devices)]
-        settings["target_placement"] = "one GPU" if len(devices) == 1 else f"device_map over {len(devices)} GPUs"
+        placed = "one GPU" if len(devices) == 1 else f"device_map over {len(devices)} GPUs"
+        settings["target_placement"] = placed if refusal is None else "none: the GPUs cannot hold it"
         settings["target_dtype"] = "float16" if target.checkpoint_dtype == "float16" else "bfloat16"
         per_gpu_target = weights * (1.0 if len(devices) == 1 else DEVICE_MAP_OVERHEAD / len(devices))
     else:
