@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from draftsync.cli.common import JsonOption, write_json
+from draftsync.redaction import masked_url
 
 webhooks_app = typer.Typer(
     add_completion=False,
@@ -55,7 +56,10 @@ def register(
     tracking_uri = settings.mlflow_tracking_uri
     webhook_id = create_or_update_webhook(tracking_uri, name, url, resolve_webhook_secret(settings))
     typer.echo(webhook_id)
-    typer.echo(f"MLflow at {tracking_uri} sends {', '.join(SUBSCRIBED_EVENTS)} to {url} (webhook {name!r})", err=True)
+    typer.echo(
+        f"MLflow at {masked_url(tracking_uri)} sends {', '.join(SUBSCRIBED_EVENTS)} to {url} (webhook {name!r})",
+        err=True,
+    )
     write_json(
         {
             "webhook_id": webhook_id,

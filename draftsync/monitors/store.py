@@ -34,7 +34,7 @@ from draftsync.monitors.rollups import (
     summed_samples,
 )
 from draftsync.monitors.staleness import Severity
-from draftsync.monitors.store_failures import masked_first_line, masked_url, reopen_after_refused_write, store_failure
+from draftsync.monitors.store_failures import masked_first_line, reopen_after_refused_write, store_failure
 from draftsync.monitors.tables import (
     NO_DRAFTER,
     ROLLUP_KEY,
@@ -51,6 +51,7 @@ from draftsync.monitors.tables import (
     as_utc,
     updated_rows,
 )
+from draftsync.redaction import masked_url
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 ALERT_REPEAT_AFTER = timedelta(days=7)

@@ -10,28 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
 from draftsync.errors import DraftsyncError
-
-
-def masked_url(url: str) -> str:
-    """The URL with any password masked, for error messages."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except SQLAlchemyError:
-        return "<unparsable URL>"
+from draftsync.redaction import masked_text, masked_url
 
 
 def masked_first_line(exc: Exception, url: str) -> str:
-    """The exception's first line, with the URL's password (if any) masked."""
-    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    try:
-        password = make_url(url).password
-    except SQLAlchemyError:
-        password = None
-    return line.replace(str(password), "***") if password else line
+    """The exception's first line, with the URL's credentials (if any) masked."""
+    return masked_text((str(exc).strip().splitlines() or [type(exc).__name__])[0], url)
 
 
 @dataclass(frozen=True)

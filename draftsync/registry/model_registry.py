@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from draftsync.errors import DraftsyncError
+from draftsync.redaction import masked_text, masked_url
 from draftsync.registry.checkpoint_checks import check_checkpoint_dir, check_name
 from draftsync.registry.downloads import download_once
 from draftsync.registry.outages import NamedOutages, first_line, quick_http
@@ -111,7 +112,8 @@ class Registry:
             except Exception as error:  # any transport or store failure means "not usable"
                 cause = error.__cause__ if isinstance(error, DraftsyncError) and error.__cause__ else error
                 raise DraftsyncError(
-                    f"MLflow at {self.tracking_uri} is not reachable ({first_line(cause)})",
+                    f"MLflow at {masked_url(self.tracking_uri)} is not reachable "
+                    f"({masked_text(first_line(cause), self.tracking_uri)})",
                     "start `mlflow server` there or set MLFLOW_TRACKING_URI to a reachable server "
                     "(or unset it to use the embedded sqlite store under the work dir)",
                 ) from error
@@ -522,7 +524,7 @@ class Registry:
         except MlflowException as error:
             if error.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
                 raise DraftsyncError(
-                    f"registered model {model_name} has no version {version} in {self.tracking_uri}",
+                    f"registered model {model_name} has no version {version} in {masked_url(self.tracking_uri)}",
                     "list the versions in the MLflow UI or check the name and MLFLOW_TRACKING_URI",
                 ) from error
             raise

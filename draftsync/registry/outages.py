@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from draftsync.errors import DraftsyncError
+from draftsync.redaction import masked_text, masked_url
 
 
 class NamedOutages:
@@ -42,7 +43,8 @@ class NamedOutages:
 
 def outage(tracking_uri: str, during: str, error: BaseException) -> DraftsyncError:
     return DraftsyncError(
-        f"MLflow at {tracking_uri} could not be reached during {during} ({first_line(error)[:300]})",
+        f"MLflow at {masked_url(tracking_uri)} could not be reached during {during} "
+        f"({masked_text(first_line(error), tracking_uri)[:300]})",
         "start the tracking server again (or fix MLFLOW_TRACKING_URI) and rerun: a sync resumes from its "
         "dataset and checkpoints, and registration finds a version already created",
     )

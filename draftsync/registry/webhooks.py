@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeGuard
 
 from draftsync.errors import DraftsyncError
+from draftsync.redaction import masked_text, masked_url
 
 if TYPE_CHECKING:
     from mlflow.entities.webhook import WebhookEventStr
@@ -228,7 +229,8 @@ def create_or_update_webhook(tracking_uri: str, name: str, url: str, secret: str
         return created.webhook_id
     except MlflowException as error:
         raise DraftsyncError(
-            f"MLflow at {tracking_uri} refused webhook {name!r} for {url} ({_first_line(error)})",
+            f"MLflow at {masked_url(tracking_uri)} refused webhook {name!r} for {url} "
+            f"({masked_text(_first_line(error), tracking_uri)})",
             "webhooks need an MLflow tracking server with a database backend (`mlflow server`); for an http:// "
             "or private-address URL the server needs MLFLOW_WEBHOOK_ALLOWED_SCHEMES=http,https and "
             "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS=true",
