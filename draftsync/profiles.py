@@ -4,17 +4,22 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from draftsync.speculative.methods import DEFAULT_METHOD, METHODS, TRAINED_METHODS
 
 # vLLM's draft_sample_method, shared by deployments and the validation profile that measures them (vllm_args.py).
 DraftSampling = Literal["greedy", "probabilistic"]
+# A profile names every field it sets correctly and holds finite numbers: a typo (`train_step`) or a NaN is refused,
+# not ignored.
+STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ValidationProfile(BaseModel):
     """The checklist's load and thresholds. `production` is the production guide's process (1000 requests, 3x QPS,
     outputs over 4K tokens); `demo` scales it to a 2-core CPU; `test` is smaller still."""
+
+    model_config = STRICT
 
     name: str = "production"
     # Where the checklist is measured: "vllm" serves the pair with real vLLM servers (the engine that will serve
@@ -109,6 +114,8 @@ class SyncProfile(BaseModel):
     """Knobs of one sync. `production` is sized for a GPU worker and a real target; `demo` fits a 2-core CPU
     in minutes; `test` is smaller still."""
 
+    model_config = STRICT
+
     name: str = "demo"
     method: str = DEFAULT_METHOD  # one of TRAINED_METHODS (methods.py)
     gamma: int = Field(2, ge=1, le=16)
@@ -129,7 +136,7 @@ class SyncProfile(BaseModel):
     # batch at once); `draftsync plan` picks it, and activation checkpointing, when a step would not fit the GPU.
     batch_tokens: int | None = Field(None, ge=8)
     activation_checkpointing: bool = False
-    lr: float = 2e-3
+    lr: float = Field(2e-3, gt=0.0)
     warmup_steps: int = Field(10, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)  # the cosine decay ends at lr * min_lr_ratio
     ttt_steps: int = Field(2, ge=1)  # training-time test: later draft positions need it
@@ -254,7 +261,13 @@ def _profile_file(path: str) -> SyncProfile:
             "write fields such as `method: eagle3` and `train_steps: 2000`, one per line",
         )
     base = PROFILES["demo"].model_dump()
-    validation = {**base.pop("validation"), **(fields.pop("validation", None) or {})}
+    section = fields.pop("validation", None) or {}
+    if not isinstance(section, dict):
+        raise DraftsyncError(
+            f"sync profile file {path}: validation is {type(section).__name__} {section!r}, not a section of fields",
+            "write validation as a mapping, e.g. `validation: {requests: 200, min_acceptance: 0.6}`",
+        )
+    validation = {**base.pop("validation"), **section}
     try:
         return SyncProfile.model_validate({**base, "name": Path(path).stem, **fields, "validation": validation})
     except ValidationError as error:

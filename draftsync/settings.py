@@ -34,8 +34,9 @@ class Settings(BaseSettings):
     alert_from: str = "draftsync@localhost"
     alert_to: str = "ml-platform@localhost"  # comma-separated
 
-    mismatch_threshold: float = 0.60  # live acceptance below this: drafter/target mismatch suspected
-    stale_threshold: float = 0.50  # sustained below this: stale -> fallback and retrain
+    # acceptance lines: shares of drafted tokens, so 0..1 and finite
+    mismatch_threshold: float = Field(0.60, ge=0.0, le=1.0, allow_inf_nan=False)  # below: mismatch suspected
+    stale_threshold: float = Field(0.50, ge=0.0, le=1.0, allow_inf_nan=False)  # sustained below: fallback, retrain
     trust_remote_code: bool = False
     # Directories model checkpoints may be read from besides the work dir (comma- or os.pathsep-separated).
     # Registry downloads and everything `draftsync demo` builds live under the work dir, which is always a root.
@@ -46,7 +47,7 @@ class Settings(BaseSettings):
     hub_downloads: bool = False  # let a worker download a by-reference target's weights from the hub
     deployments_file: Path | None = None  # the deployments YAML; default: <workdir>/deployments.yaml
     # The most a sync's dataset may take on disk; None: the free space of the work dir's disk.
-    disk_budget_gb: float | None = Field(None, gt=0)
+    disk_budget_gb: float | None = Field(None, gt=0, allow_inf_nan=False)
 
     # The vLLM that `launch: vllm` starts (serving/vllm_engine.py): a Python interpreter or venv of a vLLM
     # installation, or its `vllm` command; default: .venv-vllm (`make vllm`), else `vllm` on PATH.
@@ -64,6 +65,23 @@ class Settings(BaseSettings):
     webhook_max_body_bytes: int = 1 << 20
     report_timezone: str = "UTC"  # the weekly report's cron runs in this zone
     mlflow_ui_url: str | None = None  # where `mlflow ui` runs for an embedded registry (links in mail and artifacts)
+
+    @classmethod
+    def load(cls) -> Settings:
+        """The settings, or one clear error naming the variable that is wrong and what it takes."""
+        from pydantic import ValidationError
+
+        from draftsync.errors import DraftsyncError
+
+        try:
+            return cls()
+        except ValidationError as error:
+            problem = error.errors()[0]
+            name = "DRAFTSYNC_" + "_".join(str(part) for part in problem["loc"]).upper()
+            raise DraftsyncError(
+                f"setting {name}={problem.get('input')!r}: {problem['msg']}",
+                f"set {name} to a valid value or unset it (the environment, or the work dir's {WORKDIR_SETTINGS_FILE})",
+            ) from None
 
     @classmethod
     def settings_customise_sources(
@@ -128,6 +146,11 @@ class Settings(BaseSettings):
     @property
     def alert_recipients(self) -> list[str]:
         return [a.strip() for a in self.alert_to.split(",") if a.strip()]
+
+
+def debug_requested() -> bool:
+    """`--debug` / DRAFTSYNC_DEBUG, read without validating the other settings (an error about them must print)."""
+    return os.environ.get("DRAFTSYNC_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def write_workdir_settings(root: Path, values: dict[str, str]) -> Path:

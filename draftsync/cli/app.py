@@ -50,7 +50,7 @@ def main_options(
         os.environ["DRAFTSYNC_WORKDIR"] = str(workdir)
     if debug:
         os.environ["DRAFTSYNC_DEBUG"] = "true"
-    apply_environment(Settings())
+    apply_environment(Settings.load())
 
 
 app.command(name="demo")(demo_command)
@@ -67,9 +67,9 @@ def main() -> None:
     try:
         app()
     except DraftsyncError as exc:
-        from draftsync.settings import Settings
+        from draftsync.settings import debug_requested
 
-        if Settings().debug:
+        if debug_requested():
             import traceback
 
             traceback.print_exc()

@@ -54,9 +54,9 @@ def expected_errors_in_one_line() -> None:
     A traceback of any other error is a bug's, and stays."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    from draftsync.settings import Settings
+    from draftsync.settings import debug_requested
 
-    if Settings().debug:
+    if debug_requested():
         return
     for handler in logging.getLogger().handlers:
         if isinstance(handler, PrefectConsoleHandler) and not isinstance(handler.formatter, _ExpectedErrorsInOneLine):

@@ -9,7 +9,7 @@ from draftsync.settings import Settings, apply_environment
 
 @functools.lru_cache(maxsize=1)
 def settings() -> Settings:
-    current = Settings()
+    current = Settings.load()
     apply_environment(current)
     return current
 
