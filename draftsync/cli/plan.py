@@ -90,7 +90,7 @@ def _target(spec: str) -> tuple[Path, str, dict[str, float]]:
 
     name, _, version_text = spec.partition(":")
     registry = context.registry()
-    if version_text and not version_text.isdigit():
+    if version_text and not (version_text.isdigit() and int(version_text) >= 1):
         raise DraftsyncError(f"target version {version_text!r} is not a number", f"give {name}:N, N a version")
     version = int(version_text) if version_text else registry.alias_version(name, "production")
     if version is None:

@@ -73,9 +73,14 @@ def _registered_target(spec: str) -> tuple[float, dict]:
     from draftsync.serving.workload import target_memory_facts
     from draftsync.tasks import context
 
-    name, _, version_text = spec.partition(":")
+    name, colon, version_text = spec.partition(":")
+    if colon and not (version_text.isdigit() and int(version_text) >= 1):
+        raise DraftsyncError(
+            f"--target {spec}: version {version_text!r} is not a version number",
+            f"give --target {name}:N with N >= 1, or --target {name} for its production version",
+        )
     registry = context.registry()
-    version = int(version_text) if version_text.isdigit() else registry.alias_version(name, "production")
+    version = int(version_text) if version_text else registry.alias_version(name, "production")
     if version is None:
         raise DraftsyncError(
             f"target {name} has no production alias to read its size from", f"give a version: --target {name}:N"

@@ -53,6 +53,8 @@ def parse_task_mix(text: str | None, target: str) -> dict[str, float]:
             continue
         raise DraftsyncError(f"target {target}: task mix {text!r}: {problem}", how)
     total = sum(shares.values())
+    if not math.isfinite(total):  # 1e308 + 1e308 overflows, and every share would be stored as 0
+        raise DraftsyncError(f"target {target}: task mix {text!r}: the shares add up past a float's range", how)
     return {task: share / total for task, share in sorted(shares.items())}
 
 

@@ -110,8 +110,10 @@ class Workload:
 
     def __post_init__(self) -> None:
         _require_positive("params_b", self.params_b, "the target's size in billions of parameters, e.g. 70")
-        _require_count("gpus", self.gpus, "the number of GPUs the target is served on, at least 1")
-        _require_positive("gpu_memory_gb", self.gpu_memory_gb, "the memory of one GPU in GB, e.g. 80 for an A100-80GB")
+        _require_count("gpus", self.gpus, "the number of GPUs the target is served on, at least 1", most=65_536)
+        _require_positive(
+            "gpu_memory_gb", self.gpu_memory_gb, "the memory of one GPU in GB, e.g. 80 for an A100-80GB", most=100_000
+        )
         _require_positive("tpot_ms", self.tpot_ms, "the time-per-output-token target in milliseconds, e.g. 25")
         if self.task not in TASKS:
             raise DraftsyncError(f"task {self.task!r} is unknown", f"use one of {', '.join(TASKS)}")
@@ -128,14 +130,19 @@ class Workload:
         return self.gpus * self.gpu_memory_gb
 
 
-def _require_positive(field: str, value: object, fix: str) -> None:
+def _require_positive(field: str, value: object, fix: str, most: float = 1e9) -> None:
+    """A positive finite number no larger than `most`: beyond any real hardware or model, the arithmetic overflows."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise DraftsyncError(f"{field} = {value!r} must be a positive number", f"give {fix}")
+    if value > most:
+        raise DraftsyncError(f"{field} = {value!r} is beyond any real deployment (at most {most:g})", f"give {fix}")
 
 
-def _require_count(field: str, value: object, fix: str) -> None:
+def _require_count(field: str, value: object, fix: str, most: int = 1_000_000) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise DraftsyncError(f"{field} = {value!r} must be a whole number >= 1", f"give {fix}")
+    if value > most:
+        raise DraftsyncError(f"{field} = {value!r} is beyond any real deployment (at most {most:,})", f"give {fix}")
 
 
 def target_memory_facts(num_layers: int | None, features: dict | None) -> dict[str, Any]:

@@ -135,3 +135,18 @@ def test_the_answer_says_what_it_assumed_and_reads_task_names_of_either_vocabula
     assert "8B target" in headline and "batch 1; --batch for batched serving" in headline and "task chat" in headline
     small = CliRunner().invoke(_cli(), [*argv[:2], "0.00426214B", *argv[3:]])
     assert "4.26M target" in small.output and "0.00426214B" not in small.output
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--params", "8B", "--gpus", "1000000", "--gpu-memory-gb", "80"], "beyond any real deployment"),
+        (["--params", "8B", "--gpus", "1", "--gpu-memory-gb", "1e308"], "beyond any real deployment"),
+        (["--params", "8B", "--gpus", "1", "--gpu-memory-gb", "inf"], "must be a positive number"),
+        (["--target", "demo-llm:-1", "--gpus", "1", "--gpu-memory-gb", "80"], "is not a version number"),
+        (["--target", "demo-llm:abc", "--gpus", "1", "--gpu-memory-gb", "80"], "is not a version number"),
+    ],
+)
+def test_impossible_hardware_and_bad_versions_are_refused_not_answered(argv, says, tmp_path):
+    result = CliRunner().invoke(_cli(), ["recommend", *argv, "--tpot-ms", "30", "--task", "chat"])
+    assert result.exit_code != 0 and says in str(result.exception), (result.output, result.exception)

@@ -263,3 +263,11 @@ def test_a_version_registered_by_hand_of_an_unsupported_family_stops_its_sync(wo
     with pytest.raises(DraftsyncError, match="mixture-of-experts"):
         fetch_target.fn("hand-moe", version)
     assert FAMILY_TAG not in context.registry().version_tags("hand-moe", version)
+
+
+def test_a_task_mix_whose_shares_overflow_is_refused_not_stored_as_zeros():
+    from draftsync.cli.targets import parse_task_mix
+
+    with pytest.raises(DraftsyncError, match="past a float's range"):
+        parse_task_mix("code=1e308,math=1e308", "llm")
+    assert parse_task_mix("code=3e300,math=1e300", "llm") == {"code": 0.75, "math": 0.25}
