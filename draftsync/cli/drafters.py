@@ -11,7 +11,7 @@ from draftsync.cli.common import JsonOption, ProfileOption, check_registry, echo
 
 def sync(
     target: Annotated[str, typer.Argument(help="Registered model name of the target.")],
-    version: Annotated[int, typer.Argument(help="Target version to train a drafter for.")],
+    version: Annotated[int, typer.Argument(min=1, help="Target version to train a drafter for.")],
     profile: ProfileOption = "demo",
     method: Annotated[
         str | None, typer.Option(help="Drafter method: eagle3, eagle3.1, eagle or medusa (default: the profile's).")
@@ -33,9 +33,11 @@ def sync(
         method_named(method, among=TRAINED_METHODS)
         chosen = chosen.model_copy(update={"method": method})
     check_registry()
-    if retrain:
-        from draftsync.tasks import context
+    from draftsync.tasks import context
 
+    # an unknown target or version is refused here, before the ledger records a sync that could never run
+    context.registry().version_info(target, version)
+    if retrain:
         context.sync_ledger().request(
             target, version, chosen.method, source="cli", reason="retrain by hand", retrain=True
         )
@@ -46,7 +48,7 @@ def sync(
 
 def validate(
     target: Annotated[str, typer.Argument(help="Registered model name of the target.")],
-    drafter_version: Annotated[int, typer.Argument(help="Version of the target's drafter (<target>-drafter).")],
+    drafter_version: Annotated[int, typer.Argument(min=1, help="Version of the target's drafter (<target>-drafter).")],
     profile: Annotated[
         str,
         typer.Option(
