@@ -546,6 +546,22 @@ class Registry:
         )
 
 
+def check_alias(alias: str) -> None:
+    """Refuse an alias MLflow would refuse (its own rules: characters, length, `latest` and `vN` reserved), before
+    anything is registered."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import _validate_model_alias_name, _validate_model_alias_name_reserved
+
+    try:
+        _validate_model_alias_name(alias)
+        _validate_model_alias_name_reserved(alias)
+    except MlflowException as error:
+        raise DraftsyncError(
+            f"alias {alias!r} cannot be set in MLflow: {error.message}",
+            "use another alias, e.g. production or staging",
+        ) from None
+
+
 def drafter_description(tags: Mapping[str, str]) -> str:
     """The drafter version's description in the MLflow UI (markdown): what it drafts for, down to the target's exact
     model, with a link to that target version, the gamma it serves and its validation verdict."""

@@ -53,10 +53,12 @@ def publish_target(
 
     `flavor`: PLAIN logs the checkpoint directory as it is, FLAVOR with the transformers flavor. `confine=False`
     for a path the operator typed, which may lie outside the model roots."""
+    from draftsync.registry.model_registry import check_alias
     from draftsync.registry.tags import target_tags
     from draftsync.speculative.targets import describe_target
 
     registry = context.registry()
+    check_alias(alias)  # before the version exists: a refused alias would leave half a registration
     facts = {**describe_target(Path(checkpoint_dir)), "task_mix": task_mix}
     version = registry.register_target(name, Path(checkpoint_dir), target_tags(**facts), flavor=flavor, confine=confine)
     registry.set_target_alias(name, alias, version)

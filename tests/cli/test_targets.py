@@ -271,3 +271,13 @@ def test_a_task_mix_whose_shares_overflow_is_refused_not_stored_as_zeros():
     with pytest.raises(DraftsyncError, match="past a float's range"):
         parse_task_mix("code=1e308,math=1e308", "llm")
     assert parse_task_mix("code=3e300,math=1e300", "llm") == {"code": 0.75, "math": 0.25}
+
+
+@pytest.mark.parametrize("alias", ["latest", "LATEST", "v3", "bad alias!"])
+def test_an_alias_mlflow_would_refuse_is_refused_before_a_version_exists(workdir, built_targets, alias):
+    from draftsync.tasks import context
+    from draftsync.tasks.registration import publish_target
+
+    with pytest.raises(DraftsyncError, match=f"alias {alias!r} cannot be set in MLflow"):
+        publish_target("alias-llm", str(built_targets[1]), {"code": 1.0}, alias=alias)
+    assert context.registry().target_versions_after("alias-llm", 0) == []
