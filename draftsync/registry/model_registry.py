@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 EXPERIMENT_NAME = "draftsync"
+MAX_VERSION = 2**63 - 1  # a model version is a 64-bit integer in every MLflow store
 # The MLflow UI opens an experiment in its model-training view (runs, metrics, models), not its GenAI (traces) one.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_DEVELOPMENT = "custom_model_development"
@@ -515,6 +516,15 @@ class Registry:
         check_name(model_name)
         found = self._client.search_model_versions(f"name='{model_name}'")
         return sorted((self._info(mv, with_aliases=False) for mv in found), key=lambda info: info.version)
+
+    def registered_tags(self, model_name: str, version: int) -> dict[str, str] | None:
+        """The version's tags as MLflow holds them, or None when MLflow holds no such version (an outage raises)."""
+        if not 1 <= int(version) <= MAX_VERSION:  # beyond what any MLflow store can hold
+            return None
+        try:
+            return dict(self._get_version(model_name, version).tags or {})
+        except DraftsyncError:
+            return None
 
     def _get_version(self, model_name: str, version: int) -> Any:
         from mlflow.exceptions import MlflowException

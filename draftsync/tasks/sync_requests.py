@@ -183,7 +183,11 @@ def handle_registry_change(change: RegistryChange, delivery_id: str) -> dict:
     """What the webhook receiver does with a verified registry change: request a sync, announce an alias move."""
     now = datetime.now(UTC)
     answer = {"delivery_id": delivery_id, "model": change.model_name, "version": change.version}
-    if not is_target(change.model_name, change.tags if change.kind == "version_created" else None, change.version):
+    # The registry, not the payload, says what the version is: a signed delivery may still name one that never existed.
+    registered = context.registry().registered_tags(change.model_name, change.version)
+    if registered is None:
+        return {**answer, "action": f"ignored: MLflow holds no version {change.version} of {change.model_name}"}
+    if not is_target(change.model_name, registered, change.version):
         return {
             **answer,
             "action": "ignored: not a target (tag its versions draftsync.kind=target or list it in DRAFTSYNC_TARGETS)",

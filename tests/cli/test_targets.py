@@ -281,3 +281,20 @@ def test_an_alias_mlflow_would_refuse_is_refused_before_a_version_exists(workdir
     with pytest.raises(DraftsyncError, match=f"alias {alias!r} cannot be set in MLflow"):
         publish_target("alias-llm", str(built_targets[1]), {"code": 1.0}, alias=alias)
     assert context.registry().target_versions_after("alias-llm", 0) == []
+
+
+def test_a_signed_delivery_for_a_version_mlflow_does_not_hold_is_ignored_and_records_nothing(workdir, built_targets):
+    """The registry, not the payload, says what a version is: forged target tags start no sync."""
+    from draftsync.registry.webhooks import RegistryChange
+    from draftsync.tasks import context
+    from draftsync.tasks.registration import publish_target
+    from draftsync.tasks.sync_requests import handle_registry_change
+
+    publish_target("ghost-llm", str(built_targets[1]), {"code": 1.0})
+    for version in (999_999_999, 10**30):
+        forged = RegistryChange("version_created", "ghost-llm", version, tags={"draftsync.kind": "target"})
+        answer = handle_registry_change(forged, f"delivery-{version}")
+        assert answer["action"] == f"ignored: MLflow holds no version {version} of ghost-llm"
+    moved = RegistryChange("alias_moved", "ghost-llm", 42, alias="production")
+    assert handle_registry_change(moved, "delivery-alias")["action"].startswith("ignored: MLflow holds no version 42")
+    assert context.sync_ledger().jobs("ghost-llm") == []  # status shows no sync that could never run
