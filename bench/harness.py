@@ -63,9 +63,6 @@ def emit_json(out: dict, json_path: Path | None, stdout: TextIO = sys.stdout) ->
 
 def stop_ephemeral_prefect() -> None:
     """The ephemeral API is a subprocess Prefect starts on first use; stop it with the rest."""
-    try:
-        from prefect.server.api.server import SubprocessASGIServer
-    except ImportError:
-        return
-    for server in list(SubprocessASGIServer._instances.values()):
-        server.stop()
+    from draftsync.tasks.context import stop_ephemeral_prefect as stop
+
+    stop()

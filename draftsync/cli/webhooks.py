@@ -31,10 +31,14 @@ def serve(
     import uvicorn
 
     from draftsync.receiver.app import HEALTH_PATH, WEBHOOK_PATH, app_from_settings
+    from draftsync.tasks.context import stop_ephemeral_prefect
 
     app = app_from_settings()
     typer.echo(f"receiving MLflow webhooks at http://{host}:{port}{WEBHOOK_PATH} (health: {HEALTH_PATH})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="info", server_header=False)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="info", server_header=False)  # returns on SIGTERM or SIGINT
+    finally:
+        stop_ephemeral_prefect()  # the Prefect API child an emitted event started goes with the receiver
 
 
 @webhooks_app.command()

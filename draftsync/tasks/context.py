@@ -53,3 +53,14 @@ def logger():
         return get_run_logger()
     except MissingContextError:
         return logging.getLogger("draftsync")
+
+
+def stop_ephemeral_prefect() -> None:
+    """Stop the Prefect API subprocess that Prefect starts on first use when no server is configured: a long-running
+    command stops it when it ends, or it outlives the command with PPID 1."""
+    try:
+        from prefect.server.api.server import SubprocessASGIServer
+    except ImportError:
+        return
+    for server in list(SubprocessASGIServer._instances.values()):
+        server.stop()
