@@ -6,6 +6,7 @@ mlflow, prefect) happen inside the commands, after the work dir's environment is
 
 from __future__ import annotations
 
+import signal
 from typing import Annotated
 
 import typer
@@ -35,10 +36,17 @@ def serve(
 
     app = app_from_settings()
     typer.echo(f"receiving MLflow webhooks at http://{host}:{port}{WEBHOOK_PATH} (health: {HEALTH_PATH})", err=True)
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it found: with the default
+    # one the process dies on the spot and the `finally` below never runs, leaving Prefect's API child behind.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="info", server_header=False)  # returns on SIGTERM or SIGINT
+        uvicorn.run(app, host=host, port=port, log_level="info", server_header=False)
     finally:
         stop_ephemeral_prefect()  # the Prefect API child an emitted event started goes with the receiver
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 @webhooks_app.command()

@@ -59,8 +59,11 @@ def stop_ephemeral_prefect() -> None:
     """Stop the Prefect API subprocess that Prefect starts on first use when no server is configured: a long-running
     command stops it when it ends, or it outlives the command with PPID 1."""
     try:
+        from prefect.events.worker import EventsWorker
         from prefect.server.api.server import SubprocessASGIServer
     except ImportError:
         return
+    if SubprocessASGIServer._instances:
+        EventsWorker.drain_all(timeout=30)  # events still queued reach the API before it stops
     for server in list(SubprocessASGIServer._instances.values()):
         server.stop()
