@@ -86,7 +86,10 @@ def measure(run: str) -> dict:
 
     drafter = new_drafter(EAGLE3.name, config, draft_vocab, (1, 15, 29))
     drafter.set_draft_vocab(*build_draft_vocab(torch.arange(vocab, 0, -1), draft_vocab))  # the most frequent ids
-    drafter.embed_tokens.weight.requires_grad_(False)
+    # the frozen embedding is the target's tensor, in the target's dtype, as `initialise_from_target` shares it
+    drafter.embed_tokens.weight = torch.nn.Parameter(
+        torch.randn(vocab, hidden, dtype=torch.bfloat16 if bf16 else torch.float32), requires_grad=False
+    )
     drafter.train()
     drafter.activation_checkpointing = checkpointing
     head = torch.nn.Linear(hidden, vocab, bias=False, dtype=torch.bfloat16 if bf16 else torch.float32)

@@ -361,14 +361,17 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
 
     # ---- initialisation from the target -----------------------------------------------------------
     def initialise_from_target(self, target: Any, freeze_embeddings: bool = True) -> None:
-        """Copy the target's embeddings, final norm and (draft-vocabulary rows of) lm_head where shapes allow."""
+        """Copy the target's final norm and (draft-vocabulary rows of) lm_head where shapes allow. A frozen embedding
+        is the target's own tensor, held once (in the target's dtype and place), not a copy beside it."""
         from draftsync.speculative.hidden_states import final_norm_of
 
         with torch.no_grad():
             embed = target.get_input_embeddings().weight
-            if embed.shape == self.embed_tokens.weight.shape:
+            if embed.shape == self.embed_tokens.weight.shape and freeze_embeddings:
+                embed.requires_grad_(False)
+                self.embed_tokens.weight = embed
+            elif embed.shape == self.embed_tokens.weight.shape:
                 self.embed_tokens.weight.copy_(embed)
-                self.embed_tokens.weight.requires_grad_(not freeze_embeddings)
             head = target.get_output_embeddings().weight
             if head.shape[1] == self.config.hidden_size:
                 self.lm_head.weight.copy_(head[self.draft_token_ids.to(head.device)])

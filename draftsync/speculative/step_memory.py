@@ -2,8 +2,8 @@
 
 What a step holds at its peak (in backward), from the second step on (the first has no AdamW state yet), for one
 micro-batch of `tokens` (the step's other micro-batches come and go one at a time):
-- the drafter's weights (the frozen target embedding among them) and, for the trainable ones, AdamW's two moments,
-  all in fp32 (autocast computes in bf16 from fp32 weights);
+- the drafter's trainable weights and AdamW's two moments, in fp32 (autocast computes in bf16 from fp32 weights), and
+  the frozen embedding, which is the target's own tensor in the target's dtype;
 - the target's lm_head in its own dtype, which turns the stored final states into the target's distribution;
 - the micro-batch: the aux and final states;
 - the target's logits over the draft vocabulary only, in the head's dtype, and its greedy token ids;
@@ -98,7 +98,8 @@ def predict_step_memory(shape: StepShape) -> dict[str, int]:
     kept_per_step = n * (2 * h + 2 * keys) if shape.checkpointing else layer
     recomputed = layer if shape.checkpointing else 0
     parts = {
-        "drafter_weights": FP32 * (trainable + frozen),
+        # the frozen embedding is the target's own tensor, in the target's dtype (held once, not copied)
+        "drafter_weights": FP32 * trainable + shape.head_bytes * frozen,
         "adam_moments": 2 * FP32 * trainable,
         "target_head": shape.head_bytes * shape.vocab * h,
         "batch_states": FP32 * n * (shape.aux_layers + 1) * h,

@@ -217,9 +217,18 @@ def warm_start(drafter: Any, source: Any) -> int:
     own = drafter.state_dict()
     copied = 0
     head_names = {name for name in own if name.endswith("lm_head.weight")}
+    # frozen copies of the target (its embedding) come from this target, never from the previous one's drafter
+    from_target = set(getattr(drafter, "target_copy_names", ())) & {
+        n for n, p in drafter.named_parameters() if not p.requires_grad
+    }
     with torch.no_grad():
         for name, tensor in source.state_dict().items():
-            if name in ("d2t", "t2d") or name not in own or own[name].shape[1:] != tensor.shape[1:]:
+            if (
+                name in ("d2t", "t2d")
+                or name in from_target
+                or name not in own
+                or own[name].shape[1:] != tensor.shape[1:]
+            ):
                 continue
             if name in head_names:
                 rows_of = {int(t): i for i, t in enumerate(source.draft_token_ids.tolist())}

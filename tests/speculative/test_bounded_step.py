@@ -113,3 +113,19 @@ def test_training_with_checkpointing_and_token_budgets_follows_the_plain_run(tar
     assert plain.tokens == bounded.tokens
     assert bounded.losses == pytest.approx(plain.losses, rel=1e-3)
     assert bounded.top1_agreement == pytest.approx(plain.top1_agreement, abs=0.01)
+
+
+def test_the_frozen_embedding_is_the_targets_own_tensor_out_of_the_optimiser_and_kept_by_a_warm_start(
+    target, chain_shards
+):
+    from draftsync.speculative.training import warm_start
+
+    drafter = new_drafter_for(target, chain_shards, TrainConfig(**SMALL))
+    embedding = target.get_input_embeddings().weight
+    assert drafter.embed_tokens.weight is embedding  # held once: no copy beside the target's
+    assert all(p is not embedding for p in drafter.parameters() if p.requires_grad)
+    before = embedding.detach().clone()
+    previous = new_drafter_for(target, chain_shards, TrainConfig(**{**SMALL, "seed": 1}))
+    previous.embed_tokens.weight = torch.nn.Parameter(torch.randn_like(before), requires_grad=False)  # another target's
+    assert warm_start(drafter, previous) > 0
+    assert torch.equal(drafter.embed_tokens.weight, before)  # this target's embedding, not the previous one's

@@ -55,7 +55,7 @@ def test_the_parts_scale_with_tokens_and_steps_and_the_weights_do_not():
     assert base["total"] == sum(value for part, value in base.items() if part != "total")
 
 
-def test_checkpointing_and_bf16_shrink_the_activations_and_nothing_else():
+def test_checkpointing_shrinks_the_activations_only_and_bf16_the_16_bit_parts():
     config = _config()
     plain = predict_step_memory(StepShape.for_target(config, 512, batch=4, seq_len=256, ttt_steps=4))
     kept = predict_step_memory(StepShape.for_target(config, 512, batch=4, seq_len=256, ttt_steps=4, checkpointing=True))
@@ -67,4 +67,6 @@ def test_checkpointing_and_bf16_shrink_the_activations_and_nothing_else():
         k: v for k, v in plain.items() if k not in ("activations", "total")
     }
     assert half["activations"] * 2 == plain["activations"] and half["target_head"] * 2 == plain["target_head"]
-    assert half["autocast_copies"] == BF16 * drafter_parameters(StepShape.for_target(config, 512, 4, 256, 4))[0]
+    trainable, frozen = drafter_parameters(StepShape.for_target(config, 512, 4, 256, 4))
+    assert half["autocast_copies"] == BF16 * trainable
+    assert half["drafter_weights"] == FP32 * trainable + BF16 * frozen  # the embedding is the target's, in its dtype
