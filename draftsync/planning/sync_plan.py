@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +85,7 @@ class TargetShape:
             config=config,
         )
         counted = _safetensors_parameters(Path(path))
-        return _replace(shape, parameters=counted or shape.parameters_from_config())
+        return replace(shape, parameters=counted or shape.parameters_from_config())
 
     def parameters_from_config(self) -> int:
         """A Llama-style count: embeddings, the lm_head unless tied, attention, SwiGLU MLP and norms per layer."""
@@ -97,12 +97,6 @@ class TargetShape:
     def weight_bytes(self, on_gpu: bool) -> int:
         """fp32 on a CPU; on a GPU the checkpoint's 16-bit dtype (bf16 for an fp32 checkpoint)."""
         return self.parameters * (2 if on_gpu else 4)
-
-
-def _replace(shape: TargetShape, **changes: Any) -> TargetShape:
-    from dataclasses import replace
-
-    return replace(shape, **changes)
 
 
 def _safetensors_parameters(path: Path) -> int:
