@@ -46,6 +46,8 @@ TRAFFIC_MIX: dict[int, dict[str, float]] = {1: {"math": 1.0}}
 # writes it into its work dir's settings file, so every later command on that work dir (report, status, a retrain)
 # judges with the same line; the environment variable DRAFTSYNC_STALE_THRESHOLD still wins.
 STALE_THRESHOLD = 0.70
+# Its warning line sits above the critical one, as in production (0.60 over 0.50): a drop is flagged before it is stale.
+MISMATCH_THRESHOLD = 0.75
 STEP = timedelta(hours=12)
 # The traffic phases: (name, prompts per task, scrapes, seed). Scrapes of all three times STEP is how far back
 # the simulated clock starts, so that the last scrape lands at about the real present.
@@ -213,7 +215,10 @@ def run_demo(engine: str = "auto") -> dict:
     )
     _deployments_with(deployment, settings.deployments_path)  # a deployments file it cannot keep fails before the story
     archived = _archive_previous_story(settings.root)
-    write_workdir_settings(settings.root, {"DRAFTSYNC_STALE_THRESHOLD": str(STALE_THRESHOLD)})
+    write_workdir_settings(
+        settings.root,
+        {"DRAFTSYNC_STALE_THRESHOLD": str(STALE_THRESHOLD), "DRAFTSYNC_MISMATCH_THRESHOLD": str(MISMATCH_THRESHOLD)},
+    )
     context.reset()
     settings, registry = context.settings(), context.registry()
     prefect_api = _start_prefect_api()

@@ -193,6 +193,7 @@ def test_the_weekly_report_after_the_demo_reviews_the_demo_week(story, after_the
     assert report["eml_path"] is None and not report["acted"]  # reading the story afterwards changes nothing
     assert Path(report["charts"]["demo-assistant"]).read_bytes().startswith(b"\x89PNG")
     assert report["thresholds"]["stale"] == story["thresholds"]["stale"] == 0.70  # the demo's line, from its work dir
+    assert report["thresholds"]["mismatch"] == story["thresholds"]["mismatch"] == 0.75  # the warning above the critical
     message = email.message_from_bytes(Path(story["weekly_report"]["file"]).read_bytes(), policy=policy.default)
     charts = [part for part in message.walk() if part.get_content_type() == "image/png"]
     assert charts and "demo-assistant" in charts[0].get_filename()
