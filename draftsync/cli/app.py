@@ -25,6 +25,7 @@ from draftsync.errors import DraftsyncError
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode="markdown",  # docstrings' line breaks join into paragraphs: help reads in sentences
     help="Keep speculative-decoding drafters in sync with their target LLMs.",
 )
 

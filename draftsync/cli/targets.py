@@ -19,6 +19,7 @@ from draftsync.errors import DraftsyncError
 targets_app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode="markdown",  # docstrings' line breaks join into paragraphs: help reads in sentences
     help="Target models in the registry: register a checkpoint as a new version.",
 )
 

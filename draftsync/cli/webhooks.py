@@ -17,6 +17,7 @@ from draftsync.redaction import masked_url
 webhooks_app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode="markdown",  # docstrings' line breaks join into paragraphs: help reads in sentences
     help="Receive MLflow registry webhooks (new target versions, alias moves) and register them with MLflow.",
 )
 
