@@ -251,6 +251,13 @@ def build_weekly_report(
     charts = {s.deployment: render_chart(s, thresholds) for s in ordered if s.points}
     chart_cids = {name: make_msgid(domain="draftsync.local")[1:-1] for name in charts}
 
+    if thresholds is not None:  # the chart's two lines, said where they are shown
+        notes = [
+            *notes,
+            f"Lines: stale (critical) under {thresholds.stale:.2f} sustained over the last intervals: fall back to "
+            f"plain decoding and retrain; mismatch (warning) under {thresholds.mismatch:.2f}: the drafter may not "
+            "fit the traffic or the target, speculation falls back.",
+        ]
     message = EmailMessage()
     message["Subject"] = _subject(ordered, by_deployment)
     message.set_content(_text_body(ordered, by_deployment, actions_taken, links, period, notes))

@@ -345,8 +345,10 @@ def test_every_state_a_heading_can_show_has_a_colour():
 def test_the_report_explains_its_figures_and_links_only_to_addresses():
     summaries, findings, actions, links = report_inputs()
     links["MLflow UI on this work dir"] = "mlflow ui --backend-store-uri sqlite:////tmp/w/mlflow.db"
-    text, html, _ = parts_of(build_weekly_report(summaries, findings, actions, links, (START, END)))
+    message = build_weekly_report(summaries, findings, actions, links, (START, END), thresholds=Thresholds())
+    text, html, _ = parts_of(message)
     for body in (text, html):
+        assert "stale (critical) under 0.50" in body and "mismatch (warning) under 0.60" in body
         assert "Per position: the share of drafts whose k-th token was accepted" in body
         assert "Slope: the daily acceptance" in body
     assert '<a href="http://127.0.0.1:5000/#/models/demo-target-drafter">' in html
