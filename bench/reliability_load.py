@@ -470,6 +470,18 @@ def process_cpu_s(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def register_delivered_versions(tracking_uri: str) -> None:
+    """The versions the deliveries name, in the receiver's MLflow: it reads each version from the registry, so a
+    delivery for a version MLflow does not hold would only be ignored."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
+    for model, versions, tags in ((TARGET_NAME, TARGET_VERSION, {"draftsync.kind": "target"}), (OTHER_MODEL, 2, {})):
+        client.create_registered_model(model)
+        for version in range(1, versions + 1):
+            client.create_model_version(model, source=f"s3://models/{model}/{version}", tags=tags)
+
+
 @contextlib.contextmanager
 def receiver_process(run_dir: Path, secret: str, monitor_url: str, prefect_api_url: str) -> Iterator:
     """`draftsync webhooks serve` on a free loopback port, its log in `run_dir`; stopped on exit."""
@@ -477,11 +489,13 @@ def receiver_process(run_dir: Path, secret: str, monitor_url: str, prefect_api_u
 
     port = free_port()
     draftsync_bin = Path(sys.executable).with_name("draftsync")
+    tracking_uri = f"sqlite:///{run_dir / 'receiver-mlflow.db'}"
+    register_delivered_versions(tracking_uri)
     env = {
         "DRAFTSYNC_WORKDIR": str(run_dir / "receiver-work"),
         "DRAFTSYNC_MONITOR_DB_URL": monitor_url,
         "DRAFTSYNC_WEBHOOK_SECRET": secret,
-        "MLFLOW_TRACKING_URI": f"sqlite:///{run_dir / 'receiver-mlflow.db'}",
+        "MLFLOW_TRACKING_URI": tracking_uri,
         "PREFECT_API_URL": prefect_api_url,
         "PREFECT_HOME": str(run_dir / "receiver-prefect"),
         "DO_NOT_TRACK": "true",
