@@ -396,7 +396,7 @@ def _print_summary(console: Console, result: dict, settings) -> None:
         console.print(f"  {tools / 'draftsync'} --workdir {settings.root} rollout {d['name']}", soft_wrap=True)
     console.print(f"timings (s): {result['timings_s']}")
     console.print(f"summary: {settings.root / 'demo.json'}", soft_wrap=True)
-    console.print("MLflow UI (then open http://127.0.0.1:5000):")
+    console.print("MLflow UI (then open http://127.0.0.1:5000/#/models?workflowType=machine_learning):")
     console.print(
         f"  {tools / 'mlflow'} ui --backend-store-uri {settings.mlflow_tracking_uri} "
         f"--default-artifact-root {settings.mlflow_artifacts_dir}",

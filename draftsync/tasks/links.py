@@ -22,9 +22,13 @@ def mlflow_ui() -> str:
     return (context.settings().mlflow_ui_url or LOCAL_MLFLOW_UI).rstrip("/")
 
 
+# The MLflow UI opens in its GenAI (traces) view unless told otherwise: links ask for its model-training view.
+MODEL_TRAINING_VIEW = "?workflowType=machine_learning"
+
+
 def model_version_url(model_name: str, version: int | None = None) -> str:
     page = f"{mlflow_ui()}/#/models/{model_name}"
-    return page if version is None else f"{page}/versions/{int(version)}"
+    return (page if version is None else f"{page}/versions/{int(version)}") + MODEL_TRAINING_VIEW
 
 
 def prefect_ui() -> str:
