@@ -26,6 +26,10 @@ targets_app = typer.Typer(
 TASK_MIX_EXAMPLE = "--task-mix code=0.5,math=0.5"
 
 
+# The decision framework's name for the corpora's prose (`recommend --task chat`), so both commands take both words.
+CORPUS_TASK = {"chat": "prose"}
+
+
 def parse_task_mix(text: str | None, target: str) -> dict[str, float]:
     """`code=0.7,math=0.3` as {task: share}: tasks of the built-in corpora, positive shares, normalised to sum 1."""
     from draftsync.speculative.corpora import TASKS
@@ -43,6 +47,7 @@ def parse_task_mix(text: str | None, target: str) -> dict[str, float]:
     shares: dict[str, float] = {}
     for part in text.split(","):
         task, _, share = (piece.strip() for piece in part.partition("="))
+        task = CORPUS_TASK.get(task, task)  # recommend's word for conversational text
         if task not in TASKS:
             problem = f"unknown task {task!r}"
         elif task in shares:

@@ -298,3 +298,9 @@ def test_a_signed_delivery_for_a_version_mlflow_does_not_hold_is_ignored_and_rec
     moved = RegistryChange("alias_moved", "ghost-llm", 42, alias="production")
     assert handle_registry_change(moved, "delivery-alias")["action"].startswith("ignored: MLflow holds no version 42")
     assert context.sync_ledger().jobs("ghost-llm") == []  # status shows no sync that could never run
+
+
+def test_a_task_mix_takes_the_recommend_commands_word_for_prose():
+    from draftsync.cli.targets import parse_task_mix
+
+    assert parse_task_mix("code=0.5,chat=0.5", "llm") == parse_task_mix("code=0.5,prose=0.5", "llm")
