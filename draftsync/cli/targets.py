@@ -82,7 +82,8 @@ def register(
         str | None,
         typer.Option(
             "--task-mix",
-            help="The traffic the target serves, e.g. code=0.7,math=0.3 (tasks: code, math, prose; normalised).",
+            help="The traffic the target serves, e.g. code=0.7,math=0.3 (tasks: code, math, prose, also called "
+            "chat; normalised).",
         ),
     ] = None,
     alias: Annotated[
