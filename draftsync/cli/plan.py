@@ -42,7 +42,7 @@ def plan_command(
     from draftsync.planning.sync_plan import TargetShape, detect_worker, plan_sync
     from draftsync.profiles import profile as named_profile
     from draftsync.settings import Settings
-    from draftsync.speculative.corpora import task_prompts_for_mix
+    from draftsync.speculative.corpora import response_prompts
 
     for flag, value in (("--gpus", gpus), ("--gpu-memory-gb", gpu_memory_gb)):
         if value is not None and value < (0 if flag == "--gpus" else 1e-9):
@@ -62,7 +62,7 @@ def plan_command(
         host_memory_gib=host_memory_gb,
         disk_gib=disk_gb,
     )
-    prompts = task_prompts_for_mix(task_mix, chosen.generated_samples, chosen.seed + 100, "train", distinct=True)
+    prompts = response_prompts(task_mix, chosen)
     plan = plan_sync(TargetShape.from_directory(directory, name), worker, chosen, len(prompts))
     typer.echo(plan.markdown())
     write_json(plan.to_dict(), json_path)

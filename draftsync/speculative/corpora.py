@@ -18,9 +18,14 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from draftsync.files import atomic_write
 from draftsync.speculative.machine import user_cache_dir
+
+if TYPE_CHECKING:
+    from draftsync.profiles import SyncProfile
+
 
 TASKS = ("code", "math", "prose")
 HELD_OUT_SHARE = 10  # one origin in ten is held out
@@ -227,6 +232,14 @@ def task_prompts_for_mix(
         for p in prompts(task, n, seed=seed, split=split)
     ]
     return list(dict.fromkeys(pairs)) if distinct else pairs
+
+
+def response_prompts(task_mix: dict[str, float], profile: SyncProfile) -> list[tuple[str, str]]:
+    """The (task, prompt) pairs a sync's target answers for its dataset, each once: the dataset build and the plan
+    that sizes it draw them alike (the training split, at an offset from the texts' seed so the two draws differ)."""
+    return task_prompts_for_mix(
+        task_mix, profile.generated_samples, seed=profile.seed + 100, split="train", distinct=True
+    )
 
 
 def prompts_for_mix(task_mix: dict[str, float], count: int, seed: int, split: str = "heldout") -> list[str]:

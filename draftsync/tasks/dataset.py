@@ -94,7 +94,7 @@ def build_dataset(
 
     from draftsync.serving.vllm_args import ServerResources
     from draftsync.serving.vllm_responses import VllmResponseWriter, response_writer
-    from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
+    from draftsync.speculative.corpora import mixed_texts, response_prompts
     from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
     from draftsync.speculative.placement import shared_target
     from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
@@ -105,9 +105,7 @@ def build_dataset(
     logger = context.logger()
     model, tokenizer = shared_target(Path(target_dir), placement)
     pairs = mixed_texts(task_mix, profile.training_texts, seed=profile.seed)
-    prompts = task_prompts_for_mix(
-        task_mix, profile.generated_samples, seed=profile.seed + 100, split="train", distinct=True
-    )
+    prompts = response_prompts(task_mix, profile)
     if profile.generated_samples and len(prompts) < profile.generated_samples:
         logger.info(
             "dataset: %d responses asked for, %d distinct prompts drawn: each is answered once",

@@ -118,7 +118,7 @@ def plan_sync_resources(
     from prefect.artifacts import create_markdown_artifact
 
     from draftsync.planning.sync_plan import HeldMemory, TargetShape, detect_worker, plan_sync
-    from draftsync.speculative.corpora import task_prompts_for_mix
+    from draftsync.speculative.corpora import response_prompts
 
     settings = context.settings()
     worker = detect_worker(settings.root)
@@ -131,9 +131,7 @@ def plan_sync_resources(
             if (fraction := spec.gpu_memory_fraction()) is not None
         )
         worker = replace(worker, held=held)
-    prompts = task_prompts_for_mix(
-        task_mix, profile.generated_samples, seed=profile.seed + 100, split="train", distinct=True
-    )
+    prompts = response_prompts(task_mix, profile)
     plan = plan_sync(TargetShape.from_directory(Path(target_dir), target_name), worker, profile, len(prompts))
     create_markdown_artifact(markdown=plan.markdown(), description=f"resource plan of the sync of {target_name}")
     context.logger().info(
