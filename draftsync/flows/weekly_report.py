@@ -222,8 +222,10 @@ def weekly_report(
         elif week is not None:
             taken = [f"none: a look back at {week} (actions are taken by the review of the last 7 days)"]
         else:
-            taken = [f"none yet: {_planned(found)}" if _planned(found) else "none"]
+            planned = _planned(found)
+            taken = [f"none yet: {planned}" if planned else "none"]
         actions[pair.deployment] = taken
+        now_serving = store.serving_pair(pair.deployment) or pair  # after what this review did to it
         rows.append(
             {
                 "name": pair.deployment,
@@ -245,8 +247,8 @@ def weekly_report(
                 "mean_acceptance_length": summary.mean_acceptance_length,
                 "draft_tokens": summary.draft_tokens,
                 "server_restarts": summary.resets,
-                "serving_state": (store.serving_pair(pair.deployment) or pair).state,
-                "serving_drafter_version": (store.serving_pair(pair.deployment) or pair).drafter_version,
+                "serving_state": now_serving.state,
+                "serving_drafter_version": now_serving.drafter_version,
                 "target": {"name": pair.target_name, "version": pair.target_version},
                 "drafter_version": summary.drafter_version,
             }
