@@ -27,7 +27,7 @@ def serve(
     host: Annotated[
         str, typer.Option("--host", help="Interface to listen on (0.0.0.0 inside a container).")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8765,
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8765,
 ) -> None:
     """Run the receiver: POST /mlflow/webhook (signed MLflow deliveries), GET /healthz."""
     import uvicorn

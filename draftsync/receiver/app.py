@@ -2,6 +2,7 @@
 
 POST /mlflow/webhook, in this order, each step refusing before the next one runs:
   size     at most `max_body_bytes` are read (Content-Length checked first)      -> 413 too_large
+           within `read_timeout_s`                                                -> 408 read_timeout
                                                                                   (400 client_disconnected)
   verify   signature (HMAC, constant-time) and headers                            -> 401 missing_header,
                                                                                      bad_signature_format, bad_signature
@@ -12,15 +13,17 @@ POST /mlflow/webhook, in this order, each step refusing before the next one runs
   parse    MLflow's JSON payload                                                  -> 400 bad_body
   act      `on_change(change, delivery_id)` in a worker thread (it may block)     -> 200 with its dict as JSON
 Events draftsync does not act on answer 200 {"ignored": "<entity.action>"}. Every accepted delivery answers
-200, never 202: `on_change` has run (it records the sync request) before the answer goes out. A failing
-`on_change` answers 500 {"error": "handler_failed"}; the delivery id is already remembered then, so MLflow's
-retry reads as a replay (409) and the registry poll, the reconciler, picks the change up.
+200, never 202: `on_change` has run (it records the sync request) before the answer goes out; a change it will
+not act on (a version MLflow does not hold, a model that is no target) answers 200 {"action": "ignored: <why>"}.
+No input answers 5xx: a failing `on_change` (MLflow or the ledger down) answers 500 {"error": "handler_failed"}
+and forgets the delivery id, so MLflow's retry is handled; the registry poll, the reconciler, is the backstop.
 Each refusal is one log line with the reason code, the delivery id and the client address; the secret,
 the signature and the body are never logged. GET /healthz answers 200 for load balancers and compose.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -46,6 +49,7 @@ from draftsync.registry.webhooks import (
     STALE_TIMESTAMP,
     RegistryChange,
     WebhookRejected,
+    check_webhook_secret,
     delivery_id_of,
     parse_delivery,
     verify_delivery,
@@ -58,9 +62,11 @@ WEBHOOK_PATH = "/mlflow/webhook"
 HEALTH_PATH = "/healthz"
 DEFAULT_MAX_AGE_SECONDS = 300
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+DEFAULT_READ_TIMEOUT_SECONDS = 10.0  # MLflow sends its whole body at once; a body still coming after this never ends
 
 TOO_LARGE = "too_large"
 BAD_CONTENT_LENGTH = "bad_content_length"
+READ_TIMEOUT = "read_timeout"
 REPLAYED = "replayed"
 CLIENT_DISCONNECTED = "client_disconnected"
 MEMORY_UNAVAILABLE = "delivery_memory_unavailable"
@@ -78,9 +84,10 @@ REFUSAL_STATUS = {
     BAD_CONTENT_LENGTH: 400,
     CLIENT_DISCONNECTED: 400,
     TOO_LARGE: 413,
+    READ_TIMEOUT: 408,
     REPLAYED: 409,
 }
-REFUSAL_MESSAGE = {REPLAYED: "replayed delivery", TOO_LARGE: "body too large"}
+REFUSAL_MESSAGE = {REPLAYED: "replayed delivery", TOO_LARGE: "body too large", READ_TIMEOUT: "body not sent in time"}
 
 logger = logging.getLogger("draftsync.webhooks")
 
@@ -103,6 +110,7 @@ def create_app(
     *,
     max_age_s: int = DEFAULT_MAX_AGE_SECONDS,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_SECONDS,
     clock: Callable[[], float] = time.time,
     forget_delivery: Callable[[str], None] | None = None,
 ) -> Starlette:
@@ -115,9 +123,11 @@ def create_app(
             "the webhook receiver has no secret",
             "set DRAFTSYNC_WEBHOOK_SECRET (or DRAFTSYNC_WEBHOOK_SECRET_BLOCK) to a long random string",
         )
-    if max_body_bytes < 1 or max_age_s < 1:
+    check_webhook_secret(secret)
+    if max_body_bytes < 1 or max_age_s < 1 or not read_timeout_s > 0:
         raise DraftsyncError(
-            f"webhook limits max_body_bytes={max_body_bytes}, max_age_s={max_age_s} are not positive",
+            f"webhook limits max_body_bytes={max_body_bytes}, max_age_s={max_age_s}, read_timeout_s={read_timeout_s} "
+            "are not all positive",
             "set DRAFTSYNC_WEBHOOK_MAX_BODY_BYTES and DRAFTSYNC_WEBHOOK_MAX_AGE_SECONDS above 0",
         )
 
@@ -125,7 +135,7 @@ def create_app(
         delivery_id = delivery_id_of(request.headers)
         client = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
         try:
-            body = await _read_limited(request, max_body_bytes)
+            body = await _read_limited(request, max_body_bytes, read_timeout_s)
             now = clock()
             verify_delivery(secret, request.headers, body, now=now, max_age_s=max_age_s)
         except (_Refused, WebhookRejected) as refusal:
@@ -185,8 +195,9 @@ def create_app(
     )
 
 
-async def _read_limited(request: Request, max_body_bytes: int) -> bytes:
-    """The body, or a refusal as soon as it is known to exceed the limit (the rest is never read)."""
+async def _read_limited(request: Request, max_body_bytes: int, read_timeout_s: float) -> bytes:
+    """The body, or a refusal as soon as it is known to exceed the size limit or the time limit (the rest is never
+    read): a sender that trickles or never finishes its body holds no connection longer than `read_timeout_s`."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not (declared.strip().isascii() and declared.strip().isdigit()):
@@ -195,10 +206,13 @@ async def _read_limited(request: Request, max_body_bytes: int) -> bytes:
             raise _Refused(TOO_LARGE)
     body = bytearray()
     try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > max_body_bytes:
-                raise _Refused(TOO_LARGE)
+        async with asyncio.timeout(read_timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > max_body_bytes:
+                    raise _Refused(TOO_LARGE)
+    except TimeoutError:
+        raise _Refused(READ_TIMEOUT) from None
     except ClientDisconnect as disconnect:  # the sender gave up mid-body; nobody reads the answer
         raise _Refused(CLIENT_DISCONNECTED) from disconnect
     return bytes(body)

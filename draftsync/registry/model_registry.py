@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 EXPERIMENT_NAME = "draftsync"
 MAX_VERSION = 2**63 - 1  # a model version is a 64-bit integer in every MLflow store
+MAX_MODEL_NAME_LENGTH = 256  # the registered_models.name column of MLflow's SQL stores
 # The MLflow UI opens an experiment in its model-training view (runs, metrics, models), not its GenAI (traces) one.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_DEVELOPMENT = "custom_model_development"
@@ -519,7 +520,7 @@ class Registry:
 
     def registered_tags(self, model_name: str, version: int) -> dict[str, str] | None:
         """The version's tags as MLflow holds them, or None when MLflow holds no such version (an outage raises)."""
-        if not 1 <= int(version) <= MAX_VERSION:  # beyond what any MLflow store can hold
+        if not 1 <= int(version) <= MAX_VERSION or model_name_problem(model_name):  # nothing MLflow could hold
             return None
         try:
             return dict(self._get_version(model_name, version).tags or {})
@@ -553,6 +554,33 @@ class Registry:
             aliases=sorted(aliases),
             created_ms=int(model_version.creation_timestamp or 0),
             model_id=getattr(model_version, "model_id", None) or logged_model_id(model_version.source),
+        )
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why MLflow could never hold a registered model of this name (its own rules, its column's length, control
+    characters its SQL stores refuse), or None."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import _validate_model_name
+
+    if len(name) > MAX_MODEL_NAME_LENGTH:
+        return f"a name has at most {MAX_MODEL_NAME_LENGTH} characters, not {len(name)}"
+    if not name.isprintable():
+        return "a name holds no control characters"
+    try:
+        _validate_model_name(name)
+    except MlflowException as error:
+        return error.message
+    return None
+
+
+def check_model_name(name: str) -> None:
+    """Refuse a registered model name MLflow would refuse, before anything is registered or recorded."""
+    problem = model_name_problem(name)
+    if problem:
+        raise DraftsyncError(
+            f"{name[:80]!r} cannot be a registered model's name in MLflow: {problem}",
+            "use a plain name such as llama-3.1-8b-chat (no '/' or ':', at most 256 characters)",
         )
 
 

@@ -45,6 +45,7 @@ STALE_TIMESTAMP = "stale_timestamp"
 FUTURE_TIMESTAMP = "future_timestamp"
 BAD_BODY = "bad_body"
 
+MIN_SECRET_LENGTH = 16  # a shorter shared secret can be guessed offline from one captured delivery
 MAX_DELIVERY_ID_LENGTH = 200  # the sync ledger keeps at most this many characters of an id
 _DELIVERY_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]+$")  # MLflow sends a UUID; nothing that could forge a log line
 _TIMESTAMP_PATTERN = re.compile(r"^[0-9]{1,12}$")  # int() would also take "+1", " 1" and "1_0"
@@ -92,6 +93,16 @@ class ParsedDelivery:
 
     event: str
     change: RegistryChange | None
+
+
+def check_webhook_secret(secret: str) -> None:
+    """Refuse a secret too short to sign with, before a receiver starts or MLflow stores it."""
+    if len(secret) < MIN_SECRET_LENGTH:
+        raise DraftsyncError(
+            f"the webhook secret has {len(secret)} characters, fewer than the {MIN_SECRET_LENGTH} a signing key needs",
+            "set DRAFTSYNC_WEBHOOK_SECRET to a long random string, e.g. "
+            "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`",
+        )
 
 
 def verify_delivery(secret: str, headers: Mapping[str, str], body: bytes, now: float, max_age_s: int) -> None:
@@ -156,6 +167,8 @@ def parse_delivery(body: bytes) -> ParsedDelivery:
         payload = json.loads(bytes(body).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as error:
         raise WebhookRejected(BAD_BODY, f"the webhook body is not UTF-8 JSON ({type(error).__name__})") from error
+    except RecursionError:  # nesting deeper than the parser's stack; MLflow never sends it
+        raise WebhookRejected(BAD_BODY, "the webhook body's JSON is nested too deeply") from None
     if not isinstance(payload, dict):
         raise WebhookRejected(BAD_BODY, "the webhook body is not a JSON object")
     entity, action, data = payload.get("entity"), payload.get("action"), payload.get("data")
@@ -206,6 +219,7 @@ def create_or_update_webhook(tracking_uri: str, name: str, url: str, secret: str
             "the webhook secret is empty",
             "set DRAFTSYNC_WEBHOOK_SECRET (or DRAFTSYNC_WEBHOOK_SECRET_BLOCK) before registering",
         )
+    check_webhook_secret(secret)
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 

@@ -336,8 +336,11 @@ def test_refusals_are_logged_with_reason_and_delivery_but_never_secrets(receiver
 def test_the_app_needs_a_secret_and_sane_limits():
     with pytest.raises(DraftsyncError, match="no secret"):
         create_app("", on_change=ChangeRecorder(), remember_delivery=DeliveryMemory())
-    with pytest.raises(DraftsyncError, match="not positive"):
-        create_app(SECRET, on_change=ChangeRecorder(), remember_delivery=DeliveryMemory(), max_body_bytes=0)
+    with pytest.raises(DraftsyncError, match="1 characters, fewer than the 16"):
+        create_app("x", on_change=ChangeRecorder(), remember_delivery=DeliveryMemory())
+    for limits in ({"max_body_bytes": 0}, {"max_age_s": -1}, {"read_timeout_s": 0.0}, {"read_timeout_s": float("nan")}):
+        with pytest.raises(DraftsyncError, match="not all positive"):
+            create_app(SECRET, on_change=ChangeRecorder(), remember_delivery=DeliveryMemory(), **limits)
 
 
 # --- the secret from settings ---------------------------------------------------------------------

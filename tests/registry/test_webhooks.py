@@ -263,6 +263,8 @@ def test_version_as_int_and_missing_tags_are_accepted():
     [
         ("draftsync", "ftp://host/hook", SECRET, "http(s)"),
         ("draftsync", "http://127.0.0.1:1/mlflow/webhook", "", "secret"),
+        ("draftsync", "http://127.0.0.1:1/mlflow/webhook", "x", "1 characters, fewer than the 16"),
+        ("draftsync", "http://127.0.0.1:1/mlflow/webhook", "short-secret", "12 characters"),
         ("", "http://127.0.0.1:1/mlflow/webhook", SECRET, "name"),
     ],
 )
