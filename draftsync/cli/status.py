@@ -89,7 +89,8 @@ def _sync_cell(job: dict[str, Any] | None) -> str:
     # a re-opened job keeps the drafter of its previous generation: name it only for a success
     drafter = f" -> d{job['drafter_version']}" if job["status"] == "succeeded" and job["drafter_version"] else ""
     moments = [datetime.fromisoformat(job[key]) for key in ("requested_at", "started_at", "finished_at") if job[key]]
-    return f"t{job['target_version']} {job['method']} {status}{drafter}, {max(moments):%Y-%m-%d %H:%M} UTC"
+    why = f": {escape(job['detail'].splitlines()[0][:160])}" if job["status"] == "failed" and job["detail"] else ""
+    return f"t{job['target_version']} {job['method']} {status}{drafter}, {max(moments):%Y-%m-%d %H:%M} UTC{why}"
 
 
 def _deployment_line(deployment: dict[str, Any]) -> str:
@@ -128,6 +129,8 @@ def status_table(status: dict[str, Any]) -> Group:
         if not target["deployments"]:
             grid.add_row("deployment", "[dim]not deployed[/]")
         grid.add_row("last sync", _sync_cell(target["last_sync"]))
+        if target["last_attempt"] is not None:
+            grid.add_row("last attempt", _sync_cell(target["last_attempt"]))
         blocks += [Text(""), _target_heading(target), grid]
     blocks += [Text(""), Text(LEGEND, style="dim")]
     return Group(*blocks)

@@ -4,7 +4,8 @@ each target, as plain data the terminal table and the JSON are both made from.
 Per target: its versions and aliases; its drafter versions with their lineage (the target version each was
 trained for, method, validation status, aliases) and gamma, recommended (by the decision framework, written
 by the sync) against measured (the knee validation found); each deployment serving it, with its state and
-the last 7 days' acceptance (summed from the hourly rollups as the weekly report does); the last sync job.
+the last 7 days' acceptance (summed from the hourly rollups as the weekly report does); the last sync that
+succeeded, and a newer attempt apart from it (a failed or refused sync does not hide the drafter that serves).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class TargetStatus:
     versions: list[int]
     drafters: list[DrafterStatus] = field(default_factory=list)
     deployments: list[DeploymentStatus] = field(default_factory=list)
-    last_sync: dict[str, Any] | None = None
+    last_sync: dict[str, Any] | None = None  # the last sync that succeeded
+    last_attempt: dict[str, Any] | None = None  # a newer job that did not (yet): requested, running or failed
 
 
 def drafter_status(drafter: DrafterVersion, aliases: Sequence[str]) -> DrafterStatus:
@@ -74,26 +76,41 @@ def _job_moment(job) -> datetime:
 
 def last_sync(jobs: Iterable) -> dict[str, Any] | None:
     """The ledger's most recently changed job of a target as plain data (times in ISO 8601), or None."""
-    latest = max(jobs, key=_job_moment, default=None)
-    if latest is None:
+    return _job_data(max(jobs, key=_job_moment, default=None))
+
+
+def last_good_sync(jobs: Iterable) -> dict[str, Any] | None:
+    """The most recent sync that succeeded: a failed, refused or pending attempt after it does not replace it."""
+    return last_sync(job for job in jobs if job.status == "succeeded")
+
+
+def last_attempt(jobs: Iterable) -> dict[str, Any] | None:
+    """The most recently changed job when it is not the last good sync (it is pending, running or failed), or None."""
+    jobs = list(jobs)
+    latest, good = last_sync(jobs), last_good_sync(jobs)
+    return None if latest == good else latest
+
+
+def _job_data(job) -> dict[str, Any] | None:
+    if job is None:
         return None
 
     def moment(value: datetime | None) -> str | None:
         return None if value is None else value.isoformat()
 
     return {
-        "target_version": latest.target_version,
-        "method": latest.method,
-        "status": latest.status,
-        "generation": latest.generation,
-        "attempts": latest.attempts,
-        "source": latest.source,
-        "reason": latest.reason,
-        "requested_at": moment(latest.requested_at),
-        "started_at": moment(latest.started_at),
-        "finished_at": moment(latest.finished_at),
-        "drafter_version": latest.drafter_version,
-        "detail": latest.detail,
+        "target_version": job.target_version,
+        "method": job.method,
+        "status": job.status,
+        "generation": job.generation,
+        "attempts": job.attempts,
+        "source": job.source,
+        "reason": job.reason,
+        "requested_at": moment(job.requested_at),
+        "started_at": moment(job.started_at),
+        "finished_at": moment(job.finished_at),
+        "drafter_version": job.drafter_version,
+        "detail": job.detail,
     }
 
 
@@ -143,7 +160,8 @@ def gather_status(
                 versions=[info.version for info in versions],
                 drafters=drafters,
                 deployments=deployments,
-                last_sync=last_sync(ledger.jobs(name)),
+                last_sync=last_good_sync(jobs := ledger.jobs(name)),
+                last_attempt=last_attempt(jobs),
             )
         )
     return targets

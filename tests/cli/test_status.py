@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import typer
 from draftsync.cli.status import status_command
-from draftsync.cli.status_query import last_sync
+from draftsync.cli.status_query import last_attempt, last_good_sync, last_sync
 from draftsync.errors import DraftsyncError
 from draftsync.registry.tags import measured_gamma, parse_gamma_range, recommended_gamma
 from typer.testing import CliRunner
@@ -158,7 +158,7 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
     targets = {t["name"]: t for t in data["targets"]}
     assert list(targets) == ["bare-llm", "planned-llm", "status-llm"]
     for target in data["targets"]:
-        assert set(target) == {"name", "aliases", "versions", "drafters", "deployments", "last_sync"}
+        assert set(target) == {"name", "aliases", "versions", "drafters", "deployments", "last_sync", "last_attempt"}
 
     status = targets["status-llm"]
     assert status["versions"] == [w["v1"], w["v2"]]
@@ -204,7 +204,9 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
         "gamma": 4,
         "acceptance_7d": pytest.approx(0.7),
     }  # the hours at 0.2 are over a week old
-    job = status["last_sync"]
+    good = status["last_sync"]  # the last sync that succeeded: the newer retrain request does not hide it
+    assert (good["target_version"], good["status"], good["drafter_version"]) == (w["v2"], "succeeded", w["d2"])
+    job = status["last_attempt"]
     assert (job["target_version"], job["method"], job["status"], job["generation"]) == (
         w["v1"],
         "eagle3",
@@ -223,6 +225,7 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
         "drafters": [],
         "deployments": [],
         "last_sync": None,
+        "last_attempt": None,
     }
     assert targets["planned-llm"] == {
         "name": "planned-llm",
@@ -231,6 +234,7 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
         "drafters": [],
         "deployments": [],
         "last_sync": None,
+        "last_attempt": None,
     }
 
     out = result.output
@@ -240,7 +244,8 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
     assert "t1, speculation off" in out and "t2 + d2, gamma 4" in out
     assert "0.70" in out and "0.40" in out
     assert "no drafter" in out and "not deployed" in out
-    assert "t1 eagle3 requested" in out
+    assert "last sync" in out and "t2 eagle3 succeeded -> d2" in out
+    assert "last attempt" in out and "t1 eagle3 requested" in out
     assert "-> d1" not in out  # the re-opened job's earlier drafter is not shown as its result
     assert f"{w['retrain_at']:%Y-%m-%d %H:%M} UTC" in out
 
@@ -316,6 +321,64 @@ def test_gammas_from_tags():
     )
     assert measured_gamma({"draftsync.gamma": "7", "draftsync.validation.status": "failed"}) == 7
     assert measured_gamma({"draftsync.gamma": "7", "draftsync.validation.status": "pending"}) is None
+
+
+def _render(status: dict) -> str:
+    import io
+
+    from draftsync.cli.status import status_table
+    from rich.console import Console
+
+    console = Console(width=240, file=io.StringIO(), color_system=None)
+    console.print(status_table(status))
+    return console.file.getvalue()
+
+
+def test_a_failed_attempt_is_shown_apart_from_the_last_good_sync():
+    from draftsync.monitors.sync_jobs import SyncJob
+
+    t0 = datetime(2026, 11, 2, 9, tzinfo=UTC)
+
+    def job(version: int, status: str, hours: int, detail: str | None = None) -> SyncJob:
+        moment = t0 + hours * HOUR
+        return SyncJob(
+            target_name="m",
+            target_version=version,
+            method="eagle3",
+            status=status,
+            generation=0,
+            attempts=1,
+            source="cli",
+            reason="r",
+            requested_at=moment,
+            started_at=moment,
+            finished_at=moment,
+            drafter_version=3 if status == "succeeded" else None,
+            detail=detail,
+        )
+
+    good, failed = job(2, "succeeded", 1), job(3, "failed", 2, "the plan refused: 30 GiB of disk needed\nmore")
+    assert (last_good_sync([failed, good])["target_version"], last_attempt([failed, good])["status"]) == (2, "failed")
+    assert last_attempt([good]) is None  # nothing newer than the good sync
+    assert (last_good_sync([failed]), last_attempt([failed])["detail"].startswith("the plan refused")) == (None, True)
+    text = _render(
+        {
+            "targets": [
+                {
+                    "name": "m",
+                    "aliases": {},
+                    "versions": [2, 3],
+                    "drafters": [],
+                    "deployments": [],
+                    "last_sync": last_good_sync([good, failed]),
+                    "last_attempt": last_attempt([good, failed]),
+                }
+            ]
+        }
+    )
+    assert "t2 eagle3 succeeded -> d3" in text
+    assert "t3 eagle3 failed, 2026-11-02 11:00 UTC: the plan refused: 30 GiB of disk needed" in text
+    assert "more" not in text  # one line of the failure; status --json holds it whole
 
 
 def test_last_sync_is_the_most_recent_change_whatever_the_order():
