@@ -15,6 +15,9 @@ DraftSampling = Literal["greedy", "probabilistic"]
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+EvaluationBackend = Literal["auto", "vllm", "reference"]  # where the checklist is measured
+
+
 class ValidationProfile(BaseModel):
     """The checklist's load and thresholds. `production` is the production guide's process (1000 requests, 3x QPS,
     outputs over 4K tokens); `demo` scales it to a 2-core CPU; `test` is smaller still."""
@@ -24,7 +27,7 @@ class ValidationProfile(BaseModel):
     name: str = "production"
     # Where the checklist is measured: "vllm" serves the pair with real vLLM servers (the engine that will serve
     # it), "reference" runs the CPU reference engine, "auto" takes vLLM whenever an engine is installed.
-    backend: Literal["auto", "vllm", "reference"] = "auto"
+    backend: EvaluationBackend = "auto"
     requests: int = Field(1000, ge=1)  # the offline validation set, drawn from the task mix
     max_tokens: int = Field(256, ge=2)
     temperature: float = Field(0.0, ge=0.0)  # the deployment's sampling temperature: validate as you serve

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, get_args
 
 import typer
 
 from draftsync.cli.common import JsonOption, ProfileOption, check_registry, echo_json, write_json
+from draftsync.profiles import EvaluationBackend
+from draftsync.registry.model_registry import MAX_VERSION
 
 
 def sync(
     target: Annotated[str, typer.Argument(help="Registered model name of the target.")],
-    version: Annotated[int, typer.Argument(min=1, help="Target version to train a drafter for.")],
+    version: Annotated[int, typer.Argument(min=1, max=MAX_VERSION, help="Target version to train a drafter for.")],
     profile: ProfileOption = "demo",
     method: Annotated[
         str | None, typer.Option(help="Drafter method: eagle3, eagle3.1, eagle or medusa (default: the profile's).")
@@ -48,7 +50,9 @@ def sync(
 
 def validate(
     target: Annotated[str, typer.Argument(help="Registered model name of the target.")],
-    drafter_version: Annotated[int, typer.Argument(min=1, help="Version of the target's drafter (<target>-drafter).")],
+    drafter_version: Annotated[
+        int, typer.Argument(min=1, max=MAX_VERSION, help="Version of the target's drafter (<target>-drafter).")
+    ],
     profile: Annotated[
         str,
         typer.Option(
@@ -70,6 +74,7 @@ def validate(
         str | None,
         typer.Option(
             "--backend",
+            callback=_known_backend,
             help="'vllm' (real vLLM servers), 'reference' (the CPU reference engine) or 'auto' (vLLM when installed); "
             "default: the profile's.",
         ),
@@ -101,3 +106,11 @@ def validate(
     )
     if not result.passed:
         raise typer.Exit(code=1)
+
+
+def _known_backend(value: str | None) -> str | None:
+    """An unknown backend is a usage error before any work (downloads, servers)."""
+    known = get_args(EvaluationBackend)
+    if value is not None and value not in known:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(map(repr, known))}")
+    return value

@@ -8,6 +8,7 @@ import typer
 
 from draftsync.cli.common import JsonOption, ProfileOption, check_registry, echo_json, write_json
 from draftsync.errors import DraftsyncError
+from draftsync.redaction import masked_url
 
 
 def watch(
@@ -17,8 +18,16 @@ def watch(
 ) -> None:
     """Find target versions newer than the watermark and sync a drafter for each."""
     from draftsync.flows.watch import watch as watch_flow
+    from draftsync.tasks import context
 
     check_registry()
+    registry = context.registry()
+    if not registry.has_model(target):  # a typo would otherwise watch nothing and exit 0
+        raise DraftsyncError(
+            f"MLflow at {masked_url(registry.tracking_uri)} holds no registered model named {target!r}",
+            "check the name (`draftsync status` lists the targets) or register the target first "
+            "(`draftsync targets register`)",
+        )
     result = watch_flow(target_name=target, profile=profile)
     echo_json(result)
     write_json(result, json_path)

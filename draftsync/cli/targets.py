@@ -108,10 +108,12 @@ def register(
     delivery requests it (event draftsync.target.version.created), so a webhook reporting the same version
     does not start a second one. CHECKPOINT may lie anywhere: a path typed here is the operator's intent, and the
     model roots (DRAFTSYNC_MODEL_ROOTS) confine only paths that arrive from elsewhere."""
+    from draftsync.registry.checkpoint_checks import check_name
     from draftsync.registry.model_registry import check_alias
     from draftsync.registry.target_layouts import check_flavor
 
-    check_flavor(flavor, "--flavor")  # before the checkpoint is loaded
+    check_name(name)  # every argument is checked before the checkpoint is loaded
+    check_flavor(flavor, "--flavor")
     check_alias(alias)
     mix = parse_task_mix(task_mix, name)
     check_checkpoint(checkpoint, name)

@@ -13,15 +13,26 @@ from pathlib import Path
 
 from draftsync.errors import DraftsyncError
 
-_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MAX_NAME_LENGTH = 200  # the sync ledger's target_name column (MLflow's own holds 256)
+
+
+def name_problem(name: str) -> str | None:
+    """Why draftsync cannot hold a model of this name, or None. Names end up inside registry filter strings and the
+    sync ledger: only characters that need no quoting (a subset of what MLflow allows), and a length both hold."""
+    if not _NAME_PATTERN.fullmatch(name or ""):
+        return "draftsync takes letters, digits, '.', '_' and '-', starting with a letter or a digit"
+    if len(name) > MAX_NAME_LENGTH:
+        return f"draftsync takes at most {MAX_NAME_LENGTH} characters, not {len(name)}"
+    return None
 
 
 def check_name(name: str) -> None:
-    """Names end up inside registry filter strings: allow only characters that need no quoting."""
-    if not _NAME_PATTERN.match(name or ""):
+    problem = name_problem(name)
+    if problem:
         raise DraftsyncError(
-            f"model name {name!r} has characters the registry filters cannot quote",
-            "use letters, digits, '.', '_' and '-' only",
+            f"model name {name[:80]!r} cannot be used: {problem}",
+            "use a plain name such as llama-3.1-8b-chat",
         )
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from draftsync.errors import DraftsyncError
 from draftsync.redaction import masked_text, masked_url
-from draftsync.registry.checkpoint_checks import check_checkpoint_dir, check_name
+from draftsync.registry.checkpoint_checks import check_checkpoint_dir, check_name, name_problem
 from draftsync.registry.downloads import download_once
 from draftsync.registry.outages import NamedOutages, first_line, quick_http
 from draftsync.registry.tags import (
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
 
 EXPERIMENT_NAME = "draftsync"
 MAX_VERSION = 2**63 - 1  # a model version is a 64-bit integer in every MLflow store
-MAX_MODEL_NAME_LENGTH = 256  # the registered_models.name column of MLflow's SQL stores
 # The MLflow UI opens an experiment in its model-training view (runs, metrics, models), not its GenAI (traces) one.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_DEVELOPMENT = "custom_model_development"
@@ -203,10 +202,27 @@ class Registry:
         found = self._client.search_model_versions(f"name='{name}' and version_number > {int(version)}")
         return sorted((self._info(mv) for mv in found), key=lambda info: info.version)
 
+    def has_model(self, name: str) -> bool:
+        """Whether MLflow holds a registered model of this name (an outage raises)."""
+        from mlflow.exceptions import MlflowException
+
+        check_name(name)
+        try:
+            self._client.get_registered_model(name)
+        except MlflowException as error:
+            if error.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return False
+            raise
+        return True
+
     def target_names(self) -> list[str]:
         """Registered models with versions tagged `draftsync.kind=target`, sorted."""
         found = self._client.search_model_versions(f"tags.`{KIND_TAG}` = '{TARGET_KIND}'")
         return sorted({mv.name for mv in found})
+
+    def delete_version(self, name: str, version: int) -> None:
+        """Take back a version whose registration could not finish (its run and artifacts stay for inspection)."""
+        self._client.delete_model_version(name, str(version))
 
     def set_target_alias(self, name: str, alias: str, version: int) -> None:
         self._client.set_registered_model_alias(name, alias, str(version))
@@ -520,7 +536,7 @@ class Registry:
 
     def registered_tags(self, model_name: str, version: int) -> dict[str, str] | None:
         """The version's tags as MLflow holds them, or None when MLflow holds no such version (an outage raises)."""
-        if not 1 <= int(version) <= MAX_VERSION or model_name_problem(model_name):  # nothing MLflow could hold
+        if not 1 <= int(version) <= MAX_VERSION or name_problem(model_name):  # nothing draftsync could have registered
             return None
         try:
             return dict(self._get_version(model_name, version).tags or {})
@@ -530,6 +546,7 @@ class Registry:
     def _get_version(self, model_name: str, version: int) -> Any:
         from mlflow.exceptions import MlflowException
 
+        check_name(model_name)
         try:
             return self._client.get_model_version(model_name, str(int(version)))
         except MlflowException as error:
@@ -554,33 +571,6 @@ class Registry:
             aliases=sorted(aliases),
             created_ms=int(model_version.creation_timestamp or 0),
             model_id=getattr(model_version, "model_id", None) or logged_model_id(model_version.source),
-        )
-
-
-def model_name_problem(name: str) -> str | None:
-    """Why MLflow could never hold a registered model of this name (its own rules, its column's length, control
-    characters its SQL stores refuse), or None."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.utils.validation import _validate_model_name
-
-    if len(name) > MAX_MODEL_NAME_LENGTH:
-        return f"a name has at most {MAX_MODEL_NAME_LENGTH} characters, not {len(name)}"
-    if not name.isprintable():
-        return "a name holds no control characters"
-    try:
-        _validate_model_name(name)
-    except MlflowException as error:
-        return error.message
-    return None
-
-
-def check_model_name(name: str) -> None:
-    """Refuse a registered model name MLflow would refuse, before anything is registered or recorded."""
-    problem = model_name_problem(name)
-    if problem:
-        raise DraftsyncError(
-            f"{name[:80]!r} cannot be a registered model's name in MLflow: {problem}",
-            "use a plain name such as llama-3.1-8b-chat (no '/' or ':', at most 256 characters)",
         )
 
 

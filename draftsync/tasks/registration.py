@@ -61,7 +61,12 @@ def publish_target(
     check_alias(alias)  # before the version exists: a refused alias would leave half a registration
     facts = {**describe_target(Path(checkpoint_dir)), "task_mix": task_mix}
     version = registry.register_target(name, Path(checkpoint_dir), target_tags(**facts), flavor=flavor, confine=confine)
-    registry.set_target_alias(name, alias, version)
+    try:
+        registry.set_target_alias(name, alias, version)
+    except Exception:  # all or nothing: a version without its alias is taken back
+        registry.delete_version(name, version)
+        raise
+
     context.logger().info("target %s version %d registered, alias %s", name, version, alias)
     return version
 

@@ -184,11 +184,11 @@ def handle_registry_change(change: RegistryChange, delivery_id: str) -> dict:
     now = datetime.now(UTC)
     answer = {"delivery_id": delivery_id, "model": change.model_name, "version": change.version}
     # The registry, not the payload, says what the version is: a signed delivery may still name one that never existed.
-    from draftsync.registry.model_registry import model_name_problem
+    from draftsync.registry.checkpoint_checks import name_problem
 
-    unholdable = model_name_problem(change.model_name)
+    unholdable = name_problem(change.model_name)
     if unholdable:
-        reason = f"ignored: not a name MLflow can hold ({unholdable})"
+        reason = f"ignored: not a target name ({unholdable})"
         return {**answer, "model": change.model_name[:80], "action": reason}
     registered = context.registry().registered_tags(change.model_name, change.version)
     if registered is None:

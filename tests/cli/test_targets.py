@@ -304,3 +304,31 @@ def test_a_task_mix_takes_the_recommend_commands_word_for_prose():
     from draftsync.cli.targets import parse_task_mix
 
     assert parse_task_mix("code=0.5,chat=0.5", "llm") == parse_task_mix("code=0.5,prose=0.5", "llm")
+
+
+def test_a_version_whose_alias_cannot_be_set_is_taken_back(workdir, built_targets, monkeypatch):
+    """All or nothing: when the alias fails after MLflow created the version (the server went away between the two
+    calls, injected here), the version is deleted again and the error reaches the caller."""
+    from draftsync.registry.model_registry import Registry
+    from draftsync.tasks import context
+    from draftsync.tasks.registration import publish_target
+
+    publish_target("half-llm", str(built_targets[1]), {"code": 1.0})
+
+    def connection_lost(self, name, alias, version):
+        raise ConnectionError("MLflow went away")
+
+    monkeypatch.setattr(Registry, "set_target_alias", connection_lost)
+    with pytest.raises(ConnectionError):
+        publish_target("half-llm", str(built_targets[2]), {"code": 1.0})
+    assert _versions("half-llm") == [1]
+    assert context.registry().alias_version("half-llm", "production") == 1
+
+
+@pytest.mark.parametrize("name", ["acme/llm", "llm:v2", "m" * 201, ".hidden"])
+def test_a_name_draftsync_cannot_hold_is_refused_before_the_checkpoint_is_read(workdir, name, tmp_path):
+    """The name is checked first: the checkpoint given does not even exist, and that is not what the error names."""
+    result = _register(workdir, str(tmp_path / "absent"), "--name", name, "--task-mix", "code=1")
+    assert result.exit_code != 0
+    assert isinstance(result.exception, DraftsyncError) and "cannot be used" in result.exception.what
+    assert "absent" not in str(result.exception)

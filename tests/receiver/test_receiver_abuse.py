@@ -66,6 +66,8 @@ IGNORED = {
     "a name of 10,000 characters": {"name": "m" * 10_000, "version": "1", "tags": FORGED_TAGS},
     "a name with a NUL": {"name": "abuse\x00llm", "version": "1", "tags": FORGED_TAGS},
     "a name that is a path": {"name": "../abuse-llm", "version": "1", "tags": FORGED_TAGS},
+    "a name ending in a newline": {"name": TARGET + "\n", "version": "1", "tags": FORGED_TAGS},
+    "a name longer than the ledger holds": {"name": "m" * 201, "version": "1", "tags": FORGED_TAGS},
 }
 
 
