@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -233,7 +234,7 @@ def profile(name: str) -> SyncProfile:
     """A named profile, or one read from a YAML/JSON file (its fields override the demo profile's)."""
     from draftsync.errors import DraftsyncError
 
-    if name.endswith((".yaml", ".yml", ".json")):
+    if name.endswith((".yaml", ".yml", ".json")) or (name not in PROFILES and os.path.lexists(name)):
         return _profile_file(name)
     if name not in PROFILES:
         raise DraftsyncError(
@@ -246,25 +247,25 @@ def profile(name: str) -> SyncProfile:
 def _profile_file(path: str) -> SyncProfile:
     from pathlib import Path
 
-    import yaml
     from pydantic import ValidationError
 
     from draftsync.errors import DraftsyncError
+    from draftsync.user_files import read_yaml
 
-    try:
-        fields = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as error:
+    fields = read_yaml(Path(path), "sync profile file", "give a readable YAML or JSON file of SyncProfile fields")
+    if fields is None:
         raise DraftsyncError(
-            f"sync profile file {path} cannot be read: {error}",
-            "give a readable YAML or JSON file of SyncProfile fields",
-        ) from error
+            f"sync profile file {path} holds no fields",
+            "write the fields that differ from the demo profile, e.g. `train_steps: 2000`, or use --profile demo",
+        )
     if not isinstance(fields, dict):
         raise DraftsyncError(
             f"sync profile file {path} is not a mapping of fields",
             "write fields such as `method: eagle3` and `train_steps: 2000`, one per line",
         )
     base = PROFILES["demo"].model_dump()
-    section = fields.pop("validation", None) or {}
+    section = fields.pop("validation", None)
+    section = {} if section is None else section  # `validation:` left empty
     if not isinstance(section, dict):
         raise DraftsyncError(
             f"sync profile file {path}: validation is {type(section).__name__} {section!r}, not a section of fields",

@@ -24,7 +24,11 @@ def test_a_profile_file_overrides_the_demo_profile_field_by_field(tmp_path):
         ("method: medusa2\n", "method"),
         ("validation:\n  min_p50: 2\n", "validation.min_p50"),
         ("- a list\n", "not a mapping"),
-        ("train_steps: [unclosed\n", "cannot be read"),
+        ("train_steps: [unclosed\n", "is not valid YAML at line 2, column 1"),
+        ("", "holds no fields"),
+        ("# only a comment\n", "holds no fields"),
+        ("validation: 0\n", "validation is int 0, not a section of fields"),
+        ("validation: []\n", "validation is list [], not a section of fields"),
         # a typo or an impossible number is refused, not ignored
         ("train_step: 5\n", "train_step: Extra inputs are not permitted"),
         ("lr: -5\n", "lr: Input should be greater than 0"),
@@ -45,6 +49,6 @@ def test_unknown_names_and_missing_files_are_refused_with_the_choices():
     with pytest.raises(DraftsyncError) as error:
         profile("fast")
     assert "production" in error.value.fix and "YAML/JSON" in error.value.fix
-    with pytest.raises(DraftsyncError, match="cannot be read"):
+    with pytest.raises(DraftsyncError, match="profile.yaml does not exist"):
         profile("/nonexistent/profile.yaml")
     assert profile("production").validation.name == "production"

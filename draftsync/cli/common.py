@@ -20,7 +20,26 @@ ProfileOption = Annotated[
         help="Sync profile: 'production' (GPU worker), 'demo' (2-core CPU), 'test' (smaller) or a YAML/JSON file.",
     ),
 ]
-JsonOption = Annotated[Path | None, typer.Option("--json", help="Also write the result as JSON to this path.")]
+
+
+def _writable_json_path(path: Path | None) -> Path | None:
+    """`--json` is checked before the command works: a path it could not write at the end (a folder, a parent that
+    is a file) failed after a target was registered or a sync ran."""
+    from draftsync.errors import DraftsyncError
+    from draftsync.user_files import check_output_file
+
+    if path is not None:
+        try:
+            check_output_file(path, "--json")
+        except DraftsyncError as error:
+            raise typer.BadParameter(f"{error.what}; {error.fix}") from None
+    return path
+
+
+JsonOption = Annotated[
+    Path | None,
+    typer.Option("--json", callback=_writable_json_path, help="Also write the result as JSON to this path."),
+]
 
 
 def json_text(result: Any) -> str:

@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from draftsync.cli.common import JsonOption, check_registry, echo_json, write_json
-from draftsync.errors import DraftsyncError
 
 DeploymentArgument = Annotated[str, typer.Argument(help="Deployment name, as declared in the deployments file.")]
 
@@ -16,14 +15,7 @@ def _deployment(name: str):
     from draftsync.serving.deployment import find_deployment, load_deployments
     from draftsync.tasks import context
 
-    path = context.settings().deployments_path
-    if not path.exists():
-        raise DraftsyncError(
-            f"no deployments file at {path}",
-            "declare deployments in YAML there, or point DRAFTSYNC_DEPLOYMENTS_FILE at yours "
-            "(the format: README, 'Deployments')",
-        )
-    return find_deployment(load_deployments(path), name)
+    return find_deployment(load_deployments(context.settings().deployments_path), name)
 
 
 def rollout(

@@ -205,27 +205,15 @@ _FIELDS = tuple(ServingDeployment.model_fields)
 
 def load_deployments(path: Path | str) -> list[ServingDeployment]:
     """The deployments declared in a YAML file, or one DraftsyncError listing every problem in it."""
-    import yaml
+    from draftsync.user_files import read_yaml
 
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise DraftsyncError(
-            f"deployments file {path} does not exist",
-            "create it (see the example in draftsync/serving/deployment.py) or fix the path",
-        ) from None
-    except OSError as error:
-        raise DraftsyncError(f"deployments file {path} cannot be read ({error})", "check its permissions") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(error, "problem", None) or str(error)
-        raise DraftsyncError(
-            f"deployments file {path} is not valid YAML{where}: {problem}", "fix the YAML syntax there"
-        ) from None
+    data = read_yaml(
+        path,
+        "deployments file",
+        "declare deployments in YAML there, or point DRAFTSYNC_DEPLOYMENTS_FILE at yours (the format: README, "
+        "'Deployments')",
+    )
     entries = _entries(path, data)
     problems: list[tuple[str, str]] = []
     deployments: list[ServingDeployment] = []

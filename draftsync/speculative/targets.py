@@ -376,12 +376,15 @@ def evaluate_loss(model, tokenizer, tasks: list[str], seq_len: int, batches: int
 
 def read_target_config(path: Path) -> dict:
     """A checkpoint's config.json, or an error that names what is missing or broken."""
+    from draftsync.user_files import check_path
+
     config_file = path / "config.json"
-    if not path.is_dir():
-        raise DraftsyncError(
-            f"target checkpoint {path} does not exist",
-            "point at a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files)",
-        )
+    check_path(
+        path,
+        "directory",
+        "target checkpoint",
+        "point at a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files)",
+    )
     if not config_file.exists():
         raise DraftsyncError(
             f"target checkpoint {path} has no config.json",
