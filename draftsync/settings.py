@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, DotEnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 # The settings a work dir was set up with (`draftsync demo` writes its thresholds there), read by every later command
@@ -26,7 +26,7 @@ class Settings(BaseSettings):
     monitor_db_url: str | None = None  # default: SQLite file under the work dir
 
     smtp_host: str | None = None
-    smtp_port: int | None = None
+    smtp_port: int | None = Field(None, ge=1, le=65535)
     smtp_user: str | None = None
     smtp_password: SecretStr | None = None
     smtp_password_block: str | None = None  # a Prefect Secret block holding the password (read at send time)
@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     # installation, or its `vllm` command; default: .venv-vllm (`make vllm`), else `vllm` on PATH.
     vllm: str | None = None
     vllm_device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when an NVIDIA device is present
-    vllm_cpu_kvcache_gb: float = 1.0  # VLLM_CPU_KVCACHE_SPACE for each engine on a CPU
+    vllm_cpu_kvcache_gb: float = Field(1.0, gt=0, allow_inf_nan=False)  # VLLM_CPU_KVCACHE_SPACE per engine on a CPU
     vllm_cpu_dtype: str = "float32"  # on a CPU; a deployment's --dtype in extra_vllm_args wins
 
     # Production operation (`draftsync serve`, the webhook receiver).
@@ -61,10 +61,30 @@ class Settings(BaseSettings):
     targets: str = ""  # comma-separated model names to sync besides versions tagged draftsync.kind=target
     webhook_secret: SecretStr | None = None
     webhook_secret_block: str | None = None  # a Prefect Secret block holding the webhook secret
-    webhook_max_age_seconds: int = 300  # older (or further in the future) deliveries are refused
-    webhook_max_body_bytes: int = 1 << 20
+    webhook_max_age_seconds: int = Field(300, ge=1)  # older (or further in the future) deliveries are refused
+    webhook_max_body_bytes: int = Field(1 << 20, ge=1)
     report_timezone: str = "UTC"  # the weekly report's cron runs in this zone
     mlflow_ui_url: str | None = None  # where `mlflow ui` runs for an embedded registry (links in mail and artifacts)
+
+    @field_validator("sync_profile")
+    @classmethod
+    def _known_profile(cls, value: str) -> str:
+        from draftsync.profiles import PROFILES
+
+        if value not in PROFILES and not os.path.lexists(value):
+            raise ValueError(f"{value!r} is neither a profile ({', '.join(PROFILES)}) nor a profile file")
+        return value
+
+    @field_validator("report_timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo
+
+        try:
+            ZoneInfo(value)
+        except (ValueError, KeyError, OSError) as error:  # a bad key, or one the time zone database does not hold
+            raise ValueError(f"{value!r} is not an IANA time zone such as UTC or Europe/Berlin") from error
+        return value
 
     @classmethod
     def load(cls) -> Settings:
@@ -177,7 +197,9 @@ def apply_environment(settings: Settings) -> None:
 
     Must run before prefect or mlflow is imported: both read their settings at import time.
     """
-    settings.root.mkdir(parents=True, exist_ok=True)
+    from draftsync.user_files import make_folder
+
+    make_folder(settings.root, "work dir", "give --workdir (or DRAFTSYNC_WORKDIR) a folder you can write to")
     defaults = {
         "DO_NOT_TRACK": "true",
         "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,

@@ -88,3 +88,18 @@ def check_output_file(path: Path, what: str) -> None:
         raise DraftsyncError(f"{what} {path}: its folder {parent} {problem}", fix)
     if not os.access(parent, os.W_OK):
         raise DraftsyncError(f"{what} {path}: its folder {parent} cannot be written to", fix)
+
+
+def make_folder(path: Path, what: str, fix: str) -> None:
+    """Make `path` and its parents, or one error naming the folder and the real cause (a file in the way, no
+    permission, a read-only or virtual file system)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        existing = path
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise DraftsyncError(f"{what} {path} cannot be made ({existing}: is a file)", fix) from None
+        blocker = error.filename or path
+        raise DraftsyncError(f"{what} {path} cannot be made ({blocker}: {error.strerror})", fix) from None

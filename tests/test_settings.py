@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+from draftsync.errors import DraftsyncError
 from draftsync.settings import Settings, write_workdir_settings
 
 
@@ -79,3 +81,42 @@ def test_the_status_of_a_store_with_a_password_in_its_query_never_prints_it(tmp_
     done = subprocess.run([sys.executable, "-m", "draftsync.cli", "status"], env=env, capture_output=True, text=True)
     assert done.returncode != 0 and "monitor store" in done.stderr and "password=***" in done.stderr
     assert "Hunter2Secret" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("DRAFTSYNC_SMTP_PORT", "70000", "less than or equal to 65535"),
+        ("DRAFTSYNC_SMTP_PORT", "-1", "greater than or equal to 1"),
+        ("DRAFTSYNC_VLLM_CPU_KVCACHE_GB", "-1", "greater than 0"),
+        ("DRAFTSYNC_VLLM_CPU_KVCACHE_GB", "nan", "finite number"),
+        ("DRAFTSYNC_WEBHOOK_MAX_AGE_SECONDS", "-1", "greater than or equal to 1"),
+        ("DRAFTSYNC_WEBHOOK_MAX_BODY_BYTES", "0", "greater than or equal to 1"),
+        ("DRAFTSYNC_REPORT_TIMEZONE", "Mars/Olympus", "not an IANA time zone"),
+        ("DRAFTSYNC_REPORT_TIMEZONE", "../../etc/passwd", "not an IANA time zone"),
+        ("DRAFTSYNC_SYNC_PROFILE", "nope", "neither a profile (production, demo, test) nor a profile file"),
+    ],
+)
+def test_a_setting_out_of_its_range_is_refused_naming_the_variable(monkeypatch, tmp_path, variable, value, says):
+    """`status` took all of these; the receiver or the report failed later, or never said why."""
+    monkeypatch.setenv("DRAFTSYNC_WORKDIR", str(tmp_path))
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(DraftsyncError) as refused:
+        Settings.load()
+    assert refused.value.what.startswith(f"setting {variable}='{value}'") and says in refused.value.what
+    assert variable in refused.value.fix
+
+
+def test_a_work_dir_that_cannot_be_made_is_named_with_its_cause(tmp_path, monkeypatch):
+    """It was a FileExistsError traceback."""
+    from draftsync.cli.app import app
+    from typer.testing import CliRunner
+
+    monkeypatch.setenv("DRAFTSYNC_WORKDIR", str(tmp_path))  # --workdir sets it: restored to what it was after
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    result = CliRunner().invoke(app, ["--workdir", str(a_file / "work"), "status"])
+    assert isinstance(result.exception, DraftsyncError)
+    assert result.exception.what == f"work dir {a_file / 'work'} cannot be made ({a_file}: is a file)"
+    assert "--workdir" in result.exception.fix

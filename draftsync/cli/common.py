@@ -58,19 +58,21 @@ def write_json(result: Any, json_path: Path | None) -> None:
         json_path.write_text(json_text(result))
 
 
-def check_registry() -> None:
+def check_registry(*, long_running: bool = False) -> None:
     """Fail fast, before Prefect starts, when MLflow cannot be reached; every command that runs flows calls this
     first, so it also sets how their errors reach the terminal (`expected_errors_in_one_line`)."""
     from draftsync.tasks import context
 
-    expected_errors_in_one_line()
+    expected_errors_in_one_line(said_at_exit=not long_running)
     context.registry().ping()
 
 
-def expected_errors_in_one_line() -> None:
-    """Prefect logs a failed flow or task run with its traceback. A DraftsyncError already names the problem and
-    the fix, so on the terminal it gets one line, unless `--debug`; the run's logs in the Prefect UI keep it whole.
-    A traceback of any other error is a bug's, and stays."""
+def expected_errors_in_one_line(said_at_exit: bool = True) -> None:
+    """Prefect logs a failed flow or task run, and the state it ends in, with the error and its traceback. A
+    DraftsyncError already names the problem and the fix: a command that ends by printing it (`said_at_exit`) keeps
+    Prefect's lines about it off the terminal, and a long-running one (`draftsync serve`) shows each in one line.
+    `--debug` shows everything; the run's logs in the Prefect UI keep it whole. Any other error is a bug's, and its
+    traceback stays."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
     from draftsync.settings import debug_requested
@@ -80,6 +82,19 @@ def expected_errors_in_one_line() -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler, PrefectConsoleHandler) and not isinstance(handler.formatter, _ExpectedErrorsInOneLine):
             handler.setFormatter(_ExpectedErrorsInOneLine(handler.formatter))
+            if said_at_exit:
+                handler.addFilter(_said_at_exit)
+
+
+def _said_at_exit(record: logging.LogRecord) -> bool:
+    """False for a run's log line about a DraftsyncError: its exception, or the failed state naming it."""
+    from draftsync.errors import DraftsyncError
+
+    if record.exc_info and isinstance(record.exc_info[1], DraftsyncError):
+        return False
+    return not (
+        record.name.startswith(("prefect.flow_runs", "prefect.task_runs")) and "DraftsyncError" in record.getMessage()
+    )
 
 
 class _ExpectedErrorsInOneLine(logging.Formatter):

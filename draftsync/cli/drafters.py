@@ -84,9 +84,15 @@ def validate(
     """Run the validation checklist and benchmarks on a drafter version; exit 1 when a gate fails."""
     from draftsync.flows.validate import validate as validate_flow
     from draftsync.profiles import validation_profile
+    from draftsync.registry.model_registry import drafter_model_name
+    from draftsync.tasks import context
 
     chosen = validation_profile(profile)
     check_registry()
+    # an unknown target or drafter version is refused here, not after the flow has started
+    context.registry().version_info(drafter_model_name(target), drafter_version)
+    if target_version is not None:
+        context.registry().version_info(target, target_version)
     result = validate_flow(
         target_name=target,
         drafter_version=drafter_version,

@@ -80,6 +80,11 @@ def _registered_target(spec: str) -> tuple[float, dict]:
             f"give --target {name}:N with N >= 1, or --target {name} for its production version",
         )
     registry = context.registry()
+    if not registry.has_model(name):
+        raise DraftsyncError(
+            f"MLflow holds no registered model named {name!r}",
+            "check the name (`draftsync status` lists the targets), or give the size with --params",
+        )
     version = int(version_text) if version_text else registry.alias_version(name, "production")
     if version is None:
         raise DraftsyncError(

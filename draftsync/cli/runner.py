@@ -18,8 +18,10 @@ def watch(
 ) -> None:
     """Find target versions newer than the watermark and sync a drafter for each."""
     from draftsync.flows.watch import watch as watch_flow
+    from draftsync.profiles import profile as named_profile
     from draftsync.tasks import context
 
+    named_profile(profile)  # an unknown profile is refused before the registry is asked
     check_registry()
     registry = context.registry()
     if not registry.has_model(target):  # a typo would otherwise watch nothing and exit 0
@@ -90,7 +92,7 @@ def serve(
     if targets:
         os.environ["DRAFTSYNC_TARGETS"] = ",".join(sorted(set(settings.target_names) | set(targets)))
     context.reset()
-    check_registry()
+    check_registry(long_running=True)
     context.store()  # the monitor store opens (and migrates) before anything is scheduled
     from datetime import timedelta
 

@@ -186,7 +186,9 @@ class SyncPlan:
     def require_fit(self) -> None:
         """Raise the refusal as the error a user reads (nothing has run yet)."""
         if self.refusal is not None:
-            raise DraftsyncError(f"{self.refusal.message()}; nothing was started or written", self.refusal.fix)
+            raise DraftsyncError(
+                f"{self.refusal.message()}; no dataset was written and no training started", self.refusal.fix
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -348,7 +350,7 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
     if disk > worker.disk_gib * GiB and refusal is None:
         refusal = Refusal(
             "hidden_states",
-            f"{size_text(_gib(disk))} GiB of disk for {tokens:,} tokens of shards at {bytes_per_token:,} bytes each",
+            f"{size_text(disk / GiB)} GiB of disk for {tokens:,} tokens of shards at {bytes_per_token:,} bytes each",
             f"{size_text(worker.disk_gib)} GiB free",
             "free disk or give the sync a larger volume (--disk-gb, DRAFTSYNC_DISK_BUDGET_GB), or sync with fewer "
             "training_texts, generated_samples or a shorter dataset_max_seq_len",
@@ -522,10 +524,10 @@ def _gpu_refusal(stage: str, needed: float, worker: Worker, room: float, gpu: in
         f", or free the GPUs that {', '.join(h.deployment for h in holders)} hold" if holders else ""
     )
     what = "server" if stage == "validation" else "16-bit weights and one forward pass"
-    there = f"{size_text(_gib(room))} GiB free on {worker.gpus} x {worker.gpu_memory_gib:.0f} GiB"
+    there = f"{size_text(room / GiB)} GiB free on {worker.gpus} x {worker.gpu_memory_gib:.0f} GiB"
     return Refusal(
         stage,
-        f"{size_text(_gib(needed))} GiB of GPU memory for the target's {what}",
+        f"{size_text(needed / GiB)} GiB of GPU memory for the target's {what}",
         there + (f" ({held})" if held else ""),
         fix,
     )

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from draftsync.errors import DraftsyncError
 from draftsync.redaction import masked_text, masked_url
-from draftsync.registry.checkpoint_checks import check_checkpoint_dir, check_name, name_problem
+from draftsync.registry.checkpoint_checks import check_checkpoint_dir, check_name
 from draftsync.registry.downloads import download_once
-from draftsync.registry.outages import NamedOutages, first_line, quick_http
+from draftsync.registry.outages import NamedOutages, first_line, is_outage, quick_http
 from draftsync.registry.tags import (
     FAILED_GATES_TAG,
     GAMMA_TAG,
@@ -42,6 +42,7 @@ from draftsync.registry.tags import (
 )
 from draftsync.registry.target_layouts import FLAVOR, PLAIN, TargetLayout, check_flavor, read_layout
 from draftsync.speculative.methods import TRAINED_METHODS
+from draftsync.user_files import make_folder
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -92,7 +93,11 @@ class Registry:
         self._client_instance: MlflowClient | None = None
         self._experiment_id: str | None = None
         if tracking_uri.startswith("sqlite:///"):
-            Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            make_folder(
+                Path(tracking_uri.removeprefix("sqlite:///")).parent,
+                "the folder of MLflow's SQLite store,",
+                "set MLFLOW_TRACKING_URI to a SQLite file in a folder you can write to (or unset it: the work dir's)",
+            )
 
     # -- connection ---------------------------------------------------------------------------
 
@@ -106,17 +111,18 @@ class Registry:
         return self._client_instance
 
     def ping(self) -> None:
-        """Fail fast, with the fix, when the tracking server cannot be reached (no retry storm)."""
+        """Fail fast, with the fix for the kind of store, when MLflow's store cannot be used: a database is tried once
+        first (MLflow retries a database it cannot open for about 100 s), a server without MLflow's HTTP retries."""
         with quick_http():
             try:
+                _connect_once(self.tracking_uri)
                 self._client.search_experiments(max_results=1)
             except Exception as error:  # any transport or store failure means "not usable"
                 cause = error.__cause__ if isinstance(error, DraftsyncError) and error.__cause__ else error
                 raise DraftsyncError(
                     f"MLflow at {masked_url(self.tracking_uri)} is not reachable "
                     f"({masked_text(first_line(cause), self.tracking_uri)})",
-                    "start `mlflow server` there or set MLFLOW_TRACKING_URI to a reachable server "
-                    "(or unset it to use the embedded sqlite store under the work dir)",
+                    _store_fix(self.tracking_uri),
                 ) from error
 
     def _experiment(self) -> str:
@@ -536,25 +542,28 @@ class Registry:
 
     def registered_tags(self, model_name: str, version: int) -> dict[str, str] | None:
         """The version's tags as MLflow holds them, or None when MLflow holds no such version (an outage raises)."""
-        if not 1 <= int(version) <= MAX_VERSION or name_problem(model_name):  # nothing draftsync could have registered
-            return None
         try:
             return dict(self._get_version(model_name, version).tags or {})
-        except DraftsyncError:
-            return None
+        except DraftsyncError as error:
+            if is_outage(error):
+                raise
+            return None  # a name or version draftsync could not hold, or one MLflow does not
 
     def _get_version(self, model_name: str, version: int) -> Any:
         from mlflow.exceptions import MlflowException
 
         check_name(model_name)
+        missing = DraftsyncError(
+            f"registered model {model_name} has no version {version} in {masked_url(self.tracking_uri)}",
+            "list the versions in the MLflow UI or check the name and MLFLOW_TRACKING_URI",
+        )
+        if not 1 <= int(version) <= MAX_VERSION:  # the store would fail converting it, not answer "no such version"
+            raise missing
         try:
             return self._client.get_model_version(model_name, str(int(version)))
         except MlflowException as error:
             if error.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-                raise DraftsyncError(
-                    f"registered model {model_name} has no version {version} in {masked_url(self.tracking_uri)}",
-                    "list the versions in the MLflow UI or check the name and MLFLOW_TRACKING_URI",
-                ) from error
+                raise missing from error
             raise
 
     def _info(self, model_version: Any, with_aliases: bool = True) -> ModelVersionInfo:
@@ -572,6 +581,43 @@ class Registry:
             created_ms=int(model_version.creation_timestamp or 0),
             model_id=getattr(model_version, "model_id", None) or logged_model_id(model_version.source),
         )
+
+
+_SERVER_SCHEMES = ("http", "https", "databricks", "file", "")
+
+
+def _connect_once(tracking_uri: str) -> None:
+    """One connection to a database store, refused in seconds (MLflow itself would retry it for minutes)."""
+    from urllib.parse import urlsplit
+
+    scheme = urlsplit(tracking_uri).scheme.split("+")[0]
+    if scheme in _SERVER_SCHEMES:
+        return
+    import sqlalchemy
+
+    timeout = {} if scheme == "sqlite" else {"connect_timeout": 5}
+    engine = sqlalchemy.create_engine(tracking_uri, connect_args=timeout)
+    try:
+        with engine.connect():
+            pass
+    finally:
+        engine.dispose()
+
+
+def _store_fix(tracking_uri: str) -> str:
+    from urllib.parse import urlsplit
+
+    scheme = urlsplit(tracking_uri).scheme.split("+")[0]
+    if scheme in ("http", "https"):
+        return (
+            "start `mlflow server` there or set MLFLOW_TRACKING_URI to a reachable server "
+            "(or unset it to use the embedded sqlite store under the work dir)"
+        )
+    if scheme in ("file", ""):
+        return "MLflow no longer writes file stores: use sqlite:///<path to a .db file> or a server's http:// URL"
+    if scheme == "sqlite":
+        return "point MLFLOW_TRACKING_URI at a SQLite file you can write (or unset it: the work dir's)"
+    return "check that the database is up and the URI's host, port, database and login, or unset MLFLOW_TRACKING_URI"
 
 
 def check_alias(alias: str) -> None:

@@ -150,3 +150,12 @@ def test_the_answer_says_what_it_assumed_and_reads_task_names_of_either_vocabula
 def test_impossible_hardware_and_bad_versions_are_refused_not_answered(argv, says, tmp_path):
     result = CliRunner().invoke(_cli(), ["recommend", *argv, "--tpot-ms", "30", "--task", "chat"])
     assert result.exit_code != 0 and says in str(result.exception), (result.output, result.exception)
+
+
+def test_an_unknown_target_is_named_as_unknown_not_as_lacking_an_alias(workdir):
+    """It said the target had no production alias and told the user to give a version of a model that is not there."""
+    argv = ["--target", "no-such-llm", "--gpus", "1", "--gpu-memory-gb", "80", "--tpot-ms", "30", "--task", "chat"]
+    result = CliRunner().invoke(_cli(), ["recommend", *argv])
+    assert isinstance(result.exception, DraftsyncError)
+    assert "holds no registered model named 'no-such-llm'" in result.exception.what
+    assert "--params" in result.exception.fix

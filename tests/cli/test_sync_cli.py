@@ -57,3 +57,19 @@ def test_an_unknown_validation_backend_is_a_usage_error_before_any_work(workdir)
     assert result.exit_code == 2
     assert "Invalid value for '--backend'" in result.output and "'auto', 'vllm', 'reference'" in result.output
     assert "no-such-llm" not in result.output  # refused before the registry was asked about the target
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["no-such-llm", "1"], "no-such-llm-drafter has no version 1"),
+        (["no-such-llm", str(2**63)], "Invalid value"),
+    ],
+)
+def test_a_validate_of_a_drafter_the_registry_does_not_hold_is_refused_before_the_flow(workdir, argv, said):
+    from draftsync.cli.app import app
+
+    result = CliRunner().invoke(app, ["validate", *argv, "--profile", "test"], env={"COLUMNS": "240"})
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert said in str(result.exception) + result.output
+    assert "Beginning flow run" not in result.output

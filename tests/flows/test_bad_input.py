@@ -79,7 +79,7 @@ def test_a_dataset_larger_than_the_disk_budget_is_refused_before_a_byte_is_writt
     with pytest.raises(DraftsyncError) as refused:
         sync("roomless-llm", version, "test")
     what = refused.value.what  # the plan, the sync's first step, refuses on its estimate
-    assert "hidden_states stage needs" in what and "nothing was started or written" in what
+    assert "hidden_states stage needs" in what and "no dataset was written and no training started" in what
     assert f"at {8 * 128 + 5:,} bytes each" in what and "0.00093 GiB free" in what  # hidden 128; 1 MB
     estimated_gib = float(what.split("needs ")[1].split(" GiB")[0])
     assert "DRAFTSYNC_DISK_BUDGET_GB" in refused.value.fix and "training_texts" in refused.value.fix

@@ -104,7 +104,7 @@ def test_a_gpu_held_by_a_serving_deployment_is_named_with_what_it_holds(config_o
     assert not refused.fits
     assert "serving deployment chat holds 12.0 GiB" in refused.refusal.available
     assert "chat" in refused.refusal.fix
-    with pytest.raises(Exception, match="nothing was started or written"):
+    with pytest.raises(Exception, match="no dataset was written and no training started"):
         refused.require_fit()
 
 

@@ -471,3 +471,18 @@ def test_commands_have_help(command):
     assert result.exit_code == 0
     expected_option = "--port" if command == "serve" else "--url"
     assert expected_option in result.output
+
+
+def test_serve_on_a_port_in_use_or_an_address_not_here_is_one_error(isolated_environment):
+    """uvicorn logged its own error and exited 3; the check runs before the receiver or Prefect starts."""
+    os.environ.update({"DRAFTSYNC_WORKDIR": str(isolated_environment), "DRAFTSYNC_WEBHOOK_SECRET": SECRET})
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        in_use = CliRunner().invoke(webhooks_app, ["serve", "--port", str(port)])
+    assert isinstance(in_use.exception, DraftsyncError), in_use.output
+    assert f"cannot listen on 127.0.0.1:{port} (Address already in use)" in in_use.exception.what
+    elsewhere = CliRunner().invoke(webhooks_app, ["serve", "--host", "203.0.113.7", "--port", "8765"])
+    assert isinstance(elsewhere.exception, DraftsyncError), elsewhere.output
+    assert "cannot listen on 203.0.113.7:8765" in elsewhere.exception.what and "--host" in elsewhere.exception.fix

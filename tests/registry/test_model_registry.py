@@ -220,6 +220,33 @@ def test_ping_fails_fast_with_the_fix_when_mlflow_is_unreachable():
     assert "mlflow server" in raised.value.fix
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_each_kind_of_unusable_store_is_named_with_its_own_fix_and_no_retry_storm(tmp_path, caplog):
+    """A database MLflow cannot open is tried once (MLflow's engine retries it for about 100 s, logging each try);
+    the fix fits the store's kind; a folder that cannot be made is named with its cause, not a traceback."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    stores = {
+        f"sqlite:///{tmp_path}": "SQLite file you can write",  # a folder where the database belongs
+        f"postgresql+psycopg://draftsync:secret-pw@127.0.0.1:{_free_port()}/mlflow": "database is up",
+        f"file://{tmp_path / 'mlruns'}": "no longer writes file stores",
+    }
+    for uri, fix in stores.items():
+        with pytest.raises(DraftsyncError) as raised:
+            Registry(uri).ping()
+        assert "is not reachable" in raised.value.what and fix in raised.value.fix, uri
+        assert "secret-pw" not in str(raised.value)
+    assert "could not be created" not in caplog.text  # MLflow's retry loop never ran
+    with pytest.raises(DraftsyncError) as raised:
+        Registry(f"sqlite:///{a_file}/mlflow.db")
+    assert raised.value.what == f"the folder of MLflow's SQLite store, {a_file} cannot be made ({a_file}: is a file)"
+
+
 def test_register_drafter_refuses_bad_input_before_writing_anything(registry, target_dir, tmp_path):
     target_version = registry.register_target("tgt-g", target_dir, tags_for({"code": 1.0}))
     drafter_dir = make_checkpoint(tmp_path / "drafter")

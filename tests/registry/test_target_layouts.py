@@ -353,5 +353,9 @@ def test_the_terminal_gets_one_line_for_an_unreadable_target_and_the_traceback_w
     assert quiet.returncode == 2, quiet.stderr
     assert "is an MLflow model of flavor python_function" in quiet.stderr
     assert "Traceback" not in quiet.stderr and "Retry 1/2" not in quiet.stderr, quiet.stderr
+    # said once, as error and fix: Prefect's own lines about the failed task, flow and states stay in its log
+    assert quiet.stderr.count("is an MLflow model of flavor python_function") == 1, quiet.stderr
+    said = [line for line in quiet.stderr.splitlines() if "python_function" in line or line.startswith("  fix:")]
+    assert said[0].startswith("error: ") and said[1].startswith("  fix: "), quiet.stderr
     loud = subprocess.run(command[:1] + ["--debug"] + command[1:] + sync, env=env, capture_output=True, text=True)
     assert loud.returncode == 2 and "Traceback" in loud.stderr
