@@ -140,6 +140,9 @@ class SyncProfile(BaseModel):
     # batch at once); `draftsync plan` picks it, and activation checkpointing, when a step would not fit the GPU.
     batch_tokens: int | None = Field(None, ge=8)
     activation_checkpointing: bool = False
+    # Data-parallel training processes under torchrun (one per GPU; gloo ranks on a CPU), each on its slice of every
+    # step's batch; `draftsync plan` sets it to the worker's GPUs. 1: training in the sync's own process.
+    train_processes: int = Field(1, ge=1, le=1024)
     lr: float = Field(2e-3, gt=0.0)
     warmup_steps: int = Field(10, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)  # the cosine decay ends at lr * min_lr_ratio

@@ -212,11 +212,13 @@ class SyncPlan:
         return params
 
     def profile_updates(self) -> dict[str, Any]:
-        """What the sync's profile takes from the plan: the micro-batch, checkpointing and the training device."""
+        """What the sync's profile takes from the plan: the micro-batch, checkpointing, the training device and the
+        data-parallel processes."""
         return {
             "batch_tokens": self.settings["batch_tokens"],
             "activation_checkpointing": self.settings["activation_checkpointing"],
             "training_device": self.settings["training_device"],
+            "train_processes": self.settings["train_processes"],
         }
 
     def placement(self) -> TargetPlacement:
@@ -480,9 +482,13 @@ def _plan_training(
     accumulation = math.ceil(whole / tokens)
     trainable, _ = drafter_parameters(shape)
     steps = profile.train_steps
+    # Every GPU trains a slice of each step's batch (the target's decoder layers are gone by then): torchrun ranks.
+    # On a CPU the profile decides (gloo ranks share its cores, so one process is the default there).
+    processes = min(worker.gpus, profile.batch_size) if on_gpu else profile.train_processes
     flops = steps * whole * (6 * trainable + 2 * target.hidden * target.vocab) * (ttt if ttt else 1)
-    seconds = flops / (GPU_FLOPS if on_gpu else CPU_FLOPS)
+    seconds = flops / (GPU_FLOPS * processes if on_gpu else CPU_FLOPS)
     settings = {
+        "train_processes": processes,
         "training_device": device,
         "batch_tokens": tokens,
         "accumulation": accumulation,
@@ -494,7 +500,12 @@ def _plan_training(
         _gib(memory) if not on_gpu else HOST_WORKING_GIB,
         0.0,
         seconds / 3600,
-        {"micro_batch_tokens": tokens, "accumulation": accumulation, "activation_checkpointing": checkpointing},
+        {
+            "micro_batch_tokens": tokens,
+            "accumulation": accumulation,
+            "activation_checkpointing": checkpointing,
+            "train_processes": processes,
+        },
     )
     refusal = None
     if memory > budget:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
 from draftsync.files import atomic_write
+from draftsync.speculative.data_parallel import ONE_PROCESS, Ranks, replicate, summed
 from draftsync.speculative.machine import trains_in_bf16
 from draftsync.speculative.methods import (
     DEFAULT_METHOD,
@@ -145,6 +146,8 @@ class TrainReport:
     draft_vocab_size: int
     resumed_from_step: int
     warm_start_tensors: int  # tensors copied from the previous drafter (0: cold start)
+    world_size: int = 1  # training processes (torchrun ranks)
+    resumed_world_size: int | None = None  # the world size the resumed checkpoint was written by
     losses: list[float] = field(default_factory=list)
     history: list[dict[str, float]] = field(default_factory=list)  # per-step metrics for the tracker
 
@@ -423,13 +426,19 @@ def optimisation_step(
     config: TrainConfig,
     step: int,
     autocast: Any,
+    *,
+    ranks: Ranks = ONE_PROCESS,
+    replica: Any = None,
 ) -> DraftLoss:
     """One step over micro-batches, each moved to the drafter's device only when its turn comes: per micro-batch
     the target's logits (over the draft vocabulary), the drafter's loss and backward, gradients accumulated; then
     clip and AdamW.
 
     Each micro-batch weighs its share of the step's loss-masked tokens, so the step's loss is the one of its
-    windows taken together. The whole of a step's memory is here: bench/train_memory.py measures this function."""
+    windows taken together. The whole of a step's memory is here: bench/train_memory.py measures this function.
+
+    Under torchrun (`ranks`, `replica` the drafter behind DDP) the micro-batches are this rank's slice of the global
+    batch, and the shares are of the global batch's tokens, so the averaged gradient is the one process's."""
     import torch
 
     from draftsync.speculative.training_batch import DraftLoss
@@ -440,15 +449,20 @@ def optimisation_step(
     columns = _draft_columns(drafter, head.weight.shape[0], device)
     feed = {"feed_target_states": True} if config.ttt_feed == "target" else {}
     masked = [int(batch.loss_mask[:, 2:].sum()) for batch in micro]
-    everything = sum(masked)
+    everything = sum(summed([float(sum(masked))], ranks))
+    batches = sum(summed([float(len(micro))], ranks))
     combined = DraftLoss(total=torch.zeros(()), position_losses=[], position_hits=[], position_counts=[])
     for index, batch in enumerate(micro):
-        share = masked[index] / everything if everything else 1.0 / len(micro)
+        share = masked[index] / everything if everything else 1.0 / batches
         batch = _with_target_logits(_to_device(batch, device), head, config.teacher_temperature, columns)
         generator = torch.Generator(device=device).manual_seed(config.seed * 1_000_003 + step + 7919 * index)
-        with autocast:
-            result = drafter.training_loss(batch, config.ttt_steps, config.noise_std, generator, **feed)
-        (result.weighted_total(config.position_decay) * share).backward()
+        last = index == len(micro) - 1
+        # DDP averages the ranks' gradients when the last micro-batch's backward runs; the others accumulate
+        with nullcontext() if replica is None or last else replica.no_sync():
+            with autocast:
+                loss_of = replica if replica is not None else drafter.training_loss
+                result = loss_of(batch, config.ttt_steps, config.noise_std, generator, **feed)
+            (result.weighted_total(config.position_decay) * (share * ranks.world_size)).backward()
         combined.total = combined.total + share * float(result.total.detach())
         for position, loss in enumerate(result.position_losses):
             if position == len(combined.position_losses):
@@ -459,6 +473,16 @@ def optimisation_step(
             combined.position_hits[position] += result.position_hits[position]
             combined.position_counts[position] += result.position_counts[position]
         del batch, result
+    if ranks.distributed:  # what the step reports is the global batch's, as one process reports it
+        positions = len(combined.position_losses)
+        flat = summed(
+            [float(combined.total), *combined.position_losses, *combined.position_hits, *combined.position_counts],
+            ranks,
+        )
+        combined.total = torch.tensor(flat[0])
+        combined.position_losses = flat[1 : 1 + positions]
+        combined.position_hits = [int(v) for v in flat[1 + positions : 1 + 2 * positions]]
+        combined.position_counts = [int(v) for v in flat[1 + 2 * positions :]]
     torch.nn.utils.clip_grad_norm_(parameters, 1.0)
     optimizer.step()
     return combined
@@ -471,10 +495,13 @@ def train_drafter(
     init_from: Any = None,
     checkpoint_dir: str | Path | None = None,
     on_progress: Callable[[int, int, dict[str, float]], None] | None = None,
+    ranks: Ranks = ONE_PROCESS,
 ) -> tuple[Any, TrainReport]:
     """Train a drafter of `config.method` for `target_model` on `dataset`; resumes from `checkpoint_dir`.
 
-    `init_from` (the previous target version's drafter) warm-starts it when method and shapes match.
+    `init_from` (the previous target version's drafter) warm-starts it when method and shapes match. Under torchrun
+    (`ranks`, its process group started) each rank trains on its slice of every step's batch; the leader alone writes
+    checkpoints, which resume on any world size that leaves each rank a window a step.
     """
     import torch
 
@@ -497,6 +524,11 @@ def train_drafter(
         raise DraftsyncError(
             f"teacher_temperature {config.teacher_temperature} is not positive", "use a teacher_temperature > 0"
         )
+    if config.batch_size < ranks.world_size:
+        raise DraftsyncError(
+            f"a batch of {config.batch_size} windows cannot be shared by {ranks.world_size} training processes",
+            f"use batch_size >= {ranks.world_size} in the sync profile, or fewer processes",
+        )
     _check_dataset(dataset, target_model, config)
     device = _device(config.device)
     bf16 = trains_in_bf16(config.precision, device)
@@ -517,6 +549,7 @@ def train_drafter(
     drafter.activation_checkpointing = config.activation_checkpointing
     parameters = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    replica = replicate(drafter, device) if ranks.distributed else None
 
     checkpoint_path = Path(checkpoint_dir) / CHECKPOINT_FILE if checkpoint_dir is not None else None
     fingerprint = config.fingerprint(warm_start=init_from is not None)
@@ -524,6 +557,7 @@ def train_drafter(
     losses: list[float] = []
     history: list[dict[str, float]] = []
     resumed_from = 0
+    resumed_world_size = None
     dataset_id = _dataset_identity(dataset)
     state = _load_checkpoint(checkpoint_path, fingerprint, dataset_id) if checkpoint_path else None
     if state is not None:
@@ -531,6 +565,7 @@ def train_drafter(
         optimizer.load_state_dict(state["optimizer"])
         step, tokens, losses, history = state["step"], state["tokens"], state["losses"], state["history"]
         resumed_from = step
+        resumed_world_size = state.get("world_size", 1)
 
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
     progress_bar = _progress_bar(config.steps, step, config.method)
@@ -541,14 +576,16 @@ def train_drafter(
             lr = _lr_at(config, step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            rows = dataset.windows_for_step(step, config.batch_size, config.seed, train_windows)
+            rows = ranks.slice(dataset.windows_for_step(step, config.batch_size, config.seed, train_windows))
             groups = micro_batches(train_windows[rows], config.batch_tokens)
             width = None if config.batch_tokens is not None else config.seq_len
             micro = [dataset.batch(group, width) for group in groups]
-            result = optimisation_step(drafter, micro, head, optimizer, parameters, config, step, autocast)
+            result = optimisation_step(
+                drafter, micro, head, optimizer, parameters, config, step, autocast, ranks=ranks, replica=replica
+            )
 
             step += 1
-            tokens += sum(int(batch.valid.sum()) for batch in micro)
+            tokens += int(summed([float(sum(int(batch.valid.sum()) for batch in micro))], ranks)[0])
             del micro
             losses.append(float(result.total.detach()))
             seconds = time.perf_counter() - started
@@ -563,7 +600,8 @@ def train_drafter(
             progress_bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
             if on_progress is not None:
                 on_progress(step, config.steps, metrics)
-            if checkpoint_path is not None and config.checkpoint_every and step % config.checkpoint_every == 0:
+            saving = checkpoint_path is not None and config.checkpoint_every and step % config.checkpoint_every == 0
+            if saving and ranks.leader and checkpoint_path is not None:
                 _save_checkpoint(
                     checkpoint_path,
                     {
@@ -575,6 +613,7 @@ def train_drafter(
                         "history": history,
                         "drafter": drafter.state_dict(),
                         "optimizer": optimizer.state_dict(),
+                        "world_size": ranks.world_size,
                     },
                 )
     finally:
@@ -595,6 +634,8 @@ def train_drafter(
         holdout_positions=positions,
         draft_vocab_size=drafter.config.draft_vocab_size,
         resumed_from_step=resumed_from,
+        resumed_world_size=resumed_world_size,
+        world_size=ranks.world_size,
         warm_start_tensors=warm_tensors,
         losses=losses,
         history=history,

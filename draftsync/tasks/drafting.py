@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 from uuid import UUID
 
 from prefect import task
@@ -13,9 +14,14 @@ from prefect.cache_policies import NONE
 
 from draftsync.profiles import SyncProfile
 from draftsync.speculative.placement import TargetPlacement
+from draftsync.speculative.train_ranks import RankSpec
 from draftsync.tasks import context
 
+if TYPE_CHECKING:
+    from draftsync.speculative.training import TrainReport
+
 HISTORY_FILE = "history.json"  # in the checkpoint directory: name -> [(step, value)]
+RANKS_LOG = "ranks.log"  # in the checkpoint directory: what torchrun and its ranks printed
 
 
 def _warm_start_source(warm_start_dir: str | None, profile: SyncProfile, target):
@@ -37,6 +43,36 @@ def _warm_start_source(warm_start_dir: str | None, profile: SyncProfile, target)
         logger.info("previous drafter %s does not fit this target's shapes: training from scratch", warm_start_dir)
         return None
     return candidate
+
+
+def _train_on_ranks(spec: RankSpec, processes: int, log_dir: Path) -> tuple[Any, TrainReport]:
+    """Train under torchrun with `processes` ranks on this machine; the leader saves the drafter to `spec.out_dir`.
+
+    The sync's shared target is released first: each rank loads the head it trains against."""
+    import subprocess
+
+    from draftsync.errors import DraftsyncError
+    from draftsync.speculative.drafters import load_drafter
+    from draftsync.speculative.placement import release_shared_targets
+    from draftsync.speculative.train_ranks import REPORT_FILE, command
+    from draftsync.speculative.training import TrainReport
+
+    release_shared_targets()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    spec_file = spec.write(log_dir / "rank-spec.json")
+    log = log_dir / RANKS_LOG
+    context.logger().info("training on %d torchrun ranks: %s", processes, " ".join(command(spec_file, processes)))
+    with log.open("w") as output:
+        done = subprocess.run(command(spec_file, processes), stdout=output, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
+        raise DraftsyncError(
+            f"data-parallel training on {processes} ranks failed (exit {done.returncode}): {tail[0][:300]}",
+            f"read {log}; a checkpoint written before the failure resumes on the next run, on any number of ranks",
+        )
+    out = Path(spec.out_dir)
+    report = TrainReport(**json.loads((out / REPORT_FILE).read_text()))
+    return load_drafter(out), report
 
 
 @task(name="train-drafter", cache_policy=NONE)
@@ -87,24 +123,40 @@ def train_drafter(
         if step % shown == 0 or step == total:
             update_progress_artifact(bar, 100.0 * step / total)
 
-    torch.manual_seed(profile.seed)
-    # Checkpoints are kept per training config, so a sync rerun with other settings never resumes into them.
-    drafter, report = train(
-        target,
-        ShardDataset(dataset_dir),
-        config,
-        init_from=init_from,
-        checkpoint_dir=Path(checkpoint_dir) / config.fingerprint(init_from is not None),
-        on_progress=progress,
-    )
+    checkpoints = Path(checkpoint_dir) / config.fingerprint(init_from is not None)
+    architectures = list(target.config.architectures or ["LlamaForCausalLM"])
     out = Path(out_dir)
-    save_drafter(
-        drafter,
-        out,
-        verifier_name_or_path=verifier_name or str(target_dir),
-        verifier_architectures=list(target.config.architectures or ["LlamaForCausalLM"]),
-        speculative_tokens=profile.gamma,
-    )
+    if profile.train_processes > 1:
+        spec = RankSpec(
+            target_dir=str(target_dir),
+            dataset_dir=str(dataset_dir),
+            config=asdict(config),
+            out_dir=str(out),
+            checkpoint_dir=str(checkpoints),
+            verifier_name=verifier_name or str(target_dir),
+            verifier_architectures=architectures,
+            speculative_tokens=profile.gamma,
+            init_from=warm_start_dir if init_from is not None else None,
+        )
+        drafter, report = _train_on_ranks(spec, profile.train_processes, Path(checkpoint_dir))
+    else:
+        torch.manual_seed(profile.seed)
+        # Checkpoints are kept per training config, so a sync rerun with other settings never resumes into them.
+        drafter, report = train(
+            target,
+            ShardDataset(dataset_dir),
+            config,
+            init_from=init_from,
+            checkpoint_dir=checkpoints,
+            on_progress=progress,
+        )
+        save_drafter(
+            drafter,
+            out,
+            verifier_name_or_path=verifier_name or str(target_dir),
+            verifier_architectures=architectures,
+            speculative_tokens=profile.gamma,
+        )
     counts = parameter_count(drafter)
     summary = {
         "method": report.method,
@@ -116,6 +168,7 @@ def train_drafter(
         "top1_agreement": round(report.top1_agreement, 4),
         "position_accuracy": [round(a, 4) for a in report.position_accuracy],
         "warm_start": init_from is not None,
+        "train_processes": report.world_size,
         "draft_vocab_size": report.draft_vocab_size,
         "parameters": counts.own,
         "parameters_pct_of_target": round(100.0 * counts.own / target_parameters, 2),

@@ -1,0 +1,118 @@
+"""Data-parallel training under real torchrun processes (gloo on the CPU): 2 ranks take the steps 1 rank takes at the
+same global batch, and a run stopped on 2 ranks resumes on 1 with the uninterrupted run's losses."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+from draftsync.errors import DraftsyncError
+from draftsync.speculative.data_parallel import Ranks
+from draftsync.speculative.train_ranks import REPORT_FILE, RankSpec, command
+from draftsync.speculative.training import CHECKPOINT_FILE, TrainConfig, train_drafter
+
+pytestmark = pytest.mark.slow
+
+CONFIG = TrainConfig(
+    method="eagle3",
+    draft_vocab_size=128,
+    steps=12,
+    batch_size=8,
+    seq_len=32,
+    lr=3e-3,
+    warmup_steps=2,
+    precision="fp32",
+    device="cpu",
+    seed=0,
+)
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(built_targets, tmp_path_factory) -> Path:
+    """The test target's hidden states over 64 random token walks of 40 tokens."""
+    from draftsync.speculative.hidden_states import default_aux_layer_ids
+    from draftsync.speculative.samples import Sample
+    from draftsync.speculative.shard_writer import build_shards
+    from draftsync.speculative.targets import load_target
+
+    target, _ = load_target(built_targets[1])
+    generator = torch.Generator().manual_seed(3)
+    vocab = target.config.vocab_size
+    samples = [
+        Sample("chat", torch.randint(1, vocab, (40,), generator=generator).tolist(), [1] * 40) for _ in range(64)
+    ]
+    out = tmp_path_factory.mktemp("dp-shards")
+    aux = default_aux_layer_ids(target.config.num_hidden_layers)
+    build_shards(target, samples, out, aux, shard_tokens=4096, batch_size=16)
+    return out
+
+
+def _spec(built_targets, dataset_dir, out: Path, config: TrainConfig, checkpoints: Path | None = None) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    spec = RankSpec(
+        target_dir=str(built_targets[1]),
+        dataset_dir=str(dataset_dir),
+        config=asdict(config),
+        out_dir=str(out / "drafter"),
+        checkpoint_dir=str(checkpoints) if checkpoints else None,
+        verifier_name="test-target",
+        verifier_architectures=["LlamaForCausalLM"],
+        speculative_tokens=2,
+    )
+    return spec.write(out / "spec.json")
+
+
+def _train(spec_file: Path, processes: int) -> dict:
+    done = subprocess.run(command(spec_file, processes), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((Path(json.loads(spec_file.read_text())["out_dir"]) / REPORT_FILE).read_text())
+
+
+def test_two_ranks_take_the_steps_one_rank_takes_at_the_same_global_batch(built_targets, dataset_dir, tmp_path):
+    one = _train(_spec(built_targets, dataset_dir, tmp_path / "one", CONFIG), 1)
+    two = _train(_spec(built_targets, dataset_dir, tmp_path / "two", CONFIG), 2)
+    assert (one["world_size"], two["world_size"]) == (1, 2)
+    assert one["tokens"] == two["tokens"] > 0  # every window of every step trained once, on one rank or the other
+    assert len(one["losses"]) == len(two["losses"]) == CONFIG.steps
+    assert two["losses"] == pytest.approx(one["losses"], rel=1e-4), (one["losses"], two["losses"])
+    assert two["position_accuracy"] == pytest.approx(one["position_accuracy"], abs=1e-6)
+    assert one["losses"][-1] < one["losses"][0]  # it learnt: the comparison is not of two untrained runs
+
+
+def test_a_run_stopped_on_two_ranks_resumes_on_one_with_the_uninterrupted_losses(built_targets, dataset_dir, tmp_path):
+    config = TrainConfig(**{**asdict(CONFIG), "steps": 100, "checkpoint_every": 5})
+    checkpoints = tmp_path / "checkpoints"
+    first = subprocess.Popen(
+        command(_spec(built_targets, dataset_dir, tmp_path / "stopped", config, checkpoints), 2),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    checkpoint = checkpoints / CHECKPOINT_FILE
+    deadline = time.monotonic() + 300
+    while not checkpoint.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGTERM)  # the job preempted: torchrun stops its ranks before it exits
+    first.wait(timeout=120)
+    stopped_at = torch.load(checkpoint, weights_only=False)["step"]
+    assert 0 < stopped_at < config.steps
+
+    resumed = _train(_spec(built_targets, dataset_dir, tmp_path / "resumed", config, checkpoints), 1)
+    assert (resumed["resumed_from_step"], resumed["resumed_world_size"]) == (stopped_at, 2)
+    whole = _train(_spec(built_targets, dataset_dir, tmp_path / "whole", config), 1)
+    assert resumed["losses"] == pytest.approx(whole["losses"], rel=1e-4)
+
+
+def test_a_batch_the_ranks_cannot_share_is_refused_naming_both_sizes(built_targets, dataset_dir):
+    from draftsync.speculative.shard_reader import ShardDataset
+    from draftsync.speculative.targets import load_target
+
+    target, _ = load_target(built_targets[1])
+    config = TrainConfig(**{**asdict(CONFIG), "batch_size": 2})
+    with pytest.raises(DraftsyncError, match="a batch of 2 windows cannot be shared by 4 training processes"):
+        train_drafter(target, ShardDataset(dataset_dir), config, ranks=Ranks(rank=0, world_size=4))
