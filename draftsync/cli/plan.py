@@ -7,12 +7,16 @@ described by its flags. It exits 1 when the sync would be refused, so a script c
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from draftsync.cli.common import JsonOption, write_json
+
+if TYPE_CHECKING:
+    from draftsync.planning.sync_plan import SyncPlan
 
 
 def plan_command(
@@ -34,6 +38,12 @@ def plan_command(
     disk_gb: Annotated[
         float | None, typer.Option("--disk-gb", help="Disk for the shards, in GiB (default: free at the work dir).")
     ] = None,
+    nodes: Annotated[
+        int,
+        typer.Option(
+            "--nodes", min=1, max=1024, help="Machines like this one that training may span (torchrun, c10d)."
+        ),
+    ] = 1,
     json_path: JsonOption = None,
 ) -> None:
     """Plan a sync of TARGET: per stage (responses, hidden states, training, validation) the GPU and host memory,
@@ -62,12 +72,49 @@ def plan_command(
         host_memory_gib=host_memory_gb,
         disk_gib=disk_gb,
     )
+    worker = replace(worker, nodes=nodes)
     prompts = response_prompts(task_mix, chosen)
     plan = plan_sync(TargetShape.from_directory(directory, name), worker, chosen, len(prompts))
+    commands = rendered_commands(plan, directory) if plan.fits else {}
     typer.echo(plan.markdown())
-    write_json(plan.to_dict(), json_path)
+    for stage, line in commands.items():
+        typer.echo(f"{stage}:\n  {line}")
+    write_json({**plan.to_dict(), "commands": commands}, json_path)
     if not plan.fits:
         raise typer.Exit(1)
+
+
+def rendered_commands(plan: SyncPlan, directory: Path) -> dict[str, str]:
+    """What the sync would run, as shell lines to read or hand to a scheduler: the vLLM server of the responses and
+    the validation (with the plan's tensor parallelism and devices), and the torchrun launch of the training."""
+    import shlex
+
+    from draftsync.serving.vllm_args import ServerResources, render_vllm_command
+    from draftsync.speculative.train_ranks import command
+
+    commands = {}
+    if plan.settings.get("servers"):
+        servers = ServerResources.from_plan(plan.settings["servers"])
+        launch = render_vllm_command(
+            directory,
+            None,
+            None,
+            0,
+            "127.0.0.1",
+            8000,
+            plan.target,
+            servers.tensor_parallel_size,
+            servers.extra_args(),
+        )
+        environment = [f"{key}={value}" for key, value in servers.environment().items()]
+        commands["vllm_server"] = shlex.join([*environment, *launch.argv])
+    processes = plan.settings["train_processes"]
+    if processes > 1:
+        nodes = plan.worker.nodes
+        spec = Path("<sync dir>") / "rank-spec.json"
+        argv = command(spec, processes // nodes, nodes, "<first node>:29400" if nodes > 1 else None)
+        commands["training"] = shlex.join(["python", *argv[1:]])
+    return commands
 
 
 def _visible_gpus() -> int:

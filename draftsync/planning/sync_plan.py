@@ -135,6 +135,7 @@ class Worker:
     disk_gib: float
     held: tuple[HeldMemory, ...] = ()
     detected: tuple[str, ...] = ()
+    nodes: int = 1  # machines like this one that training may span (torchrun's c10d rendezvous); the rest runs on one
 
     def free_gib(self, gpu: int) -> float:
         """What GPU `gpu` leaves a sync: its memory less what serving holds there and the reserve."""
@@ -178,6 +179,7 @@ class SyncPlan:
     stages: tuple[StagePlan, ...]
     settings: dict[str, Any]  # what the sync follows: placement, devices, batch tokens, checkpointing, servers
     refusal: Refusal | None = None
+    reasons: dict[str, str] = field(default_factory=dict)  # per choice (target, servers, hidden_states, training): why
 
     @property
     def fits(self) -> bool:
@@ -198,6 +200,7 @@ class SyncPlan:
             "refusal": None if self.refusal is None else {**asdict(self.refusal), "message": self.refusal.message()},
             "worker": asdict(self.worker),
             "settings": self.settings,
+            "reasons": self.reasons,
             "stages": [asdict(stage) for stage in self.stages],
         }
 
@@ -235,6 +238,7 @@ class SyncPlan:
         where = (
             f"{worker.gpus} x {worker.gpu_memory_gib:.0f} GiB GPU" if worker.gpus else "no GPU"
         ) + f", {worker.host_memory_gib:.0f} GiB host memory, {worker.disk_gib:.0f} GiB disk"
+        where = f"{worker.nodes} nodes of " + where if worker.nodes > 1 else where
         held = "".join(
             f"\n- serving deployment `{h.deployment}` holds {h.gib:.1f} GiB on GPUs 0-{h.gpus - 1}" for h in worker.held
         )
@@ -244,10 +248,11 @@ class SyncPlan:
             for s in self.stages
         )
         verdict = "fits" if self.fits else f"**refused**: {self.refusal.message()}. Fix: {self.refusal.fix}"  # type: ignore[union-attr]
+        why = "".join(f"\n- {choice}: {reason}" for choice, reason in self.reasons.items())
         return (
             f"# Sync plan: {self.target} ({self.parameters / 1e9:.2f}B parameters)\n\nWorker: {where}{held}\n\n"
             f"Verdict: {verdict}\n\n| stage | GPU GiB | host GiB | disk GiB | hours (estimate) | settings |\n"
-            f"|---|---|---|---|---|---|\n{rows}\n"
+            f"|---|---|---|---|---|---|\n{rows}\n" + (f"\nWhy:{why}\n" if why else "")
         )
 
 
@@ -280,6 +285,7 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
     tokens = dataset_tokens(profile, responses)
     stages: list[StagePlan] = []
     settings: dict[str, Any] = {}
+    reasons: dict[str, str] = {}
     refusal: Refusal | None = None
 
     # Where the target runs: one GPU, else a device_map over as many as its weights need, else refused.
@@ -299,12 +305,20 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
                 refusal = _gpu_refusal("hidden_states", weights * DEVICE_MAP_OVERHEAD + forward, worker, room)
         settings["target_devices"] = [f"cuda:{gpu}" for gpu in sorted(devices)]
         placed = "one GPU" if len(devices) == 1 else f"device_map over {len(devices)} GPUs"
+        need = f"its 16-bit weights ({size_text(weights / GiB)} GiB) and a {FORWARD_TOKENS:,}-token forward pass"
+        reasons["target"] = (
+            f"{need} fit GPU {devices[0]}'s {size_text(worker.free_gib(devices[0]))} GiB free"
+            if len(devices) == 1
+            else f"{need} exceed one GPU's {size_text(worker.free_gib(free[0]))} GiB free: transformers' device_map "
+            f"spreads its layers over {len(devices)} GPUs for the teacher-forced pass"
+        )
         settings["target_placement"] = placed if refusal is None else "none: the GPUs cannot hold it"
         settings["target_dtype"] = "float16" if target.checkpoint_dtype == "float16" else "bfloat16"
         per_gpu_target = weights * (1.0 if len(devices) == 1 else DEVICE_MAP_OVERHEAD / len(devices))
     else:
         devices = []
         settings.update(target_devices=["cpu"], target_placement="cpu", target_dtype="float32")
+        reasons["target"] = "no GPU on this worker: the target runs on the CPU in fp32"
         per_gpu_target = 0.0
         forward = _forward_bytes(target, FORWARD_TOKENS)
         if weights + forward + HOST_RESERVE_GIB * GiB > worker.host_memory_gib * GiB:
@@ -349,6 +363,13 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
             {"tokens": tokens, "bytes_per_token": bytes_per_token, "forward_tokens": FORWARD_TOKENS},
         )
     )
+    reasons["hidden_states"] = (
+        f"offline: {size_text(disk / GiB)} GiB of shards ({tokens:,} tokens at {bytes_per_token:,} bytes) written once "
+        f"and read every epoch, within the {size_text(worker.disk_gib)} GiB of disk"
+        if disk <= worker.disk_gib * GiB
+        else f"offline shards of {size_text(disk / GiB)} GiB exceed the {size_text(worker.disk_gib)} GiB of disk, and "
+        "online hidden states (computed when a batch needs them) are not built yet: refused"
+    )
     if disk > worker.disk_gib * GiB and refusal is None:
         refusal = Refusal(
             "hidden_states",
@@ -371,6 +392,12 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
         refusal = refusal or server_refusal
         if server:
             settings["servers"] = server
+            reasons["servers"] = (
+                f"vLLM with tensor parallelism {server['tensor_parallel_size']} on GPUs "
+                f"{','.join(map(str, server['devices']))}: the fewest GPUs (a power of two dividing its "
+                f"{target.heads} attention heads) whose free memory holds a share of the "
+                f"{size_text(weights / GiB)} GiB of weights and a KV cache, for the responses and the validation"
+            )
     check = profile.validation
     low, high = check.gamma_range
     decoded = (check.requests + check.sweep_requests * (high - low + 1) + check.stress_requests) * check.max_tokens
@@ -395,7 +422,16 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
             f"{worker.host_memory_gib:.1f} GiB available ({HOST_RESERVE_GIB:g} GiB of it kept for the worker itself)",
             "free host memory or run the sync on a worker with more (--host-memory-gb says what a worker has)",
         )
-    return SyncPlan(target.name, target.parameters, worker, tuple(stages), settings, refusal)
+    processes = settings["train_processes"]
+    spans = f" on each of {worker.nodes} nodes (c10d rendezvous; shards on storage every node mounts)"
+    reasons["training"] = (
+        f"draftsync's trainer on {processes} torchrun ranks, one per GPU{spans if worker.nodes > 1 else ''}: each "
+        f"trains its slice of every step's {profile.batch_size} windows and DistributedDataParallel averages the "
+        "gradients"
+        if processes > 1
+        else f"draftsync's trainer in one process on {settings['training_device']}"
+    )
+    return SyncPlan(target.name, target.parameters, worker, tuple(stages), settings, refusal, reasons)
 
 
 def plan_server(target: TargetShape, worker: Worker) -> dict[str, Any] | None:
@@ -484,7 +520,7 @@ def _plan_training(
     steps = profile.train_steps
     # Every GPU trains a slice of each step's batch (the target's decoder layers are gone by then): torchrun ranks.
     # On a CPU the profile decides (gloo ranks share its cores, so one process is the default there).
-    processes = min(worker.gpus, profile.batch_size) if on_gpu else profile.train_processes
+    processes = min(worker.gpus * worker.nodes, profile.batch_size) if on_gpu else profile.train_processes
     flops = steps * whole * (6 * trainable + 2 * target.hidden * target.vocab) * (ttt if ttt else 1)
     seconds = flops / (GPU_FLOPS * processes if on_gpu else CPU_FLOPS)
     settings = {

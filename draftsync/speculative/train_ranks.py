@@ -36,14 +36,28 @@ class RankSpec:
         return path
 
 
-def command(spec_file: Path, processes: int) -> list[str]:
-    """torchrun on this machine with `processes` ranks (its standalone rendezvous on a free local port)."""
+RENDEZVOUS_JOIN_TIMEOUT_S = 300  # a node that cannot reach the rendezvous gives up after this, naming it
+
+
+def command(spec_file: Path, processes: int, nodes: int = 1, rendezvous: str | None = None) -> list[str]:
+    """torchrun with `processes` ranks on each of `nodes` machines: on one, its standalone rendezvous on a free local
+    port; on several, c10d at `rendezvous` (HOST:PORT of the first node), each node running this same command."""
+    if nodes == 1:
+        launch = ["--standalone", f"--nproc-per-node={processes}"]
+    else:
+        launch = [
+            f"--nnodes={nodes}",
+            f"--nproc-per-node={processes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rendezvous}",
+            f"--rdzv-id={spec_file.parent.name or 'draftsync'}",
+            f"--rdzv-conf=join_timeout={RENDEZVOUS_JOIN_TIMEOUT_S}",
+        ]
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={processes}",
+        *launch,
         "-m",
         RankSpec.__module__,  # this module, by name (run as __main__ it would not know it)
         str(spec_file),

@@ -84,6 +84,33 @@ def test_llama_70b_on_eight_80gb_gpus_spreads_the_target_and_splits_the_servers(
     assert settings["target_devices"] == ["cuda:0", "cuda:1"] and "device_map" in settings["target_placement"]
     assert settings["servers"]["tensor_parallel_size"] == 2 and settings["servers"]["devices"] == [0, 1]
     assert stage(plan, "training")["gpu_gib"] <= 78
+    # one torchrun rank per GPU trains, and the plan says why of each choice and renders what it would run
+    assert settings["train_processes"] == 8
+    reasons = plan["reasons"]
+    assert "exceed one GPU's 78.0 GiB free" in reasons["target"] and "device_map" in reasons["target"]
+    assert "tensor parallelism 2" in reasons["servers"] and "64 attention heads" in reasons["servers"]
+    assert reasons["hidden_states"].startswith("offline: 1,738 GiB of shards")
+    assert "8 torchrun ranks, one per GPU" in reasons["training"]
+    server = plan["commands"]["vllm_server"]
+    assert server.startswith("CUDA_VISIBLE_DEVICES=0,1 vllm serve ") and "--tensor-parallel-size 2" in server
+    assert "--gpu-memory-utilization 0.9" in server
+    assert (
+        "-m torch.distributed.run --standalone --nproc-per-node=8 -m draftsync.speculative.train_ranks"
+        in (plan["commands"]["training"])
+    )
+
+
+def test_llama_70b_on_two_nodes_of_eight_gpus_trains_on_sixteen_ranks_through_a_c10d_rendezvous(config_only, tmp_path):
+    code, plan, output = plan_json(
+        config_only / "llama-3.1-70b", tmp_path, "--gpus", "8", "--gpu-memory-gb", "80", "--nodes", "2"
+    )
+    assert code == 0 and plan["worker"]["nodes"] == 2 and "2 nodes of 8 x 80 GiB GPU" in output
+    assert plan["settings"]["train_processes"] == 16 and "on each of 2 nodes" in plan["reasons"]["training"]
+    training = plan["commands"]["training"]
+    assert "--nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d '--rdzv-endpoint=<first node>:29400'" in training
+    assert "--rdzv-conf=join_timeout=300" in training  # a node that cannot reach the rendezvous gives up, naming it
+    one_node = plan_json(config_only / "llama-3.1-70b", tmp_path, "--gpus", "8", "--gpu-memory-gb", "80")[1]
+    assert stage(plan, "training")["hours_estimate"] < stage(one_node, "training")["hours_estimate"]
 
 
 def test_a_disk_too_small_for_the_shards_is_refused_with_their_size(config_only, tmp_path):
