@@ -143,6 +143,10 @@ class SyncProfile(BaseModel):
     # Data-parallel training processes under torchrun (one per GPU; gloo ranks on a CPU), each on its slice of every
     # step's batch; `draftsync plan` sets it to the worker's GPUs. 1: training in the sync's own process.
     train_processes: int = Field(1, ge=1, le=1024)
+    # Where training reads the target's hidden states: "offline" shards written once (8 x hidden + 5 bytes a token
+    # for EAGLE-3), "online" from the target per batch (5 bytes a token on disk, a forward pass a batch), or "auto":
+    # offline where the shards fit the disk, else online (`draftsync plan` decides and says why).
+    hidden_states: Literal["auto", "offline", "online"] = "auto"
     lr: float = Field(2e-3, gt=0.0)
     warmup_steps: int = Field(10, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)  # the cosine decay ends at lr * min_lr_ratio

@@ -222,6 +222,7 @@ class SyncPlan:
             "activation_checkpointing": self.settings["activation_checkpointing"],
             "training_device": self.settings["training_device"],
             "train_processes": self.settings["train_processes"],
+            "hidden_states": self.settings["hidden_states"],
         }
 
     def placement(self) -> TargetPlacement:
@@ -351,25 +352,44 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
             StagePlan("responses", _gib(gpu_need) if on_gpu else 0.0, 0.0, 0.0, seconds / 3600, response_settings)
         )
 
-    bytes_per_token = shard_bytes_per_token(target.hidden, METHODS[profile.method].reads_aux_states)
+    reads_aux = METHODS[profile.method].reads_aux_states
+    stored_bytes = shard_bytes_per_token(target.hidden, reads_aux)
+    online_bytes = shard_bytes_per_token(target.hidden, reads_aux, online=True)
+    stored_fits = tokens * stored_bytes <= worker.disk_gib * GiB
+    mode = profile.hidden_states if profile.hidden_states != "auto" else ("offline" if stored_fits else "online")
+    settings["hidden_states"] = mode
+    bytes_per_token = stored_bytes if mode == "offline" else online_bytes
     disk = tokens * bytes_per_token
+    # offline: one pass over the dataset; online: a pass over every step's windows (each up to its window's end)
+    passed_tokens = tokens if mode == "offline" else profile.train_steps * profile.batch_size * profile.seq_len
     stages.append(
         StagePlan(
             "hidden_states",
             _gib(per_gpu_target + forward) if on_gpu else 0.0,
             _gib(weights + forward if not on_gpu else SHARD_TOKENS * bytes_per_token + HOST_WORKING_GIB * GiB),
             _gib(disk),
-            tokens * flops_per_token / throughput / 3600,
-            {"tokens": tokens, "bytes_per_token": bytes_per_token, "forward_tokens": FORWARD_TOKENS},
+            passed_tokens * flops_per_token / throughput / 3600,
+            {"mode": mode, "tokens": tokens, "bytes_per_token": bytes_per_token, "forward_tokens": FORWARD_TOKENS},
         )
     )
-    reasons["hidden_states"] = (
-        f"offline: {size_text(disk / GiB)} GiB of shards ({tokens:,} tokens at {bytes_per_token:,} bytes) written once "
-        f"and read every epoch, within the {size_text(worker.disk_gib)} GiB of disk"
-        if disk <= worker.disk_gib * GiB
-        else f"offline shards of {size_text(disk / GiB)} GiB exceed the {size_text(worker.disk_gib)} GiB of disk, and "
-        "online hidden states (computed when a batch needs them) are not built yet: refused"
+    stored_text = (
+        f"{size_text(tokens * stored_bytes / GiB)} GiB of shards ({tokens:,} tokens at {stored_bytes:,} bytes)"
     )
+    if mode == "offline":
+        reasons["hidden_states"] = (
+            f"offline: {stored_text} written once and read every epoch, within the {size_text(worker.disk_gib)} GiB "
+            "of disk"
+        )
+    else:
+        why = (
+            f"{stored_text} would exceed the {size_text(worker.disk_gib)} GiB of disk"
+            if not stored_fits
+            else "the profile asks for it"
+        )
+        reasons["hidden_states"] = (
+            f"online: {why}; the target computes each batch's states during training, so the disk holds "
+            f"{online_bytes} bytes a token ({size_text(disk / GiB)} GiB) and the target stays loaded beside the trainer"
+        )
     if disk > worker.disk_gib * GiB and refusal is None:
         refusal = Refusal(
             "hidden_states",
@@ -379,7 +399,9 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
             "training_texts, generated_samples or a shorter dataset_max_seq_len",
         )
 
-    training, training_settings, training_refusal = _plan_training(target, worker, profile)
+    # online, the target keeps its GPU memory through training (offline its decoder layers are dropped first)
+    kept = per_gpu_target if mode == "online" and on_gpu else 0.0
+    training, training_settings, training_refusal = _plan_training(target, worker, profile, kept)
     stages.append(training)
     settings.update(training_settings)
     refusal = refusal or training_refusal
@@ -466,7 +488,7 @@ def _server_stage(stage: str, target: TargetShape, worker: Worker) -> tuple[dict
 
 
 def _plan_training(
-    target: TargetShape, worker: Worker, profile: SyncProfile
+    target: TargetShape, worker: Worker, profile: SyncProfile, kept_by_target: float = 0.0
 ) -> tuple[StagePlan, dict[str, Any], Refusal | None]:
     """The largest micro-batch that fits (halving from the whole batch to one window), then activation
     checkpointing, on the GPU with the most room; refused when one window does not fit.
@@ -479,7 +501,7 @@ def _plan_training(
     gpu = max(range(worker.gpus), key=worker.free_gib) if on_gpu else 0
     device = f"cuda:{gpu}" if on_gpu else "cpu"
     if on_gpu:
-        budget = worker.free_gib(gpu) * GiB
+        budget = worker.free_gib(gpu) * GiB - kept_by_target
     else:
         budget = (worker.host_memory_gib - HOST_RESERVE_GIB) * GiB - target.weight_bytes(False)
     width = BF16 if on_gpu else FP32

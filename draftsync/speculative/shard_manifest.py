@@ -80,6 +80,10 @@ def shard_name(index: int) -> str:
 
 
 # --- the manifest ---------------------------------------------------------------------------------
+STORED = "stored"  # the states are in the shards (offline)
+ONLINE = "online"  # the shards hold tokens only; the target computes the states when a batch needs them
+
+
 def new_manifest(
     facts: dict,
     layer_ids: tuple[int, ...],
@@ -101,6 +105,7 @@ def new_manifest(
         "target": facts,
         "aux_layer_ids": list(layer_ids),
         "store_aux": store_aux,
+        "states": STORED,
         "dtype": dtype_name,
         "mode": mode,
         "source_fingerprint": fingerprint,
@@ -126,6 +131,7 @@ def new_manifest(
 # --- resuming -------------------------------------------------------------------------------------
 # Fields a resumed build must share with the directory it continues: anything else would mix datasets.
 _RESUME_FIELDS = (
+    "states",
     "format_version",
     "aux_layer_ids",
     "store_aux",
@@ -153,7 +159,7 @@ def check_resumable(out_dir: Path, old: dict, new: dict) -> None:
                 fix,
             )
     for key in _RESUME_FIELDS:
-        if old.get(key) != new[key]:
+        if old.get(key, STORED if key == "states" else None) != new[key]:  # builds before online states stored them
             raise DraftsyncError(
                 f"{out_dir} was built with {key}={old.get(key)!r}, this build asks for {key}={new[key]!r}", fix
             )

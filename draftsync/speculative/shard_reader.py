@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.shard_manifest import FORMAT, FORMAT_VERSION, MANIFEST_FILE
+from draftsync.speculative.shard_manifest import FORMAT, FORMAT_VERSION, MANIFEST_FILE, STORED
 from draftsync.speculative.training_batch import TrainingBatch
 
 MIN_WINDOW_TOKENS = 3  # a window needs a state, a next token and one token after it to train on
@@ -76,6 +76,11 @@ class ShardDataset:
     @property
     def has_aux(self) -> bool:
         return bool(self.manifest["store_aux"])
+
+    @property
+    def stores_states(self) -> bool:
+        """False for a dataset of tokens only, whose states the target computes per batch (`OnlineDataset`)."""
+        return self.manifest.get("states", STORED) == STORED
 
     @property
     def task_names(self) -> list[str]:
@@ -151,6 +156,11 @@ class ShardDataset:
         windows = torch.as_tensor(windows, dtype=torch.int64).reshape(-1, 3)
         if windows.shape[0] == 0:
             raise DraftsyncError("a batch of zero windows was asked for", "select at least one window")
+        if not self.stores_states:
+            raise DraftsyncError(
+                f"the dataset in {self.path} holds tokens only: its states are computed online",
+                "read it through draftsync.speculative.online_states.OnlineDataset with its target",
+            )
         width = int(seq_len) if seq_len is not None else int(windows[:, 2].max())
         if int(windows[:, 2].max()) > width:
             raise DraftsyncError(f"a window is longer than seq_len={width}", "cut windows with the same seq_len")
@@ -219,8 +229,13 @@ class ShardDataset:
                 keys = set(handle.keys())
                 offsets = handle.get_tensor("offsets")
                 tasks = handle.get_tensor("task_index").tolist()
-                aux_width = handle.get_slice("aux").get_shape()[1] if "aux" in keys else 0
-                final_width = handle.get_slice("final").get_shape()[1]
+                if "final" in keys:
+                    aux_width = handle.get_slice("aux").get_shape()[1] if "aux" in keys else 0
+                    final_width = handle.get_slice("final").get_shape()[1]
+                else:  # tokens only: the target computes states of these widths when training reads them
+                    hidden = self.manifest["target"]["hidden_size"]
+                    aux_width = len(self.manifest["aux_layer_ids"]) * hidden if self.has_aux else 0
+                    final_width = hidden
                 count = offsets.shape[0] - 1
                 first = 0
                 while first < count:
@@ -230,8 +245,10 @@ class ShardDataset:
                     begin, end = int(offsets[first]), int(offsets[last])
                     ids = handle.get_slice("input_ids")[begin:end].to(torch.int64)
                     mask = handle.get_slice("loss_mask")[begin:end].to(torch.int64)
-                    bad = (~torch.isfinite(handle.get_slice("final")[begin:end].float())).sum(-1)
-                    if aux_width:
+                    bad = torch.zeros(end - begin, dtype=torch.int64)
+                    if "final" in keys:
+                        bad += (~torch.isfinite(handle.get_slice("final")[begin:end].float())).sum(-1)
+                    if aux_width and "aux" in keys:
                         bad = bad + (~torch.isfinite(handle.get_slice("aux")[begin:end].float())).sum(-1)
                     for i in range(first, last):
                         a, b = int(offsets[i]) - begin, int(offsets[i + 1]) - begin

@@ -25,6 +25,8 @@ from draftsync.speculative.shard_manifest import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST_FILE,
+    ONLINE,
+    STORED,
     TOKEN_COUNTS_FILE,
     chain_digest,
     check_resumable,
@@ -48,23 +50,27 @@ class _ShardBuffer:
     where collecting per-sequence tensors and concatenating them would briefly need two.
     """
 
-    def __init__(self, capacity: int, hidden: int, aux_width: int, dtype: torch.dtype):
+    def __init__(self, capacity: int, hidden: int, aux_width: int, dtype: torch.dtype, states: bool = True):
         self.input_ids = torch.empty(capacity, dtype=torch.int32)
         self.loss_mask = torch.empty(capacity, dtype=torch.bool)
-        self.aux = torch.empty(capacity, aux_width, dtype=dtype) if aux_width else None
-        self.final = torch.empty(capacity, hidden, dtype=dtype)
+        self.aux = torch.empty(capacity, aux_width, dtype=dtype) if aux_width and states else None
+        self.final = torch.empty(capacity, hidden, dtype=dtype) if states else None
         self.lengths: list[int] = []
         self.tasks: list[int] = []
         self.tokens = 0
 
-    def add(self, ids: torch.Tensor, mask: torch.Tensor, task: int, aux: torch.Tensor | None, final: torch.Tensor):
+    def add(
+        self, ids: torch.Tensor, mask: torch.Tensor, task: int, aux: torch.Tensor | None, final: torch.Tensor | None
+    ):
         begin, end = self.tokens, self.tokens + ids.shape[0]
         self.input_ids[begin:end] = ids
         self.loss_mask[begin:end] = mask
         if self.aux is not None:
             assert aux is not None  # a buffer with aux rows is given aux states (aux_width > 0)
             self.aux[begin:end] = aux
-        self.final[begin:end] = final
+        if self.final is not None:
+            assert final is not None  # a buffer that stores states is given them
+            self.final[begin:end] = final
         self.lengths.append(end - begin)
         self.tasks.append(task)
         self.tokens = end
@@ -76,17 +82,21 @@ class _ShardBuffer:
             "loss_mask": self.loss_mask[:used],
             "offsets": torch.cumsum(torch.tensor([0] + self.lengths, dtype=torch.int64), 0),
             "task_index": torch.tensor(self.tasks, dtype=torch.int16),
-            "final": self.final[:used],
         }
+        if self.final is not None:
+            out["final"] = self.final[:used]
         if self.aux is not None:
             out["aux"] = self.aux[:used]
         return out
 
 
-def shard_bytes_per_token(hidden: int, store_aux: bool, dtype: torch.dtype = torch.bfloat16) -> int:
+def shard_bytes_per_token(
+    hidden: int, store_aux: bool, dtype: torch.dtype = torch.bfloat16, online: bool = False
+) -> int:
     """Disk bytes of one token in a shard: its id (int32), its loss mask (bool), its final state and, for EAGLE-3,
-    its three aux states, in the states' dtype (the offsets and task of a sequence are a few bytes more)."""
-    widths = hidden * (4 if store_aux else 1)
+    its three aux states, in the states' dtype (the offsets and task of a sequence are a few bytes more); online,
+    the id and the mask only."""
+    widths = 0 if online else hidden * (4 if store_aux else 1)
     return widths * dtype.itemsize + 4 + 1
 
 
@@ -105,6 +115,7 @@ def build_shards(
     target_name: str | None = None,
     mode: str | None = None,
     on_progress: Any = None,
+    online: bool = False,
 ) -> dict:
     """Run the target over `samples` (a stable order) and write its states as shards; returns the manifest.
 
@@ -115,7 +126,9 @@ def build_shards(
     padded tokens (sequences grouped by length), which bounds activation memory. Samples shorter than 2
     tokens or without any loss-masked token are skipped (and counted); samples longer than `max_seq_len`
     (default: the target's max_position_embeddings) are cut there.
-    `on_progress(samples_consumed, manifest)` is called after each shard.
+    `on_progress(samples_consumed, manifest)` is called after each shard. `online`: the shards keep the tokens
+    only, and the target computes the states when training reads a batch (`online_states.OnlineDataset`): a few
+    bytes a token on disk instead of kilobytes, at the cost of a forward pass per batch.
     """
     dtype_name = {v: k for k, v in _STATE_DTYPES.items()}.get(dtype)
     if dtype_name is None:
@@ -156,6 +169,7 @@ def build_shards(
         max_batch_tokens,
         max_seq_len,
     )
+    manifest["states"] = ONLINE if online else STORED
     if manifest_path.exists():
         old = json.loads(manifest_path.read_text())
         check_resumable(out_dir, old, manifest)
@@ -243,6 +257,7 @@ class _ShardWriter:
         self.shard_tokens, self.aux_width, self.dtype, self.on_progress = shard_tokens, aux_width, dtype, on_progress
         self.hidden = manifest["target"]["hidden_size"]
         self.buffer: _ShardBuffer | None = None
+        self.stores_states = manifest.get("states", STORED) == STORED
         self.skipped = {"too_short": 0, "no_loss_tokens": 0}
         self.truncated = 0
 
@@ -260,8 +275,10 @@ class _ShardWriter:
             return
         if self.buffer is None:
             capacity = max(self.shard_tokens, batch.tokens)
-            self.buffer = _ShardBuffer(capacity, self.hidden, self.aux_width, self.dtype)
-        states = self._run(batch.samples, model, layer_ids)
+            self.buffer = _ShardBuffer(capacity, self.hidden, self.aux_width, self.dtype, self.stores_states)
+        states = (
+            self._run(batch.samples, model, layer_ids) if self.stores_states else [(None, None)] * len(batch.samples)
+        )
         names = self.manifest["task_names"]
         for row, sample in enumerate(batch.samples):
             if sample.task not in names:

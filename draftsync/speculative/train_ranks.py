@@ -69,8 +69,8 @@ def main(spec_file: str) -> None:
 
     from draftsync.speculative.data_parallel import Ranks, start, stop
     from draftsync.speculative.drafters import load_drafter, save_drafter
+    from draftsync.speculative.online_states import open_dataset
     from draftsync.speculative.placement import drop_decoder_layers
-    from draftsync.speculative.shard_reader import ShardDataset
     from draftsync.speculative.targets import load_target
     from draftsync.speculative.training import TrainConfig, train_drafter
 
@@ -84,12 +84,14 @@ def main(spec_file: str) -> None:
     start(ranks, torch.device(config.device))
     try:
         target, _ = load_target(Path(spec.target_dir))
-        drop_decoder_layers(target)  # training reads only the head, the embedding and the final norm
+        dataset = open_dataset(spec.dataset_dir, target)
+        if dataset.stores_states:
+            drop_decoder_layers(target)  # training reads only the head, the embedding and the final norm
         init_from = load_drafter(Path(spec.init_from)) if spec.init_from else None
         torch.manual_seed(config.seed)
         drafter, report = train_drafter(
             target,
-            ShardDataset(spec.dataset_dir),
+            dataset,
             config,
             init_from=init_from,
             checkpoint_dir=spec.checkpoint_dir,

@@ -131,10 +131,11 @@ def build_dataset(
         )
     layer_ids = tuple(profile.aux_layer_ids or default_aux_layer_ids(num_decoder_layers(model)))
     store_aux = METHODS[profile.method].reads_aux_states
+    online = profile.hidden_states == "online"  # the plan chose it (or the profile asked): tokens only on disk
     check_dataset_disk(
         Path(out_dir),
         planned_dataset_tokens(model, tokenizer, sources[0], prompts, profile),
-        shard_bytes_per_token(model.config.hidden_size, store_aux),
+        shard_bytes_per_token(model.config.hidden_size, store_aux, online=online),
     )
 
     def progress(consumed: int, manifest: dict) -> None:
@@ -151,6 +152,7 @@ def build_dataset(
         max_seq_len=profile.dataset_max_seq_len,
         target_name=target_dir,
         on_progress=progress,
+        online=online,
     )
     try:
         checks = run_data_checks(ShardDataset(out_dir), model.config, task_mix).to_dict()

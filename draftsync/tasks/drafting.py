@@ -94,15 +94,16 @@ def train_drafter(
     import torch
 
     from draftsync.speculative.drafters import parameter_count, save_drafter
+    from draftsync.speculative.online_states import open_dataset
     from draftsync.speculative.placement import drop_decoder_layers, shared_target
-    from draftsync.speculative.shard_reader import ShardDataset
     from draftsync.speculative.training import TrainConfig
     from draftsync.speculative.training import train_drafter as train
 
     logger = context.logger()
     target, _ = shared_target(Path(target_dir), placement)  # the copy the dataset read: loaded once a sync
     target_parameters = sum(p.numel() for p in target.parameters())
-    if placement is not None and placement.on_gpu:
+    dataset = open_dataset(dataset_dir, target)  # online, the target computes each batch's states
+    if placement is not None and placement.on_gpu and dataset.stores_states:
         drop_decoder_layers(target)  # the GPU memory the plan gives training
     init_from = _warm_start_source(warm_start_dir, profile, target)
     config = TrainConfig.from_profile(profile, warm_start=init_from is not None)
@@ -144,7 +145,7 @@ def train_drafter(
         # Checkpoints are kept per training config, so a sync rerun with other settings never resumes into them.
         drafter, report = train(
             target,
-            ShardDataset(dataset_dir),
+            dataset,
             config,
             init_from=init_from,
             checkpoint_dir=checkpoints,

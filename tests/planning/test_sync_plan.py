@@ -113,13 +113,30 @@ def test_llama_70b_on_two_nodes_of_eight_gpus_trains_on_sixteen_ranks_through_a_
     assert stage(plan, "training")["hours_estimate"] < stage(one_node, "training")["hours_estimate"]
 
 
-def test_a_disk_too_small_for_the_shards_is_refused_with_their_size(config_only, tmp_path):
+def test_a_disk_too_small_for_the_shards_trains_online_or_refuses_when_offline_is_asked(config_only, tmp_path):
     code, plan, _ = plan_json(
         config_only / "llama-3.1-8b", tmp_path, "--gpus", "1", "--gpu-memory-gb", "80", "--disk-gb", "100"
     )
-    assert code == 1 and plan["refusal"]["stage"] == "hidden_states"
-    assert "GiB of disk for" in plan["refusal"]["needed"] and "32,773 bytes each" in plan["refusal"]["needed"]
-    assert plan["refusal"]["available"] == "100 GiB free"
+    assert code == 0 and plan["settings"]["hidden_states"] == "online"
+    assert (
+        stage(plan, "hidden_states")["settings"]["bytes_per_token"] == 5
+        and stage(plan, "hidden_states")["disk_gib"] < 1
+    )
+    assert (
+        plan["reasons"]["hidden_states"].startswith("online: ")
+        and "exceed the 100 GiB of disk" in (plan["reasons"]["hidden_states"])
+    )
+    # online, the target stays on the GPU through training, and the step's budget is what it leaves
+    offline = plan_json(config_only / "llama-3.1-8b", tmp_path, "--gpus", "1", "--gpu-memory-gb", "80")[1]
+    assert offline["settings"]["hidden_states"] == "offline"
+    assert plan["settings"]["batch_tokens"] <= offline["settings"]["batch_tokens"]
+
+    target = TargetShape.from_directory(config_only / "llama-3.1-8b")
+    asked = profile("production").model_copy(update={"hidden_states": "offline"})
+    refused = plan_sync(target, Worker(1, 80, 256, 100), asked, 1000)
+    assert refused.refusal.stage == "hidden_states"
+    assert "GiB of disk for" in refused.refusal.needed and "32,773 bytes each" in refused.refusal.needed
+    assert refused.refusal.available == "100 GiB free"
 
 
 def test_a_gpu_held_by_a_serving_deployment_is_named_with_what_it_holds(config_only):
