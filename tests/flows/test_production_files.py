@@ -685,6 +685,10 @@ def test_kubernetes_pool_job_variables_limit_nvidia_gpus():
     container = pod["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["image"] == "draftsync-gpu:latest"
+    # torchrun's ranks talk over NCCL's shared memory: /dev/shm is a memory volume of the given size, not 64 MiB
+    (shm,) = [volume for volume in pod["volumes"] if volume["name"] == "dshm"]
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert "cpu" not in container["resources"]["limits"], "unset variables drop out of the manifest"
 
 
