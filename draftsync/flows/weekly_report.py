@@ -206,6 +206,7 @@ def weekly_report(
 
     summaries, findings, actions, targets, rows = [], [], {}, set(), []
     fresh: set[str] = set()
+    replaced_notes: list[str] = []
     for pair in store.serving_pairs():
         review = review_deployment(pair.deployment, end)
         summary, found = review["summary"], review["findings"]
@@ -251,11 +252,28 @@ def weekly_report(
                 "serving_drafter_version": now_serving.drafter_version,
                 "target": {"name": pair.target_name, "version": pair.target_version},
                 "drafter_version": summary.drafter_version,
+                "replaced_pairs": review["replaced"],
             }
         )
+        for old_pair in review["replaced"]:
+            served = f"t{old_pair['target_version']}" + (
+                f" + d{old_pair['drafter_version']}" if old_pair["drafter_version"] is not None else ", speculation off"
+            )
+            rate = old_pair["acceptance_rate"]
+            replaced_notes.append(
+                f"{pair.deployment} also served {served} this week"
+                + (
+                    f" (acceptance {rate:.2f} over {old_pair['draft_tokens']:,} drafted tokens)"
+                    if rate is not None
+                    else ""
+                )
+                + f", before t{pair.target_version}"
+                + (f" + d{pair.drafter_version}" if pair.drafter_version is not None else "")
+                + ": the findings judge the pair serving now."
+            )
 
     thresholds = Thresholds.from_settings(settings)
-    all_notes = list(notes or []) + problems
+    all_notes = list(notes or []) + problems + replaced_notes
     if week is not None:
         all_notes.append(f"A look back at ISO week {week}: no action was taken by this report.")
     elif not acting:

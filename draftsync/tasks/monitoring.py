@@ -51,15 +51,20 @@ def review_deployment(deployment: str, now: datetime) -> dict:
     store = context.store()
     pair = store.serving_pair(deployment)
 
+    def served_now(row) -> bool:
+        return pair is None or (row.target_version, row.drafter_version) == (pair.target_version, pair.drafter_version)
+
     def week(start: datetime, drafter_version: int | None = None):
-        # Hourly rollups: a week is 168 rows per deployment however often it was scraped.
-        rows = store.hourly(deployment, start, start + WEEK)
+        # Hourly rollups: a week is 168 rows per deployment however often it was scraped; only the pair serving now
+        # is judged, so the hours of a pair it replaced neither raise nor hide a finding about it.
+        rows = [r for r in store.hourly(deployment, start, start + WEEK) if served_now(r)]
         if drafter_version is not None:
             rows = [r for r in rows if r.drafter_version == drafter_version]
         return summarize_hourly(rows, start, start + WEEK, deployment=deployment)
 
     summary = week(now - WEEK)
     previous = week(now - 2 * WEEK)
+    replaced = _replaced_pairs(store.hourly(deployment, now - WEEK, now), served_now, now, deployment)
     trained_for, baseline = None, None
     if pair is not None and pair.drafter_version is not None:
         from draftsync.registry.tags import trained_for_version
@@ -81,4 +86,34 @@ def review_deployment(deployment: str, now: datetime) -> dict:
         if summary.acceptance_rate is not None and previous.acceptance_rate is not None
         else None
     )
-    return {"summary": summary, "findings": findings, "pair": pair, "week_over_week": change, "baseline": baseline}
+    return {
+        "summary": summary,
+        "findings": findings,
+        "pair": pair,
+        "week_over_week": change,
+        "baseline": baseline,
+        "replaced": replaced,
+    }
+
+
+def _replaced_pairs(rows: list, served_now, now: datetime, deployment: str) -> list[dict]:
+    """The week's other pairs of a deployment (those the serving one replaced), each with its own acceptance."""
+    from draftsync.monitors.trends import summarize_hourly
+
+    by_pair: dict[tuple[int, int | None], list] = {}
+    for row in rows:
+        if not served_now(row):
+            by_pair.setdefault((row.target_version, row.drafter_version), []).append(row)
+    out = []
+    for (target_version, drafter_version), pair_rows in sorted(by_pair.items(), key=lambda item: item[1][-1].hour):
+        summary = summarize_hourly(pair_rows, now - WEEK, now, deployment=deployment)
+        out.append(
+            {
+                "target_version": target_version,
+                "drafter_version": drafter_version,
+                "acceptance_rate": summary.acceptance_rate,
+                "draft_tokens": summary.draft_tokens,
+                "last_hour": pair_rows[-1].hour.isoformat(),
+            }
+        )
+    return out

@@ -312,3 +312,58 @@ def test_a_broken_deployments_file_is_reported_not_fatal(workdir, monkeypatch):
 
     saved = message_from_bytes(Path(report["eml_path"]).read_bytes(), policy=default_policy)
     assert "is not valid YAML" in saved.get_body(preferencelist=("plain",)).get_content()
+
+
+@pytest.mark.slow
+def test_the_review_judges_the_pair_serving_now_apart_from_the_pair_it_replaced(report_setup, tmp_path):
+    """A week that pooled a stale pair with the healthy one that replaced it read as a false alarm about the
+    healthy one (the demo's end: 'MISMATCH: acceptance 0.18' beside v2 serving at 0.88)."""
+    from draftsync.flows.weekly_report import weekly_report
+    from draftsync.monitors.metrics import SpecDecodeCounters
+    from draftsync.monitors.tables import ServedPair
+    from draftsync.tasks import context
+
+    from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
+
+    version, stale = report_setup["target_version"], report_setup["drafter_version"]
+    later = datetime.now(UTC) + 6 * HOUR
+    before = weekly_report(now=later, act=False, send=False)
+    (judged,) = before["deployments"]
+    assert any(f["severity"] != "info" for f in judged["findings"]), judged["findings"]  # the falling week alarms
+
+    registry, store = context.registry(), context.store()
+    target_dir = build_tiny_target(tmp_path / "target-again")
+    healthy = registry.register_drafter(
+        "report-llm",
+        version,
+        build_tiny_drafter(target_dir, tmp_path / "drafter-2", 3),
+        "eagle3",
+        3,
+        {},
+        validation_passed=True,
+    )
+    store.set_serving_pair(
+        "chat",
+        target_name="report-llm",
+        target_version=version,
+        drafter_name="report-llm-drafter",
+        drafter_version=healthy,
+        gamma=3,
+        endpoint="http://127.0.0.1:9",
+        state="serving",
+    )
+    pair = ServedPair("report-llm", version, healthy, 3)
+    start = later - 6 * HOUR
+    for hour in range(6):  # a new server: counters from zero, 0.9 of the drafts accepted
+        drafts = 100 * hour
+        counters = SpecDecodeCounters(drafts, 3 * drafts, round(2.7 * drafts), (drafts, drafts, round(0.7 * drafts)))
+        store.record_scrape("chat", start + hour * HOUR, counters, pair)
+
+    after = weekly_report(now=later, act=False, send=False)
+    (row,) = after["deployments"]
+    assert row["drafter_version"] == healthy and row["acceptance_rate"] == pytest.approx(0.9, abs=0.01)
+    assert [f for f in row["findings"] if f["severity"] != "info"] == []
+    (replaced,) = row["replaced_pairs"]
+    assert (replaced["target_version"], replaced["drafter_version"]) == (version, stale)
+    assert 0.45 < replaced["acceptance_rate"] < 0.8
+    assert any(f"chat also served t{version} + d{stale} this week" in note for note in after["notes"])

@@ -29,6 +29,7 @@ def test_a_sync_with_online_states_writes_no_state_and_registers_its_drafter(wor
         with safe_open(str(shard), framework="pt") as handle:
             assert set(handle.keys()) == {"input_ids", "loss_mask", "offsets", "task_index"}
     assert result["training"]["steps"] == 8
-    assert context.registry().drafter_for_target_version("online-llm", version, validated_only=False) == (
-        result["drafter_version"]
+    assert (
+        context.registry().drafter_for_target_version("online-llm", version, validated_only=False)
+        == (result["drafter_version"])
     )
