@@ -51,8 +51,10 @@ def review_deployment(deployment: str, now: datetime) -> dict:
     store = context.store()
     pair = store.serving_pair(deployment)
 
+    judged = _judged_pair(pair, store.hourly(deployment, now - WEEK, now))
+
     def served_now(row) -> bool:
-        return pair is None or (row.target_version, row.drafter_version) == (pair.target_version, pair.drafter_version)
+        return judged is None or (row.target_version, row.drafter_version) == judged
 
     def week(start: datetime, drafter_version: int | None = None):
         # Hourly rollups: a week is 168 rows per deployment however often it was scraped; only the pair serving now
@@ -94,6 +96,17 @@ def review_deployment(deployment: str, now: datetime) -> dict:
         "baseline": baseline,
         "replaced": replaced,
     }
+
+
+def _judged_pair(pair, rows: list) -> tuple[int, int | None] | None:
+    """The (target version, drafter version) a review judges: the pair serving now, or, while its speculation is off
+    after a fallback, the drafter of the same target version it fell back from (its hours are why it is off)."""
+    if pair is None:
+        return None
+    if pair.drafter_version is not None:
+        return pair.target_version, pair.drafter_version
+    drafted = [row for row in rows if row.target_version == pair.target_version and row.drafter_version is not None]
+    return pair.target_version, (drafted[-1].drafter_version if drafted else None)
 
 
 def _replaced_pairs(rows: list, served_now, now: datetime, deployment: str) -> list[dict]:
