@@ -67,6 +67,18 @@ def _invalid(message: str, fix: str) -> PydanticCustomError:
     return PydanticCustomError("draftsync", message, {"fix": fix})
 
 
+class TrafficCaptureSettings(BaseModel):
+    """A deployment's `capture` section: a bounded sample of its traffic, kept for a retrain on what it serves."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rate: float = Field(0.1, gt=0.0, le=1.0)  # share of requests kept
+    max_rows: int = Field(10_000, ge=1)  # the oldest rows go first
+    retention_days: float = Field(14.0, gt=0.0)
+    redact: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")  # module:function
+    keep_responses: bool = False
+
+
 class ServingDeployment(BaseModel):
     """One endpoint serving a target with its validated drafter (or with speculation off)."""
 
@@ -98,6 +110,8 @@ class ServingDeployment(BaseModel):
     # already scrape vLLM with Prometheus); the labels select this deployment's series.
     prometheus_url: str | None = None
     prometheus_labels: dict[str, str] = Field(default_factory=dict)
+    # Traffic capture at the router (serving/traffic_capture.py): off unless this section is given.
+    capture: TrafficCaptureSettings | None = None
 
     @field_validator("task_mix")
     @classmethod

@@ -38,9 +38,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from draftsync.errors import DraftsyncError
+from draftsync.serving.traffic_capture import CaptureConfig, TrafficCapture
 
 TOKEN_ENV = "DRAFTSYNC_ROUTER_TOKEN"
 ADMIN_PATH = "/draftsync/upstream"
+CAPTURE_PATH = "/draftsync/capture"
 LIVE_PATH = "/draftsync/live"  # 200 once the router listens, upstream or not: what a launcher waits for
 # Shorter than uvicorn's (and so vLLM's) 5 s keep-alive: a pooled connection is never reused just as the
 # upstream closes it, a race that would otherwise surface as a rare dropped request.
@@ -65,13 +67,21 @@ HOP_BY_HOP = frozenset(
 )
 
 
-def router_command(host: str, port: int, upstream: str | None, token_file: Path | str | None) -> list[str]:
+def router_command(
+    host: str, port: int, upstream: str | None, token_file: Path | str | None, capture: CaptureConfig | None = None
+) -> list[str]:
     """The argument list that runs the router with the current interpreter (the token stays in its file)."""
     argv = [sys.executable, "-m", "draftsync.serving.router", "--host", host, "--port", str(int(port))]
     if upstream is not None:
         argv += ["--upstream", normalise_upstream(upstream)]
     if token_file is not None:
         argv += ["--token-file", str(token_file)]
+    if capture is not None:
+        argv += ["--capture-file", str(capture.path), "--capture-deployment", capture.deployment]
+        argv += ["--capture-rate", f"{capture.rate:g}", "--capture-max-rows", str(capture.max_rows)]
+        argv += ["--capture-retention-days", f"{capture.retention_days:g}"]
+        argv += ["--capture-redact", capture.redact] if capture.redact else []
+        argv += ["--capture-responses"] if capture.keep_responses else []
     return argv
 
 
@@ -185,7 +195,11 @@ def _unreachable(url: str, error: httpx.TransportError) -> JSONResponse:
 
 
 def create_app(
-    upstream: str | None, token: str, upstream_timeout: float = 600.0, health_timeout: float = 5.0
+    upstream: str | None,
+    token: str,
+    upstream_timeout: float = 600.0,
+    health_timeout: float = 5.0,
+    capture: TrafficCapture | None = None,
 ) -> Starlette:
     switch = UpstreamSwitch(normalise_upstream(upstream) if upstream is not None else None)
     expected_token = token.encode()
@@ -243,6 +257,8 @@ def create_app(
         finally:
             switch.release(url)
         switch.answered[url] += 1
+        if capture is not None and request.method == "POST":
+            capture.offer(request.url.path, request.headers, body, answer.status_code, answer.content)
         response = Response(answer.content, answer.status_code)
         for key, value in answer.headers.multi_items():
             if key.lower() not in HOP_BY_HOP and key.lower() not in ("date", "server"):
@@ -267,6 +283,11 @@ def create_app(
     async def read_upstream(request: Request) -> Response:
         refusal = authorised(request)
         return refusal or JSONResponse(switch.state())
+
+    async def read_capture(request: Request) -> Response:
+        """What traffic capture kept and dropped, and why (its counts since the router started)."""
+        refusal = authorised(request)
+        return refusal or JSONResponse({"enabled": capture is not None, **(capture.stats() if capture else {})})
 
     async def put_upstream(request: Request) -> Response:
         refusal = authorised(request)
@@ -312,6 +333,7 @@ def create_app(
             Route(LIVE_PATH, live),
             Route(ADMIN_PATH, read_upstream, methods=["GET"]),
             Route(ADMIN_PATH, put_upstream, methods=["PUT"]),
+            Route(CAPTURE_PATH, read_capture, methods=["GET"]),
         ],
         lifespan=lifespan,
     )
@@ -397,6 +419,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--token-file", type=Path, help=f"file holding the admin token (default: ${TOKEN_ENV})")
     parser.add_argument("--upstream-timeout", type=float, default=600.0, help="seconds an upstream may take to answer")
     parser.add_argument("--health-timeout", type=float, default=5.0, help="seconds an upstream /health may take")
+    parser.add_argument("--capture-file", type=Path, help="capture a sample of the traffic into this SQLite file")
+    parser.add_argument("--capture-deployment", default="deployment", help="the deployment the captures belong to")
+    parser.add_argument("--capture-rate", type=float, default=0.1, help="share of requests captured")
+    parser.add_argument("--capture-max-rows", type=int, default=10_000, help="rows kept; the oldest go first")
+    parser.add_argument("--capture-retention-days", type=float, default=14.0, help="days a captured row is kept")
+    parser.add_argument("--capture-redact", help="package.module:function applied to each record before it is kept")
+    parser.add_argument("--capture-responses", action="store_true", help="keep the responses too")
     args = parser.parse_args(argv)
     if args.upstream_timeout <= 0 or args.health_timeout <= 0:
         parser.error("timeouts must be positive")
@@ -413,7 +442,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
 
-    app = create_app(upstream, token, args.upstream_timeout, args.health_timeout)
+    capture = None
+    if args.capture_file is not None:
+        try:
+            capture = TrafficCapture(
+                CaptureConfig(
+                    path=args.capture_file,
+                    deployment=args.capture_deployment,
+                    rate=args.capture_rate,
+                    max_rows=args.capture_max_rows,
+                    retention_days=args.capture_retention_days,
+                    redact=args.capture_redact,
+                    keep_responses=args.capture_responses,
+                )
+            )
+        except (ImportError, AttributeError, ValueError) as error:  # a redact hook that cannot be loaded
+            print(f"error: traffic capture cannot start: {error}", file=sys.stderr, flush=True)
+            return 2
+    app = create_app(upstream, token, args.upstream_timeout, args.health_timeout, capture)
     print(f"routing http://{args.host}:{args.port} -> {upstream or '(no upstream yet)'}", flush=True)
     uvicorn.run(
         app,

@@ -27,6 +27,7 @@ from draftsync.tasks.traffic import complete
 
 if TYPE_CHECKING:
     from draftsync.serving.process import ServerProcess
+    from draftsync.serving.traffic_capture import CaptureConfig
 
 _RUNNING: dict[str, ServerProcess] = {}  # endpoint -> ServerProcess started by this process
 DRAIN_TIMEOUT_S = 600.0
@@ -50,6 +51,25 @@ def configured_deployments(
             raise
         problems.append(f"{error.what} (fix: {error.fix}); no deployment was relaunched")
         return {}
+
+
+def capture_config(deployment: ServingDeployment) -> CaptureConfig | None:
+    """Where and how a deployment's router captures traffic (None: capture is off): a file per deployment under the
+    work dir's traffic folder."""
+    from draftsync.serving.traffic_capture import CaptureConfig
+
+    settings = deployment.capture
+    if settings is None:
+        return None
+    return CaptureConfig(
+        path=context.settings().root / "traffic" / f"{deployment.name}.db",
+        deployment=deployment.name,
+        rate=settings.rate,
+        max_rows=settings.max_rows,
+        retention_days=settings.retention_days,
+        redact=settings.redact,
+        keep_responses=settings.keep_responses,
+    )
 
 
 def _serving_dir() -> Path:
@@ -191,7 +211,7 @@ def _ensure_router(deployment: ServingDeployment, record: dict | None, first_ups
     token_file = _serving_dir() / f"{deployment.name}.router-token"
     write_token_file(token_file)
     port = deployment.port or (router or {}).get("port") or free_port(deployment.host)
-    argv = router_command(deployment.host, port, first_upstream, token_file)
+    argv = router_command(deployment.host, port, first_upstream, token_file, capture_config(deployment))
     process = ServerProcess(argv, deployment.host, port, _serving_dir() / f"{deployment.name}-router.log").start()
     try:
         process.wait_healthy(timeout=60, health_path=LIVE_PATH)
