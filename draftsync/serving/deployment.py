@@ -67,6 +67,16 @@ def _invalid(message: str, fix: str) -> PydanticCustomError:
     return PydanticCustomError("draftsync", message, {"fix": fix})
 
 
+def _gpu_memory_utilization(args: Sequence[str]) -> str | None:
+    """The value of vLLM's --gpu-memory-utilization among `args`, as written (None: not given)."""
+    for index, arg in enumerate(args):
+        if arg.startswith("--gpu-memory-utilization="):
+            return arg.split("=", 1)[1]
+        if arg == "--gpu-memory-utilization" and index + 1 < len(args):
+            return args[index + 1]
+    return None
+
+
 class TrafficCaptureSettings(BaseModel):
     """A deployment's `capture` section: a bounded sample of its traffic, kept for a retrain on what it serves."""
 
@@ -157,22 +167,29 @@ class ServingDeployment(BaseModel):
     @classmethod
     def _no_flags_draftsync_sets(cls, args: list[str]) -> list[str]:
         try:
-            return check_extra_vllm_args(args)
+            checked = check_extra_vllm_args(args)
         except DraftsyncError as error:
             raise _invalid(error.what, error.fix) from None
+        given = _gpu_memory_utilization(checked)
+        if given is not None:  # the plan reads it for the GPU memory this deployment holds
+            try:
+                fraction = float(given)
+            except ValueError:
+                fraction = math.nan
+            if not 0.0 < fraction <= 1.0:
+                raise _invalid(
+                    f"--gpu-memory-utilization {given!r} is not a fraction of a GPU's memory",
+                    "give a number above 0 and at most 1, e.g. --gpu-memory-utilization 0.5",
+                )
+        return checked
 
     def gpu_memory_fraction(self) -> float | None:
         """The fraction of each of its GPUs this deployment's vLLM holds on the worker (vLLM's 0.9 unless its args
         say); None for a deployment that holds no GPU of this worker (the reference server, an external one)."""
         if self.launch != "vllm":
             return None
-        args = self.extra_vllm_args
-        for index, arg in enumerate(args):
-            if arg.startswith("--gpu-memory-utilization="):
-                return float(arg.split("=", 1)[1])
-            if arg == "--gpu-memory-utilization" and index + 1 < len(args):
-                return float(args[index + 1])
-        return VLLM_GPU_MEMORY_UTILIZATION
+        given = _gpu_memory_utilization(self.extra_vllm_args)
+        return float(given) if given is not None else VLLM_GPU_MEMORY_UTILIZATION
 
     def vllm_launch(
         self,

@@ -143,6 +143,10 @@ def test_an_unknown_key_names_the_file_deployment_field_and_spelling(tmp_path):
         ("extra_vllm_args", "[-tp, '4']", "set flags that draftsync sets itself"),
         ("extra_vllm_args", "['--speculative-config.num_speculative_tokens', '8']", "set flags that draftsync sets"),
         ("extra_vllm_args", "[--max-model-len, 4096]", "valid string"),
+        # the plan reads this one for the GPU memory the deployment holds: it was a bare ValueError there
+        ("extra_vllm_args", "[--gpu-memory-utilization, abc]", "'abc' is not a fraction of a GPU's memory"),
+        ("extra_vllm_args", "['--gpu-memory-utilization=1.5']", "'1.5' is not a fraction"),
+        ("extra_vllm_args", "[--gpu-memory-utilization, nan]", "'nan' is not a fraction"),
     ],
 )
 def test_a_bad_value_names_the_deployment_and_field(tmp_path, field, value, complaint):
