@@ -199,7 +199,7 @@ def weekly_report(
         start, acting = end - WEEK, act
     writes_email = act or send
     problems: list[str] = []
-    specs = configured_deployments(deployments, problems) if acting else {}
+    specs = configured_deployments(deployments, problems)  # relaunched only when acting; named when silent
     mailer = Mailer(settings.outbox_dir, store, settings, secret_loader=smtp_password_block)
     clock = end if acting else None  # a look back is written and sent at the real time
     retried = mailer.retry_pending(clock) if send else []
@@ -273,7 +273,13 @@ def weekly_report(
             )
 
     thresholds = Thresholds.from_settings(settings)
-    all_notes = list(notes or []) + problems + replaced_notes
+    reviewed = {row["name"] for row in rows}
+    silent = [
+        f"{name} is declared in the deployments file but served nothing draftsync recorded: roll it out with "
+        f"`draftsync rollout {name}`, or check that its scrapes reach it."
+        for name in sorted(set(specs) - reviewed)
+    ]
+    all_notes = list(notes or []) + problems + replaced_notes + silent
     if week is not None:
         all_notes.append(f"A look back at ISO week {week}: no action was taken by this report.")
     elif not acting:

@@ -367,3 +367,15 @@ def test_the_review_judges_the_pair_serving_now_apart_from_the_pair_it_replaced(
     assert (replaced["target_version"], replaced["drafter_version"]) == (version, stale)
     assert 0.45 < replaced["acceptance_rate"] < 0.8
     assert any(f"chat also served t{version} + d{stale} this week" in note for note in after["notes"])
+
+
+def test_a_declared_deployment_that_served_nothing_is_named_not_skipped(report_setup, monkeypatch):
+    """A deployment in the file with no serving record and no samples was left out of the review without a word."""
+    workdir = report_setup["workdir"]
+    declared = (workdir / "deployments.yaml").read_text()
+    (workdir / "deployments.yaml").write_text(declared + "  - name: ghost\n    target_name: report-llm\n")
+    code, report, output, error = run_report(monkeypatch)
+    assert error is None and code == 0, output
+    assert [row["name"] for row in report["deployments"]] == ["chat"]
+    (note,) = [note for note in report["notes"] if "ghost" in note]
+    assert "served nothing draftsync recorded" in note and "draftsync rollout ghost" in note
