@@ -147,6 +147,11 @@ class SyncProfile(BaseModel):
     # for EAGLE-3), "online" from the target per batch (5 bytes a token on disk, a forward pass a batch), or "auto":
     # offline where the shards fit the disk, else online (`draftsync plan` decides and says why).
     hidden_states: Literal["auto", "offline", "online"] = "auto"
+    # A retrain of a deployment's stale drafter answers prompts of its captured traffic (serving/traffic_capture.py)
+    # for this share of the dataset's responses, the rest from the declared task mix; with fewer than
+    # `min_captured_prompts` captured it says so and trains on the declared mix alone.
+    captured_share: float = Field(0.5, ge=0.0, le=1.0)
+    min_captured_prompts: int = Field(20, ge=1)
     lr: float = Field(2e-3, gt=0.0)
     warmup_steps: int = Field(10, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)  # the cosine decay ends at lr * min_lr_ratio

@@ -173,6 +173,25 @@ def _claim(target_name: str, target_version: int, method: str, reason: str):
     return claim
 
 
+def _retrain_prompts(target_name: str, profile: SyncProfile) -> list[str]:
+    """A retrain learns from the traffic that went stale: the prompts its deployments captured, when there are
+    enough of them; else it says why and trains on the declared task mix."""
+    from draftsync.tasks.serving import captured_prompts
+
+    prompts, where = captured_prompts(target_name)
+    if len(prompts) < profile.min_captured_prompts:
+        get_run_logger().info(
+            "retrain of %s on the declared task mix: %d captured prompts, fewer than the %d it needs (%s)",
+            target_name,
+            len(prompts),
+            profile.min_captured_prompts,
+            where,
+        )
+        return []
+    get_run_logger().info("retrain of %s answers captured traffic: %s", target_name, where)
+    return prompts
+
+
 def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfile, generation: int) -> SyncResult:
     logger = get_run_logger()
     if generation:  # a retrain of the same target version: fresh data and a fresh drafter version
@@ -201,8 +220,9 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     suffix = f"-g{generation}" if generation else ""
     work = settings.root / "syncs" / target_name / f"v{target_version}-{chosen.method}{suffix}"
     dataset_dir = work / f"dataset-{chosen.dataset_key()}"
+    captured = _retrain_prompts(target_name, chosen) if generation else []
     lap("preparation")
-    data = build_dataset(target["path"], task_mix, chosen, str(dataset_dir), placement, servers)
+    data = build_dataset(target["path"], task_mix, chosen, str(dataset_dir), placement, servers, captured)
     lap("dataset")
 
     drafter_model = drafter_model_name(target_name)

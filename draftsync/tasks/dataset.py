@@ -74,6 +74,38 @@ def _checks_markdown(report: dict) -> str:
     )
 
 
+CAPTURED_TASK = "captured"
+
+
+def with_captured_prompts(
+    prompts: list[tuple[str, str]], captured: list[str], profile: SyncProfile
+) -> tuple[list[tuple[str, str]], int]:
+    """The response prompts with `captured_share` of them taken from captured traffic (a seeded draw, each prompt
+    once), and how many were; the declared mix's prompts keep the rest."""
+    import random
+
+    distinct = list(dict.fromkeys(p for p in captured if p.strip()))
+    count = min(len(distinct), round(profile.captured_share * len(prompts)))
+    if count == 0:
+        return prompts, 0
+    chosen = random.Random(profile.seed + 200).sample(distinct, count)
+    keep = 1.0 - count / len(prompts)  # each task of the declared mix gives up the same share of its prompts
+    by_task: dict[str, list[tuple[str, str]]] = {}
+    for pair in prompts:
+        by_task.setdefault(pair[0], []).append(pair)
+    declared = [pair for pairs in by_task.values() for pair in pairs[: round(len(pairs) * keep)]]
+    return [(CAPTURED_TASK, prompt) for prompt in chosen] + declared, count
+
+
+def drawn_mix(task_mix: dict[str, float], sequences: int, from_traffic: int) -> dict[str, float]:
+    """The task shares a dataset was drawn in, for its checks: the declared mix for what is not captured traffic."""
+    if not from_traffic:
+        return task_mix
+    total = sum(task_mix.values())
+    drawn = {task: share / total * (sequences - from_traffic) for task, share in task_mix.items()}
+    return {**drawn, CAPTURED_TASK: float(from_traffic)}
+
+
 @task(name="build-dataset", cache_policy=NONE)
 def build_dataset(
     target_dir: str,
@@ -82,9 +114,12 @@ def build_dataset(
     out_dir: str,
     placement: TargetPlacement | None = None,
     servers: dict | None = None,
+    captured: list[str] | None = None,
 ) -> dict:
     """Shards of the target's states on texts of the task mix (teacher-forced) and on its own responses
     (written by vLLM or by transformers, as the profile's `response_writer` says; the manifest records which).
+    `captured`: prompts of the traffic a deployment served, answered (on-policy) in place of `captured_share` of the
+    task mix's prompts, under the task name "captured".
 
     Resumable: a rerun after a crash continues from the last complete shard. The Great Expectations
     data checks run on the result; a failure stops the sync with the table of what was observed. `placement`: where
@@ -106,6 +141,7 @@ def build_dataset(
     model, tokenizer = shared_target(Path(target_dir), placement)
     pairs = mixed_texts(task_mix, profile.training_texts, seed=profile.seed)
     prompts = response_prompts(task_mix, profile)
+    prompts, from_traffic = with_captured_prompts(prompts, captured or [], profile)
     if profile.generated_samples and len(prompts) < profile.generated_samples:
         logger.info(
             "dataset: %d responses asked for, %d distinct prompts drawn: each is answered once",
@@ -155,7 +191,8 @@ def build_dataset(
         online=online,
     )
     try:
-        checks = run_data_checks(ShardDataset(out_dir), model.config, task_mix).to_dict()
+        drawn_from = drawn_mix(task_mix, len(pairs) + len(prompts), from_traffic)
+        checks = run_data_checks(ShardDataset(out_dir), model.config, drawn_from).to_dict()
     except DraftsyncError as error:
         report = getattr(error, "report", None)
         if report is not None:
@@ -175,6 +212,7 @@ def build_dataset(
         "loss_tokens": manifest["loss_tokens"],
         "texts": len(pairs),
         "generated": len(prompts) if profile.generated_samples else 0,
+        "captured": from_traffic,
         "response_writer": manifest.get("response_writer"),  # absent from a build that predates it
         "tasks": manifest["tasks"],
         "checks": checks,

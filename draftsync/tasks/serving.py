@@ -72,6 +72,39 @@ def capture_config(deployment: ServingDeployment) -> CaptureConfig | None:
     )
 
 
+def captured_prompts(target_name: str) -> tuple[list[str], str]:
+    """The prompts the deployments serving `target_name` captured (oldest first), and where they came from in words:
+    which deployments, how many, or why there are none (capture off, nothing captured yet)."""
+    from draftsync.serving.traffic_capture import captured_rows
+
+    serving = [spec for spec in configured_deployments().values() if spec.target_name == target_name]
+    if not serving:
+        return [], f"no deployment in the deployments file serves {target_name}"
+    prompts: list[str] = []
+    said = []
+    for spec in serving:
+        config = capture_config(spec)
+        if config is None:
+            said.append(f"{spec.name}: capture is off (give it a capture section)")
+            continue
+        rows = captured_rows(config.path, spec.name)
+        texts = [text for row in rows if (text := _prompt_text(row["prompt"]))]
+        prompts += texts
+        said.append(f"{spec.name}: {len(texts)} captured prompts")
+    return prompts, "; ".join(said)
+
+
+def _prompt_text(prompt: object) -> str | None:
+    """A completion's prompt, or a chat's last user message: what the target is asked to answer again."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        for message in reversed(prompt):
+            if isinstance(message, dict) and message.get("role") == "user" and isinstance(message.get("content"), str):
+                return message["content"]
+    return None
+
+
 def _serving_dir() -> Path:
     path = context.settings().root / "serving"
     path.mkdir(parents=True, exist_ok=True)
