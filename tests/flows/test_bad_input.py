@@ -76,8 +76,9 @@ def test_a_dataset_larger_than_the_disk_budget_is_refused_before_a_byte_is_writt
     version = _register("roomless-llm", built_targets[1])
     monkeypatch.setenv("DRAFTSYNC_DISK_BUDGET_GB", "0.001")  # 1 MB; the test profile's dataset is several
     context.reset()
+    offline = profile("test").model_copy(update={"hidden_states": "offline"})  # auto would train online
     with pytest.raises(DraftsyncError) as refused:
-        sync("roomless-llm", version, "test")
+        sync("roomless-llm", version, offline)
     what = refused.value.what  # the plan, the sync's first step, refuses on its estimate
     assert "hidden_states stage needs" in what and "no dataset was written and no training started" in what
     assert f"at {8 * 128 + 5:,} bytes each" in what and "0.00093 GiB free" in what  # hidden 128; 1 MB
@@ -90,7 +91,7 @@ def test_a_dataset_larger_than_the_disk_budget_is_refused_before_a_byte_is_writt
     # the dataset task checks the exact count (the texts tokenized) again before it writes
     stored = context.registry().download("roomless-llm", version)
     with pytest.raises(DraftsyncError) as exact:
-        build_dataset.fn(str(stored), {"code": 1.0}, profile("test"), str(tmp_path / "shards"))
+        build_dataset.fn(str(stored), {"code": 1.0}, offline, str(tmp_path / "shards"))
     assert "DRAFTSYNC_DISK_BUDGET_GB allows 0.001 GB" in exact.value.what and "nothing was written" in exact.value.what
     planned = float(exact.value.what.split("needs up to ")[1].split(" GB")[0])
     assert 0.001 < planned <= estimated_gib * 1.074  # the exact count within the plan's estimate
