@@ -12,6 +12,7 @@ may have changed since. With `send`, mail left pending by an earlier SMTP outage
 from __future__ import annotations
 
 import re
+from dataclasses import asdict
 from datetime import UTC, datetime
 
 from prefect import flow, get_run_logger
@@ -157,6 +158,32 @@ def _status(findings) -> str:
     return state
 
 
+def _week_domains(spec: ServingDeployment | None, start: datetime, end: datetime) -> list:
+    """The deployment's acceptance per client domain over its captured requests of the week (none without capture)."""
+    from draftsync.monitors.trends import domain_acceptance
+    from draftsync.serving.traffic_capture import captured_rows
+    from draftsync.tasks.serving import capture_config
+
+    config = capture_config(spec) if spec is not None else None
+    if config is None:
+        return []
+    rows = [r for r in captured_rows(config.path, config.deployment) if start.timestamp() < r["at"] <= end.timestamp()]
+    return domain_acceptance(rows) if rows else []
+
+
+def _domains_text(deployment: str, domains: list) -> str:
+    """Which domain drifted: each domain's rate, its spread and its share of the captured requests, worst first."""
+
+    def rate(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    parts = [
+        f"{d.domain} {rate(d.acceptance_rate)} (P5 {rate(d.p5)}, P50 {rate(d.p50)}) on {d.share:.0%} of requests"
+        for d in domains
+    ]
+    return f"{deployment} by client domain, over its captured requests: " + "; ".join(parts) + "."
+
+
 def _finding_row(f) -> dict:
     return {
         "deployment": f.deployment,
@@ -207,6 +234,7 @@ def weekly_report(
     summaries, findings, actions, targets, rows = [], [], {}, set(), []
     fresh: set[str] = set()
     replaced_notes: list[str] = []
+    domain_notes: list[str] = []
     for pair in store.serving_pairs():
         review = review_deployment(pair.deployment, end)
         summary, found = review["summary"], review["findings"]
@@ -227,6 +255,7 @@ def weekly_report(
             taken = [f"none yet: {planned}" if planned else "none"]
         actions[pair.deployment] = taken
         now_serving = store.serving_pair(pair.deployment) or pair  # after what this review did to it
+        domains = _week_domains(specs.get(pair.deployment), start, end)
         rows.append(
             {
                 "name": pair.deployment,
@@ -253,8 +282,11 @@ def weekly_report(
                 "target": {"name": pair.target_name, "version": pair.target_version},
                 "drafter_version": summary.drafter_version,
                 "replaced_pairs": review["replaced"],
+                "domains": [asdict(d) for d in domains],
             }
         )
+        if domains:
+            domain_notes.append(_domains_text(pair.deployment, domains))
         for old_pair in review["replaced"]:
             served = f"t{old_pair['target_version']}" + (
                 f" + d{old_pair['drafter_version']}" if old_pair["drafter_version"] is not None else ", speculation off"
@@ -279,7 +311,7 @@ def weekly_report(
         f"`draftsync rollout {name}`, or check that its scrapes reach it."
         for name in sorted(set(specs) - reviewed)
     ]
-    all_notes = list(notes or []) + problems + replaced_notes + silent
+    all_notes = list(notes or []) + problems + domain_notes + replaced_notes + silent
     if week is not None:
         all_notes.append(f"A look back at ISO week {week}: no action was taken by this report.")
     elif not acting:

@@ -289,3 +289,42 @@ def _summary(
         gamma=last.gamma if last else None,
         bucket=bucket,
     )
+
+
+@dataclass(frozen=True)
+class DomainAcceptance:
+    """One client domain's acceptance over the captured requests of a week: its share of them, the pooled rate and
+    the spread of the per-request rates (requests that drafted nothing count in the share only)."""
+
+    domain: str
+    requests: int
+    share: float
+    acceptance_rate: float | None
+    p5: float | None
+    p50: float | None
+
+
+UNLABELLED = "(no label)"
+
+
+def domain_acceptance(rows: Sequence[dict]) -> list[DomainAcceptance]:
+    """Per domain label, from captured requests (`domain`, `draft_tokens`, `accepted_tokens`), worst rate first."""
+    by_domain: dict[str, list[dict]] = {}
+    for row in rows:
+        by_domain.setdefault(row.get("domain") or UNLABELLED, []).append(row)
+    out = []
+    for domain, requests in by_domain.items():
+        drafted = [r for r in requests if r.get("draft_tokens")]
+        rates = [r["accepted_tokens"] / r["draft_tokens"] for r in drafted]
+        total = sum(r["draft_tokens"] for r in drafted)
+        out.append(
+            DomainAcceptance(
+                domain=domain,
+                requests=len(requests),
+                share=len(requests) / len(rows),
+                acceptance_rate=sum(r["accepted_tokens"] for r in drafted) / total if total else None,
+                p5=percentile(rates, 5),
+                p50=percentile(rates, 50),
+            )
+        )
+    return sorted(out, key=lambda d: (d.acceptance_rate is None, d.acceptance_rate or 0.0))

@@ -379,3 +379,31 @@ def test_a_declared_deployment_that_served_nothing_is_named_not_skipped(report_s
     assert [row["name"] for row in report["deployments"]] == ["chat"]
     (note,) = [note for note in report["notes"] if "ghost" in note]
     assert "served nothing draftsync recorded" in note and "draftsync rollout ghost" in note
+
+
+def test_the_report_says_which_client_domain_drifted_from_the_captured_requests(report_setup, monkeypatch):
+    from draftsync.serving.traffic_capture import TrafficCapture
+    from draftsync.tasks.serving import capture_config, configured_deployments
+
+    workdir = report_setup["workdir"]
+    declared = (workdir / "deployments.yaml").read_text()
+    (workdir / "deployments.yaml").write_text(declared + "    capture: {rate: 1.0}\n")
+    hour_ago = datetime.now(UTC).timestamp() - 3600
+    capture = TrafficCapture(capture_config(configured_deployments()["chat"]), clock=lambda: hour_ago)
+    for index in range(10):
+        domain, accepted = ("prose", 3 + index % 3) if index < 6 else ("code", 25 + index % 3)
+        answer = json.dumps(
+            {"metrics": {"speculative_decoding": {"num_draft_tokens": 30, "num_accepted_draft_tokens": accepted}}}
+        ).encode()
+        body = json.dumps({"model": "m", "prompt": f"request {index}"}).encode()
+        capture.offer("/v1/completions", {"X-Draftsync-Domain": domain}, body, 200, answer)
+    capture.flush()
+    code, report, output, error = run_report(monkeypatch)
+    assert error is None and code == 0, output
+    (row,) = report["deployments"]
+    prose, code_domain = row["domains"]  # worst first
+    assert (prose["domain"], prose["requests"], prose["share"]) == ("prose", 6, 0.6)
+    assert prose["acceptance_rate"] == pytest.approx(24 / 180) and prose["p50"] == pytest.approx(4 / 30)
+    assert (code_domain["domain"], code_domain["share"]) == ("code", 0.4) and code_domain["acceptance_rate"] > 0.8
+    (note,) = [note for note in report["notes"] if "by client domain" in note]
+    assert note.startswith("chat by client domain, over its captured requests: prose 0.13 (P5 0.10, P50 0.13) on 60%")
