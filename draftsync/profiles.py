@@ -14,6 +14,7 @@ DraftSampling = Literal["greedy", "probabilistic"]
 # A profile names every field it sets correctly and holds finite numbers: a typo (`train_step`) or a NaN is refused,
 # not ignored.
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+MAX_COUNT = 10**9  # steps or samples beyond this are a typo, not a run (1e9 steps is years on any GPU)
 
 
 EvaluationBackend = Literal["auto", "vllm", "reference"]  # where the checklist is measured
@@ -126,10 +127,10 @@ class SyncProfile(BaseModel):
     draft_vocab_size: int = Field(256, ge=16)
     aux_layer_ids: tuple[int, int, int] | None = None  # EAGLE-3 depths; None: low/mid/high of the target
     medusa_heads: int = Field(4, ge=1, le=16)
-    train_steps: int = Field(300, ge=1)
+    train_steps: int = Field(300, ge=1, le=MAX_COUNT)
     # A warm start from the previous target version's drafter (same method and shapes) needs fewer steps.
     warm_start: bool = True
-    warm_start_steps: int = Field(150, ge=1)
+    warm_start_steps: int = Field(150, ge=1, le=MAX_COUNT)
     checkpoint_every: int = Field(50, ge=0)  # steps between resumable training checkpoints (0: none)
     noise_std: float = Field(0.0, ge=0.0)  # noise on the target states during training
     keep_dataset: bool = False  # shards are large: removed once the drafter is registered (a crashed sync keeps them)
@@ -161,8 +162,8 @@ class SyncProfile(BaseModel):
     # at T=0: 0.25 lifted the demo's drafter on held-out requests at three training seeds, but not on the demo's own
     # traffic (docs/TRAINING.md), so no profile sets it yet.
     teacher_temperature: float = Field(1.0, gt=0.0)
-    training_texts: int = Field(800, ge=10)
-    generated_samples: int = Field(400, ge=0)  # prompts the target answers itself (its own outputs)
+    training_texts: int = Field(800, ge=10, le=MAX_COUNT)
+    generated_samples: int = Field(400, ge=0, le=MAX_COUNT)  # prompts the target answers itself (its own outputs)
     generated_max_tokens: int = Field(96, ge=1)
     # Who writes those responses: "vllm" (one plain server, many requests batched: how 50K-100K are written),
     # "hf" (transformers' generate, 32 prompts a batch, no engine needed), "auto": vLLM when an engine is installed.

@@ -76,13 +76,14 @@ def read_yaml(path: Path, what: str, fix: str) -> Any:
 
 def check_output_file(path: Path, what: str) -> None:
     """Refuse, before any work, an output path that could not be written at the end: a folder, a link loop, a
-    parent that is a file or that cannot be written to."""
+    parent that is a file or that cannot be made or written to. Folders still to be made are made now, as the write
+    would make them."""
     fix = f"give {what} a file path in a folder you can write to"
     if path.is_dir() or path_problem(path, "file") == "is a loop of symbolic links":
         raise DraftsyncError(f"{what} {path} {path_problem(path, 'file')}", fix)
     parent = path.absolute().parent
-    while not parent.exists() and not parent.is_symlink() and parent != parent.parent:
-        parent = parent.parent  # folders still to be made: the first existing one decides
+    if not parent.exists() and not parent.is_symlink():
+        make_folder(parent, f"the folder of {what}", fix)
     problem = path_problem(parent, "directory")
     if problem:
         raise DraftsyncError(f"{what} {path}: its folder {parent} {problem}", fix)

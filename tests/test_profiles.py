@@ -32,6 +32,7 @@ def test_a_profile_file_overrides_the_demo_profile_field_by_field(tmp_path):
         # a typo or an impossible number is refused, not ignored
         ("train_step: 5\n", "train_step: Extra inputs are not permitted"),
         ("lr: -5\n", "lr: Input should be greater than 0"),
+        ("train_steps: 99999999999999999999999\n", "train_steps: Input should be less than or equal to 1000000000"),
         ("lr: .nan\n", "lr: Input should be a finite number"),
         ("validation:\n  min_acceptanse: 0.5\n", "validation.min_acceptanse: Extra inputs are not permitted"),
         ("validation: abc\n", "validation is str 'abc', not a section of fields"),

@@ -91,9 +91,11 @@ def test_an_output_path_that_cannot_be_written_is_refused(places, tmp_path):
     for kind, cause in (("folder", "is a folder"), ("loop", "is a loop"), ("under a file", "is a file, not a folder")):
         with pytest.raises(DraftsyncError, match=cause):
             check_output_file(places[kind], "--json")
-    check_output_file(tmp_path / "new" / "deeper" / "out.json", "--json")  # folders still to be made are fine
+    check_output_file(tmp_path / "new" / "deeper" / "out.json", "--json")  # folders still to be made are made
+    assert (tmp_path / "new" / "deeper").is_dir() and not (tmp_path / "new" / "deeper" / "out.json").exists()
     check_output_file(places["dangling"], "--json")  # written through the link, as the shell would
-    assert not (tmp_path / "new").exists()  # checking makes nothing
+    with pytest.raises(DraftsyncError, match="cannot be made"):  # /proc takes no new folder, even from root
+        check_output_file(Path("/proc/no-such-folder/out.json"), "--json")
 
 
 def test_json_to_a_folder_is_refused_before_a_target_is_registered(workdir, built_targets, tmp_path):

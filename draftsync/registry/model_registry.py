@@ -584,6 +584,7 @@ class Registry:
 
 
 _SERVER_SCHEMES = ("http", "https", "databricks", "file", "")
+_DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow's SQL stores
 
 
 def _connect_once(tracking_uri: str) -> None:
@@ -617,6 +618,11 @@ def _store_fix(tracking_uri: str) -> str:
         return "MLflow no longer writes file stores: use sqlite:///<path to a .db file> or a server's http:// URL"
     if scheme == "sqlite":
         return "point MLFLOW_TRACKING_URI at a SQLite file you can write (or unset it: the work dir's)"
+    if scheme not in _DATABASE_SCHEMES:
+        return (
+            f"MLFLOW_TRACKING_URI takes http(s)://, sqlite:///, {', '.join(f'{s}://' for s in _DATABASE_SCHEMES[1:])} "
+            f"URIs, not {scheme}://"
+        )
     return "check that the database is up and the URI's host, port, database and login, or unset MLFLOW_TRACKING_URI"
 
 

@@ -100,6 +100,28 @@ def last_complete_iso_week(now: datetime) -> str:
     return f"{year}-W{week:02d}"
 
 
+def serve_new_drafter(version: int, target_dir: Path, drafter_dir: Path) -> int:
+    """A validated drafter of report-llm's `version`, registered and recorded as what deployment chat serves."""
+    from draftsync.tasks import context
+
+    from tests.serving.tiny_models import build_tiny_drafter
+
+    drafter = context.registry().register_drafter(
+        "report-llm", version, build_tiny_drafter(target_dir, drafter_dir, 3), "eagle3", 3, {}, validation_passed=True
+    )
+    context.store().set_serving_pair(
+        "chat",
+        target_name="report-llm",
+        target_version=version,
+        drafter_name="report-llm-drafter",
+        drafter_version=drafter,
+        gamma=3,
+        endpoint="http://127.0.0.1:9",
+        state="serving",
+    )
+    return drafter
+
+
 @pytest.fixture
 def report_setup(workdir, tmp_path, monkeypatch):
     """A served pair (tiny target v1 + a drafter trained for it) declared as an external deployment."""
@@ -107,21 +129,12 @@ def report_setup(workdir, tmp_path, monkeypatch):
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target
 
-    from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
+    from tests.serving.tiny_models import build_tiny_target
 
     target_dir = build_tiny_target(tmp_path / "target")
     version = publish_target("report-llm", str(target_dir), {"code": 0.5, "math": 0.5})
-    registry = context.registry()
-    drafter = registry.register_drafter(
-        "report-llm",
-        version,
-        build_tiny_drafter(target_dir, tmp_path / "drafter", 3),
-        "eagle3",
-        3,
-        {},
-        validation_passed=True,
-    )
-    registry.promote("report-llm", drafter)
+    drafter = serve_new_drafter(version, target_dir, tmp_path / "drafter")
+    context.registry().promote("report-llm", drafter)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "deployments.yaml").write_text(
         "deployments:\n"
@@ -132,16 +145,6 @@ def report_setup(workdir, tmp_path, monkeypatch):
         "    port: 8000\n"
     )
     store = context.store()
-    store.set_serving_pair(
-        "chat",
-        target_name="report-llm",
-        target_version=version,
-        drafter_name="report-llm-drafter",
-        drafter_version=drafter,
-        gamma=3,
-        endpoint="http://127.0.0.1:9",
-        state="serving",
-    )
     record_week(store, "chat", ServedPair("report-llm", version, drafter, 3), datetime.now(UTC))
     save_secret_block(BLOCK, PASSWORD)
     return {"workdir": workdir, "target_version": version, "drafter_version": drafter}
@@ -323,7 +326,7 @@ def test_the_review_judges_the_pair_serving_now_apart_from_the_pair_it_replaced(
     from draftsync.monitors.tables import ServedPair
     from draftsync.tasks import context
 
-    from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
+    from tests.serving.tiny_models import build_tiny_target
 
     version, stale = report_setup["target_version"], report_setup["drafter_version"]
     later = datetime.now(UTC) + 6 * HOUR
@@ -331,27 +334,8 @@ def test_the_review_judges_the_pair_serving_now_apart_from_the_pair_it_replaced(
     (judged,) = before["deployments"]
     assert any(f["severity"] != "info" for f in judged["findings"]), judged["findings"]  # the falling week alarms
 
-    registry, store = context.registry(), context.store()
-    target_dir = build_tiny_target(tmp_path / "target-again")
-    healthy = registry.register_drafter(
-        "report-llm",
-        version,
-        build_tiny_drafter(target_dir, tmp_path / "drafter-2", 3),
-        "eagle3",
-        3,
-        {},
-        validation_passed=True,
-    )
-    store.set_serving_pair(
-        "chat",
-        target_name="report-llm",
-        target_version=version,
-        drafter_name="report-llm-drafter",
-        drafter_version=healthy,
-        gamma=3,
-        endpoint="http://127.0.0.1:9",
-        state="serving",
-    )
+    store = context.store()
+    healthy = serve_new_drafter(version, build_tiny_target(tmp_path / "target-again"), tmp_path / "drafter-2")
     pair = ServedPair("report-llm", version, healthy, 3)
     start = later - 6 * HOUR
     for hour in range(6):  # a new server: counters from zero, 0.9 of the drafts accepted

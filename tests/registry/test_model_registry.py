@@ -235,6 +235,7 @@ def test_each_kind_of_unusable_store_is_named_with_its_own_fix_and_no_retry_stor
         f"sqlite:///{tmp_path}": "SQLite file you can write",  # a folder where the database belongs
         f"postgresql+psycopg://draftsync:secret-pw@127.0.0.1:{_free_port()}/mlflow": "database is up",
         f"file://{tmp_path / 'mlruns'}": "no longer writes file stores",
+        "bogus://x": "not bogus://",
     }
     for uri, fix in stores.items():
         with pytest.raises(DraftsyncError) as raised:
