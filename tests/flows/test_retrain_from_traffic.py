@@ -42,29 +42,41 @@ def _retrain(version: int, small) -> dict:
     return sync("traffic-llm", version, small)
 
 
-@pytest.mark.parametrize(("capture", "captured", "expected"), [(True, 40, 40), (True, 5, 0), (False, 0, 0)])
-def test_a_retrain_answers_captured_traffic_only_when_there_is_enough(
-    workdir, built_targets, capture, captured, expected
-):
+def test_a_retrain_answers_the_captured_prompts(workdir, built_targets):
     from draftsync.flows.sync import sync
     from draftsync.profiles import profile
     from draftsync.speculative.shard_reader import ShardDataset
     from draftsync.tasks.registration import publish_target
 
     version = publish_target("traffic-llm", str(built_targets[1]), {"code": 0.5, "math": 0.5})
-    _declare(workdir, capture)
-    if captured:
-        _capture(PROSE[:captured])
+    _declare(workdir, capture=True)
+    _capture(PROSE)
     small = profile("test").model_copy(
         update={"train_steps": 5, "generated_samples": 80, "training_texts": 80, "keep_dataset": True}
     )
     first = sync("traffic-llm", version, small)
     assert first["dataset"]["captured"] == 0  # a first sync learns the declared mix: there is no stale traffic yet
     retrain = _retrain(version, small)
-    assert retrain["dataset"]["captured"] == expected
+    assert retrain["dataset"]["captured"] == 40  # half of the 80 responses, and there are 40 distinct prompts
     tasks = ShardDataset(retrain["dataset"]["path"]).manifest["tasks"]
-    if expected:
-        assert tasks["captured"]["sequences"] == expected  # each captured prompt answered once, by the target
-        # the declared tasks each gave up the same share of their prompts, so the data checks (which raise) held
-    else:
-        assert "captured" not in tasks
+    assert tasks["captured"]["sequences"] == 40  # each captured prompt answered once, by the target
+    # the declared tasks each gave up the same share of their prompts, so the data checks (which raise) held
+    assert tasks["code"]["sequences"] + tasks["math"]["sequences"] == 160 - 40  # 80 texts and 40 declared responses
+
+
+@pytest.mark.parametrize(("capture", "captured", "said"), [(True, 5, "chat: 5 captured prompts"), (False, 0, "off")])
+def test_too_little_captured_traffic_or_capture_off_trains_on_the_declared_mix(workdir, capture, captured, said):
+    """What the retrain reads and says before it decides (a sync of these trains on the declared mix: the flow
+    takes captured prompts only from min_captured_prompts, 20 in every profile)."""
+    from draftsync.profiles import profile
+    from draftsync.tasks.dataset import with_captured_prompts
+    from draftsync.tasks.serving import captured_prompts
+
+    _declare(workdir, capture)
+    if captured:
+        _capture(PROSE[:captured])
+    prompts, where = captured_prompts("traffic-llm")
+    assert len(prompts) == captured < profile("test").min_captured_prompts
+    assert said in where
+    declared = [("code", "def f():"), ("math", "1 + 1 =")]
+    assert with_captured_prompts(declared, [], profile("test")) == (declared, 0)
