@@ -84,6 +84,11 @@ STORED = "stored"  # the states are in the shards (offline)
 ONLINE = "online"  # the shards hold tokens only; the target computes the states when a batch needs them
 
 
+def stores_states(manifest: dict) -> bool:
+    """Whether the shards hold the states (builds from before online states all did)."""
+    return manifest.get("states", STORED) == STORED
+
+
 def new_manifest(
     facts: dict,
     layer_ids: tuple[int, ...],
@@ -96,6 +101,7 @@ def new_manifest(
     batch_size: int,
     max_batch_tokens: int,
     max_seq_len: int | None,
+    states: str = STORED,
 ) -> dict:
     """The manifest of an empty build: its settings, and counters that each committed shard adds to."""
     return {
@@ -105,7 +111,7 @@ def new_manifest(
         "target": facts,
         "aux_layer_ids": list(layer_ids),
         "store_aux": store_aux,
-        "states": STORED,
+        "states": states,
         "dtype": dtype_name,
         "mode": mode,
         "source_fingerprint": fingerprint,
@@ -159,10 +165,9 @@ def check_resumable(out_dir: Path, old: dict, new: dict) -> None:
                 fix,
             )
     for key in _RESUME_FIELDS:
-        if old.get(key, STORED if key == "states" else None) != new[key]:  # builds before online states stored them
-            raise DraftsyncError(
-                f"{out_dir} was built with {key}={old.get(key)!r}, this build asks for {key}={new[key]!r}", fix
-            )
+        was = old.get(key, STORED if key == "states" else None)  # builds before online states stored them all
+        if was != new[key]:
+            raise DraftsyncError(f"{out_dir} was built with {key}={was!r}, this build asks for {key}={new[key]!r}", fix)
 
 
 def recount_tokens(out_dir: Path, manifest: dict, vocab_size: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.shard_manifest import FORMAT, FORMAT_VERSION, MANIFEST_FILE, STORED
+from draftsync.speculative.shard_manifest import FORMAT, FORMAT_VERSION, MANIFEST_FILE, stores_states
 from draftsync.speculative.training_batch import TrainingBatch
 
 MIN_WINDOW_TOKENS = 3  # a window needs a state, a next token and one token after it to train on
@@ -80,7 +80,7 @@ class ShardDataset:
     @property
     def stores_states(self) -> bool:
         """False for a dataset of tokens only, whose states the target computes per batch (`OnlineDataset`)."""
-        return self.manifest.get("states", STORED) == STORED
+        return stores_states(self.manifest)
 
     @property
     def task_names(self) -> list[str]:
@@ -156,11 +156,6 @@ class ShardDataset:
         windows = torch.as_tensor(windows, dtype=torch.int64).reshape(-1, 3)
         if windows.shape[0] == 0:
             raise DraftsyncError("a batch of zero windows was asked for", "select at least one window")
-        if not self.stores_states:
-            raise DraftsyncError(
-                f"the dataset in {self.path} holds tokens only: its states are computed online",
-                "read it through draftsync.speculative.online_states.OnlineDataset with its target",
-            )
         width = int(seq_len) if seq_len is not None else int(windows[:, 2].max())
         if int(windows[:, 2].max()) > width:
             raise DraftsyncError(f"a window is longer than seq_len={width}", "cut windows with the same seq_len")
@@ -172,9 +167,8 @@ class ShardDataset:
         final = torch.zeros(count, width, hidden, dtype=torch.float32)
         aux_width = len(self.manifest["aux_layer_ids"]) * hidden
         aux = torch.zeros(count, width, aux_width, dtype=torch.float32) if self.has_aux else None
-        names = ("input_ids", "loss_mask", "final", "aux") if self.has_aux else ("input_ids", "loss_mask", "final")
-        for row, (sequence, start, length) in enumerate(windows.tolist()):
-            part = self._read(sequence, start, length, names)
+        for row, part in enumerate(self._window_parts(windows)):
+            length = part["input_ids"].shape[0]
             ids[row, :length] = part["input_ids"].to(torch.long)
             valid[row, :length] = True
             loss_mask[row, :length] = part["loss_mask"].to(torch.bool)
@@ -184,6 +178,16 @@ class ShardDataset:
         return TrainingBatch(
             ids=ids, valid=valid, loss_mask=loss_mask & valid, aux=aux, final=final, target_logits=None
         )
+
+    def _window_parts(self, windows: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Each window's input_ids, loss_mask, final and (EAGLE-3) aux rows, as stored in the shards."""
+        if not self.stores_states:
+            raise DraftsyncError(
+                f"the dataset in {self.path} holds tokens only: its states are computed online",
+                "read it through draftsync.speculative.online_states.OnlineDataset with its target",
+            )
+        names = ("input_ids", "loss_mask", "final", "aux") if self.has_aux else ("input_ids", "loss_mask", "final")
+        return [self._read(sequence, start, length, names) for sequence, start, length in windows.tolist()]
 
     def _epoch_order(self, seed: int, epoch: int, count: int) -> torch.Tensor:
         key = (seed, epoch, count)

@@ -35,6 +35,7 @@ from draftsync.speculative.shard_manifest import (
     recount_tokens,
     remove_uncommitted,
     shard_name,
+    stores_states,
     target_facts,
     write_json,
     write_token_counts,
@@ -168,8 +169,8 @@ def build_shards(
         batch_size,
         max_batch_tokens,
         max_seq_len,
+        ONLINE if online else STORED,
     )
-    manifest["states"] = ONLINE if online else STORED
     if manifest_path.exists():
         old = json.loads(manifest_path.read_text())
         check_resumable(out_dir, old, manifest)
@@ -257,7 +258,7 @@ class _ShardWriter:
         self.shard_tokens, self.aux_width, self.dtype, self.on_progress = shard_tokens, aux_width, dtype, on_progress
         self.hidden = manifest["target"]["hidden_size"]
         self.buffer: _ShardBuffer | None = None
-        self.stores_states = manifest.get("states", STORED) == STORED
+        self.stores_states = stores_states(manifest)
         self.skipped = {"too_short": 0, "no_loss_tokens": 0}
         self.truncated = 0
 
