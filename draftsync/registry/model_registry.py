@@ -589,9 +589,7 @@ _DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow's SQL s
 
 def _connect_once(tracking_uri: str) -> None:
     """One connection to a database store, refused in seconds (MLflow itself would retry it for minutes)."""
-    from urllib.parse import urlsplit
-
-    scheme = urlsplit(tracking_uri).scheme.split("+")[0]
+    scheme = _store_kind(tracking_uri)
     if scheme in _SERVER_SCHEMES:
         return
     import sqlalchemy
@@ -605,10 +603,15 @@ def _connect_once(tracking_uri: str) -> None:
         engine.dispose()
 
 
-def _store_fix(tracking_uri: str) -> str:
+def _store_kind(tracking_uri: str) -> str:
+    """The URI's scheme without its driver: postgresql for postgresql+psycopg://."""
     from urllib.parse import urlsplit
 
-    scheme = urlsplit(tracking_uri).scheme.split("+")[0]
+    return urlsplit(tracking_uri).scheme.split("+")[0]
+
+
+def _store_fix(tracking_uri: str) -> str:
+    scheme = _store_kind(tracking_uri)
     if scheme in ("http", "https"):
         return (
             "start `mlflow server` there or set MLFLOW_TRACKING_URI to a reachable server "

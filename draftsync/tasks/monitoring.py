@@ -51,22 +51,23 @@ def review_deployment(deployment: str, now: datetime) -> dict:
     store = context.store()
     pair = store.serving_pair(deployment)
 
-    judged = _judged_pair(pair, store.hourly(deployment, now - WEEK, now))
+    # Hourly rollups: a week is 168 rows per deployment however often it was scraped.
+    this_week = store.hourly(deployment, now - WEEK, now)
+    judged = _judged_pair(pair, this_week)
 
     def served_now(row) -> bool:
         return judged is None or (row.target_version, row.drafter_version) == judged
 
-    def week(start: datetime, drafter_version: int | None = None):
-        # Hourly rollups: a week is 168 rows per deployment however often it was scraped; only the pair serving now
-        # is judged, so the hours of a pair it replaced neither raise nor hide a finding about it.
-        rows = [r for r in store.hourly(deployment, start, start + WEEK) if served_now(r)]
+    def week(start: datetime, drafter_version: int | None = None, rows: list | None = None):
+        # only the pair serving now is judged, so the hours of a pair it replaced neither raise nor hide a finding
+        rows = [r for r in (store.hourly(deployment, start, start + WEEK) if rows is None else rows) if served_now(r)]
         if drafter_version is not None:
             rows = [r for r in rows if r.drafter_version == drafter_version]
         return summarize_hourly(rows, start, start + WEEK, deployment=deployment)
 
-    summary = week(now - WEEK)
+    summary = week(now - WEEK, rows=this_week)
     previous = week(now - 2 * WEEK)
-    replaced = _replaced_pairs(store.hourly(deployment, now - WEEK, now), served_now, now, deployment)
+    replaced = _replaced_pairs(this_week, served_now, now, deployment)
     trained_for, baseline = None, None
     if pair is not None and pair.drafter_version is not None:
         from draftsync.registry.tags import trained_for_version
