@@ -144,6 +144,9 @@ class SyncProfile(BaseModel):
     # Data-parallel training processes under torchrun (one per GPU; gloo ranks on a CPU), each on its slice of every
     # step's batch; `draftsync plan` sets it to the worker's GPUs. 1: training in the sync's own process.
     train_processes: int = Field(1, ge=1, le=1024)
+    # How those processes hold the drafter: "ddp" whole on each, "fsdp" (FSDP2) AdamW's state shared out among them
+    # for a drafter whose optimiser does not fit one GPU, or "auto": ddp where a step fits (`draftsync plan` decides).
+    data_parallel: Literal["auto", "ddp", "fsdp"] = "auto"
     # Where training reads the target's hidden states: "offline" shards written once (8 x hidden + 5 bytes a token
     # for EAGLE-3), "online" from the target per batch (5 bytes a token on disk, a forward pass a batch), or "auto":
     # offline where the shards fit the disk, else online (`draftsync plan` decides and says why).

@@ -222,6 +222,7 @@ class SyncPlan:
             "activation_checkpointing": self.settings["activation_checkpointing"],
             "training_device": self.settings["training_device"],
             "train_processes": self.settings["train_processes"],
+            "data_parallel": self.settings["data_parallel"],
             "hidden_states": self.settings["hidden_states"],
         }
 
@@ -446,10 +447,14 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
         )
     processes = settings["train_processes"]
     spans = f" on each of {worker.nodes} nodes (c10d rendezvous; shards on storage every node mounts)"
+    holding = (
+        "FSDP2 shares AdamW's state out among them, since no step holding it whole fits a GPU"
+        if settings["data_parallel"] == "fsdp"
+        else "DistributedDataParallel averages the gradients"
+    )
     reasons["training"] = (
         f"draftsync's trainer on {processes} torchrun ranks, one per GPU{spans if worker.nodes > 1 else ''}: each "
-        f"trains its slice of every step's {profile.batch_size} windows and DistributedDataParallel averages the "
-        "gradients"
+        f"trains its slice of every step's {profile.batch_size} windows and {holding}"
         if processes > 1
         else f"draftsync's trainer in one process on {settings['training_device']}"
     )
@@ -514,39 +519,49 @@ def _plan_training(
         candidates.append((tokens, False))
         tokens //= 2
     candidates += [(profile.seq_len, True)]
-    chosen = None
-    for tokens, checkpointing in candidates:
-        shape = StepShape(
-            hidden=target.hidden,
-            vocab=target.vocab,
-            draft_vocab=draft_vocab,
-            heads=target.heads,
-            kv_heads=target.kv_heads,
-            head_dim=target.head_dim,
-            intermediate=target.intermediate,
-            batch=tokens // profile.seq_len,
-            seq_len=profile.seq_len,
-            ttt_steps=ttt,
-            head_bytes=width,
-            activation_bytes=width,
-            checkpointing=checkpointing,
-        )
-        memory = predict_step_memory(shape)["total"]
-        chosen = (tokens, checkpointing, memory)
-        if memory <= budget:
-            break
-    assert chosen is not None
-    tokens, checkpointing, memory = chosen
-    accumulation = math.ceil(whole / tokens)
-    trainable, _ = drafter_parameters(shape)
-    steps = profile.train_steps
     # Every GPU trains a slice of each step's batch (the target's decoder layers are gone by then): torchrun ranks.
     # On a CPU the profile decides (gloo ranks share its cores, so one process is the default there).
     processes = min(worker.gpus * worker.nodes, profile.batch_size) if on_gpu else profile.train_processes
+    # DDP at the largest micro-batch that fits; FSDP2 (AdamW's state shared out) only where no DDP step fits.
+    if profile.data_parallel != "auto" or processes == 1:
+        replicas = [profile.data_parallel if profile.data_parallel != "auto" else "ddp"]
+    else:
+        replicas = ["ddp", "fsdp"]
+    chosen = None
+    for replica in replicas:
+        for tokens, checkpointing in candidates:
+            shape = StepShape(
+                hidden=target.hidden,
+                vocab=target.vocab,
+                draft_vocab=draft_vocab,
+                heads=target.heads,
+                kv_heads=target.kv_heads,
+                head_dim=target.head_dim,
+                intermediate=target.intermediate,
+                batch=tokens // profile.seq_len,
+                seq_len=profile.seq_len,
+                ttt_steps=ttt,
+                head_bytes=width,
+                activation_bytes=width,
+                checkpointing=checkpointing,
+                optimizer_shards=processes if replica == "fsdp" else 1,
+            )
+            memory = predict_step_memory(shape)["total"]
+            chosen = (tokens, checkpointing, memory, replica)  # the last tried is the smallest, for a refusal
+            if memory <= budget:
+                break
+        if chosen is not None and chosen[2] <= budget:
+            break
+    assert chosen is not None
+    tokens, checkpointing, memory, replica = chosen
+    accumulation = math.ceil(whole / tokens)
+    trainable, _ = drafter_parameters(shape)
+    steps = profile.train_steps
     flops = steps * whole * (6 * trainable + 2 * target.hidden * target.vocab) * (ttt if ttt else 1)
     seconds = flops / (GPU_FLOPS * processes if on_gpu else CPU_FLOPS)
     settings = {
         "train_processes": processes,
+        "data_parallel": replica,
         "training_device": device,
         "batch_tokens": tokens,
         "accumulation": accumulation,

@@ -1,14 +1,22 @@
 """Data-parallel training under torchrun: one code path for one process and for n, gloo on a CPU, NCCL on GPUs.
 
-Each rank trains on its slice of every step's global batch, and DistributedDataParallel averages the gradients. A
-micro-batch's loss weighs its share of the loss-masked tokens of the whole global batch, times the world size (the
-average undoes it), so n ranks take the step one process takes at the same global batch. Checkpoints hold the
-unwrapped drafter and its optimiser, the same on every rank, so a run resumes on another world size.
+Each rank trains on its slice of every step's global batch. A micro-batch's loss weighs its share of the loss-masked
+tokens of the whole global batch, times the world size (the ranks' average undoes it), so n ranks take the step one
+process takes at the same global batch. Two ways to hold the drafter (`REPLICAS`):
+- `ddp`: every rank holds the whole drafter and AdamW's state; DistributedDataParallel averages the gradients once a
+  step;
+- `fsdp`: FSDP2 (`fully_shard`) keeps each rank's 1/n of the weights, gradients and AdamW's state between passes and
+  gathers the weights for each forward and backward, for a drafter whose optimiser does not fit one GPU. Every
+  micro-batch is a collective there, so the ranks run as many as the busiest of them.
+Checkpoints hold the whole drafter and optimiser, in one format for both, so a run resumes on another world size and
+the other way of holding it.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -90,27 +98,110 @@ def stop() -> None:
         dist.destroy_process_group()
 
 
-def replicate(drafter: Any, device: torch.device) -> Any:
-    """The drafter's training loss behind DistributedDataParallel, which averages its gradients over the ranks."""
-    import torch
-    from torch.nn.parallel import DistributedDataParallel
+DDP = "ddp"
+FSDP = "fsdp"
+REPLICAS = (DDP, FSDP)
 
-    class TrainingLoss(torch.nn.Module):
-        """DDP syncs what a module's forward computes; a drafter's training pass is its `training_loss`."""
 
-        def __init__(self, inner: Any):
-            super().__init__()
-            self.inner = inner
+class Replica:
+    """The drafter's training loss behind DDP or FSDP2: what the step calls instead of `drafter.training_loss`."""
 
-        def forward(self, *args: Any, **kwargs: Any) -> Any:
-            return self.inner.training_loss(*args, **kwargs)
+    def __init__(self, drafter: Any, device: torch.device, kind: str):
+        import torch
 
-    device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(TrainingLoss(drafter), device_ids=device_ids)
+        if kind not in REPLICAS:
+            raise DraftsyncError(f"data-parallel kind {kind!r} is not known", f"use one of {list(REPLICAS)}")
+
+        class TrainingLoss(torch.nn.Module):
+            """DDP and FSDP act around a module's forward; a drafter's training pass is its `training_loss`."""
+
+            def __init__(self, inner: Any):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, *args: Any, **kwargs: Any) -> Any:
+                return self.inner.training_loss(*args, **kwargs)
+
+        self.kind = kind
+        self.sharded = kind == FSDP
+        self.module: Any
+        if self.sharded:
+            from torch.distributed.fsdp import fully_shard
+
+            self.module = fully_shard(TrainingLoss(drafter))
+        else:
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = [device.index] if device.type == "cuda" else None
+            self.module = DistributedDataParallel(TrainingLoss(drafter), device_ids=device_ids)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def accumulating(self, last: bool) -> Any:
+        """The context of one micro-batch's backward: the ranks' gradients are combined at the step's last only."""
+        if self.sharded:
+            self.module.set_requires_gradient_sync(last)
+            return nullcontext()
+        return nullcontext() if last else self.module.no_sync()
+
+    @contextmanager
+    def gathered(self) -> Iterator[None]:
+        """The drafter's whole weights on every rank for a while (evaluation): a no-op when each rank holds them."""
+        if not self.sharded:
+            yield
+            return
+        self.module.unshard()
+        try:
+            yield
+        finally:
+            self.module.reshard()
+
+
+def whole_state(drafter: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The drafter's and the optimiser's state dicts with every sharded tensor gathered whole, in the format one
+    process writes. A collective under FSDP: every rank calls it."""
+    from torch.distributed.tensor import DTensor
+
+    def whole(value: Any) -> Any:
+        return value.full_tensor() if isinstance(value, DTensor) else value
+
+    model = {name: whole(value) for name, value in drafter.state_dict().items()}
+    optim = optimizer.state_dict()
+    optim["state"] = {key: {k: whole(v) for k, v in entry.items()} for key, entry in optim["state"].items()}
+    return model, optim
+
+
+def load_optimizer_state(optimizer: Any, state: dict[str, Any], parameters: list[Any]) -> None:
+    """A whole optimiser state (`whole_state`'s) into an optimiser over `parameters`, each moment cut to its
+    parameter's shard where the parameters are sharded."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    entries = {}
+    for key, entry in state["state"].items():
+        parameter = parameters[int(key)]
+        if isinstance(parameter, DTensor):
+            entry = {
+                k: distribute_tensor(v.to(parameter.device), parameter.device_mesh, parameter.placements)
+                if hasattr(v, "shape") and tuple(v.shape) == tuple(parameter.shape)
+                else v
+                for k, v in entry.items()
+            }
+        entries[key] = entry
+    optimizer.load_state_dict({**state, "state": entries})
 
 
 def summed(values: list[float], ranks: Ranks) -> list[float]:
     """Each value summed over the ranks (itself in one process)."""
+    return _reduced(values, ranks, "SUM")
+
+
+def most(value: int, ranks: Ranks) -> int:
+    """The largest of the ranks' values (its own in one process)."""
+    return int(_reduced([float(value)], ranks, "MAX")[0])
+
+
+def _reduced(values: list[float], ranks: Ranks, how: str) -> list[float]:
     if not ranks.distributed:
         return values
     import torch
@@ -119,5 +210,5 @@ def summed(values: list[float], ranks: Ranks) -> list[float]:
     total = torch.tensor(values, dtype=torch.float64)
     if dist.get_backend() == "nccl":
         total = total.cuda()
-    dist.all_reduce(total)
+    dist.all_reduce(total, op=getattr(dist.ReduceOp, how))
     return [float(value) for value in total.cpu()]

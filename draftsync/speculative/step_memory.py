@@ -15,6 +15,9 @@ micro-batch of `tokens` (the step's other micro-batches come and go one at a tim
   peak is their sum, on this CPU). The last step's gradients are freed before the forward pass;
 - under bf16 autocast, the 16-bit copies of the trainable weights it casts once a step.
 
+Under FSDP2 (`optimizer_shards` ranks, the drafter sharded as one unit) a rank keeps 1/n of AdamW's moments; the
+weights and gradients are whole during the step's passes, which is where its peak is.
+
 The loss's softmaxes are chunked (draft_loss.LOSS_CHUNK_ELEMENTS) and the target's full-vocabulary logits are made
 a chunk of tokens at a time, so neither appears here beyond a constant. Every term is a count of elements times
 bytes, so it scales to any shape; bench/train_memory.py measures the step at shapes up to Llama-3.1-8B's drafter,
@@ -49,6 +52,7 @@ class StepShape:
     head_bytes: int = FP32  # the target lm_head's dtype: fp32 on a CPU target, bf16 or fp16 on a GPU one
     activation_bytes: int = FP32  # BF16 under bf16 autocast
     checkpointing: bool = False
+    optimizer_shards: int = 1  # ranks that share AdamW's moments (FSDP2); 1: each holds them whole
 
     @classmethod
     def for_target(
@@ -100,7 +104,7 @@ def predict_step_memory(shape: StepShape) -> dict[str, int]:
     parts = {
         # the frozen embedding is the target's own tensor, in the target's dtype (held once, not copied)
         "drafter_weights": FP32 * trainable + shape.head_bytes * frozen,
-        "adam_moments": 2 * FP32 * trainable,
+        "adam_moments": 2 * FP32 * trainable // shape.optimizer_shards,
         "target_head": shape.head_bytes * shape.vocab * h,
         "batch_states": FP32 * n * (shape.aux_layers + 1) * h,
         "target_logits": shape.head_bytes * n * dv + 8 * n,

@@ -25,7 +25,17 @@ from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
 from draftsync.files import atomic_write
-from draftsync.speculative.data_parallel import ONE_PROCESS, Ranks, replicate, summed
+from draftsync.speculative.data_parallel import (
+    DDP,
+    ONE_PROCESS,
+    REPLICAS,
+    Ranks,
+    Replica,
+    load_optimizer_state,
+    most,
+    summed,
+    whole_state,
+)
 from draftsync.speculative.machine import trains_in_bf16
 from draftsync.speculative.methods import (
     DEFAULT_METHOD,
@@ -51,7 +61,7 @@ CHECKPOINT_FILE = "trainer-state.pt"
 # TrainConfig fields added after the fingerprint was first written (see TrainConfig.fingerprint).
 FIELDS_ADDED_LATER = ("min_lr_ratio", "position_decay", "ttt_feed", "teacher_temperature")
 # How a step is laid out in memory, not what it computes: a checkpoint resumes across them.
-MEMORY_ONLY_FIELDS = ("batch_tokens", "activation_checkpointing")
+MEMORY_ONLY_FIELDS = ("batch_tokens", "activation_checkpointing", "data_parallel")
 # Target logits computed at once while filling a batch: [tokens x vocabulary] is never whole.
 TARGET_CHUNK_ELEMENTS = 1 << 25
 
@@ -89,6 +99,7 @@ class TrainConfig:
     # (padded to their own longest window, not to seq_len) whose gradients accumulate; None: one micro-batch.
     batch_tokens: int | None = None
     activation_checkpointing: bool = False  # recompute the drafter layer's activations in backward (EAGLE-3)
+    data_parallel: str = DDP  # how torchrun ranks hold the drafter: data_parallel.REPLICAS (the steps are the same)
     device: str = "auto"  # "cpu", "cuda", "cuda:N" or "auto" (CUDA when available)
     precision: str = "auto"  # "bf16" (autocast), "fp32" or "auto" (machine.trains_in_bf16: bf16 where it is faster)
 
@@ -115,6 +126,7 @@ class TrainConfig:
             seed=profile.seed,
             checkpoint_every=profile.checkpoint_every,
             device=profile.training_device,
+            data_parallel=DDP if profile.data_parallel == "auto" else profile.data_parallel,
         )
 
     def fingerprint(self, warm_start: bool = False) -> str:
@@ -148,6 +160,7 @@ class TrainReport:
     warm_start_tensors: int  # tensors copied from the previous drafter (0: cold start)
     world_size: int = 1  # training processes (torchrun ranks)
     resumed_world_size: int | None = None  # the world size the resumed checkpoint was written by
+    trainable_held: int = 0  # trainable parameters the leader rank held in training (1/n of them under FSDP)
     losses: list[float] = field(default_factory=list)
     history: list[dict[str, float]] = field(default_factory=list)  # per-step metrics for the tracker
 
@@ -437,8 +450,9 @@ def optimisation_step(
     Each micro-batch weighs its share of the step's loss-masked tokens, so the step's loss is the one of its
     windows taken together. The whole of a step's memory is here: bench/train_memory.py measures this function.
 
-    Under torchrun (`ranks`, `replica` the drafter behind DDP) the micro-batches are this rank's slice of the global
-    batch, and the shares are of the global batch's tokens, so the averaged gradient is the one process's."""
+    Under torchrun (`ranks`, `replica` the drafter behind DDP or FSDP) the micro-batches are this rank's slice of the
+    global batch, and the shares are of the global batch's tokens, so the averaged gradient is the one process's. A
+    sharded replica runs as many micro-batches as the busiest rank, the extra ones weighing nothing."""
     import torch
 
     from draftsync.speculative.training_batch import DraftLoss
@@ -452,17 +466,23 @@ def optimisation_step(
     everything = sum(summed([float(sum(masked))], ranks))
     batches = sum(summed([float(len(micro))], ranks))
     combined = DraftLoss(total=torch.zeros(()), position_losses=[], position_hits=[], position_counts=[])
-    for index, batch in enumerate(micro):
-        share = masked[index] / everything if everything else 1.0 / batches
-        batch = _with_target_logits(_to_device(batch, device), head, config.teacher_temperature, columns)
+    rounds = most(len(micro), ranks) if replica is not None and replica.sharded else len(micro)
+    for index in range(rounds):
+        padding = index >= len(micro)  # only a sharded replica's: every rank gathers the weights as often
+        share = 0.0 if padding else masked[index] / everything if everything else 1.0 / batches
+        batch = _with_target_logits(
+            _to_device(micro[min(index, len(micro) - 1)], device), head, config.teacher_temperature, columns
+        )
         generator = torch.Generator(device=device).manual_seed(config.seed * 1_000_003 + step + 7919 * index)
-        last = index == len(micro) - 1
-        # DDP averages the ranks' gradients when the last micro-batch's backward runs; the others accumulate
-        with nullcontext() if replica is None or last else replica.no_sync():
+        # the ranks' gradients are combined when the last micro-batch's backward runs; the others accumulate
+        with nullcontext() if replica is None else replica.accumulating(index == rounds - 1):
             with autocast:
                 loss_of = replica if replica is not None else drafter.training_loss
                 result = loss_of(batch, config.ttt_steps, config.noise_std, generator, **feed)
             (result.weighted_total(config.position_decay) * (share * ranks.world_size)).backward()
+        if padding:
+            del batch, result
+            continue
         combined.total = combined.total + share * float(result.total.detach())
         for position, loss in enumerate(result.position_losses):
             if position == len(combined.position_losses):
@@ -524,6 +544,10 @@ def train_drafter(
         raise DraftsyncError(
             f"teacher_temperature {config.teacher_temperature} is not positive", "use a teacher_temperature > 0"
         )
+    if config.data_parallel not in REPLICAS:
+        raise DraftsyncError(
+            f"data_parallel {config.data_parallel!r} is not known", f"use one of {list(REPLICAS)} in the sync profile"
+        )
     if config.batch_size < ranks.world_size:
         raise DraftsyncError(
             f"a batch of {config.batch_size} windows cannot be shared by {ranks.world_size} training processes",
@@ -547,9 +571,6 @@ def train_drafter(
     warm_tensors = warm_start(drafter, init_from) if init_from is not None else 0
     drafter.to(device).train()
     drafter.activation_checkpointing = config.activation_checkpointing
-    parameters = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    replica = replicate(drafter, device) if ranks.distributed else None
 
     checkpoint_path = Path(checkpoint_dir) / CHECKPOINT_FILE if checkpoint_dir is not None else None
     fingerprint = config.fingerprint(warm_start=init_from is not None)
@@ -560,9 +581,14 @@ def train_drafter(
     resumed_world_size = None
     dataset_id = _dataset_identity(dataset)
     state = _load_checkpoint(checkpoint_path, fingerprint, dataset_id) if checkpoint_path else None
-    if state is not None:
+    if state is not None:  # whole tensors, loaded before a sharded replica cuts them
         drafter.load_state_dict(state["drafter"])
-        optimizer.load_state_dict(state["optimizer"])
+    replica = Replica(drafter, device, config.data_parallel) if ranks.distributed else None
+    parameters = [p for p in drafter.parameters() if p.requires_grad]  # a sharded replica's own shards
+    held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in parameters)
+    optimizer = torch.optim.AdamW(parameters, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    if state is not None:
+        load_optimizer_state(optimizer, state["optimizer"], parameters)
         step, tokens, losses, history = state["step"], state["tokens"], state["losses"], state["history"]
         resumed_from = step
         resumed_world_size = state.get("world_size", 1)
@@ -593,7 +619,8 @@ def train_drafter(
             for i, (h, c) in enumerate(zip(result.position_hits, result.position_counts, strict=True)):
                 metrics[f"accuracy_pos{i}"] = h / c if c else 0.0
             if config.eval_every and step % config.eval_every == 0 and step < config.steps:
-                accuracy, _ = evaluate(drafter, dataset, holdout_windows, head, config.batch_size, device)
+                with nullcontext() if replica is None else replica.gathered():
+                    accuracy, _ = evaluate(drafter, dataset, holdout_windows, head, config.batch_size, device)
                 metrics.update({f"holdout_accuracy_pos{i}": a for i, a in enumerate(accuracy)})
             history.append({"step": step, **metrics})
             progress_bar.update(1)
@@ -601,25 +628,33 @@ def train_drafter(
             if on_progress is not None:
                 on_progress(step, config.steps, metrics)
             saving = checkpoint_path is not None and config.checkpoint_every and step % config.checkpoint_every == 0
-            if saving and ranks.leader and checkpoint_path is not None:
-                _save_checkpoint(
-                    checkpoint_path,
-                    {
-                        "fingerprint": fingerprint,
-                        "dataset": dataset_id,
-                        "step": step,
-                        "tokens": tokens,
-                        "losses": losses,
-                        "history": history,
-                        "drafter": drafter.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "world_size": ranks.world_size,
-                    },
-                )
+            sharded = replica is not None and replica.sharded
+            if saving and (ranks.leader or sharded) and checkpoint_path is not None:
+                drafter_state, optimizer_state = whole_state(drafter, optimizer)  # every rank gathers a sharded one
+                if ranks.leader:
+                    _save_checkpoint(
+                        checkpoint_path,
+                        {
+                            "fingerprint": fingerprint,
+                            "dataset": dataset_id,
+                            "step": step,
+                            "tokens": tokens,
+                            "losses": losses,
+                            "history": history,
+                            "drafter": drafter_state,
+                            "optimizer": optimizer_state,
+                            "world_size": ranks.world_size,
+                        },
+                    )
     finally:
         progress_bar.close()
 
     seconds = time.perf_counter() - started
+    if replica is not None and replica.sharded:  # the trained drafter whole, as one process would hold it
+        whole, _ = whole_state(drafter, optimizer)
+        drafter = new_drafter_for(target_model, dataset, config)
+        drafter.load_state_dict(whole)
+        drafter.to(device)
     accuracy, positions = evaluate(drafter, dataset, holdout_windows, head, config.batch_size, device)
     drafter.to("cpu").eval()
     report = TrainReport(
@@ -636,6 +671,7 @@ def train_drafter(
         resumed_from_step=resumed_from,
         resumed_world_size=resumed_world_size,
         world_size=ranks.world_size,
+        trainable_held=held,
         warm_start_tensors=warm_tensors,
         losses=losses,
         history=history,

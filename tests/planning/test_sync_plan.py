@@ -178,3 +178,22 @@ def _saved(config):
     directory = Path(tempfile.mkdtemp())
     config.save_pretrained(directory)
     return directory
+
+
+def test_ranks_share_adams_state_out_with_fsdp_only_where_no_step_holding_it_whole_fits(config_only):
+    """8B's drafter: about 10.5 GiB a step at one checkpointed window with AdamW whole (DDP); 12 GB GPUs leave less."""
+    target = TargetShape.from_directory(config_only / "llama-3.1-8b")
+    roomy = plan_sync(target, Worker(8, 16, 256, 4000), profile("production"), 1000)
+    assert roomy.refusal is None and roomy.settings["data_parallel"] == "ddp"
+    assert "DistributedDataParallel" in roomy.reasons["training"]
+
+    tight = plan_sync(target, Worker(8, 12, 256, 4000), profile("production"), 1000)
+    assert tight.refusal is None and tight.settings["data_parallel"] == "fsdp"
+    assert "FSDP2 shares AdamW's state out" in tight.reasons["training"]
+    assert tight.profile_updates()["data_parallel"] == "fsdp"
+    training = next(s for s in tight.stages if s.stage == "training")
+    assert training.gpu_gib <= 12
+
+    whole = profile("production").model_copy(update={"data_parallel": "ddp"})
+    refused = plan_sync(target, Worker(8, 12, 256, 4000), whole, 1000)
+    assert refused.refusal is not None and refused.refusal.stage == "training"

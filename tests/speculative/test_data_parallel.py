@@ -1,5 +1,6 @@
 """Data-parallel training under real torchrun processes (gloo on the CPU): 2 ranks take the steps 1 rank takes at the
-same global batch, and a run stopped on 2 ranks resumes on 1 with the uninterrupted run's losses."""
+same global batch, whether each holds the whole drafter (DDP) or half of it (FSDP2), and a run stopped on 2 ranks
+resumes on 1 with the uninterrupted run's losses."""
 
 from __future__ import annotations
 
@@ -74,19 +75,24 @@ def _train(spec_file: Path, processes: int) -> dict:
     return json.loads((Path(json.loads(spec_file.read_text())["out_dir"]) / REPORT_FILE).read_text())
 
 
-def test_two_ranks_take_the_steps_one_rank_takes_at_the_same_global_batch(built_targets, dataset_dir, tmp_path):
+@pytest.mark.parametrize("replica", ["ddp", "fsdp"])
+def test_two_ranks_take_the_steps_one_rank_takes_at_the_same_global_batch(built_targets, dataset_dir, tmp_path, replica):
     one = _train(_spec(built_targets, dataset_dir, tmp_path / "one", CONFIG), 1)
-    two = _train(_spec(built_targets, dataset_dir, tmp_path / "two", CONFIG), 2)
+    config = TrainConfig(**{**asdict(CONFIG), "data_parallel": replica})
+    two = _train(_spec(built_targets, dataset_dir, tmp_path / "two", config), 2)
     assert (one["world_size"], two["world_size"]) == (1, 2)
     assert one["tokens"] == two["tokens"] > 0  # every window of every step trained once, on one rank or the other
     assert len(one["losses"]) == len(two["losses"]) == CONFIG.steps
     assert two["losses"] == pytest.approx(one["losses"], rel=1e-4), (one["losses"], two["losses"])
     assert two["position_accuracy"] == pytest.approx(one["position_accuracy"], abs=1e-6)
     assert one["losses"][-1] < one["losses"][0]  # it learnt: the comparison is not of two untrained runs
+    share = two["trainable_held"] / one["trainable_held"]  # FSDP2 keeps half of the weights (and so of AdamW) a rank
+    assert share == 1.0 if replica == "ddp" else 0.45 < share <= 0.55, share
 
 
 def test_a_run_stopped_on_two_ranks_resumes_on_one_with_the_uninterrupted_losses(built_targets, dataset_dir, tmp_path):
-    config = TrainConfig(**{**asdict(CONFIG), "steps": 100, "checkpoint_every": 5})
+    """Stopped while its ranks hold half of the drafter each (FSDP2), resumed by one process holding all of it."""
+    config = TrainConfig(**{**asdict(CONFIG), "steps": 100, "checkpoint_every": 5, "data_parallel": "fsdp"})
     checkpoints = tmp_path / "checkpoints"
     first = subprocess.Popen(
         command(_spec(built_targets, dataset_dir, tmp_path / "stopped", config, checkpoints), 2),
@@ -102,9 +108,10 @@ def test_a_run_stopped_on_two_ranks_resumes_on_one_with_the_uninterrupted_losses
     stopped_at = torch.load(checkpoint, weights_only=False)["step"]
     assert 0 < stopped_at < config.steps
 
-    resumed = _train(_spec(built_targets, dataset_dir, tmp_path / "resumed", config, checkpoints), 1)
+    one_process = TrainConfig(**{**asdict(config), "data_parallel": "ddp"})  # the same run: the fingerprint agrees
+    resumed = _train(_spec(built_targets, dataset_dir, tmp_path / "resumed", one_process, checkpoints), 1)
     assert (resumed["resumed_from_step"], resumed["resumed_world_size"]) == (stopped_at, 2)
-    whole = _train(_spec(built_targets, dataset_dir, tmp_path / "whole", config), 1)
+    whole = _train(_spec(built_targets, dataset_dir, tmp_path / "whole", one_process), 1)
     assert resumed["losses"] == pytest.approx(whole["losses"], rel=1e-4)
 
 
