@@ -76,7 +76,9 @@ def _train(spec_file: Path, processes: int) -> dict:
 
 
 @pytest.mark.parametrize("replica", ["ddp", "fsdp"])
-def test_two_ranks_take_the_steps_one_rank_takes_at_the_same_global_batch(built_targets, dataset_dir, tmp_path, replica):
+def test_two_ranks_take_the_steps_one_rank_takes_at_the_same_global_batch(
+    built_targets, dataset_dir, tmp_path, replica
+):
     one = _train(_spec(built_targets, dataset_dir, tmp_path / "one", CONFIG), 1)
     config = TrainConfig(**{**asdict(CONFIG), "data_parallel": replica})
     two = _train(_spec(built_targets, dataset_dir, tmp_path / "two", config), 2)
