@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from draftsync.speculative.methods import DEFAULT_METHOD, METHODS, TRAINED_METHODS
 
@@ -144,6 +144,10 @@ class SyncProfile(BaseModel):
     # Data-parallel training processes under torchrun (one per GPU; gloo ranks on a CPU), each on its slice of every
     # step's batch; `draftsync plan` sets it to the worker's GPUs. 1: training in the sync's own process.
     train_processes: int = Field(1, ge=1, le=1024)
+    # A training across machines: this many nodes, each running `train_processes` ranks, meet at torchrun's c10d
+    # rendezvous on HOST:PORT of the first (where the sync runs); the others run the command the sync logs.
+    train_nodes: int = Field(1, ge=1, le=1024)
+    train_rendezvous: str | None = None
     # How those processes hold the drafter: "ddp" whole on each, "fsdp" (FSDP2) AdamW's state shared out among them
     # for a drafter whose optimiser does not fit one GPU, or "auto": ddp where a step fits (`draftsync plan` decides).
     data_parallel: Literal["auto", "ddp", "fsdp"] = "auto"
@@ -186,6 +190,18 @@ class SyncProfile(BaseModel):
         if method not in TRAINED_METHODS:
             raise ValueError(f"method {method!r} is not one a sync trains: use one of {', '.join(TRAINED_METHODS)}")
         return method
+
+    @model_validator(mode="after")
+    def _nodes_meet_somewhere(self) -> SyncProfile:
+        if self.train_nodes > 1 and not self.train_rendezvous:
+            raise ValueError(
+                f"train_nodes {self.train_nodes} needs train_rendezvous: HOST:PORT of the first node (c10d rendezvous)"
+            )
+        if self.train_rendezvous is not None:
+            host, _, port = self.train_rendezvous.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"train_rendezvous {self.train_rendezvous!r} is not HOST:PORT, e.g. node-0:29400")
+        return self
 
     def dataset_key(self) -> str:
         """What the dataset depends on: a rerun with the same key resumes it, another key builds anew."""

@@ -36,6 +36,9 @@ def test_a_profile_file_overrides_the_demo_profile_field_by_field(tmp_path):
         ("lr: .nan\n", "lr: Input should be a finite number"),
         ("validation:\n  min_acceptanse: 0.5\n", "validation.min_acceptanse: Extra inputs are not permitted"),
         ("validation: abc\n", "validation is str 'abc', not a section of fields"),
+        ("train_nodes: 2\n", "train_nodes 2 needs train_rendezvous: HOST:PORT of the first node"),
+        ("train_rendezvous: node-0\n", "train_rendezvous 'node-0' is not HOST:PORT"),
+        ("data_parallel: zero3\n", "data_parallel: Input should be 'auto', 'ddp' or 'fsdp'"),
     ],
 )
 def test_a_bad_profile_file_names_the_field_and_the_file(tmp_path, text, named):

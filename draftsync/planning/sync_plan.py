@@ -221,7 +221,8 @@ class SyncPlan:
             "batch_tokens": self.settings["batch_tokens"],
             "activation_checkpointing": self.settings["activation_checkpointing"],
             "training_device": self.settings["training_device"],
-            "train_processes": self.settings["train_processes"],
+            "train_processes": self.settings["train_processes"] // self.worker.nodes,  # the profile's are a node's
+            "train_nodes": self.worker.nodes,
             "data_parallel": self.settings["data_parallel"],
             "hidden_states": self.settings["hidden_states"],
         }
@@ -521,7 +522,8 @@ def _plan_training(
     candidates += [(profile.seq_len, True)]
     # Every GPU trains a slice of each step's batch (the target's decoder layers are gone by then): torchrun ranks.
     # On a CPU the profile decides (gloo ranks share its cores, so one process is the default there).
-    processes = min(worker.gpus * worker.nodes, profile.batch_size) if on_gpu else profile.train_processes
+    per_node = max(1, min(worker.gpus, profile.batch_size // worker.nodes)) if on_gpu else profile.train_processes
+    processes = per_node * worker.nodes
     # DDP at the largest micro-batch that fits; FSDP2 (AdamW's state shared out) only where no DDP step fits.
     if profile.data_parallel != "auto" or processes == 1:
         replicas = [profile.data_parallel if profile.data_parallel != "auto" else "ddp"]

@@ -9,10 +9,15 @@ config, so every rank reads the same one.
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from draftsync.errors import DraftsyncError
 
 REPORT_FILE = "training_report.json"
 
@@ -39,7 +44,13 @@ class RankSpec:
 RENDEZVOUS_JOIN_TIMEOUT_S = 300  # a node that cannot reach the rendezvous gives up after this, naming it
 
 
-def command(spec_file: Path, processes: int, nodes: int = 1, rendezvous: str | None = None) -> list[str]:
+def command(
+    spec_file: Path,
+    processes: int,
+    nodes: int = 1,
+    rendezvous: str | None = None,
+    join_timeout_s: int = RENDEZVOUS_JOIN_TIMEOUT_S,
+) -> list[str]:
     """torchrun with `processes` ranks on each of `nodes` machines: on one, its standalone rendezvous on a free local
     port; on several, c10d at `rendezvous` (HOST:PORT of the first node), each node running this same command."""
     if nodes == 1:
@@ -51,7 +62,7 @@ def command(spec_file: Path, processes: int, nodes: int = 1, rendezvous: str | N
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={rendezvous}",
             f"--rdzv-id={spec_file.parent.name or 'draftsync'}",
-            f"--rdzv-conf=join_timeout={RENDEZVOUS_JOIN_TIMEOUT_S}",
+            f"--rdzv-conf=join_timeout={join_timeout_s},read_timeout={join_timeout_s}",
         ]
     return [
         sys.executable,
@@ -62,6 +73,88 @@ def command(spec_file: Path, processes: int, nodes: int = 1, rendezvous: str | N
         RankSpec.__module__,  # this module, by name (run as __main__ it would not know it)
         str(spec_file),
     ]
+
+
+def launch(
+    spec_file: Path,
+    processes: int,
+    log: Path,
+    nodes: int = 1,
+    rendezvous: str | None = None,
+    join_timeout_s: int = RENDEZVOUS_JOIN_TIMEOUT_S,
+) -> None:
+    """Run this node's share of the job under torchrun and wait for it, its output in `log`. A node that is not the
+    rendezvous's host first waits, at most `join_timeout_s`, for the endpoint to answer; a job whose nodes do not all
+    join fails in the same time. Both failures name the endpoint."""
+    if nodes > 1:
+        if not rendezvous:
+            raise DraftsyncError(
+                f"a {nodes}-node training has no rendezvous endpoint", "set train_rendezvous to HOST:PORT of node 0"
+            )
+        wait_for_rendezvous(rendezvous, join_timeout_s)
+    argv = command(spec_file, processes, nodes, rendezvous, join_timeout_s)
+    with log.open("w") as output:
+        done = subprocess.run(argv, stdout=output, stderr=subprocess.STDOUT, check=False)
+    if done.returncode == 0:
+        return
+    text = log.read_text()
+    if "RendezvousTimeoutError" in text or "RendezvousConnectionError" in text:
+        raise DraftsyncError(
+            f"the {nodes} nodes of the training did not all join the rendezvous at {rendezvous} within "
+            f"{join_timeout_s} s",
+            f"start the same training on every node, each able to reach {rendezvous}; read {log}",
+        )
+    tail = text.strip().splitlines()[-1:] or ["no output"]
+    raise DraftsyncError(
+        f"data-parallel training on {processes * nodes} ranks failed (exit {done.returncode}): {tail[0][:300]}",
+        f"read {log}; a checkpoint written before the failure resumes on the next run, on any number of ranks",
+    )
+
+
+def wait_for_rendezvous(endpoint: str, timeout_s: float) -> None:
+    """Until `endpoint` (HOST:PORT) accepts a connection, at most `timeout_s`; this machine's own endpoint is where
+    torchrun will start the rendezvous, so there is nothing to wait for."""
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise DraftsyncError(
+            f"rendezvous endpoint {endpoint!r} is not HOST:PORT", "give the first node's address, e.g. node-0:29400"
+        )
+    if _is_this_machine(host):
+        return
+    deadline = time.monotonic() + timeout_s
+    why = "no answer"
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+                return
+        except OSError as error:
+            why = error.strerror or type(error).__name__
+        if time.monotonic() >= deadline:
+            raise DraftsyncError(
+                f"the training's rendezvous at {endpoint} could not be reached within {timeout_s:g} s ({why})",
+                f"start the first node's training (it holds the rendezvous); check that this node reaches {endpoint}",
+            )
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def _is_this_machine(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+    except ValueError:
+        pass
+    if host in (socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        mine = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
+        theirs = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(mine & theirs)
 
 
 def main(spec_file: str) -> None:

@@ -45,31 +45,23 @@ def _warm_start_source(warm_start_dir: str | None, profile: SyncProfile, target)
     return candidate
 
 
-def _train_on_ranks(spec: RankSpec, processes: int, log_dir: Path) -> tuple[Any, TrainReport]:
-    """Train under torchrun with `processes` ranks on this machine; the leader saves the drafter to `spec.out_dir`.
+def _train_on_ranks(spec: RankSpec, profile: SyncProfile, log_dir: Path) -> tuple[Any, TrainReport]:
+    """Train under torchrun with the profile's ranks on this node (and as many on each of its other nodes, which run
+    the logged command on the same spec); the leader saves the drafter to `spec.out_dir`.
 
     The sync's shared target is released first: each rank loads the head it trains against."""
-    import subprocess
-
-    from draftsync.errors import DraftsyncError
     from draftsync.speculative.drafters import load_drafter
     from draftsync.speculative.placement import release_shared_targets
-    from draftsync.speculative.train_ranks import REPORT_FILE, command
+    from draftsync.speculative.train_ranks import REPORT_FILE, command, launch
     from draftsync.speculative.training import TrainReport
 
     release_shared_targets()
     log_dir.mkdir(parents=True, exist_ok=True)
     spec_file = spec.write(log_dir / "rank-spec.json")
-    log = log_dir / RANKS_LOG
-    context.logger().info("training on %d torchrun ranks: %s", processes, " ".join(command(spec_file, processes)))
-    with log.open("w") as output:
-        done = subprocess.run(command(spec_file, processes), stdout=output, stderr=subprocess.STDOUT, check=False)
-    if done.returncode != 0:
-        tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
-        raise DraftsyncError(
-            f"data-parallel training on {processes} ranks failed (exit {done.returncode}): {tail[0][:300]}",
-            f"read {log}; a checkpoint written before the failure resumes on the next run, on any number of ranks",
-        )
+    processes, nodes, rendezvous = profile.train_processes, profile.train_nodes, profile.train_rendezvous
+    argv = command(spec_file, processes, nodes, rendezvous)
+    context.logger().info("training on %d torchrun ranks: %s", processes * nodes, " ".join(argv))
+    launch(spec_file, processes, log_dir / RANKS_LOG, nodes, rendezvous)
     out = Path(spec.out_dir)
     report = TrainReport(**json.loads((out / REPORT_FILE).read_text()))
     return load_drafter(out), report
@@ -127,7 +119,7 @@ def train_drafter(
     checkpoints = Path(checkpoint_dir) / config.fingerprint(init_from is not None)
     architectures = list(target.config.architectures or ["LlamaForCausalLM"])
     out = Path(out_dir)
-    if profile.train_processes > 1:
+    if profile.train_processes > 1 or profile.train_nodes > 1:
         spec = RankSpec(
             target_dir=str(target_dir),
             dataset_dir=str(dataset_dir),
@@ -139,7 +131,7 @@ def train_drafter(
             speculative_tokens=profile.gamma,
             init_from=warm_start_dir if init_from is not None else None,
         )
-        drafter, report = _train_on_ranks(spec, profile.train_processes, Path(checkpoint_dir))
+        drafter, report = _train_on_ranks(spec, profile, Path(checkpoint_dir))
     else:
         torch.manual_seed(profile.seed)
         # Checkpoints are kept per training config, so a sync rerun with other settings never resumes into them.

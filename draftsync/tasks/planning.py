@@ -121,7 +121,7 @@ def plan_sync_resources(
     from draftsync.speculative.corpora import response_prompts
 
     settings = context.settings()
-    worker = detect_worker(settings.root)
+    worker = replace(detect_worker(settings.root), nodes=profile.train_nodes)
     if settings.disk_budget_gb is not None:
         worker = replace(worker, disk_gib=min(worker.disk_gib, settings.disk_budget_gb * 1e9 / 1024**3))
     if worker.gpus:

@@ -197,3 +197,15 @@ def test_ranks_share_adams_state_out_with_fsdp_only_where_no_step_holding_it_who
     whole = profile("production").model_copy(update={"data_parallel": "ddp"})
     refused = plan_sync(target, Worker(8, 12, 256, 4000), whole, 1000)
     assert refused.refusal is not None and refused.refusal.stage == "training"
+
+
+def test_a_plan_across_nodes_gives_the_profile_a_nodes_ranks_and_the_nodes(config_only):
+    from dataclasses import replace
+
+    target = TargetShape.from_directory(config_only / "llama-3.1-70b")
+    plan = plan_sync(target, replace(Worker(8, 80, 512, 8000), nodes=2), profile("production"), 1000)
+    assert plan.settings["train_processes"] == 16
+    assert {k: plan.profile_updates()[k] for k in ("train_processes", "train_nodes")} == {
+        "train_processes": 8,
+        "train_nodes": 2,
+    }

@@ -125,3 +125,52 @@ def test_a_batch_the_ranks_cannot_share_is_refused_naming_both_sizes(built_targe
     config = TrainConfig(**{**asdict(CONFIG), "batch_size": 2})
     with pytest.raises(DraftsyncError, match="a batch of 2 windows cannot be shared by 4 training processes"):
         train_drafter(target, ShardDataset(dataset_dir), config, ranks=Ranks(rank=0, world_size=4))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_nodes_meet_at_a_c10d_rendezvous_and_take_the_steps_one_rank_takes(built_targets, dataset_dir, tmp_path):
+    """Two torchrun launches on loopback stand for two machines of one rank each, as every node runs the same spec."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from draftsync.speculative.train_ranks import launch
+
+    spec = _spec(built_targets, dataset_dir, tmp_path / "nodes", CONFIG)
+    endpoint = f"127.0.0.1:{_free_port()}"
+    with ThreadPoolExecutor(2) as nodes:
+        joined = [nodes.submit(launch, spec, 1, tmp_path / f"node-{n}.log", 2, endpoint, 120) for n in range(2)]
+        for node in joined:
+            node.result(timeout=600)
+    two = json.loads((tmp_path / "nodes" / "drafter" / REPORT_FILE).read_text())
+    one = _train(_spec(built_targets, dataset_dir, tmp_path / "one", CONFIG), 1)
+    assert two["world_size"] == 2 and two["losses"] == pytest.approx(one["losses"], rel=1e-4)
+
+
+def test_a_node_missing_from_the_rendezvous_fails_in_the_join_timeout_naming_the_endpoint(
+    built_targets, dataset_dir, tmp_path
+):
+    from draftsync.speculative.train_ranks import launch
+
+    spec = _spec(built_targets, dataset_dir, tmp_path / "alone", CONFIG)
+    endpoint = f"127.0.0.1:{_free_port()}"
+    started = time.monotonic()
+    with pytest.raises(DraftsyncError, match=f"did not all join the rendezvous at {endpoint} within 5 s"):
+        launch(spec, 1, tmp_path / "alone.log", 2, endpoint, 5)
+    assert time.monotonic() - started < 120  # the join timeout and torchrun's own start, not torchrun's default
+
+
+def test_a_rendezvous_that_cannot_be_reached_is_named_within_the_timeout():
+    from draftsync.speculative.train_ranks import wait_for_rendezvous
+
+    started = time.monotonic()
+    with pytest.raises(DraftsyncError, match="rendezvous at 192.0.2.1:29400 could not be reached within 2 s"):
+        wait_for_rendezvous("192.0.2.1:29400", 2)  # TEST-NET-1: never routed to any machine
+    assert time.monotonic() - started < 10
+    with pytest.raises(DraftsyncError, match="is not HOST:PORT"):
+        wait_for_rendezvous("node-0", 2)
