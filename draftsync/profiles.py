@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from draftsync.speculative.methods import DEFAULT_METHOD, METHODS, TRAINED_METHODS
+from draftsync.speculative.methods import DEFAULT_METHOD, METHODS, TRAINED_METHODS, is_eagle3_family
 
 # vLLM's draft_sample_method, shared by deployments and the validation profile that measures them (vllm_args.py).
 DraftSampling = Literal["greedy", "probabilistic"]
@@ -148,6 +148,9 @@ class SyncProfile(BaseModel):
     # rendezvous on HOST:PORT of the first (where the sync runs); the others run the command the sync logs.
     train_nodes: int = Field(1, ge=1, le=1024)
     train_rendezvous: str | None = None
+    # Who trains the drafter: draftsync's own trainer, or `speculators train` under torchrun on the hidden states a
+    # vLLM server of the target writes (EAGLE-3 family only; the worker needs speculators and vLLM installed).
+    trainer: Literal["draftsync", "speculators"] = "draftsync"
     # How those processes hold the drafter: "ddp" whole on each, "fsdp" (FSDP2) AdamW's state shared out among them
     # for a drafter whose optimiser does not fit one GPU, or "auto": ddp where a step fits (`draftsync plan` decides).
     data_parallel: Literal["auto", "ddp", "fsdp"] = "auto"
@@ -193,6 +196,8 @@ class SyncProfile(BaseModel):
 
     @model_validator(mode="after")
     def _nodes_meet_somewhere(self) -> SyncProfile:
+        if self.trainer == "speculators" and not is_eagle3_family(self.method):
+            raise ValueError(f"trainer speculators trains EAGLE-3 drafters, not {self.method}: use trainer draftsync")
         if self.train_nodes > 1 and not self.train_rendezvous:
             raise ValueError(
                 f"train_nodes {self.train_nodes} needs train_rendezvous: HOST:PORT of the first node (c10d rendezvous)"

@@ -38,6 +38,7 @@ def test_a_profile_file_overrides_the_demo_profile_field_by_field(tmp_path):
         ("validation: abc\n", "validation is str 'abc', not a section of fields"),
         ("train_nodes: 2\n", "train_nodes 2 needs train_rendezvous: HOST:PORT of the first node"),
         ("train_rendezvous: node-0\n", "train_rendezvous 'node-0' is not HOST:PORT"),
+        ("method: eagle\ntrainer: speculators\n", "trainer speculators trains EAGLE-3 drafters, not eagle"),
         ("data_parallel: zero3\n", "data_parallel: Input should be 'auto', 'ddp' or 'fsdp'"),
     ],
 )

@@ -109,12 +109,46 @@ def rendered_commands(plan: SyncPlan, directory: Path) -> dict[str, str]:
         environment = [f"{key}={value}" for key, value in servers.environment().items()]
         commands["vllm_server"] = shlex.join([*environment, *launch.argv])
     processes = plan.settings["train_processes"]
-    if processes > 1:
+    if plan.settings.get("trainer") == "speculators":
+        commands.update(_speculators_commands(plan, directory))
+    elif processes > 1:
         nodes = plan.worker.nodes
         spec = Path("<sync dir>") / "rank-spec.json"
         argv = command(spec, processes // nodes, nodes, "<first node>:29400" if nodes > 1 else None)
         commands["training"] = shlex.join(["python", *argv[1:]])
     return commands
+
+
+def _speculators_commands(plan: SyncPlan, directory: Path) -> dict[str, str]:
+    """The speculators pipeline the sync would run: the vLLM server that writes the hidden states, then
+    prepare-data, generate-offline-data and the training under torchrun."""
+    import shlex
+
+    from draftsync.speculative.speculators_train import (
+        SpeculatorsTrainJob,
+        hidden_state_server_command,
+        render_commands,
+    )
+
+    nodes = plan.worker.nodes
+    work = Path("<sync dir>") / "checkpoints" / "speculators"
+    job = SpeculatorsTrainJob(
+        target=str(directory),
+        data=(str(work / "token-rows.jsonl"),),
+        work_dir=str(work),
+        output_dir=str(work / "checkpoints"),
+        gpus_per_node=max(1, plan.settings["train_processes"] // nodes),
+        nnodes=nodes,
+        rdzv_endpoint="<first node>:29400" if nodes > 1 else None,
+        vllm_tensor_parallel_size=int(plan.settings.get("servers", {}).get("tensor_parallel_size", 1)),
+    )
+    prepare, states, train = render_commands(job)
+    return {
+        "speculators_vllm_server": shlex.join(hidden_state_server_command(job)),
+        "speculators_prepare_data": shlex.join(prepare),
+        "speculators_hidden_states": shlex.join(states),
+        "training": shlex.join(train),
+    }
 
 
 def _visible_gpus() -> int:

@@ -115,6 +115,16 @@ def sync(
     return result.as_dict()
 
 
+def _training_line(training: dict) -> str:
+    warm = " (warm start)" if training.get("warm_start") else ""
+    if training.get("trainer") == "speculators":
+        return f"Training: speculators, {training['epochs']} epochs{warm}, {training['seconds']} s."
+    return (
+        f"Training: {training['steps']} steps{warm}, final loss\n{training['final_loss']}, "
+        f"{training['tokens_per_s']} tokens/s, {training['parameters_pct_of_target']}% of the target."
+    )
+
+
 def _summary_artifact(result: SyncResult, reason: str) -> None:
     """The sync's page in the Prefect UI: what was trained, the gates, and where to look next."""
     from prefect.artifacts import create_markdown_artifact
@@ -139,8 +149,7 @@ Drafter **{result.drafter_name} v{result.drafter_version}** ({result.method}, ga
 Gamma: recommended {advice["gamma_range"][0]}-{advice["gamma_range"][1]} starting at {advice["gamma_start"]}
 ({advice["method"]}{", followed" if advice["applied"] else ", recorded only"}); measured knee {result.gamma}.
 
-Training: {training["steps"]} steps{" (warm start)" if training.get("warm_start") else ""}, final loss
-{training["final_loss"]}, {training["tokens_per_s"]} tokens/s, {training["parameters_pct_of_target"]}% of the target.
+{_training_line(training)}
 
 | gate | value | threshold | result |
 |---|---|---|---|
@@ -232,7 +241,14 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     checkpoints = work / "checkpoints"
     try:
         training = train_drafter(
-            target["path"], data["path"], chosen, str(out_dir), str(checkpoints), warm_start_dir, placement=placement
+            target["path"],
+            data["path"],
+            chosen,
+            str(out_dir),
+            str(checkpoints),
+            warm_start_dir,
+            placement=placement,
+            servers=servers,
         )
     finally:
         release_shared_targets()  # the target's memory goes back before the validation servers start

@@ -459,6 +459,13 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
         if processes > 1
         else f"draftsync's trainer in one process on {settings['training_device']}"
     )
+    settings["trainer"] = profile.trainer
+    if profile.trainer == "speculators":
+        reasons["training"] = (
+            f"speculators' trainer (the profile asks): a vLLM server of the target writes the hidden states of the "
+            f"dataset's tokens, then `speculators train` runs on {processes} torchrun rank(s); its checkpoint is "
+            "imported as the drafter version"
+        )
     return SyncPlan(target.name, target.parameters, worker, tuple(stages), settings, refusal, reasons)
 
 

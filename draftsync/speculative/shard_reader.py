@@ -100,6 +100,12 @@ class ShardDataset:
         with safe_open(str(self.path / self.manifest["token_counts_file"]), framework="pt") as handle:
             return handle.get_tensor("token_counts").to(torch.int64)
 
+    def token_rows(self) -> Iterator[tuple[list[int], list[int]]]:
+        """Each sequence's (input ids, loss mask), in order: the dataset as another trainer reads it."""
+        for sequence in range(self.num_sequences):
+            row = self._read(sequence, 0, int(self._length[sequence]), ("input_ids", "loss_mask"))
+            yield row["input_ids"].tolist(), row["loss_mask"].tolist()
+
     # selection
     def split(self, holdout_fraction: float, seed: int) -> tuple[list[int], list[int]]:
         """(train, holdout) sequence ids, sorted; at least one of each when there are two or more sequences."""

@@ -332,6 +332,14 @@ def missing_executables(commands: Sequence[Sequence[str]], env: dict[str, str] |
     return missing
 
 
+REQUIRED_EXECUTABLES = ("vllm", "speculators")  # the server of the hidden states, and the trainer
+
+
+def check_installed(env: dict[str, str] | None = None) -> None:
+    """Refuse, naming the install step, on a worker without speculators or vLLM: before any data or GPU work."""
+    _check_executables([[name] for name in REQUIRED_EXECUTABLES], env)
+
+
 def _check_executables(commands: Sequence[Sequence[str]], env: dict[str, str] | None) -> None:
     missing = missing_executables(commands, env)
     if missing:

@@ -167,7 +167,8 @@ def build_dataset(
         )
     layer_ids = tuple(profile.aux_layer_ids or default_aux_layer_ids(num_decoder_layers(model)))
     store_aux = METHODS[profile.method].reads_aux_states
-    online = profile.hidden_states == "online"  # the plan chose it (or the profile asked): tokens only on disk
+    # tokens only on disk: the plan chose online (or the profile asked), or speculators' vLLM writes the states
+    online = profile.hidden_states == "online" or profile.trainer == "speculators"
     check_dataset_disk(
         Path(out_dir),
         planned_dataset_tokens(model, tokenizer, sources[0], prompts, profile),

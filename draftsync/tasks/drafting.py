@@ -67,6 +67,85 @@ def _train_on_ranks(spec: RankSpec, profile: SyncProfile, log_dir: Path) -> tupl
     return load_drafter(out), report
 
 
+def _train_with_speculators(
+    target_dir: str,
+    dataset_dir: str,
+    profile: SyncProfile,
+    out_dir: str,
+    checkpoint_dir: str,
+    warm_start_dir: str | None,
+    verifier_name: str | None,
+    servers: dict[str, Any] | None,
+) -> dict:
+    """`speculators train` on the dataset's tokens, its hidden states written by a vLLM server of the target with the
+    plan's tensor parallelism; its last checkpoint is saved as the drafter, in the format the server loads.
+
+    The profile's steps become epochs over the dataset's windows, its ranks and nodes speculators' torchrun."""
+    import math
+    import time
+
+    from draftsync.speculative.drafters import drafter_method, parameter_count, save_drafter
+    from draftsync.speculative.shard_reader import ShardDataset
+    from draftsync.speculative.speculators_format import load_eagle3
+    from draftsync.speculative.speculators_train import SpeculatorsTrainJob, run_job, write_token_rows
+
+    logger = context.logger()
+    work = Path(checkpoint_dir) / "speculators"
+    rows = list(ShardDataset(dataset_dir).token_rows())
+    data = write_token_rows(work / "token-rows.jsonl", [ids for ids, _ in rows], [mask for _, mask in rows])
+    windows = sum(math.ceil(len(ids) / profile.seq_len) for ids, _ in rows)
+    warm = warm_start_dir if warm_start_dir and profile.warm_start else None
+    job = SpeculatorsTrainJob(
+        target=str(target_dir),
+        data=(str(data),),
+        work_dir=str(work),
+        output_dir=str(work / "checkpoints"),
+        method=profile.method,
+        draft_vocab_size=profile.draft_vocab_size,
+        aux_layer_ids=profile.aux_layer_ids,
+        epochs=max(1, round(profile.train_steps * profile.batch_size / max(1, windows))),
+        lr=profile.lr,
+        ttt_steps=profile.ttt_steps,
+        seq_length=profile.seq_len,
+        total_seq_len=profile.batch_tokens or profile.batch_size * profile.seq_len,
+        from_pretrained=warm if warm and drafter_method(Path(warm)) == profile.method else None,
+        seed=profile.seed,
+        gpus_per_node=profile.train_processes,
+        nnodes=profile.train_nodes,
+        rdzv_endpoint=profile.train_rendezvous,
+        vllm_tensor_parallel_size=int((servers or {}).get("tensor_parallel_size", 1)),
+    )
+    started = time.perf_counter()
+    checkpoint = run_job(job, on_line=logger.info)
+    drafter = load_eagle3(checkpoint)
+    config = json.loads((Path(target_dir) / "config.json").read_text())
+    save_drafter(
+        drafter,
+        Path(out_dir),
+        verifier_name_or_path=verifier_name or str(target_dir),
+        verifier_architectures=list(config.get("architectures") or ["LlamaForCausalLM"]),
+        speculative_tokens=profile.gamma,
+    )
+    counts = parameter_count(drafter)
+    summary = {
+        "method": profile.method,
+        "trainer": "speculators",
+        "epochs": job.epochs,
+        "checkpoint": str(checkpoint),
+        "seconds": round(time.perf_counter() - started, 1),
+        "warm_start": job.from_pretrained is not None,
+        "train_processes": profile.train_processes * profile.train_nodes,
+        "draft_vocab_size": drafter.config.draft_vocab_size,
+        "parameters": counts.own,
+        "aux_layer_ids": list(drafter.config.aux_layer_ids),
+    }
+    (Path(out_dir) / "draftsync_training.json").write_text(json.dumps(summary, indent=2))
+    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    (Path(checkpoint_dir) / HISTORY_FILE).write_text(json.dumps({}))
+    logger.info("drafter trained by speculators: %s", summary)
+    return summary
+
+
 @task(name="train-drafter", cache_policy=NONE)
 def train_drafter(
     target_dir: str,
@@ -77,6 +156,7 @@ def train_drafter(
     warm_start_dir: str | None = None,
     verifier_name: str | None = None,
     placement: TargetPlacement | None = None,
+    servers: dict[str, Any] | None = None,
 ) -> dict:
     """Train (resuming from `checkpoint_dir` after a crash, warm-starting when it can) and save to `out_dir`.
 
@@ -85,6 +165,10 @@ def train_drafter(
     """
     import torch
 
+    if profile.trainer == "speculators":
+        return _train_with_speculators(
+            target_dir, dataset_dir, profile, out_dir, checkpoint_dir, warm_start_dir, verifier_name, servers
+        )
     from draftsync.speculative.drafters import parameter_count, save_drafter
     from draftsync.speculative.online_states import open_dataset
     from draftsync.speculative.placement import drop_decoder_layers, shared_target

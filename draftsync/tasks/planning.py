@@ -120,6 +120,11 @@ def plan_sync_resources(
     from draftsync.planning.sync_plan import HeldMemory, TargetShape, detect_worker, plan_sync
     from draftsync.speculative.corpora import response_prompts
 
+    if profile.trainer == "speculators":
+        from draftsync.speculative.speculators_train import check_installed
+
+        check_installed()
+
     settings = context.settings()
     worker = replace(detect_worker(settings.root), nodes=profile.train_nodes)
     if settings.disk_budget_gb is not None:

@@ -167,3 +167,23 @@ def test_an_error_keeps_its_fix_through_pickling():
 
 def stage_of(plan: dict, name: str) -> dict:
     return next(stage for stage in plan["stages"] if stage["stage"] == name)
+
+
+def test_the_speculators_trainer_on_a_worker_without_it_is_refused_naming_the_install_before_any_work(
+    workdir, built_targets, monkeypatch
+):
+    """This worker has neither speculators nor vLLM on PATH: the plan, the sync's first step, refuses."""
+    from draftsync.flows.sync import sync
+    from draftsync.profiles import profile
+    from draftsync.speculative.speculators_train import INSTALL_FIX
+    from draftsync.tasks import context
+
+    version = _register("speculators-llm", built_targets[1])
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no venv's bin: no vllm or speculators executables
+    asked = profile("test").model_copy(update={"trainer": "speculators"})
+    with pytest.raises(DraftsyncError) as refused:
+        sync("speculators-llm", version, asked)
+    assert "vllm, speculators not found on PATH" in refused.value.what and refused.value.fix == INSTALL_FIX
+    sync_dir = workdir / "syncs" / "speculators-llm"
+    assert not sync_dir.exists() or not any(sync_dir.rglob("*")), "nothing was written"
+    assert context.registry().drafter_for_target_version("speculators-llm", version, validated_only=False) is None

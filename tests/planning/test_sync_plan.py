@@ -209,3 +209,19 @@ def test_a_plan_across_nodes_gives_the_profile_a_nodes_ranks_and_the_nodes(confi
         "train_processes": 8,
         "train_nodes": 2,
     }
+
+
+def test_a_profile_asking_for_the_speculators_trainer_gets_its_pipeline_rendered(config_only, tmp_path):
+    asked = tmp_path / "speculators.yaml"
+    asked.write_text("trainer: speculators\n")
+    code, plan, _ = plan_json(
+        config_only / "llama-3.1-70b", tmp_path, "--gpus", "8", "--gpu-memory-gb", "80", "--profile", str(asked)
+    )
+    assert code == 0 and plan["settings"]["trainer"] == "speculators"
+    assert plan["reasons"]["training"].startswith("speculators' trainer (the profile asks)")
+    commands = plan["commands"]
+    server = commands["speculators_vllm_server"]
+    assert server.startswith("vllm serve") and "extract_hidden_states" in server
+    assert f"--tensor-parallel-size {plan['settings']['servers']['tensor_parallel_size']}" in server
+    assert commands["speculators_prepare_data"].startswith("speculators prepare-data")
+    assert "torchrun" in commands["training"] and "--nproc-per-node 8" in commands["training"]
