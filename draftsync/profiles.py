@@ -163,6 +163,8 @@ class SyncProfile(BaseModel):
     # `min_captured_prompts` captured it says so and trains on the declared mix alone.
     captured_share: float = Field(0.5, ge=0.0, le=1.0)
     min_captured_prompts: int = Field(20, ge=1)
+    # This share of the captured prompts is held out of the retrain's data and validated on, beside the declared mix.
+    captured_holdout: float = Field(0.2, ge=0.0, lt=1.0)
     lr: float = Field(2e-3, gt=0.0)
     warmup_steps: int = Field(10, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)  # the cosine decay ends at lr * min_lr_ratio

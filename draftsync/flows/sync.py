@@ -182,9 +182,11 @@ def _claim(target_name: str, target_version: int, method: str, reason: str):
     return claim
 
 
-def _retrain_prompts(target_name: str, profile: SyncProfile) -> list[str]:
+def _retrain_prompts(target_name: str, profile: SyncProfile) -> tuple[list[str], list[str]]:
     """A retrain learns from the traffic that went stale: the prompts its deployments captured, when there are
-    enough of them; else it says why and trains on the declared task mix."""
+    enough of them, as (to train on, held out to validate on); else it says why and trains on the declared task mix."""
+    import random
+
     from draftsync.tasks.serving import captured_prompts
 
     prompts, where = captured_prompts(target_name)
@@ -196,9 +198,17 @@ def _retrain_prompts(target_name: str, profile: SyncProfile) -> list[str]:
             profile.min_captured_prompts,
             where,
         )
-        return []
-    get_run_logger().info("retrain of %s answers captured traffic: %s", target_name, where)
-    return prompts
+        return [], []
+    distinct = list(dict.fromkeys(prompts))
+    random.Random(profile.seed + 300).shuffle(distinct)
+    held = round(profile.captured_holdout * len(distinct))
+    get_run_logger().info(
+        "retrain of %s answers captured traffic: %s; %d distinct prompts held out for validation",
+        target_name,
+        where,
+        held,
+    )
+    return distinct[held:], distinct[:held]
 
 
 def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfile, generation: int) -> SyncResult:
@@ -229,7 +239,7 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     suffix = f"-g{generation}" if generation else ""
     work = settings.root / "syncs" / target_name / f"v{target_version}-{chosen.method}{suffix}"
     dataset_dir = work / f"dataset-{chosen.dataset_key()}"
-    captured = _retrain_prompts(target_name, chosen) if generation else []
+    captured, held_out = _retrain_prompts(target_name, chosen) if generation else ([], [])
     lap("preparation")
     data = build_dataset(target["path"], task_mix, chosen, str(dataset_dir), placement, servers, captured)
     lap("dataset")
@@ -270,7 +280,15 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     if not chosen.keep_dataset:
         shutil.rmtree(dataset_dir, ignore_errors=True)
     lap("registration")
-    validation = validate(target_name, version, chosen.validation, promote=True, seed=chosen.seed, servers=servers)
+    validation = validate(
+        target_name,
+        version,
+        chosen.validation,
+        promote=True,
+        seed=chosen.seed,
+        servers=servers,
+        captured_prompts=held_out or None,
+    )
     lap("validation")
     if not validation.passed:
         logger.warning("drafter %s v%d stays a candidate and does not serve", drafter_model, version)

@@ -144,11 +144,13 @@ def validate(
     seed: int = 0,
     backend: str | None = None,
     servers: dict | None = None,
+    captured_prompts: list[str] | None = None,
 ) -> ValidationResult:
     """Run the checklist on a drafter version; record it; with `promote`, make a passing drafter `production`.
 
     `backend`: "vllm" (real vLLM servers), "reference" (the CPU reference engine) or "auto"; default: the
-    profile's. `servers`: the GPUs a sync's plan gives the vLLM servers (its `servers` setting)."""
+    profile's. `servers`: the GPUs a sync's plan gives the vLLM servers (its `servers` setting). `captured_prompts`:
+    held-out prompts of the traffic a retrain learnt from; the drafter must clear the acceptance gate on them too."""
     from draftsync.validation.suite import run_validation_suite
 
     logger = context.logger()
@@ -170,6 +172,7 @@ def validate(
         drafter.data_check_failures,
         backend=backend,
         servers=servers,
+        captured_prompts=captured_prompts,
     )
 
     suite = run_validation_suite(

@@ -25,6 +25,7 @@ from typing import Any
 
 CAPTURED_PATHS = ("/v1/completions", "/v1/chat/completions")
 DOMAIN_HEADER = "x-draftsync-domain"
+CAPTURED_TASK = "captured"  # the task name captured prompts go by in a dataset and a validation
 MAX_DOMAIN_CHARS = 64
 QUEUE_ROWS = 1000  # samples waiting for the writer; beyond it a sample is dropped, never waited for
 SCHEMA = """

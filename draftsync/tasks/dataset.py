@@ -11,6 +11,7 @@ from prefect.cache_policies import NONE
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import SyncProfile
 from draftsync.registry.tags import TASK_MIX_TAG, TargetVersion
+from draftsync.serving.traffic_capture import CAPTURED_TASK
 from draftsync.speculative.methods import METHODS
 from draftsync.speculative.placement import TargetPlacement
 from draftsync.tasks import context
@@ -72,9 +73,6 @@ def _checks_markdown(report: dict) -> str:
         f"# Data checks ({report['sequences']} sequences)\n\n| expectation | checks | observed | expected | verdict |\n"
         f"|---|---|---|---|---|\n{rows}\n"
     )
-
-
-CAPTURED_TASK = "captured"
 
 
 def with_captured_prompts(

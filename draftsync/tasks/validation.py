@@ -30,10 +30,12 @@ def validate_drafter(
     run_stress: bool = True,
     backend: str | None = None,
     servers: dict | None = None,
+    captured_prompts: list[str] | None = None,
 ) -> ChecklistResult:
     """The checklist on real vLLM servers or on the CPU reference engine (`backend`, default the profile's: see
     `evaluation_backend`); stress runs against served instances of the same kind (the reference server, or vLLM).
-    `servers`: the GPUs a sync's plan gives its vLLM servers (devices, tensor parallelism, memory fraction)."""
+    `servers`: the GPUs a sync's plan gives its vLLM servers (devices, tensor parallelism, memory fraction).
+    `captured_prompts`: held-out prompts of the traffic a retrain learnt from, validated on as well."""
     from draftsync.speculative.drafters import check_drafter_fits_target, drafter_method
 
     check_drafter_fits_target(drafter_dir, target_dir)
@@ -74,6 +76,7 @@ def validate_drafter(
             no_schedule_reason,
             context.logger(),
             stale_threshold=context.settings().stale_threshold,
+            captured_prompts=captured_prompts or (),
         )
     finally:
         chosen.close()

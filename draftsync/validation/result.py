@@ -91,6 +91,8 @@ class ChecklistResult:
     # The per-request table (requests.csv, the suite's input): too long for the JSON, so not in as_dict().
     rows: list[dict[str, Any]] = field(repr=False)
     knee_reason: str = ""  # why the served gamma (the knee) and not the fastest: a tie, the gate, a step-down
+    # At the knee, on held-out prompts of the traffic a retrain learnt from; None when no traffic was given.
+    captured_acceptance: AcceptanceFigures | None = None
 
     @property
     def passed(self) -> bool:
@@ -125,6 +127,7 @@ class ChecklistResult:
             "speculation_schedule_note": self.speculation_schedule_note,
             "memory": asdict(self.memory),
             "requests": asdict(self.requests),
+            **({"captured_acceptance": asdict(self.captured_acceptance)} if self.captured_acceptance else {}),
         }
 
 

@@ -47,6 +47,7 @@ from draftsync.serving.evaluation import (
     RequestResult,
     checkpoint_weight_bytes,
 )
+from draftsync.serving.traffic_capture import CAPTURED_TASK
 from draftsync.validation.checklist import (
     AcceptanceSummary,
     Gate,
@@ -348,6 +349,7 @@ def run_checklist(
     no_schedule_reason: str | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
     stale_threshold: float | None = None,
+    captured_prompts: Sequence[str] = (),
 ) -> ChecklistResult:
     """Run every measurement through `backend` and judge the gates.
 
@@ -358,7 +360,9 @@ def run_checklist(
     `logger`: where the sweep and the verdict are logged (a Prefect run logger shows them in the UI).
     `stale_threshold`: the serving monitor's stale line. The knee must clear it as well as the gate: a pair served at
     a gamma whose acceptance sits under that line is called stale by the first weekly review, though a smaller gamma
-    would have held. The gates stay the profile's."""
+    would have held. The gates stay the profile's.
+    `captured_prompts`: held-out prompts of the served traffic a retrain learnt from; the knee's acceptance on them
+    is a gate of its own, at the profile's acceptance threshold."""
     logger = logger or logging.getLogger(__name__)
     temperature = profile.temperature
     requests = validation_requests(task_mix, profile.requests, profile.max_tokens, seed + 11)
@@ -428,7 +432,29 @@ def run_checklist(
         ),
         Gate("drafter_memory_overhead", overhead, profile.max_memory_overhead, "<=", "drafter / target weight bytes"),
     )
+    captured = (
+        backend.generate(
+            [EvalRequest(prompt, CAPTURED_TASK, profile.max_tokens) for prompt in captured_prompts],
+            knee,
+            temperature,
+            seed + 3000,
+        )
+        if captured_prompts
+        else []
+    )
+    captured_summary = summarize_acceptance(captured) if captured else None
+    if captured_summary is not None:
+        gates += (
+            Gate(
+                "captured_traffic_acceptance",
+                captured_summary.mean,
+                profile.min_acceptance,
+                ">",
+                f"{len(captured)} held-out prompts of the traffic the retrain learnt from, at gamma {knee}",
+            ),
+        )
     rows = [{**r.row(), "phase": "validation", "gamma": knee} for r in spec]
+    rows += [{**r.row(), "phase": "captured", "gamma": knee} for r in captured]
     rows += [{**r.row(), "phase": "plain", "gamma": 0} for r in plain]
     rows += [{**r.row(), "phase": "long", "gamma": knee} for r in long]
     result = ChecklistResult(
@@ -440,6 +466,7 @@ def run_checklist(
         gamma_knee=knee,
         gamma_fastest=fastest,
         knee_reason=knee_reason(sweep, knee, fastest, runs.rejected, profile.knee_tolerance, knee_floor),
+        captured_acceptance=AcceptanceFigures.of(captured_summary) if captured_summary else None,
         gammas_rejected=runs.rejected,
         sweep_plain_tpot_ms=round(runs.sweep_plain_tpot, 4),
         acceptance=AcceptanceFigures.of(acceptance),

@@ -1,6 +1,6 @@
 """A retrain learns from the traffic that went stale: its dataset answers the prompts its deployment captured (for
-the profile's share of the responses), and with too little captured traffic, or capture off, it says so and trains
-on the declared task mix."""
+the profile's share of the responses), it is validated on a held-out slice of them as well as on the declared mix,
+and with too little captured traffic, or capture off, it says so and trains on the declared task mix."""
 
 from __future__ import annotations
 
@@ -56,12 +56,33 @@ def test_a_retrain_answers_the_captured_prompts(workdir, built_targets):
     )
     first = sync("traffic-llm", version, small)
     assert first["dataset"]["captured"] == 0  # a first sync learns the declared mix: there is no stale traffic yet
+    assert "captured_acceptance" not in first["validation"]  # nor is it validated on any
     retrain = _retrain(version, small)
-    assert retrain["dataset"]["captured"] == 40  # half of the 80 responses, and there are 40 distinct prompts
-    tasks = ShardDataset(retrain["dataset"]["path"]).manifest["tasks"]
-    assert tasks["captured"]["sequences"] == 40  # each captured prompt answered once, by the target
+    held_out = round(small.captured_holdout * 40)  # 8 of the 40 distinct prompts are kept for validation
+    assert retrain["dataset"]["captured"] == 40 - held_out  # each prompt left to train on, answered once
+    dataset = ShardDataset(retrain["dataset"]["path"])
+    tasks = dataset.manifest["tasks"]
+    assert tasks["captured"]["sequences"] == 40 - held_out
     # the declared tasks each gave up the same share of their prompts, so the data checks (which raise) held
-    assert tasks["code"]["sequences"] + tasks["math"]["sequences"] == 160 - 40  # 80 texts and 40 declared responses
+    assert tasks["code"]["sequences"] + tasks["math"]["sequences"] == 160 - (40 - held_out)
+
+    validation = retrain["validation"]
+    gate = next(g for g in validation["gates"] if g["name"] == "captured_traffic_acceptance")
+    assert (
+        gate["value"] == validation["captured_acceptance"]["mean"]
+        and gate["threshold"] == small.validation.min_acceptance
+    )
+    assert f"{held_out} held-out prompts" in gate["detail"]
+    rows = list(__import__("csv").DictReader(open(f"{validation['reports_dir']}/requests.csv")))
+    validated = [r for r in rows if r["phase"] == "captured"]
+    assert len(validated) == held_out
+    # nothing validated on was trained on: the held-out prompts are in no training sequence
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(built_targets[1]))
+    trained = [tokenizer.decode(ids) for ids, _ in dataset.token_rows()]
+    held = [p for p in PROSE if not any(p in text for text in trained)]
+    assert len(held) == held_out
 
 
 @pytest.mark.parametrize(("capture", "captured", "said"), [(True, 5, "chat: 5 captured prompts"), (False, 0, "off")])
