@@ -1,7 +1,8 @@
 """Two retrains of the same stale drafter after the traffic drifted: one on the declared task mix, one on the
 captured traffic. Their acceptance on the drifted traffic says whether the retrain fixes what the monitor found.
 
-The demo's target v1 (trained on code and math) is registered with its declared mix {code, math}; a deployment
+The demo's target v1 (trained on code and math) is registered with a declared mix: the demo's {math} (what its
+deployment served before the drift, `--declared demo`, the default) or the recipe's {code, math}; a deployment
 serving it captures traffic, and its capture file holds prose prompts (the drift of the demo's phase c), written
 through the router's capture code (`TrafficCapture`, as the router writes them). A first sync trains the drafter
 the deployment served; then two retrains of the same target version run through the sync flow with the demo
@@ -10,7 +11,9 @@ responses answer captured prompts). Each drafter's acceptance is measured with t
 gamma 2 on held-out prose prompts (none of them captured) and on held-out code and math prompts, per request, with
 the demo's gates (mean 0.70, P50 0.70, P5 0.50) beside them.
 
-Usage: python bench/drift_retrain.py [--captured N] [--prompts N] [--json PATH]
+Each retrain's own validation verdict is kept too (its gates, and its acceptance on the held-out captured slice).
+
+Usage: python bench/drift_retrain.py [--declared demo|recipe] [--share S] [--captured N] [--prompts N] [--json PATH]
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--captured", type=int, default=200, help="prose prompts in the capture file")
     parser.add_argument("--prompts", type=int, default=12, help="held-out prompts measured per task")
+    parser.add_argument("--share", type=float, default=0.5, help="captured_share of the captured-traffic retrain")
+    parser.add_argument("--declared", choices=("demo", "recipe"), default="demo", help="target v1's declared mix")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     load_at_start = os.getloadavg()[0]
@@ -71,6 +76,7 @@ def main() -> None:
     settings = context.settings()
     started = time.perf_counter()
     try:
+        from draftsync.cli.demo import TRAFFIC_MIX
         from draftsync.flows.sync import sync
         from draftsync.profiles import profile
         from draftsync.serving.traffic_capture import TrafficCapture
@@ -81,7 +87,8 @@ def main() -> None:
 
         recipe = builtin_recipe(1)
         path = build_target(recipe, settings.cache_dir)
-        version = publish_target("demo-llm", str(path), recipe.task_mix)
+        declared = TRAFFIC_MIX[1] if args.declared == "demo" else recipe.task_mix
+        version = publish_target("demo-llm", str(path), declared)
         settings.root.mkdir(parents=True, exist_ok=True)
         (settings.root / "deployments.yaml").write_text(
             "deployments:\n  - name: demo-assistant\n    target_name: demo-llm\n    launch: external\n"
@@ -95,10 +102,20 @@ def main() -> None:
         demo = profile("demo")
         first = sync("demo-llm", version, demo, reason="benchmark: the drafter that went stale")
         results = {}
-        for label, share in (("declared_mix", 0.0), ("captured_traffic", 0.5)):
+        for label, share in (("declared_mix", 0.0), ("captured_traffic", args.share)):
             context.sync_ledger().request("demo-llm", version, demo.method, source="cli", reason="stale", retrain=True)
             retrained = sync("demo-llm", version, demo.model_copy(update={"captured_share": share}), reason=label)
-            results[label] = {"captured_prompts": retrained["dataset"]["captured"], "sync": retrained}
+            validation = retrained["validation"]
+            results[label] = {
+                "captured_prompts": retrained["dataset"]["captured"],
+                "sync": retrained,
+                "validation": {
+                    "passed": validation["passed"],
+                    "failed_gates": [g["name"] for g in validation["gates"] if not g["passed"]],
+                    "declared_mix_acceptance": validation["acceptance"]["mean"],
+                    "captured_holdout_acceptance": validation.get("captured_acceptance"),
+                },
+            }
         target, tokenizer = load_target(path)
         measured = {}
         drafters = {"stale": first, **{label: r["sync"] for label, r in results.items()}}
@@ -111,6 +128,7 @@ def main() -> None:
             }
             if label in results:
                 measured[label]["captured_prompts"] = results[label]["captured_prompts"]
+                measured[label]["validation"] = results[label]["validation"]
     finally:
         stop_ephemeral_prefect()
     emit_json(
@@ -120,6 +138,8 @@ def main() -> None:
             "max_tokens": MAX_TOKENS,
             "prompts_per_task": args.prompts,
             "captured_prose_prompts": args.captured,
+            "declared_mix": declared,
+            "captured_share": args.share,
             "demo_gates": GATES,
             "acceptance": measured,
             "total_s": round(time.perf_counter() - started, 1),
