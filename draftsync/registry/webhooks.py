@@ -33,7 +33,6 @@ SIGNATURE_VERSION = "v1"
 MODEL_VERSION_CREATED: Final = "model_version.created"
 MODEL_VERSION_ALIAS_CREATED: Final = "model_version_alias.created"
 SUBSCRIBED_EVENTS: tuple[WebhookEventStr, ...] = (MODEL_VERSION_CREATED, MODEL_VERSION_ALIAS_CREATED)
-DEFAULT_WEBHOOK_NAME = "draftsync"
 
 # Why a delivery was refused; the receiver maps each code to an HTTP status and logs it.
 MISSING_HEADER = "missing_header"
