@@ -194,11 +194,6 @@ def parse_delivery(body: bytes) -> ParsedDelivery:
     return ParsedDelivery(event=event, change=change)
 
 
-def parse_registry_change(body: bytes) -> RegistryChange | None:
-    """The registry change a delivery reports; None for events draftsync ignores."""
-    return parse_delivery(body).change
-
-
 def create_or_update_webhook(tracking_uri: str, name: str, url: str, secret: str) -> str:
     """Make MLflow deliver version-created and alias-created events to `url`, signed with `secret`.
 
