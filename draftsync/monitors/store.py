@@ -403,13 +403,6 @@ class Store:
             session.add(row)
             return row
 
-    def alerts(self, deployment: str | None = None) -> list[Alert]:
-        with self.transaction() as session:
-            query = select(Alert).order_by(Alert.sent_at, Alert.id)
-            if deployment is not None:
-                query = query.where(Alert.deployment == deployment)
-            return list(session.scalars(query).all())
-
     # --- outbox -------------------------------------------------------------------------------
     def add_outbox(self, *, subject: str, recipients: list[str], eml_path: str, created_at: datetime) -> OutboxEntry:
         with self.transaction() as session:

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from draftsync.errors import DraftsyncError
 from draftsync.monitors import sync_jobs  # noqa: F401  (registers its tables on Base.metadata)
 from draftsync.monitors.metrics import SpecDecodeCounters
-from draftsync.monitors.migrations import alembic_config, current_revision, head_revision
+from draftsync.monitors.migrations import alembic_config, current_revision
 from draftsync.monitors.store import Store
 from draftsync.monitors.tables import Base, ServedPair
 
@@ -50,6 +50,12 @@ def schema(url: str) -> dict:
         return described
     finally:
         engine.dispose()
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 def revision_of(url: str) -> str | None:

@@ -9,7 +9,8 @@ from draftsync.errors import DraftsyncError
 from draftsync.monitors.metrics import SpecDecodeCounters
 from draftsync.monitors.rollups import hourly_rows
 from draftsync.monitors.store import Store
-from draftsync.monitors.tables import ServedPair
+from draftsync.monitors.tables import Alert, ServedPair
+from sqlalchemy import select
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 PAIR = ServedPair(target_name="demo-target", target_version=1, drafter_version=1, gamma=3)
@@ -179,7 +180,9 @@ def test_alert_dedupe_for_a_week_unless_worse(store):
     store.record_alert("dep:lineage", deployment="dep", rule="lineage", severity="critical", value=1, sent_at=T0)
     assert not store.should_alert("dep:lineage", T0 + timedelta(days=1), 1, severity="critical", higher_is_worse=True)
     assert store.should_alert("dep:lineage", T0 + timedelta(days=1), 2, severity="critical", higher_is_worse=True)
-    assert [a.rule for a in store.alerts("dep")] == ["stale", "mismatch", "lineage"]
+    with store.transaction() as session:
+        rules = session.scalars(select(Alert.rule).where(Alert.deployment == "dep").order_by(Alert.sent_at, Alert.id))
+        assert list(rules) == ["stale", "mismatch", "lineage"]
 
 
 def test_outbox_claim_is_exclusive(store):
@@ -364,6 +367,5 @@ def test_minute_scrapes_summarized_from_rollups_keep_the_sums(store):
         "gamma",
     ):
         assert getattr(from_rollups, name) == getattr(from_samples, name), name
-    assert from_rollups.mean_tpot_s == pytest.approx(from_samples.mean_tpot_s)
     assert from_rollups.drafter_version is None  # the last hour was served with speculation off
     assert len(from_samples.points) == 199 and len(from_rollups.points) == 4  # points are per hour

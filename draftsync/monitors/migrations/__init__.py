@@ -49,10 +49,6 @@ def _revisions() -> tuple[str, frozenset[str]]:
     return head, frozenset(r.revision for r in script.walk_revisions())
 
 
-def head_revision() -> str:
-    return _revisions()[0]
-
-
 def current_revision(connection: Connection) -> str | None:
     """The revision the database is at; None when it has no alembic_version table."""
     from alembic.runtime.migration import MigrationContext
