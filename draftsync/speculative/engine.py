@@ -51,18 +51,6 @@ class Generation:
     first_token_seconds: float = 0.0  # time to the first token (the prefill), part of `seconds`
 
 
-def greedy_reference(target: Any, prompt_ids: list[int], n: int) -> list[int]:
-    """Plain greedy decoding, a full forward pass per token and no cache: the ground truth for tests."""
-    import torch
-
-    ids = list(prompt_ids)
-    with torch.no_grad():
-        for _ in range(n):
-            logits = target(input_ids=torch.tensor([ids])).logits
-            ids.append(int(logits[0, -1].argmax()))
-    return ids[len(prompt_ids) :]
-
-
 def verify_proposals(
     proposals: list[int],
     draft_distributions: list[torch.Tensor],
