@@ -62,8 +62,6 @@ def percentile(values: Sequence[float], q: float) -> float:
 class AcceptanceSummary:
     """Pooled acceptance and the spread of per-request acceptance rates."""
 
-    requests: int
-    drafted_requests: int  # requests that drafted at least once: only they have a rate
     mean: float  # pooled: all accepted / all draft tokens
     mean_acceptance_length: float
     p5: float
@@ -74,8 +72,7 @@ class AcceptanceSummary:
 
 
 def summarize_acceptance(results: Sequence[RequestResult]) -> AcceptanceSummary:
-    drafted = [r for r in results if r.draft_tokens > 0]
-    rates = [r.acceptance_rate for r in drafted]
+    rates = [r.acceptance_rate for r in results if r.draft_tokens > 0]  # only a request that drafted has a rate
     drafts = sum(r.drafts for r in results)
     draft_tokens = sum(r.draft_tokens for r in results)
     accepted = sum(r.accepted for r in results)
@@ -85,8 +82,6 @@ def summarize_acceptance(results: Sequence[RequestResult]) -> AcceptanceSummary:
         for i in range(positions)
     ]
     return AcceptanceSummary(
-        requests=len(results),
-        drafted_requests=len(drafted),
         mean=accepted / draft_tokens if draft_tokens else math.nan,
         mean_acceptance_length=1.0 + accepted / drafts if drafts else 1.0,
         p5=percentile(rates, 5),
