@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from draftsync.stats import percentile
+
 DAY = timedelta(days=1)
 HOUR = timedelta(hours=1)
 
@@ -87,17 +89,6 @@ class DeploymentSummary:
     def end_rate(self) -> float | None:
         """Acceptance of the last day with traffic: where the week's trend ends."""
         return self.daily[-1][1] if self.daily else None
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100) with linear interpolation between ranks; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def slope_per_day(points: Sequence[tuple[datetime, float]]) -> float | None:

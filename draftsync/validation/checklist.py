@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from draftsync.serving.evaluation import RequestResult
 from draftsync.speculative.methods import MEDUSA
+from draftsync.stats import percentile
 
 Comparison = Literal[">", ">=", "<=", "=="]
 
@@ -51,13 +52,6 @@ class Gate:
         return {**asdict(self), "value": self.reported_value, "passed": self.passed}
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """numpy's default (linear) percentile; NaN for no values."""
-    import numpy as np
-
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else math.nan
-
-
 @dataclass(frozen=True)
 class AcceptanceSummary:
     """Pooled acceptance and the spread of per-request acceptance rates."""
@@ -69,6 +63,12 @@ class AcceptanceSummary:
     p90: float
     p99: float
     per_position: list[float]  # accepted at position i / drafts, pooled
+
+
+def _rate_percentile(rates: Sequence[float], q: float) -> float:
+    """NaN when no request drafted: a gate reads it as not measured, and the JSON has always shown it so."""
+    value = percentile(rates, q)
+    return math.nan if value is None else value
 
 
 def summarize_acceptance(results: Sequence[RequestResult]) -> AcceptanceSummary:
@@ -84,10 +84,10 @@ def summarize_acceptance(results: Sequence[RequestResult]) -> AcceptanceSummary:
     return AcceptanceSummary(
         mean=accepted / draft_tokens if draft_tokens else math.nan,
         mean_acceptance_length=1.0 + accepted / drafts if drafts else 1.0,
-        p5=percentile(rates, 5),
-        p50=percentile(rates, 50),
-        p90=percentile(rates, 90),
-        p99=percentile(rates, 99),
+        p5=_rate_percentile(rates, 5),
+        p50=_rate_percentile(rates, 50),
+        p90=_rate_percentile(rates, 90),
+        p99=_rate_percentile(rates, 99),
         per_position=per_position,
     )
 
