@@ -45,12 +45,14 @@ demo-prepare: install
 environments:
 	$(MAKE) --no-print-directory -j2 install vllm
 
-# Lint and types (about 2 min on 2 cores, mostly mypy on a cold cache): ruff's rules and its formatting over the code and the tests, mypy over draftsync/.
+# Lint and types (about 2 min on 2 cores, mostly mypy on a cold cache): ruff's rules and its formatting over the code and the tests, mypy over draftsync/,
+# and vulture for code in draftsync/ that nothing uses (tests do not count; tools/vulture_whitelist.py lists what frameworks use).
 LINT_PATHS := draftsync tests bench compat
 lint: install
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy draftsync
+	$(VENV)/bin/vulture draftsync tools/vulture_whitelist.py --min-confidence 60
 
 # The suite without the tiers below (13.3 min on 2 AVX-512 cores, its install done, measured on a fresh clone).
 test: install

@@ -23,6 +23,7 @@ Usage: python bench/drafter_quality.py [--parts recipe,methods,warm,story] [--qu
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -108,15 +109,16 @@ def acceptance(target, drafter, requests: list[list[int]], gamma: int, max_token
     """Pooled acceptance, per-request P5/P50 (as the validation checklist computes them), mean acceptance length,
     and the outputs."""
     from draftsync.speculative.engine import SpeculativeEngine
-    from draftsync.validation.checklist import percentile
+    from draftsync.stats import percentile
 
     generations = generate_all(SpeculativeEngine(target, drafter, gamma), requests, max_tokens, temperature)
     counts = pooled(generations)
     rates = [g.stats.acceptance_rate for g in generations if g.stats.draft_tokens]
+    p50, p5 = (math.nan if p is None else round(p, 4) for p in (percentile(rates, 50), percentile(rates, 5)))
     return {
         "mean": round(counts["acceptance_rate"], 4),
-        "p50": round(percentile(rates, 50), 4),
-        "p5": round(percentile(rates, 5), 4),
+        "p50": p50,
+        "p5": p5,
         "mean_acceptance_length": round(counts["mean_acceptance_length"], 4),
         "outputs": [g.token_ids for g in generations],
     }

@@ -36,9 +36,9 @@ GATES = {"mean": 0.70, "p50": 0.70, "p5": 0.50}
 
 
 def _acceptance(target, tokenizer, drafter_dir: Path, prompts: list[str]) -> dict:
-    from draftsync.monitors.trends import percentile
     from draftsync.speculative.drafters import load_drafter
     from draftsync.speculative.engine import SpeculativeEngine
+    from draftsync.stats import percentile
 
     engine = SpeculativeEngine(target, load_drafter(drafter_dir), GAMMA)
     rates, drafted, accepted = [], 0, 0

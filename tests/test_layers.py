@@ -11,8 +11,19 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "draftsync"
 # Modules every layer may use: the error type, the settings and the sync profiles, the model-path confinement,
-# atomic file writes, secrets masked in URLs.
-BASE = {"errors", "settings", "profiles", "model_paths", "files", "redaction", "user_files", "__init__", "__main__"}
+# atomic file writes, secrets masked in URLs, the statistics validation and the monitors share.
+BASE = {
+    "errors",
+    "settings",
+    "profiles",
+    "model_paths",
+    "files",
+    "redaction",
+    "user_files",
+    "stats",
+    "__init__",
+    "__main__",
+}
 # Modules of a package that every layer may use: the drafter methods' registry (names, families, vLLM's names).
 SHARED = {"draftsync.speculative.methods"}
 # Each package and the draftsync packages it may import (besides BASE); anything absent is not allowed.

@@ -18,7 +18,7 @@ from draftsync.tasks import events
 if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
 
-DEPLOYMENT_NAMES = ("registry-watch", "drafter-sync", "acceptance-scrape", "weekly-acceptance-report", "rollout")
+# Each deployment, in the order prefect.yaml and build_deployments list them, and the work pool it runs on.
 WORK_POOLS = {
     "registry-watch": "draftsync-cpu",
     "drafter-sync": "draftsync-gpu",

@@ -22,13 +22,13 @@ from prefect.artifacts import create_markdown_artifact
 from draftsync.errors import DraftsyncError
 from draftsync.monitors.tables import ServedPair
 from draftsync.profiles import SyncProfile
-from draftsync.registry.model_registry import PRODUCTION, rolled_back
+from draftsync.registry.model_registry import PRODUCTION, drafter_model_name, rolled_back
 from draftsync.registry.tags import DrafterVersion
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.speculative.methods import DEFAULT_METHOD
 from draftsync.tasks import context, events
 from draftsync.tasks.alerts import send_alert
-from draftsync.tasks.registration import drafter_model_name, promote_drafter, restore_drafter_aliases
+from draftsync.tasks.registration import promote_drafter, restore_drafter_aliases
 from draftsync.tasks.serving import (
     benchmark_against_current,
     configured_deployments,

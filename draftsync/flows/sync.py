@@ -22,13 +22,13 @@ from prefect import flow, get_run_logger
 from draftsync.flows.validate import validate
 from draftsync.profiles import SyncProfile
 from draftsync.profiles import profile as named_profile
-from draftsync.registry.model_registry import PRODUCTION
+from draftsync.registry.model_registry import PRODUCTION, drafter_model_name
 from draftsync.speculative.placement import release_shared_targets
 from draftsync.tasks import context, links
 from draftsync.tasks.dataset import build_dataset, target_task_mix
 from draftsync.tasks.drafting import HISTORY_FILE, train_drafter
 from draftsync.tasks.planning import plan_drafter, plan_sync_resources, recommendation_tags
-from draftsync.tasks.registration import drafter_model_name, fetch_drafter, fetch_target, register_drafter, tag_drafter
+from draftsync.tasks.registration import fetch_drafter, fetch_target, register_drafter, tag_drafter
 from draftsync.tasks.sync_requests import owner_is_gone, run_owner
 from draftsync.validation.result import ValidationResult
 

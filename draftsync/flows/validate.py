@@ -19,11 +19,11 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from draftsync.profiles import ValidationProfile, validation_profile
+from draftsync.registry.model_registry import drafter_model_name
 from draftsync.registry.tags import DrafterVersion, crosscheck_tag
 from draftsync.tasks import context, events
 from draftsync.tasks.dataset import target_task_mix
 from draftsync.tasks.registration import (
-    drafter_model_name,
     fetch_drafter,
     fetch_target,
     promote_drafter,

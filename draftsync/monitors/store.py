@@ -223,32 +223,6 @@ class Store:
             ).all()
             return list(rows)
 
-    def deployments_with_samples(self, since: datetime, until: datetime) -> list[str]:
-        """Deployments with a sample in (since, until]: whole hours from the rollups, the edges from samples."""
-        since, until = as_utc(since), as_utc(until)
-        if until <= since:
-            return []
-        inner, edges = split_window(since, until)
-        names: set[str] = set()
-        with self.transaction() as session:
-            if inner is not None:
-                names.update(
-                    session.scalars(
-                        select(HourlyRollup.deployment)
-                        .where(HourlyRollup.hour >= inner[0], HourlyRollup.hour < inner[1])
-                        .distinct()
-                    )
-                )
-            for low, high in edges:
-                names.update(
-                    session.scalars(
-                        select(Sample.deployment)
-                        .where(Sample.deployment.in_(rolled_up_between(low, high)), Sample.ts > low, Sample.ts <= high)
-                        .distinct()
-                    )
-                )
-        return sorted(names)
-
     def hourly(self, deployment: str, since: datetime, until: datetime) -> list[HourlyRow]:
         """The hourly rows of one deployment over (since, until], oldest first."""
         return self.rollup_window(since, until, [deployment]).get(deployment, [])
@@ -428,13 +402,6 @@ class Store:
             )
             session.add(row)
             return row
-
-    def alerts(self, deployment: str | None = None) -> list[Alert]:
-        with self.transaction() as session:
-            query = select(Alert).order_by(Alert.sent_at, Alert.id)
-            if deployment is not None:
-                query = query.where(Alert.deployment == deployment)
-            return list(session.scalars(query).all())
 
     # --- outbox -------------------------------------------------------------------------------
     def add_outbox(self, *, subject: str, recipients: list[str], eml_path: str, created_at: datetime) -> OutboxEntry:

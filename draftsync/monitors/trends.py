@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from draftsync.stats import percentile
+
 DAY = timedelta(days=1)
 HOUR = timedelta(hours=1)
 
@@ -30,8 +32,6 @@ class SampleRow(Protocol):
     draft_tokens: int
     accepted: int
     accepted_per_position: list[int]
-    tpot_sum: float | None
-    tpot_count: int | None
     reset: bool
 
 
@@ -74,7 +74,6 @@ class DeploymentSummary:
     daily: list[tuple[datetime, float]]
     points: list[IntervalPoint] = field(repr=False)
     resets: int = 0
-    mean_tpot_s: float | None = None
     target_name: str | None = None
     target_version: int | None = None
     drafter_version: int | None = None
@@ -90,17 +89,6 @@ class DeploymentSummary:
     def end_rate(self) -> float | None:
         """Acceptance of the last day with traffic: where the week's trend ends."""
         return self.daily[-1][1] if self.daily else None
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100) with linear interpolation between ranks; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def slope_per_day(points: Sequence[tuple[datetime, float]]) -> float | None:
@@ -188,8 +176,6 @@ class RollupRow(Protocol):
     draft_tokens: int
     accepted: int
     accepted_per_position: list[int]
-    tpot_sum: float | None
-    tpot_count: int | None
     last_ts: datetime | None
 
 
@@ -262,8 +248,6 @@ def _summary(
         for i, count in enumerate(r.accepted_per_position or []):
             per_position[i] += count
     rates = [p.rate for p in points]
-    tpot_sum = sum(r.tpot_sum or 0.0 for r in rows)
-    tpot_count = sum(r.tpot_count or 0 for r in rows)
     last = rows[-1] if rows else None
     return DeploymentSummary(
         deployment=name,
@@ -282,7 +266,6 @@ def _summary(
         daily=_daily(points, start, bucket),
         points=points,
         resets=resets,
-        mean_tpot_s=tpot_sum / tpot_count if tpot_count else None,
         target_name=last.target_name if last else None,
         target_version=last.target_version if last else None,
         drafter_version=last.drafter_version if last else None,

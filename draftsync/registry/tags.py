@@ -196,7 +196,7 @@ def check_target_tags(name: str, tags: Mapping[str, Any]) -> None:
     if missing:
         raise DraftsyncError(
             f"target {name}: required tags missing: {', '.join(missing)}",
-            "pass them all; draftsync.registry.target_tags(...) builds them from the checkpoint's facts",
+            "pass them all; draftsync.registry.tags.target_tags(...) builds them from the checkpoint's facts",
         )
     try:
         json.loads(tags[TASK_MIX_TAG])
@@ -423,7 +423,7 @@ class TargetVersion:
             raise DraftsyncError(
                 f"target {self.name}: registry tag {NUM_PARAMETERS_TAG} is {'missing' if raw is None else repr(raw)}",
                 "register versions with draftsync (it tags them from the checkpoint), or set the draftsync.* target "
-                "tags on the version (draftsync.registry.target_tags lists them)",
+                "tags on the version (draftsync.registry.tags.target_tags lists them)",
             ) from error
 
 

@@ -33,7 +33,6 @@ SIGNATURE_VERSION = "v1"
 MODEL_VERSION_CREATED: Final = "model_version.created"
 MODEL_VERSION_ALIAS_CREATED: Final = "model_version_alias.created"
 SUBSCRIBED_EVENTS: tuple[WebhookEventStr, ...] = (MODEL_VERSION_CREATED, MODEL_VERSION_ALIAS_CREATED)
-DEFAULT_WEBHOOK_NAME = "draftsync"
 
 # Why a delivery was refused; the receiver maps each code to an HTTP status and logs it.
 MISSING_HEADER = "missing_header"
@@ -193,11 +192,6 @@ def parse_delivery(body: bytes) -> ParsedDelivery:
     else:
         change = None
     return ParsedDelivery(event=event, change=change)
-
-
-def parse_registry_change(body: bytes) -> RegistryChange | None:
-    """The registry change a delivery reports; None for events draftsync ignores."""
-    return parse_delivery(body).change
 
 
 def create_or_update_webhook(tracking_uri: str, name: str, url: str, secret: str) -> str:

@@ -7,7 +7,7 @@ option will be removed; the positional form is the one it documents (`vllm serve
 vLLM's short form (serving the drafter directory alone) only works when the drafter's verifier is a hub id,
 and our targets are local checkpoint directories.
 
-The result is an argument list, never a shell string: `VllmLaunch.shell_line` is for people to read only.
+The result is an argument list, never a shell string.
 
 `--trust-remote-code` lets vLLM import and run Python shipped inside a checkpoint. It is written only when
 DRAFTSYNC_TRUST_REMOTE_CODE is set (the same switch `load_target` obeys), and never comes in through
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import operator
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,22 +42,6 @@ from typing import get_args
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import DraftSampling
 from draftsync.speculative.methods import METHODS, NGRAM, VLLM_METHODS
-
-# The `SpeculativeConfig` fields this module writes, checked by name against vllm/config/speculative.py
-# (vllm-project/vllm, `class SpeculativeConfig`, read at commit 002e77c1). Its `tensor_parallel_size` field
-# exists only to reject it ("pass draft_tensor_parallel_size instead") and is never written.
-SPECULATIVE_CONFIG_KEYS = frozenset(
-    {
-        "method",
-        "model",
-        "num_speculative_tokens",
-        "draft_tensor_parallel_size",
-        "num_speculative_tokens_per_batch_size",
-        "prompt_lookup_min",
-        "prompt_lookup_max",
-        "draft_sample_method",
-    }
-)
 
 # vLLM's default n-gram window when neither end is given (SpeculativeConfig.__post_init__).
 DEFAULT_PROMPT_LOOKUP = 5
@@ -86,11 +69,6 @@ class VllmLaunch:
 
     argv: list[str]
     speculative_config: dict | None
-
-    @property
-    def shell_line(self) -> str:
-        """The argv quoted for a terminal, for people and docs to read; draftsync never runs it."""
-        return shlex.join(self.argv)
 
     def as_record(self) -> dict:
         return {"argv": self.argv, "speculative_config": self.speculative_config}

@@ -20,19 +20,6 @@ else:
     _Module = object
 
 
-def count_tokens(sequences: list[list[int]], loss_masks: list[list[int]] | None, vocab_size: int) -> torch.Tensor:
-    """Occurrences of each target id among loss-masked tokens (all tokens without masks)."""
-    import torch
-
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for index, sequence in enumerate(sequences):
-        ids = torch.as_tensor(sequence, dtype=torch.long)
-        if loss_masks is not None:
-            ids = ids[torch.as_tensor(loss_masks[index], dtype=torch.bool)]
-        counts += torch.bincount(ids, minlength=vocab_size)[:vocab_size]
-    return counts
-
-
 def check_draft_vocab_size(draft_vocab_size: int, vocab_size: int) -> None:
     """The size rule of every draft vocabulary, for the builder and the drafter configs alike: 1..V target ids."""
     if not 0 < draft_vocab_size <= vocab_size:

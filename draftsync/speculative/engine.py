@@ -50,24 +50,6 @@ class Generation:
     seconds: float
     first_token_seconds: float = 0.0  # time to the first token (the prefill), part of `seconds`
 
-    @property
-    def tpot_seconds(self) -> float:
-        """Time per output token after the first, as vLLM defines TPOT (0 for fewer than two tokens)."""
-        n = len(self.token_ids)
-        return (self.seconds - self.first_token_seconds) / (n - 1) if n > 1 else 0.0
-
-
-def greedy_reference(target: Any, prompt_ids: list[int], n: int) -> list[int]:
-    """Plain greedy decoding, a full forward pass per token and no cache: the ground truth for tests."""
-    import torch
-
-    ids = list(prompt_ids)
-    with torch.no_grad():
-        for _ in range(n):
-            logits = target(input_ids=torch.tensor([ids])).logits
-            ids.append(int(logits[0, -1].argmax()))
-    return ids[len(prompt_ids) :]
-
 
 def verify_proposals(
     proposals: list[int],

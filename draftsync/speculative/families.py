@@ -2,10 +2,11 @@
 
 Not to be confused with a drafter method's family (methods.py: eagle, medusa, ...).
 
-One home for what a family is: its transformers architecture, what distinguishes its checkpoints (read from the
-config, never assumed from the family: grouped-query attention, head_dim, tied embeddings, rope, q/k norm, qkv
-bias, sliding windows) and the drafter methods vLLM serves for it. Everything else (hidden states, drafter shapes,
-rope, tied weights) is read from the config by the code that needs it; nothing branches on the family name.
+One home for what a family is: its transformers architecture and what distinguishes its checkpoints (read from
+the config, never assumed from the family: grouped-query attention, head_dim, tied embeddings, rope, q/k norm, qkv
+bias, sliding windows). Every trained drafter method serves next to each family (see FAMILIES). Everything else
+(hidden states, drafter shapes, rope, tied weights) is read from the config by the code that needs it; nothing
+branches on the family name.
 
 What is refused, and why, is here too: mixture-of-experts, multimodal and encoder-decoder checkpoints, and
 architectures that have never been run through a sync.
@@ -18,30 +19,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.methods import TRAINED_METHODS
 
 
 @dataclass(frozen=True)
 class Family:
-    """A decoder family: the `architectures` entry of its config.json and what vLLM serves for it."""
+    """A decoder family: the `architectures` entry of its config.json and its `model_type`."""
 
     name: str
     architecture: str
     model_type: str
-    methods: tuple[str, ...]  # drafter methods vLLM 0.32 serves next to this family (eagle3.1 is eagle3 to vLLM)
-    example: str  # a checkpoint users serve
 
 
-# vLLM 0.32: every one of these targets implements SupportsEagle3 (aux hidden states), EAGLE-1's drafter is a Llama
-# layer fed the target's final state whatever the target, and Medusa reads only that state.
-_ALL = TRAINED_METHODS
+# vLLM 0.32 serves every trained method next to each of these: every one implements SupportsEagle3 (aux hidden
+# states), EAGLE-1's drafter is a Llama layer fed the target's final state whatever the target, and Medusa reads
+# only that state.
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
-        Family("llama", "LlamaForCausalLM", "llama", _ALL, "meta-llama/Llama-3.1-8B-Instruct"),
-        Family("qwen3", "Qwen3ForCausalLM", "qwen3", _ALL, "Qwen/Qwen3-8B"),
-        Family("qwen2", "Qwen2ForCausalLM", "qwen2", _ALL, "Qwen/Qwen2.5-7B-Instruct"),
-        Family("mistral", "MistralForCausalLM", "mistral", _ALL, "mistralai/Mistral-7B-Instruct-v0.3"),
+        Family("llama", "LlamaForCausalLM", "llama"),
+        Family("qwen3", "Qwen3ForCausalLM", "qwen3"),
+        Family("qwen2", "Qwen2ForCausalLM", "qwen2"),
+        Family("mistral", "MistralForCausalLM", "mistral"),
     )
 }
 _BY_ARCHITECTURE = {f.architecture: f for f in FAMILIES.values()}

@@ -30,13 +30,6 @@ class TargetPlacement:
     def on_gpu(self) -> bool:
         return self.devices[0].startswith("cuda")
 
-    def describe(self) -> str:
-        if not self.on_gpu:
-            return "cpu (fp32)"
-        if len(self.devices) == 1:
-            return f"{self.devices[0]} (16-bit)"
-        return f"device_map over {', '.join(self.devices)} (16-bit)"
-
 
 def placement_dtype(config: dict[str, Any], placement: TargetPlacement) -> torch.dtype:
     """fp32 on the CPU; on a GPU the checkpoint's fp16 or bf16, and bf16 for an fp32 checkpoint."""

@@ -22,13 +22,12 @@ import torch
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.methods import DRAFT_MODEL, MEDUSA, METHODS, NGRAM, eagle3_variant
 
-TARGET_STATES = ("aux", "final", "none")
 CHAIN_METHODS = tuple(method.name for method in METHODS.values() if method.chains)
 
 
 class Proposer(Protocol):
     method: str
-    target_states: str  # one of TARGET_STATES
+    target_states: str  # "aux", "final" or "none"
     aux_layer_ids: tuple[int, ...]  # read by the engine when target_states == "aux"
 
     def check_target(self, target_model: Any) -> None:

@@ -49,11 +49,10 @@ class ShardDataset:
             )
         self._open_handles = max(1, open_handles)
         self._handles: OrderedDict[int, Any] = OrderedDict()
-        shard_of, starts, lengths, tasks = [], [], [], []
+        shard_of, starts, lengths = [], [], []
         for index, shard in enumerate(self.manifest["shards"]):
             with safe_open(str(self.path / shard["file"]), framework="pt") as handle:
                 offsets = handle.get_tensor("offsets")
-                tasks.append(handle.get_tensor("task_index").to(torch.int64))
             shard_of.append(torch.full((offsets.shape[0] - 1,), index, dtype=torch.int64))
             starts.append(offsets[:-1])
             lengths.append(offsets[1:] - offsets[:-1])
@@ -61,7 +60,6 @@ class ShardDataset:
         self._shard_of = torch.cat(shard_of) if shard_of else empty
         self._start = torch.cat(starts) if starts else empty
         self._length = torch.cat(lengths) if lengths else empty
-        self._task = torch.cat(tasks) if tasks else empty
         self._perm_cache: tuple[tuple[int, int, int], torch.Tensor] | None = None
 
     # facts
@@ -81,17 +79,6 @@ class ShardDataset:
     def stores_states(self) -> bool:
         """False for a dataset of tokens only, whose states the target computes per batch (`OnlineDataset`)."""
         return stores_states(self.manifest)
-
-    @property
-    def task_names(self) -> list[str]:
-        return list(self.manifest["task_names"])
-
-    def sequence_lengths(self) -> torch.Tensor:
-        return self._length.clone()
-
-    def sequence_tasks(self) -> list[str]:
-        names = self.manifest["task_names"]
-        return [names[i] for i in self._task.tolist()]
 
     def token_counts(self) -> torch.Tensor:
         """How often each target id is a loss-masked token: LongTensor[V], for choosing the draft vocabulary."""

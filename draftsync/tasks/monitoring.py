@@ -46,7 +46,7 @@ def review_deployment(deployment: str, now: datetime) -> dict:
     """The week's summary and findings for one deployment, with its lineage checked in the registry."""
     from draftsync.monitors.staleness import Baseline, Thresholds, evaluate
     from draftsync.monitors.trends import summarize_hourly
-    from draftsync.tasks.registration import drafter_model_name
+    from draftsync.registry.model_registry import drafter_model_name
 
     store = context.store()
     pair = store.serving_pair(deployment)

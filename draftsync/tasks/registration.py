@@ -26,19 +26,6 @@ from draftsync.registry.target_layouts import PLAIN, TargetLayout
 from draftsync.tasks import context
 from draftsync.validation.result import ChecklistResult, ValidationResult
 
-__all__ = [
-    "drafter_model_name",
-    "fetch_drafter",
-    "fetch_target",
-    "fill_target_tags",
-    "promote_drafter",
-    "publish_target",
-    "record_validation",
-    "register_drafter",
-    "restore_drafter_aliases",
-    "tag_drafter",
-]
-
 
 @task(name="publish-target", cache_policy=NONE)
 def publish_target(

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from draftsync.serving.evaluation import RequestResult
 from draftsync.speculative.methods import MEDUSA
+from draftsync.stats import percentile
 
 Comparison = Literal[">", ">=", "<=", "=="]
 
@@ -51,19 +52,10 @@ class Gate:
         return {**asdict(self), "value": self.reported_value, "passed": self.passed}
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """numpy's default (linear) percentile; NaN for no values."""
-    import numpy as np
-
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else math.nan
-
-
 @dataclass(frozen=True)
 class AcceptanceSummary:
     """Pooled acceptance and the spread of per-request acceptance rates."""
 
-    requests: int
-    drafted_requests: int  # requests that drafted at least once: only they have a rate
     mean: float  # pooled: all accepted / all draft tokens
     mean_acceptance_length: float
     p5: float
@@ -73,9 +65,14 @@ class AcceptanceSummary:
     per_position: list[float]  # accepted at position i / drafts, pooled
 
 
+def _rate_percentile(rates: Sequence[float], q: float) -> float:
+    """NaN when no request drafted: a gate reads it as not measured, and the JSON has always shown it so."""
+    value = percentile(rates, q)
+    return math.nan if value is None else value
+
+
 def summarize_acceptance(results: Sequence[RequestResult]) -> AcceptanceSummary:
-    drafted = [r for r in results if r.draft_tokens > 0]
-    rates = [r.acceptance_rate for r in drafted]
+    rates = [r.acceptance_rate for r in results if r.draft_tokens > 0]  # only a request that drafted has a rate
     drafts = sum(r.drafts for r in results)
     draft_tokens = sum(r.draft_tokens for r in results)
     accepted = sum(r.accepted for r in results)
@@ -85,14 +82,12 @@ def summarize_acceptance(results: Sequence[RequestResult]) -> AcceptanceSummary:
         for i in range(positions)
     ]
     return AcceptanceSummary(
-        requests=len(results),
-        drafted_requests=len(drafted),
         mean=accepted / draft_tokens if draft_tokens else math.nan,
         mean_acceptance_length=1.0 + accepted / drafts if drafts else 1.0,
-        p5=percentile(rates, 5),
-        p50=percentile(rates, 50),
-        p90=percentile(rates, 90),
-        p99=percentile(rates, 99),
+        p5=_rate_percentile(rates, 5),
+        p50=_rate_percentile(rates, 50),
+        p90=_rate_percentile(rates, 90),
+        p99=_rate_percentile(rates, 99),
         per_position=per_position,
     )
 

@@ -78,7 +78,7 @@ def sync_runs(client, deployment_id) -> list:
 def test_a_registered_target_version_becomes_one_completed_sync_run_through_prefect_and_mlflow_servers(
     postgres_server, tmp_path
 ):
-    from draftsync.flows.deployments import DEPLOYMENT_NAMES
+    from draftsync.flows.deployments import WORK_POOLS
     from draftsync.monitors.store import Store
     from draftsync.monitors.sync_jobs import SyncLedger
     from draftsync.registry.model_registry import Registry
@@ -134,12 +134,12 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
 
                 def served():
                     found = client.read_deployments(
-                        deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=list(DEPLOYMENT_NAMES)))
+                        deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=list(WORK_POOLS)))
                     )
-                    return found if len(found) == len(DEPLOYMENT_NAMES) else None
+                    return found if len(found) == len(WORK_POOLS) else None
 
                 deployments = {d.name: d for d in wait_for("the five deployments", served, 240, logs)}
-                assert sorted(deployments) == sorted(DEPLOYMENT_NAMES)
+                assert sorted(deployments) == sorted(WORK_POOLS)
                 intervals = {
                     name: d.schedules[0].schedule.interval.total_seconds()
                     for name, d in deployments.items()

@@ -309,7 +309,7 @@ def test_the_filled_in_env_file_stays_out_of_version_control():
 
 
 def test_work_pools_match_between_setup_workers_and_prefect_yaml():
-    from draftsync.flows.deployments import DEPLOYMENT_NAMES
+    from draftsync.flows.deployments import WORK_POOLS
 
     services = _compose()["services"]
     script = _scripts(services["setup"])[0]
@@ -320,7 +320,7 @@ def test_work_pools_match_between_setup_workers_and_prefect_yaml():
     assert "prefect deploy --all" in script
     for worker, pool in (("worker-cpu", "draftsync-cpu"), ("worker-gpu", "draftsync-gpu")):
         assert "process" in _command(services[worker]), f"{worker} is a process worker on {pool}"
-    assert set(_prefect_deployments()) == set(DEPLOYMENT_NAMES)
+    assert set(_prefect_deployments()) == set(WORK_POOLS)
 
 
 # --- commands point at real entry points ----------------------------------------------------------------------
@@ -600,10 +600,10 @@ def _served_shapes() -> dict[str, dict]:
 
 
 def test_deployment_names_are_the_served_ones():
-    from draftsync.flows.deployments import DEPLOYMENT_NAMES
+    from draftsync.flows.deployments import WORK_POOLS
 
-    assert [d["name"] for d in _prefect_yaml()["deployments"]] == list(DEPLOYMENT_NAMES)
-    assert [d.name for d in _served_deployments()] == list(DEPLOYMENT_NAMES)
+    assert [d["name"] for d in _prefect_yaml()["deployments"]] == list(WORK_POOLS)
+    assert [d.name for d in _served_deployments()] == list(WORK_POOLS)
 
 
 def test_prefect_yaml_and_draftsync_serve_register_the_same_schedules_triggers_and_limits():

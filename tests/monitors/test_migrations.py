@@ -1,5 +1,5 @@
-"""The monitor store's Alembic migrations on SQLite and on a real Postgres: new databases, databases made by the
-old create_all code, concurrent openers, downgrade, and databases the store must not touch."""
+"""The monitor store's Alembic migrations on SQLite and on a real Postgres: new databases, concurrent openers,
+downgrade, and databases the store must not touch."""
 
 from __future__ import annotations
 
@@ -11,94 +11,11 @@ import sqlalchemy as sa
 from draftsync.errors import DraftsyncError
 from draftsync.monitors import sync_jobs  # noqa: F401  (registers its tables on Base.metadata)
 from draftsync.monitors.metrics import SpecDecodeCounters
-from draftsync.monitors.migrations import INITIAL_REVISION, alembic_config, current_revision, head_revision
-from draftsync.monitors.rollups import hourly_rows
+from draftsync.monitors.migrations import alembic_config, current_revision
 from draftsync.monitors.store import Store
 from draftsync.monitors.tables import Base, ServedPair
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
-
-
-def legacy_metadata() -> sa.MetaData:
-    """The schema `Store` made with create_all before it had migrations, frozen here as it was."""
-    moment = sa.DateTime(timezone=True)
-    metadata = sa.MetaData()
-    sa.Table(
-        "samples",
-        metadata,
-        sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("deployment", sa.String(200), nullable=False),
-        sa.Column("ts", moment, nullable=False),
-        sa.Column("interval_start", moment, nullable=False),
-        sa.Column("target_name", sa.String(200), nullable=False),
-        sa.Column("target_version", sa.Integer, nullable=False),
-        sa.Column("drafter_version", sa.Integer, nullable=True),
-        sa.Column("gamma", sa.Integer, nullable=False),
-        sa.Column("drafts", sa.Integer, nullable=False),
-        sa.Column("draft_tokens", sa.Integer, nullable=False),
-        sa.Column("accepted", sa.Integer, nullable=False),
-        sa.Column("accepted_per_position", sa.JSON, nullable=False),
-        sa.Column("generation_tokens", sa.Integer, nullable=True),
-        sa.Column("tpot_sum", sa.Float, nullable=True),
-        sa.Column("tpot_count", sa.Integer, nullable=True),
-        sa.Column("reset", sa.Boolean, nullable=False),
-        sa.Index("ix_samples_deployment_ts", "deployment", "ts"),
-    )
-    sa.Table(
-        "scrape_state",
-        metadata,
-        sa.Column("deployment", sa.String(200), primary_key=True),
-        sa.Column("ts", moment, nullable=False),
-        sa.Column("counters", sa.JSON, nullable=False),
-    )
-    sa.Table(
-        "watermarks",
-        metadata,
-        sa.Column("key", sa.String(300), primary_key=True),
-        sa.Column("version", sa.Integer, nullable=False),
-        sa.Column("updated_at", moment, nullable=False),
-    )
-    sa.Table(
-        "serving_pairs",
-        metadata,
-        sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("deployment", sa.String(200), nullable=False, unique=True),
-        sa.Column("target_name", sa.String(200), nullable=False),
-        sa.Column("target_version", sa.Integer, nullable=False),
-        sa.Column("drafter_name", sa.String(200), nullable=True),
-        sa.Column("drafter_version", sa.Integer, nullable=True),
-        sa.Column("gamma", sa.Integer, nullable=False),
-        sa.Column("endpoint", sa.String(500), nullable=False),
-        sa.Column("state", sa.String(20), nullable=False),
-        sa.Column("updated_at", moment, nullable=False),
-    )
-    sa.Table(
-        "outbox",
-        metadata,
-        sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("created_at", moment, nullable=False),
-        sa.Column("subject", sa.Text, nullable=False),
-        sa.Column("recipients", sa.Text, nullable=False),
-        sa.Column("eml_path", sa.Text, nullable=False),
-        sa.Column("status", sa.String(20), nullable=False),
-        sa.Column("attempts", sa.Integer, nullable=False),
-        sa.Column("last_error", sa.Text, nullable=True),
-        sa.Column("sent_at", moment, nullable=True),
-    )
-    sa.Table(
-        "alerts",
-        metadata,
-        sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("key", sa.String(300), nullable=False),
-        sa.Column("deployment", sa.String(200), nullable=False),
-        sa.Column("rule", sa.String(100), nullable=False),
-        sa.Column("severity", sa.String(20), nullable=False),
-        sa.Column("value", sa.Float, nullable=False),
-        sa.Column("sent_at", moment, nullable=False),
-        sa.Column("outbox_id", sa.Integer, sa.ForeignKey("outbox.id"), nullable=True),
-        sa.Index("ix_alerts_key_sent_at", "key", "sent_at"),
-    )
-    return metadata
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -135,6 +52,12 @@ def schema(url: str) -> dict:
         engine.dispose()
 
 
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
 def revision_of(url: str) -> str | None:
     engine = sa.create_engine(url)
     try:
@@ -158,172 +81,6 @@ def test_a_new_database_is_migrated_to_head_and_matches_the_models(new_url):
         )
     engine.dispose()
     assert differences == []
-
-
-def test_the_initial_revision_is_the_schema_create_all_made(new_url):
-    from alembic import command
-
-    legacy_url, migrated_url = new_url(), new_url()
-    engine = sa.create_engine(legacy_url)
-    legacy_metadata().create_all(engine)
-    engine.dispose()
-    engine = sa.create_engine(migrated_url)
-    with engine.begin() as connection:
-        command.upgrade(alembic_config(connection), INITIAL_REVISION)
-    engine.dispose()
-    assert schema(migrated_url) == schema(legacy_url)
-    assert len(schema(legacy_url)) == 6
-
-
-def test_a_database_made_by_create_all_is_adopted_with_its_rows(new_url):
-    url = new_url()
-    engine = sa.create_engine(url)
-    metadata = legacy_metadata()
-    metadata.create_all(engine)
-    t = metadata.tables
-    sample = dict(
-        target_name="demo",
-        target_version=1,
-        gamma=3,
-        drafts=10,
-        draft_tokens=30,
-        generation_tokens=None,
-        tpot_sum=None,
-        tpot_count=None,
-        reset=False,
-    )
-    with engine.begin() as connection:
-        connection.execute(
-            t["samples"].insert(),
-            [
-                dict(
-                    sample,
-                    deployment="dep",
-                    ts=T0 + timedelta(minutes=30),
-                    interval_start=T0,
-                    drafter_version=1,
-                    accepted=20,
-                    accepted_per_position=[9, 7, 4],
-                ),
-                dict(
-                    sample,
-                    deployment="dep",
-                    ts=T0 + timedelta(hours=1),
-                    interval_start=T0 + timedelta(minutes=30),
-                    drafter_version=1,
-                    accepted=12,
-                    accepted_per_position=[6, 4, 2],
-                    generation_tokens=40,
-                    tpot_sum=0.5,
-                    tpot_count=40,
-                ),
-                dict(
-                    sample,
-                    deployment="dep",
-                    ts=T0 + timedelta(hours=1, minutes=1),
-                    interval_start=T0 + timedelta(hours=1),
-                    drafter_version=None,
-                    gamma=0,
-                    drafts=0,
-                    draft_tokens=0,
-                    accepted=0,
-                    accepted_per_position=[],
-                    reset=True,
-                ),
-            ],
-        )
-        connection.execute(
-            t["scrape_state"].insert(),
-            [
-                dict(
-                    deployment="dep",
-                    ts=T0 + timedelta(hours=1, minutes=1),
-                    counters=SpecDecodeCounters(50, 150, 90, (40, 30, 20)).to_dict(),
-                )
-            ],
-        )
-        connection.execute(t["watermarks"].insert(), [dict(key="demo", version=2, updated_at=T0)])
-        connection.execute(
-            t["serving_pairs"].insert(),
-            [
-                dict(
-                    deployment="dep",
-                    target_name="demo",
-                    target_version=1,
-                    drafter_name="demo-drafter",
-                    drafter_version=1,
-                    gamma=3,
-                    endpoint="http://127.0.0.1:9000",
-                    state="serving",
-                    updated_at=T0,
-                )
-            ],
-        )
-        connection.execute(
-            t["outbox"].insert(),
-            [
-                dict(
-                    id=1,
-                    created_at=T0,
-                    subject="s",
-                    recipients="a@x",
-                    eml_path="/tmp/a.eml",
-                    status="pending",
-                    attempts=0,
-                )
-            ],
-        )
-        connection.execute(
-            t["alerts"].insert(),
-            [
-                dict(
-                    key="dep:stale",
-                    deployment="dep",
-                    rule="stale",
-                    severity="critical",
-                    value=0.4,
-                    sent_at=T0,
-                    outbox_id=1,
-                )
-            ],
-        )
-    engine.dispose()
-    assert revision_of(url) is None
-
-    store = Store(url)
-    try:
-        assert revision_of(url) == head_revision()
-        kept = store.samples("dep", T0, T0 + timedelta(hours=2))
-        assert [(s.accepted, s.drafter_version, s.reset) for s in kept] == [
-            (20, 1, False),
-            (12, 1, False),
-            (0, None, True),
-        ]
-        assert store.get_watermark("demo") == 2
-        assert store.serving_pair("dep").endpoint == "http://127.0.0.1:9000"
-        assert [(a.rule, a.outbox_id) for a in store.alerts("dep")] == [("stale", 1)]
-        assert [e.subject for e in store.outbox("pending")] == ["s"]
-
-        # the rollups were backfilled from the samples: the on-the-hour sample counts in the hour it ends
-        rows = store.hourly("dep", T0, T0 + timedelta(hours=2))
-        assert rows == hourly_rows(kept)
-        assert [(r.hour, r.intervals, r.accepted, r.accepted_per_position, r.drafter_version) for r in rows] == [
-            (T0, 2, 32, [15, 11, 6], 1),
-            (T0 + timedelta(hours=1), 1, 0, [], None),
-        ]
-        assert (rows[0].generation_tokens, rows[0].tpot_count, rows[1].resets) == (40, 40, 1)
-
-        # the stored baseline is kept: the next scrape is a delta against it, booked into the same hour row
-        pair = ServedPair("demo", 1, 1, 3)
-        after = store.record_scrape(
-            "dep", T0 + timedelta(hours=1, minutes=2), SpecDecodeCounters(60, 180, 110, (47, 37, 26)), pair
-        )
-        assert (after.drafts, after.accepted, after.reset) == (10, 20, False)
-        assert store.hourly("dep", T0 + timedelta(hours=1), T0 + timedelta(hours=2))[-1].accepted == 20
-    finally:
-        store.close()
-    Store(url).close()  # opening it again is a no-op
-    assert revision_of(url) == head_revision()
 
 
 def test_concurrent_first_opens_migrate_once(new_url):
@@ -363,7 +120,7 @@ def test_downgrade_then_reopen_rebuilds_the_rollups(new_url):
 
     engine = sa.create_engine(url)
     with engine.begin() as connection:
-        command.downgrade(alembic_config(connection), INITIAL_REVISION)
+        command.downgrade(alembic_config(connection), "0001_initial_schema")
     engine.dispose()
     assert "hourly_rollups" not in schema(url)
 

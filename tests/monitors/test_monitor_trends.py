@@ -10,7 +10,7 @@ from draftsync.monitors.metrics import SpecDecodeCounters
 from draftsync.monitors.staleness import Thresholds, evaluate, suggested_gamma, worst
 from draftsync.monitors.store import Store
 from draftsync.monitors.tables import ServedPair
-from draftsync.monitors.trends import percentile, slope_per_day, summarize
+from draftsync.monitors.trends import slope_per_day, summarize
 
 START = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
 END = START + timedelta(days=7)
@@ -104,10 +104,7 @@ def test_empty_summary():
     assert [f.rule for f in evaluate(summary, 1, 1)] == ["no_data"]
 
 
-def test_percentile_and_slope_helpers():
-    assert percentile([0.1, 0.2, 0.3, 0.4, 0.5], 50) == pytest.approx(0.3)
-    assert percentile([0.0, 1.0], 5) == pytest.approx(0.05)
-    assert percentile([], 50) is None
+def test_slope_per_day():
     line = [(START + timedelta(days=d), 0.9 - 0.1 * d) for d in range(5)]
     assert slope_per_day(line) == pytest.approx(-0.1)
     assert slope_per_day(line[:1]) is None

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from draftsync.errors import DraftsyncError
-from draftsync.registry import CANDIDATE, PREVIOUS, PRODUCTION, Registry, drafter_model_name, target_tags
+from draftsync.registry.model_registry import CANDIDATE, PREVIOUS, PRODUCTION, Registry, drafter_model_name
+from draftsync.registry.tags import target_tags
 from safetensors.numpy import save_file
 
 

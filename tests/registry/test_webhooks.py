@@ -24,7 +24,6 @@ from draftsync.registry.webhooks import (
     WebhookRejected,
     create_or_update_webhook,
     parse_delivery,
-    parse_registry_change,
     sign_delivery,
     verify_delivery,
 )
@@ -192,14 +191,14 @@ def test_version_created_payload_becomes_a_change():
         "tags": {"draftsync.kind": "target"},
         "description": None,
     }
-    change = parse_registry_change(mlflow_body("model_version.created", data))
+    change = parse_delivery(mlflow_body("model_version.created", data)).change
     assert change == RegistryChange(
         kind="version_created", model_name="tiny-llama", version=3, alias=None, tags={"draftsync.kind": "target"}
     )
 
 
 def test_alias_created_payload_becomes_an_alias_move():
-    change = parse_registry_change(mlflow_body("model_version_alias.created"))
+    change = parse_delivery(mlflow_body("model_version_alias.created")).change
     assert change == RegistryChange(
         kind="alias_moved", model_name="example_model", version=1, alias="example_alias", tags={}
     )
@@ -213,7 +212,6 @@ def test_other_events_are_ignored(event):
     parsed = parse_delivery(mlflow_body(event))
     assert parsed.event == event
     assert parsed.change is None
-    assert parse_registry_change(mlflow_body(event)) is None
 
 
 def _envelope(data) -> bytes:
@@ -248,12 +246,12 @@ def _envelope(data) -> bytes:
 )
 def test_bodies_of_the_wrong_shape_are_refused(body):
     with pytest.raises(WebhookRejected) as caught:
-        parse_registry_change(body)
+        parse_delivery(body)
     assert caught.value.reason == BAD_BODY
 
 
 def test_version_as_int_and_missing_tags_are_accepted():
-    change = parse_registry_change(_envelope({"name": "m", "version": 7}))
+    change = parse_delivery(_envelope({"name": "m", "version": 7})).change
     assert (change.version, change.tags) == (7, {})
 
 

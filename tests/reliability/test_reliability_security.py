@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import re
-import shlex
 import shutil
 import uuid
 from pathlib import Path
@@ -164,7 +163,7 @@ def test_model_paths_with_shell_metacharacters_reach_the_server_as_literal_argum
 
 
 def test_vllm_launch_keeps_hostile_paths_as_single_arguments(tmp_path):
-    """The vLLM argv carries the paths as they are (the drafter inside JSON); the readable line quotes them."""
+    """The vLLM argv carries the paths as they are (the drafter inside JSON)."""
     from draftsync.serving.deployment import ServingDeployment
 
     target, drafter = tmp_path / HOSTILE_NAMES["target"], tmp_path / HOSTILE_NAMES["drafter"]
@@ -172,7 +171,6 @@ def test_vllm_launch_keeps_hostile_paths_as_single_arguments(tmp_path):
     assert launch.argv[:3] == ["vllm", "serve", str(target)]
     spec = json.loads(launch.argv[launch.argv.index("--speculative-config") + 1])
     assert spec["model"] == str(drafter)
-    assert shlex.split(launch.shell_line) == launch.argv
 
 
 SHELL_FUNCTIONS = {

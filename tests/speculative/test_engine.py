@@ -8,7 +8,9 @@ import pytest
 import torch
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
-from draftsync.speculative.engine import SpeculativeEngine, greedy_reference, verify_proposals
+from draftsync.speculative.engine import SpeculativeEngine, verify_proposals
+
+from tests.speculative.greedy import greedy_reference
 
 NEW_TOKENS = 24
 

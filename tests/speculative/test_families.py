@@ -13,10 +13,12 @@ import torch
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_vocab import build_draft_vocab
 from draftsync.speculative.drafters import load_drafter, new_drafter, save_drafter
-from draftsync.speculative.engine import SpeculativeEngine, greedy_reference
+from draftsync.speculative.engine import SpeculativeEngine
 from draftsync.speculative.families import config_features, family_of
 from draftsync.speculative.hidden_states import capture, default_aux_layer_ids
 from draftsync.speculative.targets import FAMILY_SHAPES, builtin_recipe, family_config
+
+from tests.speculative.greedy import greedy_reference
 
 FAMILIES = ("llama3", "qwen3", "qwen2", "mistral")
 METHODS = ("eagle3", "eagle3.1", "eagle", "medusa")

@@ -9,12 +9,14 @@ import torch
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_vocab import build_draft_vocab
 from draftsync.speculative.drafters import load_drafter
-from draftsync.speculative.engine import SpeculativeEngine, greedy_reference
+from draftsync.speculative.engine import SpeculativeEngine
 from draftsync.speculative.hidden_states import capture
 from draftsync.speculative.medusa import MedusaConfig, MedusaDrafter
 from draftsync.speculative.medusa_format import load_medusa, save_medusa
 from draftsync.speculative.training_batch import TrainingBatch
 from safetensors.torch import load_file, save_file
+
+from tests.speculative.greedy import greedy_reference
 
 VOCAB = 384  # the tiny targets' vocabulary (conftest)
 HIDDEN = 64

@@ -15,9 +15,11 @@ from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_model import DraftModelDrafter
 from draftsync.speculative.draft_vocab import build_draft_vocab
 from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
-from draftsync.speculative.engine import SpeculativeEngine, greedy_reference
+from draftsync.speculative.engine import SpeculativeEngine
 from draftsync.speculative.hidden_states import capture
 from draftsync.speculative.proposers import NgramProposer, lookup, make_proposer
+
+from tests.speculative.greedy import greedy_reference
 
 SMALL_VOCAB = 8
 NEW_TOKENS = 20

@@ -8,10 +8,12 @@ import pytest
 import torch
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
-from draftsync.speculative.engine import SpeculativeEngine, greedy_reference
+from draftsync.speculative.engine import SpeculativeEngine
 from draftsync.speculative.speculators_format import load_eagle3, save_eagle3
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+
+from tests.speculative.greedy import greedy_reference
 
 TOP_LEVEL_KEYS = {
     "architectures",

@@ -58,9 +58,7 @@ def test_percentiles_come_from_each_requests_own_rate_not_from_the_pooled_mean()
 
 def test_requests_that_drafted_nothing_have_no_rate_and_do_not_count_in_percentiles():
     results = [_result(0, 3, 4, 2), _result(1, 0, 0, 0)]
-    summary = summarize_acceptance(results)
-    assert summary.drafted_requests == 1
-    assert summary.p50 == pytest.approx(0.75)
+    assert summarize_acceptance(results).p50 == pytest.approx(0.75)
     assert math.isnan(results[1].acceptance_rate)
     assert math.isnan(summarize_acceptance([_result(0, 0, 0, 0)]).p5)
 

@@ -1,9 +1,9 @@
 """Schema migrations of the monitor store (Alembic), applied by the store itself when it is opened.
 
-`Store(url)` calls `upgrade_to_head`: a new database gets every revision; a database that an older
-draftsync made with `create_all` (no alembic_version table) is stamped at the initial revision, which
-is that schema, and then upgraded, rows kept. Concurrent openers are serialised: a Postgres advisory
-lock, or SQLite's write lock (BEGIN IMMEDIATE), so only one of them migrates. There is no alembic.ini;
+`Store(url)` calls `upgrade_to_head`: a new database gets every revision; an unversioned one (no
+alembic_version table) that already holds a table of the store's is refused, since draftsync did not make
+it. Concurrent openers are serialised: a Postgres advisory lock, or SQLite's write lock (BEGIN IMMEDIATE),
+so only one of them migrates. There is no alembic.ini;
 `alembic_config(connection)` builds the Config in code for `alembic.command` calls by hand.
 """
 
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 SCRIPT_LOCATION = "draftsync.monitors:migrations"
-INITIAL_REVISION = "0001_initial_schema"
 INITIAL_TABLES = frozenset({"samples", "scrape_state", "watermarks", "serving_pairs", "outbox", "alerts"})
 ADVISORY_LOCK_KEY = 7237970109966637422  # b"draftsyn" as a bigint: one lock per database for migrating it
 
@@ -50,12 +49,8 @@ def _revisions() -> tuple[str, frozenset[str]]:
     return head, frozenset(r.revision for r in script.walk_revisions())
 
 
-def head_revision() -> str:
-    return _revisions()[0]
-
-
 def current_revision(connection: Connection) -> str | None:
-    """The revision the database is at; None when it has no alembic_version table (new, or made by create_all)."""
+    """The revision the database is at; None when it has no alembic_version table."""
     from alembic.runtime.migration import MigrationContext
 
     return MigrationContext.configure(connection).get_current_revision()
@@ -84,26 +79,22 @@ def upgrade_to_head(engine: Engine) -> str | None:
                 "a newer draftsync migrated this database: upgrade draftsync, or point DRAFTSYNC_MONITOR_DB_URL "
                 "at another database",
             )
-        config = alembic_config(connection)
-        if before is None and _made_by_create_all(connection):
-            command.stamp(config, INITIAL_REVISION)
-        command.upgrade(config, "head")
+        if before is None:
+            _refuse_foreign_tables(connection)
+        command.upgrade(alembic_config(connection), "head")
     return before
 
 
-def _made_by_create_all(connection: Connection) -> bool:
-    """Whether the unversioned database holds the store's original tables (an older draftsync made them)."""
+def _refuse_foreign_tables(connection: Connection) -> None:
+    """Every store draftsync made has an alembic_version table: tables of the store's names without one belong
+    to something else, and migrating would fail on them or write into them."""
     present = INITIAL_TABLES & set(inspect(connection).get_table_names())
-    if not present:
-        return False
-    if present != INITIAL_TABLES:
+    if present:
         raise DraftsyncError(
-            f"monitor store database has the tables {sorted(present)} but not {sorted(INITIAL_TABLES - present)}, "
-            "and no alembic_version table",
+            f"monitor store database has the tables {sorted(present)} but no alembic_version table",
             "draftsync did not make this database: point DRAFTSYNC_MONITOR_DB_URL at an empty database or at a "
             "monitor store draftsync created",
         )
-    return True
 
 
 @contextlib.contextmanager

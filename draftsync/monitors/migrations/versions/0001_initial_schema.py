@@ -1,4 +1,4 @@
-"""Initial schema: the tables the store created with create_all before it had migrations.
+"""Initial schema: samples, scrape state, watermarks, serving pairs, the outbox and alerts.
 
 Revision ID: 0001_initial_schema
 Revises:
