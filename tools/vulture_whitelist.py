@@ -16,6 +16,7 @@ _._endpoint_only_for_external
 _._no_flags_draftsync_sets
 _._known_profile
 _._known_timezone
+_._nodes_meet_somewhere
 _.settings_customise_sources
 _.dotenv_settings
 
@@ -62,6 +63,7 @@ _.required_gb
 _.available_gb
 _.holdout_positions
 _.warm_start_tensors
+_.trainable_held
 
 # speculators_train's scale-out API, as docs/TRAINING.md shows it.
 _.write_token_rows
