@@ -13,7 +13,8 @@ the demo's gates (mean 0.70, P50 0.70, P5 0.50) beside them.
 
 Each retrain's own validation verdict is kept too (its gates, and its acceptance on the held-out captured slice).
 
-Usage: python bench/drift_retrain.py [--declared demo|recipe] [--share S] [--captured N] [--prompts N] [--json PATH]
+Usage: python bench/drift_retrain.py [--declared demo|recipe] [--share S] [--steps N] [--captured N] [--prompts N]
+       [--json PATH]
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--captured", type=int, default=200, help="prose prompts in the capture file")
     parser.add_argument("--prompts", type=int, default=12, help="held-out prompts measured per task")
     parser.add_argument("--share", type=float, default=0.5, help="captured_share of the captured-traffic retrain")
+    parser.add_argument("--steps", type=int, help="the retrains' warm_start_steps (default: the demo profile's)")
     parser.add_argument("--declared", choices=("demo", "recipe"), default="demo", help="target v1's declared mix")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -104,7 +106,8 @@ def main() -> None:
         results = {}
         for label, share in (("declared_mix", 0.0), ("captured_traffic", args.share)):
             context.sync_ledger().request("demo-llm", version, demo.method, source="cli", reason="stale", retrain=True)
-            retrained = sync("demo-llm", version, demo.model_copy(update={"captured_share": share}), reason=label)
+            update = {"captured_share": share, **({"warm_start_steps": args.steps} if args.steps else {})}
+            retrained = sync("demo-llm", version, demo.model_copy(update=update), reason=label)
             validation = retrained["validation"]
             results[label] = {
                 "captured_prompts": retrained["dataset"]["captured"],
@@ -140,6 +143,7 @@ def main() -> None:
             "captured_prose_prompts": args.captured,
             "declared_mix": declared,
             "captured_share": args.share,
+            "retrain_steps": args.steps or None,
             "demo_gates": GATES,
             "acceptance": measured,
             "total_s": round(time.perf_counter() - started, 1),

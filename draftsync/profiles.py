@@ -159,7 +159,8 @@ class SyncProfile(BaseModel):
     # offline where the shards fit the disk, else online (`draftsync plan` decides and says why).
     hidden_states: Literal["auto", "offline", "online"] = "auto"
     # A retrain of a deployment's stale drafter answers prompts of its captured traffic (serving/traffic_capture.py)
-    # for this share of the dataset's responses, the rest from the declared task mix; with fewer than
+    # for this share of the dataset's sequences (texts and responses), as far as its distinct captured prompts go; the
+    # declared task mix makes up the rest, shrunk to keep the share; with fewer than
     # `min_captured_prompts` captured it says so and trains on the declared mix alone.
     captured_share: float = Field(0.5, ge=0.0, le=1.0)
     min_captured_prompts: int = Field(20, ge=1)

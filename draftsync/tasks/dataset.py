@@ -75,24 +75,30 @@ def _checks_markdown(report: dict) -> str:
     )
 
 
-def with_captured_prompts(
-    prompts: list[tuple[str, str]], captured: list[str], profile: SyncProfile
-) -> tuple[list[tuple[str, str]], int]:
-    """The response prompts with `captured_share` of them taken from captured traffic (a seeded draw, each prompt
-    once), and how many were; the declared mix's prompts keep the rest."""
+def with_captured_traffic(
+    texts: list[tuple[str, str]], prompts: list[tuple[str, str]], captured: list[str], profile: SyncProfile
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]], int]:
+    """(texts, response prompts, how many prompts are captured ones): `captured_share` of the dataset's sequences
+    answer captured prompts (a seeded draw, each once), as far as there are captured prompts; the declared texts and
+    prompts make up the rest, each task of the declared mix giving up the same share."""
     import random
 
     distinct = list(dict.fromkeys(p for p in captured if p.strip()))
-    count = min(len(distinct), round(profile.captured_share * len(prompts)))
+    declared_total = len(texts) + len(prompts)
+    count = min(len(distinct), round(profile.captured_share * declared_total))
     if count == 0:
-        return prompts, 0
+        return texts, prompts, 0
     chosen = random.Random(profile.seed + 200).sample(distinct, count)
-    keep = 1.0 - count / len(prompts)  # each task of the declared mix gives up the same share of its prompts
-    by_task: dict[str, list[tuple[str, str]]] = {}
-    for pair in prompts:
-        by_task.setdefault(pair[0], []).append(pair)
-    declared = [pair for pairs in by_task.values() for pair in pairs[: round(len(pairs) * keep)]]
-    return [(CAPTURED_TASK, prompt) for prompt in chosen] + declared, count
+    room = count * (1.0 - profile.captured_share) / profile.captured_share
+    keep = min(1.0, room / declared_total)
+
+    def kept(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        by_task: dict[str, list[tuple[str, str]]] = {}
+        for pair in pairs:
+            by_task.setdefault(pair[0], []).append(pair)
+        return [pair for group in by_task.values() for pair in group[: round(len(group) * keep)]]
+
+    return kept(texts), [(CAPTURED_TASK, prompt) for prompt in chosen] + kept(prompts), count
 
 
 def drawn_mix(task_mix: dict[str, float], sequences: int, from_traffic: int) -> dict[str, float]:
@@ -116,8 +122,8 @@ def build_dataset(
 ) -> dict:
     """Shards of the target's states on texts of the task mix (teacher-forced) and on its own responses
     (written by vLLM or by transformers, as the profile's `response_writer` says; the manifest records which).
-    `captured`: prompts of the traffic a deployment served, answered (on-policy) in place of `captured_share` of the
-    task mix's prompts, under the task name "captured".
+    `captured`: prompts of the traffic a deployment served, answered (on-policy) for `captured_share` of the dataset's
+    sequences, under the task name "captured" (`with_captured_traffic`).
 
     Resumable: a rerun after a crash continues from the last complete shard. The Great Expectations
     data checks run on the result; a failure stops the sync with the table of what was observed. `placement`: where
@@ -139,7 +145,7 @@ def build_dataset(
     model, tokenizer = shared_target(Path(target_dir), placement)
     pairs = mixed_texts(task_mix, profile.training_texts, seed=profile.seed)
     prompts = response_prompts(task_mix, profile)
-    prompts, from_traffic = with_captured_prompts(prompts, captured or [], profile)
+    pairs, prompts, from_traffic = with_captured_traffic(pairs, prompts, captured or [], profile)
     if profile.generated_samples and len(prompts) < profile.generated_samples:
         logger.info(
             "dataset: %d responses asked for, %d distinct prompts drawn: each is answered once",

@@ -162,6 +162,7 @@ class _Runs:
     plain_greedy: list[RequestResult]
     long: list[RequestResult]
     stress: dict | None  # `stress.stress_comparison` (+ `schedule_check`); None when stress did not run
+    captured: list[RequestResult]  # held-out captured traffic at the knee (empty when none was given)
 
 
 def _long_requests(
@@ -216,6 +217,21 @@ def _acceptance_gates(
     )
 
 
+def _captured_gates(profile: ValidationProfile, captured: list[RequestResult], gamma: int) -> tuple[Gate, ...]:
+    """The gate on held-out prompts of the traffic a retrain learnt from: none when no traffic was given."""
+    if not captured:
+        return ()
+    return (
+        Gate(
+            "captured_traffic_acceptance",
+            summarize_acceptance(captured).mean,
+            profile.min_acceptance,
+            ">",
+            f"{len(captured)} held-out prompts of the traffic the retrain learnt from, at gamma {gamma}",
+        ),
+    )
+
+
 def _step_down(
     gamma: int,
     candidates: list[int],
@@ -224,13 +240,16 @@ def _step_down(
     profile: ValidationProfile,
     rejected: list[dict],
     logger: Any,
+    captured: list[RequestResult],
 ) -> bool:
     """Whether to validate again at the next smaller gamma: the validation set at `gamma` failed an acceptance gate
     and a smaller gamma is left. The sweep picks the knee on a few requests' pooled rate, which says little about
     P5: the demo's v2 drafter was served at gamma 3 with P5 0.49, where gamma 2 measured 0.63. The served gamma is
-    the fastest that clears every acceptance gate on the whole validation set; `rejected` records the others."""
+    the fastest that clears every acceptance gate on the whole validation set, and on the held-out captured traffic
+    when there is some (the sweep picks the knee on the declared mix); `rejected` records the others."""
     summaries = summarize_acceptance(spec), summarize_acceptance(spec_greedy)
-    failed = [gate.name for gate in _acceptance_gates(profile, *summaries) if not gate.passed]
+    gates = _acceptance_gates(profile, *summaries) + _captured_gates(profile, captured, gamma)
+    failed = [gate.name for gate in gates if not gate.passed]
     if not failed or gamma == candidates[-1]:
         return False
     rejected.append({"gamma": gamma, "failed_gates": failed})
@@ -249,6 +268,7 @@ def _measure_request_by_request(
     logger: Any,
     stress: StressLoad | None,
     knee_floor: float,
+    captured_requests: list[EvalRequest],
 ) -> _Runs:
     """Where switching gamma is free (the reference engine): the sweep, then each request with speculation and
     without back to back, so a burst of load on a shared machine hits both sides of a ratio."""
@@ -261,7 +281,8 @@ def _measure_request_by_request(
     for gamma in candidates:
         spec, plain = _paired_runs(backend, requests, gamma, temperature, seed)
         spec_greedy = backend.generate(greedy_set, gamma, 0.0, seed) if temperature > 0 else spec
-        if not _step_down(gamma, candidates, spec, spec_greedy, profile, rejected, logger):
+        captured = backend.generate(captured_requests, gamma, temperature, seed + 3000) if captured_requests else []
+        if not _step_down(gamma, candidates, spec, spec_greedy, profile, rejected, logger, captured):
             break
     knee = gamma
     plain_greedy = backend.generate(greedy_set, 0, 0.0, seed) if temperature > 0 else plain  # the same at any gamma
@@ -271,7 +292,18 @@ def _measure_request_by_request(
         backend.prepare_endpoints([knee, 0])  # both halves of stress: started side by side, before either runs
         stressed = _finish_stress(backend, stress, knee, stress.run(backend.endpoint(knee), SERVED_NAME))
     return _Runs(
-        sweep, sweep_plain_tpot, knee, fastest, rejected, spec, plain, spec_greedy, plain_greedy, long, stressed
+        sweep,
+        sweep_plain_tpot,
+        knee,
+        fastest,
+        rejected,
+        spec,
+        plain,
+        spec_greedy,
+        plain_greedy,
+        long,
+        stressed,
+        captured,
     )
 
 
@@ -296,6 +328,7 @@ def _measure_gamma_by_gamma(
     logger: Any,
     stress: StressLoad | None,
     knee_floor: float,
+    captured_requests: list[EvalRequest],
 ) -> _Runs:
     """Where each gamma is its own engine (vLLM): everything a server is needed for runs while it is up. The sweep
     runs from the largest gamma down, as the knee is usually a small one; the knee's requests and the speculative
@@ -319,7 +352,8 @@ def _measure_gamma_by_gamma(
         for index, result in enumerate(spec):
             result.index = index
         spec_greedy = backend.generate(greedy_set, gamma, 0.0, seed) if temperature > 0 else spec
-        if not _step_down(gamma, candidates, spec, spec_greedy, profile, rejected, logger):
+        captured = backend.generate(captured_requests, gamma, temperature, seed + 3000) if captured_requests else []
+        if not _step_down(gamma, candidates, spec, spec_greedy, profile, rejected, logger, captured):
             break
     knee = gamma
     long = backend.generate(long_requests, knee, temperature, seed + 1000)
@@ -332,7 +366,18 @@ def _measure_gamma_by_gamma(
         stressed = _finish_stress(backend, stress, knee, speculative_stress)
     sweep_plain_tpot = pooled_tpot_ms(plain[:sweep_count])
     return _Runs(
-        sweep, sweep_plain_tpot, knee, fastest, rejected, spec, plain, spec_greedy, plain_greedy, long, stressed
+        sweep,
+        sweep_plain_tpot,
+        knee,
+        fastest,
+        rejected,
+        spec,
+        plain,
+        spec_greedy,
+        plain_greedy,
+        long,
+        stressed,
+        captured,
     )
 
 
@@ -362,7 +407,8 @@ def run_checklist(
     a gamma whose acceptance sits under that line is called stale by the first weekly review, though a smaller gamma
     would have held. The gates stay the profile's.
     `captured_prompts`: held-out prompts of the served traffic a retrain learnt from; the knee's acceptance on them
-    is a gate of its own, at the profile's acceptance threshold."""
+    is a gate of its own, at the profile's acceptance threshold, and a knee that fails it steps down as for the
+    validation set's gates."""
     logger = logger or logging.getLogger(__name__)
     temperature = profile.temperature
     requests = validation_requests(task_mix, profile.requests, profile.max_tokens, seed + 11)
@@ -380,7 +426,8 @@ def run_checklist(
         )
     measure = _measure_request_by_request if getattr(backend, "cheap_gamma_switch", False) else _measure_gamma_by_gamma
     knee_floor = max(profile.min_acceptance, stale_threshold or 0.0)
-    runs = measure(backend, requests, long_requests, profile, seed, logger, stress, knee_floor)
+    captured_requests = [EvalRequest(prompt, CAPTURED_TASK, profile.max_tokens) for prompt in captured_prompts]
+    runs = measure(backend, requests, long_requests, profile, seed, logger, stress, knee_floor, captured_requests)
     sweep, knee, fastest = runs.sweep, runs.knee, runs.fastest
     spec, plain, spec_greedy, plain_greedy, long = runs.spec, runs.plain, runs.spec_greedy, runs.plain_greedy, runs.long
     acceptance, greedy_acceptance = summarize_acceptance(spec), summarize_acceptance(spec_greedy)
@@ -432,27 +479,9 @@ def run_checklist(
         ),
         Gate("drafter_memory_overhead", overhead, profile.max_memory_overhead, "<=", "drafter / target weight bytes"),
     )
-    captured = (
-        backend.generate(
-            [EvalRequest(prompt, CAPTURED_TASK, profile.max_tokens) for prompt in captured_prompts],
-            knee,
-            temperature,
-            seed + 3000,
-        )
-        if captured_prompts
-        else []
-    )
+    captured = runs.captured
     captured_summary = summarize_acceptance(captured) if captured else None
-    if captured_summary is not None:
-        gates += (
-            Gate(
-                "captured_traffic_acceptance",
-                captured_summary.mean,
-                profile.min_acceptance,
-                ">",
-                f"{len(captured)} held-out prompts of the traffic the retrain learnt from, at gamma {knee}",
-            ),
-        )
+    gates += _captured_gates(profile, captured, knee)
     rows = [{**r.row(), "phase": "validation", "gamma": knee} for r in spec]
     rows += [{**r.row(), "phase": "captured", "gamma": knee} for r in captured]
     rows += [{**r.row(), "phase": "plain", "gamma": 0} for r in plain]

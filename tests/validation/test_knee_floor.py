@@ -176,3 +176,32 @@ def test_when_no_gamma_clears_the_gates_the_smallest_is_reported_and_the_verdict
 def test_a_knee_that_clears_every_gate_is_served_without_stepping_down(pair):
     result = checklist(pair, None)
     assert result.gamma_knee == 3 and result.gammas_rejected == []
+
+
+class DriftedBackend(ScriptedBackend):
+    """The declared mix accepts 0.80 at gammas 2 and 3 (3 the fastest); captured traffic only 0.40 at gamma 3."""
+
+    script = {0: (0.0, 2.0), 2: (0.80, 1.2), 3: (0.80, 1.0)}
+
+    def rate(self, request: EvalRequest, gamma: int) -> float:
+        return 0.40 if request.task == "captured" and gamma == 3 else self.script[gamma][0]
+
+
+@pytest.mark.parametrize("cheap_gamma_switch", [True, False], ids=["reference", "engine-per-gamma"])
+def test_a_knee_that_fails_on_the_held_out_captured_traffic_steps_down_and_both_sets_are_reported(
+    pair, cheap_gamma_switch
+):
+    backend = DriftedBackend()
+    backend.cheap_gamma_switch = cheap_gamma_switch
+    traffic = [f"Write about the harbour number {i}." for i in range(5)]
+    result = run_checklist(backend, *pair, {"code": 1.0}, PROFILE, captured_prompts=traffic)
+    assert (result.gamma_fastest, result.gamma_knee) == (3, 2)
+    assert result.gammas_rejected == [{"gamma": 3, "failed_gates": ["captured_traffic_acceptance"]}]
+    gate = next(g for g in result.gates if g.name == "captured_traffic_acceptance")
+    assert gate.passed and gate.value == pytest.approx(0.80, abs=0.02) and "5 held-out prompts" in gate.detail
+    assert result.captured_acceptance is not None and result.captured_acceptance.mean == pytest.approx(0.80, abs=0.02)
+    assert result.acceptance.mean == pytest.approx(0.80, abs=0.02)  # the declared mix, beside it
+    assert len([row for row in result.rows if row["phase"] == "captured"]) == len(traffic)
+    assert "captured_acceptance" in result.as_dict()
+    without = run_checklist(DriftedBackend(), *pair, {"code": 1.0}, PROFILE)
+    assert without.gamma_knee == 3 and "captured_acceptance" not in without.as_dict()
