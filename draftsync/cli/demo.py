@@ -2,7 +2,8 @@
 
 The story: target v1 appears -> drafter v1 (for the math traffic it serves) -> served; math traffic;
 traffic drifts to prose and acceptance falls; the weekly review flags the drafter stale, falls back and mails
-the team; target v2 appears -> drafter v2 (warm start) -> the v2 pair serves and acceptance recovers. The
+the team; the retrain it requests learns the prose traffic the router captured, for the same target v1, and the
+retrained pair recovers; target v2 appears -> drafter v2 (warm start) -> the v2 pair serves prose as well. The
 monitor's clock is a parameter: the demo moves it 12 simulated hours per scrape, so a week passes in a few
 minutes. The simulated days end at the real present, and the demo's deployment is declared in the deployments
 file, so `draftsync status`, `report` and `rollout` read the story afterwards as they would a real one.
@@ -25,7 +26,7 @@ from rich.console import Console
 from draftsync.cli.common import JsonOption, write_json
 from draftsync.errors import DraftsyncError
 from draftsync.files import atomic_write
-from draftsync.serving.deployment import ServingDeployment
+from draftsync.serving.deployment import ServingDeployment, TrafficCaptureSettings
 from draftsync.settings import write_workdir_settings
 from draftsync.tasks import context
 
@@ -49,13 +50,18 @@ STALE_THRESHOLD = 0.70
 # Its warning line sits above the critical one, as in production (0.60 over 0.50): a drop is flagged before it is stale.
 MISMATCH_THRESHOLD = 0.75
 STEP = timedelta(hours=12)
-# The traffic phases: (name, prompts per task, scrapes, seed). Scrapes of all three times STEP is how far back
-# the simulated clock starts, so that the last scrape lands at about the real present.
+# The traffic phases: (name, prompts per task, scrapes, seed, requests per scrape), each request labelled with its
+# task as the client's domain. Scrapes of all times STEP is how far back the simulated clock starts, so that the
+# last scrape lands at about the real present. The drift sends 96 distinct prose prompts, each once: what the router
+# captures for the retrain (a fifth held out to validate it on); fewer left its held-out acceptance under the gate
+# (bench/drift_retrain.py, docs/TRAINING.md).
 TRAFFIC = {
-    "b": ("b: math traffic", {"math": 12}, 6, 1),
-    "c": ("c: drift to prose", {"prose": 12}, 8, 2),
-    "d": ("d: prose traffic on the v2 pair", {"prose": 12}, 4, 3),
+    "b": ("b: math traffic", {"math": 12}, 6, 1, 4),
+    "c": ("c: drift to prose", {"prose": 96}, 8, 2, 12),
+    "c2": ("c2: prose traffic on the retrained v1 pair", {"prose": 12}, 4, 4, 4),
+    "d": ("d: prose traffic on the v2 pair", {"prose": 12}, 4, 3, 4),
 }
+CAPTURE = TrafficCaptureSettings(rate=1.0, max_rows=10_000)  # the demo keeps every request it serves
 ENGINES = ("auto", "vllm", "reference")
 STORY_STATE = ("mlflow.db", "mlartifacts", "monitor.db", "outbox", "serving", "drafters", "demo.json")
 
@@ -162,7 +168,8 @@ def _phase(
     deployment: ServingDeployment,
     max_tokens: int,
 ) -> dict:
-    """Send traffic interval by interval, scraping after each; acceptance is read back from the store."""
+    """Send traffic interval by interval, each request labelled with its task, scraping after each; acceptance is
+    read back from the store."""
     from draftsync.flows.scrape import scrape
     from draftsync.monitors.trends import summarize
     from draftsync.speculative.corpora import prompts
@@ -170,12 +177,23 @@ def _phase(
 
     store = context.store()
     start = clock.now
-    pool = [p for task, n in prompts_by_task.items() for p in prompts(task, n, seed=seed)]
+    # The scrapes book the router's captured requests (per-domain acceptance); the live guard is left out, as the
+    # story's fallback is the weekly review's.
+    scraped = deployment.model_copy(update={"fallback_threshold": None})
+    pool = [(task, p) for task, n in prompts_by_task.items() for p in prompts(task, n, seed=seed)]
     for i in range(intervals):
         batch = [pool[(i * requests_per_interval + j) % len(pool)] for j in range(requests_per_interval)]
         endpoint = store.serving_pair(deployment.name).endpoint
-        send_traffic(endpoint, deployment.name, batch, deployment.temperature, max_tokens, seed + i * 100)
-        scrape(now=clock.advance())
+        send_traffic(
+            endpoint,
+            deployment.name,
+            [prompt for _, prompt in batch],
+            deployment.temperature,
+            max_tokens,
+            seed + i * 100,
+            domains=[task for task, _ in batch],
+        )
+        scrape(now=clock.advance(), deployments=[scraped])
     summary = summarize(store.samples(deployment.name, start, clock.now), start, clock.now, deployment=deployment.name)
     return {
         "name": name,
@@ -185,6 +203,33 @@ def _phase(
         "acceptance_rate": summary.acceptance_rate,
         "mean_acceptance_length": summary.mean_acceptance_length,
         "draft_tokens": summary.draft_tokens,
+    }
+
+
+def _retrain_on_captured_traffic(deployment: ServingDeployment, sync_profile) -> dict:
+    """The retrain the weekly review requested, run now (a sync worker would start it): it claims the request, learns
+    the prose the router captured and is validated on a held-out slice of it; the rollout then serves it."""
+    from draftsync.flows.rollout import rollout
+    from draftsync.flows.sync import sync
+    from draftsync.serving.traffic_capture import captured_rows
+    from draftsync.tasks.serving import capture_config
+
+    _declare(deployment, context.settings().deployments_path)  # a retrain reads captured traffic of declared ones
+    config = capture_config(deployment)
+    assert config is not None, "the demo's deployment captures its traffic"
+    rows = len(captured_rows(config.path))
+    result = sync(TARGET_NAME, 1, sync_profile, reason="the weekly review found the drafter stale")
+    validation = result["validation"]
+    rolled = rollout(deployment, reason=f"drafter v{result['drafter_version']} retrained on captured traffic")
+    return {
+        "captured_rows": rows,
+        "captured_prompts_trained": result["dataset"]["captured"],
+        "generation": result["generation"],
+        "drafter_version": result["drafter_version"],
+        "validation_passed": validation["passed"],
+        "acceptance_on_declared_mix": validation["acceptance"]["mean"],
+        "acceptance_on_captured_holdout": (validation.get("captured_acceptance") or {}).get("mean"),
+        "served_drafter_version": rolled["drafter_version"],
     }
 
 
@@ -212,6 +257,7 @@ def run_demo(engine: str = "auto") -> dict:
         temperature=TEMPERATURE,
         task_mix=TRAFFIC_MIX[1],
         launch=serving_engine["name"],
+        capture=CAPTURE,
     )
     _deployments_with(deployment, settings.deployments_path)  # a deployments file it cannot keep fails before the story
     archived = _archive_previous_story(settings.root)
@@ -227,8 +273,7 @@ def run_demo(engine: str = "auto") -> dict:
     sync_profile = profile("demo")
     sync_profile.validation = sync_profile.validation.model_copy(update={"temperature": TEMPERATURE})  # as served
     max_tokens = MAX_TOKENS
-    requests = 4
-    simulated = STEP * sum(scrapes for _, _, scrapes, _ in TRAFFIC.values())
+    simulated = STEP * sum(phase[2] for phase in TRAFFIC.values())
     clock = DemoClock(datetime.now(UTC).replace(second=0, microsecond=0) - simulated)
     timings: dict[str, float] = {}
     sync_stages: dict[str, dict] = {}
@@ -273,13 +318,13 @@ def run_demo(engine: str = "auto") -> dict:
         # (b) normal traffic: math.
         t = time.perf_counter()
         console.print("[bold](b)[/] math traffic ...")
-        phases.append(_phase(*TRAFFIC["b"], requests, clock, deployment, max_tokens))
+        phases.append(_phase(*TRAFFIC["b"], clock, deployment, max_tokens))
         mark("phase_b", t)
 
         # (c) traffic drifts to prose; the weekly review finds the drafter stale.
         t = time.perf_counter()
         console.print("[bold](c)[/] traffic drifts to prose ...")
-        phases.append(_phase(*TRAFFIC["c"], requests, clock, deployment, max_tokens))
+        phases.append(_phase(*TRAFFIC["c"], clock, deployment, max_tokens))
         report = weekly_report(
             now=clock.now,
             deployments=[deployment],
@@ -289,10 +334,20 @@ def run_demo(engine: str = "auto") -> dict:
         )
         mark("phase_c_and_report", t)
 
+        # (c2) the retrain the review requested learns the captured prose traffic, for the same target v1.
+        t = time.perf_counter()
+        console.print("[bold](c2)[/] the retrain learns the captured prose traffic (target v1) ...")
+        retrain = _retrain_on_captured_traffic(deployment, sync_profile)
+        mark("retrain_and_rollout_v1", t)
+        t = time.perf_counter()
+        phases.append(_phase(*TRAFFIC["c2"], clock, deployment, max_tokens))
+        retrain["acceptance_on_prose"] = phases[-1]["acceptance_rate"]
+        mark("phase_c2", t)
+
         # (d) target v2 (fine-tuned on a mix with prose) appears; its drafter is trained and rolled out.
         target_appears(2, "[bold](d)[/] target v2 (v1 fine-tuned with prose) ...")
         t = time.perf_counter()
-        phases.append(_phase(*TRAFFIC["d"], requests, clock, deployment, max_tokens))
+        phases.append(_phase(*TRAFFIC["d"], clock, deployment, max_tokens))
         mark("phase_d", t)
         record = serving_record(deployment.name)
         assert record is not None, "the rollout above wrote the deployment's serving record"
@@ -344,6 +399,7 @@ def run_demo(engine: str = "auto") -> dict:
             for p in store.serving_pairs()
         ],
         "phases": phases,
+        "retrain": retrain,
         "thresholds": {"stale": settings.stale_threshold, "mismatch": settings.mismatch_threshold},
         "alerts": [
             {"subject": report["subject"], "deployment": f["deployment"], "rule": f["rule"], "file": report["eml_path"]}
@@ -372,6 +428,14 @@ def _print_summary(console: Console, result: dict, settings) -> None:
         rate = phase["acceptance_rate"]
         table.add_row(phase["name"], "-" if rate is None else f"{rate:.3f}", str(phase["draft_tokens"]))
     console.print(table)
+    retrain = result["retrain"]
+    console.print(
+        f"retrain of target v1 on {retrain['captured_prompts_trained']} captured prose prompts "
+        f"({retrain['captured_rows']} requests captured): drafter v{retrain['drafter_version']}, validation "
+        f"{'passed' if retrain['validation_passed'] else 'FAILED'} (declared mix "
+        f"{retrain['acceptance_on_declared_mix']}, held-out captured traffic "
+        f"{retrain['acceptance_on_captured_holdout']}), served drafter v{retrain['served_drafter_version']}"
+    )
     for d in result["drafters"]:
         recommended = d["gamma_recommended"]
         span = recommended["range"]

@@ -16,7 +16,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context
 from draftsync.tasks.monitoring import scrape_deployment
-from draftsync.tasks.serving import configured_deployments
+from draftsync.tasks.serving import capture_config, configured_deployments
 
 # Deployments scraped at once. Prefect's default runner starts a thread per task: 200 deployments held 200 threads
 # asking the store for 200 connections at once (its pool has 15; SQLite takes one writer at a time). A scrape waits
@@ -46,7 +46,8 @@ def scrape(now: datetime | None = None, deployments: list[ServingDeployment] | N
             if spec is not None and spec.prometheus_url
             else {}
         )
-        futures.append(scrape_deployment.submit(pair.deployment, now, **source))
+        capture = capture_config(spec) if spec is not None else None
+        futures.append(scrape_deployment.submit(pair.deployment, now, capture=capture, **source))
     result = {"at": now.isoformat(), "deployments": [f.result() for f in futures] + stopped}
     if deployments:
         result["guard"] = [acceptance_guard(spec, now) for spec in deployments if spec.fallback_threshold is not None]

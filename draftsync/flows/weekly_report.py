@@ -158,16 +158,16 @@ def _status(findings) -> str:
     return state
 
 
-def _week_domains(spec: ServingDeployment | None, start: datetime, end: datetime) -> list:
-    """The deployment's acceptance per client domain over its captured requests of the week (none without capture)."""
+def _week_domains(deployment: str, start: datetime, end: datetime, judged: tuple[int, int | None] | None) -> list:
+    """The deployment's acceptance per client domain over the week's captured requests that the scrapes booked to
+    the `judged` pair (target version, drafter version), or to any pair when None; none without capture."""
     from draftsync.monitors.trends import domain_acceptance
-    from draftsync.serving.traffic_capture import captured_rows
-    from draftsync.tasks.serving import capture_config
 
-    config = capture_config(spec) if spec is not None else None
-    if config is None:
-        return []
-    rows = [r for r in captured_rows(config.path, config.deployment) if start.timestamp() < r["at"] <= end.timestamp()]
+    rows = [
+        {"domain": r.domain, "draft_tokens": r.draft_tokens, "accepted_tokens": r.accepted}
+        for r in context.store().request_acceptance(deployment, start, end)
+        if judged is None or (r.target_version, r.drafter_version) == judged
+    ]
     return domain_acceptance(rows) if rows else []
 
 
@@ -255,7 +255,7 @@ def weekly_report(
             taken = [f"none yet: {planned}" if planned else "none"]
         actions[pair.deployment] = taken
         now_serving = store.serving_pair(pair.deployment) or pair  # after what this review did to it
-        domains = _week_domains(specs.get(pair.deployment), start, end)
+        domains = _week_domains(pair.deployment, start, end, review["judged"])
         rows.append(
             {
                 "name": pair.deployment,

@@ -44,6 +44,7 @@ from draftsync.monitors.tables import (
     OutboxStatus,
     PairInfo,
     PairState,
+    RequestAcceptance,
     Sample,
     ScrapeState,
     ServingPair,
@@ -55,6 +56,7 @@ from draftsync.redaction import masked_url
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 ALERT_REPEAT_AFTER = timedelta(days=7)
+CAPTURE_WATERMARK = "capture/"  # + deployment: the watermark of its capture file's rows already booked
 
 
 def _utc_session(dbapi_connection, _record) -> None:
@@ -267,6 +269,50 @@ class Store:
         for row in rows:
             by_deployment.setdefault(row.deployment, []).append(row)
         return by_deployment
+
+    # --- per-request acceptance (captured traffic) --------------------------------------------
+    def captured_watermark(self, deployment: str) -> int:
+        """The last capture-file row of `deployment` already booked (0: none)."""
+        return self.get_watermark(CAPTURE_WATERMARK + deployment) or 0
+
+    def book_requests(self, deployment: str, ts: datetime, pair: PairInfo, rows: Sequence[dict], last_row: int) -> int:
+        """Book captured requests (`domain`, `draft_tokens`, `accepted_tokens`) at the monitor's `ts` to the pair
+        serving then, and move the deployment's capture watermark to `last_row` in the same transaction, so a row
+        is booked once. Requests that drafted nothing are not booked: they have no rate. Returns how many were."""
+        ts = as_utc(ts)
+        booked = [
+            RequestAcceptance(
+                deployment=deployment,
+                ts=ts,
+                target_version=int(pair.target_version),
+                drafter_version=None if pair.drafter_version is None else int(pair.drafter_version),
+                domain=row.get("domain"),
+                draft_tokens=int(row["draft_tokens"]),
+                accepted=int(row["accepted_tokens"] or 0),
+            )
+            for row in rows
+            if row.get("draft_tokens")
+        ]
+        key = CAPTURE_WATERMARK + deployment
+        with self.transaction() as session:
+            session.add_all(booked)
+            mark = session.get(Watermark, key, with_for_update=True)
+            if mark is None:
+                session.add(Watermark(key=key, version=int(last_row), updated_at=ts))
+            else:
+                mark.version, mark.updated_at = int(last_row), ts
+        return len(booked)
+
+    def request_acceptance(self, deployment: str, since: datetime, until: datetime) -> list[RequestAcceptance]:
+        """The booked requests of (since, until], oldest first."""
+        with self.transaction() as session:
+            query = (
+                select(RequestAcceptance)
+                .where(RequestAcceptance.deployment == deployment)
+                .where(RequestAcceptance.ts > as_utc(since), RequestAcceptance.ts <= as_utc(until))
+                .order_by(RequestAcceptance.ts, RequestAcceptance.id)
+            )
+            return list(session.scalars(query).all())
 
     # --- watermarks ---------------------------------------------------------------------------
     def get_watermark(self, key: str) -> int | None:

@@ -120,6 +120,23 @@ class HourlyRollup(Base):
 ROLLUP_KEY = ("deployment", "hour", "target_name", "target_version", "drafter_version", "gamma")
 
 
+class RequestAcceptance(Base):
+    """One captured request's drafted and accepted tokens, booked at the scrape that read it (its `ts`) to the pair
+    serving then: what per-domain and per-pair percentiles are taken from, where the counters only pool."""
+
+    __tablename__ = "request_acceptance"
+    __table_args__ = (Index("ix_request_acceptance_deployment_ts", "deployment", "ts"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    deployment: Mapped[str] = mapped_column(String(200))
+    ts: Mapped[datetime] = mapped_column(UTCDateTime())
+    target_version: Mapped[int] = mapped_column(Integer)
+    drafter_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    domain: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    draft_tokens: Mapped[int] = mapped_column(Integer)
+    accepted: Mapped[int] = mapped_column(Integer)
+
+
 class ScrapeState(Base):
     """The last raw counters seen per deployment: the baseline the next delta is taken against."""
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from draftsync.errors import DraftsyncError
 from draftsync.registry.target_layouts import TargetLayout
-from draftsync.speculative.methods import family_of
+from draftsync.speculative.methods import drafter_family
 
 KIND_TAG = "draftsync.kind"
 TARGET_KIND = "target"
@@ -470,7 +470,7 @@ class DrafterVersion:
 
     @property
     def family(self) -> str | None:
-        return family_of(self.method) if self.method else None
+        return drafter_family(self.method) if self.method else None
 
     @property
     def gamma_recommended(self) -> dict[str, Any] | None:

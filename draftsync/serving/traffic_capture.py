@@ -223,15 +223,17 @@ class TrafficCapture:
             connection.close()
 
 
-def captured_rows(path: Path, deployment: str | None = None) -> list[dict[str, Any]]:
-    """The captured requests in a capture file, oldest first (what a retrain and the report read)."""
+def captured_rows(path: Path, deployment: str | None = None, after_id: int = 0) -> list[dict[str, Any]]:
+    """The captured requests in a capture file, oldest first, from row `after_id` on (what a retrain reads, and the
+    scrape books into the monitor store)."""
     if not path.exists():
         return []
     connection = sqlite3.connect(path)
     connection.row_factory = sqlite3.Row
     try:
-        query = "SELECT * FROM captured_requests" + (" WHERE deployment = ?" if deployment else "") + " ORDER BY id"
-        rows = connection.execute(query, (deployment,) if deployment else ()).fetchall()
+        query = "SELECT * FROM captured_requests WHERE id > ?" + (" AND deployment = ?" if deployment else "")
+        arguments = (after_id, deployment) if deployment else (after_id,)
+        rows = connection.execute(query + " ORDER BY id", arguments).fetchall()
     except sqlite3.OperationalError:  # no table yet: nothing was captured
         return []
     finally:

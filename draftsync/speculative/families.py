@@ -52,7 +52,7 @@ def _architecture(config: Mapping[str, Any]) -> str:
     return str((config.get("architectures") or [config.get("model_type") or "unknown"])[0])
 
 
-def family_of(config: Mapping[str, Any], what: str = "the target") -> Family:
+def target_family(config: Mapping[str, Any], what: str = "the target") -> Family:
     """The family of a checkpoint's config.json, or a DraftsyncError that says why it is refused and what is near."""
     architecture = _architecture(config)
     if config.get("is_encoder_decoder"):

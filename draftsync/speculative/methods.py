@@ -79,7 +79,7 @@ def method_named(name: str, *, among: tuple[str, ...] = VLLM_METHODS) -> Drafter
     return METHODS[name]
 
 
-def family_of(name: str) -> str | None:
+def drafter_family(name: str) -> str | None:
     """The family of method `name`, None for a name that is no method (e.g. "none" in a recommendation)."""
     method = METHODS.get(name)
     return method.family if method is not None else None
@@ -87,7 +87,7 @@ def family_of(name: str) -> str | None:
 
 def is_eagle3_family(name: str | None) -> bool:
     """EAGLE-3 and EAGLE 3.1: one checkpoint format, one trainer, auxiliary hidden states."""
-    return name is not None and family_of(name) == EAGLE3_FAMILY
+    return name is not None and drafter_family(name) == EAGLE3_FAMILY
 
 
 def eagle3_variant(fc_norm: bool, norm_output: bool) -> str:

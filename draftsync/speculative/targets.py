@@ -405,11 +405,11 @@ def describe_target(path: Path) -> dict:
     encoder-decoder, an unknown architecture) is refused here, before its weights are read or stored."""
     from safetensors import safe_open
 
-    from draftsync.speculative.families import config_features, family_of
+    from draftsync.speculative.families import config_features, target_family
 
     path = Path(path)
     config = read_target_config(path)
-    family = family_of(config, f"target checkpoint {path}")
+    family = target_family(config, f"target checkpoint {path}")
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         raise DraftsyncError(

@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.tasks import context
 
+if TYPE_CHECKING:
+    from draftsync.serving.traffic_capture import CaptureConfig
+
 WEEK = timedelta(days=7)
 
 
 @task(name="scrape-deployment", retries=2, retry_delay_seconds=2, cache_policy=NONE)
 def scrape_deployment(
-    deployment: str, now: datetime, prometheus_url: str | None = None, prometheus_labels: dict[str, str] | None = None
+    deployment: str,
+    now: datetime,
+    prometheus_url: str | None = None,
+    prometheus_labels: dict[str, str] | None = None,
+    capture: CaptureConfig | None = None,
 ) -> dict:
-    """Read the deployment's counters and store the delta since the previous scrape.
+    """Read the deployment's counters and store the delta since the previous scrape; with `capture` (its router's
+    capture), book the requests captured since the previous scrape too (`book_captured_requests`).
 
     From its endpoint's /metrics, or, with `prometheus_url`, from that Prometheus server's HTTP API (the series
     matching `prometheus_labels`, e.g. {"job": "vllm-chat"}) for teams whose Prometheus already scrapes vLLM."""
@@ -30,15 +39,33 @@ def scrape_deployment(
     else:
         counters = scrape_counters(f"{pair.endpoint}/metrics")
     sample = store.record_scrape(deployment, now, counters, pair, count_first=True)
+    booked = book_captured_requests(deployment, now, capture) if capture is not None else 0
     if sample is None:
         return {"deployment": deployment, "baseline": True}
     return {
         "deployment": deployment,
+        "requests_booked": booked,
         "draft_tokens": sample.draft_tokens,
         "accepted": sample.accepted,
         "acceptance_rate": sample.accepted / sample.draft_tokens if sample.draft_tokens else None,
         "reset": sample.reset,
     }
+
+
+def book_captured_requests(deployment: str, now: datetime, capture: CaptureConfig) -> int:
+    """Copy the acceptance of the requests the router captured since the last booking (never their prompts) into
+    the monitor store, at the monitor's clock and to the pair serving now: per-domain and per-pair percentiles are
+    read from there."""
+    from draftsync.serving.traffic_capture import captured_rows
+
+    store = context.store()
+    pair = store.serving_pair(deployment)
+    if pair is None:
+        return 0
+    rows = captured_rows(capture.path, deployment, after_id=store.captured_watermark(deployment))
+    if not rows:
+        return 0
+    return store.book_requests(deployment, now, pair, rows, last_row=rows[-1]["id"])
 
 
 @task(name="review-deployment", cache_policy=NONE)
@@ -93,6 +120,7 @@ def review_deployment(deployment: str, now: datetime) -> dict:
         "summary": summary,
         "findings": findings,
         "pair": pair,
+        "judged": judged,
         "week_over_week": change,
         "baseline": baseline,
         "replaced": replaced,

@@ -10,13 +10,22 @@ from draftsync.errors import DraftsyncError
 
 
 def complete(
-    client: httpx.Client, model: str, prompt: str, max_tokens: int, temperature: float, seed: int | None = None
+    client: httpx.Client,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    temperature: float,
+    seed: int | None = None,
+    domain: str | None = None,
 ) -> dict:
-    """One /v1/completions call; any answer but 200 is an error that points at the server log."""
+    """One /v1/completions call; any answer but 200 is an error that points at the server log. `domain`: the
+    client's label for the request's kind of traffic (the router's capture keeps it)."""
+    from draftsync.serving.traffic_capture import DOMAIN_HEADER
+
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
     if seed is not None:
         body["seed"] = seed
-    response = client.post("/v1/completions", json=body)
+    response = client.post("/v1/completions", json=body, headers={DOMAIN_HEADER: domain} if domain else None)
     if response.status_code != 200:
         raise DraftsyncError(
             f"{client.base_url} answered {response.status_code}: {response.text[:200]}",
@@ -37,12 +46,22 @@ def spec_decode_counts(completion: dict) -> dict:
 
 
 @task(name="send-traffic", cache_policy=NONE)
-def send_traffic(endpoint: str, model: str, prompts: list[str], temperature: float, max_tokens: int, seed: int) -> dict:
-    """POST each prompt to /v1/completions; returns token counts and the server's per-request stats."""
+def send_traffic(
+    endpoint: str,
+    model: str,
+    prompts: list[str],
+    temperature: float,
+    max_tokens: int,
+    seed: int,
+    domains: list[str] | None = None,
+) -> dict:
+    """POST each prompt to /v1/completions, labelled with its domain when given; returns token counts and the
+    server's per-request stats."""
     completion_tokens, accepted, draft_tokens = 0, 0, 0
     with httpx.Client(base_url=endpoint, timeout=120) as client:
         for i, prompt in enumerate(prompts):
-            data = complete(client, model, prompt, max_tokens, temperature, seed + i)
+            domain = domains[i] if domains else None
+            data = complete(client, model, prompt, max_tokens, temperature, seed + i, domain)
             completion_tokens += data["usage"]["completion_tokens"]
             stats = spec_decode_counts(data)
             accepted += stats["accepted"]

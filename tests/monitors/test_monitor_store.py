@@ -369,3 +369,32 @@ def test_minute_scrapes_summarized_from_rollups_keep_the_sums(store):
         assert getattr(from_rollups, name) == getattr(from_samples, name), name
     assert from_rollups.drafter_version is None  # the last hour was served with speculation off
     assert len(from_samples.points) == 199 and len(from_rollups.points) == 4  # points are per hour
+
+
+def test_captured_requests_are_booked_once_at_the_monitors_clock_to_the_pair_serving_then(store):
+    """Per-request acceptance (what per-domain and per-pair percentiles are taken from) and the capture watermark
+    move in one transaction; a request that drafted nothing has no rate and is not booked."""
+    t0 = datetime(2026, 12, 1, 12, tzinfo=UTC)
+    rows = [
+        {"id": 1, "domain": "prose", "draft_tokens": 30, "accepted_tokens": 3},
+        {"id": 2, "domain": None, "draft_tokens": 20, "accepted_tokens": 18},
+        {"id": 3, "domain": "code", "draft_tokens": 0, "accepted_tokens": 0},
+    ]
+    assert store.captured_watermark("chat") == 0
+    assert store.book_requests("chat", t0, PAIR, rows, last_row=3) == 2
+    assert store.captured_watermark("chat") == 3
+    later = ServedPair(target_name="demo-target", target_version=1, drafter_version=2, gamma=2)
+    store.book_requests(
+        "chat", t0 + timedelta(hours=1), later, [{"domain": "prose", "draft_tokens": 10, "accepted_tokens": 9}], 4
+    )
+    booked = store.request_acceptance("chat", t0 - timedelta(hours=1), t0 + timedelta(hours=1))
+    assert [(r.domain, r.draft_tokens, r.accepted, r.drafter_version) for r in booked] == [
+        ("prose", 30, 3, 1),
+        (None, 20, 18, 1),
+        ("prose", 10, 9, 2),
+    ]
+    assert store.request_acceptance("chat", t0, t0 + timedelta(hours=1))[0].ts == t0 + timedelta(
+        hours=1
+    )  # (since, until]
+    assert store.request_acceptance("other", t0 - timedelta(days=1), t0 + timedelta(days=1)) == []
+    assert store.captured_watermark("chat") == 4

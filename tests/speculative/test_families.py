@@ -14,7 +14,7 @@ from draftsync.errors import DraftsyncError
 from draftsync.speculative.draft_vocab import build_draft_vocab
 from draftsync.speculative.drafters import load_drafter, new_drafter, save_drafter
 from draftsync.speculative.engine import SpeculativeEngine
-from draftsync.speculative.families import config_features, family_of
+from draftsync.speculative.families import config_features, target_family
 from draftsync.speculative.hidden_states import capture, default_aux_layer_ids
 from draftsync.speculative.targets import FAMILY_SHAPES, builtin_recipe, family_config
 
@@ -42,7 +42,7 @@ def test_each_family_is_its_transformers_class_with_its_features(family_model):
     family, model = family_model
     config = model.config.to_dict()
     features = config_features(config)
-    assert family_of(config).architecture == type(model).__name__
+    assert target_family(config).architecture == type(model).__name__
     assert features["grouped_query_attention"] and features["kv_heads"] == 2
     expected = {
         "llama3": {"tied_embeddings": True, "rope_type": "llama3"},
@@ -139,11 +139,11 @@ def test_the_window_masks_what_the_drafter_sees():
 def test_unsupported_checkpoints_are_refused_with_the_nearest_path(extra, refused):
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **extra}
     with pytest.raises(DraftsyncError, match=refused) as caught:
-        family_of(config, "target demo v3")
+        target_family(config, "target demo v3")
     assert "target demo v3" in caught.value.what and caught.value.fix
 
 
 def test_every_built_in_family_is_a_supported_one():
     for family in FAMILY_SHAPES:
         recipe = builtin_recipe(1, "test", family)
-        assert family_of(family_config(recipe, 0).to_dict()).name in ("llama", family)
+        assert target_family(family_config(recipe, 0).to_dict()).name in ("llama", family)

@@ -14,8 +14,8 @@ from draftsync.speculative.methods import (
     METHODS,
     TRAINED_METHODS,
     VLLM_METHODS,
+    drafter_family,
     eagle3_variant,
-    family_of,
     is_eagle3_family,
     method_named,
 )
@@ -43,7 +43,7 @@ def test_the_registry_names_each_method_and_what_vllm_calls_it():
 def test_the_eagle3_family_is_one_test():
     assert is_eagle3_family("eagle3") and is_eagle3_family("eagle3.1")
     assert not any(is_eagle3_family(m) for m in ("eagle", "medusa", "draft_model", "ngram", "none", None))
-    assert family_of("none") is None and EAGLE3.family == EAGLE3_1.family
+    assert drafter_family("none") is None and EAGLE3.family == EAGLE3_1.family
     assert (eagle3_variant(True, True), eagle3_variant(True, False)) == ("eagle3.1", "eagle3")
 
 
