@@ -240,7 +240,7 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     work = settings.root / "syncs" / target_name / f"v{target_version}-{chosen.method}{suffix}"
     dataset_dir = work / f"dataset-{chosen.dataset_key()}"
     captured, held_out = _retrain_prompts(target_name, chosen) if generation else ([], [])
-    if captured:  # the traffic moved: warm-started from the stale drafter, it still learns a new distribution
+    if captured and chosen.captured_share > 0:  # it learns the traffic: a new distribution, even warm-started
         chosen = chosen.model_copy(update={"warm_start_steps": chosen.train_steps})
     lap("preparation")
     data = build_dataset(target["path"], task_mix, chosen, str(dataset_dir), placement, servers, captured)
