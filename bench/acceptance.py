@@ -90,7 +90,7 @@ def build_dataset(model, tokenizer, task_mix, settings, out_dir: Path, seed: int
 
 
 def train(method, target, dataset, settings, init_from=None, **overrides):
-    from draftsync.speculative.training import TrainConfig, train_drafter
+    from draftsync.speculative.training import TrainConfig, fit_drafter
 
     config = TrainConfig(
         method=method,
@@ -104,7 +104,7 @@ def train(method, target, dataset, settings, init_from=None, **overrides):
         seed=0,
         **overrides,
     )
-    return train_drafter(target, dataset, config, init_from=init_from)
+    return fit_drafter(target, dataset, config, init_from=init_from)
 
 
 def generate_all(engine, tokenized_prompts, max_tokens, temperature) -> list:

@@ -134,7 +134,7 @@ def recipe_part(settings: dict, quick: bool, only: list[str], cache: Path, root:
     from draftsync.profiles import profile as sync_profile
     from draftsync.speculative.corpora import task_prompts_for_mix
     from draftsync.speculative.targets import build_target, builtin_recipe, load_target
-    from draftsync.speculative.training import TrainConfig, train_drafter
+    from draftsync.speculative.training import TrainConfig, fit_drafter
 
     recipe = builtin_recipe(1, "demo")
     target_dir = build_target(recipe, cache)
@@ -155,7 +155,7 @@ def recipe_part(settings: dict, quick: bool, only: list[str], cache: Path, root:
             setattr(config, key, value)
         torch.set_num_threads(2)
         started = time.perf_counter()
-        drafter, report = train_drafter(target, dataset, config)
+        drafter, report = fit_drafter(target, dataset, config)
         seconds = time.perf_counter() - started
         torch.set_num_threads(1)  # tiny models decode faster on one thread than on two spin-waiting ones
         by_gamma = {g: figures(acceptance(target, drafter, requests, g, settings["max_tokens"], 0.0)) for g in GAMMAS}
@@ -211,7 +211,7 @@ def methods_part(settings: dict, sizes: list[str], methods: list[str], cache: Pa
     import torch
     from draftsync.speculative.corpora import prompts
     from draftsync.speculative.targets import build_target, builtin_recipe, load_target
-    from draftsync.speculative.training import TrainConfig, train_drafter
+    from draftsync.speculative.training import TrainConfig, fit_drafter
 
     out = {}
     for size in sizes:
@@ -253,7 +253,7 @@ def methods_part(settings: dict, sizes: list[str], methods: list[str], cache: Pa
                 profile = base.model_copy(update={"method": method, "seed": seed, **fields})
                 data = build_dataset(target_dir, target, tokenizer, ALL_MIX, profile, root)
                 torch.set_num_threads(2)
-                drafter, report = train_drafter(target, data, TrainConfig.from_profile(profile, warm_start=False))
+                drafter, report = fit_drafter(target, data, TrainConfig.from_profile(profile, warm_start=False))
                 torch.set_num_threads(1)
                 for task, requests in by_task.items():
                     for temperature in (0.0, 1.0):
@@ -315,7 +315,7 @@ def warm_part(settings: dict, cache: Path, root: Path) -> dict:
     import torch
     from draftsync.speculative.corpora import task_prompts_for_mix
     from draftsync.speculative.targets import build_target, builtin_recipe, load_target
-    from draftsync.speculative.training import TrainConfig, train_drafter
+    from draftsync.speculative.training import TrainConfig, fit_drafter
 
     profile = method_profile(settings)
     v1_dir = build_target(builtin_recipe(1, "strong-deep"), cache)
@@ -326,12 +326,12 @@ def warm_part(settings: dict, cache: Path, root: Path) -> dict:
     torch.set_num_threads(2)
     v1_data = build_dataset(v1_dir, v1, v1_tokenizer, builtin_recipe(1, "strong-deep").task_mix, profile, root)
     v2_data = build_dataset(v2_dir, v2, tokenizer, v2_recipe.task_mix, profile, root)
-    previous, _ = train_drafter(v1, v1_data, TrainConfig.from_profile(profile, warm_start=False))
+    previous, _ = fit_drafter(v1, v1_data, TrainConfig.from_profile(profile, warm_start=False))
     cold_steps = profile.train_steps
     every = max(1, cold_steps // 12)
     config = TrainConfig.from_profile(profile, warm_start=False)
     config.eval_every = every
-    cold, cold_report = train_drafter(v2, v2_data, config)
+    cold, cold_report = fit_drafter(v2, v2_data, config)
     requests = [
         tokenizer(p)["input_ids"] for _, p in task_prompts_for_mix(v2_recipe.task_mix, settings["requests"], 11)
     ]
@@ -356,7 +356,7 @@ def warm_part(settings: dict, cache: Path, root: Path) -> dict:
         steps = max(1, round(cold_steps * share))
         config = TrainConfig.from_profile(profile, warm_start=True)
         config.steps, config.eval_every = steps, max(1, steps // 4)
-        warm, report = train_drafter(v2, v2_data, config, init_from=previous)
+        warm, report = fit_drafter(v2, v2_data, config, init_from=previous)
         result = validation(warm)
         warm_runs.append(
             {
@@ -391,7 +391,7 @@ def story_part(seeds: int, precisions: list[str], cache: Path, root: Path) -> di
     from draftsync.serving.evaluation import ReferenceBackend
     from draftsync.speculative.drafters import save_drafter
     from draftsync.speculative.targets import build_target, builtin_recipe, load_target
-    from draftsync.speculative.training import TrainConfig, train_drafter
+    from draftsync.speculative.training import TrainConfig, fit_drafter
     from draftsync.validation.runner import run_checklist
 
     base = sync_profile("demo")
@@ -416,7 +416,7 @@ def story_part(seeds: int, precisions: list[str], cache: Path, root: Path) -> di
                 torch.set_num_threads(2)
                 torch.manual_seed(seed)
                 started = time.perf_counter()
-                drafter, _ = train_drafter(model, dataset, config, init_from=previous)
+                drafter, _ = fit_drafter(model, dataset, config, init_from=previous)
                 seconds = time.perf_counter() - started
                 out = save_drafter(
                     drafter,

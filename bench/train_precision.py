@@ -8,7 +8,7 @@ median seconds per step, and the ratio fp32 / bf16 is read within the run.
 - target: the demo-size built-in Llama (hidden 256, 4 layers, vocabulary 2048), batch 16 x 128 tokens, AdamW;
 - drafter: an EAGLE-3 drafter of that target (draft vocabulary 256, two training-time-test steps), batch 8 x 128,
   from hidden-state shards of 200 random sequences.
-Both use the code paths the product trains with (`build_target`'s loss and `train_drafter`).
+Both use the code paths the product trains with (`build_target`'s loss and `fit_drafter`).
 
 Usage: python bench/train_precision.py [--steps N] [--rounds R] [--json PATH]
 """
@@ -50,13 +50,13 @@ def _target_steps(model, batch, steps: int, bf16: bool) -> float:
 
 
 def _drafter_seconds(target, dataset, steps: int, precision: str) -> float:
-    from draftsync.speculative.training import TrainConfig, train_drafter
+    from draftsync.speculative.training import TrainConfig, fit_drafter
 
     config = TrainConfig(
         method="eagle3", steps=steps, draft_vocab_size=256, batch_size=8, seq_len=128, ttt_steps=2, precision=precision
     )
     started = time.perf_counter()
-    train_drafter(target, dataset, config)
+    fit_drafter(target, dataset, config)
     return (time.perf_counter() - started) / steps
 
 

@@ -165,7 +165,7 @@ def main(spec_file: str) -> None:
     from draftsync.speculative.online_states import open_dataset
     from draftsync.speculative.placement import drop_decoder_layers
     from draftsync.speculative.targets import load_target
-    from draftsync.speculative.training import TrainConfig, train_drafter
+    from draftsync.speculative.training import TrainConfig, fit_drafter
 
     spec = RankSpec(**json.loads(Path(spec_file).read_text()))
     ranks = Ranks.from_environment()
@@ -182,7 +182,7 @@ def main(spec_file: str) -> None:
             drop_decoder_layers(target)  # training reads only the head, the embedding and the final norm
         init_from = load_drafter(Path(spec.init_from)) if spec.init_from else None
         torch.manual_seed(config.seed)
-        drafter, report = train_drafter(
+        drafter, report = fit_drafter(
             target,
             dataset,
             config,

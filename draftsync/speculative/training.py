@@ -508,7 +508,7 @@ def optimisation_step(
     return combined
 
 
-def train_drafter(
+def fit_drafter(
     target_model: Any,
     dataset: ShardDataset,
     config: TrainConfig,

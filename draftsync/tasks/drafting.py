@@ -172,8 +172,7 @@ def train_drafter(
     from draftsync.speculative.drafters import parameter_count, save_drafter
     from draftsync.speculative.online_states import open_dataset
     from draftsync.speculative.placement import drop_decoder_layers, shared_target
-    from draftsync.speculative.training import TrainConfig
-    from draftsync.speculative.training import train_drafter as train
+    from draftsync.speculative.training import TrainConfig, fit_drafter
 
     logger = context.logger()
     target, _ = shared_target(Path(target_dir), placement)  # the copy the dataset read: loaded once a sync
@@ -219,7 +218,7 @@ def train_drafter(
     else:
         torch.manual_seed(profile.seed)
         # Checkpoints are kept per training config, so a sync rerun with other settings never resumes into them.
-        drafter, report = train(
+        drafter, report = fit_drafter(
             target,
             dataset,
             config,

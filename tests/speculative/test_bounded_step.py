@@ -14,10 +14,10 @@ from draftsync.speculative import draft_loss
 from draftsync.speculative.training import (
     TrainConfig,
     _with_target_logits,
+    fit_drafter,
     micro_batches,
     new_drafter_for,
     optimisation_step,
-    train_drafter,
 )
 
 SMALL = dict(draft_vocab_size=256, batch_size=8, seq_len=32, seed=0)
@@ -108,8 +108,8 @@ def test_training_with_checkpointing_and_token_budgets_follows_the_plain_run(tar
     plain_config = TrainConfig(steps=12, **SMALL)
     bounded_config = TrainConfig(steps=12, batch_tokens=64, activation_checkpointing=True, **SMALL)
     assert plain_config.fingerprint() == bounded_config.fingerprint()  # a checkpoint resumes across memory layouts
-    _, plain = train_drafter(target, chain_shards, plain_config)
-    _, bounded = train_drafter(target, chain_shards, bounded_config)
+    _, plain = fit_drafter(target, chain_shards, plain_config)
+    _, bounded = fit_drafter(target, chain_shards, bounded_config)
     assert plain.tokens == bounded.tokens
     assert bounded.losses == pytest.approx(plain.losses, rel=1e-3)
     assert bounded.top1_agreement == pytest.approx(plain.top1_agreement, abs=0.01)

@@ -16,7 +16,7 @@ import torch
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.data_parallel import Ranks
 from draftsync.speculative.train_ranks import REPORT_FILE, RankSpec, command
-from draftsync.speculative.training import CHECKPOINT_FILE, TrainConfig, train_drafter
+from draftsync.speculative.training import CHECKPOINT_FILE, TrainConfig, fit_drafter
 
 pytestmark = pytest.mark.slow
 
@@ -124,7 +124,7 @@ def test_a_batch_the_ranks_cannot_share_is_refused_naming_both_sizes(built_targe
     target, _ = load_target(built_targets[1])
     config = TrainConfig(**{**asdict(CONFIG), "batch_size": 2})
     with pytest.raises(DraftsyncError, match="a batch of 2 windows cannot be shared by 4 training processes"):
-        train_drafter(target, ShardDataset(dataset_dir), config, ranks=Ranks(rank=0, world_size=4))
+        fit_drafter(target, ShardDataset(dataset_dir), config, ranks=Ranks(rank=0, world_size=4))
 
 
 def _free_port() -> int:

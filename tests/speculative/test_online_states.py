@@ -8,7 +8,7 @@ import torch
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.online_states import OnlineDataset, open_dataset
 from draftsync.speculative.shard_reader import ShardDataset
-from draftsync.speculative.training import TrainConfig, train_drafter
+from draftsync.speculative.training import TrainConfig, fit_drafter
 
 from tests.speculative.conftest import chain_shards_of, one_torch_thread
 
@@ -42,8 +42,8 @@ def test_online_batches_are_the_stored_batches(target, chain_shards, online_dir)
 def test_a_drafter_trained_online_learns_what_the_offline_one_learns(target, chain_shards, online_dir):
     config = TrainConfig(draft_vocab_size=256, steps=40, batch_size=8, seq_len=32, ttt_steps=2, seed=0)
     with one_torch_thread():
-        _, offline = train_drafter(target, chain_shards, config)
-        _, online = train_drafter(target, OnlineDataset(online_dir, target), config)
+        _, offline = fit_drafter(target, chain_shards, config)
+        _, online = fit_drafter(target, OnlineDataset(online_dir, target), config)
     assert online.losses == pytest.approx(offline.losses, rel=2e-2)
     assert abs(online.top1_agreement - offline.top1_agreement) <= 0.03
 

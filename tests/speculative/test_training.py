@@ -20,7 +20,7 @@ from draftsync.speculative.training import (
     _lr_at,
     _with_target_logits,
     evaluate,
-    train_drafter,
+    fit_drafter,
 )
 
 SMALL = dict(draft_vocab_size=256, batch_size=8, seq_len=32, seed=0)
@@ -40,8 +40,8 @@ def test_every_method_learns_the_target_from_shards(method, target, chain_shards
     full_vocabulary = method in ("eagle", "draft_model")  # both predict through the whole vocabulary
     shape = {**SMALL, "draft_vocab_size": None} if full_vocabulary else SMALL
     config = TrainConfig(method=method, steps=160, lr=3e-3, ttt_steps=2, medusa_heads=3, **shape)
-    untrained, _ = train_drafter(target, chain_shards, TrainConfig(method=method, steps=0, medusa_heads=3, **shape))
-    drafter, report = train_drafter(target, chain_shards, config)
+    untrained, _ = fit_drafter(target, chain_shards, TrainConfig(method=method, steps=0, medusa_heads=3, **shape))
+    drafter, report = fit_drafter(target, chain_shards, config)
     assert drafter.method == method and report.method == method
     assert report.steps == 160 and report.tokens > 0 and report.tokens_per_s > 0
     assert sum(report.losses[-5:]) / 5 < sum(report.losses[:5]) / 5
@@ -68,8 +68,8 @@ def test_trained_eagle3_agrees_with_the_target_far_more_than_an_untrained_one(ta
 def test_training_is_deterministic_and_reports_progress(target, chain_shards):
     seen = []
     config = TrainConfig(method="eagle3", steps=4, draft_vocab_size=128, batch_size=4, seq_len=16, seed=3)
-    first, report = train_drafter(target, chain_shards, config, on_progress=lambda s, n, m: seen.append((s, n)))
-    second, _ = train_drafter(target, chain_shards, config)
+    first, report = fit_drafter(target, chain_shards, config, on_progress=lambda s, n, m: seen.append((s, n)))
+    second, _ = fit_drafter(target, chain_shards, config)
     assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
     for name, tensor in first.state_dict().items():
         assert torch.equal(tensor, second.state_dict()[name]), name
@@ -80,7 +80,7 @@ def test_loss_masks_choose_the_draft_vocabulary(target, tmp_path, make_chain_sha
     dataset = make_chain_shards(
         target, [[1, 2, 3, 4, 5, 6, 7, 8] * 2], tmp_path / "d", masks=[[0, 0, 0, 0, 1, 1, 1, 1] * 2]
     )
-    drafter, _ = train_drafter(
+    drafter, _ = fit_drafter(
         target, dataset, TrainConfig(draft_vocab_size=4, steps=1, batch_size=1, seq_len=16, holdout_fraction=0.0)
     )
     assert drafter.draft_token_ids.tolist() == [5, 6, 7, 8]
@@ -89,34 +89,34 @@ def test_loss_masks_choose_the_draft_vocabulary(target, tmp_path, make_chain_sha
 def test_bf16_autocast_trains_as_well_as_fp32(target, chain_shards):
     """bf16 autocast over fp32 weights (the default on CUDA and on CPUs with native bf16) against fp32."""
     config = TrainConfig(method="eagle3", steps=100, lr=3e-3, ttt_steps=2, precision="fp32", **SMALL)
-    fp32, fp32_report = train_drafter(target, chain_shards, config)
-    bf16, bf16_report = train_drafter(target, chain_shards, TrainConfig(**{**config.__dict__, "precision": "bf16"}))
+    fp32, fp32_report = fit_drafter(target, chain_shards, config)
+    bf16, bf16_report = fit_drafter(target, chain_shards, TrainConfig(**{**config.__dict__, "precision": "bf16"}))
     assert bf16_report.losses != fp32_report.losses  # autocast was on: the matmuls ran in bf16
     assert all(torch.isfinite(torch.tensor(bf16_report.losses)))
     assert all(p.dtype == torch.float32 for p in bf16.parameters())  # the weights stay fp32
     assert bf16_report.top1_agreement > 0.8
     assert abs(bf16_report.top1_agreement - fp32_report.top1_agreement) < 0.05
     with pytest.raises(DraftsyncError, match="precision 'fp8'"):
-        train_drafter(target, chain_shards, TrainConfig(steps=1, precision="fp8", **SMALL))
+        fit_drafter(target, chain_shards, TrainConfig(steps=1, precision="fp8", **SMALL))
 
 
 def test_bad_training_input_is_named(target, random_target, chain_shards):
     with pytest.raises(DraftsyncError, match="another target"):
-        train_drafter(random_target, chain_shards, TrainConfig(steps=1, **SMALL))
+        fit_drafter(random_target, chain_shards, TrainConfig(steps=1, **SMALL))
     with pytest.raises(DraftsyncError, match="aux states of layers"):
-        train_drafter(target, chain_shards, TrainConfig(steps=1, aux_layer_ids=(0, 2, 4), **SMALL))
+        fit_drafter(target, chain_shards, TrainConfig(steps=1, aux_layer_ids=(0, 2, 4), **SMALL))
     with pytest.raises(DraftsyncError, match="steps"):
-        train_drafter(target, chain_shards, TrainConfig(steps=-1, **SMALL))
+        fit_drafter(target, chain_shards, TrainConfig(steps=-1, **SMALL))
     with pytest.raises(DraftsyncError, match="ttt_steps"):
-        train_drafter(target, chain_shards, TrainConfig(steps=1, ttt_steps=0, **SMALL))
+        fit_drafter(target, chain_shards, TrainConfig(steps=1, ttt_steps=0, **SMALL))
     with pytest.raises(DraftsyncError, match="ttt_feed 'guess'"):
-        train_drafter(target, chain_shards, TrainConfig(steps=1, ttt_feed="guess", **SMALL))
+        fit_drafter(target, chain_shards, TrainConfig(steps=1, ttt_feed="guess", **SMALL))
     with pytest.raises(DraftsyncError, match="EAGLE-3 drafters only, not medusa"):
-        train_drafter(target, chain_shards, TrainConfig(method="medusa", steps=1, ttt_feed="target", **SMALL))
+        fit_drafter(target, chain_shards, TrainConfig(method="medusa", steps=1, ttt_feed="target", **SMALL))
     with pytest.raises(DraftsyncError, match="position_decay 0.0"):
-        train_drafter(target, chain_shards, TrainConfig(steps=1, position_decay=0.0, **SMALL))
+        fit_drafter(target, chain_shards, TrainConfig(steps=1, position_decay=0.0, **SMALL))
     with pytest.raises(DraftsyncError, match="teacher_temperature 0.0"):
-        train_drafter(target, chain_shards, TrainConfig(steps=1, teacher_temperature=0.0, **SMALL))
+        fit_drafter(target, chain_shards, TrainConfig(steps=1, teacher_temperature=0.0, **SMALL))
 
 
 def test_a_sharpened_teacher_is_the_targets_distribution_at_that_temperature(target, chain_shards):
@@ -158,15 +158,15 @@ def test_the_sync_profile_is_what_the_trainer_runs():
 # ---- checkpoints and resume -----------------------------------------------------------------------
 def test_a_run_interrupted_after_a_checkpoint_resumes_to_the_same_weights(target, chain_shards, tmp_path):
     config = TrainConfig(method="eagle3", steps=8, checkpoint_every=3, noise_std=0.05, **SMALL)
-    reference, reference_report = train_drafter(target, chain_shards, config)
+    reference, reference_report = fit_drafter(target, chain_shards, config)
 
     def crash_at_step_5(step, _total, _metrics):
         if step == 5:
             raise KeyboardInterrupt("simulated crash")
 
     with pytest.raises(KeyboardInterrupt):
-        train_drafter(target, chain_shards, config, checkpoint_dir=tmp_path, on_progress=crash_at_step_5)
-    resumed, report = train_drafter(target, chain_shards, config, checkpoint_dir=tmp_path)
+        fit_drafter(target, chain_shards, config, checkpoint_dir=tmp_path, on_progress=crash_at_step_5)
+    resumed, report = fit_drafter(target, chain_shards, config, checkpoint_dir=tmp_path)
     assert report.resumed_from_step == 3 and report.steps == 8
     assert report.losses == pytest.approx(reference_report.losses)
     for name, tensor in reference.state_dict().items():
@@ -174,16 +174,16 @@ def test_a_run_interrupted_after_a_checkpoint_resumes_to_the_same_weights(target
 
 
 def test_a_checkpoint_of_another_run_is_refused_not_mixed_in(target, chain_shards, tmp_path):
-    train_drafter(target, chain_shards, TrainConfig(steps=2, checkpoint_every=1, **SMALL), checkpoint_dir=tmp_path)
+    fit_drafter(target, chain_shards, TrainConfig(steps=2, checkpoint_every=1, **SMALL), checkpoint_dir=tmp_path)
     with pytest.raises(DraftsyncError, match="another run"):
-        train_drafter(
+        fit_drafter(
             target, chain_shards, TrainConfig(steps=2, checkpoint_every=1, lr=1e-4, **SMALL), checkpoint_dir=tmp_path
         )
     with pytest.raises(DraftsyncError, match="another run"):  # the learning-rate schedule spans `steps`
-        train_drafter(target, chain_shards, TrainConfig(steps=4, checkpoint_every=1, **SMALL), checkpoint_dir=tmp_path)
+        fit_drafter(target, chain_shards, TrainConfig(steps=4, checkpoint_every=1, **SMALL), checkpoint_dir=tmp_path)
     (tmp_path / CHECKPOINT_FILE).write_bytes(b"torn")
     with pytest.raises(DraftsyncError, match="cannot be read"):
-        train_drafter(target, chain_shards, TrainConfig(steps=2, checkpoint_every=1, **SMALL), checkpoint_dir=tmp_path)
+        fit_drafter(target, chain_shards, TrainConfig(steps=2, checkpoint_every=1, **SMALL), checkpoint_dir=tmp_path)
 
 
 TRAIN_SCRIPT = """
@@ -191,11 +191,11 @@ import json, sys, time
 import torch
 from transformers import LlamaForCausalLM
 from draftsync.speculative.shard_reader import ShardDataset
-from draftsync.speculative.training import TrainConfig, train_drafter
+from draftsync.speculative.training import TrainConfig, fit_drafter
 torch.set_num_threads(1)
 target = LlamaForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
 config = TrainConfig(**json.loads(sys.argv[3]))
-train_drafter(target, ShardDataset(sys.argv[2]), config, checkpoint_dir=sys.argv[4],
+fit_drafter(target, ShardDataset(sys.argv[2]), config, checkpoint_dir=sys.argv[4],
               on_progress=lambda *_: time.sleep(0.2))
 """
 
@@ -234,8 +234,8 @@ def test_kill_9_during_training_then_rerun_ends_where_an_uninterrupted_run_ends(
     killed_at = torch.load(checkpoints / CHECKPOINT_FILE, weights_only=False)["step"]
     assert 8 <= killed_at < 30
 
-    resumed, report = train_drafter(target, chain_shards, TrainConfig(**config), checkpoint_dir=checkpoints)
-    uninterrupted, reference = train_drafter(target, chain_shards, TrainConfig(**config))
+    resumed, report = fit_drafter(target, chain_shards, TrainConfig(**config), checkpoint_dir=checkpoints)
+    uninterrupted, reference = fit_drafter(target, chain_shards, TrainConfig(**config))
     assert report.resumed_from_step == killed_at and report.steps == 30
     assert report.losses == pytest.approx(reference.losses, rel=1e-4, abs=1e-5)
     for name, tensor in uninterrupted.state_dict().items():
@@ -245,7 +245,7 @@ def test_kill_9_during_training_then_rerun_ends_where_an_uninterrupted_run_ends(
 # ---- warm start -----------------------------------------------------------------------------------
 def test_warm_start_copies_the_previous_drafter(target, trained, chain_shards):
     previous = trained[0]
-    warm, report = train_drafter(target, chain_shards, TrainConfig(steps=0, **SMALL), init_from=previous)
+    warm, report = fit_drafter(target, chain_shards, TrainConfig(steps=0, **SMALL), init_from=previous)
     assert report.steps == 0 and report.warm_start_tensors > 0
     for name, tensor in previous.state_dict().items():
         assert torch.equal(tensor, warm.state_dict()[name]), name
@@ -258,7 +258,7 @@ def test_warm_start_reaches_the_cold_drafters_acceptance_in_half_the_steps(
     new_target = drifted_target
     dataset = make_chain_shards(new_target, chain_data, tmp_path / "v2")
     config = dict(method="eagle3", ttt_steps=2, **SMALL)
-    cold, cold_report = train_drafter(new_target, dataset, TrainConfig(steps=30, **config))
-    warm, warm_report = train_drafter(new_target, dataset, TrainConfig(steps=15, **config), init_from=trained[0])
+    cold, cold_report = fit_drafter(new_target, dataset, TrainConfig(steps=30, **config))
+    warm, warm_report = fit_drafter(new_target, dataset, TrainConfig(steps=15, **config), init_from=trained[0])
     assert warm_report.warm_start_tensors > 0
     assert warm_report.top1_agreement >= cold_report.top1_agreement

@@ -64,7 +64,7 @@ class FamilyDrafters(Mapping[str, Path]):
     def _train(self, method: str) -> Path:
         import torch
         from draftsync.speculative.drafters import save_drafter
-        from draftsync.speculative.training import TrainConfig, train_drafter
+        from draftsync.speculative.training import TrainConfig, fit_drafter
 
         model, dataset = self._target_and_data()
         torch.manual_seed(0)
@@ -77,7 +77,7 @@ class FamilyDrafters(Mapping[str, Path]):
             medusa_heads=MAX_GAMMA,
             draft_vocab_size=None if method == "eagle" else 512,
         )
-        drafter, _ = train_drafter(model, dataset, config)
+        drafter, _ = fit_drafter(model, dataset, config)
         return save_drafter(
             drafter, self.root / method, str(self.target_dir), list(model.config.architectures), MAX_GAMMA
         )
