@@ -153,3 +153,30 @@ def test_the_cycle_walk_finds_a_cycle_where_there_is_one():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert _cycles(graph) == ["a -> b -> c -> a"]
     assert _cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def _documented_layers() -> tuple[set[str], dict[str, set[str]]]:
+    """docs/ARCHITECTURE.md's layer table: (the base modules, each package's allowed imports)."""
+    import re
+
+    text = (PACKAGE.parent / "docs" / "ARCHITECTURE.md").read_text()
+    table = text.split("## The layers", 1)[1].split("\n## ", 1)[0]
+    base: set[str] = set()
+    allowed: dict[str, set[str]] = {}
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        names = {name.rstrip("/") for name in re.findall(r"`([^`]+)`", cells[0])}
+        imports = set() if cells[2] in ("-", "nothing of draftsync") else set(re.findall(r"`([^`]+)`", cells[2]))
+        if cells[2] == "nothing of draftsync":
+            base |= names
+        else:
+            allowed.update({name: imports for name in names})
+    return base, allowed
+
+
+def test_the_architecture_docs_layer_table_is_this_tests_table():
+    base, allowed = _documented_layers()
+    assert base == BASE - {"__init__", "__main__"}, "docs/ARCHITECTURE.md's base row differs from BASE"
+    assert allowed == ALLOWED, "docs/ARCHITECTURE.md's 'may import' column differs from ALLOWED"
