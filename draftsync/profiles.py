@@ -58,10 +58,9 @@ class ValidationProfile(BaseModel):
 
 VALIDATION_PROFILES = {
     "production": ValidationProfile(),
-    # The demo's targets are tiny: 24-48 token requests, a context of 1024 tokens, and a drafter that is a
-    # fifth of its target's size, so speculation at the knee is about break-even there (0.93-1.3x measured
-    # across runs, TPOT and stress), and two shared cores are noisy: the demo's speed gates catch a clear
-    # slowdown (under 0.8x), and bench/speedup.py is where the CPU speedup is shown.
+    # The demo's targets are tiny (24-48 token requests, a context of 1024 tokens, a drafter a fifth of its target's
+    # size), so speculation at the knee is about break-even there and two shared cores are noisy: its speed gates
+    # catch a clear slowdown only (under 0.8x); bench/speedup.py shows the CPU speedup (docs/VALIDATION.md).
     "demo": ValidationProfile(
         name="demo",
         backend="reference",  # on vLLM each gamma of the sweep is an engine start: minutes more per sync on 2 cores
@@ -74,10 +73,9 @@ VALIDATION_PROFILES = {
         stress_requests=8,
         stress_concurrency=4,
         schedule_batch_sizes=(1, 2, 4, 8),  # on vLLM (a CPU's batches)
-        gamma_range=(2, 6),  # its drafters train two steps ahead (ttt_steps 2): the knee has been 2 and the fastest 3
+        gamma_range=(2, 6),  # its drafters train two steps ahead (ttt_steps 2); the sweep also measures past that
         # Long outputs: four of 256 tokens, five times the demo's requests and twice the 128-token windows its models
-        # train on. Two of up to 875 tokens left the gate to the two prompts drawn: the same drafter scored 0.30 to
-        # 1.0 per request whatever the length (128 to 875), and one demo failed at 0.20.
+        # train on; fewer, longer ones leave the gate to the prompts drawn (docs/VALIDATION.md).
         long_requests=4,
         long_max_tokens=256,
         min_long_acceptance=0.30,
@@ -172,8 +170,7 @@ class SyncProfile(BaseModel):
     ttt_steps: int = Field(2, ge=1)  # training-time test: later draft positions need it
     position_decay: float = Field(1.0, gt=0.0, le=1.0)  # draft position k's loss weighs position_decay**k
     # Below 1 the drafter learns the target's distribution sharpened towards its greedy token, for deployments served
-    # at T=0: 0.25 lifted the demo's drafter on held-out requests at three training seeds, but not on the demo's own
-    # traffic (docs/TRAINING.md), so no profile sets it yet.
+    # at T=0; no profile sets it, as its gain has not held on served traffic (docs/TRAINING.md).
     teacher_temperature: float = Field(1.0, gt=0.0)
     training_texts: int = Field(800, ge=10, le=MAX_COUNT)
     generated_samples: int = Field(400, ge=0, le=MAX_COUNT)  # prompts the target answers itself (its own outputs)
@@ -231,8 +228,7 @@ class SyncProfile(BaseModel):
 PROFILES = {
     # A GPU worker and a real target: the production guide's 50K-100K samples the target writes itself, a draft
     # vocabulary of 32K, as many training-time-test steps as the gamma it serves (fewer leave the last draft positions
-    # untrained: on the demo's target 4 steps against 2 raised acceptance at gamma 5 from 0.50 to 0.55,
-    # bench/drafter_quality.py), the production checklist.
+    # untrained: bench/drafter_quality.py, docs/TRAINING.md), the production checklist.
     "production": SyncProfile(
         name="production",
         gamma=4,

@@ -1,8 +1,7 @@
 """What this machine is and can do, worked out once and kept in the user's cache.
 
-Whether bf16 autocast trains faster than fp32 depends on the CPU, not on its flags alone: bench/train_precision.py
-measured a step of the demo's target 1.52x faster in bf16 on one 2-core machine with AVX512-BF16, and 0.66x (its
-drafter 0.69x) on another with AVX512-BF16 but no AMX, a virtual machine's Xeon. So the choice is measured on the
+Whether bf16 autocast trains faster than fp32 depends on the CPU, not on its flags alone (bench/train_precision.py
+and docs/TRAINING.md: faster with AMX, slower on a CPU with AVX512-BF16 but no AMX). So the choice is measured on the
 CPU itself, once, and the answer is kept: every process on the machine then trains in the same precision, and a
 built-in target cached under one precision is found again by the next process.
 """

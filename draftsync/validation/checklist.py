@@ -121,9 +121,9 @@ def gamma_knee(sweep: Sequence[dict], tolerance: float = 0.02, min_acceptance: f
     the validation requests, so a rate that clears the threshold by less than its sampling error is no
     promise: where a row has `acceptance_rate_lower` (see `acceptance_rate_lower_bound`), that bound must
     clear it. When no gamma's bound does but some rates do, speed no longer decides: the knee is the gamma
-    most likely to clear the gate (the highest bound, then the highest rate). Picking the faster of two
-    gammas that clear only by luck failed the demo's v2 drafter at 0.550 against a 0.55 gate, where the
-    other gamma measured 0.67. When no rate clears, every gamma competes (and the gates will say so).
+    most likely to clear the gate (the highest bound, then the highest rate): the faster of two gammas that
+    clear only by luck is the likelier to fail on the whole validation set (docs/VALIDATION.md). When no rate
+    clears, every gamma competes (and the gates will say so).
 
     A sweep that measured no TPOT at all (each of its requests ended at the target's EOS after one token) says
     nothing about speed: the knee is then the smallest gamma, the cheapest to be wrong about."""

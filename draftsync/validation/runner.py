@@ -244,7 +244,7 @@ def _step_down(
 ) -> bool:
     """Whether to validate again at the next smaller gamma: the validation set at `gamma` failed an acceptance gate
     and a smaller gamma is left. The sweep picks the knee on a few requests' pooled rate, which says little about
-    P5: the demo's v2 drafter was served at gamma 3 with P5 0.49, where gamma 2 measured 0.63. The served gamma is
+    the whole set's percentiles (docs/VALIDATION.md). The served gamma is
     the fastest that clears every acceptance gate on the whole validation set, and on the held-out captured traffic
     when there is some (the sweep picks the knee on the declared mix); `rejected` records the others."""
     summaries = summarize_acceptance(spec), summarize_acceptance(spec_greedy)
