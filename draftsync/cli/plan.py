@@ -97,14 +97,10 @@ def rendered_commands(plan: SyncPlan, directory: Path) -> dict[str, str]:
         servers = ServerResources.from_plan(plan.settings["servers"])
         launch = render_vllm_command(
             directory,
-            None,
-            None,
-            0,
-            "127.0.0.1",
-            8000,
-            plan.target,
-            servers.tensor_parallel_size,
-            servers.extra_args(),
+            port=8000,
+            served_model_name=plan.target,
+            tensor_parallel_size=servers.tensor_parallel_size,
+            extra_args=servers.extra_args(),
         )
         environment = [f"{key}={value}" for key, value in servers.environment().items()]
         commands["vllm_server"] = shlex.join([*environment, *launch.argv])

@@ -215,14 +215,14 @@ class ServingDeployment(BaseModel):
             drafter_dir = confined_model_path(drafter_dir, "drafter checkpoint")
         launch = render_vllm_command(
             target_dir,
-            drafter_dir,
-            method,
-            gamma,
-            self.host,
-            self.port if port is None else port,
-            self.name,
-            self.tensor_parallel_size,
-            self.extra_vllm_args,
+            port=self.port if port is None else port,
+            served_model_name=self.name,
+            drafter_dir=drafter_dir,
+            method=method,
+            gamma=gamma,
+            host=self.host,
+            tensor_parallel_size=self.tensor_parallel_size,
+            extra_args=self.extra_vllm_args,
             schedule=schedule,
             draft_sampling=self.draft_sampling if drafter_dir is not None else None,  # ngram drafts from the prompt
         )

@@ -82,14 +82,10 @@ class VllmResponseWriter:
         resources = self.resources
         launch = render_vllm_command(
             self.target_dir,
-            None,
-            None,
-            0,
-            "127.0.0.1",
-            port,
-            SERVED_NAME,
-            resources.tensor_parallel_size,
-            resources.extra_args(),
+            port=port,
+            served_model_name=SERVED_NAME,
+            tensor_parallel_size=resources.tensor_parallel_size,
+            extra_args=resources.extra_args(),
         )
         log = self.log_dir / f"responses-{port}.log"
         self.server = start_vllm_server(self.engine, launch.argv, "127.0.0.1", port, log, resources.environment())

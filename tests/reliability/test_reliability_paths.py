@@ -233,7 +233,9 @@ def test_trust_remote_code_reaches_vllm_only_when_the_setting_is_on(monkeypatch)
     from draftsync.serving.vllm_args import render_vllm_command
 
     def argv(**options) -> list[str]:
-        return render_vllm_command("/t", "/d", "eagle3", 2, "127.0.0.1", 9000, "m", **options).argv
+        return render_vllm_command(
+            "/t", port=9000, served_model_name="m", drafter_dir="/d", method="eagle3", gamma=2, **options
+        ).argv
 
     monkeypatch.delenv(TRUST, raising=False)
     assert "--trust-remote-code" not in argv()
@@ -277,7 +279,7 @@ def test_a_deployment_cannot_add_trust_remote_code_through_extra_arguments(tmp_p
     assert str(path) in error.value.what and "'chat'" in error.value.what and "extra_vllm_args" in error.value.what
     assert TRUST in error.value.fix
     with pytest.raises(DraftsyncError, match="run Python code shipped inside the checkpoint"):
-        render_vllm_command("/t", None, "eagle3", 2, "127.0.0.1", 9000, "m", extra_args=extra)
+        render_vllm_command("/t", port=9000, served_model_name="m", method="eagle3", gamma=2, extra_args=extra)
 
 
 def test_the_vllm_evaluation_backend_gets_trust_remote_code_only_from_the_setting(

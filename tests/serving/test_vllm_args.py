@@ -74,7 +74,14 @@ RENDERINGS = [
 
 def render(drafter_dir, method, gamma, tensor_parallel_size=1, **keywords):
     return render_vllm_command(
-        "/models/target", drafter_dir, method, gamma, "127.0.0.1", 9000, "m", tensor_parallel_size, **keywords
+        "/models/target",
+        port=9000,
+        served_model_name="m",
+        drafter_dir=drafter_dir,
+        method=method,
+        gamma=gamma,
+        tensor_parallel_size=tensor_parallel_size,
+        **keywords,
     )
 
 
@@ -86,7 +93,15 @@ def speculative_json(argv: list[str]) -> dict:
     "method, vllm_method", [("eagle3", "eagle3"), ("eagle3.1", "eagle3"), ("eagle", "eagle"), ("medusa", "medusa")]
 )
 def test_long_form_with_speculative_config(method, vllm_method):
-    launch = render_vllm_command("/models/target", "/models/drafter", method, 4, "0.0.0.0", 8000, "tiny")
+    launch = render_vllm_command(
+        "/models/target",
+        port=8000,
+        served_model_name="tiny",
+        drafter_dir="/models/drafter",
+        method=method,
+        gamma=4,
+        host="0.0.0.0",
+    )
     assert launch.argv[:3] == ["vllm", "serve", "/models/target"]
     assert "--model" not in launch.argv  # the positional model; vLLM warns that --model will go away
     assert launch.argv[launch.argv.index("--host") + 1] == "0.0.0.0"
@@ -140,7 +155,9 @@ def test_tensor_parallel_sets_the_draft_degree_too():
 
 
 def test_no_drafter_means_no_speculation():
-    launch = render_vllm_command("/t", None, "eagle3", 3, "127.0.0.1", 9000, "m", extra_args=["--max-model-len", "512"])
+    launch = render_vllm_command(
+        "/t", port=9000, served_model_name="m", method="eagle3", gamma=3, extra_args=["--max-model-len", "512"]
+    )
     assert "--speculative-config" not in launch.argv
     assert launch.speculative_config is None
     assert launch.argv[-2:] == ["--max-model-len", "512"]
@@ -206,7 +223,9 @@ def test_ngram_needs_no_drafter_and_sets_the_lookup_window():
 def test_paths_with_shell_metacharacters_stay_single_arguments():
     drafter = "/tmp/d r'a\"f;ter $(rm -rf ~)"
     target = "/tmp/t a`rg`et|x"
-    launch = render_vllm_command(target, drafter, "eagle3", 2, "127.0.0.1", 9000, "m")
+    launch = render_vllm_command(
+        target, port=9000, served_model_name="m", drafter_dir=drafter, method="eagle3", gamma=2
+    )
     assert launch.argv[2] == target
     assert speculative_json(launch.argv)["model"] == drafter
     assert all(isinstance(arg, str) for arg in launch.argv)
@@ -352,14 +371,13 @@ def test_the_launch_reaches_vllm_as_rendered(tmp_path):
     port = free_port()
     launch = render_vllm_command(
         target,
-        drafter,
-        "eagle3.1",
-        4,
-        "127.0.0.1",
-        port,
-        "pair",
-        2,
-        ["--max-model-len", "512", "--override-generation-config", '{"temperature": 0}'],
+        port=port,
+        served_model_name="pair",
+        drafter_dir=drafter,
+        method="eagle3.1",
+        gamma=4,
+        tensor_parallel_size=2,
+        extra_args=["--max-model-len", "512", "--override-generation-config", '{"temperature": 0}'],
         schedule=[(1, 8, 4), (9, 32, 2)],
     )
     record = tmp_path / "argv.json"
@@ -388,12 +406,13 @@ def test_a_vllm_missing_from_path_is_reported_with_the_fix(tmp_path):
 def test_per_request_counts_are_asked_for_whenever_a_drafter_serves(tmp_path):
     from draftsync.serving.vllm_args import PER_REQUEST_METRICS_FLAG, render_vllm_command
 
-    speculating = render_vllm_command(tmp_path, tmp_path, "eagle3", 2, "127.0.0.1", 8000, "chat").argv
+    chat = {"port": 8000, "served_model_name": "chat", "method": "eagle3"}
+    speculating = render_vllm_command(tmp_path, drafter_dir=tmp_path, gamma=2, **chat).argv
     assert speculating[speculating.index(PER_REQUEST_METRICS_FLAG) + 1] == "summary"
-    plain = render_vllm_command(tmp_path, None, "eagle3", 0, "127.0.0.1", 8000, "chat").argv
+    plain = render_vllm_command(tmp_path, gamma=0, **chat).argv
     assert PER_REQUEST_METRICS_FLAG not in plain  # vLLM refuses the flag without speculation
     detailed = render_vllm_command(
-        tmp_path, tmp_path, "eagle3", 2, "127.0.0.1", 8000, "chat", extra_args=[f"{PER_REQUEST_METRICS_FLAG}=detailed"]
+        tmp_path, drafter_dir=tmp_path, gamma=2, extra_args=[f"{PER_REQUEST_METRICS_FLAG}=detailed"], **chat
     ).argv
     assert speculating.count(PER_REQUEST_METRICS_FLAG) == 1 and PER_REQUEST_METRICS_FLAG not in detailed
 
@@ -414,7 +433,7 @@ def test_per_request_counts_are_asked_for_whenever_a_drafter_serves(tmp_path):
 )
 def test_a_target_config_vllm_would_serve_wrongly_is_refused_at_render_time(tmp_path, config, refused):
     (tmp_path / "config.json").write_text(json.dumps(config))
-    render = lambda: render_vllm_command(tmp_path, None, None, 0, "127.0.0.1", 8000, "m")  # noqa: E731
+    render = lambda: render_vllm_command(tmp_path, port=8000, served_model_name="m")  # noqa: E731
     if refused is None:
         assert render().argv[2] == str(tmp_path)
     else:

@@ -91,7 +91,9 @@ def test_without_per_request_timing_tpot_is_nan_so_speed_gates_fail():
 def test_the_backend_launches_what_a_rollout_serves_plus_per_request_timing(tiny_target, tiny_drafter, tmp_path):
     backend = VllmBackend(tiny_target, tiny_drafter, log_dir=tmp_path)
     launch = backend.launch(3, 8123)
-    served = render_vllm_command(tiny_target, tiny_drafter, "eagle3", 3, "127.0.0.1", 8123, "evaluation")
+    served = render_vllm_command(
+        tiny_target, port=8123, served_model_name="evaluation", drafter_dir=tiny_drafter, method="eagle3", gamma=3
+    )
     assert launch.speculative_config == served.speculative_config
     assert launch.argv == [*served.argv, "--enable-per-request-metrics"]
     assert "--per-request-spec-decode-metrics" in launch.argv
