@@ -242,8 +242,7 @@ def load_deployments(path: Path | str) -> list[ServingDeployment]:
     data = read_yaml(
         path,
         "deployments file",
-        "declare deployments in YAML there, or point DRAFTSYNC_DEPLOYMENTS_FILE at yours (the format: README, "
-        "'Deployments')",
+        "declare deployments in YAML there, or point DRAFTSYNC_DEPLOYMENTS_FILE at yours (the format: docs/SERVING.md)",
     )
     entries = _entries(path, data)
     problems: list[tuple[str, str]] = []

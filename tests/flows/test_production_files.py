@@ -96,10 +96,11 @@ def _strings(node: Any) -> list[str]:
 
 
 def _production_readme_section() -> str:
+    """What a user reads to run draftsync in production: the README's section and docs/PRODUCTION.md."""
     text = (ROOT / "README.md").read_text()
     match = re.search(r"^## Run it in production\n(.*?)(?=^## |\Z)", text, re.S | re.M)
     assert match, "README.md has no '## Run it in production' section"
-    return match[1]
+    return match[1] + (ROOT / "docs" / "PRODUCTION.md").read_text()
 
 
 # --- the compose file ---------------------------------------------------------------------------------------
