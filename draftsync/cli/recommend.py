@@ -12,8 +12,8 @@ import typer
 
 from draftsync.cli.common import JsonOption, write_json
 from draftsync.errors import DraftsyncError
-from draftsync.serving.recommendation import Recommendation, recommend
-from draftsync.serving.workload import FRAMEWORK_TASK, TASKS, Task, Workload, params_text, parse_params
+from draftsync.planning.recommendation import Recommendation, recommend
+from draftsync.planning.workload import FRAMEWORK_TASK, TASKS, Task, Workload, params_text, parse_params
 
 
 def recommend_command(
@@ -69,8 +69,8 @@ def recommend_command(
 
 def _registered_target(spec: str) -> tuple[float, dict]:
     """(size in billions, Workload memory facts) of a registered target version, from its tags."""
+    from draftsync.planning.workload import target_memory_facts
     from draftsync.registry.tags import TargetVersion
-    from draftsync.serving.workload import target_memory_facts
     from draftsync.tasks import context
 
     name, colon, version_text = spec.partition(":")

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 from prefect import task
 from prefect.cache_policies import NONE
 
+from draftsync.planning.workload import FRAMEWORK_TASK, NO_DRAFTER
 from draftsync.profiles import SyncProfile
 from draftsync.registry.tags import TargetVersion, recommended_tags
-from draftsync.serving.workload import FRAMEWORK_TASK, NO_DRAFTER
 from draftsync.speculative.methods import MEDUSA, TRAINED_METHODS
 from draftsync.tasks import context
 from draftsync.tasks.serving import configured_deployments
@@ -30,8 +30,8 @@ ASSUMED_TPOT_MS = 50.0  # 30-80 ms: the framework's middle band, when no deploym
 @task(name="plan-drafter", cache_policy=NONE)
 def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncProfile) -> dict:
     """The recommendation for this target and the profile the sync then runs (unchanged unless it follows it)."""
-    from draftsync.serving.recommendation import recommend
-    from draftsync.serving.workload import Workload, target_memory_facts
+    from draftsync.planning.recommendation import recommend
+    from draftsync.planning.workload import Workload, target_memory_facts
 
     serving = [d for d in configured_deployments().values() if d.target_name == target_name]
     assumptions = []

@@ -8,10 +8,10 @@ import pytest
 import typer
 from draftsync.cli.recommend import recommend_command
 from draftsync.errors import DraftsyncError
-from draftsync.serving.recommendation import recommend
+from draftsync.planning.recommendation import recommend
 from typer.testing import CliRunner
 
-from tests.serving.test_recommendation import workload
+from tests.planning.test_recommendation import workload
 
 
 def _cli() -> typer.Typer:

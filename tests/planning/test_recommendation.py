@@ -8,8 +8,8 @@ import re
 
 import pytest
 from draftsync.errors import DraftsyncError
-from draftsync.serving.recommendation import recommend
-from draftsync.serving.workload import Workload, eagle3_speedup_for_size, memory_budget, parse_params
+from draftsync.planning.recommendation import recommend
+from draftsync.planning.workload import Workload, eagle3_speedup_for_size, memory_budget, parse_params
 
 # A 70B target on 4x A100-80GB at 50 ms, chat: the middle of every step; each case changes what it tests.
 BASE = dict(params_b=70, gpus=4, gpu_memory_gb=80, tpot_ms=50, task="chat", output_tokens=1024, batch=1)
@@ -546,7 +546,7 @@ def test_bad_input_names_the_field_and_the_fix(changes, field):
 def test_the_target_config_sets_weight_bytes_and_the_kv_cache_which_gqa_makes_fit():
     """A Llama-3-8B shape (32 layers, head_dim 128) serving 64 requests of 4096 tokens on one 80 GB GPU: with 8 KV
     heads its KV cache is 34.4 GB and fits beside 16 GB of weights; with 32 (no GQA) it is 137 GB and does not."""
-    from draftsync.serving.workload import target_memory_facts
+    from draftsync.planning.workload import target_memory_facts
 
     gqa = target_memory_facts(32, {"kv_heads": 8, "head_dim": 128, "dtype": "bfloat16"})
     assert gqa == {"weight_bytes": 2.0, "kv_bytes_per_token": 2 * 32 * 8 * 128 * 2}

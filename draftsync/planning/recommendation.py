@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from draftsync.serving.workload import (
+from draftsync.planning.workload import (
     BATCH_TPOT_ABOVE_MS,
     BATCHED_SMALL_SPEEDUP,
     CLUSTER_GPUS,
