@@ -39,12 +39,12 @@ def scrape_deployment(
     else:
         counters = scrape_counters(f"{pair.endpoint}/metrics")
     sample = store.record_scrape(deployment, now, counters, pair, count_first=True)
-    booked = book_captured_requests(deployment, now, capture) if capture is not None else 0
+    booked = {"requests_booked": book_captured_requests(deployment, now, capture)} if capture is not None else {}
     if sample is None:
-        return {"deployment": deployment, "baseline": True}
+        return {"deployment": deployment, "baseline": True, **booked}
     return {
         "deployment": deployment,
-        "requests_booked": booked,
+        **booked,
         "draft_tokens": sample.draft_tokens,
         "accepted": sample.accepted,
         "acceptance_rate": sample.accepted / sample.draft_tokens if sample.draft_tokens else None,

@@ -119,6 +119,47 @@ def test_counts_up_to_two_to_the_53_are_still_accepted():
     assert (counters.drafts, counters.draft_tokens) == (big // 2, big)
 
 
+def test_a_scrape_books_the_requests_its_router_captured_once_at_the_monitors_clock(workdir, endpoint):
+    """The per-request acceptance a deployment's capture holds goes into the monitor store with the scrape that
+    read it (never the prompt), to the pair serving then; the next scrape books only what came after."""
+    import json
+
+    from draftsync.serving.deployment import ServingDeployment, TrafficCaptureSettings
+    from draftsync.serving.traffic_capture import TrafficCapture
+    from draftsync.tasks import context
+    from draftsync.tasks.monitoring import scrape_deployment
+    from draftsync.tasks.serving import capture_config
+
+    store = context.store()
+    pair = {"target_name": "t", "target_version": 1, "drafter_name": "t-drafter", "gamma": 2, "state": "serving"}
+    store.set_serving_pair("chat", drafter_version=1, endpoint=endpoint.url, **pair)
+    spec = ServingDeployment(name="chat", target_name="t", capture=TrafficCaptureSettings(rate=1.0))
+    config = capture_config(spec)
+    capture = TrafficCapture(config, seed=0)
+
+    def served(count: int, accepted: int) -> None:
+        answer = {"metrics": {"speculative_decoding": {"num_draft_tokens": 10, "num_accepted_draft_tokens": accepted}}}
+        for index in range(count):
+            body = json.dumps({"model": "chat", "prompt": f"secret prompt {index}"}).encode()
+            capture.offer("/v1/completions", {"X-Draftsync-Domain": "prose"}, body, 200, json.dumps(answer).encode())
+        capture.flush()
+
+    start = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+    endpoint.text = GOOD_BEFORE
+    served(3, 2)
+    assert scrape_deployment.fn("chat", start, capture=config)["requests_booked"] == 3
+    store.set_serving_pair("chat", drafter_version=2, endpoint=endpoint.url, **pair)  # a new drafter serves
+    served(2, 9)
+    endpoint.text = GOOD_AFTER
+    assert scrape_deployment.fn("chat", start + timedelta(minutes=1), capture=config)["requests_booked"] == 2
+    booked = store.request_acceptance("chat", start - timedelta(hours=1), start + timedelta(hours=1))
+    assert [(r.ts, r.drafter_version, r.domain, r.accepted) for r in booked] == [
+        *[(start, 1, "prose", 2)] * 3,
+        *[(start + timedelta(minutes=1), 2, "prose", 9)] * 2,
+    ]
+    assert "requests_booked" not in scrape_deployment.fn("chat", start + timedelta(minutes=2))  # no capture given
+
+
 def test_a_dataset_without_a_usable_sequence_fails_the_data_checks(tmp_path):
     """No sample, or only samples too short to train on: the build writes an empty dataset, the checks refuse it."""
     import torch
