@@ -57,6 +57,8 @@ from draftsync.redaction import masked_url
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 ALERT_REPEAT_AFTER = timedelta(days=7)
 CAPTURE_WATERMARK = "capture/"  # + deployment: the watermark of its capture file's rows already booked
+# Booked requests are kept this long: the weekly review and a look back at the weeks before it read them.
+REQUEST_RETENTION = timedelta(days=35)
 
 
 def _utc_session(dbapi_connection, _record) -> None:
@@ -278,7 +280,8 @@ class Store:
     def book_requests(self, deployment: str, ts: datetime, pair: PairInfo, rows: Sequence[dict], last_row: int) -> int:
         """Book captured requests (`domain`, `draft_tokens`, `accepted_tokens`) at the monitor's `ts` to the pair
         serving then, and move the deployment's capture watermark to `last_row` in the same transaction, so a row
-        is booked once. Requests that drafted nothing are not booked: they have no rate. Returns how many were."""
+        is booked once. Requests that drafted nothing are not booked: they have no rate. The deployment's rows older
+        than REQUEST_RETENTION go. Returns how many were booked."""
         ts = as_utc(ts)
         booked = [
             RequestAcceptance(
@@ -295,6 +298,11 @@ class Store:
         ]
         key = CAPTURE_WATERMARK + deployment
         with self.transaction() as session:
+            session.execute(
+                delete(RequestAcceptance).where(
+                    RequestAcceptance.deployment == deployment, RequestAcceptance.ts < ts - REQUEST_RETENTION
+                )
+            )
             session.add_all(booked)
             mark = session.get(Watermark, key, with_for_update=True)
             if mark is None:

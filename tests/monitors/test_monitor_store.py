@@ -398,3 +398,10 @@ def test_captured_requests_are_booked_once_at_the_monitors_clock_to_the_pair_ser
     )  # (since, until]
     assert store.request_acceptance("other", t0 - timedelta(days=1), t0 + timedelta(days=1)) == []
     assert store.captured_watermark("chat") == 4
+    # rows past the retention go when the deployment books again; another deployment's stay
+    store.book_requests("other", t0, PAIR, [{"domain": "code", "draft_tokens": 5, "accepted_tokens": 5}], 1)
+    later_still = t0 + timedelta(days=36)
+    store.book_requests("chat", later_still, later, [{"domain": "prose", "draft_tokens": 4, "accepted_tokens": 4}], 5)
+    everything = (t0 - timedelta(days=1), later_still)
+    assert [r.ts for r in store.request_acceptance("chat", *everything)] == [later_still]
+    assert len(store.request_acceptance("other", *everything)) == 1
