@@ -195,17 +195,19 @@ class SyncProfile(BaseModel):
         return method
 
     @model_validator(mode="after")
-    def _nodes_meet_somewhere(self) -> SyncProfile:
+    def _speculators_trains_eagle3(self) -> SyncProfile:
         if self.trainer == "speculators" and not is_eagle3_family(self.method):
             raise ValueError(f"trainer speculators trains EAGLE-3 drafters, not {self.method}: use trainer draftsync")
+        return self
+
+    @model_validator(mode="after")
+    def _nodes_meet_somewhere(self) -> SyncProfile:
         if self.train_nodes > 1 and not self.train_rendezvous:
             raise ValueError(
                 f"train_nodes {self.train_nodes} needs train_rendezvous: HOST:PORT of the first node (c10d rendezvous)"
             )
-        if self.train_rendezvous is not None:
-            host, _, port = self.train_rendezvous.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"train_rendezvous {self.train_rendezvous!r} is not HOST:PORT, e.g. node-0:29400")
+        if self.train_rendezvous is not None and host_and_port(self.train_rendezvous) is None:
+            raise ValueError(f"train_rendezvous {self.train_rendezvous!r} is not HOST:PORT, e.g. node-0:29400")
         return self
 
     def dataset_key(self) -> str:
@@ -264,6 +266,14 @@ PROFILES = {
         validation=VALIDATION_PROFILES["test"],
     ),
 }
+
+
+def host_and_port(endpoint: str) -> tuple[str, int] | None:
+    """(host, port) of a HOST:PORT endpoint such as a torchrun rendezvous; None when it is not one."""
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
 
 
 def profile(name: str) -> SyncProfile:

@@ -17,6 +17,7 @@ _._no_flags_draftsync_sets
 _._known_profile
 _._known_timezone
 _._nodes_meet_somewhere
+_._speculators_trains_eagle3
 _.settings_customise_sources
 _.dotenv_settings
 

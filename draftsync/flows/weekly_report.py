@@ -164,7 +164,7 @@ def _week_domains(deployment: str, start: datetime, end: datetime, judged: tuple
     from draftsync.monitors.trends import domain_acceptance
 
     rows = [
-        {"domain": r.domain, "draft_tokens": r.draft_tokens, "accepted_tokens": r.accepted}
+        r
         for r in context.store().request_acceptance(deployment, start, end)
         if judged is None or (r.target_version, r.drafter_version) == judged
     ]

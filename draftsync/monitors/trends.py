@@ -290,22 +290,30 @@ class DomainAcceptance:
 UNLABELLED = "(no label)"
 
 
-def domain_acceptance(rows: Sequence[dict]) -> list[DomainAcceptance]:
-    """Per domain label, from captured requests (`domain`, `draft_tokens`, `accepted_tokens`), worst rate first."""
-    by_domain: dict[str, list[dict]] = {}
+class RequestRow(Protocol):
+    """One request's acceptance as the monitor store books it (`RequestAcceptance`)."""
+
+    domain: str | None
+    draft_tokens: int
+    accepted: int
+
+
+def domain_acceptance(rows: Sequence[RequestRow]) -> list[DomainAcceptance]:
+    """Per domain label, from booked requests, worst rate first."""
+    by_domain: dict[str, list[RequestRow]] = {}
     for row in rows:
-        by_domain.setdefault(row.get("domain") or UNLABELLED, []).append(row)
+        by_domain.setdefault(row.domain or UNLABELLED, []).append(row)
     out = []
     for domain, requests in by_domain.items():
-        drafted = [r for r in requests if r.get("draft_tokens")]
-        rates = [r["accepted_tokens"] / r["draft_tokens"] for r in drafted]
-        total = sum(r["draft_tokens"] for r in drafted)
+        drafted = [r for r in requests if r.draft_tokens]
+        rates = [r.accepted / r.draft_tokens for r in drafted]
+        total = sum(r.draft_tokens for r in drafted)
         out.append(
             DomainAcceptance(
                 domain=domain,
                 requests=len(requests),
                 share=len(requests) / len(rows),
-                acceptance_rate=sum(r["accepted_tokens"] for r in drafted) / total if total else None,
+                acceptance_rate=sum(r.accepted for r in drafted) / total if total else None,
                 p5=percentile(rates, 5),
                 p50=percentile(rates, 50),
             )

@@ -114,18 +114,21 @@ def launch(
 def wait_for_rendezvous(endpoint: str, timeout_s: float) -> None:
     """Until `endpoint` (HOST:PORT) accepts a connection, at most `timeout_s`; this machine's own endpoint is where
     torchrun will start the rendezvous, so there is nothing to wait for."""
-    host, _, port = endpoint.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    from draftsync.profiles import host_and_port
+
+    address = host_and_port(endpoint)
+    if address is None:
         raise DraftsyncError(
             f"rendezvous endpoint {endpoint!r} is not HOST:PORT", "give the first node's address, e.g. node-0:29400"
         )
+    host, port = address
     if _is_this_machine(host):
         return
     deadline = time.monotonic() + timeout_s
     why = "no answer"
     while True:
         try:
-            with socket.create_connection((host, int(port)), timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+            with socket.create_connection((host, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
                 return
         except OSError as error:
             why = error.strerror or type(error).__name__

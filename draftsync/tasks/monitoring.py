@@ -11,6 +11,7 @@ from prefect.cache_policies import NONE
 from draftsync.tasks import context
 
 if TYPE_CHECKING:
+    from draftsync.monitors.tables import PairInfo
     from draftsync.serving.traffic_capture import CaptureConfig
 
 WEEK = timedelta(days=7)
@@ -39,7 +40,7 @@ def scrape_deployment(
     else:
         counters = scrape_counters(f"{pair.endpoint}/metrics")
     sample = store.record_scrape(deployment, now, counters, pair, count_first=True)
-    booked = {"requests_booked": book_captured_requests(deployment, now, capture)} if capture is not None else {}
+    booked = {"requests_booked": book_captured_requests(deployment, now, capture, pair)} if capture is not None else {}
     if sample is None:
         return {"deployment": deployment, "baseline": True, **booked}
     return {
@@ -52,16 +53,13 @@ def scrape_deployment(
     }
 
 
-def book_captured_requests(deployment: str, now: datetime, capture: CaptureConfig) -> int:
+def book_captured_requests(deployment: str, now: datetime, capture: CaptureConfig, pair: PairInfo) -> int:
     """Copy the acceptance of the requests the router captured since the last booking (never their prompts) into
-    the monitor store, at the monitor's clock and to the pair serving now: per-domain and per-pair percentiles are
-    read from there."""
+    the monitor store, at the monitor's clock and to `pair`, the one serving now: per-domain and per-pair
+    percentiles are read from there."""
     from draftsync.serving.traffic_capture import captured_rows
 
     store = context.store()
-    pair = store.serving_pair(deployment)
-    if pair is None:
-        return 0
     rows = captured_rows(capture.path, deployment, after_id=store.captured_watermark(deployment))
     if not rows:
         return 0

@@ -7,6 +7,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.errors import DraftsyncError
+from draftsync.serving.traffic_capture import DOMAIN_HEADER
 
 
 def complete(
@@ -20,8 +21,6 @@ def complete(
 ) -> dict:
     """One /v1/completions call; any answer but 200 is an error that points at the server log. `domain`: the
     client's label for the request's kind of traffic (the router's capture keeps it)."""
-    from draftsync.serving.traffic_capture import DOMAIN_HEADER
-
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
     if seed is not None:
         body["seed"] = seed

@@ -392,11 +392,12 @@ def test_the_report_says_which_client_domain_drifted_from_the_captured_requests(
         capture.offer("/v1/completions", {"X-Draftsync-Domain": domain}, body, 200, answer)
     capture.flush()
     # the scrape books them into the monitor store, at its clock, to the pair serving then; the report reads them there
+    from draftsync.tasks import context
     from draftsync.tasks.monitoring import book_captured_requests
 
-    config = capture_config(configured_deployments()["chat"])
-    assert book_captured_requests("chat", datetime.now(UTC) - timedelta(hours=1), config) == 10
-    assert book_captured_requests("chat", datetime.now(UTC) - timedelta(minutes=30), config) == 0  # booked once
+    config, pair = capture_config(configured_deployments()["chat"]), context.store().serving_pair("chat")
+    assert book_captured_requests("chat", datetime.now(UTC) - timedelta(hours=1), config, pair) == 10
+    assert book_captured_requests("chat", datetime.now(UTC) - timedelta(minutes=30), config, pair) == 0  # once
     code, report, output, error = run_report(monkeypatch)
     assert error is None and code == 0, output
     (row,) = report["deployments"]
