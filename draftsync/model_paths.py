@@ -36,8 +36,13 @@ def confined_model_path(path: Path | str, what: str, roots: Sequence[Path | str]
         return resolved
     shown = ", ".join(str(root) for root in real_roots) or "none"
     via = "" if str(resolved) == given else f" resolves to {resolved}, which"
+    missing = [str(root) for root in real_roots if not root.is_dir()]
+    unusable = (
+        f"; of those, {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not a folder here" if missing else ""
+    )
     raise DraftsyncError(
-        f"{what} {given}{via} is outside every model root ({shown})",
+        f"{what} {given}{via} is outside every model root ({shown}){unusable}",
         f"keep checkpoints under one of those roots, or add the directory that holds it ({resolved.parent}) to "
-        "DRAFTSYNC_MODEL_ROOTS (comma-separated directories; the work dir is always a root)",
+        "DRAFTSYNC_MODEL_ROOTS (comma-separated directories; the work dir is always a root)"
+        + (": check each entry's spelling" if missing else ""),
     )

@@ -4,7 +4,10 @@ are checked before the command does its work."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,3 +113,26 @@ def test_json_to_a_folder_is_refused_before_a_target_is_registered(workdir, buil
     assert result.exit_code == 2 and "is a folder, not a file" in result.output
     assert not context.registry().has_model("json-llm")
     assert os.listdir(folder) == []
+
+
+@pytest.mark.parametrize("kind", ["loop", "dangling"])
+def test_scrape_refuses_a_named_deployments_file_it_cannot_read_in_one_error(workdir, places, kind):
+    """A link loop or a dangling link as DRAFTSYNC_DEPLOYMENTS_FILE read as 'no deployments' and the scrape exited 0;
+    the work dir's own default file may be absent, a file the user named may not. The terminal gets the error and its
+    fix once, without Prefect's traceback of the failed flow."""
+    env = {**os.environ, "DRAFTSYNC_DEPLOYMENTS_FILE": str(places[kind]), "COLUMNS": "240"}
+    done = subprocess.run(
+        [sys.executable, "-m", "draftsync.cli", "scrape"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    error = f"error: deployments file {places[kind]} {path_problem(places[kind], 'file')}"
+    assert done.stderr.count(error) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout == ""
+
+
+def test_scrape_with_no_deployments_file_in_the_work_dir_scrapes_nothing(workdir):
+    from draftsync.cli.app import app
+
+    result = CliRunner().invoke(app, ["scrape"], env={"COLUMNS": "240"})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["deployments"] == []

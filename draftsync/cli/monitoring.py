@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from draftsync.cli.common import JsonOption, echo_json, write_json
+from draftsync.cli.common import JsonOption, echo_json, expected_errors_in_one_line, write_json
 from draftsync.errors import DraftsyncError
 
 
@@ -15,6 +15,7 @@ def scrape(json_path: JsonOption = None) -> None:
     """Scrape acceptance counters from every serving deployment into the monitor store."""
     from draftsync.flows.scrape import scrape as scrape_flow
 
+    expected_errors_in_one_line()
     result = scrape_flow()
     echo_json(result)
     write_json(result, json_path)
@@ -54,6 +55,7 @@ def report(
     from draftsync.flows.weekly_report import iso_week_period, weekly_report
     from draftsync.tasks import context
 
+    expected_errors_in_one_line()
     if week is not None:
         iso_week_period(week)  # a bad week fails here, before Prefect starts
         if act:

@@ -39,6 +39,8 @@ def status_command(json_path: JsonOption = None) -> None:
             "no targets: register a model version tagged draftsync.kind=target "
             "(draftsync demo does) or name one in DRAFTSYNC_TARGETS"
         )
+        for problem in status["problems"]:
+            console.print(f"problem: {escape(problem)}", style="yellow", highlight=False)
     write_json(status, json_path)
 
 
@@ -132,5 +134,7 @@ def status_table(status: dict[str, Any]) -> Group:
         if target["last_attempt"] is not None:
             grid.add_row("last attempt", _sync_cell(target["last_attempt"]))
         blocks += [Text(""), _target_heading(target), grid]
+    for problem in status.get("problems", []):
+        blocks += [Text(""), Text(f"problem: {problem}", style="yellow")]
     blocks += [Text(""), Text(LEGEND, style="dim")]
     return Group(*blocks)

@@ -168,10 +168,12 @@ def gather_status(
 
 
 def current_status(now: datetime | None = None) -> dict[str, Any]:
-    """The status of this work dir's registry and store, as the JSON `draftsync status --json` writes."""
+    """The status of this work dir's registry and store, as the JSON `draftsync status --json` writes, with the
+    problems of the declared deployments."""
     from draftsync.tasks import context
+    from draftsync.tasks.serving import declared_deployment_problems
 
     targets = gather_status(
         context.registry(), context.store(), context.sync_ledger(), context.settings().target_names, now
     )
-    return {"targets": [asdict(target) for target in targets]}
+    return {"targets": [asdict(target) for target in targets], "problems": declared_deployment_problems()}

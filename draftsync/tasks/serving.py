@@ -36,14 +36,15 @@ DRAIN_TIMEOUT_S = 600.0
 def configured_deployments(
     given: list[ServingDeployment] | None = None, problems: list[str] | None = None
 ) -> dict[str, ServingDeployment]:
-    """The specs to act on: those given, else the deployments file's when it exists.
+    """The specs to act on: those given, else the deployments file's (the work dir's default file may be absent).
 
     With `problems`, a broken file is noted there instead of raised (the weekly e-mail is how the team hears of it)."""
     if given is not None:
         return {d.name: d for d in given}
-    path = context.settings().deployments_path
-    if not path.exists():
-        return {}
+    settings = context.settings()
+    path = settings.deployments_path
+    if settings.deployments_file is None and not os.path.lexists(path):
+        return {}  # the work dir's default file is optional; a named file, a dangling link or a loop is not
     try:
         return {d.name: d for d in load_deployments(path)}
     except DraftsyncError as error:
@@ -51,6 +52,25 @@ def configured_deployments(
             raise
         problems.append(f"{error.what} (fix: {error.fix}); no deployment was relaunched")
         return {}
+
+
+def declared_deployment_problems() -> list[str]:
+    """Why the declared deployments cannot all be served: a deployments file that cannot be read, or a deployment of
+    a target MLflow does not hold. Read-only commands show these instead of skipping the deployment without a word."""
+    try:
+        specs = configured_deployments()
+    except DraftsyncError as error:
+        return [f"{error.what} (fix: {error.fix})"]
+    problems: list[str] = []
+    registry = context.registry()
+    for spec in specs.values():
+        if not registry.has_model(spec.target_name):
+            problems.append(
+                f"deployment {spec.name} serves target {spec.target_name!r}, which MLflow does not hold "
+                f"(fix: register it with `draftsync targets register`, or correct its target_name in "
+                f"{context.settings().deployments_path})"
+            )
+    return problems
 
 
 def capture_config(deployment: ServingDeployment) -> CaptureConfig | None:

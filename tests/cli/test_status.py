@@ -261,7 +261,36 @@ def test_status_with_no_targets_says_how_to_get_one(workdir, tmp_path):
     result = CliRunner().invoke(_cli(), ["status", "--json", str(json_path)], env=WIDE)
     assert result.exit_code == 0, result.output
     assert "no targets" in result.output and "DRAFTSYNC_TARGETS" in result.output
-    assert json.loads(json_path.read_text()) == {"targets": []}
+    assert json.loads(json_path.read_text()) == {"targets": [], "problems": []}
+
+
+@pytest.mark.parametrize("kind", ["folder", "link loop", "missing", "unknown target"])
+def test_status_names_what_keeps_a_declared_deployment_from_serving(workdir, tmp_path, monkeypatch, kind):
+    """A deployments file status cannot read, or a deployment of a target MLflow does not hold, is a problem line in
+    the table and in the JSON, not a deployment left out without a word."""
+    from draftsync.tasks import context
+
+    path = tmp_path / "deployments.yaml"
+    if kind == "folder":
+        path.mkdir()
+        expected = f"deployments file {path} is a folder, not a file"
+    elif kind == "link loop":
+        (tmp_path / "other.yaml").symlink_to(path)
+        path.symlink_to(tmp_path / "other.yaml")
+        expected = f"deployments file {path} is a loop of symbolic links"
+    elif kind == "missing":
+        expected = f"deployments file {path} does not exist"
+    else:
+        path.write_text("deployments:\n- {name: ghost, target_name: no-such-llm, task_mix: {math: 1.0}}\n")
+        expected = "deployment ghost serves target 'no-such-llm', which MLflow does not hold"
+    monkeypatch.setenv("DRAFTSYNC_DEPLOYMENTS_FILE", str(path))
+    context.reset()
+    json_path = tmp_path / "status.json"
+    result = CliRunner().invoke(_cli(), ["status", "--json", str(json_path)], env=WIDE)
+    assert result.exit_code == 0, result.output
+    (problem,) = json.loads(json_path.read_text())["problems"]
+    assert problem.startswith(expected) and "fix:" in problem
+    assert f"problem: {expected}" in " ".join(result.output.split())
 
 
 def test_status_fails_fast_when_mlflow_is_unreachable(tmp_path, monkeypatch):

@@ -55,6 +55,20 @@ def test_a_path_inside_a_root_passes_and_comes_back_resolved(places):
     assert confined_model_path(hop, "target checkpoint") == places.work.resolve()
 
 
+def test_a_refusal_names_a_configured_root_that_is_not_a_folder(places, monkeypatch):
+    """A misspelt DRAFTSYNC_MODEL_ROOTS entry read as a root that holds nothing; the refusal now says so."""
+    typo = places.root.parent / "modles"
+    monkeypatch.setenv(ROOTS, f"{places.root},{typo}")
+    with pytest.raises(DraftsyncError) as refused:
+        confined_model_path(places.outside / "target", "target checkpoint")
+    assert f"of those, {typo} is not a folder here" in refused.value.what
+    assert "spelling" in refused.value.fix
+    monkeypatch.setenv(ROOTS, str(places.root))
+    with pytest.raises(DraftsyncError) as refused:
+        confined_model_path(places.outside / "target", "target checkpoint")
+    assert "not a folder" not in refused.value.what
+
+
 def test_a_symlink_inside_a_root_that_points_outside_is_refused(places):
     link = places.root / "escape"
     link.symlink_to(places.outside / "target", target_is_directory=True)
