@@ -136,3 +136,18 @@ def test_scrape_with_no_deployments_file_in_the_work_dir_scrapes_nothing(workdir
     result = CliRunner().invoke(app, ["scrape"], env={"COLUMNS": "240"})
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["deployments"] == []
+
+
+def test_a_json_write_that_fails_after_the_work_is_one_error_saying_the_work_is_done(workdir):
+    """The path passes the check before the work, and the write still fails (a full disk: /dev/full); it was a raw
+    OSError traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "draftsync.cli", "status", "--json", "/dev/full"],
+        env={**os.environ, "COLUMNS": "240"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "error: --json /dev/full could not be written (No space left on device)" in done.stderr
+    assert "work is done" in done.stderr and "Traceback" not in done.stderr

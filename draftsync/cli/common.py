@@ -13,6 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
+from draftsync.errors import DraftsyncError
+
 ProfileOption = Annotated[
     str,
     typer.Option(
@@ -52,10 +54,19 @@ def echo_json(result: Any) -> None:
 
 
 def write_json(result: Any, json_path: Path | None) -> None:
-    """Write `result` to `json_path` (its folder made as needed); nothing when no path was given."""
-    if json_path is not None:
+    """Write `result` to `json_path` (its folder made as needed); nothing when no path was given. The path was checked
+    before the work (`check_output_file`); a write that fails even so (a full disk) is one error saying the work is
+    done."""
+    if json_path is None:
+        return
+    try:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json_text(result))
+    except OSError as error:
+        raise DraftsyncError(
+            f"--json {json_path} could not be written ({error.strerror}); the command's work is done and recorded",
+            "free space or pick another path; `draftsync status` shows what was done",
+        ) from None
 
 
 def check_registry(*, long_running: bool = False) -> None:
