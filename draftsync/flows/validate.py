@@ -162,9 +162,9 @@ def validate(
     against = trained_for if target_version is None else int(target_version)
     target = fetch_target(target_name, against)
     drafter_dir = fetch_drafter(target_name, drafter_version)
-    task_mix = target_task_mix(Path(target["path"]), target["tags"])
+    task_mix = target_task_mix(Path(target.path), target.tags)
     checklist = validate_drafter(
-        target["path"],
+        target.path,
         drafter_dir,
         task_mix,
         chosen,
