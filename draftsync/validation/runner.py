@@ -387,6 +387,7 @@ def run_checklist(
     drafter_dir: str,
     task_mix: dict[str, float],
     profile: ValidationProfile,
+    *,
     seed: int = 0,
     data_check_failures: int | None = None,
     run_stress: bool = True,
