@@ -150,7 +150,8 @@ def validate(
 
     `backend`: "vllm" (real vLLM servers), "reference" (the CPU reference engine) or "auto"; default: the
     profile's. `servers`: the GPUs a sync's plan gives the vLLM servers (its `servers` setting). `captured_prompts`:
-    held-out prompts of the traffic a retrain learnt from; the drafter must clear the acceptance gate on them too."""
+    held-out prompts of the traffic a retrain learnt from; the drafter must clear the acceptance gate on them too.
+    Long: the validation's record, promotion and artifacts follow from the one checklist run, in order."""
     from draftsync.validation.suite import run_validation_suite
 
     logger = context.logger()

@@ -161,7 +161,7 @@ def build_dataset(
     Resumable: a rerun after a crash continues from the last complete shard. The Great Expectations
     data checks run on the result; a failure stops the sync with the table of what was observed. `placement`: where
     the target runs (the plan's; None: the CPU); `servers`: the GPUs the plan gives a vLLM response writer.
-    """
+    Long: the dataset's sources, disk check, shards and data checks, in the order a resumed build needs."""
     from prefect.artifacts import create_markdown_artifact
 
     from draftsync.serving.vllm_args import ServerResources
