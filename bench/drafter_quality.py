@@ -433,7 +433,7 @@ def story_part(seeds: int, precisions: list[str], cache: Path, root: Path) -> di
                         str(out),
                         task_mix,
                         base.validation,
-                        base.seed,
+                        seed=base.seed,
                         run_stress=False,
                         stale_threshold=STALE_THRESHOLD,
                     )

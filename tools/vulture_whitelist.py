@@ -55,7 +55,6 @@ _.PreTrainedModel
 # Dataclass fields written out whole (asdict or fields()) as JSON: `status --json`, a sync's result,
 # `recommend --json`'s memory budget, the training report a data-parallel run's ranks hand back.
 _.acceptance_7d
-_.stages_s
 _.target_weights_gb
 _.drafter_share
 _.kv_headroom_share

@@ -236,22 +236,9 @@ def _retrain_on_captured_traffic(deployment: ServingDeployment, sync_profile) ->
     }
 
 
-def run_demo(engine: str = "auto") -> dict:
-    """Run the story; print a summary and write it to <workdir>/demo.json.
-
-    `engine`: "auto" (vLLM when one is installed, else the CPU reference server), "vllm" or "reference"."""
-    from draftsync.flows.watch import watch
-    from draftsync.flows.weekly_report import weekly_report
-    from draftsync.profiles import profile
-    from draftsync.registry.model_registry import drafter_model_name
-    from draftsync.registry.tags import DrafterVersion
-    from draftsync.speculative.machine import machine_record
-    from draftsync.speculative.shipped_targets import find_shipped
-    from draftsync.speculative.targets import build_target, built_target_info, builtin_recipe
-    from draftsync.tasks.registration import publish_target
-    from draftsync.tasks.serving import serving_record, stop_all
-
-    console = Console()
+def _set_the_stage(engine: str) -> tuple[dict, ServingDeployment, Path | None]:
+    """The serving engine, the demo's deployment, and a fresh work dir with the demo's thresholds (the previous story
+    moved aside: where to, if there was one); the registry and Prefect's API are up when it returns."""
     settings = context.settings()
     serving_engine = choose_engine(engine)
     deployment = ServingDeployment(
@@ -269,10 +256,78 @@ def run_demo(engine: str = "auto") -> dict:
         {"DRAFTSYNC_STALE_THRESHOLD": str(STALE_THRESHOLD), "DRAFTSYNC_MISMATCH_THRESHOLD": str(MISMATCH_THRESHOLD)},
     )
     context.reset()
-    settings, registry = context.settings(), context.registry()
+    context.settings()
+    registry = context.registry()
     prefect_api = _start_prefect_api()
     registry.ping()
     prefect_api.join()
+    return serving_engine, deployment, archived
+
+
+def _drafter_records() -> list[dict]:
+    """Every drafter version of the demo's target as demo.json records it."""
+    from draftsync.registry.model_registry import drafter_model_name
+    from draftsync.registry.tags import DrafterVersion
+
+    registry = context.registry()
+    drafter_name = drafter_model_name(TARGET_NAME)
+    drafters = []
+    for info in registry.target_versions_after(drafter_name, 0):
+        drafter = DrafterVersion.from_tags(drafter_name, info.version, info.tags)
+        start = drafter.recommended_gamma_start
+        drafters.append(
+            {
+                "name": drafter_name,
+                "version": info.version,
+                "target_version": drafter.trained_for_version(),
+                "method": drafter.method,
+                "gamma": drafter.served_gamma(),  # measured: validation's knee
+                "gamma_recommended": {
+                    "range": drafter.recommended_gamma_range,
+                    "start": None if start is None else str(start),  # as the tag reads
+                    "method": drafter.recommended_method,
+                },
+                "validation_passed": drafter.validation_passed,
+                "aliases": registry.aliases_of(drafter_name, info.version),
+                "path": str(registry.download(drafter_name, info.version)),
+            }
+        )
+    return drafters
+
+
+def _deployment_records(states_at_end: dict, vllm_launches: dict) -> list[dict]:
+    """Each deployment the store knows, as demo.json records it: its pair, its state when the story ended and now."""
+    return [
+        {
+            "name": p.deployment,
+            "target_version": p.target_version,
+            "drafter_version": p.drafter_version,
+            "state_at_end": states_at_end.get(p.deployment),
+            "state": p.state,
+            "gamma": p.gamma,
+            "vllm": vllm_launches.get(p.deployment),
+        }
+        for p in context.store().serving_pairs()
+    ]
+
+
+def run_demo(engine: str = "auto") -> dict:
+    """Run the story; print a summary and write it to <workdir>/demo.json.
+
+    `engine`: "auto" (vLLM when one is installed, else the CPU reference server), "vllm" or "reference".
+    Long: the story's steps in the order they are told, each timed where it happens."""
+    from draftsync.flows.watch import watch
+    from draftsync.flows.weekly_report import weekly_report
+    from draftsync.profiles import profile
+    from draftsync.speculative.machine import machine_record
+    from draftsync.speculative.shipped_targets import find_shipped
+    from draftsync.speculative.targets import build_target, built_target_info, builtin_recipe
+    from draftsync.tasks.registration import publish_target
+    from draftsync.tasks.serving import serving_record, stop_all
+
+    console = Console()
+    serving_engine, deployment, archived = _set_the_stage(engine)
+    settings = context.settings()
     sync_profile = profile("demo")
     sync_profile.validation = sync_profile.validation.model_copy(update={"temperature": TEMPERATURE})  # as served
     max_tokens = MAX_TOKENS
@@ -361,46 +416,13 @@ def run_demo(engine: str = "auto") -> dict:
     _declare(deployment, settings.deployments_path)
     timings["total"] = round(time.perf_counter() - started, 1)
 
-    drafter_name = drafter_model_name(TARGET_NAME)
-    drafters = []
-    for info in registry.target_versions_after(drafter_name, 0):
-        drafter = DrafterVersion.from_tags(drafter_name, info.version, info.tags)
-        start = drafter.recommended_gamma_start
-        drafters.append(
-            {
-                "name": drafter_name,
-                "version": info.version,
-                "target_version": drafter.trained_for_version(),
-                "method": drafter.method,
-                "gamma": drafter.served_gamma(),  # measured: validation's knee
-                "gamma_recommended": {
-                    "range": drafter.recommended_gamma_range,
-                    "start": None if start is None else str(start),  # as the tag reads
-                    "method": drafter.recommended_method,
-                },
-                "validation_passed": drafter.validation_passed,
-                "aliases": registry.aliases_of(drafter_name, info.version),
-                "path": str(registry.download(drafter_name, info.version)),
-            }
-        )
-    store = context.store()
+    drafters = _drafter_records()
     result = {
         "machine": machine_record(),
         "engine": serving_engine,
         "targets": targets,
         "drafters": drafters,
-        "deployments": [
-            {
-                "name": p.deployment,
-                "target_version": p.target_version,
-                "drafter_version": p.drafter_version,
-                "state_at_end": states_at_end.get(p.deployment),
-                "state": p.state,
-                "gamma": p.gamma,
-                "vllm": vllm_launches.get(p.deployment),
-            }
-            for p in store.serving_pairs()
-        ],
+        "deployments": _deployment_records(states_at_end, vllm_launches),
         "phases": phases,
         "retrain": retrain,
         "thresholds": {"stale": settings.stale_threshold, "mismatch": settings.mismatch_threshold},

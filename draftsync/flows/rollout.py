@@ -200,7 +200,8 @@ def rollout(
 
     `canary_requests` > 0 sends that many canary requests after the switch (production traffic is the
     canary otherwise); `canary_threshold` defaults to the live mismatch threshold. `state` overrides the
-    recorded state (the acceptance guard records `fallback` for a speculation-off relaunch)."""
+    recorded state (the acceptance guard records `fallback` for a speculation-off relaunch).
+    Long: the rollout's steps in order, each undone by the step that failed."""
     logger = get_run_logger()
     registry, settings = context.registry(), context.settings()
     pair, launch, summary = planned_launch(deployment, drafter_version, speculation, reason)

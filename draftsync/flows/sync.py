@@ -15,7 +15,8 @@ import shutil
 import time
 import traceback
 from dataclasses import dataclass, fields
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow, get_run_logger
 
@@ -25,12 +26,16 @@ from draftsync.profiles import profile as named_profile
 from draftsync.registry.model_registry import PRODUCTION, drafter_model_name
 from draftsync.speculative.placement import release_shared_targets
 from draftsync.tasks import context, links
-from draftsync.tasks.dataset import build_dataset, target_task_mix
-from draftsync.tasks.drafting import HISTORY_FILE, train_drafter
-from draftsync.tasks.planning import plan_drafter, plan_sync_resources, recommendation_tags
+from draftsync.tasks.dataset import DatasetBuild, build_dataset, target_task_mix
+from draftsync.tasks.drafting import HISTORY_FILE, SpeculatorsTrainingSummary, Training, train_drafter
+from draftsync.tasks.planning import Advice, plan_drafter, plan_sync_resources, recommendation_tags
 from draftsync.tasks.registration import fetch_drafter, fetch_target, register_drafter, tag_drafter
 from draftsync.tasks.sync_requests import owner_is_gone, run_owner
 from draftsync.validation.result import ValidationResult
+
+if TYPE_CHECKING:
+    from draftsync.planning.sync_plan import SyncPlan
+    from draftsync.speculative.placement import TargetPlacement
 
 
 @dataclass(frozen=True)
@@ -44,19 +49,33 @@ class SyncResult:
     drafter_version: int
     method: str
     gamma: int  # the knee validation measured
-    recommendation: dict[str, Any]  # the decision framework's advice, whether it was applied, and its assumptions
+    recommendation: Advice  # the decision framework's advice, whether it was applied, and its assumptions
     passed: bool
     validation: ValidationResult
-    training: dict[str, Any]
-    dataset: dict[str, Any]
-    data_checks: dict[str, Any]
+    training: Training
+    dataset: DatasetBuild  # its data checks are the result's `data_checks`
     stages_s: dict[str, float]
     generation: int = 0
-    plan: dict[str, Any] | None = None  # the resource plan the sync followed (planning/sync_plan.py)
+    plan: SyncPlan | None = None  # the resource plan the sync followed (planning/sync_plan.py)
 
     def as_dict(self) -> dict[str, Any]:
-        out = {field.name: getattr(self, field.name) for field in fields(self)}
-        return {**out, "validation": self.validation.as_dict()}
+        return {
+            "target_name": self.target_name,
+            "target_version": self.target_version,
+            "drafter_name": self.drafter_name,
+            "drafter_version": self.drafter_version,
+            "method": self.method,
+            "gamma": self.gamma,
+            "recommendation": self.recommendation.as_dict(),
+            "passed": self.passed,
+            "validation": self.validation.as_dict(),
+            "training": self.training.as_dict(),
+            "dataset": self.dataset.as_dict(),
+            "data_checks": self.dataset.checks.to_dict(),
+            "stages_s": self.stages_s,
+            "generation": self.generation,
+            "plan": None if self.plan is None else self.plan.to_dict(),
+        }
 
 
 @dataclass(frozen=True)
@@ -115,13 +134,13 @@ def sync(
     return result.as_dict()
 
 
-def _training_line(training: dict) -> str:
-    warm = " (warm start)" if training.get("warm_start") else ""
-    if training.get("trainer") == "speculators":
-        return f"Training: speculators, {training['epochs']} epochs{warm}, {training['seconds']} s."
+def _training_line(training: Training) -> str:
+    warm = " (warm start)" if training.warm_start else ""
+    if isinstance(training, SpeculatorsTrainingSummary):
+        return f"Training: speculators, {training.epochs} epochs{warm}, {training.seconds} s."
     return (
-        f"Training: {training['steps']} steps{warm}, final loss\n{training['final_loss']}, "
-        f"{training['tokens_per_s']} tokens/s, {training['parameters_pct_of_target']}% of the target."
+        f"Training: {training.steps} steps{warm}, final loss\n{training.final_loss}, "
+        f"{training.tokens_per_s} tokens/s, {training.parameters_pct_of_target}% of the target."
     )
 
 
@@ -131,7 +150,7 @@ def _summary_artifact(result: SyncResult, reason: str) -> None:
     from prefect.runtime import flow_run
 
     target, version = result.target_name, result.target_version
-    validation, training, advice = result.validation, result.training, result.recommendation
+    validation, training, advice = result.validation, result.training, result.recommendation.recommendation
     rows = "\n".join(
         f"| {g.name} | {g.reported_value} | {g.comparison} {g.threshold} | {'pass' if g.passed else '**FAIL**'} |"
         for g in validation.checklist.gates
@@ -146,8 +165,8 @@ def _summary_artifact(result: SyncResult, reason: str) -> None:
 Drafter **{result.drafter_name} v{result.drafter_version}** ({result.method}, gamma knee
 {result.gamma}) {verdict}. Started by: {reason}.
 
-Gamma: recommended {advice["gamma_range"][0]}-{advice["gamma_range"][1]} starting at {advice["gamma_start"]}
-({advice["method"]}{", followed" if advice["applied"] else ", recorded only"}); measured knee {result.gamma}.
+Gamma: recommended {advice.gamma_range[0]}-{advice.gamma_range[1]} starting at {advice.gamma_start}
+({advice.method}{", followed" if result.recommendation.applied else ", recorded only"}); measured knee {result.gamma}.
 
 {_training_line(training)}
 
@@ -211,27 +230,32 @@ def _retrain_prompts(target_name: str, profile: SyncProfile) -> tuple[list[str],
     return distinct[held:], distinct[:held]
 
 
+class _Stopwatch:
+    """Each stage's seconds, in the order the stages ran (a sync's `stages_s`)."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, float] = {}
+        self._clock = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.stages[stage] = round(now - self._clock, 2)
+        self._clock = now
+
+
 def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfile, generation: int) -> SyncResult:
     logger = get_run_logger()
     if generation:  # a retrain of the same target version: fresh data and a fresh drafter version
         chosen = chosen.model_copy(update={"seed": chosen.seed + generation})
-    registry = context.registry()
     settings = context.settings()
-    stages: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(stage: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        stages[stage] = round(now - clock, 2)
-        clock = now
+    watch = _Stopwatch()
 
     target = fetch_target(target_name, target_version)
-    plan = plan_drafter(target_name, target["tags"], chosen)
-    chosen = plan["profile"]
-    task_mix = target_task_mix(target["path"], target["tags"])
+    plan = plan_drafter(target_name, target.tags, chosen)
+    chosen = plan.profile
+    task_mix = target_task_mix(Path(target.path), target.tags)
     # Refused here, before a byte is written, when a stage cannot fit this worker; else the sync follows it.
-    resources = plan_sync_resources(target_name, target["path"], task_mix, chosen)
+    resources = plan_sync_resources(target_name, target.path, task_mix, chosen)
     chosen = chosen.model_copy(update=resources.profile_updates())
     placement, servers = resources.placement(), resources.settings.get("servers")
     # One work directory per (target version, method): a rerun after a crash resumes the dataset build
@@ -242,46 +266,31 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     captured, held_out = _retrain_prompts(target_name, chosen) if generation else ([], [])
     if captured and chosen.captured_share > 0:  # it learns the traffic: a new distribution, even warm-started
         chosen = chosen.model_copy(update={"warm_start_steps": chosen.train_steps})
-    lap("preparation")
-    data = build_dataset(target["path"], task_mix, chosen, str(dataset_dir), placement, servers, captured)
-    lap("dataset")
+    watch.lap("preparation")
+    data = build_dataset(target.path, task_mix, chosen, str(dataset_dir), placement, servers, captured)
+    watch.lap("dataset")
 
-    drafter_model = drafter_model_name(target_name)
-    previous = registry.alias_version(drafter_model, PRODUCTION)
-    warm_start_dir = fetch_drafter(target_name, previous) if previous is not None else None
     out_dir = settings.root / "drafters" / target_name / f"target-v{target_version}-{chosen.method}{suffix}"
     checkpoints = work / "checkpoints"
-    try:
-        training = train_drafter(
-            target["path"],
-            data["path"],
-            chosen,
-            str(out_dir),
-            str(checkpoints),
-            warm_start_dir,
-            placement=placement,
-            servers=servers,
-        )
-    finally:
-        release_shared_targets()  # the target's memory goes back before the validation servers start
-    lap("training")
+    training = _train(target_name, target.path, data, chosen, str(out_dir), str(checkpoints), placement, servers)
+    watch.lap("training")
     version = register_drafter(
         target_name,
         target_version,
         str(out_dir),
-        chosen.method,
-        chosen.gamma,
-        training,
+        method=chosen.method,
+        gamma=chosen.gamma,
+        training=training,
         history_path=str(checkpoints / HISTORY_FILE),
-        data_checks=data["checks"],
+        data_checks=data.checks,
         generation=generation,
-        target_link=target["lineage"],
+        target_link=target.lineage,
         params=resources.run_params(),
     )
-    tag_drafter(target_name, version, recommendation_tags(plan))
+    tag_drafter(target_name, version, recommendation_tags(plan.advice))
     if not chosen.keep_dataset:
         shutil.rmtree(dataset_dir, ignore_errors=True)
-    lap("registration")
+    watch.lap("registration")
     validation = validate(
         target_name,
         version,
@@ -291,7 +300,8 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
         servers=servers,
         captured_prompts=held_out or None,
     )
-    lap("validation")
+    watch.lap("validation")
+    drafter_model = drafter_model_name(target_name)
     if not validation.passed:
         logger.warning("drafter %s v%d stays a candidate and does not serve", drafter_model, version)
     return SyncResult(
@@ -301,13 +311,41 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
         drafter_version=version,
         method=chosen.method,
         gamma=validation.checklist.gamma_knee,
-        recommendation={**plan["recommendation"], "applied": plan["applied"], "assumptions": plan["assumptions"]},
+        recommendation=plan.advice,
         passed=validation.passed,
         validation=validation,
         training=training,
-        dataset={k: v for k, v in data.items() if k != "checks"},
-        data_checks=data["checks"],
-        stages_s=stages,
+        dataset=data,
+        stages_s=watch.stages,
         generation=generation,
-        plan=resources.to_dict(),
+        plan=resources,
     )
+
+
+def _train(
+    target_name: str,
+    target_dir: str,
+    data: DatasetBuild,
+    chosen: SyncProfile,
+    out_dir: str,
+    checkpoints: str,
+    placement: TargetPlacement | None,
+    servers: dict[str, Any] | None,
+) -> Training:
+    """Train the drafter, warm-started from the one in production when there is one; the target's memory goes back
+    before the validation servers start."""
+    previous = context.registry().alias_version(drafter_model_name(target_name), PRODUCTION)
+    warm_start_dir = fetch_drafter(target_name, previous) if previous is not None else None
+    try:
+        return train_drafter(
+            target_dir,
+            data.path,
+            chosen,
+            out_dir,
+            checkpoints,
+            warm_start_dir=warm_start_dir,
+            placement=placement,
+            servers=servers,
+        )
+    finally:
+        release_shared_targets()

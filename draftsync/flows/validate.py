@@ -150,7 +150,8 @@ def validate(
 
     `backend`: "vllm" (real vLLM servers), "reference" (the CPU reference engine) or "auto"; default: the
     profile's. `servers`: the GPUs a sync's plan gives the vLLM servers (its `servers` setting). `captured_prompts`:
-    held-out prompts of the traffic a retrain learnt from; the drafter must clear the acceptance gate on them too."""
+    held-out prompts of the traffic a retrain learnt from; the drafter must clear the acceptance gate on them too.
+    Long: the validation's record, promotion and artifacts follow from the one checklist run, in order."""
     from draftsync.validation.suite import run_validation_suite
 
     logger = context.logger()
@@ -162,14 +163,14 @@ def validate(
     against = trained_for if target_version is None else int(target_version)
     target = fetch_target(target_name, against)
     drafter_dir = fetch_drafter(target_name, drafter_version)
-    task_mix = target_task_mix(Path(target["path"]), target["tags"])
+    task_mix = target_task_mix(Path(target.path), target.tags)
     checklist = validate_drafter(
-        target["path"],
+        target.path,
         drafter_dir,
         task_mix,
         chosen,
-        seed,
-        drafter.data_check_failures,
+        seed=seed,
+        data_check_failures=drafter.data_check_failures,
         backend=backend,
         servers=servers,
         captured_prompts=captured_prompts,

@@ -195,6 +195,92 @@ def _finding_row(f) -> dict:
     }
 
 
+def _deployment_row(pair, review: dict, taken: list[str], now_serving, domains: list) -> dict:
+    """One deployment's week as the report's `deployments` list holds it."""
+    summary, found = review["summary"], review["findings"]
+    return {
+        "name": pair.deployment,
+        "acceptance_rate": summary.acceptance_rate,
+        "p5": summary.interval_p5,
+        "p50": summary.interval_p50,
+        "trend_per_day": summary.slope_per_day,
+        "week_over_week": review["week_over_week"],
+        "baseline": None
+        if review["baseline"] is None
+        else {
+            "acceptance_rate": review["baseline"].acceptance_rate,
+            "std": review["baseline"].std,
+            "start": review["baseline"].start.isoformat(),
+        },
+        "status": _status(found),
+        "findings": [_finding_row(f) for f in found],
+        "actions": taken,
+        "mean_acceptance_length": summary.mean_acceptance_length,
+        "draft_tokens": summary.draft_tokens,
+        "server_restarts": summary.resets,
+        "serving_state": now_serving.state,
+        "serving_drafter_version": now_serving.drafter_version,
+        "target": {"name": pair.target_name, "version": pair.target_version},
+        "drafter_version": summary.drafter_version,
+        "replaced_pairs": review["replaced"],
+        "domains": [asdict(d) for d in domains],
+    }
+
+
+def _replaced_note(pair, old_pair: dict) -> str:
+    """The note on a pair the deployment served earlier in the week, before the one the findings judge."""
+    served = f"t{old_pair['target_version']}" + (
+        f" + d{old_pair['drafter_version']}" if old_pair["drafter_version"] is not None else ", speculation off"
+    )
+    rate = old_pair["acceptance_rate"]
+    return (
+        f"{pair.deployment} also served {served} this week"
+        + (f" (acceptance {rate:.2f} over {old_pair['draft_tokens']:,} drafted tokens)" if rate is not None else "")
+        + f", before t{pair.target_version}"
+        + (f" + d{pair.drafter_version}" if pair.drafter_version is not None else "")
+        + ": the findings judge the pair serving now."
+    )
+
+
+def _deliver(mailer, message, clock, writes_email: bool, send: bool) -> tuple[str | None, str, int | None, str]:
+    """The e-mail sent, written to the outbox unsent, or not written (read only): (its file, status, outbox entry,
+    what happened to it)."""
+    if not writes_email:
+        return None, "not written", None, "read only: no e-mail was written"
+    if send:
+        entry = mailer.send(message, now=clock)
+        status = entry.status
+        retry = "kept in the outbox and retried next run" if status == "pending" else "given up after repeated failures"
+        delivery = (
+            f"sent by SMTP to {entry.recipients}"
+            if status == "sent"
+            else f"{status}: {entry.last_error or 'not delivered'}; {retry}"
+        )
+        return entry.eml_path, status, entry.id, delivery
+    return str(mailer.write_unsent(message, now=clock)), "not sent", None, NOT_SENT
+
+
+def _table_artifact(subject: str, rows: list[dict]) -> None:
+    """The review in the Prefect UI: a row per deployment, its status, figures, findings and actions."""
+    create_table_artifact(
+        key="weekly-acceptance-report",
+        description=f"Weekly acceptance review: {subject}",
+        table=[
+            {
+                "deployment": r["name"],
+                "status": r["status"],
+                "acceptance": r["acceptance_rate"],
+                "p5": r["p5"],
+                "p50": r["p50"],
+                "trend_per_day": r["trend_per_day"],
+                "findings": "; ".join(f["rule"] for f in r["findings"]) or "-",
+                "actions": "; ".join(r["actions"]),
+            }
+            for r in rows
+        ],
+    )
+
+
 @flow(name="weekly-acceptance-report", log_prints=True)
 def weekly_report(
     now: datetime | None = None,
@@ -210,7 +296,8 @@ def weekly_report(
     `deployments`: the specs to relaunch on a fallback (default: the deployments file, when it exists).
     `send`: deliver by SMTP when configured; False writes the e-mail to the outbox folder only. `act` False, without
     `send`: read only (nothing acted on, recorded or written but the charts). `charts_dir`: write each deployment's
-    acceptance chart there as a PNG."""
+    acceptance chart there as a PNG.
+    Long: the review's order (each deployment judged and acted on, then the e-mail, then the alerts it carried)."""
     from draftsync.monitors.mailer import Mailer
     from draftsync.monitors.report import build_weekly_report
     from draftsync.monitors.staleness import Thresholds
@@ -256,53 +343,10 @@ def weekly_report(
         actions[pair.deployment] = taken
         now_serving = store.serving_pair(pair.deployment) or pair  # after what this review did to it
         domains = _week_domains(pair.deployment, start, end, review["judged"])
-        rows.append(
-            {
-                "name": pair.deployment,
-                "acceptance_rate": summary.acceptance_rate,
-                "p5": summary.interval_p5,
-                "p50": summary.interval_p50,
-                "trend_per_day": summary.slope_per_day,
-                "week_over_week": review["week_over_week"],
-                "baseline": None
-                if review["baseline"] is None
-                else {
-                    "acceptance_rate": review["baseline"].acceptance_rate,
-                    "std": review["baseline"].std,
-                    "start": review["baseline"].start.isoformat(),
-                },
-                "status": _status(found),
-                "findings": [_finding_row(f) for f in found],
-                "actions": taken,
-                "mean_acceptance_length": summary.mean_acceptance_length,
-                "draft_tokens": summary.draft_tokens,
-                "server_restarts": summary.resets,
-                "serving_state": now_serving.state,
-                "serving_drafter_version": now_serving.drafter_version,
-                "target": {"name": pair.target_name, "version": pair.target_version},
-                "drafter_version": summary.drafter_version,
-                "replaced_pairs": review["replaced"],
-                "domains": [asdict(d) for d in domains],
-            }
-        )
+        rows.append(_deployment_row(pair, review, taken, now_serving, domains))
         if domains:
             domain_notes.append(_domains_text(pair.deployment, domains))
-        for old_pair in review["replaced"]:
-            served = f"t{old_pair['target_version']}" + (
-                f" + d{old_pair['drafter_version']}" if old_pair["drafter_version"] is not None else ", speculation off"
-            )
-            rate = old_pair["acceptance_rate"]
-            replaced_notes.append(
-                f"{pair.deployment} also served {served} this week"
-                + (
-                    f" (acceptance {rate:.2f} over {old_pair['draft_tokens']:,} drafted tokens)"
-                    if rate is not None
-                    else ""
-                )
-                + f", before t{pair.target_version}"
-                + (f" + d{pair.drafter_version}" if pair.drafter_version is not None else "")
-                + ": the findings judge the pair serving now."
-            )
+        replaced_notes.extend(_replaced_note(pair, old_pair) for old_pair in review["replaced"])
 
     thresholds = Thresholds.from_settings(settings)
     reviewed = {row["name"] for row in rows}
@@ -323,19 +367,7 @@ def weekly_report(
     message = build_weekly_report(
         summaries, findings, actions, _links(targets), (start, end), thresholds=thresholds, notes=all_notes
     )
-    if not writes_email:
-        eml_path, status, entry_id, delivery = None, "not written", None, "read only: no e-mail was written"
-    elif send:
-        entry = mailer.send(message, now=clock)
-        eml_path, status, entry_id = entry.eml_path, entry.status, entry.id
-        retry = "kept in the outbox and retried next run" if status == "pending" else "given up after repeated failures"
-        delivery = (
-            f"sent by SMTP to {entry.recipients}"
-            if status == "sent"
-            else f"{status}: {entry.last_error or 'not delivered'}; {retry}"
-        )
-    else:
-        eml_path, status, entry_id, delivery = str(mailer.write_unsent(message, now=clock)), "not sent", None, NOT_SENT
+    eml_path, status, entry_id, delivery = _deliver(mailer, message, clock, writes_email, send)
     if acting:
         for finding in findings:
             if finding.key in fresh:
@@ -349,23 +381,7 @@ def weekly_report(
                     outbox_id=entry_id,
                 )
     logger.info("weekly report %r written to %s (%s)", message["Subject"], eml_path, status)
-    create_table_artifact(
-        key="weekly-acceptance-report",
-        description=f"Weekly acceptance review: {message['Subject']}",
-        table=[
-            {
-                "deployment": r["name"],
-                "status": r["status"],
-                "acceptance": r["acceptance_rate"],
-                "p5": r["p5"],
-                "p50": r["p50"],
-                "trend_per_day": r["trend_per_day"],
-                "findings": "; ".join(f["rule"] for f in r["findings"]) or "-",
-                "actions": "; ".join(r["actions"]),
-            }
-            for r in rows
-        ],
-    )
+    _table_artifact(message["Subject"], rows)
     return {
         "week": {"iso": week, "start": start.isoformat(), "end": end.isoformat()},
         "deployments": rows,

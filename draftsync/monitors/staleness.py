@@ -127,7 +127,8 @@ def evaluate(
     thresholds: Thresholds = Thresholds(),
     baseline: Baseline | None = None,
 ) -> list[Finding]:
-    """Apply the rules; the most severe finding comes first. No finding means healthy."""
+    """Apply the rules; the most severe finding comes first. No finding means healthy.
+    Long: one rule after another, each beside the threshold it reads."""
     name = summary.deployment
     findings: list[Finding] = []
 

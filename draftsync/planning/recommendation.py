@@ -75,7 +75,8 @@ def _gamma_text(gamma: tuple[int, int]) -> str:
 
 
 def recommend(workload: Workload) -> Recommendation:
-    """Apply the production guide's four steps, the EAGLE 3.1 upgrade and the memory check to one workload."""
+    """Apply the production guide's four steps, the EAGLE 3.1 upgrade and the memory check to one workload.
+    Long: the production guide's four steps and the upgrade read in the guide's order."""
     w = workload
     size = params_text(w.params_b)
     batched = w.batch >= 2

@@ -279,7 +279,8 @@ def _gib(value: float) -> float:
 def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, responses: int | None = None) -> SyncPlan:
     """The plan for syncing `target` with `profile` on `worker`; `refusal` set when a stage cannot fit.
 
-    `responses`: how many distinct prompts the target answers (None: the profile's generated_samples)."""
+    `responses`: how many distinct prompts the target answers (None: the profile's generated_samples).
+    Long: the stages planned in the order a sync runs them, each on what the one before left free."""
     from draftsync.speculative.shard_writer import shard_bytes_per_token
 
     on_gpu = worker.gpus > 0
@@ -507,7 +508,8 @@ def _plan_training(
     checkpointing, on the GPU with the most room; refused when one window does not fit.
 
     On a GPU the target's decoder layers are dropped before training (its lm_head, embedding and final norm are
-    all a step reads), so only the step's own memory counts; on a CPU the whole fp32 target stays in host memory."""
+    all a step reads), so only the step's own memory counts; on a CPU the whole fp32 target stays in host memory.
+    Long: one search over micro-batch and checkpointing, its arithmetic kept together."""
     from draftsync.speculative.step_memory import BF16, FP32, StepShape, drafter_parameters, predict_step_memory
 
     on_gpu = worker.gpus > 0

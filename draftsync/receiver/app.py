@@ -117,7 +117,8 @@ def create_app(
     """The receiver app; `remember_delivery` must be atomic across replicas (the sync ledger's table is).
 
     `forget_delivery` undoes the memory of a delivery whose handling failed, so MLflow's retry of it is
-    handled instead of refused as a replay."""
+    handled instead of refused as a replay.
+    Long: the app's routes are closures over the secret, the delivery memory and the handler it is built with."""
     if not secret:
         raise DraftsyncError(
             "the webhook receiver has no secret",

@@ -201,6 +201,8 @@ def create_app(
     health_timeout: float = 5.0,
     capture: TrafficCapture | None = None,
 ) -> Starlette:
+    """The router app: /health, /metrics and /v1/... forwarded to the upstream it switches to, and its admin routes.
+    Long: the app's routes are closures over the one upstream switch, clients and capture it is built with."""
     switch = UpstreamSwitch(normalise_upstream(upstream) if upstream is not None else None)
     expected_token = token.encode()
     timeout = httpx.Timeout(upstream_timeout, connect=min(10.0, upstream_timeout))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NONE
@@ -15,6 +17,37 @@ from draftsync.serving.traffic_capture import CAPTURED_TASK
 from draftsync.speculative.methods import METHODS
 from draftsync.speculative.placement import TargetPlacement
 from draftsync.tasks import context
+from draftsync.validation.data_checks import DataCheckReport, run_data_checks
+
+
+@dataclass(frozen=True)
+class DatasetBuild:
+    """A sync's training set: where its shards are, what they hold, and its data checks. `as_dict()` is a sync's
+    `dataset` (the checks are its `data_checks`, `checks.to_dict()`): keys users read, in this order."""
+
+    path: str
+    sequences: int
+    tokens: int
+    loss_tokens: int
+    texts: int
+    generated: int
+    captured: int  # sequences answering captured traffic
+    response_writer: str | None  # None for a build that predates its record in the manifest
+    tasks: dict[str, dict[str, int]]  # per task: its sequences, tokens and loss tokens
+    checks: DataCheckReport
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "sequences": self.sequences,
+            "tokens": self.tokens,
+            "loss_tokens": self.loss_tokens,
+            "texts": self.texts,
+            "generated": self.generated,
+            "captured": self.captured,
+            "response_writer": self.response_writer,
+            "tasks": self.tasks,
+        }
 
 
 def target_task_mix(target_dir: Path, tags: dict[str, str] | None = None) -> dict[str, float]:
@@ -119,7 +152,7 @@ def build_dataset(
     placement: TargetPlacement | None = None,
     servers: dict | None = None,
     captured: list[str] | None = None,
-) -> dict:
+) -> DatasetBuild:
     """Shards of the target's states on texts of the task mix (teacher-forced) and on its own responses
     (written by vLLM or by transformers, as the profile's `response_writer` says; the manifest records which).
     `captured`: prompts of the traffic a deployment served, answered (on-policy) for `captured_share` of the dataset's
@@ -128,7 +161,7 @@ def build_dataset(
     Resumable: a rerun after a crash continues from the last complete shard. The Great Expectations
     data checks run on the result; a failure stops the sync with the table of what was observed. `placement`: where
     the target runs (the plan's; None: the CPU); `servers`: the GPUs the plan gives a vLLM response writer.
-    """
+    Long: the dataset's sources, disk check, shards and data checks, in the order a resumed build needs."""
     from prefect.artifacts import create_markdown_artifact
 
     from draftsync.serving.vllm_args import ServerResources
@@ -139,7 +172,6 @@ def build_dataset(
     from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
     from draftsync.speculative.shard_reader import ShardDataset
     from draftsync.speculative.shard_writer import build_shards, shard_bytes_per_token
-    from draftsync.validation.data_checks import run_data_checks
 
     logger = context.logger()
     model, tokenizer = shared_target(Path(target_dir), placement)
@@ -197,28 +229,28 @@ def build_dataset(
     )
     try:
         drawn_from = drawn_mix(task_mix, len(pairs) + len(prompts), from_traffic)
-        checks = run_data_checks(ShardDataset(out_dir), model.config, drawn_from).to_dict()
+        checks = run_data_checks(ShardDataset(out_dir), model.config, drawn_from)
     except DraftsyncError as error:
         report = getattr(error, "report", None)
         if report is not None:
             create_markdown_artifact(markdown=_checks_markdown(report.to_dict()), description="failed data checks")
         raise
-    create_markdown_artifact(markdown=_checks_markdown(checks), description="data checks")
+    create_markdown_artifact(markdown=_checks_markdown(checks.to_dict()), description="data checks")
     logger.info(
         "dataset %s: %d sequences, %d tokens, data checks passed",
         out_dir,
         manifest["num_sequences"],
         manifest["total_tokens"],
     )
-    return {
-        "path": str(out_dir),
-        "sequences": manifest["num_sequences"],
-        "tokens": manifest["total_tokens"],
-        "loss_tokens": manifest["loss_tokens"],
-        "texts": len(pairs),
-        "generated": len(prompts) if profile.generated_samples else 0,
-        "captured": from_traffic,
-        "response_writer": manifest.get("response_writer"),  # absent from a build that predates it
-        "tasks": manifest["tasks"],
-        "checks": checks,
-    }
+    return DatasetBuild(
+        path=str(out_dir),
+        sequences=manifest["num_sequences"],
+        tokens=manifest["total_tokens"],
+        loss_tokens=manifest["loss_tokens"],
+        texts=len(pairs),
+        generated=len(prompts) if profile.generated_samples else 0,
+        captured=from_traffic,
+        response_writer=manifest.get("response_writer"),  # absent from a build that predates it
+        tasks=manifest["tasks"],
+        checks=checks,
+    )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from uuid import UUID
@@ -18,10 +18,84 @@ from draftsync.speculative.train_ranks import RankSpec
 from draftsync.tasks import context
 
 if TYPE_CHECKING:
-    from draftsync.speculative.training import TrainReport
+    from draftsync.speculative.training import TrainConfig, TrainReport
 
 HISTORY_FILE = "history.json"  # in the checkpoint directory: name -> [(step, value)]
 RANKS_LOG = "ranks.log"  # in the checkpoint directory: what torchrun and its ranks printed
+SUMMARY_FILE = "draftsync_training.json"  # in the drafter directory: the training summary's as_dict()
+
+
+@dataclass(frozen=True)
+class TrainingSummary:
+    """What draftsync's own trainer did for a drafter. `as_dict()` is draftsync_training.json, the drafter version's
+    `draftsync.training.*` tags and a sync's `training`: its keys, their order and types are what users read."""
+
+    method: str
+    steps: int
+    resumed_from_step: int
+    seconds: float
+    tokens_per_s: int
+    final_loss: float
+    top1_agreement: float
+    position_accuracy: tuple[float, ...]
+    warm_start: bool
+    train_processes: int
+    draft_vocab_size: int
+    parameters: int
+    parameters_pct_of_target: float
+    aux_layer_ids: tuple[int, ...] | None = None  # the target depths an EAGLE-3 drafter reads; None: not one
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "method": self.method,
+            "steps": self.steps,
+            "resumed_from_step": self.resumed_from_step,
+            "seconds": self.seconds,
+            "tokens_per_s": self.tokens_per_s,
+            "final_loss": self.final_loss,
+            "top1_agreement": self.top1_agreement,
+            "position_accuracy": list(self.position_accuracy),
+            "warm_start": self.warm_start,
+            "train_processes": self.train_processes,
+            "draft_vocab_size": self.draft_vocab_size,
+            "parameters": self.parameters,
+            "parameters_pct_of_target": self.parameters_pct_of_target,
+        }
+        if self.aux_layer_ids is not None:
+            out["aux_layer_ids"] = list(self.aux_layer_ids)
+        return out
+
+
+@dataclass(frozen=True)
+class SpeculatorsTrainingSummary:
+    """What `speculators train` did for a drafter; `as_dict()` as TrainingSummary's, with speculators' own keys."""
+
+    method: str
+    epochs: int
+    checkpoint: str
+    seconds: float
+    warm_start: bool
+    train_processes: int
+    draft_vocab_size: int
+    parameters: int
+    aux_layer_ids: tuple[int, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "trainer": "speculators",
+            "epochs": self.epochs,
+            "checkpoint": self.checkpoint,
+            "seconds": self.seconds,
+            "warm_start": self.warm_start,
+            "train_processes": self.train_processes,
+            "draft_vocab_size": self.draft_vocab_size,
+            "parameters": self.parameters,
+            "aux_layer_ids": list(self.aux_layer_ids),
+        }
+
+
+Training = TrainingSummary | SpeculatorsTrainingSummary
 
 
 def _warm_start_source(warm_start_dir: str | None, profile: SyncProfile, target):
@@ -76,7 +150,7 @@ def _train_with_speculators(
     warm_start_dir: str | None,
     verifier_name: str | None,
     servers: dict[str, Any] | None,
-) -> dict:
+) -> SpeculatorsTrainingSummary:
     """`speculators train` on the dataset's tokens, its hidden states written by a vLLM server of the target with the
     plan's tensor parallelism; its last checkpoint is saved as the drafter, in the format the server loads.
 
@@ -127,22 +201,21 @@ def _train_with_speculators(
         speculative_tokens=profile.gamma,
     )
     counts = parameter_count(drafter)
-    summary = {
-        "method": profile.method,
-        "trainer": "speculators",
-        "epochs": job.epochs,
-        "checkpoint": str(checkpoint),
-        "seconds": round(time.perf_counter() - started, 1),
-        "warm_start": job.from_pretrained is not None,
-        "train_processes": profile.train_processes * profile.train_nodes,
-        "draft_vocab_size": drafter.config.draft_vocab_size,
-        "parameters": counts.own,
-        "aux_layer_ids": list(drafter.config.aux_layer_ids),
-    }
-    (Path(out_dir) / "draftsync_training.json").write_text(json.dumps(summary, indent=2))
+    summary = SpeculatorsTrainingSummary(
+        method=profile.method,
+        epochs=job.epochs,
+        checkpoint=str(checkpoint),
+        seconds=round(time.perf_counter() - started, 1),
+        warm_start=job.from_pretrained is not None,
+        train_processes=profile.train_processes * profile.train_nodes,
+        draft_vocab_size=drafter.config.draft_vocab_size,
+        parameters=counts.own,
+        aux_layer_ids=tuple(drafter.config.aux_layer_ids),
+    )
+    (Path(out_dir) / SUMMARY_FILE).write_text(json.dumps(summary.as_dict(), indent=2))
     Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
     (Path(checkpoint_dir) / HISTORY_FILE).write_text(json.dumps({}))
-    logger.info("drafter trained by speculators: %s", summary)
+    logger.info("drafter trained by speculators: %s", summary.as_dict())
     return summary
 
 
@@ -153,28 +226,26 @@ def train_drafter(
     profile: SyncProfile,
     out_dir: str,
     checkpoint_dir: str,
+    *,
     warm_start_dir: str | None = None,
     verifier_name: str | None = None,
     placement: TargetPlacement | None = None,
     servers: dict[str, Any] | None = None,
-) -> dict:
+) -> Training:
     """Train (resuming from `checkpoint_dir` after a crash, warm-starting when it can) and save to `out_dir`.
 
     The per-step curves (loss, per-position accuracy, tokens/s) go to `checkpoint_dir/history.json`, for
     the registry to log as MLflow step series.
     """
-    import torch
-
     if profile.trainer == "speculators":
         return _train_with_speculators(
             target_dir, dataset_dir, profile, out_dir, checkpoint_dir, warm_start_dir, verifier_name, servers
         )
-    from draftsync.speculative.drafters import parameter_count, save_drafter
+    from draftsync.speculative.drafters import parameter_count
     from draftsync.speculative.online_states import open_dataset
     from draftsync.speculative.placement import drop_decoder_layers, shared_target
-    from draftsync.speculative.training import TrainConfig, fit_drafter
+    from draftsync.speculative.training import TrainConfig
 
-    logger = context.logger()
     target, _ = shared_target(Path(target_dir), placement)  # the copy the dataset read: loaded once a sync
     target_parameters = sum(p.numel() for p in target.parameters())
     dataset = open_dataset(dataset_dir, target)  # online, the target computes each batch's states
@@ -182,23 +253,9 @@ def train_drafter(
         drop_decoder_layers(target)  # the GPU memory the plan gives training
     init_from = _warm_start_source(warm_start_dir, profile, target)
     config = TrainConfig.from_profile(profile, warm_start=init_from is not None)
-    every = max(1, config.steps // 5)
-    shown = max(1, config.steps // 50)  # the UI's progress bar moves in 2% steps
     # async_dispatch types it as a UUID or a coroutine; called from this sync function it returns the UUID
     bar = cast(UUID, create_progress_artifact(0.0, key=None, description=f"{profile.method} drafter training"))
-
-    def progress(step: int, total: int, metrics: dict[str, float]) -> None:
-        if step % every == 0 or step == total:
-            logger.info(
-                "drafter training step %d/%d loss %.3f, %.0f tokens/s",
-                step,
-                total,
-                metrics["loss"],
-                metrics["tokens_per_s"],
-            )
-        if step % shown == 0 or step == total:
-            update_progress_artifact(bar, 100.0 * step / total)
-
+    # Checkpoints are kept per training config, so a sync rerun with other settings never resumes into them.
     checkpoints = Path(checkpoint_dir) / config.fingerprint(init_from is not None)
     architectures = list(target.config.architectures or ["LlamaForCausalLM"])
     out = Path(out_dir)
@@ -216,48 +273,79 @@ def train_drafter(
         )
         drafter, report = _train_on_ranks(spec, profile, Path(checkpoint_dir))
     else:
-        torch.manual_seed(profile.seed)
-        # Checkpoints are kept per training config, so a sync rerun with other settings never resumes into them.
-        drafter, report = fit_drafter(
-            target,
-            dataset,
-            config,
-            init_from=init_from,
-            checkpoint_dir=checkpoints,
-            on_progress=progress,
-        )
-        save_drafter(
-            drafter,
-            out,
-            verifier_name_or_path=verifier_name or str(target_dir),
-            verifier_architectures=architectures,
-            speculative_tokens=profile.gamma,
-        )
-    counts = parameter_count(drafter)
-    summary = {
-        "method": report.method,
-        "steps": report.steps,
-        "resumed_from_step": report.resumed_from_step,
-        "seconds": round(report.seconds, 1),
-        "tokens_per_s": round(report.tokens_per_s),
-        "final_loss": round(report.final_loss, 4),
-        "top1_agreement": round(report.top1_agreement, 4),
-        "position_accuracy": [round(a, 4) for a in report.position_accuracy],
-        "warm_start": init_from is not None,
-        "train_processes": report.world_size,
-        "draft_vocab_size": report.draft_vocab_size,
-        "parameters": counts.own,
-        "parameters_pct_of_target": round(100.0 * counts.own / target_parameters, 2),
-    }
-    if hasattr(drafter.config, "aux_layer_ids"):
-        summary["aux_layer_ids"] = list(drafter.config.aux_layer_ids)
-    (out / "draftsync_training.json").write_text(json.dumps(summary, indent=2))
+        drafter, report = _train_here(target, dataset, config, profile, init_from, checkpoints, bar)
+        _save(drafter, out, verifier_name or str(target_dir), architectures, profile.gamma)
+    own = parameter_count(drafter).own
+    aux_layer_ids = getattr(drafter.config, "aux_layer_ids", None)
+    summary = TrainingSummary(
+        method=report.method,
+        steps=report.steps,
+        resumed_from_step=report.resumed_from_step,
+        seconds=round(report.seconds, 1),
+        tokens_per_s=round(report.tokens_per_s),
+        final_loss=round(report.final_loss, 4),
+        top1_agreement=round(report.top1_agreement, 4),
+        position_accuracy=tuple(round(a, 4) for a in report.position_accuracy),
+        warm_start=init_from is not None,
+        train_processes=report.world_size,
+        draft_vocab_size=report.draft_vocab_size,
+        parameters=own,
+        parameters_pct_of_target=round(100.0 * own / target_parameters, 2),
+        aux_layer_ids=tuple(aux_layer_ids) if aux_layer_ids is not None else None,
+    )
+    _write_records(summary, report, out, Path(checkpoint_dir))
+    return summary
+
+
+def _train_here(
+    target, dataset, config: TrainConfig, profile: SyncProfile, init_from, checkpoints: Path, bar: UUID
+) -> tuple[Any, TrainReport]:
+    """`fit_drafter` in this process, its progress in the run's log and on the progress artifact `bar`."""
+    import torch
+
+    from draftsync.speculative.training import fit_drafter
+
+    logger = context.logger()
+    every = max(1, config.steps // 5)
+    shown = max(1, config.steps // 50)  # the UI's progress bar moves in 2% steps
+
+    def progress(step: int, total: int, metrics: dict[str, float]) -> None:
+        if step % every == 0 or step == total:
+            logger.info(
+                "drafter training step %d/%d loss %.3f, %.0f tokens/s",
+                step,
+                total,
+                metrics["loss"],
+                metrics["tokens_per_s"],
+            )
+        if step % shown == 0 or step == total:
+            update_progress_artifact(bar, 100.0 * step / total)
+
+    torch.manual_seed(profile.seed)
+    return fit_drafter(target, dataset, config, init_from=init_from, checkpoint_dir=checkpoints, on_progress=progress)
+
+
+def _save(drafter, out: Path, verifier_name: str, architectures: list[str], gamma: int) -> None:
+    """The drafter in the format its server loads, naming the target it verifies against."""
+    from draftsync.speculative.drafters import save_drafter
+
+    save_drafter(
+        drafter,
+        out,
+        verifier_name_or_path=verifier_name,
+        verifier_architectures=architectures,
+        speculative_tokens=gamma,
+    )
+
+
+def _write_records(summary: TrainingSummary, report: TrainReport, out: Path, checkpoint_dir: Path) -> None:
+    """The summary beside the drafter, and the per-step curves as `train.<metric>` series in history.json."""
+    (out / SUMMARY_FILE).write_text(json.dumps(summary.as_dict(), indent=2))
     history: dict[str, list[tuple[int, float]]] = {}
     for row in report.history:
         for key, value in row.items():
             if key != "step":
                 history.setdefault(f"train.{key}", []).append((int(row["step"]), float(value)))
-    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)  # absent when checkpoint_every is 0
-    (Path(checkpoint_dir) / HISTORY_FILE).write_text(json.dumps(history))
-    logger.info("drafter trained: %s", summary)
-    return summary
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)  # absent when checkpoint_every is 0
+    (checkpoint_dir / HISTORY_FILE).write_text(json.dumps(history))
+    context.logger().info("drafter trained: %s", summary.as_dict())

@@ -8,7 +8,8 @@ Validation's measured knee then replaces the recommended start.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from prefect import task
 from prefect.cache_policies import NONE
@@ -21,14 +22,36 @@ from draftsync.tasks import context
 from draftsync.tasks.serving import configured_deployments
 
 if TYPE_CHECKING:
+    from draftsync.planning.recommendation import Recommendation
     from draftsync.planning.sync_plan import SyncPlan
 
 ASSUMED_GPU_MEMORY_GB = 80.0
 ASSUMED_TPOT_MS = 50.0  # 30-80 ms: the framework's middle band, when no deployment states a target
 
 
+@dataclass(frozen=True)
+class Advice:
+    """The decision framework's advice for a sync, whether the sync followed it, and what was assumed to get it.
+    `as_dict()` is a sync's `recommendation`: the recommendation's keys, then `applied` and `assumptions`."""
+
+    recommendation: Recommendation
+    applied: bool
+    assumptions: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.recommendation.to_dict(), "applied": self.applied, "assumptions": list(self.assumptions)}
+
+
+@dataclass(frozen=True)
+class DrafterPlan:
+    """The advice, and the profile the sync then runs (the given one, unless the profile follows the advice)."""
+
+    advice: Advice
+    profile: SyncProfile
+
+
 @task(name="plan-drafter", cache_policy=NONE)
-def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncProfile) -> dict:
+def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncProfile) -> DrafterPlan:
     """The recommendation for this target and the profile the sync then runs (unchanged unless it follows it)."""
     from draftsync.planning.recommendation import recommend
     from draftsync.planning.workload import Workload, target_memory_facts
@@ -59,12 +82,12 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
         output_tokens=profile.validation.long_max_tokens or 1024,
         **target_memory_facts(target.num_hidden_layers, target.features()),
     )
-    advice = recommend(workload).to_dict()
+    advice = recommend(workload)
     chosen, applied = profile, False
-    recommended = advice["method"]
+    recommended = advice.method
     if profile.follow_recommendation and recommended in TRAINED_METHODS:
-        low, high = advice["gamma_range"]
-        start = advice["gamma_start"]
+        low, high = advice.gamma_range
+        start = advice.gamma_start
         update: dict = {
             "method": recommended,
             "gamma": start,
@@ -91,19 +114,21 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
     context.logger().info(
         "recommendation for %s: %s, gamma %s (start %s)%s",
         target_name,
-        advice["method"],
-        advice["gamma_range"],
-        advice["gamma_start"],
+        advice.method,
+        list(advice.gamma_range),
+        advice.gamma_start,
         "" if applied else " (recorded, not applied)",
     )
-    return {"recommendation": advice, "applied": applied, "assumptions": assumptions, "profile": chosen}
+    return DrafterPlan(Advice(advice, applied, tuple(assumptions)), chosen)
 
 
-def recommendation_tags(plan: dict) -> dict[str, str]:
+def recommendation_tags(advice: Advice) -> dict[str, str]:
     """The tags a drafter version carries: what was recommended, whether the sync followed it, and why."""
-    advice = plan["recommendation"]
-    reasons = "\n".join(advice["reasons"] + plan["assumptions"])
-    return recommended_tags(advice["method"], advice["gamma_range"], advice["gamma_start"], plan["applied"], reasons)
+    recommended = advice.recommendation
+    reasons = "\n".join(recommended.reasons + advice.assumptions)
+    return recommended_tags(
+        recommended.method, recommended.gamma_range, recommended.gamma_start, advice.applied, reasons
+    )
 
 
 @task(name="plan-sync", cache_policy=NONE)

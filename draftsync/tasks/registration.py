@@ -7,8 +7,9 @@ here, retried where a retry lands the same as one run; flows read tags and alias
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefect import task
 from prefect.cache_policies import NONE
@@ -25,6 +26,10 @@ from draftsync.registry.tags import (
 from draftsync.registry.target_layouts import PLAIN, TargetLayout
 from draftsync.tasks import context
 from draftsync.validation.result import ChecklistResult, ValidationResult
+
+if TYPE_CHECKING:
+    from draftsync.tasks.drafting import Training
+    from draftsync.validation.data_checks import DataCheckReport
 
 
 @task(name="publish-target", cache_policy=NONE)
@@ -68,15 +73,25 @@ def worth_retrying(task, task_run, state) -> bool:
     return not isinstance(error, DraftsyncError) or is_outage(error)
 
 
+@dataclass(frozen=True)
+class FetchedTarget:
+    """A local copy of a target version: `path` its plain checkpoint directory, `tags` the registry's (what the
+    checkpoint and its layout tell filled in where missing), `lineage` the tags that link a drafter to this exact
+    target (its MLflow model id, its hub revision), `layout` the layout it was logged in."""
+
+    path: str
+    tags: dict[str, str]
+    lineage: dict[str, str]
+    layout: str
+
+
 @task(name="fetch-target", retries=2, retry_delay_seconds=5, retry_condition_fn=worth_retrying, cache_policy=NONE)
-def fetch_target(name: str, version: int) -> dict:
-    """A local copy of the target version, whatever layout it was logged in: `path` is its plain checkpoint
-    directory, `tags` the registry's (what the checkpoint and its layout tell filled in where missing), and
-    `lineage` the tags that link a drafter to this exact target (its MLflow model id, its hub revision)."""
+def fetch_target(name: str, version: int) -> FetchedTarget:
+    """A local copy of the target version, whatever layout it was logged in."""
     registry = context.registry()
     layout = registry.checkpoint_layout(name, version)
     tags = fill_target_tags(name, version, layout, registry.version_tags(name, version))
-    return {"path": str(layout.path), "tags": tags, "lineage": target_link_tags(layout), "layout": layout.layout}
+    return FetchedTarget(path=str(layout.path), tags=tags, lineage=target_link_tags(layout), layout=layout.layout)
 
 
 def fill_target_tags(name: str, version: int, layout: TargetLayout, tags: dict[str, str]) -> dict[str, str]:
@@ -124,11 +139,12 @@ def register_drafter(
     target_name: str,
     target_version: int,
     drafter_dir: str,
+    *,
     method: str,
     gamma: int,
-    training: dict,
+    training: Training,
     history_path: str | None = None,
-    data_checks: dict | None = None,
+    data_checks: DataCheckReport | None = None,
     generation: int = 0,
     target_link: dict[str, str] | None = None,
     params: dict[str, str] | None = None,
@@ -143,8 +159,8 @@ def register_drafter(
 
     registry = context.registry()
     history = json.loads(Path(history_path).read_text()) if history_path and Path(history_path).exists() else None
-    failures = sum(not o["passed"] for o in data_checks.get("outcomes", [])) if data_checks is not None else None
-    tags = {**training_tags(training, generation, failures), **(target_link or {})}
+    failures = len(data_checks.failures) if data_checks is not None else None
+    tags = {**training_tags(training.as_dict(), generation, failures), **(target_link or {})}
     version = registry.register_drafter(
         target_name,
         target_version,

@@ -64,7 +64,7 @@ def plot_acceptance_vs_gamma(
     marked on both panels as the served gamma. `plain_tpot_ms`, when given, draws TPOT without speculation for
     reference; `fastest`, the gamma of the best TPOT, is marked apart when it is not the one served, and
     `knee_reason` says under the panels why the served one was chosen.
-    """
+    Long: one figure, drawn axis by axis."""
     rows = _check_sweep(sweep)
     if knee is None:
         from draftsync.validation.checklist import gamma_knee

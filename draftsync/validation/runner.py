@@ -387,6 +387,7 @@ def run_checklist(
     drafter_dir: str,
     task_mix: dict[str, float],
     profile: ValidationProfile,
+    *,
     seed: int = 0,
     data_check_failures: int | None = None,
     run_stress: bool = True,
@@ -408,7 +409,8 @@ def run_checklist(
     would have held. The gates stay the profile's.
     `captured_prompts`: held-out prompts of the served traffic a retrain learnt from; the knee's acceptance on them
     is a gate of its own, at the profile's acceptance threshold, and a knee that fails it steps down as for the
-    validation set's gates."""
+    validation set's gates.
+    Long: from the measurements to the result, each gate beside the figure it judges."""
     logger = logger or logging.getLogger(__name__)
     temperature = profile.temperature
     requests = validation_requests(task_mix, profile.requests, profile.max_tokens, seed + 11)

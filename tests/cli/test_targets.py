@@ -109,10 +109,10 @@ def test_register_with_the_transformers_flavor_logs_a_model_mlflow_loads_and_a_s
     parts = mlflow.transformers.load_model(info.source, return_type="components")
     assert type(parts["model"]).__name__ == "LlamaForCausalLM" and len(parts["tokenizer"]) == 1024
     fetched = fetch_target.fn("flavored-llm", 1)
-    assert fetched["layout"] == "transformers" and fetched["lineage"] == {"draftsync.target.model_id": info.model_id}
-    assert fetched["tags"]["draftsync.transformers.task"] == "text-generation"
-    assert fetched["tags"]["draftsync.transformers.torch_dtype"] == "torch.float32"  # the checkpoint's own
-    assert (Path(fetched["path"]) / "config.json").is_file() and (Path(fetched["path"]) / "tokenizer.json").is_file()
+    assert fetched.layout == "transformers" and fetched.lineage == {"draftsync.target.model_id": info.model_id}
+    assert fetched.tags["draftsync.transformers.task"] == "text-generation"
+    assert fetched.tags["draftsync.transformers.torch_dtype"] == "torch.float32"  # the checkpoint's own
+    assert (Path(fetched.path) / "config.json").is_file() and (Path(fetched.path) / "tokenizer.json").is_file()
 
     refused = _register(workdir, str(elsewhere), "--name", "flavored-llm", "--task-mix", "code=1", "--flavor", "onnx")
     assert refused.exit_code != 0 and "--flavor 'onnx' is not known" in refused.exception.what
@@ -240,16 +240,16 @@ def test_a_version_registered_by_hand_gets_its_checkpoint_tags_when_synced(workd
 
     fetched = fetch_target.fn("hand-llm", version)
     stored = context.registry().version_tags("hand-llm", version)
-    assert fetched["tags"] == stored
+    assert fetched.tags == stored
     after = TargetVersion.from_tags("hand-llm", version, stored)
     assert after.family == "llama" and after.architecture == "LlamaForCausalLM"
     assert (after.hidden_size, after.num_hidden_layers, after.vocab_size) == (128, 4, 1024)
     assert after.features() is not None and after.parameter_count() > 0
     assert after.task_mix() == {"code": 1.0}  # as given: never derived
-    assert plan_drafter.fn("hand-llm", stored, profile("test"))["recommendation"]["method"]
+    assert plan_drafter.fn("hand-llm", stored, profile("test")).advice.recommendation.method
 
     # a second fetch finds every tag there and writes nothing
-    assert fetch_target.fn("hand-llm", version)["tags"] == stored
+    assert fetch_target.fn("hand-llm", version).tags == stored
 
 
 def test_a_version_registered_by_hand_of_an_unsupported_family_stops_its_sync(workdir, built_targets, tmp_path):

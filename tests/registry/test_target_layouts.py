@@ -239,9 +239,9 @@ def test_sources_written_runs_and_models_name_version_read_as_the_checkpoint(wor
     for version in (first.version, second.version):
         client.set_model_version_tag("runs-llm", version, "draftsync.task_mix", MIX)
         fetched = fetch_target.fn("runs-llm", int(version))
-        assert (Path(fetched["path"]) / "config.json").is_file() and fetched["layout"] == "checkpoint"
-        assert fetched["tags"]["draftsync.num_hidden_layers"] == "4"
-        assert fetched["lineage"] == {}  # made from a run's files: the registered version is the whole link
+        assert (Path(fetched.path) / "config.json").is_file() and fetched.layout == "checkpoint"
+        assert fetched.tags["draftsync.num_hidden_layers"] == "4"
+        assert fetched.lineage == {}  # made from a run's files: the registered version is the whole link
 
 
 # --- by reference: where the weights are looked for -------------------------------------------------------------
@@ -294,7 +294,7 @@ def test_a_by_reference_target_whose_weights_are_not_on_the_worker_is_refused_na
 
     # the right commit placed: the same version now reads
     _hub_cache(tmp_path / "hf-home", built_targets[1], COMMIT)
-    assert fetch_target.fn("ref-chat", version)["tags"]["draftsync.source_model.revision"] == COMMIT
+    assert fetch_target.fn("ref-chat", version).tags["draftsync.source_model.revision"] == COMMIT
 
 
 @pytest.mark.slow

@@ -157,9 +157,9 @@ def plan_and_mix(version: int) -> tuple[DraftsyncError, DraftsyncError]:
 
     target = fetch_target.fn("outside-llm", version)
     with pytest.raises(DraftsyncError) as plan_error:
-        plan_drafter.fn("outside-llm", target["tags"], profile("test"))
+        plan_drafter.fn("outside-llm", target.tags, profile("test"))
     with pytest.raises(DraftsyncError) as mix_error:
-        target_task_mix(target["path"], target["tags"])
+        target_task_mix(target.path, target.tags)
     return plan_error.value, mix_error.value
 
 
@@ -177,9 +177,9 @@ def test_a_target_version_without_draftsync_tags_gets_the_checkpoints_and_is_tol
     stored = world.client.get_model_version("outside-llm", str(hand_registered)).tags
     assert stored["draftsync.family"] == "llama" and int(stored["draftsync.num_parameters"]) > 0
     assert "draftsync.task_mix" not in stored
-    assert plan_drafter.fn("outside-llm", target["tags"], profile("test"))["recommendation"]["method"]
+    assert plan_drafter.fn("outside-llm", target.tags, profile("test")).advice.recommendation.method
     with pytest.raises(DraftsyncError) as mix_error:
-        target_task_mix(target["path"], target["tags"])
+        target_task_mix(target.path, target.tags)
     assert "declares no task mix" in mix_error.value.what
     assert "draftsync.task_mix tag" in mix_error.value.fix
 

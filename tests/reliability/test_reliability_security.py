@@ -67,7 +67,10 @@ def test_secrets_in_the_environment_never_reach_mlflow_or_the_logs(
     search MLflow's params and tags, every byte under the work dir (the SQLite store, the artifacts) and the logs."""
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target, register_drafter
+    from draftsync.validation.data_checks import DataCheckReport, ExpectationOutcome
     from mlflow import MlflowClient
+
+    from tests.flows.test_sync_result import TRAINING
 
     planted = {
         "DRAFTSYNC_SMTP_PASSWORD": f"smtp-pw-{uuid.uuid4().hex}",
@@ -90,11 +93,11 @@ def test_secrets_in_the_environment_never_reach_mlflow_or_the_logs(
         "secret-llm",
         version,
         str(tiny_drafter),
-        "eagle3",
-        2,
-        {"steps": 10, "final_loss": 1.5},
+        method="eagle3",
+        gamma=2,
+        training=TRAINING,
         history_path=str(history),
-        data_checks={"outcomes": [{"passed": True}]},
+        data_checks=DataCheckReport(sequences=1, outcomes=[ExpectationOutcome("rows", "rows", 1, "1", True)]),
     )
     registry = context.registry()
     registry.record_validation(

@@ -87,7 +87,15 @@ def test_the_checklist_runs_on_vllm_with_one_start_per_gamma(vllm_engine, built_
     target_dir, drafter_dir = str(built_targets[1]), str(family_drafters["eagle3"])
     backend = VllmBackend(target_dir, drafter_dir, log_dir=tmp_path)
     try:
-        result = run_checklist(backend, target_dir, drafter_dir, MIX, PROFILE, 0, 0, True, PROFILE.schedule_batch_sizes)
+        result = run_checklist(
+            backend,
+            target_dir,
+            drafter_dir,
+            MIX,
+            PROFILE,
+            data_check_failures=0,
+            batch_sizes=PROFILE.schedule_batch_sizes,
+        )
     finally:
         backend.close()
     assert result.backend == "vllm"
