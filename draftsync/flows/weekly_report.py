@@ -227,6 +227,19 @@ def _deployment_row(pair, review: dict, taken: list[str], now_serving, domains: 
     }
 
 
+def _silent_note(spec: ServingDeployment) -> str:
+    """Why a declared deployment has no row: a target MLflow does not hold, or no rollout or scrape yet."""
+    if not context.registry().has_model(spec.target_name):
+        return (
+            f"{spec.name} is declared in the deployments file but serves target {spec.target_name!r}, which MLflow "
+            f"does not hold: register it with `draftsync targets register`, or correct the deployment's target_name."
+        )
+    return (
+        f"{spec.name} is declared in the deployments file but served nothing draftsync recorded: roll it out with "
+        f"`draftsync rollout {spec.name}`, or check that its scrapes reach it."
+    )
+
+
 def _replaced_note(pair, old_pair: dict) -> str:
     """The note on a pair the deployment served earlier in the week, before the one the findings judge."""
     served = f"t{old_pair['target_version']}" + (
@@ -350,11 +363,7 @@ def weekly_report(
 
     thresholds = Thresholds.from_settings(settings)
     reviewed = {row["name"] for row in rows}
-    silent = [
-        f"{name} is declared in the deployments file but served nothing draftsync recorded: roll it out with "
-        f"`draftsync rollout {name}`, or check that its scrapes reach it."
-        for name in sorted(set(specs) - reviewed)
-    ]
+    silent = [_silent_note(specs[name]) for name in sorted(set(specs) - reviewed)]
     all_notes = list(notes or []) + problems + domain_notes + replaced_notes + silent
     if week is not None:
         all_notes.append(f"A look back at ISO week {week}: no action was taken by this report.")

@@ -366,12 +366,16 @@ def test_a_declared_deployment_that_served_nothing_is_named_not_skipped(report_s
     """A deployment in the file with no serving record and no samples was left out of the review without a word."""
     workdir = report_setup["workdir"]
     declared = (workdir / "deployments.yaml").read_text()
-    (workdir / "deployments.yaml").write_text(declared + "  - name: ghost\n    target_name: report-llm\n")
+    (workdir / "deployments.yaml").write_text(
+        declared + "  - name: ghost\n    target_name: report-llm\n  - name: orphan\n    target_name: no-such-llm\n"
+    )
     code, report, output, error = run_report(monkeypatch)
     assert error is None and code == 0, output
     assert [row["name"] for row in report["deployments"]] == ["chat"]
     (note,) = [note for note in report["notes"] if "ghost" in note]
     assert "served nothing draftsync recorded" in note and "draftsync rollout ghost" in note
+    (note,) = [note for note in report["notes"] if "orphan" in note]  # a target MLflow does not hold is named as such
+    assert "serves target 'no-such-llm', which MLflow does not hold" in note and "draftsync targets register" in note
 
 
 def test_the_report_says_which_client_domain_drifted_from_the_captured_requests(report_setup, monkeypatch):
