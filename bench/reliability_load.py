@@ -58,7 +58,7 @@ if str(ROOT) not in sys.path:  # run as a script; pytest has the repository root
     sys.path.insert(0, str(ROOT))
 
 from bench.harness import emit_json, isolated_environment, machine_facts, stop_ephemeral_prefect  # noqa: E402
-from tests.http_stub import PROMETHEUS_TEXT, HttpStub, StubRequest  # noqa: E402
+from tests.support.http_stub import PROMETHEUS_TEXT, HttpStub, StubRequest  # noqa: E402
 
 VLLM_TEXT = (ROOT / "tests" / "monitors" / "vllm_metrics.txt").read_text()
 TARGET_NAME = "load-llm"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from draftsync.files import atomic_write, atomic_write_all, is_temp_file, publish_directory
 
-from tests.killed_writer import killed_mid_write
+from tests.support.killed_writer import killed_mid_write
 
 
 def test_the_content_lands_with_the_mode_of_a_file_written_in_place(tmp_path):

@@ -14,7 +14,7 @@ def _setup(workdir, built_targets, tmp_path):
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target
 
-    from tests.serving.tiny_models import build_tiny_drafter
+    from tests.support.tiny_models import build_tiny_drafter
 
     registry = context.registry()
     version = publish_target("cli-llm", str(built_targets[1]), {"code": 0.5, "math": 0.5})

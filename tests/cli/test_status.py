@@ -59,7 +59,7 @@ def status_world(workdir, tmp_path, monkeypatch):
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target
 
-    from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
+    from tests.support.tiny_models import build_tiny_drafter, build_tiny_target
 
     monkeypatch.setenv("DRAFTSYNC_TARGETS", "planned-llm")
     context.reset()

@@ -12,7 +12,7 @@ import pytest
 from draftsync.errors import DraftsyncError
 from typer.testing import CliRunner
 
-from tests.prefect_events import target_events
+from tests.support.prefect_events import target_events
 
 PASSWORD = "block-kept-smtp-pw"
 BLOCK = "draftsync-test-smtp-password"
@@ -104,7 +104,7 @@ def serve_new_drafter(version: int, target_dir: Path, drafter_dir: Path) -> int:
     """A validated drafter of report-llm's `version`, registered and recorded as what deployment chat serves."""
     from draftsync.tasks import context
 
-    from tests.serving.tiny_models import build_tiny_drafter
+    from tests.support.tiny_models import build_tiny_drafter
 
     drafter = context.registry().register_drafter(
         "report-llm", version, build_tiny_drafter(target_dir, drafter_dir, 3), "eagle3", 3, {}, validation_passed=True
@@ -129,7 +129,7 @@ def report_setup(workdir, tmp_path, monkeypatch):
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target
 
-    from tests.serving.tiny_models import build_tiny_target
+    from tests.support.tiny_models import build_tiny_target
 
     target_dir = build_tiny_target(tmp_path / "target")
     version = publish_target("report-llm", str(target_dir), {"code": 0.5, "math": 0.5})
@@ -335,7 +335,7 @@ def test_the_review_judges_the_pair_serving_now_apart_from_the_pair_it_replaced(
     from draftsync.monitors.tables import ServedPair
     from draftsync.tasks import context
 
-    from tests.serving.tiny_models import build_tiny_target
+    from tests.support.tiny_models import build_tiny_target
 
     version, stale = report_setup["target_version"], report_setup["drafter_version"]
     later = datetime.now(UTC) + 6 * HOUR

@@ -125,7 +125,7 @@ def test_a_drafter_for_another_vocabulary_is_refused_and_never_promoted(workdir,
     from draftsync.profiles import validation_profile
     from draftsync.tasks.validation import validate_drafter
 
-    from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
+    from tests.support.tiny_models import build_tiny_drafter, build_tiny_target
 
     other_target = build_tiny_target(tmp_path / "other-target")
     other_drafter = build_tiny_drafter(other_target, tmp_path / "other-drafter", gamma=2)
@@ -140,7 +140,7 @@ def test_a_drafter_for_another_vocabulary_is_refused_and_never_promoted(workdir,
 def test_promote_refuses_a_drafter_that_failed_validation(workdir, built_targets, tmp_path):
     from draftsync.tasks import context
 
-    from tests.serving.tiny_models import build_tiny_drafter
+    from tests.support.tiny_models import build_tiny_drafter
 
     registry = context.registry()
     version = _register("gate-llm", built_targets[1])

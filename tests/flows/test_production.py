@@ -23,8 +23,8 @@ import httpx
 import pytest
 from draftsync.serving.process import ServerProcess, free_port, log_tail
 
-from tests.servers import mlflow_server, prefect_server
-from tests.sync_profiles import tiny_sync_profile
+from tests.support.servers import mlflow_server, prefect_server
+from tests.support.sync_profiles import tiny_sync_profile
 
 SECRET = "whsec-production-test-8d1f"
 PROFILE = tiny_sync_profile("production-test")

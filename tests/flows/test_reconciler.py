@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from draftsync.monitors.sync_jobs import MAX_ATTEMPTS
 from draftsync.tasks import context, events
 
-from tests.prefect_events import target_events
+from tests.support.prefect_events import target_events
 
 
 def dead_pid() -> int:

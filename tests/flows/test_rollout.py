@@ -35,7 +35,7 @@ def _draft_tokens(completion: dict) -> int:
 
 def _drafter(registry, target_name: str, target_version: int, target_dir, tmp_path, gamma: int, seed: int = 0) -> int:
     """A validated drafter version (random weights: what matters here is which one serves)."""
-    from tests.serving.tiny_models import build_tiny_drafter
+    from tests.support.tiny_models import build_tiny_drafter
 
     path = build_tiny_drafter(target_dir, tmp_path / f"drafter-{gamma}-{seed}", gamma=gamma, seed=seed)
     return registry.register_drafter(target_name, target_version, path, "eagle3", gamma, {}, validation_passed=True)

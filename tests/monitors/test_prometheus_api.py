@@ -22,7 +22,7 @@ from draftsync.monitors.prometheus_api import counter_queries, label_selector, q
 from draftsync.monitors.store import Store
 from draftsync.monitors.tables import ServedPair
 
-from tests.http_stub import HttpStub, StubRequest
+from tests.support.http_stub import HttpStub, StubRequest
 
 VLLM_TEXT = (Path(__file__).parent / "vllm_metrics.txt").read_text()
 QUERY = re.compile(r"^sum(?: by \((?P<by>[a-z_]+)\))? \((?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<matchers>.*)\})?\)$")

@@ -15,7 +15,7 @@ import pytest
 from draftsync.receiver.app import WEBHOOK_PATH, create_app
 from draftsync.registry.webhooks import sign_delivery
 
-from tests.servers import serve_asgi_in_thread
+from tests.support.servers import serve_asgi_in_thread
 
 pytestmark = pytest.mark.slow
 

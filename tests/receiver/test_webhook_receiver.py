@@ -22,7 +22,7 @@ from draftsync.registry.webhooks import RegistryChange, create_or_update_webhook
 from mlflow.webhooks.delivery import _generate_hmac_signature
 from typer.testing import CliRunner
 
-from tests.servers import mlflow_server, serve_asgi_in_thread
+from tests.support.servers import mlflow_server, serve_asgi_in_thread
 
 SECRET = "receiver-secret-" + "x" * 24
 SMALL_BODY_LIMIT = 4096

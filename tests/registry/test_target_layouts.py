@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from draftsync.errors import DraftsyncError
 
-from tests.http_stub import HttpStub
-from tests.servers import mlflow_server, serve_asgi_in_thread
-from tests.sync_profiles import tiny_sync_profile
+from tests.support.http_stub import HttpStub
+from tests.support.servers import mlflow_server, serve_asgi_in_thread
+from tests.support.sync_profiles import tiny_sync_profile
 
 REPO = "acme/tiny-chat"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -18,7 +18,7 @@ from tests.reliability.workdirs import use_workdir
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory) -> Path:
     """A random-init HF Llama target with its tokenizer (seconds to build)."""
-    from tests.serving.tiny_models import build_tiny_target
+    from tests.support.tiny_models import build_tiny_target
 
     return build_tiny_target(tmp_path_factory.mktemp("tiny-target"))
 
@@ -26,7 +26,7 @@ def tiny_target(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_drafter(tiny_target, tmp_path_factory) -> Path:
     """A random EAGLE-3 drafter for `tiny_target`, in the speculators format."""
-    from tests.serving.tiny_models import build_tiny_drafter
+    from tests.support.tiny_models import build_tiny_drafter
 
     return build_tiny_drafter(tiny_target, tmp_path_factory.mktemp("tiny-drafter"), gamma=2)
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from draftsync.errors import DraftsyncError
 
-from tests.http_stub import PROMETHEUS_TEXT, HttpStub
+from tests.support.http_stub import PROMETHEUS_TEXT, HttpStub
 
 COUNTERS = (
     "# TYPE vllm:spec_decode_num_drafts counter\n"

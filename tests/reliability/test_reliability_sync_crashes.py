@@ -20,8 +20,8 @@ import pytest
 from draftsync.serving.process import log_tail
 
 from tests.reliability.fault_proxy import FaultProxy, KillRule, kill_process_tree
-from tests.servers import mlflow_server, prefect_server
-from tests.sync_profiles import tiny_sync_profile
+from tests.support.servers import mlflow_server, prefect_server
+from tests.support.sync_profiles import tiny_sync_profile
 
 TARGET = "crashy"
 TRAIN_STEPS = 48
@@ -92,7 +92,7 @@ def publish(registry, targets: dict[int, Path], tmp_path: Path) -> int:
     from draftsync.registry.tags import target_tags
     from draftsync.speculative.targets import describe_target
 
-    from tests.serving.tiny_models import build_tiny_drafter
+    from tests.support.tiny_models import build_tiny_drafter
 
     for version, path in targets.items():
         facts = {**describe_target(path), "task_mix": {"code": 0.5, "prose": 0.5}}

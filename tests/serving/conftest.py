@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
+from tests.support.tiny_models import build_tiny_drafter, build_tiny_target
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from draftsync.serving.process import ServerProcess, free_port
 from draftsync.serving.reference_server import reference_server_command
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
+from tests.support.tiny_models import build_tiny_drafter, build_tiny_target
 
 MODEL = "tiny"
 SPEC_COUNTERS = (
@@ -75,7 +75,7 @@ def test_health_and_models(target_only, tiny_target):
 
 
 def test_greedy_completion_is_the_targets_greedy_continuation(target_only, target_model):
-    from tests.speculative.greedy import greedy_reference
+    from tests.support.greedy import greedy_reference
 
     model, tokenizer = target_model
     prompt = "def add(a, b):"
@@ -179,7 +179,7 @@ def with_drafter(tiny_target, tiny_drafter, tmp_path_factory):
 
 
 def test_speculative_greedy_output_is_lossless_and_spec_counters_match_the_requests(with_drafter, target_model):
-    from tests.speculative.greedy import greedy_reference
+    from tests.support.greedy import greedy_reference
 
     model, tokenizer = target_model
     models = httpx.get(f"{with_drafter.url}/v1/models").json()["data"][0]

@@ -17,7 +17,7 @@ from draftsync.serving.reference_server import reference_server_command
 from draftsync.serving.router import LIVE_PATH, RouterClient, router_command, write_token_file
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.serving.tiny_models import build_tiny_drafter
+from tests.support.tiny_models import build_tiny_drafter
 
 MODEL = "tiny"
 V1_GAMMA, V2_GAMMA = 2, 3  # the two drafter versions differ in gamma, so every answer says which one served it

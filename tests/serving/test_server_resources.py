@@ -17,7 +17,7 @@ def test_the_plans_servers_become_devices_tensor_parallelism_and_a_memory_fracti
 def test_a_validation_server_is_launched_with_the_plans_resources(tmp_path):
     from draftsync.serving.vllm_evaluation import VllmBackend
 
-    from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
+    from tests.support.tiny_models import build_tiny_drafter, build_tiny_target
 
     target = build_tiny_target(tmp_path / "target")
     drafter = build_tiny_drafter(target, tmp_path / "drafter", gamma=2)

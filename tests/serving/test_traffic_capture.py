@@ -12,7 +12,7 @@ from draftsync.serving.process import ServerProcess, free_port
 from draftsync.serving.router import CAPTURE_PATH, LIVE_PATH, router_command, write_token_file
 from draftsync.serving.traffic_capture import CaptureConfig, TrafficCapture, captured_rows
 
-from tests.http_stub import HttpStub
+from tests.support.http_stub import HttpStub
 
 ANSWER = {
     "choices": [{"text": " the answer"}],

@@ -10,7 +10,7 @@ from draftsync.errors import DraftsyncError
 from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
 from draftsync.speculative.engine import SpeculativeEngine, verify_proposals
 
-from tests.speculative.greedy import greedy_reference
+from tests.support.greedy import greedy_reference
 
 NEW_TOKENS = 24
 

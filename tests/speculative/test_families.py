@@ -18,7 +18,7 @@ from draftsync.speculative.families import config_features, target_family
 from draftsync.speculative.hidden_states import capture, default_aux_layer_ids
 from draftsync.speculative.targets import FAMILY_SHAPES, builtin_recipe, family_config
 
-from tests.speculative.greedy import greedy_reference
+from tests.support.greedy import greedy_reference
 
 FAMILIES = ("llama3", "qwen3", "qwen2", "mistral")
 METHODS = ("eagle3", "eagle3.1", "eagle", "medusa")

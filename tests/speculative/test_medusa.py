@@ -16,7 +16,7 @@ from draftsync.speculative.medusa_format import load_medusa, save_medusa
 from draftsync.speculative.training_batch import TrainingBatch
 from safetensors.torch import load_file, save_file
 
-from tests.speculative.greedy import greedy_reference
+from tests.support.greedy import greedy_reference
 
 VOCAB = 384  # the tiny targets' vocabulary (conftest)
 HIDDEN = 64

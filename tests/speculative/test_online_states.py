@@ -10,7 +10,7 @@ from draftsync.speculative.online_states import OnlineDataset, open_dataset
 from draftsync.speculative.shard_reader import ShardDataset
 from draftsync.speculative.training import TrainConfig, fit_drafter
 
-from tests.speculative.conftest import chain_shards_of, one_torch_thread
+from tests.support.speculative_fixtures import chain_shards_of, one_torch_thread
 
 
 @pytest.fixture(scope="module")

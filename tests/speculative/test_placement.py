@@ -24,7 +24,7 @@ def test_the_cpu_keeps_fp32_and_a_gpu_takes_the_checkpoints_16_bit_dtype():
 
 
 def test_a_sync_loads_its_target_once_and_releases_it(tmp_path):
-    from tests.serving.tiny_models import build_tiny_target
+    from tests.support.tiny_models import build_tiny_target
 
     target_dir = build_tiny_target(tmp_path / "target")
     try:
@@ -38,7 +38,7 @@ def test_a_sync_loads_its_target_once_and_releases_it(tmp_path):
 
 
 def test_dropping_the_decoder_layers_keeps_the_fingerprint_the_dataset_was_built_from(tmp_path):
-    from tests.serving.tiny_models import build_tiny_target
+    from tests.support.tiny_models import build_tiny_target
 
     target_dir = build_tiny_target(tmp_path / "target")
     try:

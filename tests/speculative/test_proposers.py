@@ -19,7 +19,7 @@ from draftsync.speculative.engine import SpeculativeEngine
 from draftsync.speculative.hidden_states import capture
 from draftsync.speculative.proposers import NgramProposer, lookup, make_proposer
 
-from tests.speculative.greedy import greedy_reference
+from tests.support.greedy import greedy_reference
 
 SMALL_VOCAB = 8
 NEW_TOKENS = 20

@@ -19,7 +19,7 @@ PROMPTS = [("code", "def add(a, b):"), ("math", "The sum of 12")]
 def tokenizer(tmp_path_factory):
     from draftsync.speculative.tokenizer import train_tokenizer
 
-    from tests.serving.tiny_models import TEXTS
+    from tests.support.tiny_models import TEXTS
 
     return train_tokenizer(TEXTS, vocab_size=320, out_dir=tmp_path_factory.mktemp("tokenizer"))
 

@@ -16,7 +16,7 @@ from draftsync.speculative.shard_reader import ShardDataset
 from draftsync.speculative.shard_writer import _length_groups, build_shards
 from safetensors.torch import load_file
 
-from tests.killed_writer import killed_mid_write
+from tests.support.killed_writer import killed_mid_write
 
 LAYERS = (1, 2, 4)
 TASKS = ("code", "math", "prose")
@@ -302,7 +302,7 @@ def test_summary_rows_describe_every_sequence(built, samples):
 def text_target(tmp_path_factory):
     from draftsync.speculative.targets import load_target
 
-    from tests.serving.tiny_models import build_tiny_target
+    from tests.support.tiny_models import build_tiny_target
 
     return load_target(build_tiny_target(tmp_path_factory.mktemp("tiny-target")))
 

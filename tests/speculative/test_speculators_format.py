@@ -13,7 +13,7 @@ from draftsync.speculative.speculators_format import load_eagle3, save_eagle3
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from tests.speculative.greedy import greedy_reference
+from tests.support.greedy import greedy_reference
 
 TOP_LEVEL_KEYS = {
     "architectures",

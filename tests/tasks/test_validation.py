@@ -37,7 +37,7 @@ def checkpoints(tmp_path_factory):
     from draftsync.speculative.drafters import new_drafter, save_drafter
     from draftsync.speculative.targets import load_target
 
-    from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
+    from tests.support.tiny_models import build_tiny_drafter, build_tiny_target
 
     root = tmp_path_factory.mktemp("validation")
     target_dir = build_tiny_target(root / "target")

@@ -79,7 +79,7 @@ PROFILE = ValidationProfile(
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory) -> tuple[str, str]:
     """A tiny target and drafter on disk: the checklist reads the target's context length and both weight sizes."""
-    from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
+    from tests.support.tiny_models import build_tiny_drafter, build_tiny_target
 
     root = tmp_path_factory.mktemp("knee")
     target_dir = build_tiny_target(root / "target")

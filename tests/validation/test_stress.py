@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    from tests.serving.tiny_models import build_tiny_drafter, build_tiny_target
+    from tests.support.tiny_models import build_tiny_drafter, build_tiny_target
 
     root = tmp_path_factory.mktemp("stress")
     target = build_tiny_target(root / "target")

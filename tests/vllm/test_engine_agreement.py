@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.servers import vllm_process
+from tests.support.servers import vllm_process
 from tests.vllm.conftest import FAMILIES, MAX_GAMMA
 
 pytestmark = pytest.mark.vllm

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import vllm_process
+from tests.support.servers import vllm_process
 from tests.vllm.conftest import FAMILIES as METHODS
 from tests.vllm.conftest import FamilyDrafters
 from tests.vllm.test_engine_agreement import TOLERANCE, _prompt_ids, _reference_run, _vllm_run
