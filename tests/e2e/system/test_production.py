@@ -264,21 +264,3 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
         assert retrained_tags["draftsync.target.version"] == str(version)
         assert retrained_tags["draftsync.sync.generation"] == "1"
         assert SECRET not in receiver.log_path.read_text() and SECRET not in serve_log.read_text()
-
-
-@pytest.mark.parametrize(
-    ("args", "api_url", "named"),
-    [
-        ([], None, "PREFECT_API_URL is unset"),
-        (["--report-cron", "61 9 * * 1"], "http://127.0.0.1:9/api", "Invalid cron string"),
-        (["--timezone", "Mars/Olympus"], "http://127.0.0.1:9/api", "Invalid timezone"),
-        (["--profile", "turbo"], "http://127.0.0.1:9/api", "unknown sync profile 'turbo'"),
-    ],
-)
-def test_serve_refuses_a_bad_setup_before_it_registers_anything(tmp_path, args, api_url, named):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_URL", "DRAFTSYNC_"))}
-    env["DRAFTSYNC_WORKDIR"] = str(tmp_path / "work")
-    if api_url:
-        env["PREFECT_API_URL"] = api_url
-    done = subprocess.run([draftsync_bin(), "serve", *args], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and named in done.stderr and "fix:" in done.stderr, done.stderr[-2000:]

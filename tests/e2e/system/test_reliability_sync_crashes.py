@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from draftsync.serving.process import log_tail
 
-from tests.reliability.fault_proxy import FaultProxy, KillRule, kill_process_tree
+from tests.e2e.system.fault_proxy import FaultProxy, KillRule, kill_process_tree
 from tests.support.servers import mlflow_server, prefect_server
 from tests.support.sync_profiles import tiny_sync_profile
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.e2e.vllm.conftest import FAMILIES, MAX_GAMMA
 from tests.support.servers import vllm_process
-from tests.vllm.conftest import FAMILIES, MAX_GAMMA
 
 pytestmark = pytest.mark.vllm
 

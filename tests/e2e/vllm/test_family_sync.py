@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.vllm.test_target_families import TARGET_FAMILIES, family_target
+from tests.e2e.vllm.test_target_families import TARGET_FAMILIES, family_target
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.vllm.conftest import FAMILIES as METHODS
+from tests.e2e.vllm.conftest import FamilyDrafters
+from tests.e2e.vllm.test_engine_agreement import TOLERANCE, _prompt_ids, _reference_run, _vllm_run
 from tests.support.servers import vllm_process
-from tests.vllm.conftest import FAMILIES as METHODS
-from tests.vllm.conftest import FamilyDrafters
-from tests.vllm.test_engine_agreement import TOLERANCE, _prompt_ids, _reference_run, _vllm_run
 
 pytestmark = pytest.mark.vllm
 
@@ -34,7 +34,7 @@ def family_target(family: str, tmp_path: Path) -> Path:
     from draftsync.speculative.targets import build_target, builtin_recipe
 
     cache = Path(
-        os.environ.get("DRAFTSYNC_TEST_CACHE", Path(__file__).resolve().parents[2] / ".draftsync" / "test-cache")
+        os.environ.get("DRAFTSYNC_TEST_CACHE", Path(__file__).resolve().parents[3] / ".draftsync" / "test-cache")
     )
     cached = build_target(builtin_recipe(1, "test", family), cache)
     return Path(shutil.copytree(cached, tmp_path / f"{family}-{cached.name}"))
