@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.test_production_files import ROOT, _compose, _prefect_deployments, _prefect_yaml, _scripts
+from tests.integration.flows.test_production_files import ROOT, _compose, _prefect_deployments, _prefect_yaml, _scripts
 
 
 def _start_prefect_server(tmp_path: Path, database_url: str) -> tuple[subprocess.Popen, str, dict]:

@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.receiver.test_webhook_receiver import SECRET, signed, version_created_body
+from tests.integration.receiver.test_webhook_receiver import SECRET, signed, version_created_body
 
 
 @pytest.mark.system
