@@ -15,7 +15,7 @@ export TRANSFORMERS_OFFLINE := 1
 # transformers, Prefect and MLflow took 70 s, against 16 s once cached).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install vllm environments demo demo-prepare lint test test-story test-system test-vllm test-vllm-smoke compat test-all gpu-check clean
+.PHONY: install vllm environments demo demo-prepare lint test test-unit test-story test-system test-vllm test-vllm-smoke compat test-all gpu-check clean
 
 install: $(STAMP)
 
@@ -54,9 +54,19 @@ lint: install
 	$(VENV)/bin/mypy draftsync
 	$(VENV)/bin/vulture draftsync tools/vulture_whitelist.py --min-confidence 60
 
-# The suite without the tiers below (13.3 min on 2 AVX-512 cores, its install done, measured on a fresh clone).
+# Tests are in tier folders: tests/unit and tests/integration mirror draftsync/, tests/e2e/{story,system,vllm} hold
+# the tiers below. The tiers are the markers story, system and vllm (tests/conftest.py gives every test under
+# tests/e2e/<tier> its tier's marker), so a rollout test that runs on both engines stays one test in tests/integration.
+
+# The suite without the tiers below: tests/unit and tests/integration (13.3 min on 2 AVX-512 cores, its install done,
+# measured on a fresh clone).
 test: install
 	$(PY) -m pytest -m "not story and not system and not vllm"
+
+# The tests of the code alone (tests/unit: no servers, no MLflow, Prefect or Postgres, no subprocesses, no training
+# beyond a few steps on a fixed batch), under a minute on 2 cores: the tier to run while you work.
+test-unit: install
+	$(PY) -m pytest tests/unit
 
 # `draftsync demo` from a fresh work dir, every step of its story checked (about 12 min on 2 cores).
 # The story starts vLLM servers and trains two drafters: it gets 30 min, not the default 15.

@@ -1,7 +1,8 @@
 """Load on the monitor and the webhook receiver: one scrape cycle over 200 endpoints, the receiver at 200 requests/s.
 
 Scrape: 200 serving pairs, each a real HTTP endpoint on its own loopback port (one stand-in server listening on
-200 ports) serving vLLM's Prometheus text (tests/monitors/vllm_metrics.txt, every value scaled per endpoint).
+200 ports) serving vLLM's Prometheus text (tests/integration/monitors/vllm_metrics.txt, every value scaled per
+endpoint).
 The `acceptance-scrape` flow runs on Prefect's ephemeral API: a first cycle books each server's counters, the
 counters grow by a different amount per endpoint, a second cycle books the deltas. `cycles_s` are the two flow
 runs' wall times, `cycle_s` the slower one; `without_prefect_cycle_s` is one more cycle of the scrape task's own
@@ -58,9 +59,9 @@ if str(ROOT) not in sys.path:  # run as a script; pytest has the repository root
     sys.path.insert(0, str(ROOT))
 
 from bench.harness import emit_json, isolated_environment, machine_facts, stop_ephemeral_prefect  # noqa: E402
-from tests.http_stub import PROMETHEUS_TEXT, HttpStub, StubRequest  # noqa: E402
+from tests.support.http_stub import PROMETHEUS_TEXT, HttpStub, StubRequest  # noqa: E402
 
-VLLM_TEXT = (ROOT / "tests" / "monitors" / "vllm_metrics.txt").read_text()
+VLLM_TEXT = (ROOT / "tests" / "integration" / "monitors" / "vllm_metrics.txt").read_text()
 TARGET_NAME = "load-llm"
 TARGET_VERSION = 4
 OTHER_MODEL = "embeddings-not-a-target"

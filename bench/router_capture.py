@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
 
     from draftsync.serving.traffic_capture import CaptureConfig, captured_rows
-    from tests.http_stub import HttpStub
+    from tests.support.http_stub import HttpStub
 
     rates: dict[str, list[float]] = {"off": [], "on": []}
     with tempfile.TemporaryDirectory() as work_dir, HttpStub(lambda _: (200, "application/json", ANSWER)) as upstream:

@@ -19,7 +19,7 @@ target, the `drafter-sync` flow run inline, and a rollout onto the CPU reference
   the summary artifact) and the sync's end -> the alias read back. A drafter that fails validation does not
   move `production`: `promoted` is then false and the total ends with the sync.
 Not measured here: the event -> automation -> deployment run -> worker pickup path of a Prefect server
-(tests/flows/test_production.py runs it); the ephemeral API's start-up is reported apart and not counted.
+(tests/e2e/system/test_production.py runs it); the ephemeral API's start-up is reported apart and not counted.
 
 Profile: the `test` sync profile; `--quick` trains far less (80 steps on 100 sequences instead of 600 on
 560). Its gates run as they are, but their thresholds are opened so that `production` moves in every run:

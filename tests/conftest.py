@@ -284,3 +284,20 @@ def vllm_engine():
         if sys.platform != "linux" or platform.machine() != "x86_64":
             pytest.skip(f"vLLM's CPU build is for x86-64 Linux only: {error.what}")
         pytest.fail(str(error))
+
+
+# --- tiers --------------------------------------------------------------------------------------
+E2E_TIERS = ("story", "system", "vllm")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items) -> None:
+    """A test under tests/e2e/<tier>/ carries its tier's marker (story, system or vllm) whether or not it marks itself,
+    so that `make test` (-m "not story and not system and not vllm") never runs an end-to-end test. Tiers are markers
+    first: tests/integration/flows/test_rollout.py runs each rollout test on the reference engine (make test) and on
+    vLLM (marked vllm), one test function for both."""
+    e2e = Path(__file__).parent / "e2e"
+    for item in items:
+        parts = Path(item.path).relative_to(e2e).parts if e2e in Path(item.path).parents else ()
+        if parts and parts[0] in E2E_TIERS:
+            item.add_marker(parts[0])

@@ -1,0 +1,79 @@
+"""`draftsync rollout --dry-run` renders without starting anything; `draftsync rollback` serves `previous` again."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+pytestmark = pytest.mark.slow
+
+
+def _setup(workdir, built_targets, tmp_path):
+    from draftsync.tasks import context
+    from draftsync.tasks.registration import publish_target
+
+    from tests.support.tiny_models import build_tiny_drafter
+
+    registry = context.registry()
+    version = publish_target("cli-llm", str(built_targets[1]), {"code": 0.5, "math": 0.5})
+    drafters = []
+    for gamma in (2, 3):
+        path = build_tiny_drafter(built_targets[1], tmp_path / f"drafter-{gamma}", gamma=gamma)
+        drafters.append(
+            registry.register_drafter("cli-llm", version, path, "eagle3", gamma, {}, validation_passed=True)
+        )
+    (workdir / "deployments.yaml").write_text(
+        "deployments:\n  - name: cli\n    target_name: cli-llm\n    launch: reference\n"
+    )
+    return registry, version, drafters
+
+
+def test_dry_run_prints_the_vllm_launch_and_starts_nothing(workdir, built_targets, tmp_path):
+    from draftsync.cli.app import app
+    from draftsync.tasks.serving import serving_record
+
+    registry, version, (first, _) = _setup(workdir, built_targets, tmp_path)
+    registry.promote("cli-llm", first)
+    out = tmp_path / "launch.json"
+    result = CliRunner().invoke(app, ["--workdir", str(workdir), "rollout", "cli", "--dry-run", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    launch = json.loads(out.read_text())
+    assert launch["dry_run"] and launch["drafter_version"] == first and launch["target_version"] == version
+    assert isinstance(launch["argv"], list) and launch["argv"][:2] == ["vllm", "serve"]
+    config = json.loads(launch["argv"][launch["argv"].index("--speculative-config") + 1])
+    assert config == launch["speculative_config"]
+    assert config["method"] == "eagle3" and config["num_speculative_tokens"] == 2
+    assert serving_record("cli") is None  # nothing was started
+    # what is printed is the launch as a shell command, on a real port, once
+    import shlex
+
+    assert result.output.count("--speculative-config") == 1 and launch["port"] > 0
+    assert shlex.split(result.output.strip().splitlines()[-1]) == launch["argv"]
+    assert launch["argv"][launch["argv"].index("--port") + 1] == str(launch["port"])
+
+    unknown = CliRunner().invoke(app, ["--workdir", str(workdir), "rollout", "nope", "--dry-run"])
+    assert unknown.exit_code != 0 and "cli" in str(unknown.exception)
+
+
+def test_rollback_points_production_at_previous_and_serves_that_pair(workdir, built_targets, tmp_path):
+    from draftsync.cli.app import app
+    from draftsync.tasks import context
+
+    registry, _, (first, second) = _setup(workdir, built_targets, tmp_path)
+    registry.promote("cli-llm", first)
+    registry.promote("cli-llm", second)
+    runner = CliRunner()
+    served = runner.invoke(app, ["--workdir", str(workdir), "rollout", "cli"])
+    assert served.exit_code == 0, served.output
+    assert context.store().serving_pair("cli").drafter_version == second
+
+    out = tmp_path / "rollback.json"
+    result = runner.invoke(app, ["--workdir", str(workdir), "rollback", "cli", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["aliases_before"]["production"] == second and data["aliases_after"]["production"] == first
+    assert data["aliases_after"]["previous"] == second
+    pair = context.store().serving_pair("cli")
+    assert (pair.drafter_version, pair.gamma, pair.state) == (first, 2, "serving")

@@ -1,0 +1,38 @@
+"""The GPUs a sync's plan gives the vLLM servers it starts reach their command line and environment."""
+
+from __future__ import annotations
+
+from draftsync.serving.deployment import ServingDeployment
+from draftsync.serving.vllm_args import ServerResources
+
+
+def test_the_plans_servers_become_devices_tensor_parallelism_and_a_memory_fraction():
+    planned = ServerResources.from_plan({"devices": [2, 3], "tensor_parallel_size": 2, "gpu_memory_utilization": 0.41})
+    assert planned.environment() == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert planned.extra_args() == ["--gpu-memory-utilization", "0.41"]
+    assert ServerResources.from_plan(None) == ServerResources()
+    assert ServerResources().environment() == {} and ServerResources().extra_args() == []
+
+
+def test_a_validation_server_is_launched_with_the_plans_resources(tmp_path):
+    from draftsync.serving.vllm_evaluation import VllmBackend
+
+    from tests.support.tiny_models import build_tiny_drafter, build_tiny_target
+
+    target = build_tiny_target(tmp_path / "target")
+    drafter = build_tiny_drafter(target, tmp_path / "drafter", gamma=2)
+    resources = ServerResources((0, 1), 2, 0.45)
+    argv = VllmBackend(target, drafter, log_dir=tmp_path, resources=resources).launch(2, 8000).argv
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.45"
+    assert '"draft_tensor_parallel_size": 2' in argv[argv.index("--speculative-config") + 1]
+
+
+def test_a_serving_deployment_says_what_gpu_memory_it_holds():
+    def deployment(**fields) -> ServingDeployment:
+        return ServingDeployment(name="chat", target_name="llm", **fields)
+
+    assert deployment(launch="vllm").gpu_memory_fraction() == 0.9  # vLLM's default
+    assert deployment(launch="vllm", extra_vllm_args=["--gpu-memory-utilization", "0.5"]).gpu_memory_fraction() == 0.5
+    assert deployment(launch="vllm", extra_vllm_args=["--gpu-memory-utilization=0.3"]).gpu_memory_fraction() == 0.3
+    assert deployment(launch="reference").gpu_memory_fraction() is None
