@@ -280,7 +280,7 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
     """The plan for syncing `target` with `profile` on `worker`; `refusal` set when a stage cannot fit.
 
     `responses`: how many distinct prompts the target answers (None: the profile's generated_samples)."""
-    from draftsync.speculative.shard_writer import shard_bytes_per_token
+    from draftsync.speculative.data.shard_writer import shard_bytes_per_token
 
     on_gpu = worker.gpus > 0
     weights = target.weight_bytes(on_gpu)
@@ -508,7 +508,7 @@ def _plan_training(
 
     On a GPU the target's decoder layers are dropped before training (its lm_head, embedding and final norm are
     all a step reads), so only the step's own memory counts; on a CPU the whole fp32 target stays in host memory."""
-    from draftsync.speculative.step_memory import BF16, FP32, StepShape, drafter_parameters, predict_step_memory
+    from draftsync.speculative.train.step_memory import BF16, FP32, StepShape, drafter_parameters, predict_step_memory
 
     on_gpu = worker.gpus > 0
     gpu = max(range(worker.gpus), key=worker.free_gib) if on_gpu else 0

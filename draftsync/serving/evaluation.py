@@ -157,7 +157,7 @@ class ReferenceBackend:
     ):
         import torch
 
-        from draftsync.speculative.drafters import load_drafter
+        from draftsync.speculative.methods.registry import load_drafter
         from draftsync.speculative.targets import load_target
 
         self._threads_before = torch.get_num_threads()
@@ -178,7 +178,7 @@ class ReferenceBackend:
         self._servers: dict[int, Any] = {}  # gamma -> ServerProcess
 
     def engine(self, gamma: int) -> Any:
-        from draftsync.speculative.engine import SpeculativeEngine
+        from draftsync.speculative.engine.decoding import SpeculativeEngine
 
         if gamma > self.max_gamma:
             raise DraftsyncError(

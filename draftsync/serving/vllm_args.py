@@ -27,7 +27,7 @@ weights for (vLLM then fails to start: "weights were not initialized from checkp
 drafts exactly `num_speculative_tokens` every step, so a per-batch-size schedule cannot apply. Both are
 refused here, the heads read from the drafter's config.json when it is at hand. So are heads over part of
 the vocabulary (`truncated_vocab_size` below `vocab_size`, as draftsync saved Medusa drafters before
-medusa_format.py wrote vLLM's layout): vLLM's loader expects every head's lm_head to span it.
+methods/medusa/checkpoint.py wrote vLLM's layout): vLLM's loader expects every head's lm_head to span it.
 """
 
 from __future__ import annotations
@@ -380,7 +380,7 @@ def _check_medusa(drafter_dir: Path | str | None, gamma: int, schedule: Sequence
     config_file = Path(str(drafter_dir)) / "config.json"
     if not config_file.is_file():
         return
-    from draftsync.speculative.checkpoint_files import read_json
+    from draftsync.speculative.methods.checkpoint_files import read_json
 
     path, config = read_json(config_file.parent)
     vocab, truncated = config.get("vocab_size"), config.get("truncated_vocab_size")

@@ -61,7 +61,7 @@ def resolve_method(drafter_dir: str | Path | None, method: str | None) -> str | 
                 "pass the drafter's checkpoint directory, or no method to run the target alone",
             )
         return None
-    from draftsync.speculative.drafters import drafter_method
+    from draftsync.speculative.methods.registry import drafter_method
 
     saved = drafter_method(drafter_dir)
     if saved not in VLLM_METHODS:
@@ -84,7 +84,7 @@ def proposable_tokens(method: str | None, drafter_dir: str | Path | None) -> int
         return 0
     if not METHODS[method].fixed_heads:
         return MAX_CHAIN_GAMMA
-    from draftsync.speculative.checkpoint_files import read_json
+    from draftsync.speculative.methods.checkpoint_files import read_json
 
     assert drafter_dir is not None, "a drafter with fixed heads is served from its directory"
     path, config = read_json(drafter_dir)

@@ -14,11 +14,11 @@ from prefect.cache_policies import NONE
 
 from draftsync.profiles import SyncProfile
 from draftsync.speculative.placement import TargetPlacement
-from draftsync.speculative.train_ranks import RankSpec
+from draftsync.speculative.train.ranks import RankSpec
 from draftsync.tasks import context
 
 if TYPE_CHECKING:
-    from draftsync.speculative.training import TrainReport
+    from draftsync.speculative.train.training import TrainReport
 
 HISTORY_FILE = "history.json"  # in the checkpoint directory: name -> [(step, value)]
 RANKS_LOG = "ranks.log"  # in the checkpoint directory: what torchrun and its ranks printed
@@ -26,7 +26,7 @@ RANKS_LOG = "ranks.log"  # in the checkpoint directory: what torchrun and its ra
 
 def _warm_start_source(warm_start_dir: str | None, profile: SyncProfile, target):
     """The previous drafter, when it is of the same method and fits this target's shapes; else None."""
-    from draftsync.speculative.drafters import drafter_method, load_drafter
+    from draftsync.speculative.methods.registry import drafter_method, load_drafter
 
     logger = context.logger()
     if warm_start_dir is None or not profile.warm_start:
@@ -50,10 +50,10 @@ def _train_on_ranks(spec: RankSpec, profile: SyncProfile, log_dir: Path) -> tupl
     the logged command on the same spec); the leader saves the drafter to `spec.out_dir`.
 
     The sync's shared target is released first: each rank loads the head it trains against."""
-    from draftsync.speculative.drafters import load_drafter
+    from draftsync.speculative.methods.registry import load_drafter
     from draftsync.speculative.placement import release_shared_targets
-    from draftsync.speculative.train_ranks import REPORT_FILE, command, launch
-    from draftsync.speculative.training import TrainReport
+    from draftsync.speculative.train.ranks import REPORT_FILE, command, launch
+    from draftsync.speculative.train.training import TrainReport
 
     release_shared_targets()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -84,10 +84,10 @@ def _train_with_speculators(
     import math
     import time
 
-    from draftsync.speculative.drafters import drafter_method, parameter_count, save_drafter
-    from draftsync.speculative.shard_reader import ShardDataset
-    from draftsync.speculative.speculators_format import load_eagle3
-    from draftsync.speculative.speculators_train import SpeculatorsTrainJob, run_job, write_token_rows
+    from draftsync.speculative.data.shard_reader import ShardDataset
+    from draftsync.speculative.methods.eagle3.checkpoint import load_eagle3
+    from draftsync.speculative.methods.registry import drafter_method, parameter_count, save_drafter
+    from draftsync.speculative.train.speculators import SpeculatorsTrainJob, run_job, write_token_rows
 
     logger = context.logger()
     work = Path(checkpoint_dir) / "speculators"
@@ -169,10 +169,10 @@ def train_drafter(
         return _train_with_speculators(
             target_dir, dataset_dir, profile, out_dir, checkpoint_dir, warm_start_dir, verifier_name, servers
         )
-    from draftsync.speculative.drafters import parameter_count, save_drafter
-    from draftsync.speculative.online_states import open_dataset
+    from draftsync.speculative.data.online_states import open_dataset
+    from draftsync.speculative.methods.registry import parameter_count, save_drafter
     from draftsync.speculative.placement import drop_decoder_layers, shared_target
-    from draftsync.speculative.training import TrainConfig, fit_drafter
+    from draftsync.speculative.train.training import TrainConfig, fit_drafter
 
     logger = context.logger()
     target, _ = shared_target(Path(target_dir), placement)  # the copy the dataset read: loaded once a sync

@@ -118,10 +118,10 @@ def plan_sync_resources(
     from prefect.artifacts import create_markdown_artifact
 
     from draftsync.planning.sync_plan import HeldMemory, TargetShape, detect_worker, plan_sync
-    from draftsync.speculative.corpora import response_prompts
+    from draftsync.speculative.data.corpora import response_prompts
 
     if profile.trainer == "speculators":
-        from draftsync.speculative.speculators_train import check_installed
+        from draftsync.speculative.train.speculators import check_installed
 
         check_installed()
 

@@ -7,7 +7,7 @@ target's distribution after the last one gives a bonus token. The target's KV ca
 the accepted prefix. Counters follow vLLM's spec-decode metrics (drafts, draft tokens, accepted, per
 position); a step whose proposal is empty (n-gram lookup without a match) is no draft, as in vLLM.
 
-Drafting lives in proposers.py, one proposer per kind of drafter (EAGLE-3/3.1/1 chains, Medusa heads,
+Drafting lives in methods/proposing.py, one proposer per kind of drafter (EAGLE-3/3.1/1 chains, Medusa heads,
 n-gram lookup, an independent draft model); the engine captures only the target states it reads.
 """
 
@@ -22,7 +22,7 @@ from draftsync.errors import DraftsyncError
 if TYPE_CHECKING:
     import torch
 
-    from draftsync.speculative.proposers import Proposer
+    from draftsync.speculative.methods.proposing import Proposer
 
 
 @dataclass
@@ -99,12 +99,12 @@ class SpeculativeEngine:
     """Generates with `target_model`, speculating `gamma` tokens per step when `drafter` is given.
 
     `drafter`: any drafter object of the shared interface (Eagle3Drafter, EagleDrafter, MedusaDrafter,
-    DraftModelDrafter), the name "ngram", or a proposer (proposers.py); None or gamma 0 turns speculation off.
+    DraftModelDrafter), the name "ngram", or a proposer (methods/proposing.py); None or gamma 0 turns speculation off.
     """
 
     def __init__(self, target_model: Any, drafter: Any, gamma: int):
-        from draftsync.speculative.hidden_states import cache_keyword, num_decoder_layers
-        from draftsync.speculative.proposers import make_proposer
+        from draftsync.speculative.data.hidden_states import cache_keyword, num_decoder_layers
+        from draftsync.speculative.methods.proposing import make_proposer
 
         if gamma < 0:
             raise DraftsyncError(f"gamma={gamma} is negative", "use gamma >= 0 (0 turns speculation off)")
@@ -126,7 +126,7 @@ class SpeculativeEngine:
         """Logits [n, V] of `ids`, run after what `cache` holds, and the states [n, D] the proposer reads."""
         import torch
 
-        from draftsync.speculative.hidden_states import capture
+        from draftsync.speculative.data.hidden_states import capture
 
         input_ids = torch.tensor([ids])
         if self.target_states == "none":
@@ -146,7 +146,7 @@ class SpeculativeEngine:
     ) -> Generation:
         import torch
 
-        from draftsync.speculative.hidden_states import crop_kv_cache, new_kv_cache
+        from draftsync.speculative.data.hidden_states import crop_kv_cache, new_kv_cache
 
         vocab = self.target.config.vocab_size
         if not prompt_ids or min(prompt_ids) < 0 or max(prompt_ids) >= vocab:

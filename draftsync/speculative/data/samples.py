@@ -110,7 +110,7 @@ class _Regenerated(SampleSource):
         writer: str,
         open_writer: Callable[[], Any] | None,
     ):
-        from draftsync.speculative.responses import WRITERS
+        from draftsync.speculative.data.responses import WRITERS
 
         if writer not in WRITERS:
             raise DraftsyncError(f"unknown response writer {writer!r}", f"use one of {', '.join(WRITERS)}")
@@ -146,7 +146,7 @@ class _Regenerated(SampleSource):
         return self._vllm_from(start) if self.writer == "vllm" else self._hf_from(start)
 
     def _hf_from(self, start: int) -> Iterator[Sample]:
-        from draftsync.speculative.responses import generate_responses
+        from draftsync.speculative.data.responses import generate_responses
 
         # Generation batches sit at fixed positions with their own seed, so starting mid-way produces the
         # same samples as a run from the beginning (padding and sampling depend only on the batch).

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.checkpoint_files import (
+from draftsync.speculative.methods import EAGLE3
+from draftsync.speculative.methods.checkpoint_files import (
     CONFIG_FILE,
     bf16_tensors,
     check_tensors,
@@ -19,13 +20,12 @@ from draftsync.speculative.checkpoint_files import (
     read_safetensors,
     write_directory,
 )
-from draftsync.speculative.methods import EAGLE3
 
 if TYPE_CHECKING:
     import torch
 
-    from draftsync.speculative.eagle1 import EagleDrafter
-    from draftsync.speculative.eagle3 import Eagle3Drafter
+    from draftsync.speculative.methods.eagle1.model import EagleDrafter
+    from draftsync.speculative.methods.eagle3.model import Eagle3Drafter
 
 WEIGHTS_FILE = "model.safetensors"
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose eagle3 config schema this file follows
@@ -128,8 +128,8 @@ def read_config(directory: str | Path) -> dict[str, Any]:
 
 
 def _drafter_config(config: dict[str, Any], config_path: Path):
-    from draftsync.speculative.eagle3 import Eagle3Config
     from draftsync.speculative.families import rope_scaling_of
+    from draftsync.speculative.methods.eagle3.model import Eagle3Config
 
     try:
         layer = config["transformer_layer_config"]
@@ -174,7 +174,7 @@ def load_eagle3(directory: str | Path, dtype: torch.dtype | None = None) -> Eagl
     """Read a drafter written by save_eagle3 (or by speculators) into an Eagle3Drafter (float32 default)."""
     import torch
 
-    from draftsync.speculative.eagle3 import Eagle3Drafter
+    from draftsync.speculative.methods.eagle3.model import Eagle3Drafter
 
     path = Path(directory)
     config = read_config(path)

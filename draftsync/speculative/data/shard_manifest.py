@@ -27,8 +27,9 @@ import torch
 
 from draftsync.errors import DraftsyncError
 from draftsync.files import atomic_write, is_temp_file
-from draftsync.speculative.hidden_states import num_decoder_layers
-from draftsync.speculative.samples import Sample, SampleSource
+from draftsync.speculative.data.hidden_states import num_decoder_layers
+from draftsync.speculative.data.samples import Sample, SampleSource
+from draftsync.speculative.targets import target_fingerprint
 
 FORMAT = "draftsync-hidden-states"
 FORMAT_VERSION = 1
@@ -37,20 +38,6 @@ TOKEN_COUNTS_FILE = "token_counts.safetensors"
 
 
 # --- the target the states come from --------------------------------------------------------------
-def target_fingerprint(model: Any) -> str:
-    """A cheap identity of the target's weights: names, shapes and the first values of every tensor (the one taken
-    before placement.drop_decoder_layers reduced it, when it was)."""
-    kept = getattr(model, "draftsync_fingerprint", None)
-    if kept is not None:
-        return kept
-    digest = hashlib.sha256()
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            digest.update(f"{name}:{tuple(tensor.shape)}".encode())
-            digest.update(tensor.detach().reshape(-1)[:64].to(torch.float32).cpu().numpy().tobytes())
-    return digest.hexdigest()[:32]
-
-
 def target_facts(model: Any, target_name: str | None) -> dict:
     """The manifest's record of the target: what a resume and the trainer check the states against."""
     config = model.config

@@ -1,5 +1,5 @@
 """What torchrun runs on each rank of a data-parallel training: `python -m torch.distributed.run ... -m
-draftsync.speculative.train_ranks SPEC.json` (`command` renders it).
+draftsync.speculative.train.ranks SPEC.json` (`command` renders it).
 
 Every rank loads the target's head and the dataset and trains its slice of each step; the leader saves the drafter
 in the format its server loads and writes the training report beside it. A spec file, not arguments, carries the
@@ -163,12 +163,12 @@ def _is_this_machine(host: str) -> bool:
 def main(spec_file: str) -> None:
     import torch
 
-    from draftsync.speculative.data_parallel import Ranks, start, stop
-    from draftsync.speculative.drafters import load_drafter, save_drafter
-    from draftsync.speculative.online_states import open_dataset
+    from draftsync.speculative.data.online_states import open_dataset
+    from draftsync.speculative.methods.registry import load_drafter, save_drafter
     from draftsync.speculative.placement import drop_decoder_layers
     from draftsync.speculative.targets import load_target
-    from draftsync.speculative.training import TrainConfig, fit_drafter
+    from draftsync.speculative.train.data_parallel import Ranks, start, stop
+    from draftsync.speculative.train.training import TrainConfig, fit_drafter
 
     spec = RankSpec(**json.loads(Path(spec_file).read_text()))
     ranks = Ranks.from_environment()

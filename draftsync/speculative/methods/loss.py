@@ -19,7 +19,7 @@ import torch
 from draftsync.errors import DraftsyncError
 
 if TYPE_CHECKING:
-    from draftsync.speculative.training_batch import TrainingBatch
+    from draftsync.speculative.data.training_batch import TrainingBatch
 
 
 # Rows of the loss held in fp32 at once: the softmaxes over the draft vocabulary are never whole ([tokens x Dv]).

@@ -167,7 +167,7 @@ def target_num_layers(job: SpeculatorsTrainJob) -> int:
 
 
 def aux_layer_ids(job: SpeculatorsTrainJob) -> tuple[int, ...]:
-    from draftsync.speculative.hidden_states import default_aux_layer_ids, validate_aux_layer_ids
+    from draftsync.speculative.data.hidden_states import default_aux_layer_ids, validate_aux_layer_ids
 
     if job.aux_layer_ids is None:
         return default_aux_layer_ids(target_num_layers(job))
@@ -238,7 +238,7 @@ def generate_hidden_states_command(job: SpeculatorsTrainJob) -> list[str]:
 
 def train_arguments(job: SpeculatorsTrainJob) -> list[str]:
     """The flags of `speculators train` (identical under torchrun's `-m speculators.train`)."""
-    assert EAGLE3.speculators_type is not None  # set for the EAGLE-3 family (methods.py)
+    assert EAGLE3.speculators_type is not None  # set for the EAGLE-3 family (speculative/methods)
     args = [
         "--verifier-name-or-path",
         job.target,

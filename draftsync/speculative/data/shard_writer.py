@@ -19,9 +19,9 @@ import torch
 
 from draftsync.errors import DraftsyncError
 from draftsync.files import atomic_write
-from draftsync.speculative.hidden_states import capture, num_decoder_layers, validate_aux_layer_ids
-from draftsync.speculative.samples import Sample, SampleSource
-from draftsync.speculative.shard_manifest import (
+from draftsync.speculative.data.hidden_states import capture, num_decoder_layers, validate_aux_layer_ids
+from draftsync.speculative.data.samples import Sample, SampleSource
+from draftsync.speculative.data.shard_manifest import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST_FILE,

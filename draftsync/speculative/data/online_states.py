@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.hidden_states import capture
-from draftsync.speculative.shard_reader import ShardDataset
+from draftsync.speculative.data.hidden_states import capture
+from draftsync.speculative.data.shard_reader import ShardDataset
 
 
 class OnlineDataset(ShardDataset):

@@ -18,7 +18,7 @@ micro-batch of `tokens` (the step's other micro-batches come and go one at a tim
 Under FSDP2 (`optimizer_shards` ranks, the drafter sharded as one unit) a rank keeps 1/n of AdamW's moments; the
 weights and gradients are whole during the step's passes, which is where its peak is.
 
-The loss's softmaxes are chunked (draft_loss.LOSS_CHUNK_ELEMENTS) and the target's full-vocabulary logits are made
+The loss's softmaxes are chunked (methods/loss.py: LOSS_CHUNK_ELEMENTS) and the target's full-vocabulary logits are made
 a chunk of tokens at a time, so neither appears here beyond a constant. Every term is a count of elements times
 bytes, so it scales to any shape; bench/train_memory.py measures the step at shapes up to Llama-3.1-8B's drafter,
 in fp32 and in bf16 autocast, and prints both, which is as far as this model is to be trusted.

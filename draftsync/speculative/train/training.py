@@ -25,17 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
 from draftsync.files import atomic_write
-from draftsync.speculative.data_parallel import (
-    DDP,
-    ONE_PROCESS,
-    REPLICAS,
-    Ranks,
-    Replica,
-    load_optimizer_state,
-    most,
-    summed,
-    whole_state,
-)
 from draftsync.speculative.machine import trains_in_bf16
 from draftsync.speculative.methods import (
     DEFAULT_METHOD,
@@ -47,13 +36,24 @@ from draftsync.speculative.methods import (
     TRAINED_METHODS,
     is_eagle3_family,
 )
+from draftsync.speculative.train.data_parallel import (
+    DDP,
+    ONE_PROCESS,
+    REPLICAS,
+    Ranks,
+    Replica,
+    load_optimizer_state,
+    most,
+    summed,
+    whole_state,
+)
 
 if TYPE_CHECKING:
     import torch
 
     from draftsync.profiles import SyncProfile
-    from draftsync.speculative.shard_reader import ShardDataset
-    from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
+    from draftsync.speculative.data.shard_reader import ShardDataset
+    from draftsync.speculative.data.training_batch import DraftLoss, TrainingBatch
 
 CHECKPOINT_FILE = "trainer-state.pt"
 
@@ -186,8 +186,8 @@ def new_drafter_for(target_model: Any, dataset: ShardDataset, config: TrainConfi
     """
     import torch
 
-    from draftsync.speculative.draft_vocab import build_draft_vocab
-    from draftsync.speculative.drafters import new_drafter, parameter_count
+    from draftsync.speculative.data.draft_vocab import build_draft_vocab
+    from draftsync.speculative.methods.registry import new_drafter, parameter_count
 
     target_config = target_model.config
     vocab_size = target_config.vocab_size
@@ -204,7 +204,7 @@ def new_drafter_for(target_model: Any, dataset: ShardDataset, config: TrainConfi
         elif config.method == MEDUSA.name:
             drafter = new_drafter(MEDUSA.name, target_config, draft_vocab_size, num_heads=config.medusa_heads)
         elif config.method == DRAFT_MODEL.name:
-            from draftsync.speculative.draft_model import DraftModelDrafter
+            from draftsync.speculative.methods.draft_model.model import DraftModelDrafter
 
             budget = config.draft_model_parameters or parameter_count(new_drafter(EAGLE3.name, target_config)).own
             drafter = DraftModelDrafter.for_budget(target_config, budget)  # vLLM serves it over the whole vocabulary
@@ -264,7 +264,7 @@ def _target_head(target_model: Any):
 
 
 def _to_device(batch: TrainingBatch, device: torch.device) -> TrainingBatch:
-    from draftsync.speculative.training_batch import TrainingBatch
+    from draftsync.speculative.data.training_batch import TrainingBatch
 
     def move(tensor):
         return None if tensor is None else tensor.to(device, non_blocking=True)
@@ -402,7 +402,7 @@ def evaluate(
 
 def _check_dataset(dataset: ShardDataset, target_model: Any, config: TrainConfig) -> None:
     """The states on disk must come from this target, and EAGLE-3 needs the aux states it was told to read."""
-    from draftsync.speculative.shard_manifest import target_fingerprint
+    from draftsync.speculative.targets import target_fingerprint
 
     built_for = dataset.manifest["target"]
     if built_for["fingerprint"] != target_fingerprint(target_model):
@@ -455,7 +455,7 @@ def optimisation_step(
     sharded replica runs as many micro-batches as the busiest rank, the extra ones weighing nothing."""
     import torch
 
-    from draftsync.speculative.training_batch import DraftLoss
+    from draftsync.speculative.data.training_batch import DraftLoss
 
     # the last step's gradients go before the forward pass, so they never sit beside its activations
     optimizer.zero_grad(set_to_none=True)

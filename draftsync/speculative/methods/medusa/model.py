@@ -6,7 +6,7 @@ the identity) followed by its own lm_head over the draft vocabulary. This is vLL
 and `.bias`, `lm_heads.{k}.weight`), so what the reference engine drafts is what vLLM drafts. All K
 proposals come from one state in one pass, so a draft costs no drafter steps; the price is that head k
 cannot see the tokens guessed before it. A reduced draft vocabulary keeps training cheap and is stored as
-EAGLE-3 stores it (`d2t`, `t2d`); medusa_format.py widens the heads to the whole vocabulary on disk.
+EAGLE-3 stores it (`d2t`, `t2d`); checkpoint.py widens the heads to the whole vocabulary on disk.
 
 Alignment: at row t (the target's state after token t, which already gives token t+1) head k predicts
 token t+2+k.
@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.draft_loss import check_window, distribution_terms, gaussian_noise
-from draftsync.speculative.draft_vocab import DraftVocabBuffers, check_draft_vocab_size
+from draftsync.speculative.data.draft_vocab import DraftVocabBuffers, check_draft_vocab_size
+from draftsync.speculative.data.training_batch import DraftLoss, TrainingBatch
 from draftsync.speculative.methods import MEDUSA
-from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
+from draftsync.speculative.methods.loss import check_window, distribution_terms, gaussian_noise
 
 LOSS_DECAY = 0.8  # head k's loss weighs decay**k (the Medusa paper's), later heads being harder
 
@@ -109,7 +109,7 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
         if head.shape[1] != self.config.hidden_size:
             raise DraftsyncError(
                 f"the target's lm_head reads {head.shape[1]} features, the Medusa heads {self.config.hidden_size}",
-                f"build the drafter for this target (drafters.new_drafter({MEDUSA.name!r}, target.config))",
+                f"build the drafter for this target (registry.new_drafter({MEDUSA.name!r}, target.config))",
             )
         rows = head[self.draft_token_ids.to(head.device)]
         with torch.no_grad():

@@ -1,6 +1,6 @@
 """Proposers: how each kind of drafter turns what is committed into the tokens the target verifies.
 
-The engine (engine.py) owns verification, the target's KV cache and the counters; a proposer owns
+The engine (engine/decoding.py) owns verification, the target's KV cache and the counters; a proposer owns
 drafting. It is told which target states it reads (`target_states`: "aux" for EAGLE-3, "final" for
 EAGLE-1 and Medusa, "none" for n-gram lookup and an independent draft model), so the engine captures
 only those. Each request gets its own proposer state (a drafter KV cache, a token buffer, or nothing).
@@ -53,7 +53,7 @@ def drafter_method(drafter: Any) -> str:
     method = getattr(drafter, "method", None)
     if method:
         return str(method)
-    from draftsync.speculative.eagle3 import Eagle3Drafter
+    from draftsync.speculative.methods.eagle3.model import Eagle3Drafter
 
     if isinstance(drafter, Eagle3Drafter):
         return eagle3_variant(drafter.config.fc_norm, drafter.config.norm_output)
@@ -74,7 +74,7 @@ def check_vocabulary(drafter: Any, target_model: Any) -> None:
 
 def check_target_states(drafter: Any, target_model: Any, states: str, aux_layer_ids: tuple[int, ...]) -> None:
     """The drafter reads hidden states of the target's width, at depths the target has."""
-    from draftsync.speculative.hidden_states import num_decoder_layers
+    from draftsync.speculative.data.hidden_states import num_decoder_layers
 
     check_vocabulary(drafter, target_model)
     if states == "none":
@@ -139,7 +139,7 @@ class ChainProposer:
         new_cache = getattr(self.drafter, "new_cache", None)
         if new_cache is not None:
             return new_cache()
-        from draftsync.speculative.eagle3 import DrafterKVCache
+        from draftsync.speculative.methods.eagle3.model import DrafterKVCache
 
         return DrafterKVCache()
 
@@ -322,7 +322,7 @@ class DraftModelProposer:
         return self.drafter.new_cache()
 
     def propose(self, committed, pending_states, state, gamma, temperature, generator):
-        from draftsync.speculative.hidden_states import crop_kv_cache
+        from draftsync.speculative.data.hidden_states import crop_kv_cache
 
         drafter, cache = self.drafter, state
         held = cache.get_seq_length()

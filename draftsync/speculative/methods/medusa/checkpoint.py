@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.checkpoint_files import (
+from draftsync.speculative.methods import MEDUSA
+from draftsync.speculative.methods.checkpoint_files import (
     CONFIG_FILE,
     bf16_tensors,
     check_tensors,
@@ -44,12 +45,11 @@ from draftsync.speculative.checkpoint_files import (
     read_safetensors,
     write_directory,
 )
-from draftsync.speculative.methods import MEDUSA
 
 if TYPE_CHECKING:
     import torch
 
-    from draftsync.speculative.medusa import MedusaDrafter
+    from draftsync.speculative.methods.medusa.model import MedusaDrafter
 
 WEIGHTS_FILE = "model.safetensors"
 ARCHITECTURE = "MedusaModel"
@@ -124,14 +124,14 @@ def load_medusa(directory: str | Path, dtype: torch.dtype | None = None) -> Medu
     """
     import torch
 
-    from draftsync.speculative.medusa import MedusaConfig, MedusaDrafter
+    from draftsync.speculative.methods.medusa.model import MedusaConfig, MedusaDrafter
 
     path, config = read_json(directory)
     if not is_medusa_config(config):
         raise DraftsyncError(
             f"{path} is not a Medusa drafter config (draftsync_drafter is "
             f"{config.get('draftsync_drafter')!r}, not {DRAFTER_KIND!r})",
-            "load it with drafters.load_drafter, which detects the format, or re-save it",
+            "load it with registry.load_drafter, which detects the format, or re-save it",
         )
     drafter = MedusaDrafter(
         MedusaConfig(

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import torch
 
 CONFIG_FILE = "config.json"
-RESAVE = "re-save the drafter with draftsync.speculative.drafters.save_drafter (or re-train it)"
+RESAVE = "re-save the drafter with draftsync.speculative.methods.registry.save_drafter (or re-train it)"
 
 
 def bf16_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -23,11 +23,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.draft_loss import check_window, distribution_terms, gaussian_noise
-from draftsync.speculative.draft_vocab import DraftVocabBuffers, check_draft_vocab_size
+from draftsync.speculative.data.draft_vocab import DraftVocabBuffers, check_draft_vocab_size
+from draftsync.speculative.data.training_batch import DraftLoss, TrainingBatch
 from draftsync.speculative.families import rope_scaling_of, sliding_window_of
 from draftsync.speculative.methods import eagle3_variant
-from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
+from draftsync.speculative.methods.loss import check_window, distribution_terms, gaussian_noise
 
 
 @dataclass
@@ -122,7 +122,7 @@ class Eagle3Config(DraftLayerConfig):
         **flags: Any,
     ) -> Eagle3Config:
         """A drafter shaped like one decoder layer of `target_config` (a transformers Llama config)."""
-        from draftsync.speculative.hidden_states import default_aux_layer_ids, validate_aux_layer_ids
+        from draftsync.speculative.data.hidden_states import default_aux_layer_ids, validate_aux_layer_ids
 
         num_layers = target_config.num_hidden_layers
         ids = (
@@ -363,7 +363,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
     def initialise_from_target(self, target: Any, freeze_embeddings: bool = True) -> None:
         """Copy the target's final norm and (draft-vocabulary rows of) lm_head where shapes allow. A frozen embedding
         is the target's own tensor, held once (in the target's dtype and place), not a copy beside it."""
-        from draftsync.speculative.hidden_states import final_norm_of
+        from draftsync.speculative.data.hidden_states import final_norm_of
 
         with torch.no_grad():
             embed = target.get_input_embeddings().weight

@@ -26,14 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.draft_loss import (
-    check_window,
-    distribution_terms,
-    gaussian_noise,
-    masked_mean,
-    prediction_rows,
-)
-from draftsync.speculative.eagle3 import (
+from draftsync.speculative.data.training_batch import DraftLoss, TrainingBatch
+from draftsync.speculative.methods import EAGLE, EAGLE3, MEDUSA
+from draftsync.speculative.methods.eagle3.model import (
     DrafterKVCache,
     DraftLayerConfig,
     Eagle3Attention,
@@ -45,8 +40,13 @@ from draftsync.speculative.eagle3 import (
     rope_tables,
     training_time_test_mask,
 )
-from draftsync.speculative.methods import EAGLE, EAGLE3, MEDUSA
-from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
+from draftsync.speculative.methods.loss import (
+    check_window,
+    distribution_terms,
+    gaussian_noise,
+    masked_mean,
+    prediction_rows,
+)
 
 # EAGLE-1's loss weights: feature regression dominates, the token loss (through the frozen head) steers it.
 FEATURE_LOSS_WEIGHT = 1.0
@@ -152,7 +152,7 @@ class EagleDrafter(nn.Module):
             raise DraftsyncError(
                 f"the target's embedding {tuple(embed.shape)} / lm_head {tuple(head.shape)} do not fit the EAGLE-1 "
                 f"drafter ({tuple(self.embed_tokens.weight.shape)} each)",
-                f"build the drafter for this target (drafters.new_drafter({EAGLE.name!r}, target.config))",
+                f"build the drafter for this target (registry.new_drafter({EAGLE.name!r}, target.config))",
             )
         with torch.no_grad():
             self.embed_tokens.weight.copy_(embed)

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.shard_manifest import FORMAT, FORMAT_VERSION, MANIFEST_FILE, stores_states
-from draftsync.speculative.training_batch import TrainingBatch
+from draftsync.speculative.data.shard_manifest import FORMAT, FORMAT_VERSION, MANIFEST_FILE, stores_states
+from draftsync.speculative.data.training_batch import TrainingBatch
 
 MIN_WINDOW_TOKENS = 3  # a window needs a state, a next token and one token after it to train on
 
@@ -177,7 +177,7 @@ class ShardDataset:
         if not self.stores_states:
             raise DraftsyncError(
                 f"the dataset in {self.path} holds tokens only: its states are computed online",
-                "read it through draftsync.speculative.online_states.OnlineDataset with its target",
+                "read it through draftsync.speculative.data.online_states.OnlineDataset with its target",
             )
         names = ("input_ids", "loss_mask", "final", "aux") if self.has_aux else ("input_ids", "loss_mask", "final")
         return [self._read(sequence, start, length, names) for sequence, start, length in windows.tolist()]

@@ -1,9 +1,9 @@
 """Every drafter method behind one door: build, save, load and size a drafter by its method name.
 
-Methods (named in methods.py) and their checkpoint formats:
+Methods (named in speculative/methods) and their checkpoint formats:
 - the EAGLE-3 family (EAGLE-3, and EAGLE 3.1 with fc_norm and norm_output): the speculators format vLLM detects;
-- EAGLE-1: the one-layer Llama layout vLLM's EAGLE method loads (eagle1_format.py);
-- Medusa: the layout vLLM's Medusa method loads (medusa_format.py), plus draftsync's own keys;
+- EAGLE-1: the one-layer Llama layout vLLM's EAGLE method loads (eagle1/checkpoint.py);
+- Medusa: the layout vLLM's Medusa method loads (medusa/checkpoint.py), plus draftsync's own keys;
 - the draft model (the benchmarks' independent small LM): a plain HF checkpoint. It is a baseline, not a
   sync method, so `new_drafter` does not build it (the trainer sizes it).
 A directory's config.json says which one it holds, so loading needs no method name.
@@ -74,7 +74,7 @@ def new_drafter(
     _check_method(method)
     _check_options(method, options)
     if is_eagle3_family(method):
-        from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
+        from draftsync.speculative.methods.eagle3.model import Eagle3Config, Eagle3Drafter
 
         flags = dict(options)
         if method == EAGLE3_1.name:
@@ -92,7 +92,7 @@ def new_drafter(
             f"leave aux_layer_ids unset for method {method!r} (they apply to {EAGLE3} and {EAGLE3_1})",
         )
     if method == EAGLE.name:
-        from draftsync.speculative.eagle1 import EagleConfig, EagleDrafter
+        from draftsync.speculative.methods.eagle1.model import EagleConfig, EagleDrafter
 
         if draft_vocab_size not in (None, target_config.vocab_size):
             raise DraftsyncError(
@@ -102,7 +102,7 @@ def new_drafter(
                 "vocabulary",
             )
         return EagleDrafter(EagleConfig.for_target(target_config, **options))
-    from draftsync.speculative.medusa import MedusaConfig, MedusaDrafter
+    from draftsync.speculative.methods.medusa.model import MedusaConfig, MedusaDrafter
 
     return MedusaDrafter(MedusaConfig.for_target(target_config, draft_vocab_size, **options))
 
@@ -117,19 +117,19 @@ def save_drafter(
     """Write `drafter` in its method's format to `out_dir` and return the directory."""
     method = getattr(drafter, "method", None)
     if is_eagle3_family(method):
-        from draftsync.speculative.speculators_format import save_eagle3
+        from draftsync.speculative.methods.eagle3.checkpoint import save_eagle3
 
         return save_eagle3(drafter, out_dir, verifier_name_or_path, verifier_architectures, speculative_tokens)
     if method == EAGLE.name:
-        from draftsync.speculative.eagle1_format import save_eagle
+        from draftsync.speculative.methods.eagle1.checkpoint import save_eagle
 
         return save_eagle(drafter, out_dir, verifier_name_or_path, verifier_architectures, speculative_tokens)
     if method == MEDUSA.name:
-        from draftsync.speculative.medusa_format import save_medusa
+        from draftsync.speculative.methods.medusa.checkpoint import save_medusa
 
         return save_medusa(drafter, out_dir, verifier_name_or_path, verifier_architectures, speculative_tokens)
     if method == DRAFT_MODEL.name:
-        from draftsync.speculative.draft_model import save_draft_model
+        from draftsync.speculative.methods.draft_model.model import save_draft_model
 
         return save_draft_model(
             drafter,
@@ -146,7 +146,7 @@ def save_drafter(
 
 def drafter_method(directory: str | Path) -> str:
     """The method of the drafter saved in `directory`, read from its config.json."""
-    from draftsync.speculative.checkpoint_files import read_json
+    from draftsync.speculative.methods.checkpoint_files import read_json
 
     path, config = read_json(directory)
     if config.get("speculators_model_type") == EAGLE3.speculators_type:
@@ -166,7 +166,7 @@ def drafter_method(directory: str | Path) -> str:
 def check_drafter_fits_target(drafter_dir: str | Path, target_dir: str | Path) -> None:
     """Refuse a drafter built for another vocabulary than the target's, from both config.json files alone, before
     any engine loads them (vLLM would start and then fail or serve garbage)."""
-    from draftsync.speculative.checkpoint_files import read_json
+    from draftsync.speculative.methods.checkpoint_files import read_json
 
     _, config = read_json(drafter_dir)
     built_for = config.get("transformer_layer_config", {}).get("vocab_size", config.get("vocab_size"))
@@ -183,18 +183,18 @@ def load_drafter(directory: str | Path, dtype: torch.dtype | None = None):
     """The drafter saved in `directory`, whatever its method (float32 unless `dtype` says otherwise)."""
     method = drafter_method(directory)
     if is_eagle3_family(method):
-        from draftsync.speculative.speculators_format import load_eagle3
+        from draftsync.speculative.methods.eagle3.checkpoint import load_eagle3
 
         return load_eagle3(directory, dtype)
     if method == EAGLE.name:
-        from draftsync.speculative.eagle1_format import load_eagle
+        from draftsync.speculative.methods.eagle1.checkpoint import load_eagle
 
         return load_eagle(directory, dtype)
     if method == DRAFT_MODEL.name:
-        from draftsync.speculative.draft_model import load_draft_model
+        from draftsync.speculative.methods.draft_model.model import load_draft_model
 
         return load_draft_model(directory, dtype)
-    from draftsync.speculative.medusa_format import load_medusa
+    from draftsync.speculative.methods.medusa.checkpoint import load_medusa
 
     return load_medusa(directory, dtype)
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.checkpoint_files import (
+from draftsync.speculative.methods import EAGLE
+from draftsync.speculative.methods.checkpoint_files import (
     CONFIG_FILE,
     RESAVE,
     bf16_tensors,
@@ -31,12 +32,11 @@ from draftsync.speculative.checkpoint_files import (
     read_safetensors,
     write_directory,
 )
-from draftsync.speculative.methods import EAGLE
 
 if TYPE_CHECKING:
     import torch
 
-    from draftsync.speculative.eagle1 import EagleDrafter
+    from draftsync.speculative.methods.eagle1.model import EagleDrafter
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -51,7 +51,7 @@ def eagle_config(
     """The whole config.json of an EAGLE-1 drafter directory."""
     import transformers
 
-    from draftsync.speculative.speculators_format import transformer_layer_config
+    from draftsync.speculative.methods.eagle3.checkpoint import transformer_layer_config
 
     config = drafter.config
     return {
@@ -95,8 +95,8 @@ def is_eagle_config(config: dict[str, Any]) -> bool:
 
 
 def _drafter_config(config: dict[str, Any], path: Path):
-    from draftsync.speculative.eagle1 import EagleConfig
     from draftsync.speculative.families import rope_scaling_of
+    from draftsync.speculative.methods.eagle1.model import EagleConfig
 
     if config.get("model_type") != "llama" or config_value(config, path, "num_hidden_layers") != 1:
         raise DraftsyncError(f"{path} is not a one-layer Llama config, which an EAGLE-1 drafter is", RESAVE)
@@ -128,14 +128,14 @@ def load_eagle(directory: str | Path, dtype: torch.dtype | None = None) -> Eagle
     """Read a drafter written by save_eagle into an EagleDrafter (float32 unless `dtype` says otherwise)."""
     import torch
 
-    from draftsync.speculative.eagle1 import EagleDrafter
+    from draftsync.speculative.methods.eagle1.model import EagleDrafter
 
     path, config = read_json(directory)
     if not is_eagle_config(config):
         raise DraftsyncError(
             f"{path} is not an EAGLE-1 drafter config (draftsync_drafter is "
             f"{config.get('draftsync_drafter')!r}, not {DRAFTER_KIND!r})",
-            "load it with drafters.load_drafter, which detects the format, or re-save it",
+            "load it with registry.load_drafter, which detects the format, or re-save it",
         )
     drafter = EagleDrafter(_drafter_config(config, path))
     folder = Path(directory)

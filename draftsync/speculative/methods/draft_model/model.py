@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.hidden_states import final_norm_of
+from draftsync.speculative.data.hidden_states import final_norm_of
+from draftsync.speculative.data.training_batch import DraftLoss, TrainingBatch
 from draftsync.speculative.methods import DRAFT_MODEL
-from draftsync.speculative.training_batch import DraftLoss, TrainingBatch
 
 MARKER_FILE = "draftsync_drafter.json"
 BUDGET_TOLERANCE = 0.05
@@ -100,7 +100,7 @@ class DraftModelDrafter(nn.Module):
     def __init__(self, config: Any):
         from transformers import LlamaForCausalLM
 
-        from draftsync.speculative.hidden_states import cache_keyword
+        from draftsync.speculative.data.hidden_states import cache_keyword
 
         super().__init__()
         draft_vocab = getattr(config, "draft_vocab_size", None) or config.vocab_size
@@ -192,7 +192,7 @@ class DraftModelDrafter(nn.Module):
 
     # ---- inference ----------------------------------------------------------------------------------
     def new_cache(self) -> Any:
-        from draftsync.speculative.hidden_states import new_kv_cache
+        from draftsync.speculative.data.hidden_states import new_kv_cache
 
         return new_kv_cache(self.lm)
 
