@@ -151,8 +151,7 @@ def main() -> None:
     from draftsync.speculative.builtin.targets import build_target, builtin_recipe
     from draftsync.speculative.data.corpora import prompts
     from draftsync.speculative.engine.decoding import SpeculativeEngine
-    from draftsync.speculative.methods.proposing import make_proposer
-    from draftsync.speculative.methods.registry import parameter_count
+    from draftsync.speculative.methods.registry import make_proposer, parameter_count
     from draftsync.speculative.targets import load_target
 
     torch.set_num_threads(1)  # tiny models: one thread beats two spin-waiting ones on a busy machine

@@ -16,7 +16,7 @@ from prefect.cache_policies import NONE
 from draftsync.planning.workload import FRAMEWORK_TASK, NO_DRAFTER
 from draftsync.profiles import SyncProfile
 from draftsync.registry.tags import TargetVersion, recommended_tags
-from draftsync.speculative.methods import MEDUSA, TRAINED_METHODS
+from draftsync.speculative.methods import METHODS, TRAINED_METHODS
 from draftsync.tasks import context
 from draftsync.tasks.serving import configured_deployments
 
@@ -70,9 +70,9 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
             "gamma": start,
             "validation": profile.validation.model_copy(update={"gamma_range": (low, high)}),
         }
-        if recommended == MEDUSA.name:
+        if METHODS[recommended].fixed_heads:
             update["medusa_heads"] = max(profile.medusa_heads, start)  # one head per drafted token
-        elif profile.ttt_steps < start:
+        elif METHODS[recommended].chains and profile.ttt_steps < start:
             # a chained drafter learns as many positions ahead as it will draft
             update["ttt_steps"] = start
             assumptions.append(f"ttt_steps raised from {profile.ttt_steps} to the recommended gamma {start}")

@@ -17,7 +17,8 @@ from draftsync.speculative.data.hidden_states import capture
 from draftsync.speculative.engine.decoding import SpeculativeEngine
 from draftsync.speculative.methods.draft_model.model import DraftModelDrafter
 from draftsync.speculative.methods.eagle3.model import Eagle3Config, Eagle3Drafter
-from draftsync.speculative.methods.proposing import NgramProposer, lookup, make_proposer
+from draftsync.speculative.methods.ngram.proposer import NgramProposer, lookup
+from draftsync.speculative.methods.registry import make_proposer
 
 from tests.speculative.greedy import greedy_reference
 

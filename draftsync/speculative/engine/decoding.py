@@ -7,8 +7,9 @@ target's distribution after the last one gives a bonus token. The target's KV ca
 the accepted prefix. Counters follow vLLM's spec-decode metrics (drafts, draft tokens, accepted, per
 position); a step whose proposal is empty (n-gram lookup without a match) is no draft, as in vLLM.
 
-Drafting lives in methods/proposing.py, one proposer per kind of drafter (EAGLE-3/3.1/1 chains, Medusa heads,
-n-gram lookup, an independent draft model); the engine captures only the target states it reads.
+Drafting is the proposer's, which each method brings (methods/<method>/proposer.py: EAGLE-3/3.1/1 chains, Medusa
+heads, n-gram lookup, an independent draft model) and the method registry hands out; the engine captures only the
+target states it reads.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ class SpeculativeEngine:
 
     def __init__(self, target_model: Any, drafter: Any, gamma: int):
         from draftsync.speculative.data.hidden_states import cache_keyword, num_decoder_layers
-        from draftsync.speculative.methods.proposing import make_proposer
+        from draftsync.speculative.methods.registry import make_proposer
 
         if gamma < 0:
             raise DraftsyncError(f"gamma={gamma} is negative", "use gamma >= 0 (0 turns speculation off)")

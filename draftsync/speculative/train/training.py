@@ -26,16 +26,7 @@ from typing import TYPE_CHECKING, Any
 from draftsync.errors import DraftsyncError
 from draftsync.files import atomic_write
 from draftsync.speculative.machine import trains_in_bf16
-from draftsync.speculative.methods import (
-    DEFAULT_METHOD,
-    DRAFT_MODEL,
-    EAGLE,
-    EAGLE3,
-    MEDUSA,
-    METHODS,
-    TRAINED_METHODS,
-    is_eagle3_family,
-)
+from draftsync.speculative.methods import DEFAULT_METHOD, METHODS, is_eagle3_family
 from draftsync.speculative.train.data_parallel import (
     DDP,
     ONE_PROCESS,
@@ -54,6 +45,7 @@ if TYPE_CHECKING:
     from draftsync.profiles import SyncProfile
     from draftsync.speculative.data.shard_reader import ShardDataset
     from draftsync.speculative.data.training_batch import DraftLoss, TrainingBatch
+    from draftsync.speculative.methods.drafter import Drafter
 
 CHECKPOINT_FILE = "trainer-state.pt"
 
@@ -187,32 +179,24 @@ def new_drafter_for(target_model: Any, dataset: ShardDataset, config: TrainConfi
     import torch
 
     from draftsync.speculative.data.draft_vocab import build_draft_vocab
-    from draftsync.speculative.methods.registry import new_drafter, parameter_count
+    from draftsync.speculative.methods.registry import new_drafter_to_train
 
     target_config = target_model.config
     vocab_size = target_config.vocab_size
     draft_vocab_size = config.draft_vocab_size or vocab_size
+    aux = None
+    if is_eagle3_family(config.method):  # the methods that read aux states: the training's ids, else the dataset's
+        aux = config.aux_layer_ids if config.aux_layer_ids is not None else dataset.aux_layer_ids
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        if is_eagle3_family(config.method):
-            aux = config.aux_layer_ids if config.aux_layer_ids is not None else dataset.aux_layer_ids
-            drafter = new_drafter(config.method, target_config, draft_vocab_size, aux)
-        elif config.method == EAGLE.name:
-            drafter = new_drafter(
-                EAGLE.name, target_config, None if draft_vocab_size == vocab_size else draft_vocab_size
-            )
-        elif config.method == MEDUSA.name:
-            drafter = new_drafter(MEDUSA.name, target_config, draft_vocab_size, num_heads=config.medusa_heads)
-        elif config.method == DRAFT_MODEL.name:
-            from draftsync.speculative.methods.draft_model.model import DraftModelDrafter
-
-            budget = config.draft_model_parameters or parameter_count(new_drafter(EAGLE3.name, target_config)).own
-            drafter = DraftModelDrafter.for_budget(target_config, budget)  # vLLM serves it over the whole vocabulary
-        else:
-            raise DraftsyncError(
-                f"unknown drafter method {config.method!r}",
-                f"use {', '.join(TRAINED_METHODS)} (or {DRAFT_MODEL} for the benchmark baseline)",
-            )
+        drafter = new_drafter_to_train(
+            config.method,
+            target_config,
+            None if draft_vocab_size == vocab_size else draft_vocab_size,
+            aux,
+            medusa_heads=config.medusa_heads,
+            draft_model_parameters=config.draft_model_parameters,
+        )
     if drafter.config.draft_vocab_size < vocab_size:
         d2t, t2d = build_draft_vocab(dataset.token_counts(), drafter.config.draft_vocab_size)
         drafter.set_draft_vocab(d2t, t2d)
@@ -228,15 +212,13 @@ def warm_start(drafter: Any, source: Any) -> int:
     """
     import torch
 
-    if getattr(source, "method", None) != getattr(drafter, "method", None):
+    if source.method != drafter.method:
         return 0
     own = drafter.state_dict()
     copied = 0
     head_names = {name for name in own if name.endswith("lm_head.weight")}
     # frozen copies of the target (its embedding) come from this target, never from the previous one's drafter
-    from_target = set(getattr(drafter, "target_copy_names", ())) & {
-        n for n, p in drafter.named_parameters() if not p.requires_grad
-    }
+    from_target = set(drafter.target_copy_names) & {n for n, p in drafter.named_parameters() if not p.requires_grad}
     with torch.no_grad():
         for name, tensor in source.state_dict().items():
             if (
@@ -318,7 +300,7 @@ def _with_target_logits(
 
 def _draft_columns(drafter: Any, vocab_size: int, device: torch.device) -> torch.Tensor | None:
     """The target ids of a reduced draft vocabulary (None: the drafter predicts over the whole vocabulary)."""
-    if getattr(drafter, "d2t", None) is None or drafter.config.draft_vocab_size >= vocab_size:
+    if drafter.d2t is None or drafter.config.draft_vocab_size >= vocab_size:
         return None
     return drafter.draft_token_ids.to(device)
 
@@ -425,9 +407,10 @@ def _dataset_identity(dataset: ShardDataset) -> str:
     return f"{manifest['target']['fingerprint']}:{manifest['samples_digest']}:{manifest['num_sequences']}"
 
 
-def _positions(drafter: Any) -> int:
-    """How many draft positions to evaluate: Medusa's heads, else a chain of three."""
-    return getattr(drafter.config, "num_heads", 3)
+def _positions(drafter: Drafter) -> int:
+    """How many draft positions to evaluate: those a drafter proposes at once (Medusa's heads), else a chain of
+    three."""
+    return 3 if drafter.fixed_positions is None else drafter.fixed_positions
 
 
 def optimisation_step(

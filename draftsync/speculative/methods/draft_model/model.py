@@ -96,6 +96,9 @@ class DraftModelDrafter(nn.Module):
     method = DRAFT_MODEL.name
     target_states = "none"
     target_copy_names: tuple[str, ...] = ()  # vLLM serves a draft model with its own embedding and head
+    aux_layer_ids: tuple[int, ...] = ()
+    fixed_positions: int | None = None  # it drafts token after token, as many as it is asked
+    d2t: torch.Tensor | None = None  # it predicts the whole vocabulary
 
     def __init__(self, config: Any):
         from transformers import LlamaForCausalLM

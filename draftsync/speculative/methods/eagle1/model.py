@@ -102,6 +102,8 @@ class EagleDrafter(nn.Module):
     method = EAGLE.name
     target_states = "final"  # reads the target's post-norm last hidden state
     target_copy_names = ("embed_tokens.weight", "lm_head.weight")  # frozen copies of the target's
+    aux_layer_ids: tuple[int, ...] = ()
+    fixed_positions: int | None = None  # a chain: it drafts as many positions as it is asked
     inv_freq: torch.Tensor  # a buffer (register_buffer)
 
     def __init__(self, config: EagleConfig):
@@ -136,6 +138,10 @@ class EagleDrafter(nn.Module):
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids
+
+    def new_cache(self) -> DrafterKVCache:
+        """An empty KV cache of its one layer, for a request's draft chain."""
+        return DrafterKVCache()
 
     # ---- initialisation from the target -----------------------------------------------------------
     def initialise_from_target(self, target: Any, freeze_embeddings: bool = True) -> None:
@@ -266,3 +272,15 @@ class EagleDrafter(nn.Module):
             result.position_counts.append(terms.count)
         result.total = torch.stack(losses).sum()
         return result
+
+
+def new_eagle(target_config: Any, draft_vocab_size: int | None = None, **options: Any) -> EagleDrafter:
+    """A fresh EAGLE-1 drafter shaped for a target with `target_config`; its vocabulary is the target's whole one."""
+    if draft_vocab_size not in (None, target_config.vocab_size):
+        raise DraftsyncError(
+            f"a draft vocabulary of {draft_vocab_size} was asked of an EAGLE-1 drafter",
+            f"leave draft_vocab_size unset for method {EAGLE.name!r} (vLLM's EAGLE-1 predicts through the "
+            f"target's lm_head, over the whole vocabulary); use {EAGLE3} or {MEDUSA} for a reduced draft "
+            "vocabulary",
+        )
+    return EagleDrafter(EagleConfig.for_target(target_config, **options))

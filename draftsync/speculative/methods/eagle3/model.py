@@ -26,7 +26,7 @@ from draftsync.errors import DraftsyncError
 from draftsync.speculative.data.draft_vocab import DraftVocabBuffers, check_draft_vocab_size
 from draftsync.speculative.data.training_batch import DraftLoss, TrainingBatch
 from draftsync.speculative.families import rope_scaling_of, sliding_window_of
-from draftsync.speculative.methods import eagle3_variant
+from draftsync.speculative.methods import EAGLE3, EAGLE3_1, eagle3_variant
 from draftsync.speculative.methods.loss import check_window, distribution_terms, gaussian_noise
 
 
@@ -325,6 +325,7 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
 
     target_states = "aux"  # reads the concatenated aux states of the target
     target_copy_names = ("embed_tokens.weight",)  # a frozen copy of the target's embedding
+    fixed_positions: int | None = None  # a chain: it drafts as many positions as it is asked
     config: Eagle3Config
     inv_freq: torch.Tensor  # a buffer (register_buffer)
     activation_checkpointing = False  # the trainer's: recompute the layer in backward instead of keeping it
@@ -358,6 +359,15 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
     @property
     def method(self) -> str:
         return eagle3_variant(self.config.fc_norm, self.config.norm_output)
+
+    @property
+    def aux_layer_ids(self) -> tuple[int, ...]:
+        """The target layers whose states `fuse` reads, in order."""
+        return self.config.aux_layer_ids
+
+    def new_cache(self) -> DrafterKVCache:
+        """An empty KV cache of its one layer, for a request's draft chain."""
+        return DrafterKVCache()
 
     # ---- initialisation from the target -----------------------------------------------------------
     def initialise_from_target(self, target: Any, freeze_embeddings: bool = True) -> None:
@@ -500,3 +510,28 @@ class Eagle3Drafter(DraftVocabBuffers, nn.Module):
             result.position_counts.append(terms.count)
         result.total = torch.stack(losses).sum()
         return result
+
+
+def new_eagle3(
+    target_config: Any,
+    draft_vocab_size: int | None = None,
+    aux_layer_ids: tuple[int, ...] | list[int] | None = None,
+    **flags: Any,
+) -> Eagle3Drafter:
+    """A fresh EAGLE-3 drafter shaped for a target with `target_config`, its norm flags as given."""
+    return Eagle3Drafter(Eagle3Config.for_target(target_config, draft_vocab_size, aux_layer_ids, **flags))
+
+
+def new_eagle3_1(
+    target_config: Any,
+    draft_vocab_size: int | None = None,
+    aux_layer_ids: tuple[int, ...] | list[int] | None = None,
+    **flags: Any,
+) -> Eagle3Drafter:
+    """A fresh EAGLE 3.1 drafter: EAGLE-3 with fc_norm and norm_output, which it cannot go without."""
+    if flags.get("fc_norm") is False or flags.get("norm_output") is False:
+        raise DraftsyncError(
+            f"an {EAGLE3_1} drafter was asked to go without fc_norm or norm_output",
+            f"EAGLE 3.1 is EAGLE-3 with both: use method {EAGLE3.name!r} to choose the flags",
+        )
+    return new_eagle3(target_config, draft_vocab_size, aux_layer_ids, **{**flags, "fc_norm": True, "norm_output": True})

@@ -86,6 +86,7 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
     target_states = "final"  # reads the target's post-norm last hidden state
     target_copy_names: tuple[str, ...] = ()  # every head is trained
     config: MedusaConfig
+    aux_layer_ids: tuple[int, ...] = ()
 
     def __init__(self, config: MedusaConfig):
         super().__init__()
@@ -101,6 +102,11 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
             nn.init.zeros_(parameter)
         for weight in self.lm_heads.parameters():  # each head's weight (no bias), head 0 first
             nn.init.normal_(weight, std=0.02)
+
+    @property
+    def fixed_positions(self) -> int:
+        """One draft proposes one position per head."""
+        return self.config.num_heads
 
     # ---- initialisation from the target -----------------------------------------------------------
     def initialise_from_target(self, target: Any, freeze_embeddings: bool = True) -> None:
@@ -154,3 +160,8 @@ class MedusaDrafter(DraftVocabBuffers, nn.Module):
             result.position_counts.append(terms.count)
         result.total = torch.stack(losses).sum()
         return result
+
+
+def new_medusa(target_config: Any, draft_vocab_size: int | None = None, **options: Any) -> MedusaDrafter:
+    """Fresh Medusa heads shaped for a target with `target_config` (options: num_heads, num_layers, loss_decay)."""
+    return MedusaDrafter(MedusaConfig.for_target(target_config, draft_vocab_size, **options))
