@@ -41,7 +41,7 @@ from typing import get_args
 
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import DraftSampling
-from draftsync.speculative.methods import METHODS, NGRAM, VLLM_METHODS
+from draftsync.speculative.methods import METHODS, NGRAM, VLLM_METHODS, needs_no_checkpoint
 
 # vLLM's default n-gram window when neither end is given (SpeculativeConfig.__post_init__).
 DEFAULT_PROMPT_LOOKUP = 5
@@ -255,7 +255,7 @@ def render_vllm_command(
     if trusted:
         argv.append(TRUST_REMOTE_CODE_FLAG)
     speculative_config = None
-    if drafter_dir is not None or method == NGRAM.name:
+    if drafter_dir is not None or needs_no_checkpoint(method):
         speculative_config = _speculative_config(
             drafter_dir, method, gamma, tensor_parallel_size, schedule, prompt_lookup_min, prompt_lookup_max
         )

@@ -249,8 +249,8 @@ def train_drafter(
         "parameters": counts.own,
         "parameters_pct_of_target": round(100.0 * counts.own / target_parameters, 2),
     }
-    if hasattr(drafter.config, "aux_layer_ids"):
-        summary["aux_layer_ids"] = list(drafter.config.aux_layer_ids)
+    if drafter.aux_layer_ids:  # a drafter that reads the target's aux states
+        summary["aux_layer_ids"] = list(drafter.aux_layer_ids)
     (out / "draftsync_training.json").write_text(json.dumps(summary, indent=2))
     history: dict[str, list[tuple[int, float]]] = {}
     for row in report.history:

@@ -94,3 +94,10 @@ def is_eagle3_family(name: str | None) -> bool:
 def eagle3_variant(fc_norm: bool, norm_output: bool) -> str:
     """The EAGLE-3 family member a drafter's norm flags make: both norms are EAGLE 3.1."""
     return EAGLE3_1.name if fc_norm and norm_output else EAGLE3.name
+
+
+def needs_no_checkpoint(name: str | None) -> bool:
+    """Whether method `name` drafts without a checkpoint (n-gram lookup, from the prompt); False for a name that is
+    no method."""
+    method = METHODS.get(name) if name is not None else None
+    return method is not None and not method.needs_checkpoint
