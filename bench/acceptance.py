@@ -73,11 +73,11 @@ def distinct_4gram_share(outputs: list[list[int]]) -> float:
 
 
 def build_dataset(model, tokenizer, task_mix, settings, out_dir: Path, seed: int):
-    from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
-    from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
-    from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
-    from draftsync.speculative.shard_reader import ShardDataset
-    from draftsync.speculative.shard_writer import build_shards
+    from draftsync.speculative.data.corpora import mixed_texts, task_prompts_for_mix
+    from draftsync.speculative.data.hidden_states import default_aux_layer_ids, num_decoder_layers
+    from draftsync.speculative.data.samples import concat_samples, regenerated_samples, teacher_forced_samples
+    from draftsync.speculative.data.shard_reader import ShardDataset
+    from draftsync.speculative.data.shard_writer import build_shards
 
     pairs = mixed_texts(task_mix, settings["texts"], seed=seed)
     prompts = task_prompts_for_mix(task_mix, settings["generated"], seed=seed + 100, split="train")
@@ -90,7 +90,7 @@ def build_dataset(model, tokenizer, task_mix, settings, out_dir: Path, seed: int
 
 
 def train(method, target, dataset, settings, init_from=None, **overrides):
-    from draftsync.speculative.training import TrainConfig, fit_drafter
+    from draftsync.speculative.train.training import TrainConfig, fit_drafter
 
     config = TrainConfig(
         method=method,
@@ -148,11 +148,11 @@ def main() -> None:
     quiet_offline_environment()
 
     import torch
-    from draftsync.speculative.corpora import prompts
-    from draftsync.speculative.drafters import parameter_count
-    from draftsync.speculative.engine import SpeculativeEngine
-    from draftsync.speculative.proposers import make_proposer
-    from draftsync.speculative.targets import build_target, builtin_recipe, load_target
+    from draftsync.speculative.builtin.targets import build_target, builtin_recipe
+    from draftsync.speculative.data.corpora import prompts
+    from draftsync.speculative.engine.decoding import SpeculativeEngine
+    from draftsync.speculative.methods.registry import make_proposer, parameter_count
+    from draftsync.speculative.targets import load_target
 
     torch.set_num_threads(1)  # tiny models: one thread beats two spin-waiting ones on a busy machine
     settings = dict(SETTINGS[args.quick], **({"size": args.size} if args.size else {}))

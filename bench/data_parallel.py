@@ -2,7 +2,7 @@
 
 The demo's target v1 (hidden 256, 4 layers, vocabulary 2048) writes hidden-state shards of 200 random sequences of 128
 tokens; an EAGLE-3 drafter (draft vocabulary 256, two training-time-test steps) trains `--steps` steps of 16 x 128
-tokens on them, through `draftsync.speculative.train_ranks` as a sync runs it, once per world size per round (the
+tokens on them, through `draftsync.speculative.train.ranks` as a sync runs it, once per world size per round (the
 sizes alternate, so a burst of load falls on both). Each run's loss curve, its steps per second in the training loop,
 and its wall time with torchrun's start are recorded; the loss curves should agree, and the speed ratio is read
 within the run. On a 2-core CPU, 2 gloo ranks of 1 thread each compete with 1 rank of 2 threads: the figure says
@@ -31,7 +31,7 @@ from harness import emit_json, machine_facts  # noqa: E402
 
 
 def _run(spec_file: Path, processes: int) -> dict:
-    from draftsync.speculative.train_ranks import REPORT_FILE, command
+    from draftsync.speculative.train.ranks import REPORT_FILE, command
 
     started = time.perf_counter()
     done = subprocess.run(command(spec_file, processes), capture_output=True, text=True)
@@ -54,11 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     load = os.getloadavg()[0]
 
-    from draftsync.speculative.samples import Sample
-    from draftsync.speculative.shard_writer import build_shards
-    from draftsync.speculative.targets import build_target, builtin_recipe, load_target
-    from draftsync.speculative.train_ranks import RankSpec
-    from draftsync.speculative.training import TrainConfig
+    from draftsync.speculative.builtin.targets import build_target, builtin_recipe
+    from draftsync.speculative.data.samples import Sample
+    from draftsync.speculative.data.shard_writer import build_shards
+    from draftsync.speculative.targets import load_target
+    from draftsync.speculative.train.ranks import RankSpec
+    from draftsync.speculative.train.training import TrainConfig
 
     runs: dict[int, list[dict]] = {1: [], 2: []}
     with tempfile.TemporaryDirectory() as work_dir:

@@ -25,10 +25,10 @@ TASK_MIX = {"code": 0.5, "math": 0.5}
 
 def build_child(target_dir: str, samples: int, out: str, shard_tokens: int, batch_size: int) -> dict:
     import torch
-    from draftsync.speculative.corpora import mixed_texts
-    from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
-    from draftsync.speculative.samples import teacher_forced_samples
-    from draftsync.speculative.shard_writer import build_shards
+    from draftsync.speculative.data.corpora import mixed_texts
+    from draftsync.speculative.data.hidden_states import default_aux_layer_ids, num_decoder_layers
+    from draftsync.speculative.data.samples import teacher_forced_samples
+    from draftsync.speculative.data.shard_writer import build_shards
     from draftsync.speculative.targets import load_target
 
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
@@ -51,7 +51,7 @@ def build_child(target_dir: str, samples: int, out: str, shard_tokens: int, batc
 
 def read_child(out: str, batch_size: int, seq_len: int) -> dict:
     """One pass over every training window in step order, as a trainer would stream them."""
-    from draftsync.speculative.shard_reader import ShardDataset
+    from draftsync.speculative.data.shard_reader import ShardDataset
 
     data = ShardDataset(out)
     train, _ = data.split(0.05, seed=0)
@@ -103,7 +103,7 @@ def main() -> None:
         print(json.dumps(read_child(args.out, args.batch_size, args.seq_len)))
         return
 
-    from draftsync.speculative.targets import build_target, builtin_recipe
+    from draftsync.speculative.builtin.targets import build_target, builtin_recipe
 
     workdir = Path(args.workdir).resolve()
     cache_dir = Path(args.cache_dir).resolve() if args.cache_dir else workdir / "cache"

@@ -40,7 +40,7 @@ def main() -> None:
     try:
         from draftsync.flows.sync import sync
         from draftsync.profiles import profile
-        from draftsync.speculative.targets import build_target, builtin_recipe
+        from draftsync.speculative.builtin.targets import build_target, builtin_recipe
         from draftsync.tasks.registration import publish_target
 
         recipe = builtin_recipe(1)

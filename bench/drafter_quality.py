@@ -84,11 +84,11 @@ def log(message: str) -> None:
 def build_dataset(target_dir: Path, model, tokenizer, task_mix: dict, profile, root: Path):
     """The shards a sync builds with `profile` (corpus texts and the target's own greedy responses), cached by the
     profile's dataset key and the task mix."""
-    from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
-    from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
-    from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
-    from draftsync.speculative.shard_reader import ShardDataset
-    from draftsync.speculative.shard_writer import build_shards
+    from draftsync.speculative.data.corpora import mixed_texts, task_prompts_for_mix
+    from draftsync.speculative.data.hidden_states import default_aux_layer_ids, num_decoder_layers
+    from draftsync.speculative.data.samples import concat_samples, regenerated_samples, teacher_forced_samples
+    from draftsync.speculative.data.shard_reader import ShardDataset
+    from draftsync.speculative.data.shard_writer import build_shards
 
     mix = "-".join(f"{task}{share:.2f}" for task, share in sorted(task_mix.items()))
     out = root / f"data-{target_dir.name}-{profile.dataset_key()}-{mix}"
@@ -108,7 +108,7 @@ def build_dataset(target_dir: Path, model, tokenizer, task_mix: dict, profile, r
 def acceptance(target, drafter, requests: list[list[int]], gamma: int, max_tokens: int, temperature: float) -> dict:
     """Pooled acceptance, per-request P5/P50 (as the validation checklist computes them), mean acceptance length,
     and the outputs."""
-    from draftsync.speculative.engine import SpeculativeEngine
+    from draftsync.speculative.engine.decoding import SpeculativeEngine
     from draftsync.stats import percentile
 
     generations = generate_all(SpeculativeEngine(target, drafter, gamma), requests, max_tokens, temperature)
@@ -132,9 +132,10 @@ def recipe_part(settings: dict, quick: bool, only: list[str], cache: Path, root:
     """The demo's sync, one axis of its recipe changed at a time."""
     import torch
     from draftsync.profiles import profile as sync_profile
-    from draftsync.speculative.corpora import task_prompts_for_mix
-    from draftsync.speculative.targets import build_target, builtin_recipe, load_target
-    from draftsync.speculative.training import TrainConfig, fit_drafter
+    from draftsync.speculative.builtin.targets import build_target, builtin_recipe
+    from draftsync.speculative.data.corpora import task_prompts_for_mix
+    from draftsync.speculative.targets import load_target
+    from draftsync.speculative.train.training import TrainConfig, fit_drafter
 
     recipe = builtin_recipe(1, "demo")
     target_dir = build_target(recipe, cache)
@@ -209,9 +210,10 @@ def methods_part(settings: dict, sizes: list[str], methods: list[str], cache: Pa
     import statistics
 
     import torch
-    from draftsync.speculative.corpora import prompts
-    from draftsync.speculative.targets import build_target, builtin_recipe, load_target
-    from draftsync.speculative.training import TrainConfig, fit_drafter
+    from draftsync.speculative.builtin.targets import build_target, builtin_recipe
+    from draftsync.speculative.data.corpora import prompts
+    from draftsync.speculative.targets import load_target
+    from draftsync.speculative.train.training import TrainConfig, fit_drafter
 
     out = {}
     for size in sizes:
@@ -313,9 +315,10 @@ def methods_part(settings: dict, sizes: list[str], methods: list[str], cache: Pa
 def warm_part(settings: dict, cache: Path, root: Path) -> dict:
     """Target v1's drafter continued on v2's data for a share of the cold steps, against a cold drafter."""
     import torch
-    from draftsync.speculative.corpora import task_prompts_for_mix
-    from draftsync.speculative.targets import build_target, builtin_recipe, load_target
-    from draftsync.speculative.training import TrainConfig, fit_drafter
+    from draftsync.speculative.builtin.targets import build_target, builtin_recipe
+    from draftsync.speculative.data.corpora import task_prompts_for_mix
+    from draftsync.speculative.targets import load_target
+    from draftsync.speculative.train.training import TrainConfig, fit_drafter
 
     profile = method_profile(settings)
     v1_dir = build_target(builtin_recipe(1, "strong-deep"), cache)
@@ -389,9 +392,10 @@ def story_part(seeds: int, precisions: list[str], cache: Path, root: Path) -> di
     from draftsync.cli.demo import STALE_THRESHOLD, TRAFFIC_MIX
     from draftsync.profiles import profile as sync_profile
     from draftsync.serving.evaluation import ReferenceBackend
-    from draftsync.speculative.drafters import save_drafter
-    from draftsync.speculative.targets import build_target, builtin_recipe, load_target
-    from draftsync.speculative.training import TrainConfig, fit_drafter
+    from draftsync.speculative.builtin.targets import build_target, builtin_recipe
+    from draftsync.speculative.methods.registry import save_drafter
+    from draftsync.speculative.targets import load_target
+    from draftsync.speculative.train.training import TrainConfig, fit_drafter
     from draftsync.validation.runner import run_checklist
 
     base = sync_profile("demo")

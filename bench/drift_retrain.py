@@ -37,8 +37,8 @@ GATES = {"mean": 0.70, "p50": 0.70, "p5": 0.50}
 
 
 def _acceptance(target, tokenizer, drafter_dir: Path, prompts: list[str]) -> dict:
-    from draftsync.speculative.drafters import load_drafter
-    from draftsync.speculative.engine import SpeculativeEngine
+    from draftsync.speculative.engine.decoding import SpeculativeEngine
+    from draftsync.speculative.methods.registry import load_drafter
     from draftsync.stats import percentile
 
     engine = SpeculativeEngine(target, load_drafter(drafter_dir), GAMMA)
@@ -82,8 +82,9 @@ def main() -> None:
         from draftsync.flows.sync import sync
         from draftsync.profiles import profile
         from draftsync.serving.traffic_capture import TrafficCapture
-        from draftsync.speculative.corpora import prompts
-        from draftsync.speculative.targets import build_target, builtin_recipe, load_target
+        from draftsync.speculative.builtin.targets import build_target, builtin_recipe
+        from draftsync.speculative.data.corpora import prompts
+        from draftsync.speculative.targets import load_target
         from draftsync.tasks.registration import publish_target
         from draftsync.tasks.serving import capture_config, configured_deployments
 

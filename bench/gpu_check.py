@@ -40,13 +40,13 @@ def main() -> None:
 
 def run(steps: int, tiny: bool) -> dict:
     import torch
-    from draftsync.speculative.draft_vocab import build_draft_vocab
-    from draftsync.speculative.drafters import new_drafter
-    from draftsync.speculative.hidden_states import capture, default_aux_layer_ids
+    from draftsync.speculative.data.draft_vocab import build_draft_vocab
+    from draftsync.speculative.data.hidden_states import capture, default_aux_layer_ids
+    from draftsync.speculative.data.training_batch import TrainingBatch
     from draftsync.speculative.methods import EAGLE3
-    from draftsync.speculative.step_memory import BF16, FP32, StepShape, predict_step_memory
-    from draftsync.speculative.training import TrainConfig, optimisation_step
-    from draftsync.speculative.training_batch import TrainingBatch
+    from draftsync.speculative.methods.registry import new_drafter
+    from draftsync.speculative.train.step_memory import BF16, FP32, StepShape, predict_step_memory
+    from draftsync.speculative.train.training import TrainConfig, optimisation_step
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cuda = torch.cuda.is_available()

@@ -59,9 +59,10 @@ def main() -> None:
 
     from draftsync.serving.vllm_engine import find_vllm_engine
     from draftsync.serving.vllm_responses import IN_FLIGHT, VllmResponseWriter
-    from draftsync.speculative.corpora import task_prompts_for_mix
-    from draftsync.speculative.responses import generate_responses
-    from draftsync.speculative.targets import build_target, builtin_recipe, load_target
+    from draftsync.speculative.builtin.targets import build_target, builtin_recipe
+    from draftsync.speculative.data.corpora import task_prompts_for_mix
+    from draftsync.speculative.data.responses import generate_responses
+    from draftsync.speculative.targets import load_target
 
     engine = find_vllm_engine()  # no engine, no comparison: fail before the long part
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="draftsync-responses-"))

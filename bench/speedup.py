@@ -121,8 +121,8 @@ def step_costs(target, drafter, context_ids: list[int], verify_tokens: int, repe
     so every repetition sees the same context. The three are timed in turn within each repetition.
     """
     import torch
-    from draftsync.speculative.eagle3 import DrafterKVCache
-    from draftsync.speculative.hidden_states import cache_keyword, capture, crop_kv_cache, new_kv_cache
+    from draftsync.speculative.data.hidden_states import cache_keyword, capture, crop_kv_cache, new_kv_cache
+    from draftsync.speculative.methods.eagle3.model import DrafterKVCache
 
     keyword = cache_keyword(target)
     layer_ids = tuple(drafter.config.aux_layer_ids)
@@ -174,7 +174,7 @@ def trained_drafters(
     a drafter is missing. A draft model gets the EAGLE-3 drafter's own parameter count (as in acceptance.py), so
     "eagle3" comes before "draft_model" in `methods`.
     """
-    from draftsync.speculative.drafters import parameter_count, save_drafter
+    from draftsync.speculative.methods.registry import parameter_count, save_drafter
 
     settings_key = hashlib.sha256(json.dumps(data_settings, sort_keys=True).encode()).hexdigest()[:8]
     architectures = list(getattr(target.config, "architectures", None) or ["LlamaForCausalLM"])
@@ -253,9 +253,10 @@ def run_reference(quick: bool, size: str | None, workdir: Path) -> dict:
     """The EAGLE-3 sweep on the reference engine and the step costs timed directly (the module docstring)."""
     import torch
     from draftsync.serving.evaluation import EvalRequest, ReferenceBackend, checkpoint_weight_bytes
-    from draftsync.speculative.corpora import prompts
-    from draftsync.speculative.drafters import parameter_count
-    from draftsync.speculative.targets import build_target, builtin_recipe, load_target
+    from draftsync.speculative.builtin.targets import build_target, builtin_recipe
+    from draftsync.speculative.data.corpora import prompts
+    from draftsync.speculative.methods.registry import parameter_count
+    from draftsync.speculative.targets import load_target
 
     torch.set_num_threads(1)  # tiny models: one thread beats two spin-waiting ones on a busy machine
     settings = dict(SETTINGS[quick], **({"size": size} if size else {}))

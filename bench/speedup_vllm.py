@@ -241,8 +241,9 @@ def run_vllm(quick: bool, size: str | None, workdir: Path, draft_sampling: str |
     from draftsync.serving.evaluation import EvalRequest
     from draftsync.serving.vllm_engine import find_vllm_engine
     from draftsync.serving.vllm_evaluation import VllmBackend
-    from draftsync.speculative.corpora import prompts
-    from draftsync.speculative.targets import build_target, builtin_recipe, describe_target, load_target
+    from draftsync.speculative.builtin.targets import build_target, builtin_recipe
+    from draftsync.speculative.data.corpora import prompts
+    from draftsync.speculative.targets import describe_target, load_target
 
     from acceptance import SETTINGS as ACCEPTANCE_SETTINGS
     from harness import machine_facts

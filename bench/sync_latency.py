@@ -233,7 +233,8 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
         from draftsync.registry.model_registry import Registry, drafter_model_name, target_tags
         from draftsync.registry.webhooks import create_or_update_webhook
         from draftsync.serving.deployment import ServingDeployment
-        from draftsync.speculative.targets import TARGET_INFO_FILE, build_target, builtin_recipe, describe_target
+        from draftsync.speculative.builtin.targets import build_target, builtin_recipe
+        from draftsync.speculative.targets import TARGET_INFO_FILE, describe_target
         from draftsync.tasks.serving import stop_all
         from draftsync.tasks.sync_requests import handle_registry_change, planned_method
 

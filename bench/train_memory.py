@@ -1,4 +1,4 @@
-"""Peak memory of one EAGLE-3 training step, measured against `speculative/step_memory.py`'s prediction.
+"""Peak memory of one EAGLE-3 training step, measured against `speculative/train/step_memory.py`'s prediction.
 
 Each shape runs in its own process: a Llama-shaped target config (no target weights: the step needs only the target's
 lm_head, randomly initialised here), a fresh EAGLE-3 drafter, a batch of random states, then two
@@ -48,12 +48,12 @@ def measure(run: str) -> dict:
     from contextlib import nullcontext
 
     import torch
-    from draftsync.speculative.draft_vocab import build_draft_vocab
-    from draftsync.speculative.drafters import new_drafter
+    from draftsync.speculative.data.draft_vocab import build_draft_vocab
+    from draftsync.speculative.data.training_batch import TrainingBatch
     from draftsync.speculative.methods import EAGLE3
-    from draftsync.speculative.step_memory import BF16, FP32, StepShape, predict_step_memory
-    from draftsync.speculative.training import TrainConfig, optimisation_step
-    from draftsync.speculative.training_batch import TrainingBatch
+    from draftsync.speculative.methods.registry import new_drafter
+    from draftsync.speculative.train.step_memory import BF16, FP32, StepShape, predict_step_memory
+    from draftsync.speculative.train.training import TrainConfig, optimisation_step
     from transformers import LlamaConfig
 
     name, precision, *options = run.split(":")

@@ -50,7 +50,7 @@ def _target_steps(model, batch, steps: int, bf16: bool) -> float:
 
 
 def _drafter_seconds(target, dataset, steps: int, precision: str) -> float:
-    from draftsync.speculative.training import TrainConfig, fit_drafter
+    from draftsync.speculative.train.training import TrainConfig, fit_drafter
 
     config = TrainConfig(
         method="eagle3", steps=steps, draft_vocab_size=256, batch_size=8, seq_len=128, ttt_steps=2, precision=precision
@@ -69,11 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
 
     import torch
+    from draftsync.speculative.builtin.targets import builtin_recipe, family_config
+    from draftsync.speculative.data.samples import Sample
+    from draftsync.speculative.data.shard_reader import ShardDataset
+    from draftsync.speculative.data.shard_writer import build_shards
     from draftsync.speculative.machine import cpu_bf16_speedup, trains_in_bf16
-    from draftsync.speculative.samples import Sample
-    from draftsync.speculative.shard_reader import ShardDataset
-    from draftsync.speculative.shard_writer import build_shards
-    from draftsync.speculative.targets import builtin_recipe, family_config
     from transformers import AutoModelForCausalLM
 
     recipe = builtin_recipe(1, "demo")

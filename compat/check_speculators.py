@@ -100,8 +100,8 @@ def tiny_target(directory: Path):
 def random_drafter(target_config, flags: dict, seed: int):
     """An Eagle3Drafter with every weight redrawn at a scale that gives logits of order one."""
     import torch
-    from draftsync.speculative.draft_vocab import build_draft_vocab
-    from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
+    from draftsync.speculative.data.draft_vocab import build_draft_vocab
+    from draftsync.speculative.methods.eagle3.model import Eagle3Config, Eagle3Drafter
 
     generator = torch.Generator().manual_seed(seed)
     drafter = Eagle3Drafter(Eagle3Config.for_target(target_config, draft_vocab_size=DRAFT_VOCAB, **flags))
@@ -200,13 +200,13 @@ def tensors_agree(directory: Path, ours, theirs) -> dict:
 
 
 def family_target(family: str, directory: Path):
-    """A tiny random target of a built-in family (draftsync.speculative.targets.FAMILY_SHAPES), on this script's
+    """A tiny random target of a built-in family (draftsync.speculative.builtin.targets.FAMILY_SHAPES), on this script's
     shape: transformers' own class with the family's rope, head_dim, GQA and tied embeddings."""
     import dataclasses
 
     import torch
     import transformers
-    from draftsync.speculative.targets import builtin_recipe, family_config
+    from draftsync.speculative.builtin.targets import builtin_recipe, family_config
 
     recipe = dataclasses.replace(
         builtin_recipe(1, "test", family),
@@ -224,7 +224,7 @@ def family_target(family: str, directory: Path):
 
 def check_variant(name: str, flags: dict, target, target_dir: Path, work: Path, seed: int) -> dict:
     import torch
-    from draftsync.speculative.speculators_format import load_eagle3, save_eagle3
+    from draftsync.speculative.methods.eagle3.checkpoint import load_eagle3, save_eagle3
 
     drafter = random_drafter(target.config, flags, seed)
     drafter_dir = save_eagle3(drafter, work / name, str(target_dir), [type(target).__name__], speculative_tokens=3)

@@ -1,4 +1,4 @@
-"""The commands draftsync renders for `speculators` (speculators_train.py), checked against the installed package.
+"""The commands draftsync renders for `speculators` (train/speculators.py), checked against the installed package.
 
 - `speculators prepare-data` / `generate-offline-data`: parsed by speculators' own click commands;
 - the training flags: resolved by speculators' `TrainConfig.resolve` (its argparse and its validators),
@@ -54,7 +54,7 @@ def _split_train(command: list[str]) -> tuple[list[str] | None, list[str]]:
 
 
 def check_job(job) -> dict:
-    from draftsync.speculative import speculators_train as backend
+    from draftsync.speculative.train import speculators as backend
 
     problems: list[str] = []
     prepare = _parse_click(backend.prepare_data_command(job))
@@ -140,9 +140,9 @@ def _tiny_tokenizer(directory: Path, vocab_size: int) -> None:
 def dry_run(job, counts, env: dict[str, str]) -> dict:
     """`speculators train ... --dry-run` as rendered, then the checkpoint read back by draftsync."""
     import torch
-    from draftsync.speculative import speculators_train as backend
-    from draftsync.speculative.draft_vocab import build_draft_vocab
-    from draftsync.speculative.speculators_format import load_eagle3
+    from draftsync.speculative.data.draft_vocab import build_draft_vocab
+    from draftsync.speculative.methods.eagle3.checkpoint import load_eagle3
+    from draftsync.speculative.train import speculators as backend
 
     prepared = Path(job.prepared_dir)
     prepared.mkdir(parents=True, exist_ok=True)
@@ -176,7 +176,7 @@ def dry_run(job, counts, env: dict[str, str]) -> dict:
 
 def check_rendered_commands(work: Path, target_dir: Path, vocab_size: int) -> dict:
     import torch
-    from draftsync.speculative.speculators_train import SpeculatorsTrainJob
+    from draftsync.speculative.train.speculators import SpeculatorsTrainJob
 
     odd = work / "data dir; $(touch x) & 'q'"
     jobs = {

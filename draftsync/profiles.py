@@ -120,7 +120,7 @@ class SyncProfile(BaseModel):
     model_config = STRICT
 
     name: str = "demo"
-    method: str = DEFAULT_METHOD  # one of TRAINED_METHODS (methods.py)
+    method: str = DEFAULT_METHOD  # one of TRAINED_METHODS (speculative/methods)
     gamma: int = Field(2, ge=1, le=16)
     draft_vocab_size: int = Field(256, ge=16)
     aux_layer_ids: tuple[int, int, int] | None = None  # EAGLE-3 depths; None: low/mid/high of the target

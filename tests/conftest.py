@@ -253,7 +253,7 @@ def built_targets(tmp_path_factory) -> dict[int, Path]:
     They are trained once per recipe into DRAFTSYNC_TEST_CACHE (default .draftsync/test-cache in the checkout),
     cached by the recipe's hash as the demo caches its targets, so `make test`, `make test-story`, `make
     test-system` and `make test-vllm` train them once between them."""
-    from draftsync.speculative.targets import build_target, builtin_recipe
+    from draftsync.speculative.builtin.targets import build_target, builtin_recipe
 
     cache = Path(
         os.environ.get("DRAFTSYNC_TEST_CACHE", Path(__file__).resolve().parents[1] / ".draftsync" / "test-cache")

@@ -65,7 +65,7 @@ _.holdout_positions
 _.warm_start_tensors
 _.trainable_held
 
-# speculators_train's scale-out API, as docs/TRAINING.md shows it.
+# train/speculators.py's scale-out API, as docs/TRAINING.md shows it.
 _.write_token_rows
 _.run_job
 _.render_commands

@@ -130,7 +130,7 @@ def _target_entry(version: int, recipe, task_mix: dict[str, float], built: str, 
     """A target as demo.json records it: the traffic it is registered for (`task_mix`) and what it was trained on,
     how it came (`built`: "shipped" with draftsync; else "before the demo", by `demo --prepare` or an earlier
     run; else "in the story"), and the seconds its training took."""
-    from draftsync.speculative.targets import built_target_info
+    from draftsync.speculative.builtin.targets import built_target_info
 
     info = built_target_info(recipe, cache_dir) or {}
     return {
@@ -172,7 +172,7 @@ def _phase(
     read back from the store."""
     from draftsync.flows.scrape import scrape
     from draftsync.monitors.trends import summarize
-    from draftsync.speculative.corpora import prompts
+    from draftsync.speculative.data.corpora import prompts
     from draftsync.tasks.traffic import send_traffic
 
     store = context.store()
@@ -319,9 +319,9 @@ def run_demo(engine: str = "auto") -> dict:
     from draftsync.flows.watch import watch
     from draftsync.flows.weekly_report import weekly_report
     from draftsync.profiles import profile
+    from draftsync.speculative.builtin.shipped_targets import find_shipped
+    from draftsync.speculative.builtin.targets import build_target, built_target_info, builtin_recipe
     from draftsync.speculative.machine import machine_record
-    from draftsync.speculative.shipped_targets import find_shipped
-    from draftsync.speculative.targets import build_target, built_target_info, builtin_recipe
     from draftsync.tasks.registration import publish_target
     from draftsync.tasks.serving import serving_record, stop_all
 
@@ -500,9 +500,9 @@ def prepare_demo() -> Path:
     found there), import the story's modules, migrate Prefect's database, and fill the user cache's corpus documents
     and training-precision probe: what the story would otherwise do first on the clock. `make demo` runs this while
     vLLM's environment installs."""
-    from draftsync.speculative.corpora import documents
+    from draftsync.speculative.builtin.targets import build_target, builtin_recipe
+    from draftsync.speculative.data.corpora import documents
     from draftsync.speculative.machine import cpu_bf16_speedup
-    from draftsync.speculative.targets import build_target, builtin_recipe
 
     t = time.perf_counter()
     settings = context.settings()
@@ -529,7 +529,7 @@ def prepare_demo() -> Path:
 
 def rebuild_shipped_targets() -> None:
     """Train every shipped target from its recipe and ship it; the work dir's cache keeps what it had (same keys)."""
-    from draftsync.speculative.targets import rebuild_shipped_targets as rebuild
+    from draftsync.speculative.builtin.targets import rebuild_shipped_targets as rebuild
 
     console = Console()
     t = time.perf_counter()

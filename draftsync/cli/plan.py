@@ -52,7 +52,7 @@ def plan_command(
     from draftsync.planning.sync_plan import TargetShape, detect_worker, plan_sync
     from draftsync.profiles import profile as named_profile
     from draftsync.settings import Settings
-    from draftsync.speculative.corpora import response_prompts
+    from draftsync.speculative.data.corpora import response_prompts
 
     for flag, value in (("--gpus", gpus), ("--gpu-memory-gb", gpu_memory_gb)):
         if value is not None and value < (0 if flag == "--gpus" else 1e-9):
@@ -90,7 +90,7 @@ def rendered_commands(plan: SyncPlan, directory: Path) -> dict[str, str]:
     import shlex
 
     from draftsync.serving.vllm_args import ServerResources, render_vllm_command
-    from draftsync.speculative.train_ranks import command
+    from draftsync.speculative.train.ranks import command
 
     commands = {}
     if plan.settings.get("servers"):
@@ -120,7 +120,7 @@ def _speculators_commands(plan: SyncPlan, directory: Path) -> dict[str, str]:
     prepare-data, generate-offline-data and the training under torchrun."""
     import shlex
 
-    from draftsync.speculative.speculators_train import (
+    from draftsync.speculative.train.speculators import (
         SpeculatorsTrainJob,
         hidden_state_server_command,
         render_commands,

@@ -32,7 +32,7 @@ CORPUS_TASK = {"chat": "prose"}
 
 def parse_task_mix(text: str | None, target: str) -> dict[str, float]:
     """`code=0.7,math=0.3` as {task: share}: tasks of the built-in corpora, positive shares, normalised to sum 1."""
-    from draftsync.speculative.corpora import TASKS
+    from draftsync.speculative.data.corpora import TASKS
 
     how = (
         f"pass {TASK_MIX_EXAMPLE}: TASK=SHARE pairs for tasks among {', '.join(TASKS)}, "

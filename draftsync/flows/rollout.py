@@ -47,7 +47,7 @@ TPOT_TOLERANCE = 0.25  # the canary's TPOT may be this much worse than the repla
 
 
 def _prompts(deployment: ServingDeployment, count: int, seed: int) -> list[str]:
-    from draftsync.speculative.corpora import prompts_for_mix
+    from draftsync.speculative.data.corpora import prompts_for_mix
 
     return prompts_for_mix(deployment.task_mix, count, seed=seed)
 

@@ -4,7 +4,7 @@ that make it fit, or a refusal that names the stage, the number that does not fi
 The stages are the sync's: `responses` (the target writes its own answers), `hidden_states` (its teacher-forced
 pass over every training sequence), `training` (the drafter's steps) and `validation` (a server with the target
 and the drafter). Memory comes from shapes: the target's weights from its config (or its safetensors headers), a
-training step from `speculative.step_memory` (checked against measurement by bench/train_memory.py), servers and
+training step from `speculative.train.step_memory` (checked against measurement by bench/train_memory.py), servers and
 forward passes from their weights plus stated margins. Times are estimates from stated throughputs, not
 measurements: they say whether a sync takes hours or weeks, no more.
 """
@@ -281,7 +281,7 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
 
     `responses`: how many distinct prompts the target answers (None: the profile's generated_samples).
     Long: the stages planned in the order a sync runs them, each on what the one before left free."""
-    from draftsync.speculative.shard_writer import shard_bytes_per_token
+    from draftsync.speculative.data.shard_writer import shard_bytes_per_token
 
     on_gpu = worker.gpus > 0
     weights = target.weight_bytes(on_gpu)
@@ -510,7 +510,7 @@ def _plan_training(
     On a GPU the target's decoder layers are dropped before training (its lm_head, embedding and final norm are
     all a step reads), so only the step's own memory counts; on a CPU the whole fp32 target stays in host memory.
     Long: one search over micro-batch and checkpointing, its arithmetic kept together."""
-    from draftsync.speculative.step_memory import BF16, FP32, StepShape, drafter_parameters, predict_step_memory
+    from draftsync.speculative.train.step_memory import BF16, FP32, StepShape, drafter_parameters, predict_step_memory
 
     on_gpu = worker.gpus > 0
     gpu = max(range(worker.gpus), key=worker.free_gib) if on_gpu else 0

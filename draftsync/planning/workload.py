@@ -16,7 +16,7 @@ from draftsync.speculative.methods import EAGLE3, EAGLE3_1, MEDUSA
 
 Task = Literal["code", "math", "chat", "creative", "translation", "summary"]
 NO_DRAFTER = "none"  # the recommendation's method when speculative decoding does not pay
-# What the framework can recommend: no drafter, or one of these methods (methods.py names them).
+# What the framework can recommend: no drafter, or one of these methods (speculative/methods names them).
 METHODS: tuple[str, ...] = (NO_DRAFTER, EAGLE3.name, EAGLE3_1.name, MEDUSA.name)
 TASKS: tuple[str, ...] = get_args(Task)
 

@@ -51,7 +51,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import DraftSampling
 from draftsync.serving.vllm_args import VllmLaunch, check_extra_vllm_args, render_vllm_command
-from draftsync.speculative.corpora import TASKS
+from draftsync.speculative.data.corpora import TASKS
 
 if TYPE_CHECKING:
     from draftsync.serving.vllm_engine import VllmEngine

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.methods import MEDUSA
 
 SERVED_NAME = "evaluation"  # the model name the evaluation's servers answer to
 REFERENCE_START_TIMEOUT_S = 180.0
@@ -157,7 +156,7 @@ class ReferenceBackend:
     ):
         import torch
 
-        from draftsync.speculative.drafters import load_drafter
+        from draftsync.speculative.methods.registry import load_drafter
         from draftsync.speculative.targets import load_target
 
         self._threads_before = torch.get_num_threads()
@@ -167,8 +166,8 @@ class ReferenceBackend:
         self.drafter = load_drafter(Path(drafter_dir)) if drafter_dir is not None else None
         if self.drafter is None:
             self.max_gamma = 0
-        elif getattr(self.drafter, "method", "") == MEDUSA.name:
-            self.max_gamma = int(self.drafter.config.num_heads)  # one proposal per head
+        elif self.drafter.fixed_positions is not None:
+            self.max_gamma = int(self.drafter.fixed_positions)  # Medusa: one proposal per head
         else:
             self.max_gamma = 16  # chains draft as far as asked
         self._engines: dict[int, Any] = {}
@@ -178,7 +177,7 @@ class ReferenceBackend:
         self._servers: dict[int, Any] = {}  # gamma -> ServerProcess
 
     def engine(self, gamma: int) -> Any:
-        from draftsync.speculative.engine import SpeculativeEngine
+        from draftsync.speculative.engine.decoding import SpeculativeEngine
 
         if gamma > self.max_gamma:
             raise DraftsyncError(

@@ -345,11 +345,11 @@ def load_service(target_dir: Path, drafter_dir: Path | None, gamma: int | None, 
     from draftsync.speculative.targets import load_target
 
     model, tokenizer = load_target(target_dir)
-    from draftsync.speculative.engine import SpeculativeEngine
+    from draftsync.speculative.engine.decoding import SpeculativeEngine
 
     drafter = None
     if drafter_dir is not None:
-        from draftsync.speculative.drafters import load_drafter
+        from draftsync.speculative.methods.registry import load_drafter
 
         drafter = load_drafter(drafter_dir)
         assert gamma is not None, "a drafter is served with its gamma"

@@ -27,7 +27,7 @@ weights for (vLLM then fails to start: "weights were not initialized from checkp
 drafts exactly `num_speculative_tokens` every step, so a per-batch-size schedule cannot apply. Both are
 refused here, the heads read from the drafter's config.json when it is at hand. So are heads over part of
 the vocabulary (`truncated_vocab_size` below `vocab_size`, as draftsync saved Medusa drafters before
-medusa_format.py wrote vLLM's layout): vLLM's loader expects every head's lm_head to span it.
+methods/medusa/checkpoint.py wrote vLLM's layout): vLLM's loader expects every head's lm_head to span it.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import get_args
 
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import DraftSampling
-from draftsync.speculative.methods import METHODS, NGRAM, VLLM_METHODS
+from draftsync.speculative.methods import METHODS, NGRAM, VLLM_METHODS, needs_no_checkpoint
 
 # vLLM's default n-gram window when neither end is given (SpeculativeConfig.__post_init__).
 DEFAULT_PROMPT_LOOKUP = 5
@@ -255,7 +255,7 @@ def render_vllm_command(
     if trusted:
         argv.append(TRUST_REMOTE_CODE_FLAG)
     speculative_config = None
-    if drafter_dir is not None or method == NGRAM.name:
+    if drafter_dir is not None or needs_no_checkpoint(method):
         speculative_config = _speculative_config(
             drafter_dir, method, gamma, tensor_parallel_size, schedule, prompt_lookup_min, prompt_lookup_max
         )
@@ -380,7 +380,7 @@ def _check_medusa(drafter_dir: Path | str | None, gamma: int, schedule: Sequence
     config_file = Path(str(drafter_dir)) / "config.json"
     if not config_file.is_file():
         return
-    from draftsync.speculative.checkpoint_files import read_json
+    from draftsync.speculative.methods.checkpoint_files import read_json
 
     path, config = read_json(config_file.parent)
     vocab, truncated = config.get("vocab_size"), config.get("truncated_vocab_size")

@@ -29,7 +29,7 @@ from typing import Any
 from draftsync.errors import DraftsyncError
 from draftsync.serving.evaluation import SERVED_NAME, EvalRequest, RequestResult
 from draftsync.serving.vllm_args import ServerResources
-from draftsync.speculative.methods import CHECKPOINT_METHODS, METHODS, NGRAM, VLLM_METHODS
+from draftsync.speculative.methods import CHECKPOINT_METHODS, METHODS, VLLM_METHODS, needs_no_checkpoint
 
 WARM_UP_PROMPT = "def main():\n    return 0\n"
 MAX_CHAIN_GAMMA = 16  # chained drafters propose as far as asked; the reference backend stops at 16 too
@@ -46,14 +46,14 @@ def resolve_method(drafter_dir: str | Path | None, method: str | None) -> str | 
             f"drafter method {method!r} is unknown to the vLLM backend",
             f"use one of {', '.join(VLLM_METHODS)}, or leave it unset to read it from the drafter",
         )
-    if method == NGRAM.name:
+    if needs_no_checkpoint(method):
         if drafter_dir is not None:
             raise DraftsyncError(
-                f"a drafter directory ({drafter_dir}) was given with method {NGRAM.name!r}, which "
+                f"a drafter directory ({drafter_dir}) was given with method {method!r}, which "
                 "drafts from the prompt and loads no checkpoint",
                 "pass drafter_dir=None for ngram, or the drafter's own method for the directory",
             )
-        return NGRAM.name
+        return method
     if drafter_dir is None:
         if method is not None:
             raise DraftsyncError(
@@ -61,7 +61,7 @@ def resolve_method(drafter_dir: str | Path | None, method: str | None) -> str | 
                 "pass the drafter's checkpoint directory, or no method to run the target alone",
             )
         return None
-    from draftsync.speculative.drafters import drafter_method
+    from draftsync.speculative.methods.registry import drafter_method
 
     saved = drafter_method(drafter_dir)
     if saved not in VLLM_METHODS:
@@ -84,7 +84,7 @@ def proposable_tokens(method: str | None, drafter_dir: str | Path | None) -> int
         return 0
     if not METHODS[method].fixed_heads:
         return MAX_CHAIN_GAMMA
-    from draftsync.speculative.checkpoint_files import read_json
+    from draftsync.speculative.methods.checkpoint_files import read_json
 
     assert drafter_dir is not None, "a drafter with fixed heads is served from its directory"
     path, config = read_json(drafter_dir)
@@ -187,7 +187,7 @@ class VllmBackend:
         self.ignore_eos = bool(ignore_eos)
         self.prompt_lookup = (prompt_lookup_min, prompt_lookup_max)
         self.draft_sampling = draft_sampling  # vLLM's draft_sample_method (render_vllm_command); None: its default
-        if self.method == NGRAM.name:  # a bad lookup window fails here, not when a server starts
+        if needs_no_checkpoint(self.method):  # a bad lookup window fails here, not when a server starts
             self.launch(1, 0)
         self.engine = engine  # found when the first server starts
         self.starts = 0

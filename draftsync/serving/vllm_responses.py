@@ -1,7 +1,7 @@
 """The target's responses written by vLLM: one plain server, many requests in flight, so the engine batches them.
 
 How speculators and SpecForge write the production guide's 50K-100K responses. The samples have the shape and
-seeding of the Hugging Face loop's (`draftsync.speculative.responses`), so a dataset build takes either.
+seeding of the Hugging Face loop's (`draftsync.speculative.data.responses`), so a dataset build takes either.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from draftsync.errors import DraftsyncError
 from draftsync.serving.vllm_args import ServerResources
-from draftsync.speculative.responses import WRITERS, response_sample, response_seed
+from draftsync.speculative.data.responses import WRITERS, response_sample, response_seed
 
 SERVED_NAME = "responses"
 IN_FLIGHT = 256  # vLLM batches up to max_num_seqs: 256 on most GPUs (1024 on H100/H200), 128 on a CPU

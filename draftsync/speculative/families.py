@@ -1,6 +1,6 @@
 """The target families (decoder architectures) draftsync trains drafters for, told apart by a config.json alone.
 
-Not to be confused with a drafter method's family (methods.py: eagle, medusa, ...).
+Not to be confused with a drafter method's family (speculative/methods: eagle, medusa, ...).
 
 One home for what a family is: its transformers architecture and what distinguishes its checkpoints (read from
 the config, never assumed from the family: grouped-query attention, head_dim, tied embeddings, rope, q/k norm, qkv

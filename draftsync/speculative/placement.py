@@ -79,7 +79,7 @@ def drop_decoder_layers(model: Any) -> None:
     released, so nothing later reads the reduced model as the whole target."""
     import torch
 
-    from draftsync.speculative.shard_manifest import target_fingerprint
+    from draftsync.speculative.targets import target_fingerprint
 
     model.draftsync_fingerprint = target_fingerprint(model)
     model.get_decoder().layers = torch.nn.ModuleList()

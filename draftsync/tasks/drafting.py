@@ -14,11 +14,11 @@ from prefect.cache_policies import NONE
 
 from draftsync.profiles import SyncProfile
 from draftsync.speculative.placement import TargetPlacement
-from draftsync.speculative.train_ranks import RankSpec
+from draftsync.speculative.train.ranks import RankSpec
 from draftsync.tasks import context
 
 if TYPE_CHECKING:
-    from draftsync.speculative.training import TrainConfig, TrainReport
+    from draftsync.speculative.train.training import TrainConfig, TrainReport
 
 HISTORY_FILE = "history.json"  # in the checkpoint directory: name -> [(step, value)]
 RANKS_LOG = "ranks.log"  # in the checkpoint directory: what torchrun and its ranks printed
@@ -100,7 +100,7 @@ Training = TrainingSummary | SpeculatorsTrainingSummary
 
 def _warm_start_source(warm_start_dir: str | None, profile: SyncProfile, target):
     """The previous drafter, when it is of the same method and fits this target's shapes; else None."""
-    from draftsync.speculative.drafters import drafter_method, load_drafter
+    from draftsync.speculative.methods.registry import drafter_method, load_drafter
 
     logger = context.logger()
     if warm_start_dir is None or not profile.warm_start:
@@ -124,10 +124,10 @@ def _train_on_ranks(spec: RankSpec, profile: SyncProfile, log_dir: Path) -> tupl
     the logged command on the same spec); the leader saves the drafter to `spec.out_dir`.
 
     The sync's shared target is released first: each rank loads the head it trains against."""
-    from draftsync.speculative.drafters import load_drafter
+    from draftsync.speculative.methods.registry import load_drafter
     from draftsync.speculative.placement import release_shared_targets
-    from draftsync.speculative.train_ranks import REPORT_FILE, command, launch
-    from draftsync.speculative.training import TrainReport
+    from draftsync.speculative.train.ranks import REPORT_FILE, command, launch
+    from draftsync.speculative.train.training import TrainReport
 
     release_shared_targets()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -158,10 +158,10 @@ def _train_with_speculators(
     import math
     import time
 
-    from draftsync.speculative.drafters import drafter_method, parameter_count, save_drafter
-    from draftsync.speculative.shard_reader import ShardDataset
-    from draftsync.speculative.speculators_format import load_eagle3
-    from draftsync.speculative.speculators_train import SpeculatorsTrainJob, run_job, write_token_rows
+    from draftsync.speculative.data.shard_reader import ShardDataset
+    from draftsync.speculative.methods.eagle3.checkpoint import load_eagle3
+    from draftsync.speculative.methods.registry import drafter_method, parameter_count, save_drafter
+    from draftsync.speculative.train.speculators import SpeculatorsTrainJob, run_job, write_token_rows
 
     logger = context.logger()
     work = Path(checkpoint_dir) / "speculators"
@@ -241,10 +241,10 @@ def train_drafter(
         return _train_with_speculators(
             target_dir, dataset_dir, profile, out_dir, checkpoint_dir, warm_start_dir, verifier_name, servers
         )
-    from draftsync.speculative.drafters import parameter_count
-    from draftsync.speculative.online_states import open_dataset
+    from draftsync.speculative.data.online_states import open_dataset
+    from draftsync.speculative.methods.registry import parameter_count
     from draftsync.speculative.placement import drop_decoder_layers, shared_target
-    from draftsync.speculative.training import TrainConfig
+    from draftsync.speculative.train.training import TrainConfig
 
     target, _ = shared_target(Path(target_dir), placement)  # the copy the dataset read: loaded once a sync
     target_parameters = sum(p.numel() for p in target.parameters())
@@ -276,7 +276,6 @@ def train_drafter(
         drafter, report = _train_here(target, dataset, config, profile, init_from, checkpoints, bar)
         _save(drafter, out, verifier_name or str(target_dir), architectures, profile.gamma)
     own = parameter_count(drafter).own
-    aux_layer_ids = getattr(drafter.config, "aux_layer_ids", None)
     summary = TrainingSummary(
         method=report.method,
         steps=report.steps,
@@ -291,7 +290,7 @@ def train_drafter(
         draft_vocab_size=report.draft_vocab_size,
         parameters=own,
         parameters_pct_of_target=round(100.0 * own / target_parameters, 2),
-        aux_layer_ids=tuple(aux_layer_ids) if aux_layer_ids is not None else None,
+        aux_layer_ids=tuple(drafter.aux_layer_ids) if drafter.aux_layer_ids else None,  # None: no aux states read
     )
     _write_records(summary, report, out, Path(checkpoint_dir))
     return summary
@@ -303,7 +302,7 @@ def _train_here(
     """`fit_drafter` in this process, its progress in the run's log and on the progress artifact `bar`."""
     import torch
 
-    from draftsync.speculative.training import fit_drafter
+    from draftsync.speculative.train.training import fit_drafter
 
     logger = context.logger()
     every = max(1, config.steps // 5)
@@ -327,7 +326,7 @@ def _train_here(
 
 def _save(drafter, out: Path, verifier_name: str, architectures: list[str], gamma: int) -> None:
     """The drafter in the format its server loads, naming the target it verifies against."""
-    from draftsync.speculative.drafters import save_drafter
+    from draftsync.speculative.methods.registry import save_drafter
 
     save_drafter(
         drafter,

@@ -17,7 +17,7 @@ from prefect.cache_policies import NONE
 from draftsync.planning.workload import FRAMEWORK_TASK, NO_DRAFTER
 from draftsync.profiles import SyncProfile
 from draftsync.registry.tags import TargetVersion, recommended_tags
-from draftsync.speculative.methods import MEDUSA, TRAINED_METHODS
+from draftsync.speculative.methods import METHODS, TRAINED_METHODS
 from draftsync.tasks import context
 from draftsync.tasks.serving import configured_deployments
 
@@ -93,9 +93,9 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
             "gamma": start,
             "validation": profile.validation.model_copy(update={"gamma_range": (low, high)}),
         }
-        if recommended == MEDUSA.name:
+        if METHODS[recommended].fixed_heads:
             update["medusa_heads"] = max(profile.medusa_heads, start)  # one head per drafted token
-        elif profile.ttt_steps < start:
+        elif METHODS[recommended].chains and profile.ttt_steps < start:
             # a chained drafter learns as many positions ahead as it will draft
             update["ttt_steps"] = start
             assumptions.append(f"ttt_steps raised from {profile.ttt_steps} to the recommended gamma {start}")
@@ -143,10 +143,10 @@ def plan_sync_resources(
     from prefect.artifacts import create_markdown_artifact
 
     from draftsync.planning.sync_plan import HeldMemory, TargetShape, detect_worker, plan_sync
-    from draftsync.speculative.corpora import response_prompts
+    from draftsync.speculative.data.corpora import response_prompts
 
     if profile.trainer == "speculators":
-        from draftsync.speculative.speculators_train import check_installed
+        from draftsync.speculative.train.speculators import check_installed
 
         check_installed()
 

@@ -37,7 +37,7 @@ def validate_drafter(
     `evaluation_backend`); stress runs against served instances of the same kind (the reference server, or vLLM).
     `servers`: the GPUs a sync's plan gives its vLLM servers (devices, tensor parallelism, memory fraction).
     `captured_prompts`: held-out prompts of the traffic a retrain learnt from, validated on as well."""
-    from draftsync.speculative.drafters import check_drafter_fits_target, drafter_method
+    from draftsync.speculative.methods.registry import check_drafter_fits_target, drafter_method
 
     check_drafter_fits_target(drafter_dir, target_dir)
     backend = evaluation_backend(backend or profile.backend, profile.temperature)

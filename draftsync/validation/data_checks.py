@@ -175,7 +175,7 @@ def run_data_checks(
     Returns the report when every expectation holds; otherwise raises DraftsyncError naming each failed
     expectation and its observed value (a DataCheckError: the report is attached as `error.report`).
     """
-    from draftsync.speculative.shard_reader import ShardDataset
+    from draftsync.speculative.data.shard_reader import ShardDataset
 
     if not task_mix or sum(task_mix.values()) <= 0:
         raise DraftsyncError(f"task mix {task_mix!r} has no positive share", 'declare shares, e.g. {"code": 1.0}')

@@ -73,7 +73,7 @@ GREEDY_CHECK_REQUESTS = 8  # at T>0 the equivalence check reruns this many reque
 
 def validation_requests(task_mix: dict[str, float], count: int, max_tokens: int, seed: int) -> list[EvalRequest]:
     """Held-out prompts in the proportions of the task mix, shuffled so any prefix is a fair sample."""
-    from draftsync.speculative.corpora import task_prompts_for_mix
+    from draftsync.speculative.data.corpora import task_prompts_for_mix
 
     pairs = task_prompts_for_mix(task_mix, count, seed=seed)
     random.Random(seed).shuffle(pairs)

@@ -117,7 +117,7 @@ def chain_data():
 @pytest.fixture(scope="session")
 def random_drafter(target):
     import torch
-    from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
+    from draftsync.speculative.methods.eagle3.model import Eagle3Config, Eagle3Drafter
 
     torch.manual_seed(5)
     return Eagle3Drafter(Eagle3Config.for_target(target.config)).eval()
@@ -125,9 +125,9 @@ def random_drafter(target):
 
 def chain_shards_of(target, sequences, directory, masks=None):
     """A hidden-state dataset of `target` over token `sequences` (every token a training target by default)."""
-    from draftsync.speculative.samples import Sample
-    from draftsync.speculative.shard_reader import ShardDataset
-    from draftsync.speculative.shard_writer import build_shards
+    from draftsync.speculative.data.samples import Sample
+    from draftsync.speculative.data.shard_reader import ShardDataset
+    from draftsync.speculative.data.shard_writer import build_shards
 
     samples = [Sample("chain", list(s), list(masks[i]) if masks else [1] * len(s)) for i, s in enumerate(sequences)]
     build_shards(target, samples, directory, (1, 2, 3), shard_tokens=4096, batch_size=32)
@@ -153,8 +153,8 @@ def training_batch_of(target, ids, loss_mask=None, layer_ids=(1, 2, 3), aux=True
     """A TrainingBatch computed from `target`, as the trainer fills it; `aux=False` leaves out the aux states,
     as a dataset built for drafters that read the final state only does."""
     import torch
-    from draftsync.speculative.hidden_states import capture
-    from draftsync.speculative.training_batch import TrainingBatch
+    from draftsync.speculative.data.hidden_states import capture
+    from draftsync.speculative.data.training_batch import TrainingBatch
 
     states = capture(target, ids, layer_ids)
     valid = torch.ones_like(ids, dtype=torch.bool)
@@ -215,7 +215,7 @@ def chain_shards(target, chain_data, tmp_path_factory):
 @pytest.fixture(scope="session")
 def trained(target, chain_shards):
     """(drafter, report) after a short training with a draft vocabulary and two training-time-test steps."""
-    from draftsync.speculative.training import TrainConfig, fit_drafter
+    from draftsync.speculative.train.training import TrainConfig, fit_drafter
 
     config = TrainConfig(draft_vocab_size=256, steps=100, batch_size=8, seq_len=32, ttt_steps=2, seed=0)
     with one_torch_thread():

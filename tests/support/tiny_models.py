@@ -14,7 +14,7 @@ TEXTS = [
 
 def build_tiny_target(directory: Path, seed: int = 0, hidden_size: int = 32) -> Path:
     import torch
-    from draftsync.speculative.tokenizer import train_tokenizer
+    from draftsync.speculative.builtin.tokenizer import train_tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = train_tokenizer(TEXTS, vocab_size=320, out_dir=directory)
@@ -38,8 +38,8 @@ def build_tiny_target(directory: Path, seed: int = 0, hidden_size: int = 32) -> 
 def build_tiny_drafter(target_dir: Path, directory: Path, gamma: int, seed: int = 0) -> Path:
     """A random EAGLE-3 drafter for the tiny target, started from the target's embeddings and head."""
     import torch
-    from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
-    from draftsync.speculative.speculators_format import save_eagle3
+    from draftsync.speculative.methods.eagle3.checkpoint import save_eagle3
+    from draftsync.speculative.methods.eagle3.model import Eagle3Config, Eagle3Drafter
     from draftsync.speculative.targets import load_target
 
     target, _ = load_target(target_dir)

@@ -1,7 +1,9 @@
 """The package layering, read from the source: imports point down, and the lower layers know nothing of Prefect.
 
 Every `import` and `from ... import` in draftsync counts, deferred ones inside functions included: a lazy
-import is still a dependency. Run alone: `python -m pytest tests/test_layers.py`.
+import is still a dependency. Inside speculative/ each subpackage is a layer of its own (`speculative/data`, ...),
+above the package's own modules (the layer `speculative`); to every other layer all of speculative/ is `speculative`.
+Run alone: `python -m pytest tests/test_layers.py`.
 """
 
 from __future__ import annotations
@@ -24,11 +26,19 @@ BASE = {
     "__init__",
     "__main__",
 }
-# Modules of a package that every layer may use: the drafter methods' registry (names, families, vLLM's names).
+# Modules of a package that every layer may use: the drafter methods' names and facts (families, vLLM's names), the
+# torch-free top of speculative/methods/.
 SHARED = {"draftsync.speculative.methods"}
+# The package whose subpackages are layers of their own.
+INNER = "speculative"
 # Each package and the draftsync packages it may import (besides BASE); anything absent is not allowed.
 ALLOWED = {
     "speculative": set(),
+    "speculative/data": {"speculative"},
+    "speculative/methods": {"speculative", "speculative/data"},
+    "speculative/train": {"speculative", "speculative/data", "speculative/methods"},
+    "speculative/engine": {"speculative", "speculative/data", "speculative/methods"},
+    "speculative/builtin": {"speculative", "speculative/data"},
     "registry": set(),
     "monitors": set(),
     "planning": {"speculative"},
@@ -43,19 +53,44 @@ PREFECT_FREE = ("speculative", "registry", "monitors", "planning", "serving", "v
 
 
 def _imports(path: Path) -> set[str]:
+    """Every module `path` imports; `from package import module` counts as package.module too."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
+            names.update(
+                f"{node.module}.{alias.name}" for alias in node.names if _is_module(f"{node.module}.{alias.name}")
+            )
         elif isinstance(node, ast.ImportFrom):
             raise AssertionError(f"{path}: relative import; write draftsync.<package>.<module>")
     return names
 
 
+def _is_module(name: str) -> bool:
+    path = PACKAGE.parent / name.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _module_file(name: str) -> Path:
+    path = PACKAGE.parent / name.replace(".", "/")
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
 def _layer(path: Path) -> str:
-    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+    parts = path.relative_to(PACKAGE).parts
+    if parts[0] == INNER and len(parts) > 2:
+        return f"{INNER}/{parts[1]}"
+    return parts[0].removesuffix(".py")
+
+
+def _target(name: str) -> str:
+    """The layer a module named draftsync.<...> belongs to."""
+    parts = name.split(".")
+    if parts[1] == INNER and len(parts) > 2 and (PACKAGE / INNER / parts[2] / "__init__.py").is_file():
+        return f"{INNER}/{parts[2]}"
+    return parts[1]
 
 
 def test_every_import_points_down_the_layers():
@@ -66,7 +101,9 @@ def test_every_import_points_down_the_layers():
             parts = name.split(".")
             if parts[0] != "draftsync" or len(parts) < 2:
                 continue
-            target = parts[1]
+            target = _target(name)
+            if not layer.startswith(f"{INNER}/") and layer != INNER:
+                target = target.split("/")[0]  # outside it, all of speculative/ is one layer
             if target == layer or target in BASE or name in SHARED:
                 continue
             if layer in BASE or target not in ALLOWED.get(layer, set()):
@@ -79,7 +116,7 @@ def test_the_shared_modules_use_nothing_but_the_base():
     wrong = [
         f"{module} imports {name}"
         for module in sorted(SHARED)
-        for name in _imports(PACKAGE.parent / (module.replace(".", "/") + ".py"))
+        for name in _imports(_module_file(module))
         if name.split(".")[0] == "draftsync" and name.split(".")[1] not in BASE
     ]
     assert not wrong, "\n".join(wrong)
@@ -98,6 +135,7 @@ def test_the_lower_layers_know_nothing_of_prefect():
 
 def test_every_package_is_in_the_table():
     packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    packages |= {f"{INNER}/{p.name}" for p in (PACKAGE / INNER).iterdir() if (p / "__init__.py").exists()}
     assert packages <= set(ALLOWED), f"add {sorted(packages - set(ALLOWED))} to ALLOWED with the layers it may use"
 
 

@@ -83,7 +83,8 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
     from draftsync.monitors.sync_jobs import SyncLedger
     from draftsync.registry.model_registry import Registry
     from draftsync.registry.tags import target_tags
-    from draftsync.speculative.targets import build_target, builtin_recipe, describe_target
+    from draftsync.speculative.builtin.targets import build_target, builtin_recipe
+    from draftsync.speculative.targets import describe_target
     from draftsync.tasks.events import target_resource
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 

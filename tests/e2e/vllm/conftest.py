@@ -42,11 +42,11 @@ class FamilyDrafters(Mapping[str, Path]):
         return self._trained[method]
 
     def _target_and_data(self):
-        from draftsync.speculative.corpora import mixed_texts, task_prompts_for_mix
-        from draftsync.speculative.hidden_states import default_aux_layer_ids, num_decoder_layers
-        from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
-        from draftsync.speculative.shard_reader import ShardDataset
-        from draftsync.speculative.shard_writer import build_shards
+        from draftsync.speculative.data.corpora import mixed_texts, task_prompts_for_mix
+        from draftsync.speculative.data.hidden_states import default_aux_layer_ids, num_decoder_layers
+        from draftsync.speculative.data.samples import concat_samples, regenerated_samples, teacher_forced_samples
+        from draftsync.speculative.data.shard_reader import ShardDataset
+        from draftsync.speculative.data.shard_writer import build_shards
         from draftsync.speculative.targets import load_target
 
         if self._loaded is None:
@@ -63,8 +63,8 @@ class FamilyDrafters(Mapping[str, Path]):
 
     def _train(self, method: str) -> Path:
         import torch
-        from draftsync.speculative.drafters import save_drafter
-        from draftsync.speculative.training import TrainConfig, fit_drafter
+        from draftsync.speculative.methods.registry import save_drafter
+        from draftsync.speculative.train.training import TrainConfig, fit_drafter
 
         model, dataset = self._target_and_data()
         torch.manual_seed(0)

@@ -26,7 +26,7 @@ TOLERANCE = 0.05
 
 
 def _prompt_ids(target_dir: Path) -> list[list[int]]:
-    from draftsync.speculative.corpora import prompts
+    from draftsync.speculative.data.corpora import prompts
     from draftsync.speculative.targets import load_target
 
     _, tokenizer = load_target(target_dir)
@@ -62,8 +62,8 @@ def _vllm_run(url: str, prompt_ids: list[list[int]], max_tokens: int = MAX_TOKEN
 def _reference_run(
     target_dir: Path, drafter_dir: Path, gamma: int, prompt_ids: list[list[int]], max_tokens: int = MAX_TOKENS
 ) -> dict:
-    from draftsync.speculative.drafters import load_drafter
-    from draftsync.speculative.engine import SpeculativeEngine
+    from draftsync.speculative.engine.decoding import SpeculativeEngine
+    from draftsync.speculative.methods.registry import load_drafter
     from draftsync.speculative.targets import load_target
 
     model, _ = load_target(target_dir)

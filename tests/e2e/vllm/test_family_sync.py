@@ -27,7 +27,7 @@ def test_a_registered_family_checkpoint_syncs_and_serves_with_speculation_on_vll
     from draftsync.profiles import profile, validation_profile
     from draftsync.registry.tags import TargetVersion
     from draftsync.serving.deployment import ServingDeployment
-    from draftsync.speculative.corpora import prompts
+    from draftsync.speculative.data.corpora import prompts
     from draftsync.tasks import context
     from draftsync.tasks.traffic import spec_decode_counts
     from typer.testing import CliRunner

@@ -31,7 +31,7 @@ MAX_TOKENS = 72  # prompts of 20-60 tokens: every output crosses the Mistral tar
 
 def family_target(family: str, tmp_path: Path) -> Path:
     """The family's v1 test-size target, built once per recipe into the test cache (as `built_targets` is)."""
-    from draftsync.speculative.targets import build_target, builtin_recipe
+    from draftsync.speculative.builtin.targets import build_target, builtin_recipe
 
     cache = Path(
         os.environ.get("DRAFTSYNC_TEST_CACHE", Path(__file__).resolve().parents[3] / ".draftsync" / "test-cache")

@@ -11,7 +11,7 @@ import re
 import socket
 
 import pytest
-from draftsync.speculative.shard_manifest import MANIFEST_FILE
+from draftsync.speculative.data.shard_manifest import MANIFEST_FILE
 
 pytestmark = pytest.mark.vllm
 
@@ -46,7 +46,7 @@ def chosen():
 @pytest.fixture(scope="module")
 def prompts(chosen):
     """The prompts `build_dataset` draws for the profile."""
-    from draftsync.speculative.corpora import task_prompts_for_mix
+    from draftsync.speculative.data.corpora import task_prompts_for_mix
 
     return task_prompts_for_mix(MIX, PROMPTS, seed=chosen.seed + 100, split="train")
 
@@ -96,7 +96,7 @@ def test_vllm_written_responses_pass_the_data_checks_and_the_manifest_names_the_
 
 def test_greedy_vllm_responses_equal_the_hugging_face_loops(target, prompts, vllm_build):
     """float32 on CPU at T=0: the same prompt ids, the same responses, EOS kept where a response ended on it."""
-    from draftsync.speculative.samples import regenerated_samples
+    from draftsync.speculative.data.samples import regenerated_samples
 
     _, model, tokenizer = target
     root, _, manifest = vllm_build

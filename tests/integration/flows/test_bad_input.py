@@ -175,7 +175,7 @@ def test_the_speculators_trainer_on_a_worker_without_it_is_refused_naming_the_in
     """This worker has neither speculators nor vLLM on PATH: the plan, the sync's first step, refuses."""
     from draftsync.flows.sync import sync
     from draftsync.profiles import profile
-    from draftsync.speculative.speculators_train import INSTALL_FIX
+    from draftsync.speculative.train.speculators import INSTALL_FIX
     from draftsync.tasks import context
 
     version = _register("speculators-llm", built_targets[1])

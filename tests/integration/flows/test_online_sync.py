@@ -13,7 +13,7 @@ def test_a_sync_with_online_states_writes_no_state_and_registers_its_drafter(wor
 
     from draftsync.flows.sync import sync
     from draftsync.profiles import profile
-    from draftsync.speculative.shard_reader import ShardDataset
+    from draftsync.speculative.data.shard_reader import ShardDataset
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target
     from safetensors import safe_open

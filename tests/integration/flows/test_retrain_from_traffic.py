@@ -45,7 +45,7 @@ def _retrain(version: int, small) -> dict:
 def test_a_retrain_answers_the_captured_prompts(workdir, built_targets):
     from draftsync.flows.sync import sync
     from draftsync.profiles import profile
-    from draftsync.speculative.shard_reader import ShardDataset
+    from draftsync.speculative.data.shard_reader import ShardDataset
     from draftsync.tasks.registration import publish_target
 
     version = publish_target("traffic-llm", str(built_targets[1]), {"code": 0.5, "math": 0.5})

@@ -163,8 +163,8 @@ def test_a_scrape_books_the_requests_its_router_captured_once_at_the_monitors_cl
 def test_a_dataset_without_a_usable_sequence_fails_the_data_checks(tmp_path):
     """No sample, or only samples too short to train on: the build writes an empty dataset, the checks refuse it."""
     import torch
-    from draftsync.speculative.samples import Sample
-    from draftsync.speculative.shard_writer import build_shards
+    from draftsync.speculative.data.samples import Sample
+    from draftsync.speculative.data.shard_writer import build_shards
     from draftsync.validation.data_checks import run_data_checks
     from transformers import LlamaConfig, LlamaForCausalLM
 

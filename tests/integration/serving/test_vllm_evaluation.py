@@ -113,7 +113,7 @@ def test_ngram_gets_its_lookup_window_and_a_bad_one_is_refused_at_once(tiny_targ
 
 @pytest.fixture(scope="module")
 def medusa_drafter(tiny_target, tmp_path_factory):
-    from draftsync.speculative.drafters import new_drafter, save_drafter
+    from draftsync.speculative.methods.registry import new_drafter, save_drafter
     from draftsync.speculative.targets import load_target
 
     target, _ = load_target(tiny_target)

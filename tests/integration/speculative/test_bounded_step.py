@@ -10,8 +10,8 @@ import copy
 
 import pytest
 import torch
-from draftsync.speculative import draft_loss
-from draftsync.speculative.training import (
+from draftsync.speculative.methods import loss as draft_loss
+from draftsync.speculative.train.training import (
     TrainConfig,
     _with_target_logits,
     fit_drafter,
@@ -118,7 +118,7 @@ def test_training_with_checkpointing_and_token_budgets_follows_the_plain_run(tar
 def test_the_frozen_embedding_is_the_targets_own_tensor_out_of_the_optimiser_and_kept_by_a_warm_start(
     target, chain_shards
 ):
-    from draftsync.speculative.training import warm_start
+    from draftsync.speculative.train.training import warm_start
 
     drafter = new_drafter_for(target, chain_shards, TrainConfig(**SMALL))
     embedding = target.get_input_embeddings().weight

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.data_parallel import Ranks
-from draftsync.speculative.train_ranks import REPORT_FILE, RankSpec, command
-from draftsync.speculative.training import CHECKPOINT_FILE, TrainConfig, fit_drafter
+from draftsync.speculative.train.data_parallel import Ranks
+from draftsync.speculative.train.ranks import REPORT_FILE, RankSpec, command
+from draftsync.speculative.train.training import CHECKPOINT_FILE, TrainConfig, fit_drafter
 
 pytestmark = pytest.mark.slow
 
@@ -37,9 +37,9 @@ CONFIG = TrainConfig(
 @pytest.fixture(scope="module")
 def dataset_dir(built_targets, tmp_path_factory) -> Path:
     """The test target's hidden states over 64 random token walks of 40 tokens."""
-    from draftsync.speculative.hidden_states import default_aux_layer_ids
-    from draftsync.speculative.samples import Sample
-    from draftsync.speculative.shard_writer import build_shards
+    from draftsync.speculative.data.hidden_states import default_aux_layer_ids
+    from draftsync.speculative.data.samples import Sample
+    from draftsync.speculative.data.shard_writer import build_shards
     from draftsync.speculative.targets import load_target
 
     target, _ = load_target(built_targets[1])
@@ -118,7 +118,7 @@ def test_a_run_stopped_on_two_ranks_resumes_on_one_with_the_uninterrupted_losses
 
 
 def test_a_batch_the_ranks_cannot_share_is_refused_naming_both_sizes(built_targets, dataset_dir):
-    from draftsync.speculative.shard_reader import ShardDataset
+    from draftsync.speculative.data.shard_reader import ShardDataset
     from draftsync.speculative.targets import load_target
 
     target, _ = load_target(built_targets[1])
@@ -139,7 +139,7 @@ def test_two_nodes_meet_at_a_c10d_rendezvous_and_take_the_steps_one_rank_takes(b
     """Two torchrun launches on loopback stand for two machines of one rank each, as every node runs the same spec."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from draftsync.speculative.train_ranks import launch
+    from draftsync.speculative.train.ranks import launch
 
     spec = _spec(built_targets, dataset_dir, tmp_path / "nodes", CONFIG)
     endpoint = f"127.0.0.1:{_free_port()}"
@@ -155,7 +155,7 @@ def test_two_nodes_meet_at_a_c10d_rendezvous_and_take_the_steps_one_rank_takes(b
 def test_a_node_missing_from_the_rendezvous_fails_in_the_join_timeout_naming_the_endpoint(
     built_targets, dataset_dir, tmp_path
 ):
-    from draftsync.speculative.train_ranks import launch
+    from draftsync.speculative.train.ranks import launch
 
     spec = _spec(built_targets, dataset_dir, tmp_path / "alone", CONFIG)
     endpoint = f"127.0.0.1:{_free_port()}"
@@ -166,7 +166,7 @@ def test_a_node_missing_from_the_rendezvous_fails_in_the_join_timeout_naming_the
 
 
 def test_a_rendezvous_that_cannot_be_reached_is_named_within_the_timeout():
-    from draftsync.speculative.train_ranks import wait_for_rendezvous
+    from draftsync.speculative.train.ranks import wait_for_rendezvous
 
     started = time.monotonic()
     with pytest.raises(DraftsyncError, match="rendezvous at 192.0.2.1:29400 could not be reached within 2 s"):

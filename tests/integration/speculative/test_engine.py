@@ -7,8 +7,8 @@ import itertools
 import pytest
 import torch
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
-from draftsync.speculative.engine import SpeculativeEngine, verify_proposals
+from draftsync.speculative.engine.decoding import SpeculativeEngine, verify_proposals
+from draftsync.speculative.methods.eagle3.model import Eagle3Config, Eagle3Drafter
 
 from tests.support.greedy import greedy_reference
 
@@ -196,7 +196,7 @@ class ScriptedProposer:
         return {"seen": 0, "calls": 0, "prompt": None}
 
     def propose(self, committed, pending_states, state, gamma, temperature, generator):
-        from draftsync.speculative.hidden_states import capture
+        from draftsync.speculative.data.hidden_states import capture
 
         verified = len(committed) - 1
         if state["prompt"] is None:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.draft_vocab import build_draft_vocab
-from draftsync.speculative.drafters import load_drafter, new_drafter, save_drafter
-from draftsync.speculative.engine import SpeculativeEngine
+from draftsync.speculative.builtin.targets import FAMILY_SHAPES, builtin_recipe, family_config
+from draftsync.speculative.data.draft_vocab import build_draft_vocab
+from draftsync.speculative.data.hidden_states import capture, default_aux_layer_ids
+from draftsync.speculative.engine.decoding import SpeculativeEngine
 from draftsync.speculative.families import config_features, target_family
-from draftsync.speculative.hidden_states import capture, default_aux_layer_ids
-from draftsync.speculative.targets import FAMILY_SHAPES, builtin_recipe, family_config
+from draftsync.speculative.methods.registry import load_drafter, new_drafter, save_drafter
 
 from tests.support.greedy import greedy_reference
 
@@ -113,7 +113,7 @@ def test_speculation_at_t0_reproduces_greedy_decoding_for_every_family_and_metho
 
 
 def test_the_window_masks_what_the_drafter_sees():
-    from draftsync.speculative.eagle3 import causal_mask, training_time_test_mask
+    from draftsync.speculative.methods.eagle3.model import causal_mask, training_time_test_mask
 
     mask = causal_mask(3, 5, torch.device("cpu"), window=4)
     # New row i stands at position 5 + i and sees positions 5 + i - 3 .. 5 + i.

@@ -6,17 +6,17 @@ from __future__ import annotations
 import pytest
 import torch
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.online_states import OnlineDataset, open_dataset
-from draftsync.speculative.shard_reader import ShardDataset
-from draftsync.speculative.training import TrainConfig, fit_drafter
+from draftsync.speculative.data.online_states import OnlineDataset, open_dataset
+from draftsync.speculative.data.shard_reader import ShardDataset
+from draftsync.speculative.train.training import TrainConfig, fit_drafter
 
 from tests.support.speculative_fixtures import chain_shards_of, one_torch_thread
 
 
 @pytest.fixture(scope="module")
 def online_dir(target, chain_data, tmp_path_factory):
-    from draftsync.speculative.samples import Sample
-    from draftsync.speculative.shard_writer import build_shards
+    from draftsync.speculative.data.samples import Sample
+    from draftsync.speculative.data.shard_writer import build_shards
 
     out = tmp_path_factory.mktemp("online")
     samples = [Sample("chain", list(s), [1] * len(s)) for s in chain_data]
@@ -71,8 +71,8 @@ def summary_nonfinite(dataset) -> int:
 def test_a_build_cannot_resume_into_the_other_kind(target, chain_data, tmp_path):
     with one_torch_thread():
         chain_shards_of(target, chain_data[:8], tmp_path / "stored")
-    from draftsync.speculative.samples import Sample
-    from draftsync.speculative.shard_writer import build_shards
+    from draftsync.speculative.data.samples import Sample
+    from draftsync.speculative.data.shard_writer import build_shards
 
     samples = [Sample("chain", list(s), [1] * len(s)) for s in chain_data[:8]]
     with pytest.raises(DraftsyncError, match="states='stored'"):

@@ -10,7 +10,7 @@ from draftsync.speculative.placement import (
     release_shared_targets,
     shared_target,
 )
-from draftsync.speculative.shard_manifest import target_fingerprint
+from draftsync.speculative.targets import target_fingerprint
 
 
 def test_the_cpu_keeps_fp32_and_a_gpu_takes_the_checkpoints_16_bit_dtype():

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 import torch
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.draft_model import DraftModelDrafter
-from draftsync.speculative.draft_vocab import build_draft_vocab
-from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
-from draftsync.speculative.engine import SpeculativeEngine
-from draftsync.speculative.hidden_states import capture
-from draftsync.speculative.proposers import NgramProposer, lookup, make_proposer
+from draftsync.speculative.data.draft_vocab import build_draft_vocab
+from draftsync.speculative.data.hidden_states import capture
+from draftsync.speculative.engine.decoding import SpeculativeEngine
+from draftsync.speculative.methods.draft_model.model import DraftModelDrafter
+from draftsync.speculative.methods.eagle3.model import Eagle3Config, Eagle3Drafter
+from draftsync.speculative.methods.ngram.proposer import NgramProposer, lookup
+from draftsync.speculative.methods.registry import make_proposer
 
 from tests.support.greedy import greedy_reference
 
@@ -68,7 +69,7 @@ def small_greedy(small_target, small_prompts):
 def build_drafter(method: str, target):
     """An untrained drafter of `method` for `target`, initialised from it where the method does (or the
     n-gram proposer)."""
-    from draftsync.speculative.drafters import new_drafter
+    from draftsync.speculative.methods.registry import new_drafter
 
     torch.manual_seed(SEEDS.get(method, 11))
     if method == "ngram":
@@ -333,7 +334,7 @@ def parameter_count(module) -> int:
 
 
 def test_a_draft_model_is_sized_to_the_budget_by_the_documented_rule(target):
-    from draftsync.speculative.draft_model import BUDGET_TOLERANCE, shape_for_budget
+    from draftsync.speculative.methods.draft_model.model import BUDGET_TOLERANCE, shape_for_budget
     from transformers import LlamaConfig
 
     budget = parameter_count(Eagle3Drafter(Eagle3Config.for_target(target.config)))
@@ -379,7 +380,7 @@ def target_copy(target) -> DraftModelDrafter:
 def test_draft_model_loss_compares_row_t_with_the_target_distribution_at_t(target, make_chains):
     """A copy of the target agrees with it on every loss-masked row (row t vs target_logits[:, t], masked by
     loss_mask[:, t+1]) and its soft cross-entropy is the target's own entropy there."""
-    from draftsync.speculative.training_batch import TrainingBatch
+    from draftsync.speculative.data.training_batch import TrainingBatch
 
     ids = torch.tensor(make_chains(2, 16, seed=8))
     valid = torch.ones_like(ids, dtype=torch.bool)
@@ -411,7 +412,7 @@ def test_draft_model_loss_compares_row_t_with_the_target_distribution_at_t(targe
 
 
 def test_draft_model_trains_its_body_and_keeps_copied_embeddings_frozen(target, make_chains):
-    from draftsync.speculative.training_batch import TrainingBatch
+    from draftsync.speculative.data.training_batch import TrainingBatch
 
     drafter = DraftModelDrafter.for_target(
         target.config,
@@ -444,7 +445,7 @@ def test_draft_model_trains_its_body_and_keeps_copied_embeddings_frozen(target, 
 def test_draft_model_checkpoint_is_a_plain_hf_directory_with_a_marker(tmp_path, target):
     import json
 
-    from draftsync.speculative.draft_model import MARKER_FILE, load_draft_model, save_draft_model
+    from draftsync.speculative.methods.draft_model.model import MARKER_FILE, load_draft_model, save_draft_model
 
     drafter = DraftModelDrafter.for_budget(target.config, 60_000)
     out = save_draft_model(drafter, tmp_path / "draft", verifier_name_or_path="targets/tiny")

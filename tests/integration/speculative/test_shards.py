@@ -9,11 +9,11 @@ import pytest
 import torch
 from draftsync.errors import DraftsyncError
 from draftsync.files import is_temp_file
-from draftsync.speculative.hidden_states import capture
-from draftsync.speculative.samples import Sample, concat_samples, regenerated_samples, teacher_forced_samples
-from draftsync.speculative.shard_manifest import MANIFEST_FILE
-from draftsync.speculative.shard_reader import ShardDataset
-from draftsync.speculative.shard_writer import _length_groups, build_shards
+from draftsync.speculative.data.hidden_states import capture
+from draftsync.speculative.data.samples import Sample, concat_samples, regenerated_samples, teacher_forced_samples
+from draftsync.speculative.data.shard_manifest import MANIFEST_FILE
+from draftsync.speculative.data.shard_reader import ShardDataset
+from draftsync.speculative.data.shard_writer import _length_groups, build_shards
 from safetensors.torch import load_file
 
 from tests.support.killed_writer import killed_mid_write
@@ -343,7 +343,7 @@ def test_a_failed_build_closes_its_source_so_a_server_it_started_stops(random_ta
     """A source that writes responses with vLLM holds a server while it streams: an error in the build (here a
     token outside the vocabulary) ends the stream at once (the loop's iterator goes as the error unwinds), so the
     source's cleanup runs before the error reaches the caller."""
-    from draftsync.speculative.samples import SampleSource
+    from draftsync.speculative.data.samples import SampleSource
 
     class Streaming(SampleSource):
         closed = False

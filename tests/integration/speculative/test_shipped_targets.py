@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 from draftsync.errors import DraftsyncError
-from draftsync.speculative import shipped_targets
-from draftsync.speculative.shipped_targets import (
+from draftsync.speculative.builtin import shipped_targets
+from draftsync.speculative.builtin.shipped_targets import (
     MANIFEST,
     SHIPPED,
     SHIPPED_DIR,
@@ -20,7 +20,8 @@ from draftsync.speculative.shipped_targets import (
     shipped_name,
     verify,
 )
-from draftsync.speculative.targets import TARGET_INFO_FILE, build_target, builtin_recipe, load_target
+from draftsync.speculative.builtin.targets import build_target, builtin_recipe
+from draftsync.speculative.targets import TARGET_INFO_FILE, load_target
 
 
 @pytest.mark.parametrize("size,family,version", SHIPPED, ids=[shipped_name(*s) for s in SHIPPED])
@@ -30,7 +31,7 @@ def test_every_shipped_target_is_the_build_of_its_recipe_as_it_is_now(size, fami
     manifest = verify(folder)
     assert manifest["recipe_key"] == recipe.key(), (
         f"the recipe of shipped target {folder.name} changed since it was built: rebuild it with "
-        "`draftsync demo --rebuild-targets` and commit draftsync/speculative/shipped/"
+        "`draftsync demo --rebuild-targets` and commit draftsync/speculative/builtin/shipped/"
     )
     info = json.loads((folder / TARGET_INFO_FILE).read_text())
     assert info["recipe_key"] == recipe.key() and info["train_steps"] == recipe.steps

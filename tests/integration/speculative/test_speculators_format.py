@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
-from draftsync.speculative.engine import SpeculativeEngine
-from draftsync.speculative.speculators_format import load_eagle3, save_eagle3
+from draftsync.speculative.engine.decoding import SpeculativeEngine
+from draftsync.speculative.methods.eagle3.checkpoint import load_eagle3, save_eagle3
+from draftsync.speculative.methods.eagle3.model import Eagle3Config, Eagle3Drafter
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 

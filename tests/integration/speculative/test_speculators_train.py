@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.speculators_train import (
+from draftsync.speculative.train.speculators import (
     SpeculatorsTrainJob,
     hidden_state_server_command,
     render_commands,

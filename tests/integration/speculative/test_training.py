@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.shard_reader import ShardDataset
-from draftsync.speculative.training import (
+from draftsync.speculative.data.shard_reader import ShardDataset
+from draftsync.speculative.train.training import (
     CHECKPOINT_FILE,
     TrainConfig,
     _lr_at,
@@ -190,8 +190,8 @@ TRAIN_SCRIPT = """
 import json, sys, time
 import torch
 from transformers import LlamaForCausalLM
-from draftsync.speculative.shard_reader import ShardDataset
-from draftsync.speculative.training import TrainConfig, fit_drafter
+from draftsync.speculative.data.shard_reader import ShardDataset
+from draftsync.speculative.train.training import TrainConfig, fit_drafter
 torch.set_num_threads(1)
 target = LlamaForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
 config = TrainConfig(**json.loads(sys.argv[3]))

@@ -34,7 +34,7 @@ PROFILE = ValidationProfile(
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """(target, EAGLE-3 drafter, Medusa drafter with 2 heads)."""
-    from draftsync.speculative.drafters import new_drafter, save_drafter
+    from draftsync.speculative.methods.registry import new_drafter, save_drafter
     from draftsync.speculative.targets import load_target
 
     from tests.support.tiny_models import build_tiny_drafter, build_tiny_target

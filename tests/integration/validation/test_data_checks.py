@@ -7,8 +7,8 @@ import shutil
 import pytest
 import torch
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.samples import Sample
-from draftsync.speculative.shard_writer import build_shards
+from draftsync.speculative.data.samples import Sample
+from draftsync.speculative.data.shard_writer import build_shards
 from draftsync.validation.data_checks import run_data_checks
 from safetensors.torch import load_file, save_file
 

@@ -95,7 +95,7 @@ def test_llama_70b_on_eight_80gb_gpus_spreads_the_target_and_splits_the_servers(
     assert server.startswith("CUDA_VISIBLE_DEVICES=0,1 vllm serve ") and "--tensor-parallel-size 2" in server
     assert "--gpu-memory-utilization 0.9" in server
     assert (
-        "-m torch.distributed.run --standalone --nproc-per-node=8 -m draftsync.speculative.train_ranks"
+        "-m torch.distributed.run --standalone --nproc-per-node=8 -m draftsync.speculative.train.ranks"
         in (plan["commands"]["training"])
     )
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from draftsync.speculative import corpora
-from draftsync.speculative.corpora import Document
+from draftsync.speculative.data import corpora
+from draftsync.speculative.data.corpora import Document
 
 PARSED = (
     (Document("code", "json/__init__.py#dumps-3", 'def dumps(obj):\n    return "\\u00e9\\n"  # é'),),
@@ -64,7 +64,7 @@ def test_a_home_that_cannot_be_written_still_gets_its_documents(cache_home, monk
 
 
 def test_distinct_prompts_are_each_drawn_once_and_never_more_than_the_documents_hold():
-    from draftsync.speculative.corpora import task_prompts_for_mix
+    from draftsync.speculative.data.corpora import task_prompts_for_mix
 
     mix = {"code": 0.5, "math": 0.3, "prose": 0.2}
     drawn = task_prompts_for_mix(mix, 50_000, seed=100, split="train")

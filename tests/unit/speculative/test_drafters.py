@@ -8,18 +8,18 @@ import json
 import pytest
 import torch
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.draft_vocab import build_draft_vocab
-from draftsync.speculative.drafters import (
+from draftsync.speculative.data.draft_vocab import build_draft_vocab
+from draftsync.speculative.data.hidden_states import capture
+from draftsync.speculative.data.training_batch import TrainingBatch
+from draftsync.speculative.methods import TRAINED_METHODS as METHODS
+from draftsync.speculative.methods.eagle3.model import DrafterKVCache, Eagle3Config, Eagle3Drafter
+from draftsync.speculative.methods.registry import (
     drafter_method,
     load_drafter,
     new_drafter,
     parameter_count,
     save_drafter,
 )
-from draftsync.speculative.eagle3 import DrafterKVCache, Eagle3Config, Eagle3Drafter
-from draftsync.speculative.hidden_states import capture
-from draftsync.speculative.methods import TRAINED_METHODS as METHODS
-from draftsync.speculative.training_batch import TrainingBatch
 
 VOCAB = 384  # the tiny targets' vocabulary (conftest)
 
@@ -230,7 +230,7 @@ def test_save_and_load_round_trip_for_every_method(target, tmp_path, bf16_stored
 
 @pytest.mark.parametrize("method", METHODS)
 def test_a_drafter_for_another_vocabulary_is_refused_from_the_configs(target, tmp_path, method):
-    from draftsync.speculative.drafters import check_drafter_fits_target
+    from draftsync.speculative.methods.registry import check_drafter_fits_target
 
     out = save_drafter(_prepared(method, target), tmp_path / method, "/models/t", ["LlamaForCausalLM"], 2)
     target.config.save_pretrained(tmp_path / "target")
@@ -287,7 +287,7 @@ def test_parameter_counts_leave_out_the_targets_copies(random_target):
 
 
 def test_the_draft_model_baseline_saves_and_loads_through_the_factory(target, tmp_path):
-    from draftsync.speculative.draft_model import DraftModelDrafter
+    from draftsync.speculative.methods.draft_model.model import DraftModelDrafter
 
     drafter = DraftModelDrafter.for_budget(target.config, 60_000).eval()
     out = save_drafter(drafter, tmp_path / "draft-model", "/models/target-v1", ["LlamaForCausalLM"], 4)

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.draft_vocab import build_draft_vocab
-from draftsync.speculative.eagle1 import EagleConfig, EagleDrafter
-from draftsync.speculative.eagle1_format import load_eagle, save_eagle
-from draftsync.speculative.hidden_states import capture
+from draftsync.speculative.data.draft_vocab import build_draft_vocab
+from draftsync.speculative.data.hidden_states import capture
+from draftsync.speculative.methods.eagle1.checkpoint import load_eagle, save_eagle
+from draftsync.speculative.methods.eagle1.model import EagleConfig, EagleDrafter
 from safetensors.torch import load_file
 
 VOCAB = 384  # the tiny targets' vocabulary (conftest)
@@ -84,7 +84,7 @@ def test_vocabulary_is_always_the_targets_whole_one(random_target):
 # ---- computation -----------------------------------------------------------------------------------
 def _llama_layer_without_input_norm(drafter):
     """transformers' own Llama decoder layer with the drafter's weights and vLLM's identity input norm."""
-    from draftsync.speculative.speculators_format import transformer_layer_config
+    from draftsync.speculative.methods.eagle3.checkpoint import transformer_layer_config
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 

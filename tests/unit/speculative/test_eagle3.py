@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.draft_vocab import build_draft_vocab
-from draftsync.speculative.eagle3 import Eagle3Config, Eagle3Drafter
-from draftsync.speculative.hidden_states import capture, crop_kv_cache, default_aux_layer_ids, new_kv_cache
+from draftsync.speculative.data.draft_vocab import build_draft_vocab
+from draftsync.speculative.data.hidden_states import capture, crop_kv_cache, default_aux_layer_ids, new_kv_cache
+from draftsync.speculative.methods.eagle3.model import Eagle3Config, Eagle3Drafter
 
 VOCAB = 384  # the tiny targets' vocabulary (conftest)
 

@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.draft_vocab import build_draft_vocab
-from draftsync.speculative.drafters import load_drafter
-from draftsync.speculative.engine import SpeculativeEngine
-from draftsync.speculative.hidden_states import capture
-from draftsync.speculative.medusa import MedusaConfig, MedusaDrafter
-from draftsync.speculative.medusa_format import load_medusa, save_medusa
-from draftsync.speculative.training_batch import TrainingBatch
+from draftsync.speculative.data.draft_vocab import build_draft_vocab
+from draftsync.speculative.data.hidden_states import capture
+from draftsync.speculative.data.training_batch import TrainingBatch
+from draftsync.speculative.engine.decoding import SpeculativeEngine
+from draftsync.speculative.methods.medusa.checkpoint import load_medusa, save_medusa
+from draftsync.speculative.methods.medusa.model import MedusaConfig, MedusaDrafter
+from draftsync.speculative.methods.registry import load_drafter
 from safetensors.torch import load_file, save_file
 
 from tests.support.greedy import greedy_reference

@@ -8,8 +8,8 @@ import sys
 import pytest
 from draftsync.errors import DraftsyncError
 from draftsync.serving.vllm_responses import VllmResponseWriter, response_writer
-from draftsync.speculative.responses import response_sample, response_seed
-from draftsync.speculative.samples import concat_samples, regenerated_samples, teacher_forced_samples
+from draftsync.speculative.data.responses import response_sample, response_seed
+from draftsync.speculative.data.samples import concat_samples, regenerated_samples, teacher_forced_samples
 
 EOS = 0
 PROMPTS = [("code", "def add(a, b):"), ("math", "The sum of 12")]
@@ -17,7 +17,7 @@ PROMPTS = [("code", "def add(a, b):"), ("math", "The sum of 12")]
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from draftsync.speculative.tokenizer import train_tokenizer
+    from draftsync.speculative.builtin.tokenizer import train_tokenizer
 
     from tests.support.tiny_models import TEXTS
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from draftsync.speculative.step_memory import BF16, FP32, StepShape, drafter_parameters, predict_step_memory
+from draftsync.speculative.train.step_memory import BF16, FP32, StepShape, drafter_parameters, predict_step_memory
 from transformers import LlamaConfig
 
 
@@ -24,7 +24,7 @@ def _config(**changes) -> LlamaConfig:
 
 @pytest.mark.parametrize("draft_vocab", [3000, 512])
 def test_the_parameter_counts_are_the_drafters_own(draft_vocab):
-    from draftsync.speculative.drafters import new_drafter
+    from draftsync.speculative.methods.registry import new_drafter
 
     config = _config()
     drafter = new_drafter("eagle3", config, draft_vocab, (1, 4, 6))

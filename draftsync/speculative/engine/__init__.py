@@ -1,0 +1,1 @@
+"""The reference speculative-decoding engine: a method's proposer drafts, the target verifies."""

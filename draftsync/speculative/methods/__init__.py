@@ -1,0 +1,103 @@
+"""Drafter methods: the one place their names, families and the names other tools give them are written.
+
+Every layer may import this module (tests/test_layers.py lets it through): the model registry checks a drafter
+version's method here, serving renders vLLM's `--speculative-config` from it, the trainer and the checkpoint
+formats read their names from it. Adding a method means adding its descriptor to `_ALL`, and the code that builds,
+saves, loads and proposes with it to the method registry (registry.py, which imports it when first used), not
+adding a name to a tuple or an `if` in every module. No torch here: the methods' code is in the subpackages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from draftsync.errors import DraftsyncError
+
+# Families: methods that share a checkpoint format, a trainer and a proposer.
+EAGLE3_FAMILY = "eagle3"
+EAGLE_FAMILY = "eagle"
+MEDUSA_FAMILY = "medusa"
+DRAFT_MODEL_FAMILY = "draft_model"
+NGRAM_FAMILY = "ngram"
+
+
+@dataclass(frozen=True)
+class DrafterMethod:
+    """One speculative-decoding method as draftsync knows it.
+
+    `vllm_method` is the `method` of vLLM's `--speculative-config`; `chains` is true for drafters that
+    propose token by token from their own output (the EAGLE family), false for fixed heads or lookup;
+    `fixed_heads` means vLLM drafts exactly one gamma at every batch size (no per-batch schedule);
+    `trained` means a sync trains and registers it (the others are benchmark baselines); `needs_checkpoint`
+    is false for ngram, which drafts from the prompt; `speculators_type` is the speculators library's name
+    for its checkpoint format and trainer (None outside the speculators format); `reads_aux_states` means
+    its dataset stores the target's auxiliary hidden states; `full_vocabulary` means it predicts through
+    the target's lm_head, so it takes no reduced draft vocabulary.
+    """
+
+    name: str
+    family: str
+    vllm_method: str
+    chains: bool = False
+    fixed_heads: bool = False
+    trained: bool = True
+    needs_checkpoint: bool = True
+    speculators_type: str | None = None
+    reads_aux_states: bool = False
+    full_vocabulary: bool = False
+
+    def __str__(self) -> str:
+        return self.name
+
+
+EAGLE3 = DrafterMethod(
+    "eagle3", EAGLE3_FAMILY, vllm_method="eagle3", chains=True, speculators_type="eagle3", reads_aux_states=True
+)
+# EAGLE 3.1: EAGLE-3 with fc_norm and norm_output; vLLM reads the extra norms from an eagle3 checkpoint's config.
+EAGLE3_1 = DrafterMethod(
+    "eagle3.1", EAGLE3_FAMILY, vllm_method="eagle3", chains=True, speculators_type="eagle3", reads_aux_states=True
+)
+EAGLE = DrafterMethod("eagle", EAGLE_FAMILY, vllm_method="eagle", chains=True, full_vocabulary=True)
+MEDUSA = DrafterMethod("medusa", MEDUSA_FAMILY, vllm_method="medusa", fixed_heads=True)
+DRAFT_MODEL = DrafterMethod("draft_model", DRAFT_MODEL_FAMILY, vllm_method="draft_model", trained=False)
+NGRAM = DrafterMethod("ngram", NGRAM_FAMILY, vllm_method="ngram", trained=False, needs_checkpoint=False)
+
+_ALL = (EAGLE3, EAGLE3_1, EAGLE, MEDUSA, DRAFT_MODEL, NGRAM)
+METHODS: dict[str, DrafterMethod] = {method.name: method for method in _ALL}
+# What a sync trains and the registry accepts, in the order users see them.
+TRAINED_METHODS: tuple[str, ...] = tuple(method.name for method in _ALL if method.trained)
+# What vLLM can serve: every method above.
+VLLM_METHODS: tuple[str, ...] = tuple(METHODS)
+# What a saved drafter directory can hold (ngram has no checkpoint).
+CHECKPOINT_METHODS: tuple[str, ...] = tuple(method.name for method in _ALL if method.needs_checkpoint)
+DEFAULT_METHOD = EAGLE3.name
+
+
+def method_named(name: str, *, among: tuple[str, ...] = VLLM_METHODS) -> DrafterMethod:
+    """The descriptor of method `name`, which must be one of `among`; an unknown name is refused with the list."""
+    if name not in among:
+        raise DraftsyncError(f"drafter method {name!r} is unknown", f"use one of {', '.join(among)}")
+    return METHODS[name]
+
+
+def drafter_family(name: str) -> str | None:
+    """The family of method `name`, None for a name that is no method (e.g. "none" in a recommendation)."""
+    method = METHODS.get(name)
+    return method.family if method is not None else None
+
+
+def is_eagle3_family(name: str | None) -> bool:
+    """EAGLE-3 and EAGLE 3.1: one checkpoint format, one trainer, auxiliary hidden states."""
+    return name is not None and drafter_family(name) == EAGLE3_FAMILY
+
+
+def eagle3_variant(fc_norm: bool, norm_output: bool) -> str:
+    """The EAGLE-3 family member a drafter's norm flags make: both norms are EAGLE 3.1."""
+    return EAGLE3_1.name if fc_norm and norm_output else EAGLE3.name
+
+
+def needs_no_checkpoint(name: str | None) -> bool:
+    """Whether method `name` drafts without a checkpoint (n-gram lookup, from the prompt); False for a name that is
+    no method."""
+    method = METHODS.get(name) if name is not None else None
+    return method is not None and not method.needs_checkpoint

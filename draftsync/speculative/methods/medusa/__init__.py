@@ -1,0 +1,1 @@
+"""Medusa: K heads over the target's final state, and the checkpoint layout vLLM's Medusa method loads."""

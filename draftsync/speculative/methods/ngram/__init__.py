@@ -1,0 +1,1 @@
+"""N-gram prompt lookup: no model and no checkpoint, a proposer only."""
