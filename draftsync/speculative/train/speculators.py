@@ -335,9 +335,89 @@ def missing_executables(commands: Sequence[Sequence[str]], env: dict[str, str] |
 REQUIRED_EXECUTABLES = ("vllm", "speculators")  # the server of the hidden states, and the trainer
 
 
-def check_installed(env: dict[str, str] | None = None) -> None:
-    """Refuse, naming the install step, on a worker without speculators or vLLM: before any data or GPU work."""
+HIDDEN_STATES_METHOD = "extract_hidden_states"  # the speculative method the hidden-state server runs with
+# Run by the vllm executable's own interpreter: its version, and whether its speculative methods (a nested Literal)
+# include the hidden-state extraction. Importing the config module loads no model and needs no GPU.
+_VLLM_PROBE = """
+import sys
+import typing
+from vllm.config import speculative
+from vllm.version import __version__
+
+def names(kind):
+    args = typing.get_args(kind)
+    if args:
+        return set().union(*map(names, args))
+    return {kind} if isinstance(kind, str) else set()
+
+print(__version__, sys.argv[1] in names(speculative.SpeculativeMethod))
+"""
+
+
+def check_installed(env: dict[str, str] | None = None, probe_timeout_s: float = 300.0) -> None:
+    """Refuse, naming the install step, on a worker without speculators or vLLM, or with a vLLM that cannot serve the
+    hidden states speculators trains from: before any data or GPU work."""
     _check_executables([[name] for name in REQUIRED_EXECUTABLES], env)
+    check_vllm_extracts_hidden_states(env, probe_timeout_s)
+
+
+def check_vllm_extracts_hidden_states(env: dict[str, str] | None = None, timeout_s: float = 300.0) -> None:
+    """Ask the `vllm` on PATH, through its own interpreter, whether it has the `extract_hidden_states` speculative
+    method: an older vLLM would fail only once its server starts, after the data is drawn."""
+    environment = dict(env if env is not None else os.environ)
+    executable = shutil.which("vllm", path=environment.get("PATH", os.defpath))
+    if executable is None:
+        raise DraftsyncError("vllm not found on PATH", INSTALL_FIX)
+    interpreter = _interpreter_of(Path(executable), environment.get("PATH", os.defpath))
+    try:
+        done = subprocess.run(
+            [interpreter, "-c", _VLLM_PROBE, HIDDEN_STATES_METHOD],
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        raise DraftsyncError(
+            f"the vllm at {executable} did not answer which speculative methods it has within {timeout_s:.0f} s",
+            f"check that `{interpreter} -c 'import vllm'` works on the worker",
+        ) from None
+    except OSError as error:
+        raise DraftsyncError(
+            f"the vllm at {executable} names an interpreter {interpreter} that cannot run ({error.strerror})",
+            INSTALL_FIX,
+        ) from None
+    answer = done.stdout.split()
+    if done.returncode != 0 or len(answer) != 2:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        raise DraftsyncError(
+            f"the vllm at {executable} cannot be imported by {interpreter} ({last})",
+            INSTALL_FIX,
+        )
+    version, has_method = answer
+    if has_method != "True":
+        raise DraftsyncError(
+            f"vllm {version} at {executable} has no {HIDDEN_STATES_METHOD!r} speculative method, which serves the "
+            "hidden states speculators trains from",
+            f"upgrade vllm on the worker to a release with {HIDDEN_STATES_METHOD} (pip install -U vllm), or train "
+            "with draftsync's own trainer (trainer: draftsync in the profile)",
+        )
+
+
+def _interpreter_of(executable: Path, path: str) -> str:
+    """The Python a console script runs under (its shebang), or this one's for anything else."""
+    try:
+        with executable.open("rb") as script:
+            first = script.readline(4096).decode("utf-8", "replace").strip()
+    except OSError:
+        return sys.executable
+    if first.startswith("#!"):
+        words = first[2:].split()
+        if words and Path(words[0]).name.startswith("python"):
+            return words[0]
+        if len(words) > 1 and Path(words[0]).name == "env" and words[1].startswith("python"):
+            return shutil.which(words[1], path=path) or sys.executable
+    return sys.executable
 
 
 def _check_executables(commands: Sequence[Sequence[str]], env: dict[str, str] | None) -> None:

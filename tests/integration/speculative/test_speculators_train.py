@@ -17,6 +17,7 @@ import pytest
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.train.speculators import (
     SpeculatorsTrainJob,
+    check_installed,
     hidden_state_server_command,
     render_commands,
     run_commands,
@@ -396,3 +397,36 @@ def test_token_rows_are_what_prepare_data_passes_through(tmp_path):
     ]
     with pytest.raises(DraftsyncError, match="row 0"):
         write_token_rows(tmp_path / "b.jsonl", [[1, 2]], [[1]])
+
+
+def _stand_in_vllm(tmp_path: Path, methods: str | None) -> dict[str, str]:
+    """A `vllm` command whose interpreter imports a vllm package declaring `methods` (None: no vllm to import)."""
+    bin_dir, site = tmp_path / "bin", tmp_path / "site"
+    stand_in(bin_dir, "vllm", f"#!{sys.executable}\n")
+    stand_in(bin_dir, "speculators", f"#!{sys.executable}\n")
+    if methods is not None:
+        (site / "vllm" / "config").mkdir(parents=True)
+        (site / "vllm" / "__init__.py").write_text("")
+        (site / "vllm" / "config" / "__init__.py").write_text("")
+        (site / "vllm" / "version.py").write_text("__version__ = '0.6.0'\n")
+        (site / "vllm" / "config" / "speculative.py").write_text(
+            "from typing import Literal\n"
+            f"Eagle = Literal['eagle', 'eagle3'{methods}]\n"
+            "SpeculativeMethod = Literal['ngram', 'medusa', Eagle]\n"
+        )
+    return {"PATH": str(bin_dir), "PYTHONPATH": str(site)}
+
+
+def test_a_vllm_without_hidden_state_extraction_is_refused_naming_its_version(tmp_path):
+    """speculators' data generation serves the target with vLLM's extract_hidden_states method: an older vLLM is
+    refused when the plan checks the worker, not when its server fails to start after the data is drawn."""
+    with pytest.raises(DraftsyncError) as refused:
+        check_installed(_stand_in_vllm(tmp_path / "old", ""))
+    assert (
+        "vllm 0.6.0 at" in refused.value.what and "no 'extract_hidden_states' speculative method" in refused.value.what
+    )
+    assert "upgrade vllm" in refused.value.fix and "trainer: draftsync" in refused.value.fix
+    check_installed(_stand_in_vllm(tmp_path / "new", ", 'extract_hidden_states'"))  # the method nested in a Literal
+    with pytest.raises(DraftsyncError) as refused:
+        check_installed(_stand_in_vllm(tmp_path / "none", None))
+    assert "cannot be imported by" in refused.value.what and "ModuleNotFoundError" in refused.value.what
