@@ -325,8 +325,8 @@ def _launch_and_switch(
 
 def _record_pair(deployment: ServingDeployment, pair: ServedPair, endpoint: str, state: str) -> None:
     store = context.store()
-    store.forget_scrape_baseline(deployment.name)  # the new instance's counters start from zero
-    store.set_serving_pair(
+    store.acceptance.forget_baseline(deployment.name)  # the new instance's counters start from zero
+    store.pairs.record(
         deployment.name,
         target_name=deployment.target_name,
         target_version=pair.target_version,
@@ -407,7 +407,7 @@ def rollout_target(target_name: str, alias: str | None = None, reason: str = "")
         if spec.target_name != target_name or (alias and spec.target_alias != alias):
             continue
         pair = choose_pair(spec, None, True)
-        current = store.serving_pair(spec.name)
+        current = store.pairs.get(spec.name)
         if (
             current is not None
             and current.state == "serving"

@@ -299,7 +299,7 @@ def stop_server(deployment: str) -> None:
         _stop_process(entry.get("endpoint") or entry.get("url"), entry.get("pid"))
     _state_file(deployment).unlink()
     try:
-        context.store().set_pair_state(deployment, "stopped")
+        context.store().pairs.set_state(deployment, "stopped")
     except DraftsyncError as error:  # the servers are down either way; a store outage must not keep them up
         context.logger().warning("%s stopped, but the monitor store could not record it: %s", deployment, error)
 
