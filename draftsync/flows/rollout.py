@@ -298,12 +298,12 @@ def _launch_and_switch(
             f"{deployment.name} {kept}.",
         )
         raise
-    steps.append(f"candidate healthy on {candidate['endpoint']} (/health, /v1/models)")
+    steps.append(f"candidate healthy on {candidate.endpoint} (/health, /v1/models)")
     try:
-        smoke = smoke_requests(candidate["endpoint"], deployment.name, _prompts(deployment, SMOKE_REQUESTS, seed=5))
+        smoke = smoke_requests(candidate.endpoint, deployment.name, _prompts(deployment, SMOKE_REQUESTS, seed=5))
         steps.append(f"smoke: {smoke['requests']} requests answered")
         bench = benchmark_against_current(
-            candidate["endpoint"],
+            candidate.endpoint,
             current["endpoint"] if current else None,
             deployment.name,
             _prompts(deployment, BENCHMARK_REQUESTS, seed=6),
@@ -319,8 +319,8 @@ def _launch_and_switch(
         stop_candidate(candidate)
         raise
     switched = switch_traffic(deployment, candidate)
-    steps.append(f"traffic switched at {switched['endpoint']}; old server {switched['replaced']} drained and stopped")
-    return switched["endpoint"], switched["replaced"], bench["current_ms_per_token"]
+    steps.append(f"traffic switched at {switched.endpoint}; old server {switched.replaced} drained and stopped")
+    return switched.endpoint, switched.replaced, bench["current_ms_per_token"]
 
 
 def _record_pair(deployment: ServingDeployment, pair: ServedPair, endpoint: str, state: str) -> None:
