@@ -343,12 +343,12 @@ def ingest_rate(store, scrapes: int, start: datetime) -> dict:
     pair = ServedPair("chat-llm", 1, 1, GAMMA)
     fleet = [f"live-{i:03d}" for i in range(50)]
     for name in fleet:  # baselines first: the timed scrapes all store a sample and a rollup update
-        store.record_scrape(name, start, SpecDecodeCounters(0, 0, 0, (0, 0, 0)), pair)
+        store.acceptance.record_scrape(name, start, SpecDecodeCounters(0, 0, 0, (0, 0, 0)), pair)
     t = time.perf_counter()
     for step in range(scrapes):
         n = step // len(fleet) + 1
         counters = SpecDecodeCounters(40 * n, 120 * n, 80 * n, (32 * n, 27 * n, 21 * n), 120 * n, 1.2 * n, 120 * n)
-        store.record_scrape(fleet[step % len(fleet)], start + timedelta(minutes=n), counters, pair)
+        store.acceptance.record_scrape(fleet[step % len(fleet)], start + timedelta(minutes=n), counters, pair)
     seconds = time.perf_counter() - t
     return {
         "scrapes": scrapes,
@@ -364,8 +364,8 @@ def weekly_report_reads(store, since: datetime, until: datetime) -> dict:
     from draftsync.monitors.trends import summarize_hourly
 
     t0 = time.perf_counter()
-    pairs = store.serving_pairs()
-    window = store.rollup_window(since, until, [p.deployment for p in pairs])
+    pairs = store.pairs.all()
+    window = store.acceptance.rollup_window(since, until, [p.deployment for p in pairs])
     t1 = time.perf_counter()
     summaries = [summarize_hourly(window.get(p.deployment, []), since, until, deployment=p.deployment) for p in pairs]
     t2 = time.perf_counter()
@@ -416,7 +416,7 @@ def raw_path(store, since: datetime, until: datetime, deployments: int, sample_c
     names = [deployment_name(i) for i in range(0, deployments, max(1, deployments // sample_count))][:sample_count]
     t = time.perf_counter()
     for name in names:
-        summarize(store.samples(name, since, until), since, until, deployment=name)
+        summarize(store.acceptance.samples(name, since, until), since, until, deployment=name)
     seconds = time.perf_counter() - t
     per_deployment = seconds / len(names)
     return {
@@ -439,7 +439,9 @@ def rollups_match_samples(store, since: datetime, until: datetime, deployments: 
 
     for index in (0, deployments // 2, deployments - 1):
         name = deployment_name(index)
-        if rounded(store.hourly(name, since, until)) != rounded(hourly_rows(store.samples(name, since, until))):
+        if rounded(store.acceptance.hourly(name, since, until)) != rounded(
+            hourly_rows(store.acceptance.samples(name, since, until))
+        ):
             return False
     return True
 

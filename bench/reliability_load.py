@@ -121,7 +121,7 @@ class MetricsFleet:
     def register(self, store) -> None:
         """One serving pair per endpoint in the monitor store, as a rollout records it."""
         for index, url in enumerate(self.urls):
-            store.set_serving_pair(
+            store.pairs.record(
                 self.deployment(index),
                 target_name=TARGET_NAME,
                 target_version=TARGET_VERSION,
@@ -157,7 +157,7 @@ def sample_problems(store, fleet: MetricsFleet, first: datetime, second: datetim
     problems = []
     for index in range(len(fleet.urls)):
         name = fleet.deployment(index)
-        samples = store.samples(name, first - timedelta(minutes=1), second + timedelta(minutes=1))
+        samples = store.acceptance.samples(name, first - timedelta(minutes=1), second + timedelta(minutes=1))
         if [s.ts for s in samples] != [first, second]:
             problems.append(f"{name}: samples at {[s.ts.isoformat() for s in samples]}, expected one per cycle")
             continue
@@ -216,7 +216,7 @@ def scrape_cycle_without_prefect(now: datetime) -> tuple[float, int]:
     from draftsync.tasks.monitoring import scrape_deployment
 
     started = time.perf_counter()
-    names = [pair.deployment for pair in context.store().serving_pairs()]
+    names = [pair.deployment for pair in context.store().pairs.all()]
     with ThreadPoolExecutor(SCRAPE_CONCURRENCY) as pool:
         futures = [pool.submit(scrape_deployment.fn, name, now) for name in names]
     errors = sum(1 for future in futures if future.exception() is not None)
@@ -530,7 +530,6 @@ def warm_up(url: str, secret: str) -> dict:
 def measure_webhook(run_dir: Path, monitor_url: str, prefect_api_url: str, rate: float, seconds: float) -> dict:
     """The receiver under the open-loop load (see the module docstring), with the ledger checked afterwards."""
     from draftsync.monitors.store import Store
-    from draftsync.monitors.sync_jobs import SyncLedger
     from draftsync.receiver.app import WEBHOOK_PATH
 
     secret = secrets.token_hex(32)
@@ -545,7 +544,7 @@ def measure_webhook(run_dir: Path, monitor_url: str, prefect_api_url: str, rate:
     problems = outcome_problems(deliveries, outcomes)
     store = Store(monitor_url)
     try:
-        jobs = [(job.target_name, job.target_version) for job in SyncLedger(store).jobs()]
+        jobs = [(job.target_name, job.target_version) for job in store.ledger.jobs()]
     finally:
         store.close()
     return {

@@ -183,7 +183,7 @@ def _phase(
     pool = [(task, p) for task, n in prompts_by_task.items() for p in prompts(task, n, seed=seed)]
     for i in range(intervals):
         batch = [pool[(i * requests_per_interval + j) % len(pool)] for j in range(requests_per_interval)]
-        endpoint = store.serving_pair(deployment.name).endpoint
+        endpoint = store.pairs.get(deployment.name).endpoint
         send_traffic(
             endpoint,
             deployment.name,
@@ -194,7 +194,9 @@ def _phase(
             domains=[task for task, _ in batch],
         )
         scrape(now=clock.advance(), deployments=[scraped])
-    summary = summarize(store.samples(deployment.name, start, clock.now), start, clock.now, deployment=deployment.name)
+    summary = summarize(
+        store.acceptance.samples(deployment.name, start, clock.now), start, clock.now, deployment=deployment.name
+    )
     return {
         "name": name,
         "traffic": sorted(prompts_by_task),
@@ -307,7 +309,7 @@ def _deployment_records(states_at_end: dict, vllm_launches: dict) -> list[dict]:
             "gamma": p.gamma,
             "vllm": vllm_launches.get(p.deployment),
         }
-        for p in context.store().serving_pairs()
+        for p in context.store().pairs.all()
     ]
 
 
@@ -410,7 +412,7 @@ def run_demo(engine: str = "auto") -> dict:
         record = serving_record(deployment.name)
         assert record is not None, "the rollout above wrote the deployment's serving record"
         vllm_launches[deployment.name] = record["vllm"]
-        states_at_end = {p.deployment: p.state for p in context.store().serving_pairs()}
+        states_at_end = {p.deployment: p.state for p in context.store().pairs.all()}
     finally:
         stop_all()  # the store then says "stopped": `draftsync rollout demo-assistant` serves the pair again
     _declare(deployment, settings.deployments_path)

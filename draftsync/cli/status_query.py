@@ -119,7 +119,7 @@ def week_acceptance(store, deployments: Sequence[str], now: datetime) -> dict[st
     from draftsync.monitors.trends import summarize_hourly
 
     start = now - LAST_WEEK
-    rows = store.rollup_window(start, now, list(deployments)) if deployments else {}
+    rows = store.acceptance.rollup_window(start, now, list(deployments)) if deployments else {}
     return {
         name: summarize_hourly(rows.get(name, []), start, now, deployment=name).acceptance_rate for name in deployments
     }
@@ -130,7 +130,7 @@ def gather_status(
 ) -> list[TargetStatus]:
     """Every target: those tagged in the registry, those named in `target_names`, and those a deployment serves."""
     now = now or datetime.now(UTC)
-    pairs = store.serving_pairs()
+    pairs = store.pairs.all()
     names = sorted(set(registry.target_names()) | set(target_names) | {pair.target_name for pair in pairs})
     acceptance = week_acceptance(store, [pair.deployment for pair in pairs], now)
     targets = []

@@ -299,12 +299,12 @@ def _launch_and_switch(
             f"{deployment.name} {kept}.",
         )
         raise
-    steps.append(f"candidate healthy on {candidate['endpoint']} (/health, /v1/models)")
+    steps.append(f"candidate healthy on {candidate.endpoint} (/health, /v1/models)")
     try:
-        smoke = smoke_requests(candidate["endpoint"], deployment.name, _prompts(deployment, SMOKE_REQUESTS, seed=5))
+        smoke = smoke_requests(candidate.endpoint, deployment.name, _prompts(deployment, SMOKE_REQUESTS, seed=5))
         steps.append(f"smoke: {smoke['requests']} requests answered")
         bench = benchmark_against_current(
-            candidate["endpoint"],
+            candidate.endpoint,
             current["endpoint"] if current else None,
             deployment.name,
             _prompts(deployment, BENCHMARK_REQUESTS, seed=6),
@@ -320,14 +320,14 @@ def _launch_and_switch(
         stop_candidate(candidate)
         raise
     switched = switch_traffic(deployment, candidate)
-    steps.append(f"traffic switched at {switched['endpoint']}; old server {switched['replaced']} drained and stopped")
-    return switched["endpoint"], switched["replaced"], bench["current_ms_per_token"]
+    steps.append(f"traffic switched at {switched.endpoint}; old server {switched.replaced} drained and stopped")
+    return switched.endpoint, switched.replaced, bench["current_ms_per_token"]
 
 
 def _record_pair(deployment: ServingDeployment, pair: ServedPair, endpoint: str, state: str) -> None:
     store = context.store()
-    store.forget_scrape_baseline(deployment.name)  # the new instance's counters start from zero
-    store.set_serving_pair(
+    store.acceptance.forget_baseline(deployment.name)  # the new instance's counters start from zero
+    store.pairs.record(
         deployment.name,
         target_name=deployment.target_name,
         target_version=pair.target_version,
@@ -408,7 +408,7 @@ def rollout_target(target_name: str, alias: str | None = None, reason: str = "")
         if spec.target_name != target_name or (alias and spec.target_alias != alias):
             continue
         pair = choose_pair(spec, None, True)
-        current = store.serving_pair(spec.name)
+        current = store.pairs.get(spec.name)
         if (
             current is not None
             and current.state == "serving"

@@ -36,7 +36,7 @@ def scrape(now: datetime | None = None, deployments: list[ServingDeployment] | N
     deployments = list(specs.values())
     futures = []
     stopped = []
-    for pair in context.store().serving_pairs():
+    for pair in context.store().pairs.all():
         if pair.state == "stopped":  # its servers were stopped on purpose: nothing to read until a rollout
             stopped.append({"deployment": pair.deployment, "skipped": "stopped"})
             continue
@@ -61,11 +61,13 @@ def acceptance_guard(spec: ServingDeployment, now: datetime) -> dict:
     from draftsync.tasks.alerts import send_alert
 
     store = context.store()
-    pair = store.serving_pair(spec.name)
+    pair = store.pairs.get(spec.name)
     if pair is None or pair.state != "serving" or pair.drafter_version is None:
         return {"deployment": spec.name, "action": "none", "reason": "not speculating"}
     window = timedelta(minutes=spec.fallback_window_minutes)
-    samples = [s for s in store.samples(spec.name, now - window, now) if s.drafter_version == pair.drafter_version]
+    samples = [
+        s for s in store.acceptance.samples(spec.name, now - window, now) if s.drafter_version == pair.drafter_version
+    ]
     assert spec.fallback_threshold is not None, "scrape guards only the deployments with a threshold"
     due, rate, draft_tokens = fallback_due(samples, spec.fallback_threshold, spec.fallback_min_draft_tokens)
     outcome = {

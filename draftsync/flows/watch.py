@@ -50,7 +50,7 @@ def _watch_one(
 ) -> dict:
     logger = get_run_logger()
     registry, store = context.registry(), context.store()
-    mark = store.get_watermark(target_name) or 0
+    mark = store.watermarks.get(target_name) or 0
     new_versions = [info.version for info in registry.target_versions_after(target_name, mark)]
     logger.info("%s: watermark %d, new versions %s", target_name, mark, new_versions or "none")
     syncs = []
@@ -69,7 +69,7 @@ def _watch_one(
             )
         else:
             syncs.append(sync(target_name, version, profile, reason=f"version {version} found by the registry poll"))
-        store.set_watermark(target_name, version)
+        store.watermarks.set(target_name, version)
     rolled = None
     if deployment and new_versions and dispatch == "inline":
         rolled = rollout(deployment, reason=f"new target versions {new_versions}")

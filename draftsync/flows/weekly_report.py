@@ -90,8 +90,8 @@ def _act(pair, review: dict, specs: dict[str, ServingDeployment], fresh: set[str
                 logger.error("fallback of %s failed: %s: %s", pair.deployment, type(error).__name__, first_line)
                 taken.append(f"fallback FAILED ({type(error).__name__}: {first_line})")
     if any(f.rule == "stale" for f in findings) and pair.state != "stopped":
-        current = store.serving_pair(pair.deployment)
-        store.set_serving_pair(
+        current = store.pairs.get(pair.deployment)
+        store.pairs.record(
             pair.deployment,
             target_name=current.target_name,
             target_version=current.target_version,
@@ -165,7 +165,7 @@ def _week_domains(deployment: str, start: datetime, end: datetime, judged: tuple
 
     rows = [
         r
-        for r in context.store().request_acceptance(deployment, start, end)
+        for r in context.store().acceptance.booked_requests(deployment, start, end)
         if judged is None or (r.target_version, r.drafter_version) == judged
     ]
     return domain_acceptance(rows) if rows else []
@@ -327,7 +327,7 @@ def weekly_report(
     writes_email = act or send
     problems: list[str] = []
     specs = configured_deployments(deployments, problems)  # relaunched only when acting; named when silent
-    mailer = Mailer(settings.outbox_dir, store, settings, secret_loader=smtp_password_block)
+    mailer = Mailer(settings.outbox_dir, store.outbox, settings, secret_loader=smtp_password_block)
     clock = end if acting else None  # a look back is written and sent at the real time
     retried = mailer.retry_pending(clock) if send else []
 
@@ -335,14 +335,14 @@ def weekly_report(
     fresh: set[str] = set()
     replaced_notes: list[str] = []
     domain_notes: list[str] = []
-    for pair in store.serving_pairs():
+    for pair in store.pairs.all():
         review = review_deployment(pair.deployment, end)
         summary, found = review["summary"], review["findings"]
         summaries.append(summary)
         findings.extend(found)
         targets.add(pair.target_name)
         for f in found if acting else []:
-            if f.severity != "info" and store.should_alert(
+            if f.severity != "info" and store.alerts.should_send(
                 f.key, end, f.value, severity=f.severity, higher_is_worse=f.higher_is_worse
             ):
                 fresh.add(f.key)
@@ -354,7 +354,7 @@ def weekly_report(
             planned = _planned(found)
             taken = [f"none yet: {planned}" if planned else "none"]
         actions[pair.deployment] = taken
-        now_serving = store.serving_pair(pair.deployment) or pair  # after what this review did to it
+        now_serving = store.pairs.get(pair.deployment) or pair  # after what this review did to it
         domains = _week_domains(pair.deployment, start, end, review["judged"])
         rows.append(_deployment_row(pair, review, taken, now_serving, domains))
         if domains:
@@ -380,7 +380,7 @@ def weekly_report(
     if acting:
         for finding in findings:
             if finding.key in fresh:
-                store.record_alert(
+                store.alerts.record(
                     finding.key,
                     deployment=finding.deployment,
                     rule=finding.rule,

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from draftsync.errors import DraftsyncError
 from draftsync.files import atomic_write
-from draftsync.monitors.store import Store
+from draftsync.monitors.outbox import Outbox
 from draftsync.monitors.tables import OutboxEntry, OutboxStatus, as_utc
 from draftsync.settings import Settings
 
@@ -45,7 +45,7 @@ class Mailer:
     def __init__(
         self,
         outbox_dir: Path | str,
-        store: Store,
+        outbox: Outbox,
         settings: Settings,
         *,
         ssl_context: ssl.SSLContext | None = None,
@@ -54,7 +54,7 @@ class Mailer:
         secret_loader: Callable[[str], str] | None = None,
     ):
         self.outbox_dir = Path(outbox_dir)
-        self.store = store
+        self.outbox = outbox
         self.settings = settings
         self.ssl_context = ssl_context
         self.timeout = timeout
@@ -72,12 +72,12 @@ class Mailer:
         self._complete_headers(message, now)
         path = self._write(message, now)
         recipients = [address for _, address in getaddresses(message.get_all("To", []) + message.get_all("Cc", []))]
-        entry = self.store.add_outbox(
+        entry = self.outbox.add(
             subject=str(message["Subject"] or ""), recipients=recipients, eml_path=str(path), created_at=now
         )
         if not self.smtp_configured:
-            return self.store.mark_outbox(entry.id, "pending", error=NO_SMTP_NOTE)
-        return self._deliver(entry, now) or self.store.outbox_entry(entry.id)  # type: ignore[return-value]
+            return self.outbox.mark(entry.id, "pending", error=NO_SMTP_NOTE)
+        return self._deliver(entry, now) or self.outbox.entry(entry.id)  # type: ignore[return-value]
 
     def write_unsent(self, message: EmailMessage, now: datetime | None = None) -> Path:
         """Write `message` to the outbox folder only: not recorded in the outbox table, so never sent later."""
@@ -107,7 +107,7 @@ class Mailer:
             return []
         now = as_utc(now or datetime.now(UTC))
         delivered = []
-        for entry in self.store.outbox("pending"):
+        for entry in self.outbox.entries("pending"):
             result = self._deliver(entry, now)
             if result is not None and result.status == "sent":
                 delivered.append(result)
@@ -129,13 +129,13 @@ class Mailer:
 
     def _deliver(self, entry: OutboxEntry, now: datetime) -> OutboxEntry | None:
         """One SMTP attempt for `entry`, or None when another sender claimed it first."""
-        if not self.store.claim_outbox(entry.id, entry.attempts):
+        if not self.outbox.claim(entry.id, entry.attempts):
             return None
         attempts = entry.attempts + 1
         try:
             data = Path(entry.eml_path).read_bytes()
         except OSError as exc:
-            return self.store.mark_outbox(entry.id, "failed", error=f"cannot read {entry.eml_path}: {exc}")
+            return self.outbox.mark(entry.id, "failed", error=f"cannot read {entry.eml_path}: {exc}")
         headers = BytesParser(policy=default_policy).parsebytes(data, headersonly=True)
         sender = parseaddr(str(headers["From"] or self.settings.alert_from))[1]
         recipients = [r for r in entry.recipients.split(",") if r]
@@ -145,9 +145,9 @@ class Mailer:
             error = self._scrub(f"{type(exc).__name__}: {exc}")
             status: OutboxStatus = "failed" if attempts >= self.max_attempts else "pending"
             log.warning("e-mail %r not sent (attempt %d, now %s): %s", entry.subject, attempts, status, error)
-            return self.store.mark_outbox(entry.id, status, error=error)
+            return self.outbox.mark(entry.id, status, error=error)
         note = f"refused by the server: {', '.join(sorted(refused))}" if refused else None
-        return self.store.mark_outbox(entry.id, "sent", error=note, sent_at=now)
+        return self.outbox.mark(entry.id, "sent", error=note, sent_at=now)
 
     def _smtp_send(self, sender: str, recipients: list[str], data: bytes) -> dict:
         s = self.settings

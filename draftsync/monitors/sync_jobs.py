@@ -19,7 +19,7 @@ from sqlalchemy import Index, Integer, String, Text, UniqueConstraint, delete, s
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from draftsync.monitors.store import Store, dialect_insert
+from draftsync.monitors.database import Database, dialect_insert
 from draftsync.monitors.tables import Base, UTCDateTime, as_utc, updated_rows
 
 JobStatus = Literal["requested", "running", "succeeded", "failed"]
@@ -75,15 +75,15 @@ def _now(now: datetime | None) -> datetime:
 
 
 class SyncLedger:
-    """Sync jobs and webhook deliveries in the monitor store's database."""
+    """Sync jobs and webhook deliveries in the monitor store's database (the store's `ledger`)."""
 
-    def __init__(self, store: Store):
-        self._store = store
-        self._insert = dialect_insert(store.engine.dialect.name)
+    def __init__(self, database: Database):
+        self._database = database
+        self._insert = dialect_insert(database.engine.dialect.name)
 
     def _session(self) -> contextlib.AbstractContextManager[Session]:
         """The store's transaction: the database failing while in use is a DraftsyncError naming the store."""
-        return self._store.transaction()
+        return self._database.transaction()
 
     @staticmethod
     def _key(target_name: str, target_version: int, method: str):

@@ -1,7 +1,8 @@
 """The monitor store's tables: the SQLAlchemy ORM models, their `Base`, and the served pair.
 
-Kept apart from the repository (`draftsync.monitors.store`) so that the Alembic environment, the sync
-ledger's tables and the rollup arithmetic can use the schema without the store's sessions and engine.
+Kept apart from the repositories of each kind of record (`draftsync.monitors.store`) so that the Alembic
+environment, the sync ledger's tables and the rollup arithmetic can use the schema without the store's sessions
+and engine.
 Every time is kept in UTC: `UTCDateTime` stores it so and gives back aware datetimes; a naive datetime
 is taken to be UTC (`as_utc`).
 """

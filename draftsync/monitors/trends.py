@@ -187,7 +187,7 @@ def summarize_hourly(
     deployment: str | None = None,
     bucket: timedelta = DAY,
 ) -> DeploymentSummary:
-    """Summarize one deployment from its hourly rollups (`Store.rollup_window`): a week costs 168 rows.
+    """Summarize one deployment from its hourly rollups (`store.acceptance.rollup_window`): a week costs 168 rows.
 
     The sums (acceptance, mean acceptance length, per position, TPOT, restarts, the pair served last)
     equal `summarize` over the same samples; the points, and so the spread (P5, P50), the slope, the chart

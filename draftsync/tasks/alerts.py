@@ -33,7 +33,7 @@ def send_alert(
     settings, store = context.settings(), context.store()
     now = now or datetime.now(UTC)
     key = f"{deployment}:{rule}"
-    if not store.should_alert(key, now, value, severity=severity):
+    if not store.alerts.should_send(key, now, value, severity=severity):
         context.logger().info("alert %s already sent this week: not repeated", key)
         return {"sent": False, "key": key}
     message = EmailMessage()
@@ -41,8 +41,10 @@ def send_alert(
     message["From"] = settings.alert_from
     message["To"] = ", ".join(settings.alert_recipients)
     message.set_content(text)
-    entry = Mailer(settings.outbox_dir, store, settings, secret_loader=smtp_password_block).send(message, now=now)
-    store.record_alert(
+    entry = Mailer(settings.outbox_dir, store.outbox, settings, secret_loader=smtp_password_block).send(
+        message, now=now
+    )
+    store.alerts.record(
         key, deployment=deployment, rule=rule, severity=severity, value=value, sent_at=now, outbox_id=entry.id
     )
     context.logger().warning("alert sent: %s (%s)", message["Subject"], entry.eml_path)

@@ -29,16 +29,14 @@ def store():
     return Store(settings().monitor_url)
 
 
-@functools.lru_cache(maxsize=1)
 def sync_ledger():
-    from draftsync.monitors.sync_jobs import SyncLedger
-
-    return SyncLedger(store())
+    """The sync ledger, in the monitor store's database."""
+    return store().ledger
 
 
 def reset() -> None:
     """Forget cached objects (tests switch work dirs within one process)."""
-    for cached in (settings, registry, store, sync_ledger):
+    for cached in (settings, registry, store):
         cached.cache_clear()
 
 

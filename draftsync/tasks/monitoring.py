@@ -34,12 +34,12 @@ def scrape_deployment(
     from draftsync.monitors.prometheus_api import query_counters
 
     store = context.store()
-    pair = store.serving_pair(deployment)
+    pair = store.pairs.get(deployment)
     if prometheus_url:
         counters = query_counters(prometheus_url, prometheus_labels)
     else:
         counters = scrape_counters(f"{pair.endpoint}/metrics")
-    sample = store.record_scrape(deployment, now, counters, pair, count_first=True)
+    sample = store.acceptance.record_scrape(deployment, now, counters, pair, count_first=True)
     booked = {"requests_booked": book_captured_requests(deployment, now, capture, pair)} if capture is not None else {}
     if sample is None:
         return {"deployment": deployment, "baseline": True, **booked}
@@ -60,10 +60,10 @@ def book_captured_requests(deployment: str, now: datetime, capture: CaptureConfi
     from draftsync.serving.traffic_capture import captured_rows
 
     store = context.store()
-    rows = captured_rows(capture.path, deployment, after_id=store.captured_watermark(deployment))
+    rows = captured_rows(capture.path, deployment, after_id=store.acceptance.captured_watermark(deployment))
     if not rows:
         return 0
-    return store.book_requests(deployment, now, pair, rows, last_row=rows[-1]["id"])
+    return store.acceptance.book_requests(deployment, now, pair, rows, last_row=rows[-1]["id"])
 
 
 @task(name="review-deployment", cache_policy=NONE)
@@ -74,10 +74,10 @@ def review_deployment(deployment: str, now: datetime) -> dict:
     from draftsync.registry.model_registry import drafter_model_name
 
     store = context.store()
-    pair = store.serving_pair(deployment)
+    pair = store.pairs.get(deployment)
 
     # Hourly rollups: a week is 168 rows per deployment however often it was scraped.
-    this_week = store.hourly(deployment, now - WEEK, now)
+    this_week = store.acceptance.hourly(deployment, now - WEEK, now)
     judged = _judged_pair(pair, this_week)
 
     def served_now(row) -> bool:
@@ -85,7 +85,11 @@ def review_deployment(deployment: str, now: datetime) -> dict:
 
     def week(start: datetime, drafter_version: int | None = None, rows: list | None = None):
         # only the pair serving now is judged, so the hours of a pair it replaced neither raise nor hide a finding
-        rows = [r for r in (store.hourly(deployment, start, start + WEEK) if rows is None else rows) if served_now(r)]
+        rows = [
+            r
+            for r in (store.acceptance.hourly(deployment, start, start + WEEK) if rows is None else rows)
+            if served_now(r)
+        ]
         if drafter_version is not None:
             rows = [r for r in rows if r.drafter_version == drafter_version]
         return summarize_hourly(rows, start, start + WEEK, deployment=deployment)

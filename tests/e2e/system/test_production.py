@@ -80,7 +80,6 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
 ):
     from draftsync.flows.deployments import WORK_POOLS
     from draftsync.monitors.store import Store
-    from draftsync.monitors.sync_jobs import SyncLedger
     from draftsync.registry.model_registry import Registry
     from draftsync.registry.tags import target_tags
     from draftsync.speculative.builtin.targets import build_target, builtin_recipe
@@ -165,7 +164,7 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
                 registry = Registry(mlflow.url)
                 facts = {**describe_target(target_dir), "task_mix": {"code": 0.5, "math": 0.5}}
                 version = registry.register_target("prod-llm", target_dir, target_tags(**facts))
-                ledger = SyncLedger(Store(monitor_url))
+                ledger = Store(monitor_url).ledger
                 job = wait_for(
                     "the webhook's sync request", lambda: ledger.get("prod-llm", version, "eagle3"), 60, logs, every=0.5
                 )

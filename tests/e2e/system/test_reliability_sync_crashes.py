@@ -144,7 +144,6 @@ KILL_POINTS: list[tuple[str, Callable[[Path], bool] | KillRule]] = [
 @pytest.mark.system
 def test_a_sync_killed_at_every_stage_converges_to_one_drafter_with_whole_aliases(tmp_path, built_targets, monkeypatch):
     from draftsync.monitors.store import Store
-    from draftsync.monitors.sync_jobs import SyncLedger
     from draftsync.registry.model_registry import Registry, drafter_model_name
     from draftsync.registry.tags import SYNC_KEY_TAG, VALIDATION_STATUS_TAG
 
@@ -205,7 +204,7 @@ def test_a_sync_killed_at_every_stage_converges_to_one_drafter_with_whole_aliase
         statuses = sorted(r.info.status for r in runs)
         assert statuses == ["FINISHED", "KILLED"], statuses
 
-        job = SyncLedger(Store(f"sqlite:///{worker.work / 'monitor.db'}")).get(TARGET, 2, "eagle3")
+        job = Store(f"sqlite:///{worker.work / 'monitor.db'}").ledger.get(TARGET, 2, "eagle3")
         assert (job.status, job.drafter_version, job.attempts) == ("succeeded", new, len(KILL_POINTS) + 1)
 
 
@@ -218,7 +217,6 @@ def test_mlflow_stopped_mid_sync_fails_clearly_then_the_rerun_resumes_once_it_is
     MLflow and the fix, with nothing registered; with the server back, the rerun registers exactly one drafter
     without training again."""
     from draftsync.monitors.store import Store
-    from draftsync.monitors.sync_jobs import SyncLedger
     from draftsync.registry.model_registry import Registry
 
     monkeypatch.setenv("DRAFTSYNC_MODEL_ROOTS", f"{tmp_path},{built_targets[1].parent}")
@@ -250,7 +248,7 @@ def test_mlflow_stopped_mid_sync_fails_clearly_then_the_rerun_resumes_once_it_is
         mlflow.process.wait_healthy(120, health_path="/health")
         assert drafters_for_v2(registry) == [], "the failed registration left a drafter version behind"
         assert aliases(registry)["production"] == old
-        ledger = SyncLedger(Store(f"sqlite:///{worker.work / 'monitor.db'}"))
+        ledger = Store(f"sqlite:///{worker.work / 'monitor.db'}").ledger
         failed = ledger.get(TARGET, 2, "eagle3")
         assert failed.status == "failed" and "could not be reached" in failed.detail
 

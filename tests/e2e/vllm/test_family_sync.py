@@ -63,7 +63,7 @@ def test_a_registered_family_checkpoint_syncs_and_serves_with_speculation_on_vll
 
     deployment = ServingDeployment(name=f"{family}-serving", target_name=name, launch="vllm", temperature=0.0)
     served = rollout(deployment)
-    pair = context.store().serving_pair(deployment.name)
+    pair = context.store().pairs.get(deployment.name)
     assert (pair.state, pair.target_version, pair.drafter_version) == ("serving", 1, result["drafter_version"])
     assert served["state"] == "serving" and served["drafter_version"] == result["drafter_version"], served
 

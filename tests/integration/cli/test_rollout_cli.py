@@ -67,7 +67,7 @@ def test_rollback_points_production_at_previous_and_serves_that_pair(workdir, bu
     runner = CliRunner()
     served = runner.invoke(app, ["--workdir", str(workdir), "rollout", "cli"])
     assert served.exit_code == 0, served.output
-    assert context.store().serving_pair("cli").drafter_version == second
+    assert context.store().pairs.get("cli").drafter_version == second
 
     out = tmp_path / "rollback.json"
     result = runner.invoke(app, ["--workdir", str(workdir), "rollback", "cli", "--json", str(out)])
@@ -75,5 +75,5 @@ def test_rollback_points_production_at_previous_and_serves_that_pair(workdir, bu
     data = json.loads(out.read_text())
     assert data["aliases_before"]["production"] == second and data["aliases_after"]["production"] == first
     assert data["aliases_after"]["previous"] == second
-    pair = context.store().serving_pair("cli")
+    pair = context.store().pairs.get("cli")
     assert (pair.drafter_version, pair.gamma, pair.state) == (first, 2, "serving")

@@ -38,14 +38,14 @@ def record_hours(
         totals[0] += 100
         totals[1] += 300
         totals[2] += accepted_per_hour
-        store.record_scrape(deployment, first + hour * HOUR, SpecDecodeCounters(*totals), pair)
+        store.acceptance.record_scrape(deployment, first + hour * HOUR, SpecDecodeCounters(*totals), pair)
 
 
 def baseline_scrape(store, deployment: str, pair, moment: datetime, totals: list[int]) -> None:
     """A scrape that adds nothing: the first one sets the baseline, a later one closes a gap with zero traffic."""
     from draftsync.monitors.metrics import SpecDecodeCounters
 
-    store.record_scrape(deployment, moment, SpecDecodeCounters(*totals), pair)
+    store.acceptance.record_scrape(deployment, moment, SpecDecodeCounters(*totals), pair)
 
 
 @pytest.fixture
@@ -92,7 +92,7 @@ def status_world(workdir, tmp_path, monkeypatch):
     # chat: 10 hours at 0.2 more than a week ago (outside the window), then 48 hours at 0.7 in it.
     now = datetime.now(UTC)
     chat_pair = ServedPair("status-llm", v2, d2, 4)
-    store.set_serving_pair(
+    store.pairs.record(
         "chat",
         target_name="status-llm",
         target_version=v2,
@@ -113,7 +113,7 @@ def status_world(workdir, tmp_path, monkeypatch):
     totals = [0, 0, 0]
     baseline_scrape(store, "batch", batch_pair, now - timedelta(days=2), totals)
     record_hours(store, "batch", batch_pair, now - timedelta(days=2) + HOUR, 24, 120, totals)
-    store.set_serving_pair(
+    store.pairs.record(
         "batch",
         target_name="status-llm",
         target_version=v1,

@@ -55,16 +55,20 @@ def test_smtp_password_from_a_prefect_secret_block(prefect_harness, tmp_path, sm
     )
     assert PASSWORD not in repr(settings)
     caplog.set_level("DEBUG")
-    entry = Mailer(tmp_path / "outbox", store, settings, secret_loader=smtp_password_block).send(build(), now=END)
+    entry = Mailer(tmp_path / "outbox", store.outbox, settings, secret_loader=smtp_password_block).send(
+        build(), now=END
+    )
     assert entry.status == "sent", entry.last_error
     assert seen == [(b"reporter", PASSWORD.encode())]
     check_report(server.messages[0])
     assert PASSWORD not in caplog.text
 
     missing = Settings(**{**settings.model_dump(), "smtp_password_block": "no-such-block"})
-    pending = Mailer(tmp_path / "outbox", store, missing, secret_loader=smtp_password_block).send(build(), now=END)
+    pending = Mailer(tmp_path / "outbox", store.outbox, missing, secret_loader=smtp_password_block).send(
+        build(), now=END
+    )
     assert pending.status == "pending" and "'no-such-block'" in pending.last_error
-    unread = Mailer(tmp_path / "outbox", store, settings).send(build(), now=END)  # no loader: said, not guessed
+    unread = Mailer(tmp_path / "outbox", store.outbox, settings).send(build(), now=END)  # no loader: said, not guessed
     assert unread.status == "pending" and "DRAFTSYNC_SMTP_PASSWORD" in unread.last_error
     assert len(server.messages) == 1
 
@@ -92,7 +96,7 @@ def record_week(store, deployment: str, pair, now: datetime) -> None:
                 tuple(a + b for a, b in zip(totals[3], positions, strict=True)),
             ]
         counters = SpecDecodeCounters(totals[0], totals[1], totals[2], totals[3])
-        store.record_scrape(deployment, min(first + hour * HOUR, now - timedelta(minutes=1)), counters, pair)
+        store.acceptance.record_scrape(deployment, min(first + hour * HOUR, now - timedelta(minutes=1)), counters, pair)
 
 
 def last_complete_iso_week(now: datetime) -> str:
@@ -109,7 +113,7 @@ def serve_new_drafter(version: int, target_dir: Path, drafter_dir: Path) -> int:
     drafter = context.registry().register_drafter(
         "report-llm", version, build_tiny_drafter(target_dir, drafter_dir, 3), "eagle3", 3, {}, validation_passed=True
     )
-    context.store().set_serving_pair(
+    context.store().pairs.record(
         "chat",
         target_name="report-llm",
         target_version=version,
@@ -202,11 +206,11 @@ def test_report_command_stale_week_smtp_down_then_delivered(report_setup, monkey
     assert chat["actions"][:2] == ["fell back to plain decoding (speculation off)", "marked stale"]
     assert chat["actions"][2].startswith("retrain requested (event draftsync.drafter.stale for report-llm v1)")
     assert first["subject"].startswith("[draftsync] STALE: chat acceptance 0.4")
-    pair = context.store().serving_pair("chat")
+    pair = context.store().pairs.get("chat")
     assert (pair.state, pair.drafter_version) == ("stale", None)  # relaunched with speculation off
     launch = json.loads((report_setup["workdir"] / "serving" / "external" / "chat.json").read_text())
     assert launch["speculative_config"] is None and "--speculative-config" not in launch["argv"]
-    (pending,) = context.store().outbox("pending")
+    (pending,) = context.store().outbox.entries("pending")
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from prefect.client.schemas.sorting import ArtifactSort
@@ -234,7 +238,7 @@ def test_report_command_stale_week_smtp_down_then_delivered(report_setup, monkey
     assert "drafter stale" in text and "fell back to plain decoding" in text and "retrain requested" in text
     (chart,) = [p for p in delivered.walk() if p.get_content_type() == "image/png"]
     assert chart.get_content().startswith(b"\x89PNG")
-    assert context.store().outbox_entry(pending.id).status == "sent"
+    assert context.store().outbox.entry(pending.id).status == "sent"
     (chat,) = second["deployments"]
     assert chat["actions"] == ["marked stale", "retrain already requested this week for the same finding: not repeated"]
     assert PASSWORD not in caplog.text and PASSWORD not in output
@@ -250,12 +254,12 @@ def test_report_command_stale_week_smtp_down_then_delivered(report_setup, monkey
 
     # run 3: without --act or --send the report only reads, twice alike: no alert, no outbox row, no .eml, no event
     outbox = report_setup["workdir"] / "outbox"
-    before = (_alert_count(), len(context.store().outbox()), sorted(outbox.glob("*.eml")))
+    before = (_alert_count(), len(context.store().outbox.entries()), sorted(outbox.glob("*.eml")))
     for _ in range(2):
         code, third, output, error = run_report(monkeypatch)
         assert error is None and code == 0, output
         assert (third["status"], third["eml_path"], third["acted"]) == ("not written", None, False)
-        assert (_alert_count(), len(context.store().outbox()), sorted(outbox.glob("*.eml"))) == before
+        assert (_alert_count(), len(context.store().outbox.entries()), sorted(outbox.glob("*.eml"))) == before
     (chat,) = third["deployments"]
     assert chat["serving_state"] == "stale" and chat["status"] == "STALE"  # the pair as it is, the week as it was
     assert "serving now" in output and "stale: report-llm" in output and "speculation off" in output
@@ -268,7 +272,7 @@ def test_report_command_stale_week_smtp_down_then_delivered(report_setup, monkey
     assert error is None and code == 0, output
     assert (acted["sent"], acted["status"]) == (False, "not sent") and "outbox folder only" in acted["delivery"]
     assert Path(acted["eml_path"]).is_file() and Path(acted["eml_path"]).parent == outbox
-    assert len(context.store().outbox()) == before[1] and len(server.messages) == 2
+    assert len(context.store().outbox.entries()) == before[1] and len(server.messages) == 2
 
     # run 4: a look back at the last complete ISO week takes no action.
     week = last_complete_iso_week(datetime.now(UTC))
@@ -302,7 +306,7 @@ def test_a_broken_deployments_file_is_reported_not_fatal(workdir, monkeypatch):
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "deployments.yaml").write_text("deployments:\n  - name: chat\n    target_name: [unclosed\n")
     store = context.store()
-    store.set_serving_pair(
+    store.pairs.record(
         "chat",
         target_name="report-llm",
         target_version=1,
@@ -350,7 +354,7 @@ def test_the_review_judges_the_pair_serving_now_apart_from_the_pair_it_replaced(
     for hour in range(6):  # a new server: counters from zero, 0.9 of the drafts accepted
         drafts = 100 * hour
         counters = SpecDecodeCounters(drafts, 3 * drafts, round(2.7 * drafts), (drafts, drafts, round(0.7 * drafts)))
-        store.record_scrape("chat", start + hour * HOUR, counters, pair)
+        store.acceptance.record_scrape("chat", start + hour * HOUR, counters, pair)
 
     after = weekly_report(now=later, act=False, send=False)
     (row,) = after["deployments"]
@@ -399,7 +403,7 @@ def test_the_report_says_which_client_domain_drifted_from_the_captured_requests(
     from draftsync.tasks import context
     from draftsync.tasks.monitoring import book_captured_requests
 
-    config, pair = capture_config(configured_deployments()["chat"]), context.store().serving_pair("chat")
+    config, pair = capture_config(configured_deployments()["chat"]), context.store().pairs.get("chat")
     assert book_captured_requests("chat", datetime.now(UTC) - timedelta(hours=1), config, pair) == 10
     assert book_captured_requests("chat", datetime.now(UTC) - timedelta(minutes=30), config, pair) == 0  # once
     code, report, output, error = run_report(monkeypatch)

@@ -111,7 +111,7 @@ def test_swapping_drafters_under_load_fails_no_request(workdir, built_targets, t
     assert gammas == sorted(gammas)  # once switched, never back to the old server
     assert registry.alias_version("swap-llm-drafter", "production") == second
     assert registry.alias_version("swap-llm-drafter", "previous") == first
-    pair = context.store().serving_pair("swap")
+    pair = context.store().pairs.get("swap")
     assert (pair.drafter_version, pair.gamma, pair.state) == (second, 3, "serving")
     with pytest.raises(httpx.TransportError):  # the old server was stopped once drained
         httpx.get(f"{after['replaced']}/health", timeout=5)
@@ -140,7 +140,7 @@ def test_a_canary_under_the_threshold_rolls_back_by_itself_and_aliases_end_where
     assert result["canary"]["passed"] is False and result["canary"]["acceptance"] < 0.99
     assert result["rolled_back"] and result["drafter_version"] == good
     assert registry.alias_snapshot("canary-llm") == aliases_before
-    pair = context.store().serving_pair("canary")
+    pair = context.store().pairs.get("canary")
     assert (pair.drafter_version, pair.state) == (good, "serving")
     answer = httpx.post(
         f"{result['endpoint']}/v1/completions",
@@ -192,7 +192,7 @@ def test_a_target_alias_moved_with_no_drafter_is_served_plain_alerted_and_synced
     assert result["state"] == "fallback" and result["drafter_version"] is None
     assert result["target_version"] == v2
     assert result["speculative_config"] is None and "--speculative-config" not in result["argv"]
-    pair = context.store().serving_pair("pair")
+    pair = context.store().pairs.get("pair")
     assert (pair.target_version, pair.drafter_version) == (v2, None)
     completion = httpx.post(
         f"{result['endpoint']}/v1/completions",
@@ -234,7 +234,7 @@ def test_live_acceptance_under_the_threshold_falls_back_to_plain_decoding_and_al
 
     lenient = scrape(deployments=[spec.model_copy(update={"fallback_threshold": 0.0})])
     assert lenient["guard"][0]["action"] == "none" and lenient["guard"][0]["draft_tokens"] >= 30
-    assert context.store().serving_pair("guard").state == "serving"
+    assert context.store().pairs.get("guard").state == "serving"
     with httpx.Client(base_url=served["endpoint"], timeout=60) as client:
         for prompt in ("def add(a, b):", "The sum of 12 and 30", "Permission is hereby"):
             client.post(
@@ -245,7 +245,7 @@ def test_live_acceptance_under_the_threshold_falls_back_to_plain_decoding_and_al
 
     decision = result["guard"][0]
     assert decision["action"] == "fallback" and decision["acceptance"] < 0.95 and decision["draft_tokens"] >= 30
-    pair = context.store().serving_pair("guard")
+    pair = context.store().pairs.get("guard")
     assert (pair.state, pair.drafter_version) == ("fallback", None)
     completion = httpx.post(
         f"{served['endpoint']}/v1/completions",
@@ -288,7 +288,7 @@ def test_a_vllm_that_refuses_to_start_leaves_the_pair_serving_and_the_alert_name
     failed_log = next(log for log in (workdir / "serving").glob("refuse-*.log") if str(log) in refused.value.what)
     error_line = refused.value.what.split("did not start: ", 1)[1].split(" (log: ")[0]
     assert "kv" in error_line.lower() and error_line in failed_log.read_text()  # vLLM's own words, from its log
-    pair = context.store().serving_pair("refuse")
+    pair = context.store().pairs.get("refuse")
     assert (pair.drafter_version, pair.state) == (good, "serving")
     assert registry.alias_snapshot("refuse-llm") == aliases
     answer = httpx.post(
@@ -328,7 +328,7 @@ def test_without_a_vllm_engine_a_vllm_rollout_fails_naming_make_vllm_and_nothing
 
     assert "no vLLM engine" in missing.value.what and "make vllm" in missing.value.fix
     assert registry.alias_snapshot("bare-llm") == aliases
-    assert context.store().serving_pair("bare") is None
+    assert context.store().pairs.get("bare") is None
     assert not list((workdir / "serving").glob("bare-*.log"))  # no process was started
 
 
@@ -347,11 +347,11 @@ def test_a_pair_whose_servers_were_stopped_is_recorded_stopped_skipped_by_scrape
     registry.promote("stop-llm", _drafter(registry, "stop-llm", v1, built_targets[1], tmp_path, gamma=2))
     spec = ServingDeployment(name="stopper", target_name="stop-llm")
     served = rollout(spec)
-    started = store.serving_pair("stopper")
+    started = store.pairs.get("stopper")
 
     stop_all()
 
-    stopped = store.serving_pair("stopper")
+    stopped = store.pairs.get("stopper")
     assert (stopped.state, stopped.updated_at, stopped.drafter_version) == (
         "stopped",
         started.updated_at,
@@ -360,8 +360,8 @@ def test_a_pair_whose_servers_were_stopped_is_recorded_stopped_skipped_by_scrape
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{served['endpoint']}/health", timeout=5)
     assert scrape(deployments=[spec])["deployments"] == [{"deployment": "stopper", "skipped": "stopped"}]
-    assert store.samples("stopper", started.updated_at, started.updated_at.replace(year=3000)) == []
+    assert store.acceptance.samples("stopper", started.updated_at, started.updated_at.replace(year=3000)) == []
 
     again = rollout(spec)
-    assert store.serving_pair("stopper").state == "serving"
+    assert store.pairs.get("stopper").state == "serving"
     assert httpx.get(f"{again['endpoint']}/health", timeout=5).status_code == 200

@@ -112,10 +112,10 @@ def test_downgrade_then_reopen_rebuilds_the_rollups(new_url):
     store = Store(url)
     pair = ServedPair("demo", 1, 2, 2)
     for minute in range(0, 150, 10):
-        store.record_scrape(
+        store.acceptance.record_scrape(
             "dep", T0 + timedelta(minutes=minute), SpecDecodeCounters(minute, 2 * minute, minute, (minute,)), pair
         )
-    before = store.hourly("dep", T0, T0 + timedelta(hours=3))
+    before = store.acceptance.hourly("dep", T0, T0 + timedelta(hours=3))
     store.close()
 
     engine = sa.create_engine(url)
@@ -126,7 +126,7 @@ def test_downgrade_then_reopen_rebuilds_the_rollups(new_url):
 
     store = Store(url)
     try:
-        assert store.hourly("dep", T0, T0 + timedelta(hours=3)) == before
+        assert store.acceptance.hourly("dep", T0, T0 + timedelta(hours=3)) == before
         assert sum(r.accepted for r in before) == 140
     finally:
         store.close()

@@ -109,7 +109,7 @@ def test_healthy_report_subject_and_chart():
 def make_mailer(tmp_path: Path, **smtp) -> tuple[Mailer, Store]:
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
     settings = Settings(workdir=tmp_path, alert_to="ml-platform@example.org, oncall@example.org", **smtp)
-    return Mailer(tmp_path / "outbox", store, settings, **smtp.pop("_mailer", {})), store
+    return Mailer(tmp_path / "outbox", store.outbox, settings, **smtp.pop("_mailer", {})), store
 
 
 def test_without_smtp_the_outbox_file_is_the_delivery(tmp_path):
@@ -151,7 +151,7 @@ def test_smtp_down_then_retry_delivers_exactly_once(tmp_path, smtp_server_factor
     assert mailer.retry_pending(END + 2 * HOUR) == []
     assert len(server.messages) == 1
     check_report(server.messages[0])
-    final = store.outbox_entry(entry.id)
+    final = store.outbox.entry(entry.id)
     assert (final.status, final.attempts, final.last_error, final.sent_at) == ("sent", 2, None, END + HOUR)
 
 
@@ -160,12 +160,12 @@ def test_gives_up_after_max_attempts(tmp_path):
 
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
     settings = Settings(workdir=tmp_path, smtp_host="127.0.0.1", smtp_port=free_port())
-    mailer = Mailer(tmp_path / "outbox", store, settings, max_attempts=2)
+    mailer = Mailer(tmp_path / "outbox", store.outbox, settings, max_attempts=2)
     entry = mailer.send(build(), now=END)
     assert entry.status == "pending"
     assert mailer.retry_pending(END) == []
-    assert store.outbox_entry(entry.id).status == "failed"
-    assert store.outbox("pending") == []
+    assert store.outbox.entry(entry.id).status == "failed"
+    assert store.outbox.entries("pending") == []
 
 
 def self_signed_tls() -> tuple[ssl.SSLContext, ssl.SSLContext]:
@@ -239,13 +239,13 @@ def test_tls_with_login_and_the_password_stays_secret(tmp_path, smtp_server_fact
         smtp_password=SecretStr(PASSWORD),
     )
     caplog.set_level(logging.DEBUG)
-    entry = Mailer(tmp_path / "outbox", store, settings, ssl_context=client_tls).send(build(), now=END)
+    entry = Mailer(tmp_path / "outbox", store.outbox, settings, ssl_context=client_tls).send(build(), now=END)
     assert entry.status == "sent", entry.last_error
     assert seen == [(b"reporter", PASSWORD.encode())]
     check_report(server.messages[0])
 
     wrong = Settings(**{**settings.model_dump(), "smtp_password": SecretStr("wrong-" + PASSWORD)})
-    failed = Mailer(tmp_path / "outbox", store, wrong, ssl_context=client_tls).send(build(), now=END)
+    failed = Mailer(tmp_path / "outbox", store.outbox, wrong, ssl_context=client_tls).send(build(), now=END)
     assert failed.status == "pending" and "Authentication" in failed.last_error, failed.last_error
     assert PASSWORD not in failed.last_error and PASSWORD not in caplog.text
     assert len(server.messages) == 1
@@ -256,7 +256,7 @@ def test_tls_refuses_an_untrusted_certificate(tmp_path, smtp_server_factory):
     server = smtp_server_factory(tls_context=server_tls, require_starttls=True)
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
     settings = Settings(workdir=tmp_path, smtp_host=server.host, smtp_port=server.port, smtp_security="starttls")
-    entry = Mailer(tmp_path / "outbox", store, settings).send(build(), now=END)
+    entry = Mailer(tmp_path / "outbox", store.outbox, settings).send(build(), now=END)
     assert entry.status == "pending" and "CERTIFICATE_VERIFY_FAILED" in entry.last_error
     assert server.messages == []
 
@@ -291,20 +291,20 @@ def test_password_from_a_secret_block_is_read_at_login_only_and_never_shown(tmp_
         smtp_password_block="smtp-password",
     )
     caplog.set_level(logging.DEBUG)
-    mailer = Mailer(tmp_path / "outbox", store, settings, secret_loader=blocks)
+    mailer = Mailer(tmp_path / "outbox", store.outbox, settings, secret_loader=blocks)
     assert blocks.reads == []  # not read when the mailer is made
     assert mailer.send(build(), now=END).status == "sent"
     assert blocks.reads == ["smtp-password"] and seen == [(b"reporter", PASSWORD.encode())]
     check_report(server.messages[0])
 
     stale = Settings(**{**settings.model_dump(), "smtp_password_block": "old-smtp-password"})
-    failed = Mailer(tmp_path / "outbox", store, stale, secret_loader=blocks).send(build(), now=END)
+    failed = Mailer(tmp_path / "outbox", store.outbox, stale, secret_loader=blocks).send(build(), now=END)
     assert failed.status == "pending" and "Authentication" in failed.last_error
     assert "old-" + PASSWORD not in failed.last_error and PASSWORD not in caplog.text
     assert len(server.messages) == 1
 
     both = Settings(**{**settings.model_dump(), "smtp_password": SecretStr(PASSWORD), "smtp_password_block": "missing"})
-    assert Mailer(tmp_path / "outbox", store, both, secret_loader=blocks).send(build(), now=END).status == "sent"
+    assert Mailer(tmp_path / "outbox", store.outbox, both, secret_loader=blocks).send(build(), now=END).status == "sent"
     assert "missing" not in blocks.reads  # DRAFTSYNC_SMTP_PASSWORD, when set, wins over the block
 
 
@@ -319,11 +319,11 @@ def test_a_password_block_that_cannot_be_read_keeps_the_mail_pending(tmp_path, s
         smtp_password_block="smtp-pasword",
     )
     blocks = BlockStore({"smtp-password": PASSWORD})
-    entry = Mailer(tmp_path / "outbox", store, settings, secret_loader=blocks).send(build(), now=END)
+    entry = Mailer(tmp_path / "outbox", store.outbox, settings, secret_loader=blocks).send(build(), now=END)
     assert entry.status == "pending" and "'smtp-pasword'" in entry.last_error
     assert server.messages == []
     fixed = Settings(**{**settings.model_dump(), "smtp_password_block": "smtp-password"})
-    delivered = Mailer(tmp_path / "outbox", store, fixed, secret_loader=blocks).retry_pending(END + HOUR)
+    delivered = Mailer(tmp_path / "outbox", store.outbox, fixed, secret_loader=blocks).retry_pending(END + HOUR)
     assert [e.id for e in delivered] == [entry.id] and len(server.messages) == 1
 
 
@@ -331,7 +331,7 @@ def test_write_unsent_is_a_file_only(tmp_path, smtp_server):
     mailer, store = make_mailer(tmp_path, smtp_host=smtp_server.host, smtp_port=smtp_server.port)
     path = mailer.write_unsent(build(), now=END)
     check_report(message_from_bytes(path.read_bytes(), policy=default_policy))
-    assert store.outbox() == [] and mailer.retry_pending(END + HOUR) == []
+    assert store.outbox.entries() == [] and mailer.retry_pending(END + HOUR) == []
     assert smtp_server.messages == []
 
 

@@ -28,11 +28,11 @@ def store(request, tmp_path):
 
 
 def test_first_scrape_sets_the_baseline_then_deltas_are_stored(store):
-    assert store.record_scrape("dep", T0, SpecDecodeCounters(100, 300, 210, (90, 70, 50)), PAIR) is None
-    first = store.record_scrape(
+    assert store.acceptance.record_scrape("dep", T0, SpecDecodeCounters(100, 300, 210, (90, 70, 50)), PAIR) is None
+    first = store.acceptance.record_scrape(
         "dep", T0 + timedelta(minutes=1), SpecDecodeCounters(130, 390, 270, (117, 90, 63)), PAIR
     )
-    second = store.record_scrape(
+    second = store.acceptance.record_scrape(
         "dep", T0 + timedelta(minutes=2), SpecDecodeCounters(130, 390, 270, (117, 90, 63)), PAIR
     )
     assert (first.drafts, first.draft_tokens, first.accepted) == (30, 90, 60)
@@ -40,7 +40,7 @@ def test_first_scrape_sets_the_baseline_then_deltas_are_stored(store):
     assert first.interval_start == T0 and first.reset is False
     assert (second.drafts, second.draft_tokens, second.accepted) == (0, 0, 0)
 
-    rows = store.samples("dep", T0, T0 + timedelta(minutes=2))
+    rows = store.acceptance.samples("dep", T0, T0 + timedelta(minutes=2))
     assert [r.ts for r in rows] == [T0 + timedelta(minutes=1), T0 + timedelta(minutes=2)]
     assert all(r.ts.tzinfo is not None for r in rows)  # aware UTC on SQLite too
     assert rows[0].accepted_per_position == [27, 20, 13]
@@ -51,31 +51,35 @@ def test_first_scrape_sets_the_baseline_then_deltas_are_stored(store):
         3,
     )
     # the window is (since, until]: a sample stamped at `since` belongs to the previous window
-    assert [r.ts for r in store.samples("dep", T0 + timedelta(minutes=1), T0 + timedelta(hours=1))] == [
+    assert [r.ts for r in store.acceptance.samples("dep", T0 + timedelta(minutes=1), T0 + timedelta(hours=1))] == [
         T0 + timedelta(minutes=2)
     ]
-    assert store.samples("other", T0, T0 + timedelta(hours=1)) == []
+    assert store.acceptance.samples("other", T0, T0 + timedelta(hours=1)) == []
 
 
 def test_counter_reset_is_recorded(store):
-    store.record_scrape("dep", T0, SpecDecodeCounters(1000, 3000, 2000, (900, 700, 400)), PAIR)
-    sample = store.record_scrape("dep", T0 + timedelta(minutes=1), SpecDecodeCounters(10, 30, 12, (6, 4, 2)), PAIR)
+    store.acceptance.record_scrape("dep", T0, SpecDecodeCounters(1000, 3000, 2000, (900, 700, 400)), PAIR)
+    sample = store.acceptance.record_scrape(
+        "dep", T0 + timedelta(minutes=1), SpecDecodeCounters(10, 30, 12, (6, 4, 2)), PAIR
+    )
     assert sample.reset is True
     assert (sample.drafts, sample.draft_tokens, sample.accepted) == (10, 30, 12)
-    after = store.record_scrape("dep", T0 + timedelta(minutes=2), SpecDecodeCounters(20, 60, 30, (12, 10, 8)), PAIR)
+    after = store.acceptance.record_scrape(
+        "dep", T0 + timedelta(minutes=2), SpecDecodeCounters(20, 60, 30, (12, 10, 8)), PAIR
+    )
     assert after.reset is False and after.accepted == 18  # the baseline moved to the post-restart counters
 
 
 def test_count_first_and_clock_must_move_forward(store):
-    first = store.record_scrape("fresh", T0, SpecDecodeCounters(5, 15, 9, (4, 3, 2)), PAIR, count_first=True)
+    first = store.acceptance.record_scrape("fresh", T0, SpecDecodeCounters(5, 15, 9, (4, 3, 2)), PAIR, count_first=True)
     assert first.accepted == 9 and first.interval_start == first.ts == T0
     with pytest.raises(DraftsyncError, match="not after the last one"):
-        store.record_scrape("fresh", T0, SpecDecodeCounters(6, 18, 10, (4, 3, 3)), PAIR)
+        store.acceptance.record_scrape("fresh", T0, SpecDecodeCounters(6, 18, 10, (4, 3, 3)), PAIR)
 
 
 def test_tpot_and_generation_tokens_are_kept(store):
-    store.record_scrape("dep", T0, SpecDecodeCounters(1, 3, 2, (1, 1, 0), 10, 0.5, 10), PAIR)
-    sample = store.record_scrape(
+    store.acceptance.record_scrape("dep", T0, SpecDecodeCounters(1, 3, 2, (1, 1, 0), 10, 0.5, 10), PAIR)
+    sample = store.acceptance.record_scrape(
         "dep", T0 + timedelta(minutes=1), SpecDecodeCounters(2, 6, 4, (2, 1, 1), 30, 1.25, 30), PAIR
     )
     assert (sample.generation_tokens, sample.tpot_count) == (20, 20)
@@ -83,16 +87,16 @@ def test_tpot_and_generation_tokens_are_kept(store):
 
 
 def test_watermark(store):
-    assert store.get_watermark("demo-target") is None
-    store.set_watermark("demo-target", 1, T0)
-    store.set_watermark("demo-target", 2, T0 + timedelta(hours=1))
-    store.set_watermark("other", 7, T0)
-    assert store.get_watermark("demo-target") == 2
-    assert store.get_watermark("other") == 7
+    assert store.watermarks.get("demo-target") is None
+    store.watermarks.set("demo-target", 1, T0)
+    store.watermarks.set("demo-target", 2, T0 + timedelta(hours=1))
+    store.watermarks.set("other", 7, T0)
+    assert store.watermarks.get("demo-target") == 2
+    assert store.watermarks.get("other") == 7
 
 
 def test_serving_pair_is_replaced_not_duplicated(store):
-    store.set_serving_pair(
+    store.pairs.record(
         "dep",
         target_name="demo-target",
         target_version=1,
@@ -103,7 +107,7 @@ def test_serving_pair_is_replaced_not_duplicated(store):
         state="serving",
         now=T0,
     )
-    store.set_serving_pair(
+    store.pairs.record(
         "dep",
         target_name="demo-target",
         target_version=2,
@@ -114,7 +118,7 @@ def test_serving_pair_is_replaced_not_duplicated(store):
         state="fallback",
         now=T0 + timedelta(days=1),
     )
-    store.set_serving_pair(
+    store.pairs.record(
         "b-dep",
         target_name="t",
         target_version=4,
@@ -125,13 +129,13 @@ def test_serving_pair_is_replaced_not_duplicated(store):
         state="serving",
         now=T0,
     )
-    pair = store.serving_pair("dep")
+    pair = store.pairs.get("dep")
     assert (pair.target_version, pair.drafter_version, pair.state, pair.gamma) == (2, None, "fallback", 0)
     assert pair.updated_at == T0 + timedelta(days=1)
-    assert [p.deployment for p in store.serving_pairs()] == ["b-dep", "dep"]
-    assert store.serving_pair("missing") is None
+    assert [p.deployment for p in store.pairs.all()] == ["b-dep", "dep"]
+    assert store.pairs.get("missing") is None
     with pytest.raises(DraftsyncError, match="state"):
-        store.set_serving_pair(
+        store.pairs.record(
             "dep",
             target_name="t",
             target_version=1,
@@ -145,7 +149,7 @@ def test_serving_pair_is_replaced_not_duplicated(store):
 
 
 def test_a_pair_state_changes_alone_and_keeps_the_date_the_pair_started(store):
-    store.set_serving_pair(
+    store.pairs.record(
         "dep",
         target_name="t",
         target_version=1,
@@ -156,44 +160,46 @@ def test_a_pair_state_changes_alone_and_keeps_the_date_the_pair_started(store):
         state="serving",
         now=T0,
     )
-    store.set_pair_state("dep", "stopped")
-    pair = store.serving_pair("dep")
+    store.pairs.set_state("dep", "stopped")
+    pair = store.pairs.get("dep")
     assert (pair.state, pair.updated_at, pair.drafter_version, pair.gamma) == ("stopped", T0, 2, 3)
-    assert store.set_pair_state("missing", "stopped") is None
+    assert store.pairs.set_state("missing", "stopped") is None
     with pytest.raises(DraftsyncError, match="'serving', 'fallback', 'stale', 'stopped'"):
-        store.set_pair_state("dep", "paused")
-    assert store.serving_pair("dep").state == "stopped"
+        store.pairs.set_state("dep", "paused")
+    assert store.pairs.get("dep").state == "stopped"
 
 
 def test_alert_dedupe_for_a_week_unless_worse(store):
     key = "dep:stale"
-    assert store.should_alert(key, T0, 0.45, severity="critical")
-    store.record_alert(key, deployment="dep", rule="stale", severity="critical", value=0.45, sent_at=T0)
-    assert not store.should_alert(key, T0 + timedelta(days=3), 0.44, severity="critical")  # same finding
-    assert store.should_alert(key, T0 + timedelta(days=3), 0.30, severity="critical")  # got worse
-    assert store.should_alert(key, T0 + timedelta(days=7), 0.45, severity="critical")  # a week later
-    assert store.should_alert("dep:mismatch", T0 + timedelta(days=1), 0.58)  # another rule is another key
+    assert store.alerts.should_send(key, T0, 0.45, severity="critical")
+    store.alerts.record(key, deployment="dep", rule="stale", severity="critical", value=0.45, sent_at=T0)
+    assert not store.alerts.should_send(key, T0 + timedelta(days=3), 0.44, severity="critical")  # same finding
+    assert store.alerts.should_send(key, T0 + timedelta(days=3), 0.30, severity="critical")  # got worse
+    assert store.alerts.should_send(key, T0 + timedelta(days=7), 0.45, severity="critical")  # a week later
+    assert store.alerts.should_send("dep:mismatch", T0 + timedelta(days=1), 0.58)  # another rule is another key
 
-    store.record_alert("dep:mismatch", deployment="dep", rule="mismatch", severity="warning", value=0.58, sent_at=T0)
-    assert store.should_alert("dep:mismatch", T0 + timedelta(days=1), 0.58, severity="critical")  # escalated
+    store.alerts.record("dep:mismatch", deployment="dep", rule="mismatch", severity="warning", value=0.58, sent_at=T0)
+    assert store.alerts.should_send("dep:mismatch", T0 + timedelta(days=1), 0.58, severity="critical")  # escalated
 
-    store.record_alert("dep:lineage", deployment="dep", rule="lineage", severity="critical", value=1, sent_at=T0)
-    assert not store.should_alert("dep:lineage", T0 + timedelta(days=1), 1, severity="critical", higher_is_worse=True)
-    assert store.should_alert("dep:lineage", T0 + timedelta(days=1), 2, severity="critical", higher_is_worse=True)
+    store.alerts.record("dep:lineage", deployment="dep", rule="lineage", severity="critical", value=1, sent_at=T0)
+    assert not store.alerts.should_send(
+        "dep:lineage", T0 + timedelta(days=1), 1, severity="critical", higher_is_worse=True
+    )
+    assert store.alerts.should_send("dep:lineage", T0 + timedelta(days=1), 2, severity="critical", higher_is_worse=True)
     with store.transaction() as session:
         rules = session.scalars(select(Alert.rule).where(Alert.deployment == "dep").order_by(Alert.sent_at, Alert.id))
         assert list(rules) == ["stale", "mismatch", "lineage"]
 
 
 def test_outbox_claim_is_exclusive(store):
-    entry = store.add_outbox(subject="s", recipients=["a@x", "b@x"], eml_path="/tmp/x.eml", created_at=T0)
+    entry = store.outbox.add(subject="s", recipients=["a@x", "b@x"], eml_path="/tmp/x.eml", created_at=T0)
     assert entry.status == "pending" and entry.attempts == 0
-    assert store.claim_outbox(entry.id, 0)
-    assert not store.claim_outbox(entry.id, 0)  # a second sender that read the same state loses
-    store.mark_outbox(entry.id, "sent", sent_at=T0)
-    assert not store.claim_outbox(entry.id, 1)  # sent messages are never claimed again
-    assert [e.id for e in store.outbox("sent")] == [entry.id]
-    assert store.outbox("pending") == []
+    assert store.outbox.claim(entry.id, 0)
+    assert not store.outbox.claim(entry.id, 0)  # a second sender that read the same state loses
+    store.outbox.mark(entry.id, "sent", sent_at=T0)
+    assert not store.outbox.claim(entry.id, 1)  # sent messages are never claimed again
+    assert [e.id for e in store.outbox.entries("sent")] == [entry.id]
+    assert store.outbox.entries("pending") == []
 
 
 def test_unreachable_database_is_a_clear_error():
@@ -216,9 +222,9 @@ def test_a_new_instance_is_not_diffed_against_the_one_it_replaced(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'm.db'}")
     pair = ServedPair("t", 1, 1, 2)
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    store.record_scrape("d", t0, SpecDecodeCounters(10, 20, 12, (8, 4)), pair)
-    store.forget_scrape_baseline("d")
-    sample = store.record_scrape(
+    store.acceptance.record_scrape("d", t0, SpecDecodeCounters(10, 20, 12, (8, 4)), pair)
+    store.acceptance.forget_baseline("d")
+    sample = store.acceptance.record_scrape(
         "d", t0 + timedelta(minutes=1), SpecDecodeCounters(30, 60, 40, (20, 20)), pair, count_first=True
     )
     assert (sample.drafts, sample.draft_tokens, sample.accepted) == (30, 60, 40)
@@ -255,7 +261,7 @@ def _traffic(store, deployment: str, start: datetime, minutes: range, *, fallbac
         generated += 50
         tpot += 0.8
         pair = ServedPair("demo-target", 1, None, 0) if off else PAIR
-        store.record_scrape(
+        store.acceptance.record_scrape(
             deployment,
             start + timedelta(minutes=minute),
             SpecDecodeCounters(drafts, tokens, accepted, tuple(per_position), generated, tpot, generated),
@@ -266,10 +272,12 @@ def _traffic(store, deployment: str, start: datetime, minutes: range, *, fallbac
 def test_record_scrape_keeps_hourly_rollups(store):
     _traffic(store, "dep", T0, range(0, 181, 7), fallback_from=120)
     # a restart in the third hour: counters start again from zero
-    store.record_scrape("dep", T0 + timedelta(hours=3), SpecDecodeCounters(1, 3, 2, (1, 1, 0), 5, 0.1, 5), PAIR)
+    store.acceptance.record_scrape(
+        "dep", T0 + timedelta(hours=3), SpecDecodeCounters(1, 3, 2, (1, 1, 0), 5, 0.1, 5), PAIR
+    )
 
-    samples = store.samples("dep", T0, T0 + timedelta(hours=4))
-    rows = store.hourly("dep", T0, T0 + timedelta(hours=4))
+    samples = store.acceptance.samples("dep", T0, T0 + timedelta(hours=4))
+    rows = store.acceptance.hourly("dep", T0, T0 + timedelta(hours=4))
     assert rows == hourly_rows(samples)
     assert _totals(rows) == _totals(samples)
     # one row per hour and pair; the speculation-off pair gets its own row with drafter_version None
@@ -296,7 +304,7 @@ def test_rollup_window_is_exact_for_any_window(store):
     _traffic(store, "b", T0 + timedelta(minutes=95), range(0, 60, 5))
     for minute in range(0, 200, 4):  # no TPOT or generation counters; a restart at minute 120
         n = minute if minute < 120 else minute - 119
-        store.record_scrape(
+        store.acceptance.record_scrape(
             "c", T0 + timedelta(minutes=minute), SpecDecodeCounters(n, 2 * n, n, (n // 2, n - n // 2)), PAIR
         )
     windows = [
@@ -307,16 +315,16 @@ def test_rollup_window_is_exact_for_any_window(store):
         (T0 + timedelta(hours=2, minutes=40), T0 + timedelta(hours=9)),  # b has nothing here
     ]
     for since, until in windows:
-        window = store.rollup_window(since, until)
-        expected = {name: store.samples(name, since, until) for name in ("a", "b", "c")}
+        window = store.acceptance.rollup_window(since, until)
+        expected = {name: store.acceptance.samples(name, since, until) for name in ("a", "b", "c")}
         expected = {name: rows for name, rows in expected.items() if rows}
         assert sorted(window) == sorted(expected), (since, until)
         for name, rows in window.items():
             assert _totals(rows) == _totals(expected[name]), (name, since, until)
             assert _rounded(rows) == _rounded(hourly_rows(expected[name])), (name, since, until)
             assert all(since - timedelta(hours=1) < r.hour < until for r in rows)
-        assert store.rollup_window(since, until, ["b"]).get("b", []) == window.get("b", [])
-    assert store.rollup_window(T0, T0) == {}
+        assert store.acceptance.rollup_window(since, until, ["b"]).get("b", []) == window.get("b", [])
+    assert store.acceptance.rollup_window(T0, T0) == {}
 
 
 def test_the_week_summary_from_rollups_equals_the_one_from_samples(store):
@@ -326,21 +334,21 @@ def test_the_week_summary_from_rollups_equals_the_one_from_samples(store):
     start, end = T0, T0 + timedelta(days=7)
     drafts = tokens = accepted = 0
     per_position = [0, 0, 0]
-    store.record_scrape("dep", start, SpecDecodeCounters(), PAIR)
+    store.acceptance.record_scrape("dep", start, SpecDecodeCounters(), PAIR)
     for hour in range(1, 169):
         rate = 0.8 - 0.3 * hour / 168
         drafts, tokens = drafts + 20, tokens + 60
         gained = [round(20 * rate + 2), round(20 * rate), round(20 * rate - 2)]
         per_position = [a + b for a, b in zip(per_position, gained, strict=True)]
         accepted += sum(gained)
-        store.record_scrape(
+        store.acceptance.record_scrape(
             "dep",
             start + timedelta(hours=hour),
             SpecDecodeCounters(drafts, tokens, accepted, tuple(per_position)),
             PAIR,
         )
-    from_samples = summarize(store.samples("dep", start, end), start, end, deployment="dep")
-    from_rollups = summarize_hourly(store.hourly("dep", start, end), start, end, deployment="dep")
+    from_samples = summarize(store.acceptance.samples("dep", start, end), start, end, deployment="dep")
+    from_rollups = summarize_hourly(store.acceptance.hourly("dep", start, end), start, end, deployment="dep")
     assert from_rollups == from_samples
     assert from_rollups.acceptance_rate == pytest.approx(0.65, abs=0.01) and len(from_rollups.daily) == 7
 
@@ -350,8 +358,8 @@ def test_minute_scrapes_summarized_from_rollups_keep_the_sums(store):
 
     _traffic(store, "dep", T0, range(0, 241, 1), fallback_from=200)
     start, end = T0, T0 + timedelta(hours=4)
-    from_samples = summarize(store.samples("dep", start, end), start, end, bucket=timedelta(hours=1))
-    from_rollups = summarize_hourly(store.hourly("dep", start, end), start, end, bucket=timedelta(hours=1))
+    from_samples = summarize(store.acceptance.samples("dep", start, end), start, end, bucket=timedelta(hours=1))
+    from_rollups = summarize_hourly(store.acceptance.hourly("dep", start, end), start, end, bucket=timedelta(hours=1))
     for name in (
         "intervals",
         "drafts",
@@ -380,28 +388,30 @@ def test_captured_requests_are_booked_once_at_the_monitors_clock_to_the_pair_ser
         {"id": 2, "domain": None, "draft_tokens": 20, "accepted_tokens": 18},
         {"id": 3, "domain": "code", "draft_tokens": 0, "accepted_tokens": 0},
     ]
-    assert store.captured_watermark("chat") == 0
-    assert store.book_requests("chat", t0, PAIR, rows, last_row=3) == 2
-    assert store.captured_watermark("chat") == 3
+    assert store.acceptance.captured_watermark("chat") == 0
+    assert store.acceptance.book_requests("chat", t0, PAIR, rows, last_row=3) == 2
+    assert store.acceptance.captured_watermark("chat") == 3
     later = ServedPair(target_name="demo-target", target_version=1, drafter_version=2, gamma=2)
-    store.book_requests(
+    store.acceptance.book_requests(
         "chat", t0 + timedelta(hours=1), later, [{"domain": "prose", "draft_tokens": 10, "accepted_tokens": 9}], 4
     )
-    booked = store.request_acceptance("chat", t0 - timedelta(hours=1), t0 + timedelta(hours=1))
+    booked = store.acceptance.booked_requests("chat", t0 - timedelta(hours=1), t0 + timedelta(hours=1))
     assert [(r.domain, r.draft_tokens, r.accepted, r.drafter_version) for r in booked] == [
         ("prose", 30, 3, 1),
         (None, 20, 18, 1),
         ("prose", 10, 9, 2),
     ]
-    assert store.request_acceptance("chat", t0, t0 + timedelta(hours=1))[0].ts == t0 + timedelta(
+    assert store.acceptance.booked_requests("chat", t0, t0 + timedelta(hours=1))[0].ts == t0 + timedelta(
         hours=1
     )  # (since, until]
-    assert store.request_acceptance("other", t0 - timedelta(days=1), t0 + timedelta(days=1)) == []
-    assert store.captured_watermark("chat") == 4
+    assert store.acceptance.booked_requests("other", t0 - timedelta(days=1), t0 + timedelta(days=1)) == []
+    assert store.acceptance.captured_watermark("chat") == 4
     # rows past the retention go when the deployment books again; another deployment's stay
-    store.book_requests("other", t0, PAIR, [{"domain": "code", "draft_tokens": 5, "accepted_tokens": 5}], 1)
+    store.acceptance.book_requests("other", t0, PAIR, [{"domain": "code", "draft_tokens": 5, "accepted_tokens": 5}], 1)
     later_still = t0 + timedelta(days=36)
-    store.book_requests("chat", later_still, later, [{"domain": "prose", "draft_tokens": 4, "accepted_tokens": 4}], 5)
+    store.acceptance.book_requests(
+        "chat", later_still, later, [{"domain": "prose", "draft_tokens": 4, "accepted_tokens": 4}], 5
+    )
     everything = (t0 - timedelta(days=1), later_still)
-    assert [r.ts for r in store.request_acceptance("chat", *everything)] == [later_still]
-    assert len(store.request_acceptance("other", *everything)) == 1
+    assert [r.ts for r in store.acceptance.booked_requests("chat", *everything)] == [later_still]
+    assert len(store.acceptance.booked_requests("other", *everything)) == 1

@@ -123,15 +123,15 @@ def test_a_counter_reset_seen_through_prometheus_is_never_negative(prometheus, t
     store = Store(f"sqlite:///{tmp_path / 'monitor.db'}")
     pair = ServedPair("demo-target", 1, 1, 3)
     start = datetime(2026, 11, 2, 12, tzinfo=UTC)
-    store.record_scrape("chat", start, query_counters(prometheus.url, {"job": "chat"}), pair)
+    store.acceptance.record_scrape("chat", start, query_counters(prometheus.url, {"job": "chat"}), pair)
     prometheus.load({(("job", "chat"),): scaled_exposition(VLLM_TEXT, 1.5)})
-    grown = store.record_scrape(
+    grown = store.acceptance.record_scrape(
         "chat", start + timedelta(minutes=1), query_counters(prometheus.url, {"job": "chat"}), pair
     )
     assert (grown.reset, grown.draft_tokens, grown.accepted) == (False, 1800, 1260)
     assert grown.accepted_per_position == [540, 420, 300]
     prometheus.load({(("job", "chat"),): scaled_exposition(VLLM_TEXT, 0.1)})  # the server restarted: counting from zero
-    restarted = store.record_scrape(
+    restarted = store.acceptance.record_scrape(
         "chat", start + timedelta(minutes=2), query_counters(prometheus.url, {"job": "chat"}), pair
     )
     assert restarted.reset
@@ -190,7 +190,7 @@ def test_the_scrape_task_can_read_from_prometheus(prometheus, tmp_path, monkeypa
     context.reset()
     try:
         store = context.store()
-        store.set_serving_pair(
+        store.pairs.record(
             "chat",
             target_name="demo-target",
             target_version=1,

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from draftsync.monitors.store import Store
-from draftsync.monitors.sync_jobs import MAX_ATTEMPTS, SyncLedger
+from draftsync.monitors.sync_jobs import MAX_ATTEMPTS
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
@@ -19,7 +19,7 @@ def ledger(request, tmp_path):
     else:
         url = request.getfixturevalue("postgres_server").create_database()
     store = Store(url)
-    yield SyncLedger(store)
+    yield store.ledger
     store.close()
 
 

@@ -69,7 +69,7 @@ def test_a_scrape_of_bad_metrics_text_names_the_endpoint_and_loses_nothing(workd
     from draftsync.tasks.monitoring import scrape_deployment
 
     store = context.store()
-    store.set_serving_pair(
+    store.pairs.record(
         "chat",
         target_name="t",
         target_version=1,
@@ -92,7 +92,7 @@ def test_a_scrape_of_bad_metrics_text_names_the_endpoint_and_loses_nothing(workd
         assert f"metrics endpoint {endpoint.url}/metrics" in error.value.what, label
         assert complaint in error.value.what, label
         assert error.value.fix, label
-    assert len(store.samples("chat", *hour)) == 1
+    assert len(store.acceptance.samples("chat", *hour)) == 1
 
     endpoint.text = GOOD_AFTER
     result = scrape_deployment.fn("chat", start + timedelta(minutes=30))
@@ -103,7 +103,7 @@ def test_a_scrape_of_bad_metrics_text_names_the_endpoint_and_loses_nothing(workd
         "acceptance_rate": pytest.approx(80 / 120),
         "reset": False,
     }
-    booked, sample = store.samples("chat", *hour)
+    booked, sample = store.acceptance.samples("chat", *hour)
     assert (booked.drafts, booked.draft_tokens, booked.accepted) == (100, 200, 150)
     assert (sample.drafts, sample.draft_tokens, sample.accepted) == (60, 120, 80)
     assert list(sample.accepted_per_position) == [45, 35]
@@ -132,7 +132,7 @@ def test_a_scrape_books_the_requests_its_router_captured_once_at_the_monitors_cl
 
     store = context.store()
     pair = {"target_name": "t", "target_version": 1, "drafter_name": "t-drafter", "gamma": 2, "state": "serving"}
-    store.set_serving_pair("chat", drafter_version=1, endpoint=endpoint.url, **pair)
+    store.pairs.record("chat", drafter_version=1, endpoint=endpoint.url, **pair)
     spec = ServingDeployment(name="chat", target_name="t", capture=TrafficCaptureSettings(rate=1.0))
     config = capture_config(spec)
     capture = TrafficCapture(config, seed=0)
@@ -148,11 +148,11 @@ def test_a_scrape_books_the_requests_its_router_captured_once_at_the_monitors_cl
     endpoint.text = GOOD_BEFORE
     served(3, 2)
     assert scrape_deployment.fn("chat", start, capture=config)["requests_booked"] == 3
-    store.set_serving_pair("chat", drafter_version=2, endpoint=endpoint.url, **pair)  # a new drafter serves
+    store.pairs.record("chat", drafter_version=2, endpoint=endpoint.url, **pair)  # a new drafter serves
     served(2, 9)
     endpoint.text = GOOD_AFTER
     assert scrape_deployment.fn("chat", start + timedelta(minutes=1), capture=config)["requests_booked"] == 2
-    booked = store.request_acceptance("chat", start - timedelta(hours=1), start + timedelta(hours=1))
+    booked = store.acceptance.booked_requests("chat", start - timedelta(hours=1), start + timedelta(hours=1))
     assert [(r.ts, r.drafter_version, r.domain, r.accepted) for r in booked] == [
         *[(start, 1, "prose", 2)] * 3,
         *[(start + timedelta(minutes=1), 2, "prose", 9)] * 2,

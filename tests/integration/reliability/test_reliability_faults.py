@@ -133,7 +133,7 @@ def test_postgres_restarted_while_scraping_loses_and_doubles_nothing(workdir, re
     assert store.engine.dialect.name == "postgresql"
     endpoint = MetricsEndpoint()
     try:
-        store.set_serving_pair(
+        store.pairs.record(
             "chat",
             target_name="t",
             target_version=1,
@@ -165,7 +165,7 @@ def test_postgres_restarted_while_scraping_loses_and_doubles_nothing(workdir, re
         for minute in (1, 2, 3):  # three good intervals; the server started at zero, so the first is booked too
             serve_more()
             scrape(minute)
-        before_outage = store.samples("chat", START, START + timedelta(hours=1))
+        before_outage = store.acceptance.samples("chat", START, START + timedelta(hours=1))
         assert len(before_outage) == 3
 
         restartable_postgres.stop()
@@ -177,7 +177,7 @@ def test_postgres_restarted_while_scraping_loses_and_doubles_nothing(workdir, re
         assert isinstance(refused_task.value.__cause__, OperationalError)
         counters = scrape_counters(f"{endpoint.url}/metrics")  # the metrics are fine; only the store is gone
         with pytest.raises(DraftsyncError) as refused_write:  # the store's own write
-            store.record_scrape(
+            store.acceptance.record_scrape(
                 "chat", START + 4 * MINUTE + timedelta(seconds=30), counters, before_outage[-1], count_first=True
             )
         assert f"port {restartable_postgres.port} failed: Connection refused" in str(refused_write.value)
@@ -242,13 +242,15 @@ def test_the_first_scrape_after_a_quick_postgres_restart_succeeds(restartable_po
     store = Store(restartable_postgres.create_database("monitor"))
     try:
         pair = ServedPair(target_name="t", target_version=1, drafter_version=1, gamma=2)
-        store.record_scrape(
+        store.acceptance.record_scrape(
             "chat", START, SpecDecodeCounters(drafts=10, draft_tokens=20, accepted=15), pair, count_first=True
         )
         restartable_postgres.stop()
         restartable_postgres.start()
-        store.record_scrape("chat", START + MINUTE, SpecDecodeCounters(drafts=30, draft_tokens=60, accepted=45), pair)
-        assert [s.drafts for s in store.samples("chat", START - MINUTE, START + 2 * MINUTE)] == [10, 20]
+        store.acceptance.record_scrape(
+            "chat", START + MINUTE, SpecDecodeCounters(drafts=30, draft_tokens=60, accepted=45), pair
+        )
+        assert [s.drafts for s in store.acceptance.samples("chat", START - MINUTE, START + 2 * MINUTE)] == [10, 20]
     finally:
         store.close()
 
@@ -289,7 +291,7 @@ def test_smtp_refusing_the_login_keeps_the_mail_pending_and_a_retry_delivers_it_
         smtp_password=PASSWORD,
         alert_to="ml-platform@example.org",
     )
-    mailer = Mailer(tmp_path / "outbox", store, settings)
+    mailer = Mailer(tmp_path / "outbox", store.outbox, settings)
     caplog.set_level(logging.DEBUG)
     message = EmailMessage()
     message["Subject"] = "draftsync weekly acceptance report"
@@ -312,7 +314,7 @@ def test_smtp_refusing_the_login_keeps_the_mail_pending_and_a_retry_delivers_it_
     assert len(server.messages) == 1
     assert server.messages[0]["Subject"] == "draftsync weekly acceptance report"
     assert server.envelopes == [("draftsync@localhost", ["ml-platform@example.org"])]
-    final = store.outbox_entry(entry.id)
+    final = store.outbox.entry(entry.id)
     assert (final.status, final.attempts, final.last_error, final.sent_at) == (
         "sent",
         2,
@@ -321,5 +323,5 @@ def test_smtp_refusing_the_login_keeps_the_mail_pending_and_a_retry_delivers_it_
     )
 
     assert PASSWORD not in caplog.text
-    for row in store.outbox():
+    for row in store.outbox.entries():
         assert PASSWORD not in repr({k: v for k, v in vars(row).items() if not k.startswith("_")})

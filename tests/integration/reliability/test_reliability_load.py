@@ -67,7 +67,7 @@ def test_the_webhook_receiver_at_200_requests_a_second_answers_every_request_as_
     one ledger job, accepted deliveries still refused as replays and forged ones never remembered."""
     import httpx
     from draftsync.monitors.store import Store
-    from draftsync.monitors.sync_jobs import SyncLedger, WebhookDelivery
+    from draftsync.monitors.sync_jobs import WebhookDelivery
     from draftsync.receiver.app import WEBHOOK_PATH
     from draftsync.registry.webhooks import sign_delivery
     from sqlalchemy import func, select
@@ -99,7 +99,7 @@ def test_the_webhook_receiver_at_200_requests_a_second_answers_every_request_as_
 
     store = Store(postgres_url)
     try:
-        jobs = SyncLedger(store).jobs()
+        jobs = store.ledger.jobs()
         assert [(j.target_name, j.target_version, j.source) for j in jobs] == [(TARGET_NAME, TARGET_VERSION, "webhook")]
         with store.engine.connect() as connection:
             remembered = connection.execute(select(func.count()).select_from(WebhookDelivery)).scalar_one()

@@ -117,7 +117,7 @@ def test_a_drafter_without_a_readable_target_version_tag_is_named_by_every_step_
         choose_pair(ServingDeployment(name="chat", target_name=TARGET), version, True)
     assert expected in error.value.what
 
-    context.store().set_serving_pair(
+    context.store().pairs.record(
         "chat",
         target_name=TARGET,
         target_version=world.version,

@@ -31,7 +31,7 @@ PASSWORD = "pw-7d1e-never-shown"
 
 def write_rows(store: Store, ledger: SyncLedger) -> None:
     """Rows of several tables, written before the fault, that must all survive it."""
-    store.set_serving_pair(
+    store.pairs.record(
         "chat",
         target_name="t",
         target_version=1,
@@ -42,17 +42,17 @@ def write_rows(store: Store, ledger: SyncLedger) -> None:
         state="serving",
         now=START,
     )
-    store.record_scrape(
+    store.acceptance.record_scrape(
         "chat", START, SpecDecodeCounters(drafts=10, draft_tokens=20, accepted=15), PAIR, count_first=True
     )
-    store.set_watermark("t", 1, now=START)
+    store.watermarks.set("t", 1, now=START)
     assert ledger.request("t", 1, "eagle3", source="test", reason="before the fault", now=START)
 
 
 def assert_rows_kept(store: Store, ledger: SyncLedger) -> None:
-    assert [p.deployment for p in store.serving_pairs()] == ["chat"]
-    assert [s.drafts for s in store.samples("chat", START - timedelta(minutes=1), START)] == [10]
-    assert store.get_watermark("t") == 1
+    assert [p.deployment for p in store.pairs.all()] == ["chat"]
+    assert [s.drafts for s in store.acceptance.samples("chat", START - timedelta(minutes=1), START)] == [10]
+    assert store.watermarks.get("t") == 1
     assert [(j.target_name, j.target_version, j.status) for j in ledger.jobs()] == [("t", 1, "requested")]
 
 
@@ -71,8 +71,8 @@ def assert_store_error(error: DraftsyncError, store: Store, problem: str, fix: s
 def faulty_calls(store: Store, ledger: SyncLedger) -> dict[str, Callable[[], object]]:
     """A read and a write of the store, and a read and a write of the ledger."""
     return {
-        "store read": store.serving_pairs,
-        "store write": lambda: store.set_watermark("t", 2, now=START + timedelta(hours=1)),
+        "store read": store.pairs.all,
+        "store write": lambda: store.watermarks.set("t", 2, now=START + timedelta(hours=1)),
         "ledger read": ledger.jobs,
         "ledger write": lambda: ledger.request("t", 2, "eagle3", source="test", reason="during the fault", now=START),
     }
@@ -147,7 +147,7 @@ def store_with_rows(url: str) -> Iterator[tuple[Store, SyncLedger]]:
     """The store and its ledger on `url`, holding the rows every test checks are kept; closed afterwards."""
     store = Store(url)
     try:
-        ledger = SyncLedger(store)
+        ledger = store.ledger
         write_rows(store, ledger)
         yield store, ledger
     finally:
@@ -172,12 +172,12 @@ def test_postgres_refusing_connections_is_a_clear_error_and_the_store_reconnects
     ):
         assert_every_call_fails(store, ledger, "is unavailable", "start the database")
         with pytest.raises(DraftsyncError) as info:
-            store.get_watermark("t")
+            store.watermarks.get("t")
         assert "is not currently accepting connections" in info.value.what
         assert isinstance(info.value.__cause__, OperationalError)
     assert_rows_kept(store, ledger)
-    store.set_watermark("t", 2, now=START + timedelta(hours=1))
-    assert store.get_watermark("t") == 2
+    store.watermarks.set("t", 2, now=START + timedelta(hours=1))
+    assert store.watermarks.get("t") == 2
 
 
 def test_postgres_refusing_the_login_is_a_clear_error_naming_the_user_and_password_fix(
@@ -222,9 +222,9 @@ def test_postgres_sessions_cut_between_two_calls_cost_a_reconnect_not_an_error(m
     monitor_database.cut_sessions()
     assert_rows_kept(store, ledger)
     monitor_database.cut_sessions()
-    store.set_watermark("t", 3, now=START + timedelta(hours=2))
+    store.watermarks.set("t", 3, now=START + timedelta(hours=2))
     assert ledger.request("t", 2, "eagle3", source="test", reason="after a cut", now=START)
-    assert store.get_watermark("t") == 3
+    assert store.watermarks.get("t") == 3
 
 
 def test_the_ledger_still_sees_a_duplicate_delivery_as_an_integrity_error_turned_replay(postgres_store):
@@ -266,12 +266,12 @@ def test_a_read_only_sqlite_file_is_a_clear_error_naming_the_file_and_writes_res
     naming the file; once the file is writable again the same store writes, and nothing was lost."""
     path = tmp_path / "monitor.db"
     first = Store(f"sqlite:///{path}")
-    write_rows(first, SyncLedger(first))
+    write_rows(first, first.ledger)
     first.close()
     with ExitStack() as writable_again:
         writable_again.enter_context(read_only(path))
         store = Store(f"sqlite:///{path}")  # the schema is current: opening needs no write
-        ledger = SyncLedger(store)
+        ledger = store.ledger
         try:
             assert_rows_kept(store, ledger)
             for name, call in faulty_calls(store, ledger).items():
@@ -284,9 +284,9 @@ def test_a_read_only_sqlite_file_is_a_clear_error_naming_the_file_and_writes_res
                 assert "attempt to write a readonly database" in info.value.what
                 assert_store_error(info.value, store, "is read-only", "make the database file and its folder writable")
             writable_again.close()
-            store.set_watermark("t", 2, now=START + timedelta(hours=1))
+            store.watermarks.set("t", 2, now=START + timedelta(hours=1))
             assert ledger.request("t", 2, "eagle3", source="test", reason="writable again", now=START)
-            assert store.get_watermark("t") == 2
+            assert store.watermarks.get("t") == 2
             assert len(ledger.jobs()) == 2
         finally:
             store.close()
@@ -320,11 +320,11 @@ def test_a_full_sqlite_database_is_a_clear_error_and_the_refused_write_changed_n
         limit["pages"] = connection.exec_driver_sql("PRAGMA page_count").scalar()
     big = "x" * 200_000  # needs overflow pages
     with pytest.raises(DraftsyncError) as info:
-        store.add_outbox(subject=big, recipients=["a@example.org"], eml_path="/nowhere.eml", created_at=START)
+        store.outbox.add(subject=big, recipients=["a@example.org"], eml_path="/nowhere.eml", created_at=START)
     assert_store_error(info.value, store, "is out of disk space", "free disk space")
     assert "database or disk is full" in info.value.what
-    assert store.outbox() == []
+    assert store.outbox.entries() == []
     limit["pages"] = None
-    entry = store.add_outbox(subject=big, recipients=["a@example.org"], eml_path="/nowhere.eml", created_at=START)
-    assert [e.id for e in store.outbox()] == [entry.id]
+    entry = store.outbox.add(subject=big, recipients=["a@example.org"], eml_path="/nowhere.eml", created_at=START)
+    assert [e.id for e in store.outbox.entries()] == [entry.id]
     assert_rows_kept(store, ledger)

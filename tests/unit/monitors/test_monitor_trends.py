@@ -180,7 +180,7 @@ def test_summary_over_stored_rows(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'm.db'}")
     pair = ServedPair("demo-target", 1, 1, 3)
     totals = [0, 0, 0, [0, 0, 0]]
-    store.record_scrape("dep", START, SpecDecodeCounters(), pair)
+    store.acceptance.record_scrape("dep", START, SpecDecodeCounters(), pair)
     for hour, rates in enumerate([HEALTHY] * 100 + [STALE] * 68, start=1):
         totals[0] += 100
         totals[1] += 300
@@ -188,8 +188,8 @@ def test_summary_over_stored_rows(tmp_path):
         totals[2] += sum(per_position)
         totals[3] = [a + b for a, b in zip(totals[3], per_position, strict=True)]
         counters = SpecDecodeCounters(totals[0], totals[1], totals[2], tuple(totals[3]))
-        store.record_scrape("dep", START + hour * HOUR, counters, pair)
-    summary = summarize(store.samples("dep", START, END), START, END)
+        store.acceptance.record_scrape("dep", START + hour * HOUR, counters, pair)
+    summary = summarize(store.acceptance.samples("dep", START, END), START, END)
     assert summary.intervals == 168
     assert [f.rule for f in evaluate(summary, 1, 1)] == ["stale"]
     store.close()

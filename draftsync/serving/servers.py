@@ -1,0 +1,215 @@
+"""The servers a work dir runs: launch a candidate, switch a deployment's router to it, adopt and stop them.
+
+Clients talk to the deployment's router (`serving/router.py`) at the deployment's stable address; the
+servers behind it (the CPU reference server, or `vllm serve` on a GPU worker) listen on free ports.
+A switch points the router at the candidate, waits until no request is left on the old server, then
+stops it, so a swap drops nothing. What runs is recorded in `<workdir>/serving/<deployment>.json`, so a
+later process (the next CLI call, the next flow run) finds and steers it: it adopts the router while that
+answers, and stops a server it did not start by signalling its process group. No Prefect here:
+`tasks/serving.py` wraps these steps as tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+
+from draftsync.errors import DraftsyncError
+from draftsync.serving.deployment import ServingDeployment
+from draftsync.serving.process import ServerProcess, free_port
+
+if TYPE_CHECKING:
+    from draftsync.serving.traffic_capture import CaptureConfig
+    from draftsync.serving.vllm_args import VllmLaunch
+
+DRAIN_TIMEOUT_S = 600.0
+# endpoint -> a server (or router) this process started, whatever work dir it was started for: what `stop_all`
+# stops even when no state file names it (a candidate that never took traffic, a work dir already gone).
+_STARTED: dict[str, ServerProcess] = {}
+
+
+@dataclass(frozen=True)
+class LaunchedServer:
+    """A candidate that came up healthy and takes no traffic yet: where it listens, its process (group) id, its
+    argument list, and the vLLM launch of its pair (recorded whatever the launch mode: it is what a GPU worker
+    runs)."""
+
+    endpoint: str
+    pid: int | None
+    argv: tuple[str, ...]
+    vllm: VllmLaunch
+
+    def backend_record(self) -> dict:
+        """The server as a deployment's state file keeps it (`backend`)."""
+        return {"endpoint": self.endpoint, "pid": self.pid, "argv": list(self.argv)}
+
+
+@dataclass(frozen=True)
+class Switched:
+    """A deployment's router after a switch: its stable endpoint and the server it replaced (None: the first)."""
+
+    endpoint: str
+    replaced: str | None
+
+
+def check_models(endpoint: str, model: str) -> None:
+    """`/v1/models` must list the deployment's served name: clients ask for it by that name."""
+    listed = [m.get("id") for m in httpx.get(f"{endpoint}/v1/models", timeout=30).json().get("data", [])]
+    if model not in listed:
+        raise DraftsyncError(
+            f"{endpoint}/v1/models lists {listed}, not {model!r}",
+            "serve the model under the deployment's name (--served-model-name)",
+        )
+
+
+class ServerBook:
+    """The servers, routers, logs and state files of one work dir's `serving` folder."""
+
+    def __init__(self, folder: Path, logger: logging.Logger | logging.LoggerAdapter | None = None):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.logger = logger or logging.getLogger("draftsync")
+
+    def _state_file(self, deployment: str) -> Path:
+        return self.folder / f"{deployment}.json"
+
+    def record(self, deployment: str) -> dict | None:
+        """What the deployment runs now: its router, the server behind it (pid, endpoint, argv), the vLLM launch."""
+        path = self._state_file(deployment)
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def _write_record(self, deployment: str, record: dict) -> None:
+        self._state_file(deployment).write_text(json.dumps(record, indent=2))
+
+    def launch(
+        self,
+        deployment: ServingDeployment,
+        target_dir: str,
+        drafter_dir: str | None,
+        gamma: int,
+        method: str | None,
+        schedule: list | None = None,
+    ) -> LaunchedServer:
+        """Start a server for the pair on a free port and wait until it is healthy. Its log stays in the serving
+        folder; a vLLM that does not come up is named by its own error line and that log."""
+        from draftsync.serving.reference_server import reference_server_command
+        from draftsync.serving.vllm_engine import find_vllm_engine, wait_until_serving
+
+        port = free_port(deployment.host)
+        log = self.folder / f"{deployment.name}-{port}.log"
+        if deployment.launch == "vllm":
+            engine = find_vllm_engine()
+            assert engine is not None, "find_vllm_engine(required=True) raises when there is none"
+            vllm = deployment.vllm_launch(
+                target_dir, drafter_dir, method, gamma, schedule=schedule, port=port, engine=engine
+            )
+            argv, env = vllm.argv, engine.environment()
+        else:
+            vllm = deployment.vllm_launch(target_dir, drafter_dir, method, gamma, schedule=schedule, port=port)
+            argv, env = (
+                reference_server_command(target_dir, drafter_dir, gamma, deployment.host, port, deployment.name),
+                None,
+            )
+        server = ServerProcess(argv, deployment.host, port, log, env=env).start()
+        try:
+            if deployment.launch == "vllm":
+                wait_until_serving(server, deployment.name)
+            else:
+                server.wait_healthy(timeout=180)
+            check_models(server.url, deployment.name)
+        except Exception:
+            server.stop()
+            raise
+        _STARTED[server.url] = server
+        self.logger.info("candidate for %s healthy on %s (pid %s)", deployment.name, server.url, server.pid)
+        return LaunchedServer(endpoint=server.url, pid=server.pid, argv=tuple(argv), vllm=vllm)
+
+    def _ensure_router(
+        self, deployment: ServingDeployment, record: dict | None, first_upstream: str, capture: CaptureConfig | None
+    ) -> dict:
+        """The deployment's router, started on its stable address (pointing at `first_upstream`) if not running."""
+        from draftsync.serving.router import LIVE_PATH, RouterClient, read_token, router_command, write_token_file
+
+        router = (record or {}).get("router")
+        if router:
+            try:
+                RouterClient(router["url"], read_token(router["token_file"]), timeout=5).state()
+                return router
+            except DraftsyncError:
+                self.logger.warning("router %s is gone: starting a new one", router["url"])
+        token_file = self.folder / f"{deployment.name}.router-token"
+        write_token_file(token_file)
+        port = deployment.port or (router or {}).get("port") or free_port(deployment.host)
+        argv = router_command(deployment.host, port, first_upstream, token_file, capture)
+        process = ServerProcess(argv, deployment.host, port, self.folder / f"{deployment.name}-router.log").start()
+        try:
+            process.wait_healthy(timeout=60, health_path=LIVE_PATH)
+        except Exception:
+            process.stop()
+            raise
+        _STARTED[process.url] = process
+        return {"url": process.url, "port": port, "pid": process.pid, "token_file": str(token_file)}
+
+    def switch(
+        self, deployment: ServingDeployment, launched: LaunchedServer, capture: CaptureConfig | None
+    ) -> Switched:
+        """Point the deployment's router (started with `capture` when there is none) at the launched server, let
+        the old server drain, stop it, and record what runs now."""
+        from draftsync.serving.router import RouterClient, read_token
+
+        record = self.record(deployment.name)
+        router = self._ensure_router(deployment, record, launched.endpoint, capture)
+        old = (record or {}).get("backend")
+        client = RouterClient(router["url"], read_token(router["token_file"]))
+        client.switch(launched.endpoint)
+        if old and old["endpoint"] != launched.endpoint:
+            client.wait_drained(old["endpoint"], timeout=DRAIN_TIMEOUT_S)  # returns at once when nothing is left
+            _stop_process(old["endpoint"], old.get("pid"))
+        self._write_record(
+            deployment.name, {"router": router, "backend": launched.backend_record(), "vllm": launched.vllm.as_record()}
+        )
+        return Switched(endpoint=router["url"], replaced=old["endpoint"] if old else None)
+
+    def stop_candidate(self, launched: LaunchedServer) -> None:
+        """A candidate that failed its checks never takes traffic: stop it."""
+        _stop_process(launched.endpoint, launched.pid)
+
+    def stop(self, deployment: str) -> bool:
+        """Stop the deployment's server and its router, whether this process or an earlier one started them, and
+        forget its state file; False when it runs nothing."""
+        record = self.record(deployment)
+        if record is None:
+            return False
+        for part in ("backend", "router"):
+            entry = record.get(part) or {}
+            _stop_process(entry.get("endpoint") or entry.get("url"), entry.get("pid"))
+        self._state_file(deployment).unlink()
+        return True
+
+    def stop_all(self) -> list[str]:
+        """Stop every deployment of this work dir, then every server this process started; returns the deployments
+        that were running."""
+        stopped = [path.stem for path in self.folder.glob("*.json") if self.stop(path.stem)]
+        for server in list(_STARTED.values()):
+            server.stop()
+        _STARTED.clear()
+        return stopped
+
+
+def _stop_process(endpoint: str | None, pid: int | None) -> None:
+    """Stop a server this process started, or (started by an earlier process) signal its process group."""
+    server = _STARTED.pop(endpoint, None) if endpoint else None
+    if server is not None:
+        server.stop()
+    elif pid:
+        try:
+            os.killpg(int(pid), signal.SIGTERM)  # every server leads its own process group
+        except ProcessLookupError:
+            pass
