@@ -9,7 +9,7 @@ its CPU kernels, so replacing the function here makes the platform register this
 for every dtype.
 
 Only versions whose fault was checked are patched (`FAULTY`); `fixed_versions()` says which this process patched.
-draftsync's tests/vllm/test_vllm_engine_faults.py shows the fault without this plugin and its absence with it.
+draftsync's tests/e2e/vllm/test_vllm_engine_faults.py shows the fault without this plugin and its absence with it.
 """
 
 from __future__ import annotations

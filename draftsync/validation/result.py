@@ -3,7 +3,7 @@
 The flows, the registry step and the CLI read attributes, so a misspelt field fails mypy rather than a run.
 The JSON that users and scripts read (`draftsync validate --json`, a sync's `validation`, validation.json)
 comes from `as_dict()` and `report_dict()` alone: their keys change only with a note to those users, and
-tests/validation/test_validation_result.py pins them. Figures are stored rounded as they are reported, so
+tests/unit/validation/test_validation_result.py pins them. Figures are stored rounded as they are reported, so
 the JSON, the MLflow metrics and the Prefect artifacts all show the same numbers.
 """
 

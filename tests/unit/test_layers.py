@@ -3,7 +3,7 @@
 Every `import` and `from ... import` in draftsync counts, deferred ones inside functions included: a lazy
 import is still a dependency. Inside speculative/ each subpackage is a layer of its own (`speculative/data`, ...),
 above the package's own modules (the layer `speculative`); to every other layer all of speculative/ is `speculative`.
-Run alone: `python -m pytest tests/test_layers.py`.
+Run alone: `python -m pytest tests/unit/test_layers.py`.
 """
 
 from __future__ import annotations

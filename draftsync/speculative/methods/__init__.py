@@ -1,6 +1,6 @@
 """Drafter methods: the one place their names, families and the names other tools give them are written.
 
-Every layer may import this module (tests/test_layers.py lets it through): the model registry checks a drafter
+Every layer may import this module (tests/unit/test_layers.py lets it through): the model registry checks a drafter
 version's method here, serving renders vLLM's `--speculative-config` from it, the trainer and the checkpoint
 formats read their names from it. Adding a method means adding its descriptor to `_ALL`, and the code that builds,
 saves, loads and proposes with it to the method registry (registry.py, which imports it when first used), not

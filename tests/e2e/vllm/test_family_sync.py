@@ -3,7 +3,7 @@ sync (dataset shards, data checks, EAGLE-3 training, registration with the famil
 the pair rolled out on real vLLM, answering with speculation.
 
 The checklist's thresholds are opened here: the subject is that every family goes through every stage and serves;
-whether a tiny target's briefly trained drafter is good enough is not (tests/vllm/test_target_families.py holds
+whether a tiny target's briefly trained drafter is good enough is not (tests/e2e/vllm/test_target_families.py holds
 vLLM's acceptance to the reference engine's per family and method). About 2.5 min a family on 2 cores.
 """
 

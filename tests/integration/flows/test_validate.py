@@ -55,7 +55,7 @@ def _check_sync_validation(result: dict) -> None:
     assert [r["gamma"] for r in validation["gamma_sweep"]] == [2, 3, 4]
     sweep = validation["gamma_sweep"]
     assert all(r["acceptance_rate_lower"] <= r["acceptance_rate"] for r in sweep)
-    # The knee rule itself is tested branch by branch in tests/validation/test_checklist.py; here the served
+    # The knee rule itself is tested branch by branch in tests/unit/validation/test_checklist.py; here the served
     # knee must be the one it gives for this sweep and the sync's floor (the gate, or the stale line above it).
     floor = max(_profile().validation.min_acceptance, context.settings().stale_threshold)
     sweep_knee = gamma_knee(sweep, _profile().validation.knee_tolerance, min_acceptance=floor)

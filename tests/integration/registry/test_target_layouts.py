@@ -28,7 +28,7 @@ MIX = json.dumps({"code": 0.5, "math": 0.5})
 
 
 def _tiny_profile(tmp_path: Path):
-    """The smallest sync that trains, registers and runs every gate (tests/sync_profiles.py)."""
+    """The smallest sync that trains, registers and runs every gate (tests/support/sync_profiles.py)."""
     from draftsync.profiles import profile
 
     path = tmp_path / "tiny-profile.yaml"

@@ -1,6 +1,6 @@
 """The vLLM evaluation backend without an engine: reading vLLM's per-request counts and timings out of a completion
 response, and which method and gamma a drafter is served with. The backend against real vLLM servers is tested in
-tests/vllm/test_vllm_checklist.py.
+tests/e2e/vllm/test_vllm_checklist.py.
 
 Responses here have the shape of vLLM 0.32's `CompletionResponse` (vllm/entrypoints/openai/completion/protocol.py)
 with `metrics` as `PerRequestMetrics` (vllm/entrypoints/generate/base/protocol.py).

@@ -1,6 +1,7 @@
 """validate_drafter on the reference engine with tiny checkpoints: the gamma sweep stops at what the drafter
 proposes, and no load per batch size is asked of the reference server, which answers one request at a time (the
-schedule is measured on vLLM: tests/vllm/test_vllm_checklist.py). Stress runs for real, against reference servers."""
+schedule is measured on vLLM: tests/e2e/vllm/test_vllm_checklist.py). Stress runs for real, against reference
+servers."""
 
 from __future__ import annotations
 

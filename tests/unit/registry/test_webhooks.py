@@ -255,7 +255,7 @@ def test_version_as_int_and_missing_tags_are_accepted():
     assert (change.version, change.tags) == (7, {})
 
 
-# --- registration input checks (the real MLflow server round trip is in tests/flows) --------------
+# --- registration input checks (the real MLflow server round trip is in tests/integration/flows) --------------
 @pytest.mark.parametrize(
     "name, url, secret, fragment",
     [

@@ -120,7 +120,7 @@ def test_a_cpu_engine_whose_kernel_leaves_temperatures_unwritten_is_not_trusted_
 ):
     """An engine counts as sound above T=0 only when asked and its CPU kernel writes what it spreads: this venv's
     Python has no vLLM to ask, so `auto` validates a sampled deployment on the reference backend; a GPU has no
-    such kernel. (tests/vllm/test_vllm_engine_faults.py asks a real engine, with and without the fix.)"""
+    such kernel. (tests/e2e/vllm/test_vllm_engine_faults.py asks a real engine, with and without the fix.)"""
     from draftsync.serving.vllm_engine import CPU_SAMPLED_SPECULATION_FAULT
     from draftsync.tasks.validation import evaluation_backend
 

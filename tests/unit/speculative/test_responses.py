@@ -1,5 +1,5 @@
 """The target's own responses, whoever writes them: the same sample shape, seeds fixed by position, the writer
-chosen by setting and recorded. vLLM itself is exercised in tests/vllm/test_vllm_responses.py."""
+chosen by setting and recorded. vLLM itself is exercised in tests/e2e/vllm/test_vllm_responses.py."""
 
 from __future__ import annotations
 
