@@ -130,6 +130,7 @@ def build_shards(
     `on_progress(samples_consumed, manifest)` is called after each shard. `online`: the shards keep the tokens
     only, and the target computes the states when training reads a batch (`online_states.OnlineDataset`): a few
     bytes a token on disk instead of kilobytes, at the cost of a forward pass per batch.
+    Long: the resume, the batch loop and the shard boundaries share one position in the samples, kept in one place.
     """
     dtype_name = {v: k for k, v in _STATE_DTYPES.items()}.get(dtype)
     if dtype_name is None:

@@ -505,6 +505,8 @@ def fit_drafter(
     `init_from` (the previous target version's drafter) warm-starts it when method and shapes match. Under torchrun
     (`ranks`, its process group started) each rank trains on its slice of every step's batch; the leader alone writes
     checkpoints, which resume on any world size that leaves each rank a window a step.
+    Long: the checks, the set-up, the resume and the step loop share the drafter, the optimiser and the ranks, and
+    read in the order a run takes them.
     """
     import torch
 
