@@ -50,7 +50,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import DraftSampling
-from draftsync.serving.vllm_args import VllmLaunch, check_extra_vllm_args, render_vllm_command
+from draftsync.serving.vllm_args import SpeculationSpec, VllmLaunch, check_extra_vllm_args, render_vllm_command
 from draftsync.speculative.data.corpora import TASKS
 
 if TYPE_CHECKING:
@@ -213,18 +213,21 @@ class ServingDeployment(BaseModel):
         target_dir = confined_model_path(target_dir, "target checkpoint")
         if drafter_dir is not None:
             drafter_dir = confined_model_path(drafter_dir, "drafter checkpoint")
+        speculation = SpeculationSpec(
+            method=method,
+            model=drafter_dir,
+            num_speculative_tokens=gamma,
+            schedule=schedule,
+            draft_sample_method=self.draft_sampling if drafter_dir is not None else None,  # ngram: no drafts to sample
+        )
         launch = render_vllm_command(
             target_dir,
             port=self.port if port is None else port,
             served_model_name=self.name,
-            drafter_dir=drafter_dir,
-            method=method,
-            gamma=gamma,
+            speculation=speculation,
             host=self.host,
             tensor_parallel_size=self.tensor_parallel_size,
             extra_args=self.extra_vllm_args,
-            schedule=schedule,
-            draft_sampling=self.draft_sampling if drafter_dir is not None else None,  # ngram drafts from the prompt
         )
         if engine is None:
             return launch

@@ -202,35 +202,47 @@ def check_schedule(schedule: Sequence[Sequence[int]], gamma: int) -> list[list[i
     return entries
 
 
+@dataclass(frozen=True)
+class SpeculationSpec:
+    """What a server speculates with, in the terms of vLLM's `SpeculativeConfig`: the drafter `method`, its checkpoint
+    (`model`; None for ngram, which drafts from the prompt), `num_speculative_tokens` (gamma), a per-batch-size
+    `schedule` ([(first batch size, last batch size, k)], inclusive; None or empty: gamma at every batch size),
+    ngram's prompt-lookup window, and the `draft_sample_method` of a drafter with a checkpoint (None: vLLM's default;
+    "greedy" drafts the argmax and accepts it with the target's probability: lossless, but at T > 0 fewer accepted
+    than standard speculative sampling; "probabilistic" samples drafts and tests the probability ratio, as the
+    reference engine does, at the cost of the draft probabilities' memory)."""
+
+    method: str | None = None
+    model: Path | str | None = None
+    num_speculative_tokens: int = 0
+    schedule: Sequence[Sequence[int]] | None = None
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    draft_sample_method: str | None = None
+
+    @property
+    def speculates(self) -> bool:
+        """A drafter checkpoint, or a method that needs none (ngram): anything else serves the target alone."""
+        return self.model is not None or needs_no_checkpoint(self.method)
+
+
+NO_SPECULATION = SpeculationSpec()
+
+
 def render_vllm_command(
     target_dir: Path | str,
     *,
     port: int,
     served_model_name: str,
-    drafter_dir: Path | str | None = None,
-    method: str | None = None,
-    gamma: int = 0,
+    speculation: SpeculationSpec = NO_SPECULATION,
     host: str = "127.0.0.1",
     tensor_parallel_size: int = 1,
     extra_args: Sequence[str] = (),
-    schedule: Sequence[Sequence[int]] | None = None,
-    prompt_lookup_min: int | None = None,
-    prompt_lookup_max: int | None = None,
     trust_remote_code: bool | None = None,
-    draft_sampling: str | None = None,
 ) -> VllmLaunch:
-    """Render the launch; without a drafter the target is served with speculation off.
-
-    "ngram" is the exception: it drafts from the prompt, so it takes no drafter directory and always
-    speculates. `schedule` ([(first batch size, last batch size, k)], inclusive) becomes
-    `num_speculative_tokens_per_batch_size`; None or empty means gamma at every batch size, and a
-    schedule is dropped when speculation is off. `--trust-remote-code` is added only when
-    DRAFTSYNC_TRUST_REMOTE_CODE is set (`trust_remote_code` True without it is refused). `draft_sampling` is vLLM's
-    `draft_sample_method` for a drafter with a checkpoint: None keeps vLLM's default, "greedy" (argmax drafts,
-    accepted with the target's probability of each: lossless, but at T > 0 fewer accepted than standard
-    speculative sampling); "probabilistic" samples drafts and tests the probability ratio, as the reference engine
-    does, at the cost of the draft probabilities' memory.
-    """
+    """Render the launch; a `speculation` that does not speculate (NO_SPECULATION) serves the target alone, and drops
+    its schedule. `--trust-remote-code` is added only when DRAFTSYNC_TRUST_REMOTE_CODE is set (`trust_remote_code`
+    True without it is refused)."""
     tensor_parallel_size = _integer(tensor_parallel_size, "tensor_parallel_size")
     if tensor_parallel_size < 1:
         raise DraftsyncError(
@@ -255,17 +267,8 @@ def render_vllm_command(
     if trusted:
         argv.append(TRUST_REMOTE_CODE_FLAG)
     speculative_config = None
-    if drafter_dir is not None or needs_no_checkpoint(method):
-        speculative_config = _speculative_config(
-            drafter_dir, method, gamma, tensor_parallel_size, schedule, prompt_lookup_min, prompt_lookup_max
-        )
-        if draft_sampling is not None:
-            if draft_sampling not in DRAFT_SAMPLING or not METHODS[str(method)].needs_checkpoint:
-                raise DraftsyncError(
-                    f"draft sampling {draft_sampling!r} for method {method!r}",
-                    f"use one of {', '.join(DRAFT_SAMPLING)} with a drafter that has a checkpoint (not ngram)",
-                )
-            speculative_config["draft_sample_method"] = draft_sampling
+    if speculation.speculates:
+        speculative_config = _speculative_config(speculation, tensor_parallel_size)
         argv += ["--speculative-config", json.dumps(speculative_config)]
         if not any(_long_flag(arg) == PER_REQUEST_METRICS_FLAG for arg in extra):
             argv += [PER_REQUEST_METRICS_FLAG, "summary"]
@@ -313,15 +316,15 @@ def check_target_for_vllm(target_dir: Path | str) -> None:
         )
 
 
-def _speculative_config(
-    drafter_dir: Path | str | None,
-    method: str | None,
-    gamma: int,
-    tensor_parallel_size: int,
-    schedule: Sequence[Sequence[int]] | None,
-    prompt_lookup_min: int | None,
-    prompt_lookup_max: int | None,
-) -> dict:
+def _speculative_config(speculation: SpeculationSpec, tensor_parallel_size: int) -> dict:
+    """vLLM's `--speculative-config` for `speculation`, each field checked against what vLLM accepts for its method."""
+    method, drafter_dir, gamma, schedule = (
+        speculation.method,
+        speculation.model,
+        speculation.num_speculative_tokens,
+        speculation.schedule,
+    )
+    prompt_lookup_min, prompt_lookup_max = speculation.prompt_lookup_min, speculation.prompt_lookup_max
     if method is None or method not in VLLM_METHODS:
         raise DraftsyncError(
             f"drafter method {method!r} cannot be served by vLLM",
@@ -365,6 +368,14 @@ def _speculative_config(
         _check_medusa(drafter_dir, gamma, schedule)
     if schedule:
         config["num_speculative_tokens_per_batch_size"] = check_schedule(schedule, gamma)
+    sampling = speculation.draft_sample_method
+    if sampling is not None:
+        if sampling not in DRAFT_SAMPLING or not descriptor.needs_checkpoint:
+            raise DraftsyncError(
+                f"draft sampling {sampling!r} for method {method!r}",
+                f"use one of {', '.join(DRAFT_SAMPLING)} with a drafter that has a checkpoint (not ngram)",
+            )
+        config["draft_sample_method"] = sampling
     return config
 
 

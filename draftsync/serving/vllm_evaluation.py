@@ -199,27 +199,31 @@ class VllmBackend:
     def launch(self, gamma: int, port: int, schedule: list | None = None) -> Any:
         """The rendered `vllm serve` launch for `gamma` (0: the target alone; ngram always drafts), with a
         per-batch-size `schedule` when given."""
-        from draftsync.serving.vllm_args import render_vllm_command
+        from draftsync.serving.vllm_args import NO_SPECULATION, SpeculationSpec, render_vllm_command
 
         if gamma > self.max_gamma:
             raise DraftsyncError(
                 f"gamma {gamma} is more than this drafter proposes ({self.max_gamma})",
                 f"use a gamma of at most {self.max_gamma}",
             )
-        speculating = gamma > 0
+        speculation = NO_SPECULATION
+        if gamma > 0:
+            speculation = SpeculationSpec(
+                method=self.method,
+                model=self.drafter_dir,
+                num_speculative_tokens=gamma,
+                schedule=schedule,
+                prompt_lookup_min=self.prompt_lookup[0],
+                prompt_lookup_max=self.prompt_lookup[1],
+                draft_sample_method=self.draft_sampling,
+            )
         return render_vllm_command(
             self.target_dir,
             port=port,
             served_model_name=SERVED_NAME,
-            drafter_dir=self.drafter_dir if speculating else None,
-            method=self.method if speculating else None,
-            gamma=gamma,
+            speculation=speculation,
             tensor_parallel_size=self.resources.tensor_parallel_size,
             extra_args=[*self.extra_args, TIMING_FLAG],
-            schedule=schedule if speculating else None,
-            prompt_lookup_min=self.prompt_lookup[0],
-            prompt_lookup_max=self.prompt_lookup[1],
-            draft_sampling=self.draft_sampling,
         )
 
     def endpoint(self, gamma: int, schedule: list | None = None) -> str:

@@ -244,12 +244,11 @@ def test_a_vllm_launch_is_refused_for_paths_outside_the_roots(places, monkeypatc
 
 
 def test_trust_remote_code_reaches_vllm_only_when_the_setting_is_on(monkeypatch):
-    from draftsync.serving.vllm_args import render_vllm_command
+    from draftsync.serving.vllm_args import SpeculationSpec, render_vllm_command
 
     def argv(**options) -> list[str]:
-        return render_vllm_command(
-            "/t", port=9000, served_model_name="m", drafter_dir="/d", method="eagle3", gamma=2, **options
-        ).argv
+        speculation = SpeculationSpec(method="eagle3", model="/d", num_speculative_tokens=2)
+        return render_vllm_command("/t", port=9000, served_model_name="m", speculation=speculation, **options).argv
 
     monkeypatch.delenv(TRUST, raising=False)
     assert "--trust-remote-code" not in argv()
@@ -275,7 +274,7 @@ def test_trust_remote_code_reaches_vllm_only_when_the_setting_is_on(monkeypatch)
 )
 def test_a_deployment_cannot_add_trust_remote_code_through_extra_arguments(tmp_path, monkeypatch, setting, extra):
     from draftsync.serving.deployment import load_deployments
-    from draftsync.serving.vllm_args import render_vllm_command
+    from draftsync.serving.vllm_args import SpeculationSpec, render_vllm_command
 
     monkeypatch.setenv(TRUST, setting)
     path = tmp_path / "deployments.yaml"
@@ -293,7 +292,8 @@ def test_a_deployment_cannot_add_trust_remote_code_through_extra_arguments(tmp_p
     assert str(path) in error.value.what and "'chat'" in error.value.what and "extra_vllm_args" in error.value.what
     assert TRUST in error.value.fix
     with pytest.raises(DraftsyncError, match="run Python code shipped inside the checkpoint"):
-        render_vllm_command("/t", port=9000, served_model_name="m", method="eagle3", gamma=2, extra_args=extra)
+        speculation = SpeculationSpec(method="eagle3", num_speculative_tokens=2)
+        render_vllm_command("/t", port=9000, served_model_name="m", speculation=speculation, extra_args=extra)
 
 
 def test_the_vllm_evaluation_backend_gets_trust_remote_code_only_from_the_setting(

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from draftsync.serving.process import ServerProcess, free_port
-from draftsync.serving.vllm_args import render_vllm_command
+from draftsync.serving.vllm_args import SpeculationSpec, render_vllm_command
 
 STAND_IN_VLLM = """\
 #!{python}
@@ -51,12 +51,11 @@ def test_the_launch_reaches_vllm_as_rendered(tmp_path):
         target,
         port=port,
         served_model_name="pair",
-        drafter_dir=drafter,
-        method="eagle3.1",
-        gamma=4,
+        speculation=SpeculationSpec(
+            method="eagle3.1", model=drafter, num_speculative_tokens=4, schedule=[(1, 8, 4), (9, 32, 2)]
+        ),
         tensor_parallel_size=2,
         extra_args=["--max-model-len", "512", "--override-generation-config", '{"temperature": 0}'],
-        schedule=[(1, 8, 4), (9, 32, 2)],
     )
     record = tmp_path / "argv.json"
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "VLLM_ARGV_RECORD": str(record)}

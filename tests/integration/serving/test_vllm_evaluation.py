@@ -13,7 +13,7 @@ import math
 import pytest
 from draftsync.errors import DraftsyncError
 from draftsync.serving.evaluation import EvalRequest
-from draftsync.serving.vllm_args import render_vllm_command
+from draftsync.serving.vllm_args import SpeculationSpec, render_vllm_command
 from draftsync.serving.vllm_evaluation import (
     VllmBackend,
     accepted_per_position,
@@ -91,9 +91,8 @@ def test_without_per_request_timing_tpot_is_nan_so_speed_gates_fail():
 def test_the_backend_launches_what_a_rollout_serves_plus_per_request_timing(tiny_target, tiny_drafter, tmp_path):
     backend = VllmBackend(tiny_target, tiny_drafter, log_dir=tmp_path)
     launch = backend.launch(3, 8123)
-    served = render_vllm_command(
-        tiny_target, port=8123, served_model_name="evaluation", drafter_dir=tiny_drafter, method="eagle3", gamma=3
-    )
+    speculation = SpeculationSpec(method="eagle3", model=tiny_drafter, num_speculative_tokens=3)
+    served = render_vllm_command(tiny_target, port=8123, served_model_name="evaluation", speculation=speculation)
     assert launch.speculative_config == served.speculative_config
     assert launch.argv == [*served.argv, "--enable-per-request-metrics"]
     assert "--per-request-spec-decode-metrics" in launch.argv

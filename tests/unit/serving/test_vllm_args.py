@@ -9,7 +9,7 @@ import json
 import pytest
 from draftsync.errors import DraftsyncError
 from draftsync.serving.process import ServerProcess, free_port
-from draftsync.serving.vllm_args import check_schedule, render_vllm_command, reserved_flag_collisions
+from draftsync.serving.vllm_args import SpeculationSpec, check_schedule, render_vllm_command, reserved_flag_collisions
 
 # Every field of vLLM's `SpeculativeConfig`, copied by hand from vllm/config/speculative.py (vllm-project/vllm
 # at 002e77c1), so that the keys the renderer writes are checked against vLLM's, not against a list of our own.
@@ -68,16 +68,21 @@ RENDERINGS = [
 ]
 
 
-def render(drafter_dir, method, gamma, tensor_parallel_size=1, **keywords):
+def render(drafter_dir, method, gamma, tensor_parallel_size=1, draft_sampling=None, extra_args=(), **speculation):
+    """The launch for a drafter in `drafter_dir` (None: none), with SpeculationSpec's other fields as keywords."""
     return render_vllm_command(
         "/models/target",
         port=9000,
         served_model_name="m",
-        drafter_dir=drafter_dir,
-        method=method,
-        gamma=gamma,
+        speculation=SpeculationSpec(
+            method=method,
+            model=drafter_dir,
+            num_speculative_tokens=gamma,
+            draft_sample_method=draft_sampling,
+            **speculation,
+        ),
         tensor_parallel_size=tensor_parallel_size,
-        **keywords,
+        extra_args=extra_args,
     )
 
 
@@ -93,9 +98,7 @@ def test_long_form_with_speculative_config(method, vllm_method):
         "/models/target",
         port=8000,
         served_model_name="tiny",
-        drafter_dir="/models/drafter",
-        method=method,
-        gamma=4,
+        speculation=SpeculationSpec(method=method, model="/models/drafter", num_speculative_tokens=4),
         host="0.0.0.0",
     )
     assert launch.argv[:3] == ["vllm", "serve", "/models/target"]
@@ -152,7 +155,11 @@ def test_tensor_parallel_sets_the_draft_degree_too():
 
 def test_no_drafter_means_no_speculation():
     launch = render_vllm_command(
-        "/t", port=9000, served_model_name="m", method="eagle3", gamma=3, extra_args=["--max-model-len", "512"]
+        "/t",
+        port=9000,
+        served_model_name="m",
+        speculation=SpeculationSpec(method="eagle3", num_speculative_tokens=3),
+        extra_args=["--max-model-len", "512"],
     )
     assert "--speculative-config" not in launch.argv
     assert launch.speculative_config is None
@@ -220,7 +227,10 @@ def test_paths_with_shell_metacharacters_stay_single_arguments():
     drafter = "/tmp/d r'a\"f;ter $(rm -rf ~)"
     target = "/tmp/t a`rg`et|x"
     launch = render_vllm_command(
-        target, port=9000, served_model_name="m", drafter_dir=drafter, method="eagle3", gamma=2
+        target,
+        port=9000,
+        served_model_name="m",
+        speculation=SpeculationSpec(method="eagle3", model=drafter, num_speculative_tokens=2),
     )
     assert launch.argv[2] == target
     assert speculative_json(launch.argv)["model"] == drafter
@@ -342,15 +352,16 @@ def test_a_vllm_missing_from_path_is_reported_with_the_fix(tmp_path):
 
 
 def test_per_request_counts_are_asked_for_whenever_a_drafter_serves(tmp_path):
-    from draftsync.serving.vllm_args import PER_REQUEST_METRICS_FLAG, render_vllm_command
+    from draftsync.serving.vllm_args import NO_SPECULATION, PER_REQUEST_METRICS_FLAG, render_vllm_command
 
-    chat = {"port": 8000, "served_model_name": "chat", "method": "eagle3"}
-    speculating = render_vllm_command(tmp_path, drafter_dir=tmp_path, gamma=2, **chat).argv
+    chat = {"port": 8000, "served_model_name": "chat"}
+    drafter = SpeculationSpec(method="eagle3", model=tmp_path, num_speculative_tokens=2)
+    speculating = render_vllm_command(tmp_path, speculation=drafter, **chat).argv
     assert speculating[speculating.index(PER_REQUEST_METRICS_FLAG) + 1] == "summary"
-    plain = render_vllm_command(tmp_path, gamma=0, **chat).argv
+    plain = render_vllm_command(tmp_path, speculation=NO_SPECULATION, **chat).argv
     assert PER_REQUEST_METRICS_FLAG not in plain  # vLLM refuses the flag without speculation
     detailed = render_vllm_command(
-        tmp_path, drafter_dir=tmp_path, gamma=2, extra_args=[f"{PER_REQUEST_METRICS_FLAG}=detailed"], **chat
+        tmp_path, speculation=drafter, extra_args=[f"{PER_REQUEST_METRICS_FLAG}=detailed"], **chat
     ).argv
     assert speculating.count(PER_REQUEST_METRICS_FLAG) == 1 and PER_REQUEST_METRICS_FLAG not in detailed
 
