@@ -79,10 +79,9 @@ def drop_decoder_layers(model: Any) -> None:
     released, so nothing later reads the reduced model as the whole target."""
     import torch
 
-    from draftsync.speculative.targets import target_fingerprint
+    from draftsync.speculative.targets import without_decoder_layers
 
-    model.draftsync_fingerprint = target_fingerprint(model)
-    model.get_decoder().layers = torch.nn.ModuleList()
+    without_decoder_layers(model)
     with _lock:
         for key, (shared, _) in list(_shared.items()):
             if shared is model:

@@ -150,6 +150,106 @@ def load_target(path: Path, trust_remote_code: bool | None = None, load_options:
     return model, tokenizer
 
 
+def load_target_head(path: Path, load_options: dict[str, Any] | None = None) -> Any:
+    """The target without its decoder layers, for a training rank that reads stored states: only its embedding, final
+    norm and lm_head are read from the files (a few GB of a 70B target's 141), while its fingerprint is that of the
+    whole target, taken from the files, so the dataset check holds. A checkpoint whose files do not name every tensor
+    of the model is loaded whole and its layers dropped, as before."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from draftsync.settings import Settings
+
+    options = load_options if load_options is not None else {"dtype": torch.float32}
+    trust = Settings().trust_remote_code
+    read_target_config(path)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
+    fingerprint = _file_fingerprint(path, config, options["dtype"], trust)
+    if fingerprint is None:
+        whole, _ = load_target(path, load_options=options)
+        return without_decoder_layers(whole)
+    describe_target(path)
+    layers, layer_types = config.num_hidden_layers, getattr(config, "layer_types", None)
+    config.num_hidden_layers = 0
+    if layer_types is not None:
+        config.layer_types = []
+    from transformers.utils import logging as transformers_logging
+
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # the layers' tensors are left unread on purpose, not "unexpected"
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, trust_remote_code=trust, **options)
+    except Exception as exc:
+        raise DraftsyncError(
+            f"target {path} could not be loaded ({type(exc).__name__}: {exc})", "re-export the checkpoint"
+        ) from exc
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    model.config.num_hidden_layers = layers  # the target's shape, which the drafter and the dataset checks read
+    if layer_types is not None:
+        model.config.layer_types = layer_types
+    return _keeping_fingerprint(model.eval(), fingerprint)
+
+
+def without_decoder_layers(model: Any) -> Any:
+    """`model` with its decoder layers dropped, keeping the whole target's fingerprint (the dataset is checked
+    against it): what training on stored states reads of a target."""
+    import torch
+
+    _keeping_fingerprint(model, target_fingerprint(model))
+    model.get_decoder().layers = torch.nn.ModuleList()
+    return model
+
+
+def _keeping_fingerprint(model: Any, fingerprint: str) -> Any:
+    model.draftsync_fingerprint = fingerprint  # what target_fingerprint answers from now on
+    return model
+
+
+def _file_fingerprint(path: Path, config: Any, dtype: Any, trust_remote_code: bool) -> str | None:
+    """`target_fingerprint` of the target loaded in `dtype`, from the safetensors files without loading it: the
+    model's tensor names and shapes from a skeleton on the meta device, the first 64 values of each read from the
+    files. None when a tensor is not in the files under its name (nor tied to the embedding)."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = {name: path / file for name, file in json.loads(index.read_text())["weight_map"].items()}
+    elif (path / "model.safetensors").is_file():
+        with safe_open(str(path / "model.safetensors"), "pt") as single:
+            files = dict.fromkeys(single.keys(), path / "model.safetensors")
+    else:
+        return None
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code, dtype=dtype)
+    tied = getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in files
+    embedding = "model.embed_tokens.weight"
+    digest = hashlib.sha256()
+    handles: dict[Path, Any] = {}
+    try:
+        for name, tensor in skeleton.state_dict().items():
+            stored = embedding if tied and name == "lm_head.weight" else name
+            if stored not in files:
+                return None
+            file = files[stored]
+            if file not in handles:
+                handles[file] = safe_open(str(file), "pt")
+            view = handles[file].get_slice(stored)
+            shape = tuple(view.get_shape())
+            if shape != tuple(tensor.shape):
+                return None
+            rows = math.ceil(64 / math.prod(shape[1:])) if len(shape) > 1 and math.prod(shape[1:]) else 64
+            first = view[:rows] if shape else view[:]
+            digest.update(f"{name}:{shape}".encode())
+            values = first.reshape(-1)[:64].to(dtype).to(torch.float32)
+            digest.update(values.numpy().tobytes())
+    finally:
+        handles.clear()
+    return digest.hexdigest()[:32]
+
+
 def target_fingerprint(model: Any) -> str:
     """A cheap identity of the target's weights: names, shapes and the first values of every tensor (the one taken
     before placement.drop_decoder_layers reduced it, when it was)."""

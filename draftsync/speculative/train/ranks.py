@@ -164,9 +164,10 @@ def main(spec_file: str) -> None:
     import torch
 
     from draftsync.speculative.data.online_states import open_dataset
+    from draftsync.speculative.data.shard_reader import ShardDataset
     from draftsync.speculative.methods.registry import load_drafter, save_drafter
-    from draftsync.speculative.placement import drop_decoder_layers
-    from draftsync.speculative.targets import load_target
+    from draftsync.speculative.placement import TargetPlacement, from_pretrained_options
+    from draftsync.speculative.targets import load_target, load_target_head, read_target_config
     from draftsync.speculative.train.data_parallel import Ranks, start, stop
     from draftsync.speculative.train.training import TrainConfig, fit_drafter
 
@@ -179,10 +180,15 @@ def main(spec_file: str) -> None:
     config = TrainConfig(**fields)
     start(ranks, torch.device(config.device))
     try:
-        target, _ = load_target(Path(spec.target_dir))
+        target_dir = Path(spec.target_dir)
+        # a rank on a GPU holds the target in its 16-bit dtype there; on a CPU in fp32
+        placement = TargetPlacement((config.device,)) if config.device.startswith("cuda") else TargetPlacement()
+        options = from_pretrained_options(read_target_config(target_dir), placement)
+        if ShardDataset(spec.dataset_dir).stores_states:
+            target = load_target_head(target_dir, options)  # training reads only the head, embedding and final norm
+        else:
+            target, _ = load_target(target_dir, load_options=options)  # it computes each batch's states
         dataset = open_dataset(spec.dataset_dir, target)
-        if dataset.stores_states:
-            drop_decoder_layers(target)  # training reads only the head, the embedding and the final norm
         init_from = load_drafter(Path(spec.init_from)) if spec.init_from else None
         torch.manual_seed(config.seed)
         drafter, report = fit_drafter(
