@@ -404,7 +404,9 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
 
     # online, the target keeps its GPU memory through training (offline its decoder layers are dropped first)
     kept = per_gpu_target if mode == "online" and on_gpu else 0.0
-    training, training_settings, training_refusal = _plan_training(target, worker, profile, kept)
+    training, training_settings, training_refusal = _plan_training(
+        target, worker, profile, kept, online=mode == "online", target_gpus=tuple(devices)
+    )
     stages.append(training)
     settings.update(training_settings)
     refusal = refusal or training_refusal
@@ -459,6 +461,12 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
         f"trains its slice of every step's {profile.batch_size} windows and {holding}"
         if processes > 1
         else f"draftsync's trainer in one process on {settings['training_device']}"
+        + (
+            f"; online states need the whole target, which runs over {len(devices)} GPUs, so no rank of its own could"
+            " hold it"
+            if mode == "online" and on_gpu and len(devices) > 1
+            else ""
+        )
     )
     settings["trainer"] = profile.trainer
     if profile.trainer == "speculators":
@@ -502,23 +510,45 @@ def _server_stage(stage: str, target: TargetShape, worker: Worker) -> tuple[dict
 
 
 def _plan_training(
-    target: TargetShape, worker: Worker, profile: SyncProfile, kept_by_target: float = 0.0
+    target: TargetShape,
+    worker: Worker,
+    profile: SyncProfile,
+    kept_by_target: float = 0.0,
+    *,
+    online: bool = False,
+    target_gpus: tuple[int, ...] = (),
 ) -> tuple[StagePlan, dict[str, Any], Refusal | None]:
     """The largest micro-batch that fits (halving from the whole batch to one window), then activation
     checkpointing, on the GPU with the most room; refused when one window does not fit.
 
     On a GPU the target's decoder layers are dropped before training (its lm_head, embedding and final norm are
     all a step reads), so only the step's own memory counts; on a CPU the whole fp32 target stays in host memory.
+    Online, every rank holds the whole target to compute its batches' states: on a CPU each rank's copy counts, and a
+    target spread over several GPUs trains in one process, which runs it through its device_map and trains on the GPU
+    with the most room left beside it.
     Long: one search over micro-batch and checkpointing, its arithmetic kept together."""
     from draftsync.speculative.train.step_memory import BF16, FP32, StepShape, drafter_parameters, predict_step_memory
 
     on_gpu = worker.gpus > 0
-    gpu = max(range(worker.gpus), key=worker.free_gib) if on_gpu else 0
+    # Every GPU trains a slice of each step's batch (the target's decoder layers are gone by then): torchrun ranks.
+    # On a CPU the profile decides (gloo ranks share its cores, so one process is the default there).
+    per_node = max(1, min(worker.gpus, profile.batch_size // worker.nodes)) if on_gpu else profile.train_processes
+    if online and on_gpu and len(target_gpus) > 1:
+        per_node = 1  # no rank could hold the whole target its batches' states need
+    processes = per_node * worker.nodes
+
+    def left_beside_target(index: int) -> float:
+        """A GPU's free bytes less the target kept there: on every GPU when each rank holds its own copy."""
+        holds = processes > 1 or index in target_gpus
+        return worker.free_gib(index) * GiB - (kept_by_target if holds else 0.0)
+
+    gpu = max(range(worker.gpus), key=left_beside_target) if on_gpu else 0
     device = f"cuda:{gpu}" if on_gpu else "cpu"
     if on_gpu:
-        budget = worker.free_gib(gpu) * GiB - kept_by_target
+        budget = left_beside_target(gpu)
     else:
-        budget = (worker.host_memory_gib - HOST_RESERVE_GIB) * GiB - target.weight_bytes(False)
+        copies = per_node if online else 1  # offline, a rank reads only the target's head
+        budget = (worker.host_memory_gib - HOST_RESERVE_GIB) * GiB - target.weight_bytes(False) * copies
     width = BF16 if on_gpu else FP32
     ttt = profile.ttt_steps if is_eagle3_family(profile.method) else 1
     draft_vocab = min(profile.draft_vocab_size, target.vocab)
@@ -529,10 +559,6 @@ def _plan_training(
         candidates.append((tokens, False))
         tokens //= 2
     candidates += [(profile.seq_len, True)]
-    # Every GPU trains a slice of each step's batch (the target's decoder layers are gone by then): torchrun ranks.
-    # On a CPU the profile decides (gloo ranks share its cores, so one process is the default there).
-    per_node = max(1, min(worker.gpus, profile.batch_size // worker.nodes)) if on_gpu else profile.train_processes
-    processes = per_node * worker.nodes
     # DDP at the largest micro-batch that fits; FSDP2 (AdamW's state shared out) only where no DDP step fits.
     if profile.data_parallel != "auto" or processes == 1:
         replicas = [profile.data_parallel if profile.data_parallel != "auto" else "ddp"]

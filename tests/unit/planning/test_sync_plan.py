@@ -225,3 +225,28 @@ def test_a_profile_asking_for_the_speculators_trainer_gets_its_pipeline_rendered
     assert f"--tensor-parallel-size {plan['settings']['servers']['tensor_parallel_size']}" in server
     assert commands["speculators_prepare_data"].startswith("speculators prepare-data")
     assert "torchrun" in commands["training"] and "--nproc-per-node 8" in commands["training"]
+
+
+def test_online_states_keep_ranks_only_where_each_can_hold_the_whole_target(config_only):
+    """Online, a rank computes its batches' states, so it holds the whole target: 8B fits beside a rank on each of 8
+    GPUs; 70B runs over 2 GPUs through a device_map, which no rank of its own could hold, so it trains in one
+    process. On a CPU each online rank's fp32 copy counts against host memory."""
+    online = profile("production").model_copy(update={"hidden_states": "online"})
+    small = plan_sync(TargetShape.from_directory(config_only / "llama-3.1-8b"), Worker(8, 80, 512, 8000), online, 1000)
+    assert small.refusal is None and small.settings["train_processes"] == 8
+    large = plan_sync(TargetShape.from_directory(config_only / "llama-3.1-70b"), Worker(8, 80, 512, 8000), online, 1000)
+    assert large.refusal is None and large.settings["target_devices"] == ["cuda:0", "cuda:1"]
+    assert large.settings["train_processes"] == 1 and "no rank of its own could hold it" in large.reasons["training"]
+    assert large.settings["training_device"] == "cuda:2"  # the first GPU the target leaves whole
+    offline = profile("production").model_copy(update={"hidden_states": "offline"})
+    spread = plan_sync(
+        TargetShape.from_directory(config_only / "llama-3.1-70b"), Worker(8, 80, 512, 8000), offline, 1000
+    )
+    assert spread.settings["train_processes"] == 8  # offline, a rank reads only the target's head
+
+    cpu_ranks = {"train_processes": 4}
+    eight_b = TargetShape.from_directory(config_only / "llama-3.1-8b")  # 32 GB in fp32 on a CPU
+    on_cpu = online.model_copy(update=cpu_ranks)
+    refused = plan_sync(eight_b, Worker(0, 0, 100, 8000), on_cpu, 1000)
+    assert refused.refusal is not None and refused.refusal.stage == "training"
+    assert plan_sync(eight_b, Worker(0, 0, 100, 8000), offline.model_copy(update=cpu_ranks), 1000).refusal is None
