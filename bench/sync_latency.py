@@ -230,7 +230,8 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
         from draftsync.flows.sync import sync
         from draftsync.flows.watch import watch
         from draftsync.receiver.app import WEBHOOK_PATH, create_app
-        from draftsync.registry.model_registry import Registry, drafter_model_name, target_tags
+        from draftsync.registry.model_registry import Registry, drafter_model_name
+        from draftsync.registry.tags import target_tags
         from draftsync.registry.webhooks import create_or_update_webhook
         from draftsync.serving.deployment import ServingDeployment
         from draftsync.speculative.builtin.targets import build_target, builtin_recipe
