@@ -209,19 +209,19 @@ def _retrain_prompts(target_name: str, profile: SyncProfile) -> tuple[list[str],
     from draftsync.tasks.serving import captured_prompts
 
     prompts, where = captured_prompts(target_name)
-    if len(prompts) < profile.min_captured_prompts:
-        get_run_logger().info(
-            "retrain of %s on the declared task mix: %d captured prompts, fewer than the %d it needs (%s)",
+    distinct = list(dict.fromkeys(prompts))  # a prompt sent many times teaches the drafter once
+    if len(distinct) < profile.min_captured_prompts:
+        context.logger().info(
+            "retrain of %s on the declared task mix: %d distinct captured prompts, fewer than the %d it needs (%s)",
             target_name,
-            len(prompts),
+            len(distinct),
             profile.min_captured_prompts,
             where,
         )
         return [], []
-    distinct = list(dict.fromkeys(prompts))
     random.Random(profile.seed + 300).shuffle(distinct)
     held = round(profile.captured_holdout * len(distinct))
-    get_run_logger().info(
+    context.logger().info(
         "retrain of %s answers captured traffic: %s; %d distinct prompts held out for validation",
         target_name,
         where,

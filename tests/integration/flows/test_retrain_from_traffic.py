@@ -122,3 +122,21 @@ def test_captured_prompts_make_their_share_of_the_dataset_as_far_as_they_go(capt
     assert abs(len(declared) - expected) <= 4  # each of the four groups is rounded
     for task in ("code", "math"):
         assert sum(t == task for t, _ in kept_texts) == sum(t == task for t, _ in kept_prompts if t != "captured")
+
+
+def test_the_minimum_counts_distinct_prompts_not_requests(workdir, caplog):
+    """Twenty copies of one prompt passed the 20-prompt minimum and the retrain learned one prompt's answer."""
+    import logging
+
+    from draftsync.flows.sync import _retrain_prompts
+    from draftsync.profiles import profile
+
+    _declare(workdir, capture=True)
+    _capture([PROSE[0]] * 25 + PROSE[1:5])
+    with caplog.at_level(logging.INFO, logger="draftsync"):
+        assert _retrain_prompts("traffic-llm", profile("test")) == ([], [])
+    assert "5 distinct captured prompts, fewer than the 20 it needs" in caplog.text
+    _capture(PROSE[5:25])
+    trained, held = _retrain_prompts("traffic-llm", profile("test"))
+    assert len(set(trained)) == len(trained) and not set(trained) & set(held)
+    assert sorted(trained + held) == sorted(PROSE[:25])
