@@ -84,8 +84,8 @@ def _stored_sequences(shards_dir, manifest) -> list[tuple[list[int], list[int]]]
 
 def test_vllm_written_responses_pass_the_data_checks_and_the_manifest_names_the_engine(vllm_build):
     root, data, manifest = vllm_build
-    assert data["checks"]["passed"] and data["generated"] == PROMPTS and data["sequences"] == manifest["num_sequences"]
-    assert data["response_writer"] == manifest["response_writer"] == "vllm"
+    assert data.checks.passed and data.generated == PROMPTS and data.sequences == manifest["num_sequences"]
+    assert data.response_writer == manifest["response_writer"] == "vllm"
     assert manifest["mode"] == "teacher_forced+regenerated"
     # The server is stopped once the build has its last response: nothing answers on its port any more.
     (log,) = (root / "work" / "serving").glob("responses-*.log")
