@@ -14,6 +14,8 @@ from pydantic_settings import BaseSettings, DotEnvSettingsSource, PydanticBaseSe
 # on that work dir; an environment variable wins over the file.
 WORKDIR_SETTINGS_FILE = "settings.env"
 DEFAULT_WORKDIR = Path(".draftsync")
+# The GPU counts a sync may ask the GPU work pool for: drafter-sync has a trigger for each (flows/deployments.py).
+GPU_COUNTS = (1, 2, 4, 8)
 
 
 class Settings(BaseSettings):
@@ -58,6 +60,10 @@ class Settings(BaseSettings):
 
     # Production operation (`draftsync serve`, the webhook receiver).
     sync_profile: str = "demo"  # the profile event-started syncs use: production on GPU workers
+    # A node of the draftsync-gpu work pool: its GPUs (1, 2, 4 or 8) and each one's memory. A sync request plans on
+    # it and asks the pool for as many GPUs as that plan uses (prefect.yaml's sync triggers, one per count).
+    gpu_pool_gpus: int = 1
+    gpu_pool_gpu_memory_gb: float = Field(80.0, gt=0, allow_inf_nan=False)
     targets: str = ""  # comma-separated model names to sync besides versions tagged draftsync.kind=target
     webhook_secret: SecretStr | None = None
     webhook_secret_block: str | None = None  # a Prefect Secret block holding the webhook secret
@@ -73,6 +79,13 @@ class Settings(BaseSettings):
 
         if value not in PROFILES and not os.path.lexists(value):
             raise ValueError(f"{value!r} is neither a profile ({', '.join(PROFILES)}) nor a profile file")
+        return value
+
+    @field_validator("gpu_pool_gpus")
+    @classmethod
+    def _offered_gpu_count(cls, value: int) -> int:
+        if value not in GPU_COUNTS:
+            raise ValueError(f"the GPU pool's nodes hold {', '.join(map(str, GPU_COUNTS))} GPUs (a sync trigger each)")
         return value
 
     @field_validator("report_timezone")

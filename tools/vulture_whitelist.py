@@ -16,6 +16,7 @@ _._endpoint_only_for_external
 _._no_flags_draftsync_sets
 _._known_profile
 _._known_timezone
+_._offered_gpu_count
 _._nodes_meet_somewhere
 _._speculators_trains_eagle3
 _.settings_customise_sources

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
+from draftsync.settings import GPU_COUNTS
 from draftsync.tasks import events
 
 if TYPE_CHECKING:
@@ -46,12 +47,32 @@ class Schedules:
     tags: tuple[str, ...] = field(default=("draftsync",))
 
 
-def sync_trigger() -> dict[str, Any]:
-    """drafter-sync runs for each sync event: a new version, a request (alias move, missing drafter), a stale
-    drafter."""
+def sync_triggers() -> list[dict[str, Any]]:
+    """drafter-sync runs for each sync event (a new version, a request, a stale drafter): one trigger per GPU count
+    an event's `draftsync.gpus` label asks for, each giving its run that many GPUs (a trigger's job variables are
+    static: Prefect renders only its parameters from the event)."""
+    return [
+        {
+            "name": f"sync-events-{count}-gpu",
+            "expect": set(events.SYNC_EVENTS),
+            "match": {events.GPUS_LABEL: str(count)},
+            "parameters": {**TARGET_PARAMETERS, "reason": "{{ event.event }}: {{ event.payload.get('reason', '') }}"},
+            "job_variables": gpu_job_variables(count),
+        }
+        for count in GPU_COUNTS
+    ]
+
+
+def gpu_job_variables(count: int) -> dict[str, Any]:
+    """What gives a run on the GPU pool `count` GPUs: a kubernetes pool's nvidia.com/gpu limit, a docker pool's
+    device request with the /dev/shm NCCL needs (a run's variables replace the deployment's key by key); a process
+    pool's runs share their worker's GPUs."""
     return {
-        "expect": set(events.SYNC_EVENTS),
-        "parameters": {**TARGET_PARAMETERS, "reason": "{{ event.event }}: {{ event.payload.get('reason', '') }}"},
+        "gpu_limit": count,
+        "container_create_kwargs": {
+            "device_requests": [{"driver": "nvidia", "count": count, "capabilities": [["gpu"]]}],
+            "shm_size": "16g",
+        },
     }
 
 
@@ -96,7 +117,7 @@ def build_deployments(schedules: Schedules | None = None) -> list[RunnerDeployme
             "drafter-sync",
             tags=tags("drafter-sync"),
             parameters={"profile": chosen.profile},
-            triggers=[DeploymentEventTrigger(name="sync-events", **sync_trigger())],
+            triggers=[DeploymentEventTrigger(**trigger) for trigger in sync_triggers()],
             concurrency_limit=ConcurrencyLimitConfig(
                 limit=chosen.sync_concurrency, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE
             ),

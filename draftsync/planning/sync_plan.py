@@ -87,6 +87,34 @@ class TargetShape:
         counted = _safetensors_parameters(Path(path))
         return replace(shape, parameters=counted or shape.parameters_from_config())
 
+    @classmethod
+    def from_registered(
+        cls, name: str, *, parameters: int, hidden: int, layers: int, vocab: int, features: dict[str, Any]
+    ) -> TargetShape:
+        """A target as its registry tags describe it (`families.config_features`), for planning before its files are
+        fetched. Versions tagged before the features named the attention heads and the MLP width get hidden // head_dim
+        heads and the width the parameter count leaves (both exact for Llama-style configs)."""
+        head_dim = int(features["head_dim"])
+        heads = int(features.get("attention_heads") or hidden // head_dim)
+        kv_heads = int(features.get("kv_heads") or heads)
+        tied = bool(features.get("tied_embeddings"))
+        attention = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden + 2 * hidden
+        per_layer = (parameters - vocab * hidden * (1 if tied else 2) - hidden) / layers
+        intermediate = int(features.get("intermediate_size") or max(1, round((per_layer - attention) / (3 * hidden))))
+        return cls(
+            name=name,
+            parameters=parameters,
+            hidden=hidden,
+            layers=layers,
+            vocab=vocab,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate=intermediate,
+            checkpoint_dtype=str(features.get("dtype") or "bfloat16").replace("torch.", ""),
+            config={"tie_word_embeddings": tied},
+        )
+
     def parameters_from_config(self) -> int:
         """A Llama-style count: embeddings, the lm_head unless tied, attention, SwiGLU MLP and norms per layer."""
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -185,6 +213,22 @@ class SyncPlan:
     def fits(self) -> bool:
         return self.refusal is None
 
+    @property
+    def gpus_used(self) -> int:
+        """How many of its node's GPUs the plan uses (0 on a CPU): every device it names is a GPU index below this,
+        so a job given this many GPUs, numbered from 0, runs it as planned."""
+        if not self.worker.gpus:
+            return 0
+        settings = self.settings
+        used = [int(device.split(":")[1]) for device in settings["target_devices"] if device.startswith("cuda:")]
+        used += settings.get("servers", {}).get("devices", [])
+        ranks = settings["train_processes"] // self.worker.nodes
+        if ranks > 1:
+            used.append(ranks - 1)  # one rank per GPU, from GPU 0
+        elif str(settings["training_device"]).startswith("cuda:"):
+            used.append(int(settings["training_device"].split(":")[1]))
+        return 1 + max(used, default=0)
+
     def require_fit(self) -> None:
         """Raise the refusal as the error a user reads (nothing has run yet)."""
         if self.refusal is not None:
@@ -197,6 +241,7 @@ class SyncPlan:
             "target": self.target,
             "parameters": self.parameters,
             "fits": self.fits,
+            "gpus_used": self.gpus_used,
             "refusal": None if self.refusal is None else {**asdict(self.refusal), "message": self.refusal.message()},
             "worker": asdict(self.worker),
             "settings": self.settings,
@@ -242,6 +287,8 @@ class SyncPlan:
             f"{worker.gpus} x {worker.gpu_memory_gib:.0f} GiB GPU" if worker.gpus else "no GPU"
         ) + f", {worker.host_memory_gib:.0f} GiB host memory, {worker.disk_gib:.0f} GiB disk"
         where = f"{worker.nodes} nodes of " + where if worker.nodes > 1 else where
+        if worker.gpus:
+            where += f"; the plan uses {self.gpus_used} GPU(s) of a node, from GPU 0"
         held = "".join(
             f"\n- serving deployment `{h.deployment}` holds {h.gib:.1f} GiB on GPUs 0-{h.gpus - 1}" for h in worker.held
         )
@@ -281,7 +328,7 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
 
     `responses`: how many distinct prompts the target answers (None: the profile's generated_samples).
     Long: the stages planned in the order a sync runs them, each on what the one before left free."""
-    from draftsync.speculative.data.shard_writer import shard_bytes_per_token
+    from draftsync.speculative.data import shard_bytes_per_token
 
     on_gpu = worker.gpus > 0
     weights = target.weight_bytes(on_gpu)

@@ -107,6 +107,7 @@ def config_features(config: Mapping[str, Any]) -> dict[str, Any]:
     rope = rope_scaling_of(config.get("rope_parameters") or config.get("rope_scaling")) or {}
     model_type = str(config.get("model_type"))
     return {
+        "attention_heads": heads,
         "kv_heads": kv_heads,
         "grouped_query_attention": bool(heads and kv_heads < heads),
         "head_dim": int(config.get("head_dim") or (hidden // heads if heads else 0)),
@@ -117,4 +118,5 @@ def config_features(config: Mapping[str, Any]) -> dict[str, Any]:
         "qkv_bias": model_type == "qwen2" or bool(config.get("attention_bias")),
         "sliding_window": sliding_window_of(config),
         "dtype": str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"),
+        "intermediate_size": int(config.get("intermediate_size") or 0),
     }

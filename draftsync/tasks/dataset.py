@@ -166,11 +166,12 @@ def build_dataset(
 
     from draftsync.serving.vllm_args import ServerResources
     from draftsync.serving.vllm_responses import VllmResponseWriter, response_writer
+    from draftsync.speculative.data import shard_bytes_per_token
     from draftsync.speculative.data.corpora import mixed_texts, response_prompts
     from draftsync.speculative.data.hidden_states import default_aux_layer_ids, num_decoder_layers
     from draftsync.speculative.data.samples import concat_samples, regenerated_samples, teacher_forced_samples
     from draftsync.speculative.data.shard_reader import ShardDataset
-    from draftsync.speculative.data.shard_writer import build_shards, shard_bytes_per_token
+    from draftsync.speculative.data.shard_writer import build_shards
     from draftsync.speculative.placement import shared_target
 
     logger = context.logger()

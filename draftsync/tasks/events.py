@@ -15,6 +15,9 @@ DRAFTER_STALE = "draftsync.drafter.stale"  # the weekly review found a stale dra
 TARGET_ALIAS_MOVED = "draftsync.target.alias.moved"  # serve what the alias now points at
 DRAFTER_VALIDATED = "draftsync.drafter.validated"  # a drafter passed the checklist and is production
 SYNC_EVENTS = (TARGET_VERSION_CREATED, SYNC_REQUESTED, DRAFTER_STALE)
+# A sync event's label (`emit(..., gpus=...)`): how many GPUs its sync asks the GPU pool for, one of
+# settings.GPU_COUNTS; drafter-sync has a trigger for each count, with the job variables that give its run that many.
+GPUS_LABEL = "draftsync.gpus"
 ROLLOUT_EVENTS = (DRAFTER_VALIDATED, TARGET_ALIAS_MOVED)
 
 

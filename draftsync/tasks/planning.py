@@ -17,13 +17,14 @@ from prefect.cache_policies import NONE
 from draftsync.planning.workload import FRAMEWORK_TASK, NO_DRAFTER
 from draftsync.profiles import SyncProfile
 from draftsync.registry.tags import TargetVersion, recommended_tags
+from draftsync.settings import GPU_COUNTS
 from draftsync.speculative.methods import METHODS, TRAINED_METHODS
 from draftsync.tasks import context
 from draftsync.tasks.serving import configured_deployments
 
 if TYPE_CHECKING:
     from draftsync.planning.recommendation import Recommendation
-    from draftsync.planning.sync_plan import SyncPlan
+    from draftsync.planning.sync_plan import SyncPlan, Worker
 
 ASSUMED_GPU_MEMORY_GB = 80.0
 ASSUMED_TPOT_MS = 50.0  # 30-80 ms: the framework's middle band, when no deployment states a target
@@ -142,7 +143,7 @@ def plan_sync_resources(
 
     from prefect.artifacts import create_markdown_artifact
 
-    from draftsync.planning.sync_plan import HeldMemory, TargetShape, detect_worker, plan_sync
+    from draftsync.planning.sync_plan import TargetShape, detect_worker, plan_sync
     from draftsync.speculative.data.corpora import response_prompts
 
     if profile.trainer == "speculators":
@@ -154,13 +155,7 @@ def plan_sync_resources(
     worker = replace(detect_worker(settings.root), nodes=profile.train_nodes)
     if settings.disk_budget_gb is not None:
         worker = replace(worker, disk_gib=min(worker.disk_gib, settings.disk_budget_gb * 1e9 / 1024**3))
-    if worker.gpus:
-        held = tuple(
-            HeldMemory(spec.name, spec.tensor_parallel_size, fraction * worker.gpu_memory_gib)
-            for spec in configured_deployments().values()
-            if (fraction := spec.gpu_memory_fraction()) is not None
-        )
-        worker = replace(worker, held=held)
+    worker = _beside_serving(worker)
     prompts = response_prompts(task_mix, profile)
     plan = plan_sync(TargetShape.from_directory(Path(target_dir), target_name), worker, profile, len(prompts))
     create_markdown_artifact(markdown=plan.markdown(), description=f"resource plan of the sync of {target_name}")
@@ -175,3 +170,51 @@ def plan_sync_resources(
     )
     plan.require_fit()
     return plan
+
+
+def _beside_serving(worker: Worker) -> Worker:
+    """The worker with the GPU memory its configured vLLM deployments hold taken out."""
+    from dataclasses import replace
+
+    from draftsync.planning.sync_plan import HeldMemory
+
+    if not worker.gpus:
+        return worker
+    held = tuple(
+        HeldMemory(spec.name, spec.tensor_parallel_size, fraction * worker.gpu_memory_gib)
+        for spec in configured_deployments().values()
+        if (fraction := spec.gpu_memory_fraction()) is not None
+    )
+    return replace(worker, held=held)
+
+
+def requested_gpus(target_name: str, target_version: int, profile: SyncProfile) -> int:
+    """The GPUs a sync of this version asks the draftsync-gpu pool for: what its plan uses on one of the pool's nodes
+    (DRAFTSYNC_GPU_POOL_GPUS x DRAFTSYNC_GPU_POOL_GPU_MEMORY_GB, beside the configured deployments), rounded up to a
+    count the sync triggers offer. A version whose tags cannot be planned from, or whose plan does not fit, asks for
+    the whole node; the sync's own plan on the worker then decides, or refuses with the numbers."""
+    from draftsync.planning.sync_plan import TargetShape, Worker, plan_sync
+
+    settings = context.settings()
+    node = settings.gpu_pool_gpus
+    tags = context.registry().version_tags(target_name, target_version)
+    target = TargetVersion.from_tags(target_name, target_version, tags)
+    features = target.features()
+    hidden, layers, vocab = target.hidden_size, target.num_hidden_layers, target.vocab_size
+    if features is None or "head_dim" not in features or hidden is None or layers is None or vocab is None:
+        context.logger().warning(
+            "%s v%d: no size tags to plan from (a sync sets them); the sync asks for all %d GPUs of a pool node",
+            target_name,
+            target_version,
+            node,
+        )
+        return node
+    shape = TargetShape.from_registered(
+        target_name, parameters=target.parameter_count(), hidden=hidden, layers=layers, vocab=vocab, features=features
+    )
+    # host memory and disk are the worker's to check: only the GPUs are sized here
+    worker = _beside_serving(Worker(node, settings.gpu_pool_gpu_memory_gb, 1e9, 1e9, nodes=profile.train_nodes))
+    plan = plan_sync(shape, worker, profile)
+    if not plan.fits:
+        return node
+    return next(count for count in GPU_COUNTS if count >= plan.gpus_used)

@@ -49,6 +49,7 @@ def request_sync(
             target_name,
             target_version,
             payload={"reason": reason, "source": source, "method": method, "retrain": retrain},
+            gpus=str(_gpus_to_ask_for(target_name, target_version)),
         )
     context.logger().info(
         "sync of %s v%d (%s) %s: %s",
@@ -65,6 +66,26 @@ def request_sync(
         "requested": won,
         "event": event if won else None,
     }
+
+
+def _gpus_to_ask_for(target_name: str, target_version: int) -> int:
+    """The sync event's GPU count (its trigger's job variables): what the plan uses on a pool node; the whole node
+    when the registry cannot be read, since a request must not be lost to its sizing."""
+    from draftsync.profiles import profile
+    from draftsync.tasks.planning import requested_gpus
+
+    settings = context.settings()
+    try:
+        return requested_gpus(target_name, target_version, profile(settings.sync_profile))
+    except Exception as error:  # the registry down, a tag that is not a number: the sync's own plan still decides
+        context.logger().warning(
+            "%s v%d: sized as a whole pool node (%d GPUs): %s",
+            target_name,
+            target_version,
+            settings.gpu_pool_gpus,
+            error,
+        )
+        return settings.gpu_pool_gpus
 
 
 def request_new_version_sync(
@@ -167,6 +188,7 @@ def _send_again(job, reason: str) -> None:
         job.target_name,
         job.target_version,
         payload={"reason": reason, "source": "reconciler", "method": job.method, "retrain": job.generation > 0},
+        gpus=str(_gpus_to_ask_for(job.target_name, job.target_version)),
     )
 
 

@@ -91,16 +91,6 @@ class _ShardBuffer:
         return out
 
 
-def shard_bytes_per_token(
-    hidden: int, store_aux: bool, dtype: torch.dtype = torch.bfloat16, online: bool = False
-) -> int:
-    """Disk bytes of one token in a shard: its id (int32), its loss mask (bool), its final state and, for EAGLE-3,
-    its three aux states, in the states' dtype (the offsets and task of a sequence are a few bytes more); online,
-    the id and the mask only."""
-    widths = 0 if online else hidden * (4 if store_aux else 1)
-    return widths * dtype.itemsize + 4 + 1
-
-
 def build_shards(
     model: Any,
     samples: Iterable[Sample],

@@ -83,6 +83,8 @@ def test_setup_script_creates_pools_and_deploys_prefect_yaml_on_a_real_server(tm
         deployments = {d["name"]: d for d in httpx.post(f"{api}/deployments/filter", json={}, timeout=30).json()}
         automations = httpx.post(f"{api}/automations/filter", json={}, timeout=30).json()
         triggered = _runs_started_by_events(api, {deployments[n]["id"]: n for n in ("drafter-sync", "rollout")})
+        time.sleep(3)  # a second trigger that matched would have started its run by now
+        all_runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=30).json()
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -119,6 +121,11 @@ def test_setup_script_creates_pools_and_deploys_prefect_yaml_on_a_real_server(tm
         "target_version": 7,
         "reason": "draftsync.target.version.created: registered",
     }
+    # only the 4-GPU trigger matched the event's label: every sync run it started asks a pool for 4 GPUs
+    sync_runs = [r for r in all_runs if r.get("deployment_id") == sync["id"]]
+    assert sync_runs and all(r["job_variables"]["gpu_limit"] == 4 for r in sync_runs), sync_runs
+    requests = triggered["drafter-sync"]["job_variables"]["container_create_kwargs"]["device_requests"]
+    assert [(r["driver"], r["count"]) for r in requests] == [("nvidia", 4)]
     assert triggered["rollout"]["parameters"]["target_name"] == "llama-chat"
     assert triggered["rollout"]["parameters"]["reason"] == "draftsync.drafter.validated for llama-chat v7"
     for run in triggered.values():
@@ -128,7 +135,7 @@ def test_setup_script_creates_pools_and_deploys_prefect_yaml_on_a_real_server(tm
 def _runs_started_by_events(api: str, deployment_names: dict[str, str]) -> dict[str, dict]:
     """Post one sync event and one rollout event as draftsync emits them; the flow runs they start, by deployment."""
     import httpx
-    from draftsync.tasks.events import target_resource
+    from draftsync.tasks.events import SYNC_EVENTS, target_resource
 
     now = datetime.now(UTC).isoformat()
     events = [
@@ -137,7 +144,8 @@ def _runs_started_by_events(api: str, deployment_names: dict[str, str]) -> dict[
             "event": name,
             "id": str(uuid.uuid4()),
             "payload": {"reason": "registered"},
-            "resource": target_resource("llama-chat", 7),
+            # a sync event says how many GPUs its sync asks for; the trigger for that count gives the run its GPUs
+            "resource": target_resource("llama-chat", 7, **({"gpus": "4"} if name in SYNC_EVENTS else {})),
         }
         for name in ("draftsync.target.version.created", "draftsync.drafter.validated")
     ]

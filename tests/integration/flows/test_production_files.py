@@ -9,6 +9,7 @@ tests/e2e/system/test_production_files.py's (make test-system).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -560,12 +561,22 @@ def test_trigger_templates_render_to_parameters_the_server_accepts():
 
 
 # --- prefect.yaml and `draftsync serve` cannot drift apart ----------------------------------------------------------
-def _shape(name: str, schedules: list, triggers: list[tuple[set[str], set[str]]], concurrency) -> dict:
-    events = {event: frozenset(keys) for expect, keys in triggers for event in expect}
+def _trigger_key(expect, parameters, match, job_variables) -> tuple:
+    """A trigger as both files must agree on: its events, its parameters' names, the labels it matches (the GPU
+    count) and the job variables it gives its run."""
+    return (
+        tuple(sorted(expect)),
+        tuple(sorted(parameters or {})),
+        json.dumps(match or {}, sort_keys=True),
+        json.dumps(job_variables or {}, sort_keys=True),
+    )
+
+
+def _shape(name: str, schedules: list, triggers: list[tuple], concurrency) -> dict:
     return {
         "deployment": name,
         "schedules": sorted(_schedule_key(s) for s in schedules),
-        "events": events,
+        "triggers": sorted(triggers),
         "concurrency": concurrency,
     }
 
@@ -573,7 +584,10 @@ def _shape(name: str, schedules: list, triggers: list[tuple[set[str], set[str]]]
 def _yaml_shapes() -> dict[str, dict]:
     shapes = {}
     for name, deployment in _prefect_deployments().items():
-        triggers = [(set(t["expect"]), set(t.get("parameters") or {})) for t in deployment.get("triggers") or []]
+        triggers = [
+            _trigger_key(t["expect"], t.get("parameters"), t.get("match"), t.get("job_variables"))
+            for t in deployment.get("triggers") or []
+        ]
         limit = deployment.get("concurrency_limit")
         concurrency = (limit["limit"], limit["collision_strategy"]) if limit else None
         shapes[name] = _shape(name, _rendered_schedules(deployment), triggers, concurrency)
@@ -589,7 +603,10 @@ def _served_deployments() -> list:
 def _served_shapes() -> dict[str, dict]:
     shapes = {}
     for deployment in _served_deployments():
-        triggers = [(set(t.expect), set(t.parameters or {})) for t in deployment.triggers or []]
+        triggers = [
+            _trigger_key(t.expect, t.parameters, t.match.model_dump(), t.job_variables)
+            for t in deployment.triggers or []
+        ]
         options = getattr(deployment, "concurrency_options", None)
         strategy = getattr(getattr(options, "collision_strategy", None), "value", None)
         concurrency = (deployment.concurrency_limit, strategy) if deployment.concurrency_limit else None
@@ -653,7 +670,6 @@ def test_gpu_deployments_share_the_gpu_job_variables():
 
 
 def test_docker_pool_job_variables_request_nvidia_gpus():
-    import json
 
     from docker.types import DeviceRequest
     from prefect.utilities.schema_tools import validate
@@ -671,7 +687,6 @@ def test_docker_pool_job_variables_request_nvidia_gpus():
 
 
 def test_kubernetes_pool_job_variables_limit_nvidia_gpus():
-    import json
 
     from prefect.utilities.schema_tools import validate
     from prefect.utilities.templating import apply_values
@@ -690,6 +705,40 @@ def test_kubernetes_pool_job_variables_limit_nvidia_gpus():
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert "cpu" not in container["resources"]["limits"], "unset variables drop out of the manifest"
+
+
+def _rendered_pool_job(pool_file: str, job_variables: dict) -> dict:
+    """A work pool's job configuration as its worker builds it for a run with these variables."""
+    from prefect.utilities.schema_tools import validate
+    from prefect.utilities.templating import apply_values
+
+    template = json.loads((DEPLOY / "work-pools" / pool_file).read_text())
+    assert not validate(job_variables, template["variables"], ignore_required=True)
+    defaults = {k: v["default"] for k, v in template["variables"]["properties"].items() if "default" in v}
+    return apply_values(template["job_configuration"], {**defaults, **job_variables})
+
+
+def test_each_sync_trigger_gives_its_run_the_gpus_its_event_asks_for():
+    """A sync event's draftsync.gpus label picks one trigger, whose job variables (over the deployment's, key by key,
+    as Prefect merges a run's) give a docker or kubernetes run that many NVIDIA GPUs."""
+    from draftsync.settings import GPU_COUNTS
+    from draftsync.tasks import events
+    from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
+    from prefect.server.events.schemas.events import Resource
+
+    deployment = _prefect_deployments()["drafter-sync"]
+    triggers = [DeploymentEventTrigger.model_validate(spec) for spec in deployment["triggers"]]
+    for count in GPU_COUNTS:
+        resource = Resource.model_validate(events.target_resource("llama-chat", 7, gpus=str(count)))
+        (chosen,) = [t for t in triggers if t.match.matches(resource)]
+        job_variables = {**deployment["work_pool"]["job_variables"], **(chosen.job_variables or {})}
+        pod = _rendered_pool_job("kubernetes-gpu.json", job_variables)["job_manifest"]["spec"]["template"]["spec"]
+        assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == count
+        docker = _rendered_pool_job("docker-gpu.json", job_variables)["container_create_kwargs"]
+        assert [(r["driver"], r["count"]) for r in docker["device_requests"]] == [("nvidia", count)]
+        assert docker["shm_size"] == "16g"
+    unlabelled = Resource.model_validate(events.target_resource("llama-chat", 7))
+    assert not [t.name for t in triggers if t.match.matches(unlabelled)], "an event without a GPU count starts nothing"
 
 
 # --- the env example ----------------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ def test_llama_8b_on_one_80gb_gpu_fits_with_the_whole_batch_in_one_step(config_o
     assert stage(plan, "hidden_states")["disk_gib"] > 100  # 32,773 bytes a token: hundreds of GiB
     assert stage(plan, "responses")["settings"]["responses"] < profile("production").generated_samples  # distinct
     assert all(s["hours_estimate"] > 0 for s in plan["stages"])
+    assert plan["gpus_used"] == 1 and "the plan uses 1 GPU(s) of a node" in output
 
 
 def test_llama_8b_on_one_24gb_gpu_trains_in_micro_batches(config_only, tmp_path):
@@ -250,3 +251,50 @@ def test_online_states_keep_ranks_only_where_each_can_hold_the_whole_target(conf
     refused = plan_sync(eight_b, Worker(0, 0, 100, 8000), on_cpu, 1000)
     assert refused.refusal is not None and refused.refusal.stage == "training"
     assert plan_sync(eight_b, Worker(0, 0, 100, 8000), offline.model_copy(update=cpu_ranks), 1000).refusal is None
+
+
+def test_a_target_planned_from_its_registry_tags_is_planned_as_from_its_config(config_only):
+    """A sync request sizes its GPUs from the version's tags, before any file is fetched: the same shape, and so the
+    same plan, as from the checkpoint; versions tagged before the features named the heads and the MLP width too."""
+    from dataclasses import astuple
+
+    from draftsync.speculative.families import config_features
+
+    production = profile("production")
+    for name in SHAPES:
+        from_files = TargetShape.from_directory(config_only / name, name)
+        features = config_features(from_files.config)
+        older = {k: v for k, v in features.items() if k not in ("attention_heads", "intermediate_size")}
+        for tagged in (features, older):
+            shape = TargetShape.from_registered(
+                name,
+                parameters=from_files.parameters,
+                hidden=from_files.hidden,
+                layers=from_files.layers,
+                vocab=from_files.vocab,
+                features=tagged,
+            )
+            assert astuple(shape)[:-1] == astuple(from_files)[:-1], (name, tagged)
+            worker = Worker(8, 80, 1e9, 1e9)
+            assert plan_sync(shape, worker, production).to_dict() == plan_sync(from_files, worker, production).to_dict()
+
+
+def test_a_plan_says_how_many_gpus_of_its_node_it_uses(config_only):
+    """The count a sync asks its work pool for: every GPU any stage names is below it."""
+    eight = TargetShape.from_directory(config_only / "llama-3.1-8b")
+    seventy = TargetShape.from_directory(config_only / "llama-3.1-70b")
+    production = profile("production")
+    node = Worker(8, 80, 1e9, 1e9)
+
+    def used(target, batch_size: int, worker: Worker = node) -> int:
+        plan = plan_sync(target, worker, production.model_copy(update={"batch_size": batch_size}))
+        assert plan.fits
+        return plan.gpus_used
+
+    assert used(eight, production.batch_size) == 8  # a DDP rank on every GPU
+    assert used(eight, 3) == 3  # three ranks, on GPUs 0-2
+    assert used(eight, 1) == 1
+    assert used(seventy, 1) == 2  # one rank, but the target spreads over GPUs 0-1 and vLLM runs with TP 2 there
+    # a serving deployment holding half of GPUs 0-1 pushes the target to the GPUs with room
+    assert used(seventy, 1, Worker(8, 80, 1e9, 1e9, held=(HeldMemory("chat", 2, 40.0),))) == 4
+    assert used(eight, 8, Worker(0, 0, 1e9, 1e9)) == 0  # a CPU worker
