@@ -164,7 +164,7 @@ def register_target(
         "alias": alias,
         "flavor": flavor,
         "tags": context.registry().version_tags(name, version),
-        "sync": sync,
+        "sync": None if sync is None else sync.as_dict(),
     }
 
 
@@ -173,8 +173,8 @@ def sync_line(sync: dict[str, Any] | None, name: str, version: int) -> str:
         return f"sync not requested (--no-sync): start it with `draftsync sync {name} {version}`"
     if sync["requested"]:
         return (
-            f"sync requested ({sync['method']}): event {sync['event']} sent; the drafter-sync deployment "
-            "(`draftsync serve`) runs it, or start it now with "
+            f"sync requested ({sync['method']}, {sync['gpus']} GPU(s) of a GPU pool node): event {sync['event']} "
+            "sent; the drafter-sync deployment (`draftsync serve`) runs it, or start it now with "
             f"`draftsync sync {name} {version}`"
         )
     return f"sync of {name} v{version} ({sync['method']}) was already requested or done"

@@ -383,7 +383,7 @@ def _missing_drafter(
         reason=f"{deployment.name} serves {target} without a drafter",
     )
     steps.append(
-        f"alert sent; sync {'requested' if asked['requested'] else 'already requested'} "
+        f"alert sent; sync {'requested' if asked.requested else 'already requested'} "
         f"(event {events.SYNC_REQUESTED} for {target})"
     )
     if sync_profile is None:

@@ -65,7 +65,7 @@ def _watch_one(
                     method=method,
                     reason=f"version {version} found by the registry poll",
                     event=events.TARGET_VERSION_CREATED,
-                )
+                ).as_dict()
             )
         else:
             syncs.append(sync(target_name, version, profile, reason=f"version {version} found by the registry poll"))

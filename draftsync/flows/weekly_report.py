@@ -118,7 +118,7 @@ def _act(pair, review: dict, specs: dict[str, ServingDeployment], fresh: set[str
         taken.append(
             f"retrain requested (event {events.DRAFTER_STALE} for {pair.target_name} v{pair.target_version}): the "
             f"drafter-sync deployment starts it as soon as a GPU worker is free; watch it at {links.flow_run_url()}"
-            if asked["requested"]
+            if asked.requested
             else f"retrain of {pair.target_name} v{pair.target_version} already requested: not repeated"
         )
     elif retrain:

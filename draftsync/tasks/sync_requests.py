@@ -10,14 +10,31 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from draftsync.registry.tags import is_target as is_target_version
 from draftsync.tasks import context, events
 
 if TYPE_CHECKING:
     from draftsync.registry.webhooks import RegistryChange
+
+
+@dataclass(frozen=True)
+class SyncRequest:
+    """What asking for a sync did: whether this call made (or re-opened) the job and so sent `event`, and how many
+    GPUs that event asked the GPU pool for (both None when the job was already requested or done)."""
+
+    target_name: str
+    target_version: int
+    method: str
+    requested: bool
+    event: str | None
+    gpus: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def planned_method(profile_name: str | None = None) -> str:
@@ -37,19 +54,21 @@ def request_sync(
     retrain: bool = False,
     method: str | None = None,
     now: datetime | None = None,
-) -> dict:
+) -> SyncRequest:
     """Record the request; emit `event` only when this call is the one that made (or re-opened) the job."""
     method = method or planned_method()
     won = context.sync_ledger().request(
         target_name, target_version, method, source=source, reason=reason, retrain=retrain, now=now
     )
+    gpus = None
     if won:
+        gpus = _gpus_to_ask_for(target_name, target_version)
         events.emit(
             event,
             target_name,
             target_version,
             payload={"reason": reason, "source": source, "method": method, "retrain": retrain},
-            gpus=str(_gpus_to_ask_for(target_name, target_version)),
+            gpus=str(gpus),
         )
     context.logger().info(
         "sync of %s v%d (%s) %s: %s",
@@ -59,13 +78,7 @@ def request_sync(
         "requested" if won else "already requested or done",
         reason,
     )
-    return {
-        "target_name": target_name,
-        "target_version": int(target_version),
-        "method": method,
-        "requested": won,
-        "event": event if won else None,
-    }
+    return SyncRequest(target_name, int(target_version), method, won, event if won else None, gpus)
 
 
 def _gpus_to_ask_for(target_name: str, target_version: int) -> int:
@@ -90,7 +103,7 @@ def _gpus_to_ask_for(target_name: str, target_version: int) -> int:
 
 def request_new_version_sync(
     target_name: str, target_version: int, *, source: str, reason: str, now: datetime | None = None
-) -> dict:
+) -> SyncRequest:
     """What a new target version asks for, wherever it is noticed (a webhook delivery, `draftsync targets
     register`): a sync, with the event the `drafter-sync` deployment is triggered by. The ledger keeps it to one
     sync when the same version is announced twice (the CLI registers it and MLflow's webhook reports it)."""
@@ -228,7 +241,7 @@ def handle_registry_change(change: RegistryChange, delivery_id: str) -> dict:
             now=now,
             reason=f"version {change.version} registered (webhook {delivery_id})",
         )
-        return {**answer, "action": "sync requested" if asked["requested"] else "sync already requested"}
+        return {**answer, "action": "sync requested" if asked.requested else "sync already requested"}
     events.emit(
         events.TARGET_ALIAS_MOVED,
         change.model_name,
@@ -246,5 +259,5 @@ def handle_registry_change(change: RegistryChange, delivery_id: str) -> dict:
     return {
         **answer,
         "alias": change.alias,
-        "action": "rollout announced; " + ("sync requested" if asked["requested"] else "sync already requested"),
+        "action": "rollout announced; " + ("sync requested" if asked.requested else "sync already requested"),
     }

@@ -71,6 +71,7 @@ def test_register_tags_the_next_version_from_the_checkpoint_and_requests_its_syn
         "method": method,
         "requested": True,
         "event": "draftsync.target.version.created",
+        "gpus": 1,  # a node of one GPU, the pool's default
     }
     job = context.sync_ledger().get("reg-llm", 1, method)
     assert job is not None and (job.status, job.source) == ("requested", "cli")

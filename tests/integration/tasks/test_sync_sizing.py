@@ -82,7 +82,7 @@ def test_a_sync_event_asks_for_the_gpus_the_plan_uses_on_a_pool_node(pool_of_eig
     eight = register_tags_only("llama-8b", size_tags(SHAPES["llama-8b"]))
     seventy = register_tags_only("llama-70b", size_tags(SHAPES["llama-70b"]))
     asked = request_sync("llama-8b", eight, source="test", reason="a new version")
-    assert asked["requested"]
+    assert asked.requested
     (event,) = target_events(events.SYNC_REQUESTED, started, "llama-8b", eight, wanted=1)
     assert event.resource[events.GPUS_LABEL] == "8"  # the production profile trains a DDP rank on each GPU
 
@@ -114,6 +114,6 @@ def test_a_version_the_plan_cannot_size_asks_for_a_whole_node_and_is_still_reque
     seventy = register_tags_only("llama-70b", size_tags(SHAPES["llama-70b"]))
     assert requested_gpus("llama-70b", seventy, profile("production")) == 1
     # a version MLflow does not hold: the request is still recorded and announced, sized as a whole node
-    assert request_sync("ghost-llm", 4, source="test", reason="by hand")["requested"]
+    assert request_sync("ghost-llm", 4, source="test", reason="by hand").requested
     (event,) = target_events(events.SYNC_REQUESTED, started, "ghost-llm", 4, wanted=1)
     assert event.resource[events.GPUS_LABEL] == "1"
