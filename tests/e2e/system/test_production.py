@@ -214,6 +214,8 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
                 (run,) = runs
                 assert run.state.is_completed(), (run.state, log_tail(serve_log, 60))
                 assert run.parameters["target_name"] == "prod-llm" and int(run.parameters["target_version"]) == version
+                # the receiver sized it on a node of one GPU (the default pool): the 1-GPU trigger started it
+                assert run.job_variables["gpu_limit"] == 1, run.job_variables
                 # What a person finds in the Prefect UI: the sync's summary with its gate table and links, and the
                 # training's progress bar at 100 %.
                 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
@@ -228,8 +230,8 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
                 assert [a.data for a in artifacts if a.type == "progress"] == [100.0]
 
                 # The weekly review finds the drafter stale: it asks the ledger for a retrain and emits
-                # draftsync.drafter.stale (as `request_sync(..., retrain=True)` does); the same deployment
-                # trains the next generation.
+                # draftsync.drafter.stale (as `request_sync(..., retrain=True)` does, labelled with the GPUs its sync
+                # asks for: an unlabelled event matches no trigger); the same deployment trains the next generation.
                 first = ledger.get("prod-llm", version, "eagle3")
                 assert ledger.request(
                     "prod-llm",
@@ -243,7 +245,7 @@ def test_a_registered_target_version_becomes_one_completed_sync_run_through_pref
                     "occurred": datetime.now(UTC).isoformat(),
                     "event": "draftsync.drafter.stale",
                     "id": str(uuid.uuid4()),
-                    "resource": target_resource("prod-llm", version),
+                    "resource": target_resource("prod-llm", version, gpus="1"),
                     "payload": {"reason": "acceptance 0.41 sustained: stale", "retrain": True},
                 }
                 assert httpx.post(f"{api_url}/events", json=[stale], timeout=30).status_code == 204
