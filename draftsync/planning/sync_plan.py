@@ -96,24 +96,24 @@ class TargetShape:
         heads and the width the parameter count leaves (both exact for Llama-style configs)."""
         head_dim = int(features["head_dim"])
         heads = int(features.get("attention_heads") or hidden // head_dim)
-        kv_heads = int(features.get("kv_heads") or heads)
         tied = bool(features.get("tied_embeddings"))
-        attention = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden + 2 * hidden
-        per_layer = (parameters - vocab * hidden * (1 if tied else 2) - hidden) / layers
-        intermediate = int(features.get("intermediate_size") or max(1, round((per_layer - attention) / (3 * hidden))))
-        return cls(
+        shape = cls(
             name=name,
             parameters=parameters,
             hidden=hidden,
             layers=layers,
             vocab=vocab,
             heads=heads,
-            kv_heads=kv_heads,
+            kv_heads=int(features.get("kv_heads") or heads),
             head_dim=head_dim,
-            intermediate=intermediate,
+            intermediate=int(features.get("intermediate_size") or 0),
             checkpoint_dtype=str(features.get("dtype") or "bfloat16").replace("torch.", ""),
             config={"tie_word_embeddings": tied},
         )
+        if shape.intermediate:
+            return shape
+        without_mlps = shape.parameters_from_config()  # the count's formula with no MLP width
+        return replace(shape, intermediate=max(1, round((parameters - without_mlps) / (3 * hidden * layers))))
 
     def parameters_from_config(self) -> int:
         """A Llama-style count: embeddings, the lm_head unless tied, attention, SwiGLU MLP and norms per layer."""

@@ -197,6 +197,8 @@ def requested_gpus(target_name: str, target_version: int, profile: SyncProfile) 
 
     settings = context.settings()
     node = settings.gpu_pool_gpus
+    if node == 1:
+        return 1  # nothing to size: no registry read on the request path
     tags = context.registry().version_tags(target_name, target_version)
     target = TargetVersion.from_tags(target_name, target_version, tags)
     features = target.features()
