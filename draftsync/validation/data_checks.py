@@ -8,16 +8,12 @@ show up later as poor acceptance. Each check is a named expectation over one row
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from draftsync.errors import DraftsyncError
-
-if TYPE_CHECKING:
-    from great_expectations.core.expectation_validation_result import ExpectationValidationResult
-    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+from draftsync.validation.expectations import expectation_of, expectation_types, plain, run_expectations
 
 DEFAULT_TOLERANCE = 0.05  # each task's share within 5 points of the declared mix
 
@@ -65,25 +61,6 @@ def _config_value(target_config: Any, key: str) -> int:
     return int(value)
 
 
-def _by_check_index(results: list[ExpectationValidationResult]) -> dict[int, ExpectationValidationResult]:
-    """A suite's results by the `check_index` each expectation carries in its meta (GE reorders results)."""
-    return {_config(r).meta["check_index"]: r for r in results}
-
-
-def _config(outcome: ExpectationValidationResult) -> ExpectationConfiguration:
-    """The expectation a result is about: GE's type allows none, a suite's results always carry theirs."""
-    config = outcome.expectation_config
-    assert config is not None, "GE returned a suite result without its expectation"
-    return config
-
-
-def _plain(value: Any) -> Any:
-    """numpy scalars and lists as plain Python, so reports serialise to JSON."""
-    if isinstance(value, (list, tuple, set)):
-        return [_plain(v) for v in value]
-    return value.item() if hasattr(value, "item") else value
-
-
 def _expectations(
     gxe: Any, frame: Any, task_mix: dict[str, float], tolerance: float, hidden_size: int, vocab_size: int, has_aux: bool
 ) -> list[tuple[str, Any, str, Any]]:
@@ -91,7 +68,7 @@ def _expectations(
     total = sum(task_mix.values())
     declared = {task: share / total for task, share in sorted(task_mix.items()) if share > 0}
     distinct = {
-        column: sorted(_plain(v) for v in frame[column].unique()) for column in ("task", "final_width", "aux_width")
+        column: sorted(plain(v) for v in frame[column].unique()) for column in ("task", "final_width", "aux_width")
     }
     checks = [
         ("at least one sequence", gxe.ExpectTableRowCountToBeBetween(min_value=1), ">= 1", None),
@@ -185,36 +162,17 @@ def run_data_checks(
     vocab_size = _config_value(target_config, "vocab_size")
     frame = _frame(dataset.summary_rows(), task_mix)
 
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-    import great_expectations as gx
-    import great_expectations.expectations as gxe
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-
-    checks = _expectations(gxe, frame, task_mix, tolerance, hidden_size, vocab_size, dataset.has_aux)
-    context = gx.get_context(mode="ephemeral")
-    context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    batch_definition = (
-        context.data_sources.add_pandas("shards")
-        .add_dataframe_asset("sequences")
-        .add_batch_definition_whole_dataframe("all")
+    checks = _expectations(expectation_types(), frame, task_mix, tolerance, hidden_size, vocab_size, dataset.has_aux)
+    outcomes = run_expectations(
+        "hidden-state-dataset", frame, [check[1] for check in checks], {"result_format": "SUMMARY"}
     )
-    suite = context.suites.add(gx.ExpectationSuite(name="hidden-state-dataset"))
-    for index, (_, expectation, _, _) in enumerate(checks):
-        expectation.meta = {"check_index": index}
-        suite.add_expectation(expectation)
-    validation = context.validation_definitions.add(
-        gx.ValidationDefinition(name="hidden-state-dataset", data=batch_definition, suite=suite)
-    )
-    result = validation.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
 
     report = DataCheckReport(sequences=len(frame))
-    by_index = _by_check_index(result.results)
-    for index, (check, _expectation, expected, observed_fallback) in enumerate(checks):
-        outcome = by_index[index]
-        config = _config(outcome)
+    for (check, _expectation, expected, observed_fallback), outcome in zip(checks, outcomes, strict=True):
+        config = expectation_of(outcome)
         kwargs = config.kwargs
         name = f"{config.type}({kwargs['column']})" if "column" in kwargs else config.type
-        observed = _plain((outcome.result or {}).get("observed_value"))
+        observed = plain((outcome.result or {}).get("observed_value"))
         if observed is None:
             observed = observed_fallback
         raised = (outcome.exception_info or {}).get("raised_exception")

@@ -33,7 +33,7 @@ import json
 import logging
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,22 +147,44 @@ def paired_speedup(spec: list, plain: list) -> float:
     return median(ratios) if ratios else math.nan
 
 
+@dataclass(frozen=True)
+class _Workload:
+    """What the checklist runs, whichever way its backend measures it."""
+
+    requests: list[EvalRequest]  # the validation set
+    long_requests: list[EvalRequest]
+    captured_requests: list[EvalRequest]  # held-out captured traffic (empty when none was given)
+    profile: ValidationProfile
+    seed: int
+    stress: StressLoad | None
+    knee_floor: float  # the acceptance the knee must clear
+    logger: Any
+
+
+@dataclass
+class _AtKnee:
+    """The validation set at the gamma that will be served, after any step down from the sweep's knee."""
+
+    knee: int
+    rejected: list[dict]  # gammas validated before the knee and stepped down from: {gamma, failed_gates}
+    spec: list[RequestResult]  # the validation set at the knee, at the deployment's temperature
+    spec_greedy: list[RequestResult]  # T=0 with speculation (the validation set itself when T is 0)
+    captured: list[RequestResult]  # held-out captured traffic at the knee (empty when none was given)
+    plain: list[RequestResult] | None  # the set with speculation off, where it ran paired with `spec`
+
+
 @dataclass
 class _Runs:
     """Every request the checklist ran, by purpose; the gates are judged from these."""
 
     sweep: list[dict]
     sweep_plain_tpot: float
-    knee: int
     fastest: int
-    rejected: list[dict]  # gammas validated before the knee and stepped down from: {gamma, failed_gates}
-    spec: list[RequestResult]  # the validation set at the knee, at the deployment's temperature
-    plain: list[RequestResult]  # the same requests with speculation off
-    spec_greedy: list[RequestResult]  # T=0 with speculation (the validation set itself when T is 0)
+    at_knee: _AtKnee
+    plain: list[RequestResult]  # the validation set with speculation off
     plain_greedy: list[RequestResult]
     long: list[RequestResult]
     stress: dict | None  # `stress.stress_comparison` (+ `schedule_check`); None when stress did not run
-    captured: list[RequestResult]  # held-out captured traffic at the knee (empty when none was given)
 
 
 def _long_requests(
@@ -259,52 +281,49 @@ def _step_down(
     return True
 
 
-def _measure_request_by_request(
+def _settle_knee(
     backend: EvaluationBackend,
-    requests: list[EvalRequest],
-    long_requests: list[EvalRequest],
-    profile: ValidationProfile,
-    seed: int,
-    logger: Any,
-    stress: StressLoad | None,
-    knee_floor: float,
-    captured_requests: list[EvalRequest],
-) -> _Runs:
-    """Where switching gamma is free (the reference engine): the sweep, then each request with speculation and
-    without back to back, so a burst of load on a shared machine hits both sides of a ratio."""
-    temperature = profile.temperature
-    sweep, sweep_plain_tpot = _sweep(backend, requests[: profile.sweep_requests], profile, seed)
-    knee, fastest = _knee(sweep, profile, knee_floor, logger)
-    greedy_set = requests[:GREEDY_CHECK_REQUESTS]
+    work: _Workload,
+    candidates: list[int],
+    validation_set: Callable[[int], tuple[list[RequestResult], list[RequestResult] | None]],
+) -> _AtKnee:
+    """Validate at each candidate gamma, largest first, until one clears the acceptance gates (`_step_down`).
+    `validation_set(gamma)` runs the validation set at that gamma, and the plain runs it paired with, if any."""
+    profile, seed, captured_requests = work.profile, work.seed, work.captured_requests
+    greedy_set, temperature = work.requests[:GREEDY_CHECK_REQUESTS], profile.temperature
     rejected: list[dict] = []
-    candidates = _knee_candidates(sweep, knee)
     for gamma in candidates:
-        spec, plain = _paired_runs(backend, requests, gamma, temperature, seed)
+        spec, plain = validation_set(gamma)
         spec_greedy = backend.generate(greedy_set, gamma, 0.0, seed) if temperature > 0 else spec
         captured = backend.generate(captured_requests, gamma, temperature, seed + 3000) if captured_requests else []
-        if not _step_down(gamma, candidates, spec, spec_greedy, profile, rejected, logger, captured):
+        if not _step_down(gamma, candidates, spec, spec_greedy, profile, rejected, work.logger, captured):
             break
-    knee = gamma
+    return _AtKnee(gamma, rejected, spec, spec_greedy, captured, plain)
+
+
+def _measure_request_by_request(backend: EvaluationBackend, work: _Workload) -> _Runs:
+    """Where switching gamma is free (the reference engine): the sweep, then each request with speculation and
+    without back to back, so a burst of load on a shared machine hits both sides of a ratio."""
+    requests, profile, seed, stress = work.requests, work.profile, work.seed, work.stress
+    temperature = profile.temperature
+    sweep, sweep_plain_tpot = _sweep(backend, requests[: profile.sweep_requests], profile, seed)
+    knee, fastest = _knee(sweep, profile, work.knee_floor, work.logger)
+    greedy_set = requests[:GREEDY_CHECK_REQUESTS]
+    at_knee = _settle_knee(
+        backend,
+        work,
+        _knee_candidates(sweep, knee),
+        lambda gamma: _paired_runs(backend, requests, gamma, temperature, seed),
+    )
+    knee, plain = at_knee.knee, at_knee.plain
+    assert plain is not None  # paired with the validation set at every gamma
     plain_greedy = backend.generate(greedy_set, 0, 0.0, seed) if temperature > 0 else plain  # the same at any gamma
-    long = backend.generate(long_requests, knee, temperature, seed + 1000)
+    long = backend.generate(work.long_requests, knee, temperature, seed + 1000)
     stressed = None
     if stress is not None:
         backend.prepare_endpoints([knee, 0])  # both halves of stress: started side by side, before either runs
         stressed = _finish_stress(backend, stress, knee, stress.run(backend.endpoint(knee), SERVED_NAME))
-    return _Runs(
-        sweep,
-        sweep_plain_tpot,
-        knee,
-        fastest,
-        rejected,
-        spec,
-        plain,
-        spec_greedy,
-        plain_greedy,
-        long,
-        stressed,
-        captured,
-    )
+    return _Runs(sweep, sweep_plain_tpot, fastest, at_knee, plain, plain_greedy, long, stressed)
 
 
 def _finish_stress(backend: EvaluationBackend, stress: StressLoad, knee: int, speculative: dict) -> dict:
@@ -319,23 +338,14 @@ def _finish_stress(backend: EvaluationBackend, stress: StressLoad, knee: int, sp
     )
 
 
-def _measure_gamma_by_gamma(
-    backend: EvaluationBackend,
-    requests: list[EvalRequest],
-    long_requests: list[EvalRequest],
-    profile: ValidationProfile,
-    seed: int,
-    logger: Any,
-    stress: StressLoad | None,
-    knee_floor: float,
-    captured_requests: list[EvalRequest],
-) -> _Runs:
+def _measure_gamma_by_gamma(backend: EvaluationBackend, work: _Workload) -> _Runs:
     """Where each gamma is its own engine (vLLM): everything a server is needed for runs while it is up. The sweep
     runs from the largest gamma down, as the knee is usually a small one; the knee's requests and the speculative
     half of stress then reuse the last server when it is the knee's; plain decoding (the validation set, the greedy
     set at T>0, the plain half of stress) comes next on one server, and the relaunch with the measured schedule
     last. That is one start per swept gamma, one for plain decoding, one for the schedule, one more only when
     the knee is not the smallest gamma, and one per step down to a smaller gamma."""
+    requests, profile, seed, stress = work.requests, work.profile, work.seed, work.stress
     temperature = profile.temperature
     sweep_count = min(len(requests), profile.sweep_requests)
     greedy_set = requests[:GREEDY_CHECK_REQUESTS]
@@ -344,19 +354,17 @@ def _measure_gamma_by_gamma(
         for gamma in sorted(_sweep_gammas(backend, profile), reverse=True)
     }
     sweep = [_sweep_row(gamma, by_gamma[gamma]) for gamma in sorted(by_gamma)]
-    knee, fastest = _knee(sweep, profile, knee_floor, logger)
-    rejected: list[dict] = []
-    candidates = _knee_candidates(sweep, knee)
-    for gamma in candidates:
+    knee, fastest = _knee(sweep, profile, work.knee_floor, work.logger)
+
+    def validation_set(gamma: int) -> tuple[list[RequestResult], None]:
         spec = by_gamma[gamma] + backend.generate(requests[sweep_count:], gamma, temperature, seed + sweep_count)
         for index, result in enumerate(spec):
             result.index = index
-        spec_greedy = backend.generate(greedy_set, gamma, 0.0, seed) if temperature > 0 else spec
-        captured = backend.generate(captured_requests, gamma, temperature, seed + 3000) if captured_requests else []
-        if not _step_down(gamma, candidates, spec, spec_greedy, profile, rejected, logger, captured):
-            break
-    knee = gamma
-    long = backend.generate(long_requests, knee, temperature, seed + 1000)
+        return spec, None
+
+    at_knee = _settle_knee(backend, work, _knee_candidates(sweep, knee), validation_set)
+    knee = at_knee.knee
+    long = backend.generate(work.long_requests, knee, temperature, seed + 1000)
     speculative_stress = stress.run(backend.endpoint(knee), SERVED_NAME) if stress is not None else None
 
     plain = backend.generate(requests, 0, temperature, seed)
@@ -365,20 +373,7 @@ def _measure_gamma_by_gamma(
     if stress is not None and speculative_stress is not None:
         stressed = _finish_stress(backend, stress, knee, speculative_stress)
     sweep_plain_tpot = pooled_tpot_ms(plain[:sweep_count])
-    return _Runs(
-        sweep,
-        sweep_plain_tpot,
-        knee,
-        fastest,
-        rejected,
-        spec,
-        plain,
-        spec_greedy,
-        plain_greedy,
-        long,
-        stressed,
-        captured,
-    )
+    return _Runs(sweep, sweep_plain_tpot, fastest, at_knee, plain, plain_greedy, long, stressed)
 
 
 def run_checklist(
@@ -429,9 +424,12 @@ def run_checklist(
     measure = _measure_request_by_request if getattr(backend, "cheap_gamma_switch", False) else _measure_gamma_by_gamma
     knee_floor = max(profile.min_acceptance, stale_threshold or 0.0)
     captured_requests = [EvalRequest(prompt, CAPTURED_TASK, profile.max_tokens) for prompt in captured_prompts]
-    runs = measure(backend, requests, long_requests, profile, seed, logger, stress, knee_floor, captured_requests)
-    sweep, knee, fastest = runs.sweep, runs.knee, runs.fastest
-    spec, plain, spec_greedy, plain_greedy, long = runs.spec, runs.plain, runs.spec_greedy, runs.plain_greedy, runs.long
+    work = _Workload(requests, long_requests, captured_requests, profile, seed, stress, knee_floor, logger)
+    runs = measure(backend, work)
+    at_knee = runs.at_knee
+    sweep, knee, fastest, rejected = runs.sweep, at_knee.knee, runs.fastest, at_knee.rejected
+    spec, spec_greedy, captured = at_knee.spec, at_knee.spec_greedy, at_knee.captured
+    plain, plain_greedy, long = runs.plain, runs.plain_greedy, runs.long
     acceptance, greedy_acceptance = summarize_acceptance(spec), summarize_acceptance(spec_greedy)
     speedup = paired_speedup(spec, plain)
     long_summary = summarize_acceptance(long)
@@ -481,7 +479,6 @@ def run_checklist(
         ),
         Gate("drafter_memory_overhead", overhead, profile.max_memory_overhead, "<=", "drafter / target weight bytes"),
     )
-    captured = runs.captured
     captured_summary = summarize_acceptance(captured) if captured else None
     gates += _captured_gates(profile, captured, knee)
     rows = [{**r.row(), "phase": "validation", "gamma": knee} for r in spec]
@@ -496,9 +493,9 @@ def run_checklist(
         gamma_sweep=sweep,
         gamma_knee=knee,
         gamma_fastest=fastest,
-        knee_reason=knee_reason(sweep, knee, fastest, runs.rejected, profile.knee_tolerance, knee_floor),
+        knee_reason=knee_reason(sweep, knee, fastest, rejected, profile.knee_tolerance, knee_floor),
         captured_acceptance=AcceptanceFigures.of(captured_summary) if captured_summary else None,
-        gammas_rejected=runs.rejected,
+        gammas_rejected=rejected,
         sweep_plain_tpot_ms=round(runs.sweep_plain_tpot, 4),
         acceptance=AcceptanceFigures.of(acceptance),
         acceptance_greedy=round(greedy_acceptance.mean, 4),

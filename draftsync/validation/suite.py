@@ -15,19 +15,15 @@ Three points where GE 1.24 differs from the gates, all settled here:
 - Bounds: GE's quantile ranges are inclusive and also accept a value within 1e-4 (relative) of a bound;
   the gates are strict (P5 > threshold), so each quantile gate compares GE's value with its threshold
   itself. The mean uses GE's own `strict_min`.
-
-Runs through `Batch.validate`, not a stored `ValidationDefinition`: with numpy 2, GE 1.24 cannot serialise
-the quantile expectation's numpy booleans into its validation-results store.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 from draftsync.errors import DraftsyncError
-from draftsync.validation.data_checks import _by_check_index, _config, _plain
+from draftsync.validation.expectations import expectation_of, expectation_types, plain, run_expectations
 
 REQUIRED_COLUMNS = ("request", "task", "output_tokens", "drafts", "draft_tokens", "accepted", "acceptance_rate")
 THRESHOLD_KEYS = ("min_acceptance", "p50", "p5", "tasks")
@@ -85,7 +81,7 @@ def _expectations(
     gxe: Any, frame: Any, min_acceptance: float, p50: float, p5: float, tasks: list[str]
 ) -> list[dict[str, Any]]:
     """Each gate: stable name, GE expectation, expected in words, the gates a quantile check splits into, fallback."""
-    observed_tasks = sorted(_plain(t) for t in frame["task"].dropna().unique())
+    observed_tasks = sorted(plain(t) for t in frame["task"].dropna().unique())
 
     return [
         {
@@ -149,11 +145,11 @@ def _observed(result: dict, fallback: Any) -> Any:
     if "observed_value" in result and result["observed_value"] is not None:
         value = result["observed_value"]
         if isinstance(value, dict) and "values" in value:  # quantiles, in the order asked for
-            return dict(zip(QUANTILES, (_plain(v) for v in value["values"]), strict=True))
-        return _plain(value)
+            return dict(zip(QUANTILES, (plain(v) for v in value["values"]), strict=True))
+        return plain(value)
     if "unexpected_count" in result and "element_count" in result:
         rows = result.get("partial_unexpected_index_list") or []  # each with its request id
-        offending = [{key: _plain(v) for key, v in row.items()} for row in rows]
+        offending = [{key: plain(v) for key, v in row.items()} for row in rows]
         return {"unexpected_count": int(result["unexpected_count"]), "unexpected": offending}
     return fallback
 
@@ -171,34 +167,18 @@ def run_validation_suite(rows: list[dict], thresholds: dict) -> dict:
     min_acceptance, p50, p5, tasks = _check_thresholds(thresholds)
     frame = _frame(rows)
 
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-    import great_expectations as gx
-    import great_expectations.expectations as gxe
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-
-    checks = _expectations(gxe, frame, min_acceptance, p50, p5, tasks)
-    context = gx.get_context(mode="ephemeral")
-    context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    batch = (
-        context.data_sources.add_pandas("requests")
-        .add_dataframe_asset("per-request-results")
-        .add_batch_definition_whole_dataframe("all")
-        .get_batch(batch_parameters={"dataframe": frame})
-    )
-    suite = gx.ExpectationSuite(name="drafter-validation-gates")
-    for index, check in enumerate(checks):
-        check["expectation"].meta = {"check_index": index}
-        suite.add_expectation(check["expectation"])
-    result = batch.validate(
-        suite, result_format={"result_format": "SUMMARY", "unexpected_index_column_names": ["request"]}
+    checks = _expectations(expectation_types(), frame, min_acceptance, p50, p5, tasks)
+    outcomes = run_expectations(
+        "drafter-validation-gates",
+        frame,
+        [check["expectation"] for check in checks],
+        {"result_format": "SUMMARY", "unexpected_index_column_names": ["request"]},
     )
 
-    by_index = _by_check_index(result.results)
     expectations: list[dict[str, Any]] = []
     quantiles: dict[str, float | None] = {key: None for key in QUANTILES}
-    for index, check in enumerate(checks):
-        outcome = by_index[index]
-        config = _config(outcome)
+    for check, outcome in zip(checks, outcomes, strict=True):
+        config = expectation_of(outcome)
         kwargs = config.kwargs
         columns = kwargs.get("column") or ",".join(kwargs[k] for k in ("column_A", "column_B") if k in kwargs)
         label = f"{config.type}({columns})" if columns else config.type
