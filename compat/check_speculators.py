@@ -224,10 +224,11 @@ def family_target(family: str, directory: Path):
 
 def check_variant(name: str, flags: dict, target, target_dir: Path, work: Path, seed: int) -> dict:
     import torch
+    from draftsync.speculative.methods.checkpoint_files import SavedFor
     from draftsync.speculative.methods.eagle3.checkpoint import load_eagle3, save_eagle3
 
     drafter = random_drafter(target.config, flags, seed)
-    drafter_dir = save_eagle3(drafter, work / name, str(target_dir), [type(target).__name__], speculative_tokens=3)
+    drafter_dir = save_eagle3(drafter, work / name, SavedFor(str(target_dir), (type(target).__name__,), 3))
     ours = load_eagle3(drafter_dir)
     result: dict = {"method": ours.method, "flags": flags}
     # speculators' draft layer attends over the whole sequence; a windowed target's drafter (Mistral: vLLM windows the

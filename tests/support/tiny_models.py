@@ -38,6 +38,7 @@ def build_tiny_target(directory: Path, seed: int = 0, hidden_size: int = 32) -> 
 def build_tiny_drafter(target_dir: Path, directory: Path, gamma: int, seed: int = 0) -> Path:
     """A random EAGLE-3 drafter for the tiny target, started from the target's embeddings and head."""
     import torch
+    from draftsync.speculative.methods.checkpoint_files import SavedFor
     from draftsync.speculative.methods.eagle3.checkpoint import save_eagle3
     from draftsync.speculative.methods.eagle3.model import Eagle3Config, Eagle3Drafter
     from draftsync.speculative.targets import load_target
@@ -46,4 +47,4 @@ def build_tiny_drafter(target_dir: Path, directory: Path, gamma: int, seed: int 
     torch.manual_seed(seed)
     drafter = Eagle3Drafter(Eagle3Config.for_target(target.config))
     drafter.initialise_from_target(target)
-    return save_eagle3(drafter, directory, str(target_dir), list(target.config.architectures), gamma)
+    return save_eagle3(drafter, directory, SavedFor(str(target_dir), tuple(target.config.architectures), gamma))

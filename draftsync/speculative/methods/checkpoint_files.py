@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,25 @@ if TYPE_CHECKING:
 
 CONFIG_FILE = "config.json"
 RESAVE = "re-save the drafter with draftsync.speculative.methods.registry.save_drafter (or re-train it)"
+
+
+@dataclass(frozen=True)
+class SavedFor:
+    """What every drafter format records beside its weights: the target it drafts for and the gamma it runs at."""
+
+    verifier_name_or_path: str
+    verifier_architectures: tuple[str, ...]
+    speculative_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.speculative_tokens < 1:
+            raise DraftsyncError(
+                f"speculative_tokens={self.speculative_tokens} is below 1",
+                "record the gamma the drafter is meant to run with (>= 1)",
+            )
+
+    def verifier(self) -> dict[str, Any]:
+        return {"name_or_path": self.verifier_name_or_path, "architectures": list(self.verifier_architectures)}
 
 
 def bf16_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

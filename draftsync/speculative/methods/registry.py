@@ -39,6 +39,7 @@ from draftsync.speculative.methods import (
     TRAINED_METHODS,
     eagle3_variant,
 )
+from draftsync.speculative.methods.checkpoint_files import SavedFor
 
 if TYPE_CHECKING:
     import torch
@@ -55,8 +56,7 @@ class MethodCode:
       `options` and no others; aux layer ids reach only a method that reads the target's aux states;
     - `build_to_train(target_config, draft_vocab_size, aux_layer_ids, medusa_heads, draft_model_parameters)`: the
       drafter the trainer starts from, with the sizes the trainer's config gives the methods that take them;
-    - `save(drafter, out_dir, verifier_name_or_path, verifier_architectures, speculative_tokens)` and
-      `load(directory, dtype)`: its checkpoint format;
+    - `save(drafter, out_dir, saved_for)` and `load(directory, dtype)`: its checkpoint format;
     - `propose(drafter)`: the proposer the reference engine drafts with; for a method without a model,
       `propose(**options)`.
     """
@@ -64,7 +64,7 @@ class MethodCode:
     options: tuple[str, ...] = ()
     build: Callable[..., Drafter] | None = None
     build_to_train: Callable[..., Drafter] | None = None
-    save: Callable[[Any, str | Path, str, list[str], int], Path] | None = None
+    save: Callable[[Any, str | Path, SavedFor], Path] | None = None
     load: Callable[[str | Path, torch.dtype | None], Drafter] | None = None
     propose: Callable[..., Proposer] | None = None
 
@@ -145,13 +145,13 @@ def _draft_model() -> MethodCode:
         budget = parameters or parameter_count(new_drafter(EAGLE3.name, target_config)).own
         return DraftModelDrafter.for_budget(target_config, budget)
 
-    def save(drafter, out_dir, verifier_name_or_path, verifier_architectures, speculative_tokens):
+    def save(drafter, out_dir, saved_for: SavedFor):
         return save_draft_model(
             drafter,
             out_dir,
-            verifier_name_or_path=verifier_name_or_path,
-            verifier_architectures=list(verifier_architectures),
-            speculative_tokens=int(speculative_tokens),
+            verifier_name_or_path=saved_for.verifier_name_or_path,
+            verifier_architectures=list(saved_for.verifier_architectures),
+            speculative_tokens=saved_for.speculative_tokens,
         )
 
     return MethodCode(build_to_train=build_to_train, save=save, load=load_draft_model, propose=DraftModelProposer)
@@ -262,7 +262,9 @@ def save_drafter(
             f"a drafter of method {method!r} ({type(drafter).__name__}) has no checkpoint format here",
             f"save_drafter writes {', '.join(CHECKPOINT_METHODS)} drafters",
         )
-    return save(drafter, out_dir, verifier_name_or_path, verifier_architectures, speculative_tokens)
+    return save(
+        drafter, out_dir, SavedFor(verifier_name_or_path, tuple(verifier_architectures), int(speculative_tokens))
+    )
 
 
 def drafter_method(directory: str | Path) -> str:

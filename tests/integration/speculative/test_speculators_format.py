@@ -8,6 +8,7 @@ import pytest
 import torch
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.engine.decoding import SpeculativeEngine
+from draftsync.speculative.methods.checkpoint_files import SavedFor
 from draftsync.speculative.methods.eagle3.checkpoint import load_eagle3, save_eagle3
 from draftsync.speculative.methods.eagle3.model import Eagle3Config, Eagle3Drafter
 from safetensors import safe_open
@@ -35,7 +36,7 @@ TOP_LEVEL_KEYS = {
 
 
 def save(drafter, directory, gamma=3):
-    return save_eagle3(drafter, directory, "/models/target-v1", ["LlamaForCausalLM"], gamma)
+    return save_eagle3(drafter, directory, SavedFor("/models/target-v1", ("LlamaForCausalLM",), gamma))
 
 
 def test_config_has_the_speculators_eagle3_fields(trained_drafter, tmp_path):
@@ -178,7 +179,7 @@ def test_config_without_required_fields_is_named(saved):
 
 def test_saving_needs_a_positive_gamma(trained_drafter, tmp_path):
     with pytest.raises(DraftsyncError, match="speculative_tokens"):
-        save_eagle3(trained_drafter, tmp_path / "x", "t", ["LlamaForCausalLM"], 0)
+        save_eagle3(trained_drafter, tmp_path / "x", SavedFor("t", ("LlamaForCausalLM",), 0))
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import torch
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.data.draft_vocab import build_draft_vocab
 from draftsync.speculative.data.hidden_states import capture
+from draftsync.speculative.methods.checkpoint_files import SavedFor
 from draftsync.speculative.methods.eagle1.checkpoint import load_eagle, save_eagle
 from draftsync.speculative.methods.eagle1.model import EagleConfig, EagleDrafter
 from safetensors.torch import load_file
@@ -173,7 +174,7 @@ def test_loss_falls_and_the_head_learns_the_next_token_on_a_fixed_batch(target, 
 
 # ---- checkpoint ------------------------------------------------------------------------------------
 def save(drafter, directory, gamma=3):
-    return save_eagle(drafter, directory, "/models/target-v1", ["LlamaForCausalLM"], gamma)
+    return save_eagle(drafter, directory, SavedFor("/models/target-v1", ("LlamaForCausalLM",), gamma))
 
 
 def test_checkpoint_holds_exactly_what_vllm_loads(target, tmp_path):

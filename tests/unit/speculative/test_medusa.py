@@ -11,6 +11,7 @@ from draftsync.speculative.data.draft_vocab import build_draft_vocab
 from draftsync.speculative.data.hidden_states import capture
 from draftsync.speculative.data.training_batch import TrainingBatch
 from draftsync.speculative.engine.decoding import SpeculativeEngine
+from draftsync.speculative.methods.checkpoint_files import SavedFor
 from draftsync.speculative.methods.medusa.checkpoint import load_medusa, save_medusa
 from draftsync.speculative.methods.medusa.model import MedusaConfig, MedusaDrafter
 from draftsync.speculative.methods.registry import load_drafter
@@ -166,7 +167,7 @@ def test_heads_without_a_target_in_a_short_window_count_nothing(target, chain_ba
 
 # ---- checkpoint ------------------------------------------------------------------------------------
 def save(drafter, directory, gamma=3):
-    return save_medusa(drafter, directory, "/models/target-v1", ["LlamaForCausalLM"], gamma)
+    return save_medusa(drafter, directory, SavedFor("/models/target-v1", ("LlamaForCausalLM",), gamma))
 
 
 def test_config_is_vllms_medusa_config_with_our_fields(target, tmp_path):

@@ -25,6 +25,7 @@ from draftsync.speculative.methods import EAGLE
 from draftsync.speculative.methods.checkpoint_files import (
     CONFIG_FILE,
     RESAVE,
+    SavedFor,
     bf16_tensors,
     check_tensors,
     config_value,
@@ -45,9 +46,7 @@ ARCHITECTURE = "LlamaForCausalLM"
 DRAFTER_KIND = EAGLE.name  # config.json's `draftsync_drafter`
 
 
-def eagle_config(
-    drafter: EagleDrafter, verifier_name_or_path: str, verifier_architectures: list[str], speculative_tokens: int
-) -> dict[str, Any]:
+def eagle_config(drafter: EagleDrafter, saved_for: SavedFor) -> dict[str, Any]:
     """The whole config.json of an EAGLE-1 drafter directory."""
     import transformers
 
@@ -59,32 +58,21 @@ def eagle_config(
         **transformer_layer_config(drafter),
         "transformers_version": transformers.__version__,
         "draftsync_drafter": DRAFTER_KIND,
-        "draftsync_verifier": {"name_or_path": verifier_name_or_path, "architectures": list(verifier_architectures)},
-        "draftsync_speculative_tokens": speculative_tokens,
+        "draftsync_verifier": saved_for.verifier(),
+        "draftsync_speculative_tokens": saved_for.speculative_tokens,
         "draftsync_loss_weights": {"feature": config.feature_loss_weight, "token": config.token_loss_weight},
     }
 
 
-def save_eagle(
-    drafter: EagleDrafter,
-    out_dir: str | Path,
-    verifier_name_or_path: str,
-    verifier_architectures: list[str],
-    speculative_tokens: int,
-) -> Path:
+def save_eagle(drafter: EagleDrafter, out_dir: str | Path, saved_for: SavedFor) -> Path:
     """Write the drafter to `out_dir` (created; files replaced atomically) and return the directory."""
-    if speculative_tokens < 1:
-        raise DraftsyncError(
-            f"speculative_tokens={speculative_tokens} is below 1",
-            "record the gamma the drafter is meant to run with (>= 1)",
-        )
     state = bf16_tensors(drafter.state_dict())
     copies = {name: state.pop(name) for name in drafter.target_copy_names}
     index = {
         "metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
         "weight_map": {name: WEIGHTS_FILE for name in sorted(state)},
     }
-    config = eagle_config(drafter, verifier_name_or_path, verifier_architectures, speculative_tokens)
+    config = eagle_config(drafter, saved_for)
     return write_directory(
         out_dir, {WEIGHTS_FILE: state, TARGET_EMBEDDINGS_FILE: copies}, {INDEX_FILE: index, CONFIG_FILE: config}
     )

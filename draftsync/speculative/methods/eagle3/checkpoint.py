@@ -14,6 +14,7 @@ from draftsync.errors import DraftsyncError
 from draftsync.speculative.methods import EAGLE3
 from draftsync.speculative.methods.checkpoint_files import (
     CONFIG_FILE,
+    SavedFor,
     bf16_tensors,
     check_tensors,
     read_json,
@@ -60,9 +61,7 @@ def transformer_layer_config(drafter: Eagle3Drafter | EagleDrafter) -> dict[str,
     }
 
 
-def speculators_config(
-    drafter: Eagle3Drafter, verifier_name_or_path: str, verifier_architectures: list[str], speculative_tokens: int
-) -> dict[str, Any]:
+def speculators_config(drafter: Eagle3Drafter, saved_for: SavedFor) -> dict[str, Any]:
     """The whole config.json of a drafter directory."""
     import transformers
 
@@ -76,13 +75,13 @@ def speculators_config(
             "proposal_methods": [
                 {
                     "proposal_type": "greedy",
-                    "speculative_tokens": speculative_tokens,
+                    "speculative_tokens": saved_for.speculative_tokens,
                     "verifier_accept_k": 1,
                     "accept_tolerance": 0.0,
                 }
             ],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier_name_or_path, "architectures": list(verifier_architectures)},
+            "verifier": saved_for.verifier(),
         },
         "transformer_layer_config": transformer_layer_config(drafter),
         "draft_vocab_size": config.draft_vocab_size,
@@ -98,20 +97,9 @@ def speculators_config(
     }
 
 
-def save_eagle3(
-    drafter: Eagle3Drafter,
-    out_dir: str | Path,
-    verifier_name_or_path: str,
-    verifier_architectures: list[str],
-    speculative_tokens: int,
-) -> Path:
+def save_eagle3(drafter: Eagle3Drafter, out_dir: str | Path, saved_for: SavedFor) -> Path:
     """Write the drafter to `out_dir` (created; files replaced atomically) and return the directory."""
-    if speculative_tokens < 1:
-        raise DraftsyncError(
-            f"speculative_tokens={speculative_tokens} is below 1",
-            "record the gamma the drafter is meant to run with (>= 1)",
-        )
-    config = speculators_config(drafter, verifier_name_or_path, verifier_architectures, speculative_tokens)
+    config = speculators_config(drafter, saved_for)
     return write_directory(out_dir, {WEIGHTS_FILE: bf16_tensors(drafter.state_dict())}, {CONFIG_FILE: config})
 
 

@@ -38,6 +38,7 @@ from draftsync.errors import DraftsyncError
 from draftsync.speculative.methods import MEDUSA
 from draftsync.speculative.methods.checkpoint_files import (
     CONFIG_FILE,
+    SavedFor,
     bf16_tensors,
     check_tensors,
     config_value,
@@ -56,9 +57,7 @@ ARCHITECTURE = "MedusaModel"
 DRAFTER_KIND = MEDUSA.name  # config.json's `draftsync_drafter`
 
 
-def medusa_config(
-    drafter: MedusaDrafter, verifier_name_or_path: str, verifier_architectures: list[str], speculative_tokens: int
-) -> dict[str, Any]:
+def medusa_config(drafter: MedusaDrafter, saved_for: SavedFor) -> dict[str, Any]:
     """The whole config.json of a Medusa drafter directory."""
     config = drafter.config
     return {
@@ -73,8 +72,8 @@ def medusa_config(
         "medusa_fc_bias": True,
         "draft_vocab_size": config.draft_vocab_size,
         "loss_decay": config.loss_decay,
-        "speculative_tokens": speculative_tokens,
-        "verifier": {"name_or_path": verifier_name_or_path, "architectures": list(verifier_architectures)},
+        "speculative_tokens": saved_for.speculative_tokens,
+        "verifier": saved_for.verifier(),
         "torch_dtype": "bfloat16",
     }
 
@@ -87,18 +86,12 @@ def widened_head(rows: torch.Tensor, draft_ids: torch.Tensor, vocab_size: int) -
     return head.contiguous()
 
 
-def save_medusa(
-    drafter: MedusaDrafter,
-    out_dir: str | Path,
-    verifier_name_or_path: str,
-    verifier_architectures: list[str],
-    speculative_tokens: int,
-) -> Path:
+def save_medusa(drafter: MedusaDrafter, out_dir: str | Path, saved_for: SavedFor) -> Path:
     """Write the drafter to `out_dir` (created; files replaced atomically) and return the directory."""
     heads = drafter.config.num_heads
-    if not 1 <= speculative_tokens <= heads:
+    if saved_for.speculative_tokens > heads:
         raise DraftsyncError(
-            f"speculative_tokens={speculative_tokens} does not fit a Medusa drafter of {heads} heads",
+            f"speculative_tokens={saved_for.speculative_tokens} does not fit a Medusa drafter of {heads} heads",
             f"record a gamma between 1 and {heads} (one token per head)",
         )
     tensors = bf16_tensors(drafter.state_dict())
@@ -107,7 +100,7 @@ def save_medusa(
         for k in range(heads):
             name = f"lm_heads.{k}.weight"
             tensors[name] = widened_head(tensors[name], draft_ids, drafter.config.vocab_size)
-    config = medusa_config(drafter, verifier_name_or_path, verifier_architectures, speculative_tokens)
+    config = medusa_config(drafter, saved_for)
     return write_directory(out_dir, {WEIGHTS_FILE: tensors}, {CONFIG_FILE: config})
 
 
