@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from draftsync.cli.common import command_group
 from draftsync.cli.demo import demo_command
 from draftsync.cli.drafters import sync, validate
 from draftsync.cli.monitoring import report, scrape
@@ -22,12 +23,7 @@ from draftsync.cli.targets import targets_app
 from draftsync.cli.webhooks import webhooks_app
 from draftsync.errors import DraftsyncError
 
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    rich_markup_mode="markdown",  # docstrings' line breaks join into paragraphs: help reads in sentences
-    help="Keep speculative-decoding drafters in sync with their target LLMs.",
-)
+app = command_group("Keep speculative-decoding drafters in sync with their target LLMs.")
 
 
 @app.callback()

@@ -15,6 +15,17 @@ import typer
 
 from draftsync.errors import DraftsyncError
 
+
+def command_group(help_text: str) -> typer.Typer:
+    """A typer app (the root or a command group) with the CLI's help settings."""
+    return typer.Typer(
+        add_completion=False,
+        no_args_is_help=True,
+        rich_markup_mode="markdown",  # docstrings' line breaks join into paragraphs: help reads in sentences
+        help=help_text,
+    )
+
+
 ProfileOption = Annotated[
     str,
     typer.Option(

@@ -13,15 +13,10 @@ from typing import Annotated, Any
 
 import typer
 
-from draftsync.cli.common import JsonOption, check_registry, write_json
+from draftsync.cli.common import JsonOption, check_registry, command_group, write_json
 from draftsync.errors import DraftsyncError
 
-targets_app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    rich_markup_mode="markdown",  # docstrings' line breaks join into paragraphs: help reads in sentences
-    help="Target models in the registry: register a checkpoint as a new version.",
-)
+targets_app = command_group("Target models in the registry: register a checkpoint as a new version.")
 
 TASK_MIX_EXAMPLE = "--task-mix code=0.5,math=0.5"
 

@@ -11,14 +11,11 @@ from typing import Annotated
 
 import typer
 
-from draftsync.cli.common import JsonOption, write_json
+from draftsync.cli.common import JsonOption, command_group, write_json
 from draftsync.redaction import masked_url
 
-webhooks_app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    rich_markup_mode="markdown",  # docstrings' line breaks join into paragraphs: help reads in sentences
-    help="Receive MLflow registry webhooks (new target versions, alias moves) and register them with MLflow.",
+webhooks_app = command_group(
+    "Receive MLflow registry webhooks (new target versions, alias moves) and register them with MLflow."
 )
 
 
