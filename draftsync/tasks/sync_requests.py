@@ -233,31 +233,21 @@ def handle_registry_change(change: RegistryChange, delivery_id: str) -> dict:
             **answer,
             "action": "ignored: not a target (tag its versions draftsync.kind=target or list it in DRAFTSYNC_TARGETS)",
         }
-    if change.kind == "version_created":
-        asked = request_new_version_sync(
+    alias_moved = change.kind != "version_created"
+    if alias_moved:
+        events.emit(
+            events.TARGET_ALIAS_MOVED,
             change.model_name,
             change.version,
-            source="webhook",
-            now=now,
-            reason=f"version {change.version} registered (webhook {delivery_id})",
+            alias=change.alias or "",
+            payload={"delivery_id": delivery_id},
         )
-        return {**answer, "action": "sync requested" if asked.requested else "sync already requested"}
-    events.emit(
-        events.TARGET_ALIAS_MOVED,
-        change.model_name,
-        change.version,
-        alias=change.alias or "",
-        payload={"delivery_id": delivery_id},
-    )
-    asked = request_sync(
-        change.model_name,
-        change.version,
-        source="webhook",
-        now=now,
-        reason=f"alias {change.alias!r} moved to version {change.version} (webhook {delivery_id})",
-    )
-    return {
-        **answer,
-        "alias": change.alias,
-        "action": "rollout announced; " + ("sync requested" if asked.requested else "sync already requested"),
-    }
+        reason = f"alias {change.alias!r} moved to version {change.version} (webhook {delivery_id})"
+    else:
+        reason = f"version {change.version} registered (webhook {delivery_id})"
+    request = request_sync if alias_moved else request_new_version_sync
+    asked = request(change.model_name, change.version, source="webhook", now=now, reason=reason)
+    said = "sync requested" if asked.requested else "sync already requested"
+    if not alias_moved:
+        return {**answer, "action": said}
+    return {**answer, "alias": change.alias, "action": "rollout announced; " + said}
