@@ -53,8 +53,9 @@ _.process_id
 # Named only in a quoted type (a cast whose import is under TYPE_CHECKING).
 _.PreTrainedModel
 
-# Dataclass fields written out whole (asdict or fields()) as JSON: `status --json`, a sync's result,
-# `recommend --json`'s memory budget, the training report a data-parallel run's ranks hand back.
+# Dataclass fields written out whole (asdict, fields() or records.record_dict) as JSON: `status --json`, a sync's
+# result and its dataset, a validation's, `recommend --json`'s memory budget, the training report a data-parallel
+# run's ranks hand back.
 _.acceptance_7d
 _.target_weights_gb
 _.drafter_share
@@ -65,6 +66,10 @@ _.available_gb
 _.holdout_positions
 _.warm_start_tensors
 _.trainable_held
+_.stages_s
+_.loss_tokens
+_.speculation_schedule_note
+_.trained_for_target_version
 
 # train/speculators.py's scale-out API, as docs/TRAINING.md shows it.
 _.write_token_rows

@@ -23,6 +23,7 @@ from prefect import flow, get_run_logger
 from draftsync.flows.validate import validate
 from draftsync.profiles import SyncProfile
 from draftsync.profiles import profile as named_profile
+from draftsync.records import record_dict
 from draftsync.registry.model_registry import PRODUCTION, drafter_model_name
 from draftsync.speculative.placement import release_shared_targets
 from draftsync.tasks import context, links
@@ -59,23 +60,16 @@ class SyncResult:
     plan: SyncPlan | None = None  # the resource plan the sync followed (planning/sync_plan.py)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "target_name": self.target_name,
-            "target_version": self.target_version,
-            "drafter_name": self.drafter_name,
-            "drafter_version": self.drafter_version,
-            "method": self.method,
-            "gamma": self.gamma,
-            "recommendation": self.recommendation.as_dict(),
-            "passed": self.passed,
-            "validation": self.validation.as_dict(),
-            "training": self.training.as_dict(),
-            "dataset": self.dataset.as_dict(),
-            "data_checks": self.dataset.checks.to_dict(),
-            "stages_s": self.stages_s,
-            "generation": self.generation,
-            "plan": None if self.plan is None else self.plan.to_dict(),
-        }
+        """The fields in their order, each step's result as its own dict; the dataset's checks follow it."""
+        return record_dict(
+            self,
+            after={"dataset": {"data_checks": self.dataset.checks.to_dict()}},
+            recommendation=self.recommendation.as_dict(),
+            validation=self.validation.as_dict(),
+            training=self.training.as_dict(),
+            dataset=self.dataset.as_dict(),
+            plan=None if self.plan is None else self.plan.to_dict(),
+        )
 
 
 @dataclass(frozen=True)

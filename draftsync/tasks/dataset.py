@@ -12,6 +12,7 @@ from prefect.cache_policies import NONE
 
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import SyncProfile
+from draftsync.records import record_dict
 from draftsync.registry.tags import TASK_MIX_TAG, TargetVersion
 from draftsync.serving.traffic_capture import CAPTURED_TASK
 from draftsync.speculative.methods import METHODS
@@ -37,17 +38,7 @@ class DatasetBuild:
     checks: DataCheckReport
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "sequences": self.sequences,
-            "tokens": self.tokens,
-            "loss_tokens": self.loss_tokens,
-            "texts": self.texts,
-            "generated": self.generated,
-            "captured": self.captured,
-            "response_writer": self.response_writer,
-            "tasks": self.tasks,
-        }
+        return record_dict(self, omit={"checks"})
 
 
 def target_task_mix(target_dir: Path, tags: dict[str, str] | None = None) -> dict[str, float]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from draftsync.records import record_dict
 from draftsync.validation.checklist import AcceptanceSummary, Gate
 
 
@@ -71,6 +72,9 @@ class ChecklistResult:
     gamma_sweep: list[dict[str, Any]]  # per gamma: gamma, mean_acceptance_length, acceptance_rate(_lower), tpot_ms
     gamma_knee: int
     gamma_fastest: int  # the best TPOT whatever its acceptance (the knee must also clear the gate)
+    # Why the served gamma (the knee) and not the fastest: a tie, the gate, a step-down. Keyword-only, so that it
+    # stands here, next to the gammas, in as_dict() while it keeps its default.
+    knee_reason: str = field(default="", kw_only=True)
     # Gammas validated before the knee and stepped down from, each with the acceptance gates it failed: [{gamma,
     # failed_gates}]; empty when the sweep's knee cleared them.
     gammas_rejected: list[dict[str, Any]]
@@ -90,7 +94,6 @@ class ChecklistResult:
     requests: RequestCounts
     # The per-request table (requests.csv, the suite's input): too long for the JSON, so not in as_dict().
     rows: list[dict[str, Any]] = field(repr=False)
-    knee_reason: str = ""  # why the served gamma (the knee) and not the fastest: a tie, the gate, a step-down
     # At the knee, on held-out prompts of the traffic a retrain learnt from; None when no traffic was given.
     captured_acceptance: AcceptanceFigures | None = None
 
@@ -103,32 +106,20 @@ class ChecklistResult:
         return [gate.name for gate in self.gates if not gate.passed]
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "profile": self.profile,
-            "backend": self.backend,
-            "temperature": self.temperature,
-            "passed": self.passed,
-            "gates": [gate.to_dict() for gate in self.gates],
-            "gamma_sweep": self.gamma_sweep,
-            "gamma_knee": self.gamma_knee,
-            "gamma_fastest": self.gamma_fastest,
-            "knee_reason": self.knee_reason,
-            "gammas_rejected": self.gammas_rejected,
-            "sweep_plain_tpot_ms": self.sweep_plain_tpot_ms,
-            "acceptance": asdict(self.acceptance),
-            "acceptance_greedy": self.acceptance_greedy,
-            "mean_acceptance_length": self.mean_acceptance_length,
-            "acceptance_by_position": self.acceptance_by_position,
-            "acceptance_by_length": self.acceptance_by_length,
-            "tpot_ms": asdict(self.tpot_ms),
-            "speedup": self.speedup,
-            "stress": self.stress,
-            "speculation_schedule": self.speculation_schedule,
-            "speculation_schedule_note": self.speculation_schedule_note,
-            "memory": asdict(self.memory),
-            "requests": asdict(self.requests),
-            **({"captured_acceptance": asdict(self.captured_acceptance)} if self.captured_acceptance else {}),
-        }
+        """The fields in their order, the verdict after the temperature, captured acceptance only where measured."""
+        out = record_dict(
+            self,
+            omit={"rows", "captured_acceptance"},
+            after={"temperature": {"passed": self.passed}},
+            gates=[gate.to_dict() for gate in self.gates],
+            acceptance=asdict(self.acceptance),
+            tpot_ms=asdict(self.tpot_ms),
+            memory=asdict(self.memory),
+            requests=asdict(self.requests),
+        )
+        if self.captured_acceptance:
+            out["captured_acceptance"] = asdict(self.captured_acceptance)
+        return out
 
 
 @dataclass(frozen=True)
@@ -155,13 +146,8 @@ class ValidationResult:
         """validation.json: written before the promotion it may lead to, into reports_dir, so neither is in it."""
         return {
             **self.checklist.as_dict(),
-            "passed": self.passed,
-            "suite": self.suite,
-            "target_name": self.target_name,
-            "target_version": self.target_version,
-            "drafter_name": self.drafter_name,
-            "drafter_version": self.drafter_version,
-            "trained_for_target_version": self.trained_for_target_version,
+            "passed": self.passed,  # the checklist's key, now with the suite's verdict too
+            **record_dict(self, omit={"checklist", "promoted", "reports_dir"}),
         }
 
     def as_dict(self) -> dict[str, Any]:

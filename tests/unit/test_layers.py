@@ -13,7 +13,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "draftsync"
 # Modules every layer may use: the error type, the settings and the sync profiles, the model-path confinement,
-# atomic file writes, secrets masked in URLs, the statistics validation and the monitors share.
+# atomic file writes, secrets masked in URLs, the statistics validation and the monitors share, a record's JSON dict.
 BASE = {
     "errors",
     "settings",
@@ -23,6 +23,7 @@ BASE = {
     "redaction",
     "user_files",
     "stats",
+    "records",
     "__init__",
     "__main__",
 }
