@@ -120,14 +120,18 @@ class MetricsFleet:
 
     def register(self, store) -> None:
         """One serving pair per endpoint in the monitor store, as a rollout records it."""
+        from draftsync.monitors.tables import ServedPair
+
         for index, url in enumerate(self.urls):
             store.pairs.record(
                 self.deployment(index),
-                target_name=TARGET_NAME,
-                target_version=TARGET_VERSION,
-                drafter_name=f"{TARGET_NAME}-drafter",
-                drafter_version=1,
-                gamma=3,
+                ServedPair(
+                    target_name=TARGET_NAME,
+                    target_version=TARGET_VERSION,
+                    drafter_version=1,
+                    gamma=3,
+                    drafter_name=f"{TARGET_NAME}-drafter",
+                ),
                 endpoint=url,
                 state="serving",
             )

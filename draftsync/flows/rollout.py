@@ -327,16 +327,7 @@ def _launch_and_switch(
 def _record_pair(deployment: ServingDeployment, pair: ServedPair, endpoint: str, state: str) -> None:
     store = context.store()
     store.acceptance.forget_baseline(deployment.name)  # the new instance's counters start from zero
-    store.pairs.record(
-        deployment.name,
-        target_name=deployment.target_name,
-        target_version=pair.target_version,
-        drafter_name=pair.drafter_name,
-        drafter_version=pair.drafter_version,
-        gamma=pair.gamma,
-        endpoint=endpoint,
-        state=state,
-    )
+    store.pairs.record(deployment.name, pair, endpoint=endpoint, state=state)
 
 
 def rollout_previous(deployment: ServingDeployment, snapshot: dict, reason: str) -> dict:

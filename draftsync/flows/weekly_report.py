@@ -91,17 +91,7 @@ def _act(pair, review: dict, specs: dict[str, ServingDeployment], fresh: set[str
                 taken.append(f"fallback FAILED ({type(error).__name__}: {first_line})")
     if any(f.rule == "stale" for f in findings) and pair.state != "stopped":
         current = store.pairs.get(pair.deployment)
-        store.pairs.record(
-            pair.deployment,
-            target_name=current.target_name,
-            target_version=current.target_version,
-            drafter_name=current.drafter_name,
-            drafter_version=current.drafter_version,
-            gamma=current.gamma,
-            endpoint=current.endpoint,
-            state="stale",
-            now=now,
-        )
+        store.pairs.record(pair.deployment, current, endpoint=current.endpoint, state="stale", now=now)
         taken.append("marked stale")
     retrain = [f for f in findings if "retrain" in f.action]
     if retrain and any(f.key in fresh for f in retrain):
@@ -380,15 +370,7 @@ def weekly_report(
     if acting:
         for finding in findings:
             if finding.key in fresh:
-                store.alerts.record(
-                    finding.key,
-                    deployment=finding.deployment,
-                    rule=finding.rule,
-                    severity=finding.severity,
-                    value=finding.value,
-                    sent_at=end,
-                    outbox_id=entry_id,
-                )
+                store.alerts.record_finding(finding, sent_at=end, outbox_id=entry_id)
     logger.info("weekly report %r written to %s (%s)", message["Subject"], eml_path, status)
     _table_artifact(message["Subject"], rows)
     return {

@@ -16,7 +16,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from draftsync.errors import DraftsyncError
-from draftsync.monitors.database import Database, dialect_insert
+from draftsync.monitors.database import Database, Repository, dialect_insert
 from draftsync.monitors.metrics import SpecDecodeCounters, delta
 from draftsync.monitors.rollups import (
     HourlyRow,
@@ -43,12 +43,12 @@ CAPTURE_WATERMARK = "capture/"  # + deployment: the watermark of its capture fil
 REQUEST_RETENTION = timedelta(days=35)
 
 
-class AcceptanceRecords:
+class AcceptanceRecords(Repository):
     """The `samples`, `hourly_rollups`, `scrape_state` and `request_acceptance` tables of the monitor store; the
     capture watermarks are kept in `watermarks`."""
 
     def __init__(self, database: Database, watermarks: Watermarks):
-        self._database = database
+        super().__init__(database)
         self._watermarks = watermarks
 
     # --- scrapes and samples -------------------------------------------------------------------

@@ -7,18 +7,15 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
-from draftsync.monitors.database import Database
-from draftsync.monitors.staleness import SEVERITY_RANK, Severity
+from draftsync.monitors.database import Repository
+from draftsync.monitors.staleness import SEVERITY_RANK, Finding, Severity
 from draftsync.monitors.tables import Alert, as_utc
 
 ALERT_REPEAT_AFTER = timedelta(days=7)
 
 
-class Alerts:
+class Alerts(Repository):
     """The `alerts` table of the monitor store: one row per alert that went out, keyed `deployment:rule`."""
-
-    def __init__(self, database: Database):
-        self._database = database
 
     def should_send(
         self,
@@ -59,6 +56,7 @@ class Alerts:
         sent_at: datetime,
         outbox_id: int | None = None,
     ) -> Alert:
+        """Keep that the alert `key` went out at `sent_at`: the next `should_send` of that key compares with it."""
         with self._database.transaction() as session:
             row = Alert(
                 key=key,
@@ -71,3 +69,15 @@ class Alerts:
             )
             session.add(row)
             return row
+
+    def record_finding(self, finding: Finding, *, sent_at: datetime, outbox_id: int | None = None) -> Alert:
+        """`record` for a weekly review's finding, keyed as its `should_send` was asked (`finding.key`)."""
+        return self.record(
+            finding.key,
+            deployment=finding.deployment,
+            rule=finding.rule,
+            severity=finding.severity,
+            value=finding.value,
+            sent_at=sent_at,
+            outbox_id=outbox_id,
+        )

@@ -4,7 +4,7 @@ SQLite by default, Postgres in production (`postgresql+psycopg://...`). The sche
 when the database is opened (`draftsync.monitors.migrations`). Every read and write of every record kind runs in
 `Database.transaction()`, the one place where a database failing while in use becomes a DraftsyncError naming
 the store, password masked (what it raises is classified in `draftsync.monitors.store_failures`). The record
-kinds themselves are in `draftsync.monitors.store`.
+kinds themselves are in `draftsync.monitors.store`, each a `Repository` over the one database.
 """
 
 from __future__ import annotations
@@ -80,3 +80,10 @@ class Database:
             if failure is None:
                 raise
             raise failure from error
+
+
+class Repository:
+    """One kind of record in the monitor database; its calls run in the database's `transaction()`."""
+
+    def __init__(self, database: Database):
+        self._database = database

@@ -7,15 +7,12 @@ from datetime import datetime
 from sqlalchemy import select, update
 
 from draftsync.errors import DraftsyncError
-from draftsync.monitors.database import Database
+from draftsync.monitors.database import Repository
 from draftsync.monitors.tables import OutboxEntry, OutboxStatus, as_utc, updated_rows
 
 
-class Outbox:
+class Outbox(Repository):
     """The `outbox` table of the monitor store."""
-
-    def __init__(self, database: Database):
-        self._database = database
 
     def add(self, *, subject: str, recipients: list[str], eml_path: str, created_at: datetime) -> OutboxEntry:
         with self._database.transaction() as session:

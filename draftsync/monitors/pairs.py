@@ -8,38 +8,31 @@ from typing import get_args
 from sqlalchemy import select
 
 from draftsync.errors import DraftsyncError
-from draftsync.monitors.database import Database
-from draftsync.monitors.tables import PairState, ServingPair, as_utc
+from draftsync.monitors.database import Repository
+from draftsync.monitors.tables import PairState, ServedPair, ServingPair, as_utc
 
 
-class ServingPairs:
+class ServingPairs(Repository):
     """The `serving_pairs` table of the monitor store: one row per deployment."""
-
-    def __init__(self, database: Database):
-        self._database = database
 
     def record(
         self,
         deployment: str,
+        pair: ServedPair | ServingPair,
         *,
-        target_name: str,
-        target_version: int,
-        drafter_name: str | None,
-        drafter_version: int | None,
-        gamma: int,
         endpoint: str,
         state: PairState,
         now: datetime | None = None,
     ) -> ServingPair:
-        """Record what `deployment` serves now (insert or replace)."""
+        """Record that `deployment` serves `pair` now, at `endpoint` (insert or replace)."""
         _check_pair_state(deployment, state)
         now = as_utc(now or datetime.now(UTC))
         values = dict(
-            target_name=target_name,
-            target_version=int(target_version),
-            drafter_name=drafter_name,
-            drafter_version=None if drafter_version is None else int(drafter_version),
-            gamma=int(gamma),
+            target_name=pair.target_name,
+            target_version=int(pair.target_version),
+            drafter_name=pair.drafter_name,
+            drafter_version=None if pair.drafter_version is None else int(pair.drafter_version),
+            gamma=int(pair.gamma),
             endpoint=endpoint,
             state=state,
             updated_at=now,

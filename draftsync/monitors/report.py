@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from email.message import EmailMessage, MIMEPart
 from email.utils import make_msgid
@@ -127,22 +128,34 @@ def _daily_text(s: DeploymentSummary) -> str:
     return " | ".join(f"{day:%m-%d} {rate:.2f}" for day, rate in s.daily) or "no traffic"
 
 
-def _text_body(
-    summaries: Sequence[DeploymentSummary],
-    by_deployment: Mapping[str, list[Finding]],
-    actions_taken: Mapping[str, Sequence[str]],
-    links: Mapping[str, str],
-    period: tuple[datetime, datetime],
-    notes: Sequence[str],
-) -> str:
+@dataclass(frozen=True)
+class _ReportContent:
+    """What the text body and the HTML body both show: one set of arguments, so the two cannot drift apart."""
+
+    summaries: Sequence[DeploymentSummary]  # in the report's order
+    by_deployment: Mapping[str, list[Finding]]
+    actions_taken: Mapping[str, Sequence[str]]
+    links: Mapping[str, str]
+    period: tuple[datetime, datetime]
+    notes: Sequence[str]
+
+    def findings(self, deployment: str) -> list[Finding]:
+        return self.by_deployment.get(deployment, [])
+
+    def actions(self, deployment: str) -> Sequence[str]:
+        return self.actions_taken.get(deployment, [])
+
+
+def _text_body(content: _ReportContent) -> str:
+    period = content.period
     lines = [
         "draftsync weekly acceptance report",
         f"Period: {period[0]:%Y-%m-%d %H:%M} -> {period[1]:%Y-%m-%d %H:%M} UTC",
     ]
-    lines += [f"Note: {note}" for note in notes]
+    lines += [f"Note: {note}" for note in content.notes]
     lines.append(f"How to read it: {FIGURES_EXPLAINED}")
-    for s in summaries:
-        findings = by_deployment.get(s.deployment, [])
+    for s in content.summaries:
+        findings = content.findings(s.deployment)
         lines += [
             "",
             f"== {s.deployment}: {deployment_state(findings)} ==",
@@ -157,30 +170,22 @@ def _text_body(
         ]
         lines += [f"  [{f.severity.upper()}] {f.message} (action: {f.action})" for f in findings] or ["  none: healthy"]
         lines.append("Action taken:")
-        lines += [f"  - {a}" for a in actions_taken.get(s.deployment, [])] or ["  - none"]
-    if links:
-        lines += ["", "Links:"] + [f"  {label}: {url}" for label, url in links.items()]
+        lines += [f"  - {a}" for a in content.actions(s.deployment)] or ["  - none"]
+    if content.links:
+        lines += ["", "Links:"] + [f"  {label}: {url}" for label, url in content.links.items()]
     return "\n".join(lines) + "\n"
 
 
-def _html_body(
-    summaries: Sequence[DeploymentSummary],
-    by_deployment: Mapping[str, list[Finding]],
-    actions_taken: Mapping[str, Sequence[str]],
-    links: Mapping[str, str],
-    period: tuple[datetime, datetime],
-    notes: Sequence[str],
-    chart_cids: Mapping[str, str],
-) -> str:
-    e = html.escape
+def _html_body(content: _ReportContent, chart_cids: Mapping[str, str]) -> str:
+    e, period = html.escape, content.period
     parts = [
         '<html><body style="font-family: sans-serif">',
         "<h2>draftsync weekly acceptance report</h2>",
         f"<p>Period: {period[0]:%Y-%m-%d %H:%M} &rarr; {period[1]:%Y-%m-%d %H:%M} UTC</p>",
     ]
-    parts += [f"<p><em>{e(note)}</em></p>" for note in notes]
-    for s in summaries:
-        findings = by_deployment.get(s.deployment, [])
+    parts += [f"<p><em>{e(note)}</em></p>" for note in content.notes]
+    for s in content.summaries:
+        findings = content.findings(s.deployment)
         state = deployment_state(findings)
         parts.append(f'<h3>{e(s.deployment)}: <span style="color:{STATE_COLORS[state]}">{e(state)}</span></h3>')
         parts.append('<table border="1" cellpadding="4" cellspacing="0">')
@@ -212,15 +217,15 @@ def _html_body(
             "<li>none: healthy</li>"
         ]
         parts.append("</ul><p><b>Action taken</b></p><ul>")
-        parts += [f"<li>{e(a)}</li>" for a in actions_taken.get(s.deployment, [])] or ["<li>none</li>"]
+        parts += [f"<li>{e(a)}</li>" for a in content.actions(s.deployment)] or ["<li>none</li>"]
         parts.append("</ul>")
-    if links:
+    if content.links:
         parts.append("<p><b>Links</b></p><ul>")
         parts += [
             f'<li><a href="{e(url, quote=True)}">{e(label)}</a></li>'
             if url.startswith(("http://", "https://"))
             else f"<li>{e(label)}: <code>{e(url)}</code></li>"  # a command to run, not an address
-            for label, url in links.items()
+            for label, url in content.links.items()
         ]
         parts.append("</ul>")
     parts.append("</body></html>")
@@ -260,10 +265,9 @@ def build_weekly_report(
         ]
     message = EmailMessage()
     message["Subject"] = _subject(ordered, by_deployment)
-    message.set_content(_text_body(ordered, by_deployment, actions_taken, links, period, notes))
-    message.add_alternative(
-        _html_body(ordered, by_deployment, actions_taken, links, period, notes, chart_cids), subtype="html"
-    )
+    content = _ReportContent(ordered, by_deployment, actions_taken, links, period, notes)
+    message.set_content(_text_body(content))
+    message.add_alternative(_html_body(content, chart_cids), subtype="html")
     html_part = message.get_payload()[1]  # type: ignore[index]  # multipart now: a list of parts
     assert isinstance(html_part, MIMEPart), "add_alternative made the message multipart/alternative"
     for name, png in charts.items():

@@ -19,7 +19,7 @@ from sqlalchemy import Index, Integer, String, Text, UniqueConstraint, delete, s
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from draftsync.monitors.database import Database, dialect_insert
+from draftsync.monitors.database import Database, Repository, dialect_insert
 from draftsync.monitors.tables import Base, UTCDateTime, as_utc, updated_rows
 
 JobStatus = Literal["requested", "running", "succeeded", "failed"]
@@ -74,11 +74,11 @@ def _now(now: datetime | None) -> datetime:
     return as_utc(now or datetime.now(UTC))
 
 
-class SyncLedger:
+class SyncLedger(Repository):
     """Sync jobs and webhook deliveries in the monitor store's database (the store's `ledger`)."""
 
     def __init__(self, database: Database):
-        self._database = database
+        super().__init__(database)
         self._insert = dialect_insert(database.engine.dialect.name)
 
     def _session(self) -> contextlib.AbstractContextManager[Session]:

@@ -10,9 +10,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from draftsync.stats import percentile
+
+if TYPE_CHECKING:  # for annotations only: summaries load without SQLAlchemy
+    from draftsync.monitors.rollups import HourlyRow
 
 DAY = timedelta(days=1)
 HOUR = timedelta(hours=1)
@@ -161,26 +164,8 @@ def summarize(
     return _summary(name, start, end, bucket, rows, points, intervals=len(rows), resets=sum(1 for s in rows if s.reset))
 
 
-class RollupRow(Protocol):
-    """What a summary needs from an hourly rollup; `rollups.HourlyRow` fits (rows cover (hour, hour + 1 h])."""
-
-    deployment: str
-    hour: datetime
-    target_name: str
-    target_version: int
-    drafter_version: int | None
-    gamma: int
-    intervals: int
-    resets: int
-    drafts: int
-    draft_tokens: int
-    accepted: int
-    accepted_per_position: list[int]
-    last_ts: datetime | None
-
-
 def summarize_hourly(
-    rows: Sequence[RollupRow],
+    rows: Sequence[HourlyRow],
     start: datetime,
     end: datetime,
     *,
@@ -232,7 +217,7 @@ def _summary(
     start: datetime,
     end: datetime,
     bucket: timedelta,
-    rows: Sequence[SampleRow] | Sequence[RollupRow],
+    rows: Sequence[SampleRow] | Sequence[HourlyRow],
     points: list[IntervalPoint],
     *,
     intervals: int,

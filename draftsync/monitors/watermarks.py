@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session
 
-from draftsync.monitors.database import Database
+from draftsync.monitors.database import Repository
 from draftsync.monitors.tables import Watermark, as_utc
 
 
@@ -21,11 +21,8 @@ def move_watermark(session: Session, key: str, version: int, now: datetime) -> N
         row.updated_at = now
 
 
-class Watermarks:
+class Watermarks(Repository):
     """The `watermarks` table of the monitor store."""
-
-    def __init__(self, database: Database):
-        self._database = database
 
     def get(self, key: str) -> int | None:
         """The last processed version for `key`, or None if nothing was processed yet."""

@@ -94,11 +94,9 @@ def status_world(workdir, tmp_path, monkeypatch):
     chat_pair = ServedPair("status-llm", v2, d2, 4)
     store.pairs.record(
         "chat",
-        target_name="status-llm",
-        target_version=v2,
-        drafter_name="status-llm-drafter",
-        drafter_version=d2,
-        gamma=4,
+        ServedPair(
+            target_name="status-llm", target_version=v2, drafter_version=d2, gamma=4, drafter_name="status-llm-drafter"
+        ),
         endpoint="http://127.0.0.1:9",
         state="serving",
     )
@@ -115,11 +113,7 @@ def status_world(workdir, tmp_path, monkeypatch):
     record_hours(store, "batch", batch_pair, now - timedelta(days=2) + HOUR, 24, 120, totals)
     store.pairs.record(
         "batch",
-        target_name="status-llm",
-        target_version=v1,
-        drafter_name=None,
-        drafter_version=None,
-        gamma=3,
+        ServedPair(target_name="status-llm", target_version=v1, drafter_version=None, gamma=3, drafter_name=None),
         endpoint="http://127.0.0.1:10",
         state="fallback",
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from draftsync.errors import DraftsyncError
+from draftsync.monitors.tables import ServedPair
 from typer.testing import CliRunner
 
 from tests.support.prefect_events import target_events
@@ -115,11 +116,13 @@ def serve_new_drafter(version: int, target_dir: Path, drafter_dir: Path) -> int:
     )
     context.store().pairs.record(
         "chat",
-        target_name="report-llm",
-        target_version=version,
-        drafter_name="report-llm-drafter",
-        drafter_version=drafter,
-        gamma=3,
+        ServedPair(
+            target_name="report-llm",
+            target_version=version,
+            drafter_version=drafter,
+            gamma=3,
+            drafter_name="report-llm-drafter",
+        ),
         endpoint="http://127.0.0.1:9",
         state="serving",
     )
@@ -308,11 +311,7 @@ def test_a_broken_deployments_file_is_reported_not_fatal(workdir, monkeypatch):
     store = context.store()
     store.pairs.record(
         "chat",
-        target_name="report-llm",
-        target_version=1,
-        drafter_name=None,
-        drafter_version=None,
-        gamma=3,
+        ServedPair(target_name="report-llm", target_version=1, drafter_version=None, gamma=3, drafter_name=None),
         endpoint="http://127.0.0.1:9",
         state="serving",
     )

@@ -98,33 +98,23 @@ def test_watermark(store):
 def test_serving_pair_is_replaced_not_duplicated(store):
     store.pairs.record(
         "dep",
-        target_name="demo-target",
-        target_version=1,
-        drafter_name="demo-target-drafter",
-        drafter_version=1,
-        gamma=3,
+        ServedPair(
+            target_name="demo-target", target_version=1, drafter_version=1, gamma=3, drafter_name="demo-target-drafter"
+        ),
         endpoint="http://127.0.0.1:9000",
         state="serving",
         now=T0,
     )
     store.pairs.record(
         "dep",
-        target_name="demo-target",
-        target_version=2,
-        drafter_name=None,
-        drafter_version=None,
-        gamma=0,
+        ServedPair(target_name="demo-target", target_version=2, drafter_version=None, gamma=0, drafter_name=None),
         endpoint="http://127.0.0.1:9001",
         state="fallback",
         now=T0 + timedelta(days=1),
     )
     store.pairs.record(
         "b-dep",
-        target_name="t",
-        target_version=4,
-        drafter_name="d",
-        drafter_version=3,
-        gamma=2,
+        ServedPair(target_name="t", target_version=4, drafter_version=3, gamma=2, drafter_name="d"),
         endpoint="http://127.0.0.1:9002",
         state="serving",
         now=T0,
@@ -137,11 +127,7 @@ def test_serving_pair_is_replaced_not_duplicated(store):
     with pytest.raises(DraftsyncError, match="state"):
         store.pairs.record(
             "dep",
-            target_name="t",
-            target_version=1,
-            drafter_name=None,
-            drafter_version=None,
-            gamma=0,
+            ServedPair(target_name="t", target_version=1, drafter_version=None, gamma=0, drafter_name=None),
             endpoint="x",
             state="broken",
             now=T0,
@@ -151,11 +137,7 @@ def test_serving_pair_is_replaced_not_duplicated(store):
 def test_a_pair_state_changes_alone_and_keeps_the_date_the_pair_started(store):
     store.pairs.record(
         "dep",
-        target_name="t",
-        target_version=1,
-        drafter_name="d",
-        drafter_version=2,
-        gamma=3,
+        ServedPair(target_name="t", target_version=1, drafter_version=2, gamma=3, drafter_name="d"),
         endpoint="http://127.0.0.1:9000",
         state="serving",
         now=T0,
@@ -167,6 +149,29 @@ def test_a_pair_state_changes_alone_and_keeps_the_date_the_pair_started(store):
     with pytest.raises(DraftsyncError, match="'serving', 'fallback', 'stale', 'stopped'"):
         store.pairs.set_state("dep", "paused")
     assert store.pairs.get("dep").state == "stopped"
+
+
+def test_a_pair_is_recorded_from_a_served_pair_and_again_from_its_row(store):
+    """A rollout records the pair it chose; the weekly review re-records the stored row with a new state."""
+    served = ServedPair("t", 4, 3, 2, drafter_name="t-drafter", method="eagle3", schedule=[[1, 2]])
+    store.pairs.record("dep", served, endpoint="http://127.0.0.1:9000", state="serving", now=T0)
+    first = store.pairs.get("dep")
+    store.pairs.record("dep", first, endpoint=first.endpoint, state="stale", now=T0 + timedelta(days=1))
+    pair = store.pairs.get("dep")
+    assert (pair.target_name, pair.target_version, pair.drafter_name, pair.drafter_version) == ("t", 4, "t-drafter", 3)
+    assert (pair.gamma, pair.endpoint, pair.state) == (2, "http://127.0.0.1:9000", "stale")
+    assert pair.updated_at == T0 + timedelta(days=1)
+    assert [p.deployment for p in store.pairs.all()] == ["dep"]
+
+
+def test_a_findings_alert_is_recorded_under_its_key(store):
+    from draftsync.monitors.staleness import Finding
+
+    finding = Finding("dep", "stale", "critical", 0.45, "acceptance fell", "fallback+retrain")
+    row = store.alerts.record_finding(finding, sent_at=T0)
+    assert (row.key, row.rule, row.severity, row.value) == ("dep:stale", "stale", "critical", 0.45)
+    assert (row.deployment, row.outbox_id) == ("dep", None)
+    assert not store.alerts.should_send(finding.key, T0 + timedelta(days=1), 0.45, severity="critical")
 
 
 def test_alert_dedupe_for_a_week_unless_worse(store):

@@ -192,11 +192,13 @@ def test_the_scrape_task_can_read_from_prometheus(prometheus, tmp_path, monkeypa
         store = context.store()
         store.pairs.record(
             "chat",
-            target_name="demo-target",
-            target_version=1,
-            drafter_name="demo-target-drafter",
-            drafter_version=1,
-            gamma=3,
+            ServedPair(
+                target_name="demo-target",
+                target_version=1,
+                drafter_version=1,
+                gamma=3,
+                drafter_name="demo-target-drafter",
+            ),
             endpoint="http://127.0.0.1:9",
             state="serving",
         )

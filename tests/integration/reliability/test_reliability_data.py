@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from draftsync.errors import DraftsyncError
+from draftsync.monitors.tables import ServedPair
 
 from tests.support.http_stub import PROMETHEUS_TEXT, HttpStub
 
@@ -71,11 +72,7 @@ def test_a_scrape_of_bad_metrics_text_names_the_endpoint_and_loses_nothing(workd
     store = context.store()
     store.pairs.record(
         "chat",
-        target_name="t",
-        target_version=1,
-        drafter_name="t-drafter",
-        drafter_version=1,
-        gamma=2,
+        ServedPair(target_name="t", target_version=1, drafter_version=1, gamma=2, drafter_name="t-drafter"),
         endpoint=endpoint.url,
         state="serving",
     )
@@ -131,8 +128,9 @@ def test_a_scrape_books_the_requests_its_router_captured_once_at_the_monitors_cl
     from draftsync.tasks.serving import capture_config
 
     store = context.store()
-    pair = {"target_name": "t", "target_version": 1, "drafter_name": "t-drafter", "gamma": 2, "state": "serving"}
-    store.pairs.record("chat", drafter_version=1, endpoint=endpoint.url, **pair)
+    store.pairs.record(
+        "chat", ServedPair("t", 1, 1, 2, drafter_name="t-drafter"), endpoint=endpoint.url, state="serving"
+    )
     spec = ServingDeployment(name="chat", target_name="t", capture=TrafficCaptureSettings(rate=1.0))
     config = capture_config(spec)
     capture = TrafficCapture(config, seed=0)
@@ -148,7 +146,8 @@ def test_a_scrape_books_the_requests_its_router_captured_once_at_the_monitors_cl
     endpoint.text = GOOD_BEFORE
     served(3, 2)
     assert scrape_deployment.fn("chat", start, capture=config)["requests_booked"] == 3
-    store.pairs.record("chat", drafter_version=2, endpoint=endpoint.url, **pair)  # a new drafter serves
+    new_drafter = ServedPair("t", 1, 2, 2, drafter_name="t-drafter")
+    store.pairs.record("chat", new_drafter, endpoint=endpoint.url, state="serving")  # a new drafter serves
     served(2, 9)
     endpoint.text = GOOD_AFTER
     assert scrape_deployment.fn("chat", start + timedelta(minutes=1), capture=config)["requests_booked"] == 2

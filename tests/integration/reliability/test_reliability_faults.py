@@ -11,6 +11,7 @@ from email.message import EmailMessage
 from pathlib import Path
 
 import pytest
+from draftsync.monitors.tables import ServedPair
 from draftsync.serving.process import free_port
 
 from tests.integration.reliability.test_reliability_data import MetricsEndpoint, counters_text
@@ -135,11 +136,7 @@ def test_postgres_restarted_while_scraping_loses_and_doubles_nothing(workdir, re
     try:
         store.pairs.record(
             "chat",
-            target_name="t",
-            target_version=1,
-            drafter_name="t-drafter",
-            drafter_version=1,
-            gamma=2,
+            ServedPair(target_name="t", target_version=1, drafter_version=1, gamma=2, drafter_name="t-drafter"),
             endpoint=endpoint.url,
             state="serving",
             now=START,

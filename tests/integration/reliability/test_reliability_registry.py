@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from draftsync.errors import DraftsyncError
+from draftsync.monitors.tables import ServedPair
 
 from tests.integration.reliability.workdirs import use_workdir
 
@@ -119,11 +120,9 @@ def test_a_drafter_without_a_readable_target_version_tag_is_named_by_every_step_
 
     context.store().pairs.record(
         "chat",
-        target_name=TARGET,
-        target_version=world.version,
-        drafter_name=DRAFTERS,
-        drafter_version=version,
-        gamma=2,
+        ServedPair(
+            target_name=TARGET, target_version=world.version, drafter_version=version, gamma=2, drafter_name=DRAFTERS
+        ),
         endpoint="http://127.0.0.1:9",
         state="serving",
     )

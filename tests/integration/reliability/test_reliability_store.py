@@ -33,11 +33,7 @@ def write_rows(store: Store, ledger: SyncLedger) -> None:
     """Rows of several tables, written before the fault, that must all survive it."""
     store.pairs.record(
         "chat",
-        target_name="t",
-        target_version=1,
-        drafter_name="t-drafter",
-        drafter_version=1,
-        gamma=2,
+        ServedPair(target_name="t", target_version=1, drafter_version=1, gamma=2, drafter_name="t-drafter"),
         endpoint="http://127.0.0.1:1",
         state="serving",
         now=START,
