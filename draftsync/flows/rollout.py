@@ -25,6 +25,7 @@ from draftsync.profiles import SyncProfile
 from draftsync.registry.model_registry import PRODUCTION, drafter_model_name, rolled_back
 from draftsync.registry.tags import DrafterVersion
 from draftsync.serving.deployment import ServingDeployment
+from draftsync.serving.servers import PairLaunch
 from draftsync.speculative.methods import DEFAULT_METHOD
 from draftsync.tasks import context, events
 from draftsync.tasks.alerts import send_alert
@@ -287,7 +288,7 @@ def _launch_and_switch(
     current = (serving_record(deployment.name) or {}).get("backend")
     try:
         candidate = launch_server(
-            deployment, launch["target_dir"], launch["drafter_dir"], pair.gamma, pair.method, pair.schedule
+            deployment, PairLaunch(launch["target_dir"], launch["drafter_dir"], pair.gamma, pair.method, pair.schedule)
         )
     except DraftsyncError as error:
         kept = f"it keeps serving {current['endpoint']}" if current else "nothing was serving it"

@@ -36,6 +36,18 @@ _STARTED: dict[str, ServerProcess] = {}
 
 
 @dataclass(frozen=True)
+class PairLaunch:
+    """What a server is started with: the target and drafter checkpoints (None: speculation off), the gamma, the
+    method vLLM drafts with, and the per-batch-size schedule (None: one gamma)."""
+
+    target_dir: str
+    drafter_dir: str | None
+    gamma: int
+    method: str | None
+    schedule: list | None = None
+
+
+@dataclass(frozen=True)
 class LaunchedServer:
     """A candidate that came up healthy and takes no traffic yet: where it listens, its process (group) id, its
     argument list, and the vLLM launch of its pair (recorded whatever the launch mode: it is what a GPU worker
@@ -88,15 +100,7 @@ class ServerBook:
     def _write_record(self, deployment: str, record: dict) -> None:
         self._state_file(deployment).write_text(json.dumps(record, indent=2))
 
-    def launch(
-        self,
-        deployment: ServingDeployment,
-        target_dir: str,
-        drafter_dir: str | None,
-        gamma: int,
-        method: str | None,
-        schedule: list | None = None,
-    ) -> LaunchedServer:
+    def launch(self, deployment: ServingDeployment, pair: PairLaunch) -> LaunchedServer:
         """Start a server for the pair on a free port and wait until it is healthy. Its log stays in the serving
         folder; a vLLM that does not come up is named by its own error line and that log."""
         from draftsync.serving.reference_server import reference_server_command
@@ -104,19 +108,20 @@ class ServerBook:
 
         port = free_port(deployment.host)
         log = self.folder / f"{deployment.name}-{port}.log"
+        engine = None
         if deployment.launch == "vllm":
             engine = find_vllm_engine()
             assert engine is not None, "find_vllm_engine(required=True) raises when there is none"
-            vllm = deployment.vllm_launch(
-                target_dir, drafter_dir, method, gamma, schedule=schedule, port=port, engine=engine
-            )
+        vllm = deployment.vllm_launch(
+            pair.target_dir, pair.drafter_dir, pair.method, pair.gamma, schedule=pair.schedule, port=port, engine=engine
+        )
+        if engine is not None:
             argv, env = vllm.argv, engine.environment()
         else:
-            vllm = deployment.vllm_launch(target_dir, drafter_dir, method, gamma, schedule=schedule, port=port)
-            argv, env = (
-                reference_server_command(target_dir, drafter_dir, gamma, deployment.host, port, deployment.name),
-                None,
+            argv = reference_server_command(
+                pair.target_dir, pair.drafter_dir, pair.gamma, deployment.host, port, deployment.name
             )
+            env = None
         server = ServerProcess(argv, deployment.host, port, log, env=env).start()
         try:
             if deployment.launch == "vllm":

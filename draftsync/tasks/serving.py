@@ -17,7 +17,7 @@ from prefect.cache_policies import NONE
 
 from draftsync.errors import DraftsyncError
 from draftsync.serving.deployment import ServingDeployment, load_deployments
-from draftsync.serving.servers import LaunchedServer, ServerBook, Switched
+from draftsync.serving.servers import LaunchedServer, PairLaunch, ServerBook, Switched
 from draftsync.tasks import context
 from draftsync.tasks.traffic import complete
 
@@ -128,18 +128,11 @@ def serving_record(deployment: str) -> dict | None:
 
 
 @task(name="launch-server", cache_policy=NONE)
-def launch_server(
-    deployment: ServingDeployment,
-    target_dir: str,
-    drafter_dir: str | None,
-    gamma: int,
-    method: str | None,
-    schedule: list | None = None,
-) -> LaunchedServer:
+def launch_server(deployment: ServingDeployment, pair: PairLaunch) -> LaunchedServer:
     """Start a server for the pair on a free port and wait until it is healthy; the vLLM launch is recorded
     whatever the launch mode (it is what a GPU worker runs). Its log stays under <workdir>/serving; a vLLM that
     does not come up is named by its own error line and that log."""
-    return _book().launch(deployment, target_dir, drafter_dir, gamma, method, schedule)
+    return _book().launch(deployment, pair)
 
 
 @task(name="smoke-requests", retries=2, retry_delay_seconds=2, cache_policy=NONE)
