@@ -19,6 +19,7 @@ from typing import Any
 
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import SyncProfile
+from draftsync.records import record_dict
 from draftsync.speculative.methods import METHODS, is_eagle3_family
 from draftsync.speculative.placement import TargetPlacement
 
@@ -201,13 +202,16 @@ class Refusal:
 
 @dataclass(frozen=True)
 class SyncPlan:
+    """Fields in the order `plan --json` shows them (`to_dict`)."""
+
     target: str
     parameters: int
+    refusal: Refusal | None = field(default=None, kw_only=True)
     worker: Worker
-    stages: tuple[StagePlan, ...]
     settings: dict[str, Any]  # what the sync follows: placement, devices, batch tokens, checkpointing, servers
-    refusal: Refusal | None = None
-    reasons: dict[str, str] = field(default_factory=dict)  # per choice (target, servers, hidden_states, training): why
+    # Per choice (target, servers, hidden_states, training): why.
+    reasons: dict[str, str] = field(default_factory=dict, kw_only=True)
+    stages: tuple[StagePlan, ...]
 
     @property
     def fits(self) -> bool:
@@ -237,17 +241,14 @@ class SyncPlan:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "target": self.target,
-            "parameters": self.parameters,
-            "fits": self.fits,
-            "gpus_used": self.gpus_used,
-            "refusal": None if self.refusal is None else {**asdict(self.refusal), "message": self.refusal.message()},
-            "worker": asdict(self.worker),
-            "settings": self.settings,
-            "reasons": self.reasons,
-            "stages": [asdict(stage) for stage in self.stages],
-        }
+        """The fields in their order, what the plan concludes after its size, the refusal with its message."""
+        return record_dict(
+            self,
+            after={"parameters": {"fits": self.fits, "gpus_used": self.gpus_used}},
+            refusal=None if self.refusal is None else {**asdict(self.refusal), "message": self.refusal.message()},
+            worker=asdict(self.worker),
+            stages=[asdict(stage) for stage in self.stages],
+        )
 
     def run_params(self) -> dict[str, str]:
         """The plan as MLflow run parameters (flat, short values)."""
@@ -522,7 +523,7 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
             f"dataset's tokens, then `speculators train` runs on {processes} torchrun rank(s); its checkpoint is "
             "imported as the drafter version"
         )
-    return SyncPlan(target.name, target.parameters, worker, tuple(stages), settings, refusal, reasons)
+    return SyncPlan(target.name, target.parameters, worker, settings, tuple(stages), refusal=refusal, reasons=reasons)
 
 
 def plan_server(target: TargetShape, worker: Worker) -> dict[str, Any] | None:
