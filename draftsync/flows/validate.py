@@ -122,16 +122,7 @@ def _write_reports(result: ValidationResult) -> None:
         writer.writeheader()
         writer.writerows(rows)
     (out / "suite.json").write_text(json.dumps(result.suite, indent=2, default=str))
-    write_validation_plots(
-        out,
-        checklist.gamma_sweep,
-        checklist.acceptance_by_position,
-        knee=checklist.gamma_knee,
-        plain_tpot_ms=checklist.sweep_plain_tpot_ms,
-        gamma=checklist.gamma_knee,
-        fastest=checklist.gamma_fastest,
-        knee_reason=checklist.knee_reason,
-    )
+    write_validation_plots(out, checklist)
 
 
 @flow(name="validate-drafter", log_prints=True)

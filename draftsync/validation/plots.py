@@ -10,8 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from draftsync.errors import DraftsyncError
+
+if TYPE_CHECKING:
+    from draftsync.validation.result import ChecklistResult
 
 ACCEPTANCE_VS_GAMMA = "acceptance_vs_gamma.png"
 ACCEPTANCE_BY_POSITION = "acceptance_by_position.png"
@@ -185,22 +189,16 @@ def plot_acceptance_by_position(
     return path
 
 
-def write_validation_plots(
-    out_dir: str | Path,
-    sweep: Sequence[dict],
-    per_position: Sequence[float],
-    knee: int | None = None,
-    plain_tpot_ms: float | None = None,
-    gamma: int | None = None,
-    drafts: int | None = None,
-    fastest: int | None = None,
-    knee_reason: str = "",
-) -> dict[str, Path]:
-    """Both PNGs into `out_dir`; returns {"acceptance_vs_gamma": path, "acceptance_by_position": path}."""
+def write_validation_plots(out_dir: str | Path, checklist: ChecklistResult) -> dict[str, Path]:
+    """Both PNGs of a checklist's result into `out_dir`: the sweep with its knee, and acceptance by draft position
+    at the knee; returns {"acceptance_vs_gamma": path, "acceptance_by_position": path}."""
     vs_gamma = plot_acceptance_vs_gamma(
-        sweep, out_dir, knee=knee, plain_tpot_ms=plain_tpot_ms, fastest=fastest, knee_reason=knee_reason
+        checklist.gamma_sweep,
+        out_dir,
+        knee=checklist.gamma_knee,
+        plain_tpot_ms=checklist.sweep_plain_tpot_ms,
+        fastest=checklist.gamma_fastest,
+        knee_reason=checklist.knee_reason,
     )
-    return {
-        "acceptance_vs_gamma": vs_gamma,
-        "acceptance_by_position": plot_acceptance_by_position(per_position, out_dir, gamma=gamma, drafts=drafts),
-    }
+    by_position = plot_acceptance_by_position(checklist.acceptance_by_position, out_dir, gamma=checklist.gamma_knee)
+    return {"acceptance_vs_gamma": vs_gamma, "acceptance_by_position": by_position}

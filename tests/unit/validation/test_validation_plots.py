@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from draftsync.errors import DraftsyncError
 from draftsync.validation.plots import (
@@ -11,6 +13,8 @@ from draftsync.validation.plots import (
     plot_acceptance_vs_gamma,
     write_validation_plots,
 )
+
+from tests.unit.validation.test_validation_result import sample_validation
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -38,9 +42,16 @@ def assert_png(path) -> None:
 def test_both_plots_are_written_as_readable_pngs(tmp_path):
     per_position = [0.82, 0.61, 0.44, 0.30]
 
-    paths = write_validation_plots(
-        tmp_path / "plots", sweep_rows(), per_position, plain_tpot_ms=10.2, gamma=4, drafts=812
+    checklist = replace(
+        sample_validation().checklist,
+        gamma_sweep=sweep_rows(),
+        acceptance_by_position=per_position,
+        sweep_plain_tpot_ms=10.2,
+        gamma_knee=4,
+        knee_reason="the fastest TPOT",
     )
+
+    paths = write_validation_plots(tmp_path / "plots", checklist)
 
     assert paths == {
         "acceptance_vs_gamma": tmp_path / "plots" / ACCEPTANCE_VS_GAMMA,
