@@ -70,6 +70,7 @@ _.stages_s
 _.loss_tokens
 _.speculation_schedule_note
 _.trained_for_target_version
+_.acceptance_quantiles
 
 # train/speculators.py's scale-out API, as docs/TRAINING.md shows it.
 _.write_token_rows

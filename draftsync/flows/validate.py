@@ -61,12 +61,7 @@ def _markdown(result: ValidationResult) -> str:
         for r in checklist.gamma_sweep
     )
     a, tpot = checklist.acceptance, checklist.tpot_ms
-    verdict = (
-        "PASSED"
-        if result.passed
-        else "FAILED: "
-        + ", ".join(checklist.failed_gates + [e["name"] for e in result.suite["expectations"] if not e["passed"]])
-    )
+    verdict = "PASSED" if result.passed else "FAILED: " + ", ".join(checklist.failed_gates + result.suite.failed)
     return (
         f"# {result.drafter_name} v{result.drafter_version} on {result.target_name} v{result.target_version}: "
         f"{verdict}\n\n"
@@ -121,7 +116,7 @@ def _write_reports(result: ValidationResult) -> None:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    (out / "suite.json").write_text(json.dumps(result.suite, indent=2, default=str))
+    (out / "suite.json").write_text(json.dumps(result.suite.as_dict(), indent=2, default=str))
     write_validation_plots(out, checklist)
 
 

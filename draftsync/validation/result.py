@@ -123,12 +123,47 @@ class ChecklistResult:
 
 
 @dataclass(frozen=True)
+class SuiteExpectation:
+    """One expectation of the validation suite: its stable name, what it saw, its verdict, what it wanted and the GE
+    expectation behind it."""
+
+    name: str
+    observed: Any
+    passed: bool
+    expected: str
+    expectation: str
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    """The Great Expectations suite over a validation's per-request results (`suite.run_validation_suite`)."""
+
+    expectations: tuple[SuiteExpectation, ...]  # in a fixed order
+    acceptance_quantiles: dict[str, float | None]  # P5, P50, P90, P99 of per-request acceptance (None: nothing drafted)
+
+    @property
+    def passed(self) -> bool:
+        return all(expectation.passed for expectation in self.expectations)
+
+    @property
+    def failed(self) -> list[str]:
+        return [expectation.name for expectation in self.expectations if not expectation.passed]
+
+    def as_dict(self) -> dict[str, Any]:
+        """suite.json, and a validation's `suite`."""
+        return {
+            "passed": self.passed,
+            **record_dict(self, expectations=[asdict(expectation) for expectation in self.expectations]),
+        }
+
+
+@dataclass(frozen=True)
 class ValidationResult:
     """One drafter version validated against one target version: the checklist, the Great Expectations suite
     over its per-request results (`suite.run_validation_suite`), and whether it was promoted."""
 
     checklist: ChecklistResult
-    suite: dict[str, Any]
+    suite: SuiteResult
     target_name: str
     target_version: int
     drafter_name: str
@@ -140,14 +175,14 @@ class ValidationResult:
     @property
     def passed(self) -> bool:
         """Every gate and every expectation of the suite."""
-        return self.checklist.passed and bool(self.suite["passed"])
+        return self.checklist.passed and self.suite.passed
 
     def report_dict(self) -> dict[str, Any]:
         """validation.json: written before the promotion it may lead to, into reports_dir, so neither is in it."""
         return {
             **self.checklist.as_dict(),
             "passed": self.passed,  # the checklist's key, now with the suite's verdict too
-            **record_dict(self, omit={"checklist", "promoted", "reports_dir"}),
+            **record_dict(self, omit={"checklist", "promoted", "reports_dir"}, suite=self.suite.as_dict()),
         }
 
     def as_dict(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any
 
 from draftsync.errors import DraftsyncError
 from draftsync.validation.expectations import expectation_of, expectation_types, plain, run_expectations
+from draftsync.validation.result import SuiteExpectation, SuiteResult
 
 REQUIRED_COLUMNS = ("request", "task", "output_tokens", "drafts", "draft_tokens", "accepted", "acceptance_rate")
 THRESHOLD_KEYS = ("min_acceptance", "p50", "p5", "tasks")
@@ -158,8 +159,8 @@ def _is_missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def run_validation_suite(rows: list[dict], thresholds: dict) -> dict:
-    """Run the gates over per-request result rows; `{"passed", "expectations": [{name, observed, passed, ...}]}`.
+def run_validation_suite(rows: list[dict], thresholds: dict) -> SuiteResult:
+    """Run the gates over per-request result rows: each expectation's name, what it saw and its verdict.
 
     `thresholds`: `min_acceptance`, `p50`, `p5` (strict lower bounds on per-request acceptance rates) and
     `tasks` (the exact set of tasks the requests must cover). Expectations come back in a fixed order.
@@ -175,7 +176,7 @@ def run_validation_suite(rows: list[dict], thresholds: dict) -> dict:
         {"result_format": "SUMMARY", "unexpected_index_column_names": ["request"]},
     )
 
-    expectations: list[dict[str, Any]] = []
+    expectations: list[SuiteExpectation] = []
     quantiles: dict[str, float | None] = {key: None for key in QUANTILES}
     for check, outcome in zip(checks, outcomes, strict=True):
         config = expectation_of(outcome)
@@ -193,28 +194,16 @@ def run_validation_suite(rows: list[dict], thresholds: dict) -> dict:
             for name, key, bound in check["gates"]:
                 value = quantiles[key]
                 expectations.append(
-                    {
-                        "name": name,
-                        "observed": value if values else observed,
-                        "passed": value is not None and value > bound,
-                        "expected": f"{key.upper()} of per-request acceptance_rate > {bound}",
-                        "expectation": label,
-                    }
+                    SuiteExpectation(
+                        name,
+                        value if values else observed,
+                        value is not None and value > bound,
+                        f"{key.upper()} of per-request acceptance_rate > {bound}",
+                        label,
+                    )
                 )
             continue
         if _is_missing(observed):
             observed, passed = None, False  # nothing to measure (no request drafted): JSON null, not passed
-        expectations.append(
-            {
-                "name": check["name"],
-                "observed": observed,
-                "passed": passed,
-                "expected": check["expected"],
-                "expectation": label,
-            }
-        )
-    return {
-        "passed": all(e["passed"] for e in expectations),
-        "expectations": expectations,
-        "acceptance_quantiles": quantiles,
-    }
+        expectations.append(SuiteExpectation(check["name"], observed, passed, check["expected"], label))
+    return SuiteResult(tuple(expectations), quantiles)

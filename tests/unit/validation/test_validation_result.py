@@ -13,6 +13,8 @@ from draftsync.validation.result import (
     ChecklistResult,
     MemoryFootprint,
     RequestCounts,
+    SuiteExpectation,
+    SuiteResult,
     TpotMs,
     ValidationResult,
 )
@@ -93,7 +95,10 @@ def sample_validation(suite_passed: bool = True) -> ValidationResult:
     )
     return ValidationResult(
         checklist=checklist,
-        suite={"passed": suite_passed, "expectations": [], "acceptance_quantiles": {}},
+        suite=SuiteResult(
+            (SuiteExpectation("at_least_one_request", 4, suite_passed, ">= 1 request", "expect_table_row_count"),),
+            {"p5": 0.4, "p50": 0.7, "p90": 0.9, "p99": 1.0},
+        ),
         target_name="llm",
         target_version=2,
         drafter_name="llm-drafter",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from draftsync.errors import DraftsyncError
 from draftsync.serving.evaluation import RequestResult
-from draftsync.validation.suite import run_validation_suite
+from draftsync.validation import suite
 
 THRESHOLDS = {"min_acceptance": 0.7, "p50": 0.7, "p5": 0.5, "tasks": ["code", "math"]}
 NAMES = [
@@ -45,6 +45,15 @@ def request(
 
 def good_rows(n: int = 40) -> list[dict]:
     return [request(i, accepted=15 + i % 4) for i in range(n)]  # rates 0.75 .. 0.90
+
+
+def run_validation_suite(rows: list[dict], thresholds: dict) -> dict:
+    """The suite's result as suite.json holds it, its typed verdicts checked against it on the way."""
+    result = suite.run_validation_suite(rows, thresholds)
+    report = result.as_dict()
+    assert result.failed == [e["name"] for e in report["expectations"] if not e["passed"]]
+    assert report["passed"] == (not result.failed)
+    return report
 
 
 def failures(report: dict) -> dict[str, object]:
