@@ -142,12 +142,13 @@ class SuiteResult:
     acceptance_quantiles: dict[str, float | None]  # P5, P50, P90, P99 of per-request acceptance (None: nothing drafted)
 
     @property
-    def passed(self) -> bool:
-        return all(expectation.passed for expectation in self.expectations)
+    def failed(self) -> list[str]:
+        """The expectations that failed, by name, in the suite's order; the suite passed when there are none."""
+        return [expectation.name for expectation in self.expectations if not expectation.passed]
 
     @property
-    def failed(self) -> list[str]:
-        return [expectation.name for expectation in self.expectations if not expectation.passed]
+    def passed(self) -> bool:
+        return not self.failed
 
     def as_dict(self) -> dict[str, Any]:
         """suite.json, and a validation's `suite`."""
