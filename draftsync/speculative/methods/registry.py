@@ -136,7 +136,8 @@ def _medusa() -> MethodCode:
 
 
 def _draft_model() -> MethodCode:
-    from draftsync.speculative.methods.draft_model.model import DraftModelDrafter, load_draft_model, save_draft_model
+    from draftsync.speculative.methods.draft_model.checkpoint import load_draft_model, save_draft_model
+    from draftsync.speculative.methods.draft_model.model import DraftModelDrafter
     from draftsync.speculative.methods.draft_model.proposer import DraftModelProposer
 
     def build_to_train(target_config, draft_vocab_size, aux_layer_ids, medusa_heads, parameters):
@@ -145,16 +146,9 @@ def _draft_model() -> MethodCode:
         budget = parameters or parameter_count(new_drafter(EAGLE3.name, target_config)).own
         return DraftModelDrafter.for_budget(target_config, budget)
 
-    def save(drafter, out_dir, saved_for: SavedFor):
-        return save_draft_model(
-            drafter,
-            out_dir,
-            verifier_name_or_path=saved_for.verifier_name_or_path,
-            verifier_architectures=list(saved_for.verifier_architectures),
-            speculative_tokens=saved_for.speculative_tokens,
-        )
-
-    return MethodCode(build_to_train=build_to_train, save=save, load=load_draft_model, propose=DraftModelProposer)
+    return MethodCode(
+        build_to_train=build_to_train, save=save_draft_model, load=load_draft_model, propose=DraftModelProposer
+    )
 
 
 def _ngram() -> MethodCode:

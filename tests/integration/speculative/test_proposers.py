@@ -445,10 +445,11 @@ def test_draft_model_trains_its_body_and_keeps_copied_embeddings_frozen(target, 
 def test_draft_model_checkpoint_is_a_plain_hf_directory_with_a_marker(tmp_path, target):
     import json
 
-    from draftsync.speculative.methods.draft_model.model import MARKER_FILE, load_draft_model, save_draft_model
+    from draftsync.speculative.methods.checkpoint_files import SavedFor
+    from draftsync.speculative.methods.draft_model.checkpoint import MARKER_FILE, load_draft_model, save_draft_model
 
     drafter = DraftModelDrafter.for_budget(target.config, 60_000)
-    out = save_draft_model(drafter, tmp_path / "draft", verifier_name_or_path="targets/tiny")
+    out = save_draft_model(drafter, tmp_path / "draft", SavedFor("targets/tiny", ("LlamaForCausalLM",), 3))
     config = json.loads((out / "config.json").read_text())
     marker = json.loads((out / MARKER_FILE).read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["vocab_size"] == target.config.vocab_size

@@ -1,9 +1,7 @@
 """An independent small causal LM as drafter: the `draft_model` baseline the learned drafters must beat.
 
 It is a plain transformers LlamaForCausalLM over the target's vocabulary, reading tokens only (no target
-states), so vLLM serves it as `method: "draft_model"` and it is saved as an ordinary HF checkpoint
-directory (config.json + model.safetensors) with a small `draftsync_drafter.json` marker beside it
-(config.json also carries `"draftsync_drafter": "draft_model"`, the key the other formats use).
+states), so vLLM serves it as `method: "draft_model"`; its checkpoint format is in `checkpoint.py`.
 
 Sizing (`for_budget`): it gets about the parameter count of the drafter it is compared with, so the
 comparison is at equal size. Candidate shapes keep the target's head dimension, MLP ratio, attention
@@ -15,9 +13,7 @@ that close, the shape with the nearest count. Counts include embeddings and lm_h
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +24,6 @@ from draftsync.speculative.data.hidden_states import final_norm_of
 from draftsync.speculative.data.training_batch import DraftLoss, TrainingBatch
 from draftsync.speculative.methods import DRAFT_MODEL
 
-MARKER_FILE = "draftsync_drafter.json"
 BUDGET_TOLERANCE = 0.05
 
 
@@ -227,68 +222,3 @@ class DraftModelDrafter(nn.Module):
             position_hits=[hits],
             position_counts=[int(rows.shape[0])],
         )
-
-
-# ---- checkpoints ------------------------------------------------------------------------------------------
-def save_draft_model(drafter: DraftModelDrafter, out_dir: Path | str, **marker_facts: Any) -> Path:
-    """A plain HF checkpoint (config.json, model.safetensors) plus the marker naming the method.
-
-    `marker_facts` (e.g. the verifier it was trained for) are added to the marker file.
-    """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    from transformers.utils import logging as hf_logging
-
-    drafter.config.draftsync_drafter = DraftModelDrafter.method  # config.json names the method too
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a shard-writing bar per save clutters training logs
-    try:
-        drafter.lm.save_pretrained(out)
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()
-    marker = {"method": DraftModelDrafter.method, "format": "hf-causal-lm", **marker_facts}
-    (out / MARKER_FILE).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
-    return out
-
-
-def load_draft_model(path: Path | str, dtype: torch.dtype | None = None) -> DraftModelDrafter:
-    """Load what save_draft_model wrote; errors name the directory and what is missing."""
-    from safetensors.torch import load_file
-    from transformers import LlamaConfig
-
-    path = Path(path)
-    marker_path = path / MARKER_FILE
-    if not marker_path.is_file() or not (path / "config.json").is_file():
-        raise DraftsyncError(
-            f"{path} is not a draft_model checkpoint (no {MARKER_FILE} or config.json)",
-            "point at a directory written by save_draft_model",
-        )
-    try:
-        marker = json.loads(marker_path.read_text())
-    except json.JSONDecodeError as error:
-        raise DraftsyncError(f"{marker_path} is not valid JSON ({error})", "rewrite it with save_draft_model") from None
-    if marker.get("method") != DraftModelDrafter.method:
-        raise DraftsyncError(
-            f"{marker_path} names method {marker.get('method')!r}, not {DRAFT_MODEL.name!r}",
-            "load it with the loader of its own method (load_drafter)",
-        )
-    weights = sorted(path.glob("*.safetensors"))
-    if not weights:
-        raise DraftsyncError(f"{path} holds no safetensors weights", "save the drafter again with save_draft_model")
-    drafter = DraftModelDrafter(LlamaConfig.from_pretrained(path))
-    state: dict[str, torch.Tensor] = {}
-    for file in weights:
-        state.update(load_file(str(file)))
-    missing, unexpected = drafter.lm.load_state_dict(state, strict=False)
-    missing = [name for name in missing if not (drafter.config.tie_word_embeddings and name == "lm_head.weight")]
-    if missing or unexpected:
-        raise DraftsyncError(
-            f"{path} weights do not fit its config (missing {missing[:3]}, unexpected {unexpected[:3]})",
-            "save the drafter again with save_draft_model",
-        )
-    if drafter.config.tie_word_embeddings:
-        drafter.lm.tie_weights()
-    if dtype is not None:
-        drafter.to(dtype)
-    return drafter.eval()
