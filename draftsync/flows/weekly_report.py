@@ -22,7 +22,7 @@ from draftsync.errors import DraftsyncError
 from draftsync.flows.rollout import rollout
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context, events, links
-from draftsync.tasks.monitoring import WEEK, review_deployment
+from draftsync.tasks.monitoring import WEEK, DeploymentReview, review_deployment
 from draftsync.tasks.serving import configured_deployments
 from draftsync.tasks.sync_requests import request_sync
 
@@ -68,10 +68,12 @@ def _links(target_names: set[str]) -> dict[str, str]:
     return links_by_name
 
 
-def _act(pair, review: dict, specs: dict[str, ServingDeployment], fresh: set[str], now: datetime) -> list[str]:
+def _act(
+    pair, review: DeploymentReview, specs: dict[str, ServingDeployment], fresh: set[str], now: datetime
+) -> list[str]:
     """Fall back, mark stale and request a retrain as the findings say; returns what was done."""
     store, logger = context.store(), get_run_logger()
-    findings = review["findings"]
+    findings = review.findings
     wanted = {f.action for f in findings}
     taken: list[str] = []
     if any("fallback" in a for a in wanted) and pair.state == "serving":
@@ -185,22 +187,22 @@ def _finding_row(f) -> dict:
     }
 
 
-def _deployment_row(pair, review: dict, taken: list[str], now_serving, domains: list) -> dict:
+def _deployment_row(pair, review: DeploymentReview, taken: list[str], now_serving, domains: list) -> dict:
     """One deployment's week as the report's `deployments` list holds it."""
-    summary, found = review["summary"], review["findings"]
+    summary, found = review.summary, review.findings
     return {
         "name": pair.deployment,
         "acceptance_rate": summary.acceptance_rate,
         "p5": summary.interval_p5,
         "p50": summary.interval_p50,
         "trend_per_day": summary.slope_per_day,
-        "week_over_week": review["week_over_week"],
+        "week_over_week": review.week_over_week,
         "baseline": None
-        if review["baseline"] is None
+        if review.baseline is None
         else {
-            "acceptance_rate": review["baseline"].acceptance_rate,
-            "std": review["baseline"].std,
-            "start": review["baseline"].start.isoformat(),
+            "acceptance_rate": review.baseline.acceptance_rate,
+            "std": review.baseline.std,
+            "start": review.baseline.start.isoformat(),
         },
         "status": _status(found),
         "findings": [_finding_row(f) for f in found],
@@ -212,7 +214,7 @@ def _deployment_row(pair, review: dict, taken: list[str], now_serving, domains: 
         "serving_drafter_version": now_serving.drafter_version,
         "target": {"name": pair.target_name, "version": pair.target_version},
         "drafter_version": summary.drafter_version,
-        "replaced_pairs": review["replaced"],
+        "replaced_pairs": review.replaced,
         "domains": [asdict(d) for d in domains],
     }
 
@@ -327,7 +329,7 @@ def weekly_report(
     domain_notes: list[str] = []
     for pair in store.pairs.all():
         review = review_deployment(pair.deployment, end)
-        summary, found = review["summary"], review["findings"]
+        summary, found = review.summary, review.findings
         summaries.append(summary)
         findings.extend(found)
         targets.add(pair.target_name)
@@ -345,11 +347,11 @@ def weekly_report(
             taken = [f"none yet: {planned}" if planned else "none"]
         actions[pair.deployment] = taken
         now_serving = store.pairs.get(pair.deployment) or pair  # after what this review did to it
-        domains = _week_domains(pair.deployment, start, end, review["judged"])
+        domains = _week_domains(pair.deployment, start, end, review.judged)
         rows.append(_deployment_row(pair, review, taken, now_serving, domains))
         if domains:
             domain_notes.append(_domains_text(pair.deployment, domains))
-        replaced_notes.extend(_replaced_note(pair, old_pair) for old_pair in review["replaced"])
+        replaced_notes.extend(_replaced_note(pair, old_pair) for old_pair in review.replaced)
 
     thresholds = Thresholds.from_settings(settings)
     reviewed = {row["name"] for row in rows}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -11,10 +12,25 @@ from prefect.cache_policies import NONE
 from draftsync.tasks import context
 
 if TYPE_CHECKING:
-    from draftsync.monitors.tables import PairInfo
+    from draftsync.monitors.staleness import Baseline, Finding
+    from draftsync.monitors.tables import PairInfo, ServingPair
+    from draftsync.monitors.trends import DeploymentSummary
     from draftsync.serving.traffic_capture import CaptureConfig
 
 WEEK = timedelta(days=7)
+
+
+@dataclass(frozen=True)
+class DeploymentReview:
+    """One deployment's week as the weekly review judged it."""
+
+    summary: DeploymentSummary  # the week of the pair serving now (or the one it fell back from)
+    findings: list[Finding]
+    pair: ServingPair | None  # what the deployment serves now (None: nothing recorded)
+    judged: tuple[int, int | None] | None  # the (target version, drafter version) judged
+    week_over_week: float | None  # the change in acceptance from the week before
+    baseline: Baseline | None  # the drafter's first week, once that week is over
+    replaced: list[dict]  # the week's other pairs, each with its own acceptance
 
 
 @task(name="scrape-deployment", retries=2, retry_delay_seconds=2, cache_policy=NONE)
@@ -67,7 +83,7 @@ def book_captured_requests(deployment: str, now: datetime, capture: CaptureConfi
 
 
 @task(name="review-deployment", cache_policy=NONE)
-def review_deployment(deployment: str, now: datetime) -> dict:
+def review_deployment(deployment: str, now: datetime) -> DeploymentReview:
     """The week's summary and findings for one deployment, with its lineage checked in the registry."""
     from draftsync.monitors.staleness import Baseline, Thresholds, evaluate
     from draftsync.monitors.trends import summarize_hourly
@@ -118,15 +134,7 @@ def review_deployment(deployment: str, now: datetime) -> dict:
         if summary.acceptance_rate is not None and previous.acceptance_rate is not None
         else None
     )
-    return {
-        "summary": summary,
-        "findings": findings,
-        "pair": pair,
-        "judged": judged,
-        "week_over_week": change,
-        "baseline": baseline,
-        "replaced": replaced,
-    }
+    return DeploymentReview(summary, findings, pair, judged, change, baseline, replaced)
 
 
 def _judged_pair(pair, rows: list) -> tuple[int, int | None] | None:
