@@ -25,8 +25,9 @@ def send_alert(
     severity: str = "warning",
     value: float = 0.0,
     now: datetime | None = None,
-) -> dict:
-    """Write and send the alert unless the same one went out recently; returns what happened."""
+) -> bool:
+    """Write and send the alert unless the same one went out recently; whether it went out (its outbox entry keeps
+    it for a retry when SMTP is down)."""
     from draftsync.monitors.mailer import Mailer
     from draftsync.tasks.secrets import smtp_password_block
 
@@ -35,7 +36,7 @@ def send_alert(
     key = f"{deployment}:{rule}"
     if not store.alerts.should_send(key, now, value, severity=severity):
         context.logger().info("alert %s already sent this week: not repeated", key)
-        return {"sent": False, "key": key}
+        return False
     message = EmailMessage()
     message["Subject"] = f"[draftsync] {severity.upper()}: {subject}"
     message["From"] = settings.alert_from
@@ -48,4 +49,4 @@ def send_alert(
         key, deployment=deployment, rule=rule, severity=severity, value=value, sent_at=now, outbox_id=entry.id
     )
     context.logger().warning("alert sent: %s (%s)", message["Subject"], entry.eml_path)
-    return {"sent": True, "key": key, "subject": message["Subject"], "eml_path": entry.eml_path}
+    return True
