@@ -225,7 +225,7 @@ def measure(args, run_dir: Path, phases: dict) -> dict:
         context.settings()  # applies the offline, quiet environment before prefect and mlflow are imported
         cleanups.callback(stop_ephemeral_prefect)
 
-        from draftsync.flows.deployments import Schedules
+        from draftsync.flows.prefect_deployments import Schedules
         from draftsync.flows.rollout import rollout
         from draftsync.flows.sync import sync
         from draftsync.flows.watch import watch

@@ -14,7 +14,8 @@ from pydantic_settings import BaseSettings, DotEnvSettingsSource, PydanticBaseSe
 # on that work dir; an environment variable wins over the file.
 WORKDIR_SETTINGS_FILE = "settings.env"
 DEFAULT_WORKDIR = Path(".draftsync")
-# The GPU counts a sync may ask the GPU work pool for: drafter-sync has a trigger for each (flows/deployments.py).
+# The GPU counts a sync may ask the GPU work pool for: drafter-sync has a trigger for each
+# (flows/prefect_deployments.py).
 GPU_COUNTS = (1, 2, 4, 8)
 
 

@@ -17,7 +17,7 @@ from draftsync.cli.monitoring import report, scrape
 from draftsync.cli.plan import plan_command
 from draftsync.cli.recommend import recommend_command
 from draftsync.cli.rollouts import rollback, rollout
-from draftsync.cli.runner import serve, watch
+from draftsync.cli.services import serve, watch
 from draftsync.cli.status import status_command
 from draftsync.cli.targets import targets_app
 from draftsync.cli.webhooks import webhooks_app

@@ -78,7 +78,7 @@ def sync_runs(client, deployment_id) -> list:
 def test_a_registered_target_version_becomes_one_completed_sync_run_through_prefect_and_mlflow_servers(
     postgres_server, tmp_path
 ):
-    from draftsync.flows.deployments import WORK_POOLS
+    from draftsync.flows.prefect_deployments import WORK_POOLS
     from draftsync.monitors.store import Store
     from draftsync.registry.model_registry import Registry
     from draftsync.registry.tags import target_tags

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
-import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -310,7 +309,7 @@ def test_the_filled_in_env_file_stays_out_of_version_control():
 
 
 def test_work_pools_match_between_setup_workers_and_prefect_yaml():
-    from draftsync.flows.deployments import WORK_POOLS
+    from draftsync.flows.prefect_deployments import WORK_POOLS
 
     services = _compose()["services"]
     script = _scripts(services["setup"])[0]
@@ -595,7 +594,7 @@ def _yaml_shapes() -> dict[str, dict]:
 
 
 def _served_deployments() -> list:
-    from draftsync.flows.deployments import build_deployments
+    from draftsync.flows.prefect_deployments import build_deployments
 
     return build_deployments()
 
@@ -617,7 +616,7 @@ def _served_shapes() -> dict[str, dict]:
 
 
 def test_deployment_names_are_the_served_ones():
-    from draftsync.flows.deployments import WORK_POOLS
+    from draftsync.flows.prefect_deployments import WORK_POOLS
 
     assert [d["name"] for d in _prefect_yaml()["deployments"]] == list(WORK_POOLS)
     assert [d.name for d in _served_deployments()] == list(WORK_POOLS)
@@ -636,12 +635,9 @@ def test_served_flows_are_the_entrypoints_flows():
 
 
 def test_work_pools_are_the_ones_the_code_routes_to():
-    from draftsync.flows import deployments as served
+    from draftsync.flows.prefect_deployments import WORK_POOLS
 
-    pools = getattr(served, "WORK_POOLS", None)
-    if pools is None:
-        pytest.skip("draftsync.flows.deployments names no WORK_POOLS")
-    assert {name: d["work_pool"]["name"] for name, d in _prefect_deployments().items()} == dict(pools)
+    assert {name: d["work_pool"]["name"] for name, d in _prefect_deployments().items()} == dict(WORK_POOLS)
 
 
 def test_served_trigger_templates_render_to_parameters_the_server_accepts():

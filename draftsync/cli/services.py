@@ -73,7 +73,7 @@ def serve(
     Needs a Prefect server (PREFECT_API_URL): its automations turn draftsync's events into sync and rollout runs."""
     import os
 
-    from draftsync.flows.deployments import Schedules, build_deployments
+    from draftsync.flows.prefect_deployments import Schedules, build_deployments
     from draftsync.profiles import profile as named_profile
     from draftsync.tasks import context
 
