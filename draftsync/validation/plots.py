@@ -149,9 +149,7 @@ def plot_acceptance_vs_gamma(
     return path
 
 
-def plot_acceptance_by_position(
-    per_position: Sequence[float], out_dir: str | Path, gamma: int | None = None, drafts: int | None = None
-) -> Path:
+def plot_acceptance_by_position(per_position: Sequence[float], out_dir: str | Path, gamma: int | None = None) -> Path:
     """Per-position acceptance rates (accepted at position i / drafts, e.g. `summarize_acceptance().per_position`).
 
     Position i counts a draft token only when every token before it was accepted too, so the bars fall
@@ -174,9 +172,7 @@ def plot_acceptance_by_position(
     axis = figure.subplots()
     bars = axis.bar(positions, rates, color="tab:blue", alpha=0.85)
     axis.bar_label(bars, labels=[f"{r:.2f}" if not math.isnan(r) else "n/a" for r in rates], padding=2, fontsize=8)
-    details = [f"gamma {gamma}" if gamma is not None else "", f"{drafts} drafts" if drafts is not None else ""]
-    subtitle = ", ".join(d for d in details if d)
-    axis.set_title("Acceptance by draft position" + (f" ({subtitle})" if subtitle else ""))
+    axis.set_title("Acceptance by draft position" + (f" (gamma {gamma})" if gamma is not None else ""))
     axis.set_xlabel("draft position (1 = first drafted token)")
     axis.set_ylabel("acceptance rate (accepted at position / drafts)")
     axis.set_xticks(positions)

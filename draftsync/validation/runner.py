@@ -160,6 +160,11 @@ class _Workload:
     knee_floor: float  # the acceptance the knee must clear
     logger: Any
 
+    @property
+    def greedy_set(self) -> list[EvalRequest]:
+        """The requests run at T=0 too when the deployment's temperature is above 0 (the fallback-equivalence set)."""
+        return self.requests[:GREEDY_CHECK_REQUESTS]
+
 
 @dataclass
 class _AtKnee:
@@ -290,7 +295,7 @@ def _settle_knee(
     """Validate at each candidate gamma, largest first, until one clears the acceptance gates (`_step_down`).
     `validation_set(gamma)` runs the validation set at that gamma, and the plain runs it paired with, if any."""
     profile, seed, captured_requests = work.profile, work.seed, work.captured_requests
-    greedy_set, temperature = work.requests[:GREEDY_CHECK_REQUESTS], profile.temperature
+    greedy_set, temperature = work.greedy_set, profile.temperature
     rejected: list[dict] = []
     for gamma in candidates:
         spec, plain = validation_set(gamma)
@@ -308,7 +313,6 @@ def _measure_request_by_request(backend: EvaluationBackend, work: _Workload) -> 
     temperature = profile.temperature
     sweep, sweep_plain_tpot = _sweep(backend, requests[: profile.sweep_requests], profile, seed)
     knee, fastest = _knee(sweep, profile, work.knee_floor, work.logger)
-    greedy_set = requests[:GREEDY_CHECK_REQUESTS]
     at_knee = _settle_knee(
         backend,
         work,
@@ -317,7 +321,9 @@ def _measure_request_by_request(backend: EvaluationBackend, work: _Workload) -> 
     )
     knee, plain = at_knee.knee, at_knee.plain
     assert plain is not None  # paired with the validation set at every gamma
-    plain_greedy = backend.generate(greedy_set, 0, 0.0, seed) if temperature > 0 else plain  # the same at any gamma
+    plain_greedy = (
+        backend.generate(work.greedy_set, 0, 0.0, seed) if temperature > 0 else plain
+    )  # the same at any gamma
     long = backend.generate(work.long_requests, knee, temperature, seed + 1000)
     stressed = None
     if stress is not None:
@@ -348,7 +354,6 @@ def _measure_gamma_by_gamma(backend: EvaluationBackend, work: _Workload) -> _Run
     requests, profile, seed, stress = work.requests, work.profile, work.seed, work.stress
     temperature = profile.temperature
     sweep_count = min(len(requests), profile.sweep_requests)
-    greedy_set = requests[:GREEDY_CHECK_REQUESTS]
     by_gamma = {
         gamma: backend.generate(requests[:sweep_count], gamma, temperature, seed)
         for gamma in sorted(_sweep_gammas(backend, profile), reverse=True)
@@ -368,7 +373,7 @@ def _measure_gamma_by_gamma(backend: EvaluationBackend, work: _Workload) -> _Run
     speculative_stress = stress.run(backend.endpoint(knee), SERVED_NAME) if stress is not None else None
 
     plain = backend.generate(requests, 0, temperature, seed)
-    plain_greedy = backend.generate(greedy_set, 0, 0.0, seed) if temperature > 0 else plain
+    plain_greedy = backend.generate(work.greedy_set, 0, 0.0, seed) if temperature > 0 else plain
     stressed = None
     if stress is not None and speculative_stress is not None:
         stressed = _finish_stress(backend, stress, knee, speculative_stress)

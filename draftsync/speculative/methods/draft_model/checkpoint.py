@@ -12,7 +12,7 @@ import torch
 
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.methods import DRAFT_MODEL
-from draftsync.speculative.methods.checkpoint_files import SavedFor
+from draftsync.speculative.methods.checkpoint_files import CONFIG_FILE, SavedFor
 from draftsync.speculative.methods.draft_model.model import DraftModelDrafter
 
 MARKER_FILE = "draftsync_drafter.json"
@@ -45,9 +45,9 @@ def load_draft_model(path: Path | str, dtype: torch.dtype | None = None) -> Draf
 
     path = Path(path)
     marker_path = path / MARKER_FILE
-    if not marker_path.is_file() or not (path / "config.json").is_file():
+    if not marker_path.is_file() or not (path / CONFIG_FILE).is_file():
         raise DraftsyncError(
-            f"{path} is not a draft_model checkpoint (no {MARKER_FILE} or config.json)",
+            f"{path} is not a draft_model checkpoint (no {MARKER_FILE} or {CONFIG_FILE})",
             "point at a directory written by save_draft_model",
         )
     try:
