@@ -44,10 +44,12 @@ def generate_responses(
 
     sequences: list[list[int]] = []
     masks: list[list[int]] = []
-    side = tokenizer.padding_side
+    side, pad = tokenizer.padding_side, tokenizer.pad_token
     tokenizer.padding_side = "left"  # generation appends on the right, so pad prompts on the left
     torch.manual_seed(seed)
     try:
+        if pad is None:  # Llama-3's tokenizer has none; EOS is what `generate` pads with, and the mask hides it
+            tokenizer.pad_token = tokenizer.eos_token
         for start in range(0, len(prompts), batch_size):
             batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True).to(model.device)
             sampling = (
@@ -66,5 +68,5 @@ def generate_responses(
                 sequences.append(ids)
                 masks.append(mask)
     finally:
-        tokenizer.padding_side = side
+        tokenizer.padding_side, tokenizer.pad_token = side, pad
     return sequences, masks

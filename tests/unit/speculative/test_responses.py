@@ -68,3 +68,24 @@ def test_vllm_responses_need_a_writer_and_a_started_server(tokenizer, tmp_path):
     writer = VllmResponseWriter(tmp_path, tmp_path)
     with pytest.raises(DraftsyncError, match="not started"):
         writer.complete([1, 2], 4, 0.0, 0)
+
+
+def test_a_tokenizer_without_a_pad_token_writes_batched_responses_as_it_writes_them_one_by_one(tokenizer):
+    """Llama-3's tokenizer has no pad token: the batch is padded with EOS, on the left, and the tokenizer kept as
+    it came."""
+    import copy
+
+    from draftsync.speculative.data.responses import generate_responses
+
+    from tests.support.speculative_fixtures import tiny_llama
+
+    padless = copy.deepcopy(tokenizer)
+    padless.pad_token = None
+    prompts = ["def add(a, b):", "The sum of 12 and 30 is", "x"]
+    assert len({len(padless(prompt)["input_ids"]) for prompt in prompts}) == 3  # the batch needs padding
+    model = tiny_llama()
+    batched = generate_responses(model, padless, prompts, max_new_tokens=6, batch_size=3)
+    assert padless.pad_token is None and padless.padding_side == "right"
+    alone = [generate_responses(model, padless, [prompt], max_new_tokens=6) for prompt in prompts]
+    assert batched == ([ids for (ids,), _ in alone], [mask for _, (mask,) in alone])
+    assert [mask.count(0) for mask in batched[1]] == [len(padless(prompt)["input_ids"]) for prompt in prompts]
