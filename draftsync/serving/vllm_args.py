@@ -413,27 +413,58 @@ def _check_medusa(drafter_dir: Path | str | None, gamma: int, schedule: Sequence
 @dataclass(frozen=True)
 class ServerResources:
     """The GPUs a server that a sync starts may take, as its plan gives them: which devices, how many the target is
-    split over (tensor parallelism), and the fraction of each it may fill, after what serving deployments hold."""
+    split over (tensor parallelism), the fraction of each it may fill, after what serving deployments hold, and the
+    longest sequence the stage needs (without it vLLM sizes the KV cache for the model's whole context, which for a
+    large target does not fit beside its weights)."""
 
     devices: tuple[int, ...] = ()  # () : whatever the process sees (a CPU engine, or one GPU worker)
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float | None = None  # None: vLLM's own default
+    max_model_len: int | None = None  # None: the model's own context
 
     @classmethod
     def from_plan(cls, planned: dict | None) -> ServerResources:
         """From a plan's `servers` settings (None or empty: the defaults)."""
         if not planned:
             return cls()
+        length = planned.get("max_model_len")
+        if length is not None:
+            length = _integer(length, "the plan's servers max_model_len")
+            if length < 1:
+                raise DraftsyncError(
+                    f"the plan's servers max_model_len is {length}", "plan again: it is the longest sequence, >= 1"
+                )
         return cls(
             devices=tuple(int(d) for d in planned.get("devices", ())),
             tensor_parallel_size=int(planned.get("tensor_parallel_size", 1)),
             gpu_memory_utilization=planned.get("gpu_memory_utilization"),
+            max_model_len=length,
         )
 
     def extra_args(self) -> list[str]:
-        if self.gpu_memory_utilization is None:
-            return []
-        return ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
+        args = []
+        if self.gpu_memory_utilization is not None:
+            args += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
+        if self.max_model_len is not None:
+            args += ["--max-model-len", str(self.max_model_len)]
+        return args
+
+    def merged_args(self, extra: Sequence[str]) -> list[str]:
+        """`extra` (a deployment's arguments) with these after it, each flag these set taken out of `extra`: the
+        plan sized the memory for its own values, and vLLM would otherwise read the flag twice."""
+        own = self.extra_args()
+        flags = {arg for arg in own if arg.startswith("--")}
+        kept: list[str] = []
+        skip_value = False
+        for arg in map(str, extra):
+            if skip_value:
+                skip_value = False
+                continue
+            if _long_flag(arg) in flags:
+                skip_value = "=" not in arg
+                continue
+            kept.append(arg)
+        return [*kept, *own]
 
     def environment(self) -> dict[str, str]:
         """The explicit devices: the server sees only them, numbered from 0."""

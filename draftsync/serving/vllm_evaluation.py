@@ -149,8 +149,9 @@ class VllmBackend:
     """Real vLLM servers as an `EvaluationBackend`: one server per gamma, started when first asked for.
 
     `method` None reads the drafter's method from its directory; "ngram" needs no directory. `extra_args` go to
-    every launch (a deployment's `extra_vllm_args`). Starting a server stops the one before, so one engine holds
-    the device at a time, and warms the new one up. `starts` counts the engine starts, for the record.
+    every launch (a deployment's `extra_vllm_args`), less the flags `resources` set from the plan. Starting a server
+    stops the one before, so one engine holds the device at a time, and warms the new one up. `starts` counts the
+    engine starts, for the record.
     """
 
     name = "vllm"
@@ -183,7 +184,7 @@ class VllmBackend:
         self.max_gamma = proposable_tokens(self.method, self.drafter_dir)
         self.log_dir = Path(log_dir)
         self.resources = resources or ServerResources()
-        self.extra_args = [*extra_args, *self.resources.extra_args()]
+        self.extra_args = self.resources.merged_args(extra_args)
         self.ignore_eos = bool(ignore_eos)
         self.prompt_lookup = (prompt_lookup_min, prompt_lookup_max)
         self.draft_sampling = draft_sampling  # vLLM's draft_sample_method (render_vllm_command); None: its default

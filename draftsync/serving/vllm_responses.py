@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsync.errors import DraftsyncError
-from draftsync.serving.vllm_args import ServerResources
+from draftsync.serving.vllm_args import ServerResources, VllmLaunch
 from draftsync.speculative.data.responses import WRITERS, response_sample, response_seed
 
 SERVED_NAME = "responses"
@@ -74,21 +74,13 @@ class VllmResponseWriter:
         import httpx
 
         from draftsync.serving.process import free_port
-        from draftsync.serving.vllm_args import render_vllm_command
         from draftsync.serving.vllm_engine import find_vllm_engine, start_vllm_server, wait_until_serving
 
         self.engine = self.engine or find_vllm_engine()
         port = free_port()
-        resources = self.resources
-        launch = render_vllm_command(
-            self.target_dir,
-            port=port,
-            served_model_name=SERVED_NAME,
-            tensor_parallel_size=resources.tensor_parallel_size,
-            extra_args=resources.extra_args(),
-        )
+        launch = self.launch(port)
         log = self.log_dir / f"responses-{port}.log"
-        self.server = start_vllm_server(self.engine, launch.argv, "127.0.0.1", port, log, resources.environment())
+        self.server = start_vllm_server(self.engine, launch.argv, "127.0.0.1", port, log, self.resources.environment())
         wait_until_serving(self.server, f"the responses of {self.target_dir}")  # stops the server if it fails
         self._client = httpx.Client(
             timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0),
@@ -96,6 +88,18 @@ class VllmResponseWriter:
         )
         self._pool = ThreadPoolExecutor(self.in_flight, thread_name_prefix="vllm-responses")
         return self
+
+    def launch(self, port: int) -> VllmLaunch:
+        """The rendered `vllm serve` launch: the target alone, with the plan's GPUs, memory and context length."""
+        from draftsync.serving.vllm_args import render_vllm_command
+
+        return render_vllm_command(
+            self.target_dir,
+            port=port,
+            served_model_name=SERVED_NAME,
+            tensor_parallel_size=self.resources.tensor_parallel_size,
+            extra_args=self.resources.extra_args(),
+        )
 
     def __exit__(self, *exc_info: object) -> None:
         if self._pool is not None:
