@@ -251,7 +251,8 @@ class VllmBackend:
         port = free_port()
         launch = self.launch(gamma, port, schedule)
         log = self.log_dir / f"evaluation-gamma{gamma}{'-scheduled' if schedule else ''}-{port}.log"
-        server = start_vllm_server(self.engine, launch.argv, "127.0.0.1", port, log, self.resources.environment())
+        environment = self.resources.environment(server="the validation server")
+        server = start_vllm_server(self.engine, launch.argv, "127.0.0.1", port, log, environment)
         self.starts += 1
         wait_until_serving(server, f"evaluation at gamma {gamma}")
         self._server, self._key = server, key

@@ -80,7 +80,8 @@ class VllmResponseWriter:
         port = free_port()
         launch = self.launch(port)
         log = self.log_dir / f"responses-{port}.log"
-        self.server = start_vllm_server(self.engine, launch.argv, "127.0.0.1", port, log, self.resources.environment())
+        environment = self.resources.environment(server="the response writer's server")
+        self.server = start_vllm_server(self.engine, launch.argv, "127.0.0.1", port, log, environment)
         wait_until_serving(self.server, f"the responses of {self.target_dir}")  # stops the server if it fails
         self._client = httpx.Client(
             timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0),

@@ -1,4 +1,5 @@
-"""What a sync's plan gives the vLLM servers it starts: the context length their KV cache is sized for."""
+"""What a sync's plan gives the vLLM servers it starts: the context length their KV cache is sized for, and the
+GPUs they see, counted inside the worker's own visible set."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 
 import pytest
 from draftsync.errors import DraftsyncError
+from draftsync.serving import vllm_args
 from draftsync.serving.vllm_args import ServerResources, render_vllm_command
 
 PLANNED = {"devices": [0, 1], "tensor_parallel_size": 2, "gpu_memory_utilization": 0.88, "max_model_len": 4672}
@@ -66,3 +68,35 @@ def test_the_plans_context_length_replaces_one_a_caller_passed_so_it_is_written_
 def test_a_planned_context_length_that_is_not_a_positive_integer_is_refused(length):
     with pytest.raises(DraftsyncError, match="max_model_len"):
         ServerResources.from_plan({**PLANNED, "max_model_len": length})
+
+
+def test_the_plans_devices_count_inside_the_workers_visible_gpus():
+    assert vllm_args.visible_devices((0, 1), {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}) == "4,5"
+    assert vllm_args.visible_devices((1, 3), {"CUDA_VISIBLE_DEVICES": " 4, 5 ,6,7"}) == "5,7"
+    uuids = "GPU-8f3e2c1a-0000-1111-2222-333344445555,GPU-1b2c3d4e-aaaa-bbbb-cccc-ddddeeeeffff"
+    assert vllm_args.visible_devices((1,), {"CUDA_VISIBLE_DEVICES": uuids}) == uuids.split(",")[1]
+    mig = "MIG-0c9d8e7f-1111-2222-3333-444455556666"
+    assert vllm_args.visible_devices((0,), {"CUDA_VISIBLE_DEVICES": mig}) == mig
+    assert vllm_args.visible_devices((0, 1), {}) == "0,1"  # unset: the worker sees every GPU, numbered as the plan's
+
+
+@pytest.mark.parametrize(
+    ("visible", "names"),
+    [("4", "names 1 GPU"), ("", "names no GPU"), ("-1", "names no GPU"), ("2,-1,3", "names 1 GPU")],
+)
+def test_a_plan_asking_for_more_gpus_than_the_worker_sees_is_refused_naming_both(visible, names):
+    with pytest.raises(DraftsyncError) as error:
+        vllm_args.visible_devices((0, 1), {"CUDA_VISIBLE_DEVICES": visible}, "the validation server")
+    assert "the validation server on GPUs 0,1" in error.value.what
+    assert f"CUDA_VISIBLE_DEVICES={visible}" in error.value.what and names in error.value.what
+    assert "CUDA_VISIBLE_DEVICES" in error.value.fix
+
+
+def test_a_server_is_started_on_the_plans_gpus_as_the_worker_sees_them(monkeypatch):
+    resources = ServerResources.from_plan({"devices": [0, 1], "tensor_parallel_size": 2})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert resources.environment() == {"CUDA_VISIBLE_DEVICES": "4,5"}
+    assert resources.environment({"CUDA_VISIBLE_DEVICES": "6,7"}) == {"CUDA_VISIBLE_DEVICES": "6,7"}
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert resources.environment() == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert ServerResources().environment({"CUDA_VISIBLE_DEVICES": ""}) == {}  # no devices planned: nothing set
