@@ -49,7 +49,9 @@ def plan_command(
     """Plan a sync of TARGET: per stage (responses, hidden states, training, validation) the GPU and host memory,
     disk and time it needs and the settings it takes, or the stage that does not fit, its numbers and the fix."""
     from draftsync.errors import DraftsyncError
-    from draftsync.planning.sync_plan import TargetShape, detect_worker, plan_sync
+    from draftsync.planning.sync_plan import plan_sync
+    from draftsync.planning.target_shape import TargetShape
+    from draftsync.planning.worker import detect_worker
     from draftsync.profiles import profile as named_profile
     from draftsync.settings import Settings
     from draftsync.speculative.data.corpora import response_prompts

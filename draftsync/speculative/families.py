@@ -119,4 +119,5 @@ def config_features(config: Mapping[str, Any]) -> dict[str, Any]:
         "sliding_window": sliding_window_of(config),
         "dtype": str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"),
         "intermediate_size": int(config.get("intermediate_size") or 0),
+        "max_position_embeddings": int(config.get("max_position_embeddings") or 0),
     }

@@ -24,7 +24,8 @@ from draftsync.tasks.serving import configured_deployments
 
 if TYPE_CHECKING:
     from draftsync.planning.recommendation import Recommendation
-    from draftsync.planning.sync_plan import SyncPlan, Worker
+    from draftsync.planning.sync_plan import SyncPlan
+    from draftsync.planning.worker import Worker
 
 ASSUMED_GPU_MEMORY_GB = 80.0
 ASSUMED_TPOT_MS = 50.0  # 30-80 ms: the framework's middle band, when no deployment states a target
@@ -143,7 +144,9 @@ def plan_sync_resources(
 
     from prefect.artifacts import create_markdown_artifact
 
-    from draftsync.planning.sync_plan import TargetShape, detect_worker, plan_sync
+    from draftsync.planning.sync_plan import plan_sync
+    from draftsync.planning.target_shape import TargetShape
+    from draftsync.planning.worker import detect_worker
     from draftsync.speculative.data.corpora import response_prompts
 
     if profile.trainer == "speculators":
@@ -176,7 +179,7 @@ def _beside_serving(worker: Worker) -> Worker:
     """The worker with the GPU memory its configured vLLM deployments hold taken out."""
     from dataclasses import replace
 
-    from draftsync.planning.sync_plan import HeldMemory
+    from draftsync.planning.worker import HeldMemory
 
     if not worker.gpus:
         return worker
@@ -193,7 +196,9 @@ def requested_gpus(target_name: str, target_version: int, profile: SyncProfile) 
     (DRAFTSYNC_GPU_POOL_GPUS x DRAFTSYNC_GPU_POOL_GPU_MEMORY_GB, beside the configured deployments), rounded up to a
     count the sync triggers offer. A version whose tags cannot be planned from, or whose plan does not fit, asks for
     the whole node; the sync's own plan on the worker then decides, or refuses with the numbers."""
-    from draftsync.planning.sync_plan import TargetShape, Worker, plan_sync
+    from draftsync.planning.sync_plan import plan_sync
+    from draftsync.planning.target_shape import TargetShape
+    from draftsync.planning.worker import Worker
 
     settings = context.settings()
     node = settings.gpu_pool_gpus

@@ -31,7 +31,7 @@ def register_tags_only(name: str, tags: dict[str, str]) -> int:
 
 
 def size_tags(shape: dict) -> dict[str, str]:
-    from draftsync.planning.sync_plan import TargetShape
+    from draftsync.planning.target_shape import TargetShape
     from draftsync.registry.tags import KIND_TAG, TARGET_KIND, target_tags
     from draftsync.speculative.families import config_features
     from transformers import LlamaConfig
@@ -48,6 +48,7 @@ def size_tags(shape: dict) -> dict[str, str]:
         head_dim=shape["hidden_size"] // shape["num_attention_heads"],
         intermediate=shape["intermediate_size"],
         checkpoint_dtype="bfloat16",
+        context=0,
         config=config,
     ).parameters_from_config()
     return {

@@ -9,7 +9,9 @@ import json
 
 from draftsync.flows.sync import SkippedSync, SyncResult
 from draftsync.planning.recommendation import recommend
-from draftsync.planning.sync_plan import StagePlan, SyncPlan, Worker
+from draftsync.planning.stages import StagePlan
+from draftsync.planning.sync_plan import SyncPlan
+from draftsync.planning.worker import Worker
 from draftsync.planning.workload import Workload
 from draftsync.tasks.dataset import DatasetBuild
 from draftsync.tasks.drafting import SpeculatorsTrainingSummary, TrainingSummary

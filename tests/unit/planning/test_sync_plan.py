@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from draftsync.planning.sync_plan import HeldMemory, TargetShape, Worker, plan_sync
+from draftsync.planning.sync_plan import plan_sync
+from draftsync.planning.target_shape import TargetShape
+from draftsync.planning.worker import HeldMemory, Worker
 from draftsync.profiles import profile
 from transformers import LlamaConfig
 from typer.testing import CliRunner
@@ -298,3 +300,81 @@ def test_a_plan_says_how_many_gpus_of_its_node_it_uses(config_only):
     # a serving deployment holding half of GPUs 0-1 pushes the target to the GPUs with room
     assert used(seventy, 1, Worker(8, 80, 1e9, 1e9, held=(HeldMemory("chat", 2, 40.0),))) == 4
     assert used(eight, 8, Worker(0, 0, 1e9, 1e9)) == 0  # a CPU worker
+
+
+def test_each_stage_holds_its_gpus_alone_and_the_responses_server_never_beside_the_target(config_only):
+    """The responses' vLLM server takes 0.9 of each of its GPUs at start; the transformers target comes after it stops.
+    Held together, as the dataset stage once ran them, they overflow GPU 0, and the plan's check says so."""
+    from draftsync.planning.stages import StagePlan, overlap_refusal
+
+    for name, gpus in (("llama-3.1-8b", 1), ("llama-3.1-70b", 8)):
+        worker = Worker(gpus, 80, 512, 8000)
+        plan = plan_sync(TargetShape.from_directory(config_only / name), worker, profile("production"))
+        assert plan.fits and overlap_refusal(plan.stages, worker) is None
+        responses, hidden = plan.stages[0], plan.stages[1]
+        assert [o.holder for o in responses.occupants] == ["responses: the vLLM server"]
+        assert [o.holder for o in hidden.occupants] == ["hidden_states: the target (transformers)"]
+        interleaved = StagePlan("responses", 0, 0, 0, 0, {}, responses.occupants + hidden.occupants)
+        refused = overlap_refusal([interleaved], worker)
+        assert refused is not None and refused.stage == "responses"
+        assert "on GPU 0 at once" in refused.needed
+        assert "responses: the vLLM server 72.0 GiB + hidden_states: the target (transformers)" in refused.needed
+        assert "78.0 GiB free on GPU 0" in refused.available
+
+
+def test_training_ranks_keep_off_the_gpus_serving_holds(config_only):
+    """A deployment holding 70 GiB of GPUs 0-1 leaves them no room for a rank's step: the ranks go to GPUs 2-7."""
+    from draftsync.planning.stages import overlap_refusal
+
+    worker = Worker(8, 80, 512, 8000, held=(HeldMemory("chat", 2, 70.0),))
+    plan = plan_sync(TargetShape.from_directory(config_only / "llama-3.1-8b"), worker, profile("production"))
+    assert plan.fits, plan.refusal
+    assert plan.settings["training_devices"] == [2, 3, 4, 5, 6, 7] and plan.settings["train_processes"] == 6
+    assert plan.settings["training_device"] == "cuda:2"
+    assert "GPUs 2,3,4,5,6,7, the freest that hold a step" in plan.reasons["training"]
+    assert overlap_refusal(plan.stages, worker) is None
+    training = next(s for s in plan.stages if s.stage == "training")
+    assert all(set(o.gpus).isdisjoint({0, 1}) for o in training.occupants)
+
+
+def test_servers_are_sized_for_the_context_their_stages_need(config_only):
+    """--max-model-len is a prompt's room and the longest output asked; without it vLLM sizes 70B's KV for 131,072
+    tokens (20 GiB a GPU at TP 2), which the plan counts when the profile asks for outputs as long as the context."""
+    seventy = TargetShape.from_directory(config_only / "llama-3.1-70b")
+    node = Worker(8, 80, 512, 8000)
+    plan = plan_sync(seventy, node, profile("production"))
+    assert plan.settings["servers"]["max_model_len"] == 2048 + 4096
+    assert plan.settings["servers"]["tensor_parallel_size"] == 2
+    assert seventy.kv_bytes_per_token() * 131072 / 2 / 1024**3 == 20.0
+    production = profile("production")
+    whole_context = production.model_copy(
+        update={"validation": production.validation.model_copy(update={"long_max_tokens": None})}
+    )
+    longest = plan_sync(seventy, node, whole_context)
+    assert longest.settings["servers"]["max_model_len"] == 131072
+    assert longest.settings["servers"]["tensor_parallel_size"] == 4  # 65.7 + 20 GiB of KV do not fit 78 at TP 2
+
+
+def test_a_plan_whose_stages_overflow_a_gpu_is_refused_before_any_work_naming_stages_gpu_and_gib():
+    from draftsync.planning.stages import Occupant, StagePlan, overlap_refusal
+    from draftsync.planning.sync_plan import SyncPlan
+
+    worker = Worker(2, 80, 512, 8000, held=(HeldMemory("chat", 1, 20.0),))
+    online = StagePlan(
+        "training",
+        0,
+        0,
+        0,
+        0,
+        {},
+        (Occupant("hidden_states: the target, kept for online states", (0, 1), 40.0), Occupant("training", (0,), 30.0)),
+    )
+    refusal = overlap_refusal([online], worker)
+    assert refusal is not None and refusal.stage == "training"
+    assert refusal.needed == (
+        "70.0 GiB on GPU 0 at once (hidden_states: the target, kept for online states 40.0 GiB + training 30.0 GiB)"
+    )
+    assert refusal.available == "58.0 GiB free on GPU 0 of 2 (of its 80 GiB, chat holds 20.0 GiB)"
+    plan = SyncPlan("t", 1, worker, {}, (online,), refusal=refusal)
+    with pytest.raises(Exception, match="no dataset was written and no training started"):
+        plan.require_fit()

@@ -1,0 +1,188 @@
+"""The training stage of a plan: how many torchrun ranks, on which GPUs, with which micro-batch, checkpointing and
+data parallelism, so that every rank's step fits the GPU it runs on.
+
+Ranks go only to GPUs with room for a step: the freest first, and as many as the step's windows and those GPUs allow.
+A GPU a serving deployment holds, or one the target keeps for online states, counts what it leaves, not its size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from draftsync.planning.stages import Occupant, Refusal, StagePlan
+from draftsync.planning.worker import HOST_RESERVE_GIB, GiB, Worker, gib
+from draftsync.speculative.methods import is_eagle3_family
+
+if TYPE_CHECKING:
+    from draftsync.planning.target_shape import TargetShape
+    from draftsync.profiles import SyncProfile
+
+# The step-memory model's predictions came out at 0.82-0.85 of the measured peak for bf16 steps (docs/TRAINING.md,
+# bench/train_memory.py): a plan sizes a step at the prediction over the worst of those ratios.
+STEP_MEMORY_MARGIN = 1 / 0.82
+HOST_WORKING_GIB = 2.0  # a GPU stage's host memory beyond its buffers: the process, torch, the tokenizer
+# Throughputs behind the time estimates (assumed, not measured): an H100-class GPU at 40% of its 989 bf16 TFLOP/s;
+# a CPU worker at 0.2 TFLOP/s.
+GPU_FLOPS = 0.4 * 989e12
+CPU_FLOPS = 0.2e12
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One candidate layout of a step: micro-batch tokens, checkpointing, its bytes and how ranks hold AdamW."""
+
+    tokens: int
+    checkpointing: bool
+    memory: float
+    replica: str
+
+
+def plan_training(
+    target: TargetShape, worker: Worker, profile: SyncProfile, kept: Occupant | None = None, *, online: bool = False
+) -> tuple[StagePlan, dict[str, Any], Refusal | None]:
+    """The training stage: ranks on the freest GPUs that hold a step, the largest micro-batch that fits them (halving
+    from the whole batch to one window, then activation checkpointing), DDP before FSDP2; refused when one window
+    does not fit the freest GPU.
+
+    `kept`: the target the hidden-states stage leaves on its GPUs for online states, a device_map's share on each; it
+    trains in one process beside it when it spans several GPUs. Online on one GPU, each of several ranks loads a whole
+    target of its own instead (the stage's copy is released first). Offline, a rank reads only the target's head. On
+    a CPU the profile's ranks share its cores and host memory, each with its own fp32 target when online."""
+    on_gpu = worker.gpus > 0
+    whole_target = float(target.weight_bytes(on_gpu=True))
+
+    def room(gpu: int, ranks: int) -> float:
+        """What a rank on `gpu` has for its step: the GPU's free bytes less the target held there."""
+        free = worker.free_gib(gpu) * GiB
+        if not online or kept is None:
+            return free
+        if ranks > 1:
+            return free - whole_target  # each rank its own copy; the stage's copy is released before they start
+        return free - (kept.gib * GiB if gpu in kept.gpus else 0.0)
+
+    if on_gpu:
+        most = 1 if kept is not None and len(kept.gpus) > 1 else min(worker.gpus, profile.batch_size // worker.nodes)
+        for per_node in range(max(1, most), 0, -1):
+            gpus = sorted(sorted(range(worker.gpus), key=lambda g: room(g, per_node), reverse=True)[:per_node])
+            budget = min(room(g, per_node) for g in gpus)
+            step = _largest_step(target, profile, budget, per_node * worker.nodes, on_gpu)
+            if step.memory <= budget:
+                break
+    else:
+        per_node, gpus = profile.train_processes, []
+        copies = per_node if online else 1  # offline, a rank reads only the target's head
+        budget = (worker.host_memory_gib - HOST_RESERVE_GIB) * GiB - target.weight_bytes(False) * copies
+        step = _largest_step(target, profile, budget, per_node * worker.nodes, on_gpu)
+    own_copy = whole_target if online and on_gpu and per_node > 1 else 0.0
+    processes = per_node * worker.nodes
+    whole = profile.batch_size * profile.seq_len
+    accumulation = math.ceil(whole / step.tokens)
+    settings = {
+        "train_processes": processes,
+        "data_parallel": step.replica,
+        "training_device": f"cuda:{gpus[0]}" if on_gpu else "cpu",
+        "training_devices": gpus,
+        "batch_tokens": step.tokens,
+        "accumulation": accumulation,
+        "activation_checkpointing": step.checkpointing,
+    }
+    occupants: list[Occupant] = [kept] if kept is not None and not own_copy else []
+    if on_gpu:
+        holder = "training: a torchrun rank" if per_node > 1 else "training: the trainer"
+        occupants.append(
+            Occupant(holder + (" with its own target" if own_copy else ""), tuple(gpus), gib(step.memory + own_copy))
+        )
+    stage = StagePlan(
+        "training",
+        gib(step.memory + own_copy) if on_gpu else 0.0,
+        gib(step.memory) if not on_gpu else HOST_WORKING_GIB,
+        0.0,
+        _hours(target, profile, processes, on_gpu),
+        {
+            "micro_batch_tokens": step.tokens,
+            "accumulation": accumulation,
+            "activation_checkpointing": step.checkpointing,
+            "train_processes": processes,
+            **({"devices": gpus} if on_gpu else {}),
+        },
+        tuple(occupants),
+    )
+    refusal = None
+    if step.memory > budget:
+        where = f"GPU cuda:{gpus[0]}" if on_gpu else "host memory"
+        refusal = Refusal(
+            "training",
+            f"{gib(step.memory):.1f} GiB on {where} for one {profile.seq_len}-token window with activation "
+            "checkpointing (the drafter, AdamW, the target's head)",
+            f"{gib(budget):.1f} GiB free there",
+            "use a GPU with more memory, a shorter seq_len or a smaller draft_vocab_size in the sync profile",
+        )
+    return stage, settings, refusal
+
+
+def _largest_step(target: TargetShape, profile: SyncProfile, budget: float, processes: int, on_gpu: bool) -> _Step:
+    """The first step layout that fits `budget`, in the order of preference; else the smallest, for the refusal."""
+    from draftsync.speculative.train.step_memory import BF16, FP32, predict_step_memory
+
+    width = BF16 if on_gpu else FP32
+    candidates = []
+    tokens = profile.batch_size * profile.seq_len
+    while tokens >= profile.seq_len:
+        candidates.append((tokens, False))
+        tokens //= 2
+    candidates.append((profile.seq_len, True))
+    # DDP at the largest micro-batch that fits; FSDP2 (AdamW's state shared out) only where no DDP step fits.
+    if profile.data_parallel != "auto" or processes == 1:
+        replicas = [profile.data_parallel if profile.data_parallel != "auto" else "ddp"]
+    else:
+        replicas = ["ddp", "fsdp"]
+    chosen = None
+    for replica in replicas:
+        for tokens, checkpointing in candidates:
+            shape = _step_shape(target, profile, tokens, checkpointing, width)
+            shape = shape if replica != "fsdp" else _sharded(shape, processes)
+            memory = predict_step_memory(shape)["total"] * STEP_MEMORY_MARGIN
+            chosen = _Step(tokens, checkpointing, memory, replica)
+            if memory <= budget:
+                return chosen
+    assert chosen is not None
+    return chosen
+
+
+def _step_shape(target: TargetShape, profile: SyncProfile, tokens: int, checkpointing: bool, width: int):
+    from draftsync.speculative.train.step_memory import StepShape
+
+    return StepShape(
+        hidden=target.hidden,
+        vocab=target.vocab,
+        draft_vocab=min(profile.draft_vocab_size, target.vocab),
+        heads=target.heads,
+        kv_heads=target.kv_heads,
+        head_dim=target.head_dim,
+        intermediate=target.intermediate,
+        batch=tokens // profile.seq_len,
+        seq_len=profile.seq_len,
+        ttt_steps=profile.ttt_steps if is_eagle3_family(profile.method) else 1,
+        head_bytes=width,
+        activation_bytes=width,
+        checkpointing=checkpointing,
+    )
+
+
+def _sharded(shape, processes: int):
+    from dataclasses import replace
+
+    return replace(shape, optimizer_shards=processes)
+
+
+def _hours(target: TargetShape, profile: SyncProfile, processes: int, on_gpu: bool) -> float:
+    """Estimated from the step's FLOPs at the assumed throughput: hours or weeks, no finer."""
+    from draftsync.speculative.train.step_memory import drafter_parameters
+
+    trainable, _ = drafter_parameters(_step_shape(target, profile, profile.seq_len, False, 2))
+    ttt = profile.ttt_steps if is_eagle3_family(profile.method) else 1
+    whole = profile.batch_size * profile.seq_len
+    flops = profile.train_steps * whole * (6 * trainable + 2 * target.hidden * target.vocab) * ttt
+    return flops / (GPU_FLOPS * processes if on_gpu else CPU_FLOPS) / 3600
