@@ -11,14 +11,10 @@ import copy
 import pytest
 import torch
 from draftsync.speculative.methods import loss as draft_loss
-from draftsync.speculative.train.training import (
-    TrainConfig,
-    _with_target_logits,
-    fit_drafter,
-    micro_batches,
-    new_drafter_for,
-    optimisation_step,
-)
+from draftsync.speculative.train.batches import micro_batches, with_target_logits
+from draftsync.speculative.train.config import TrainConfig
+from draftsync.speculative.train.drafters import new_drafter_for, warm_start
+from draftsync.speculative.train.training import fit_drafter, optimisation_step
 
 SMALL = dict(draft_vocab_size=256, batch_size=8, seq_len=32, seed=0)
 
@@ -50,8 +46,8 @@ def test_draft_vocabulary_logits_keep_the_targets_greedy_token_over_its_whole_vo
     columns = drafter.draft_token_ids
     head = target.get_output_embeddings()
     batch = chain_shards.batch(chain_shards.windows([0, 1, 2], 32), 32)
-    whole = _with_target_logits(copy.copy(batch), head).target_logits
-    restricted = _with_target_logits(copy.copy(batch), head, columns=columns)
+    whole = with_target_logits(copy.copy(batch), head).target_logits
+    restricted = with_target_logits(copy.copy(batch), head, columns=columns)
     assert restricted.target_logits.shape[-1] == 64 < whole.shape[-1]
     assert torch.equal(restricted.target_logits, whole.index_select(-1, columns))
     assert torch.equal(restricted.target_greedy(), whole.argmax(-1))
@@ -118,8 +114,6 @@ def test_training_with_checkpointing_and_token_budgets_follows_the_plain_run(tar
 def test_the_frozen_embedding_is_the_targets_own_tensor_out_of_the_optimiser_and_kept_by_a_warm_start(
     target, chain_shards
 ):
-    from draftsync.speculative.train.training import warm_start
-
     drafter = new_drafter_for(target, chain_shards, TrainConfig(**SMALL))
     embedding = target.get_input_embeddings().weight
     assert drafter.embed_tokens.weight is embedding  # held once: no copy beside the target's

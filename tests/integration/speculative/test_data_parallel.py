@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.train.checkpoints import CHECKPOINT_FILE
+from draftsync.speculative.train.config import TrainConfig
 from draftsync.speculative.train.data_parallel import Ranks
 from draftsync.speculative.train.ranks import REPORT_FILE, RankSpec, command
-from draftsync.speculative.train.training import CHECKPOINT_FILE, TrainConfig, fit_drafter
+from draftsync.speculative.train.training import fit_drafter
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,8 @@ import torch
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.data.online_states import OnlineDataset, open_dataset
 from draftsync.speculative.data.shard_reader import ShardDataset
-from draftsync.speculative.train.training import TrainConfig, fit_drafter
+from draftsync.speculative.train.config import TrainConfig
+from draftsync.speculative.train.training import fit_drafter
 
 from tests.support.speculative_fixtures import chain_shards_of, one_torch_thread
 

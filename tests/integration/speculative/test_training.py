@@ -14,14 +14,10 @@ import pytest
 import torch
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.data.shard_reader import ShardDataset
-from draftsync.speculative.train.training import (
-    CHECKPOINT_FILE,
-    TrainConfig,
-    _lr_at,
-    _with_target_logits,
-    evaluate,
-    fit_drafter,
-)
+from draftsync.speculative.train.batches import with_target_logits
+from draftsync.speculative.train.checkpoints import CHECKPOINT_FILE
+from draftsync.speculative.train.config import TrainConfig
+from draftsync.speculative.train.training import _lr_at, evaluate, fit_drafter
 
 SMALL = dict(draft_vocab_size=256, batch_size=8, seq_len=32, seed=0)
 
@@ -122,9 +118,9 @@ def test_bad_training_input_is_named(target, random_target, chain_shards):
 def test_a_sharpened_teacher_is_the_targets_distribution_at_that_temperature(target, chain_shards):
     batch = chain_shards.batch_for_step(0, 2, 16, 0, chain_shards.windows(list(range(4)), 16))
     head = target.get_output_embeddings()
-    plain = _with_target_logits(batch, head).target_logits
+    plain = with_target_logits(batch, head).target_logits
     batch.target_logits = None
-    sharp = _with_target_logits(batch, head, 0.5).target_logits
+    sharp = with_target_logits(batch, head, 0.5).target_logits
     assert torch.allclose(sharp, 2 * plain)
     assert torch.equal(sharp.argmax(-1), plain.argmax(-1))  # the greedy token, what T=0 accepts, is unchanged
 
@@ -191,7 +187,8 @@ import json, sys, time
 import torch
 from transformers import LlamaForCausalLM
 from draftsync.speculative.data.shard_reader import ShardDataset
-from draftsync.speculative.train.training import TrainConfig, fit_drafter
+from draftsync.speculative.train.config import TrainConfig
+from draftsync.speculative.train.training import fit_drafter
 torch.set_num_threads(1)
 target = LlamaForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
 config = TrainConfig(**json.loads(sys.argv[3]))

@@ -1,0 +1,97 @@
+"""How to train one drafter (`TrainConfig`) and what a checkpoint must agree with to resume (its fingerprint)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
+
+from draftsync.speculative.methods import DEFAULT_METHOD, METHODS
+from draftsync.speculative.train.data_parallel import DDP
+
+if TYPE_CHECKING:
+    from draftsync.profiles import SyncProfile
+
+# TrainConfig fields added after the fingerprint was first written (see TrainConfig.fingerprint).
+FIELDS_ADDED_LATER = ("min_lr_ratio", "position_decay", "ttt_feed", "teacher_temperature")
+# How a step is laid out in memory, not what it computes: a checkpoint resumes across them.
+MEMORY_ONLY_FIELDS = ("batch_tokens", "activation_checkpointing", "data_parallel")
+
+
+@dataclass
+class TrainConfig:
+    """How to train one drafter; the defaults suit the built-in CPU targets."""
+
+    method: str = DEFAULT_METHOD
+    draft_vocab_size: int | None = None  # None: the target's whole vocabulary
+    aux_layer_ids: tuple[int, ...] | None = None  # EAGLE-3 only; None: default_aux_layer_ids(target layers)
+    medusa_heads: int = 4
+    draft_model_parameters: int | None = None  # draft_model only: parameter budget (None: an eagle3 drafter's)
+    steps: int = 200
+    batch_size: int = 16
+    seq_len: int = 128
+    lr: float = 3e-3
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1  # the cosine decay ends at lr * min_lr_ratio (0: at zero, as SpecForge's does)
+    ttt_steps: int = 1
+    position_decay: float = 1.0  # chained drafters: draft position k's loss weighs position_decay**k
+    # What later training-time-test steps of an EAGLE-3 drafter are fed: its own predicted state ("drafter", as at
+    # inference, speculators and SpecForge) or the target's ("target": only for the ablation that measures it).
+    ttt_feed: str = "drafter"
+    # The target's distribution is learnt at this temperature: below 1 it is sharpened towards the target's greedy
+    # token, which is all a drafter served at T=0 needs to agree with (the agreement counts are unchanged).
+    teacher_temperature: float = 1.0
+    noise_std: float = 0.0  # Gaussian noise on the target states, for robustness to the target's drift
+    holdout_fraction: float = 0.05
+    seed: int = 0
+    freeze_embeddings: bool = True
+    checkpoint_every: int = 0  # steps between resumable checkpoints (0: none)
+    eval_every: int = 0  # steps between held-out evaluations reported to on_progress (0: only at the end)
+    # Memory bounds of a step: the step's windows are split into micro-batches of at most `batch_tokens` tokens
+    # (padded to their own longest window, not to seq_len) whose gradients accumulate; None: one micro-batch.
+    batch_tokens: int | None = None
+    activation_checkpointing: bool = False  # recompute the drafter layer's activations in backward (EAGLE-3)
+    data_parallel: str = DDP  # how torchrun ranks hold the drafter: data_parallel.REPLICAS (the steps are the same)
+    device: str = "auto"  # "cpu", "cuda", "cuda:N" or "auto" (CUDA when available)
+    precision: str = "auto"  # "bf16" (autocast), "fp32" or "auto" (machine.trains_in_bf16: bf16 where it is faster)
+
+    @classmethod
+    def from_profile(cls, profile: SyncProfile, warm_start: bool) -> TrainConfig:
+        """The config a sync with `profile` trains with (`warm_start`: continuing the previous version's drafter)."""
+        return cls(
+            method=profile.method,
+            draft_vocab_size=None if METHODS[profile.method].full_vocabulary else profile.draft_vocab_size,
+            aux_layer_ids=profile.aux_layer_ids,
+            medusa_heads=profile.medusa_heads,
+            steps=profile.warm_start_steps if warm_start else profile.train_steps,
+            batch_size=profile.batch_size,
+            seq_len=profile.seq_len,
+            batch_tokens=profile.batch_tokens,
+            activation_checkpointing=profile.activation_checkpointing,
+            lr=profile.lr,
+            warmup_steps=profile.warmup_steps,
+            min_lr_ratio=profile.min_lr_ratio,
+            ttt_steps=profile.ttt_steps,
+            position_decay=profile.position_decay,
+            teacher_temperature=profile.teacher_temperature,
+            noise_std=profile.noise_std,
+            seed=profile.seed,
+            checkpoint_every=profile.checkpoint_every,
+            device=profile.training_device,
+            data_parallel=DDP if profile.data_parallel == "auto" else profile.data_parallel,
+        )
+
+    def fingerprint(self, warm_start: bool = False) -> str:
+        """What a checkpoint must agree with to be resumed: everything that shapes the run, `steps` included
+        (the learning-rate schedule spans them) and whether it started from a previous drafter."""
+        # Fields added after checkpoints were first written count only away from their defaults, so a run started
+        # before they existed still resumes.
+        later = {f.name: f.default for f in fields(self) if f.name in FIELDS_ADDED_LATER}
+        data = {
+            k: v
+            for k, v in asdict(self).items()
+            if k not in ("checkpoint_every", "eval_every", *MEMORY_ONLY_FIELDS) and not (k in later and v == later[k])
+        }
+        data["warm_start"] = warm_start
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()[:16]
