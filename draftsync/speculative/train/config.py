@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 FIELDS_ADDED_LATER = ("min_lr_ratio", "position_decay", "ttt_feed", "teacher_temperature")
 # How a step is laid out in memory, not what it computes: a checkpoint resumes across them.
 MEMORY_ONLY_FIELDS = ("batch_tokens", "activation_checkpointing", "data_parallel")
+# Where a run trains, not what it computes: every torchrun rank (each on cuda:LOCAL_RANK) resumes the leader's
+# checkpoint. Each is hashed as this value, the CPU's, which checkpoints written before placement was left out hold.
+PLACEMENT_FIELDS = {"device": "cpu"}
 
 
 @dataclass
@@ -84,7 +87,7 @@ class TrainConfig:
 
     def fingerprint(self, warm_start: bool = False) -> str:
         """What a checkpoint must agree with to be resumed: everything that shapes the run, `steps` included
-        (the learning-rate schedule spans them) and whether it started from a previous drafter."""
+        (the learning-rate schedule spans them) and whether it started from a previous drafter; not where it runs."""
         # Fields added after checkpoints were first written count only away from their defaults, so a run started
         # before they existed still resumes.
         later = {f.name: f.default for f in fields(self) if f.name in FIELDS_ADDED_LATER}
@@ -93,5 +96,6 @@ class TrainConfig:
             for k, v in asdict(self).items()
             if k not in ("checkpoint_every", "eval_every", *MEMORY_ONLY_FIELDS) and not (k in later and v == later[k])
         }
+        data.update(PLACEMENT_FIELDS)
         data["warm_start"] = warm_start
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()[:16]
