@@ -92,7 +92,7 @@ def load_target(path: Path, trust_remote_code: bool | None = None, load_options:
     in which dtype (`placement.from_pretrained_options`); None: on the CPU in fp32.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if trust_remote_code is None:
         from draftsync.settings import Settings
@@ -134,20 +134,34 @@ def load_target(path: Path, trust_remote_code: bool | None = None, load_options:
             "(model.model.layers), which it does not have",
             "register a Llama-style decoder-only checkpoint (Llama, Mistral, Qwen2/3 and the like)",
         )
+    tokenizer = load_tokenizer(path, trust_remote_code, model.config.vocab_size)
+    model.eval()
+    return model, tokenizer
+
+
+def load_tokenizer(path: Path, trust_remote_code: bool | None = None, vocab_size: int | None = None) -> Any:
+    """The target's tokenizer alone (for work before its weights are loaded), checked against its vocabulary
+    (`vocab_size`; None: its config's)."""
+    from transformers import AutoTokenizer
+
+    if trust_remote_code is None:
+        from draftsync.settings import Settings
+
+        trust_remote_code = Settings().trust_remote_code
+    path = Path(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as exc:
         raise DraftsyncError(
             f"tokenizer of target {path} could not be loaded ({exc})", "save the tokenizer files beside the weights"
         ) from exc
-    if len(tokenizer) > model.config.vocab_size:
+    vocab = vocab_size if vocab_size is not None else int(read_target_config(path).get("vocab_size") or 0)
+    if vocab and len(tokenizer) > vocab:
         raise DraftsyncError(
-            f"tokenizer of target {path} has {len(tokenizer)} tokens but the model's vocabulary is "
-            f"{model.config.vocab_size}",
+            f"tokenizer of target {path} has {len(tokenizer)} tokens but the model's vocabulary is {vocab}",
             "use the tokenizer the target was trained with",
         )
-    model.eval()
-    return model, tokenizer
+    return tokenizer
 
 
 def load_target_head(path: Path, load_options: dict[str, Any] | None = None) -> Any:

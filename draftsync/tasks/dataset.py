@@ -145,7 +145,9 @@ def build_dataset(
     captured: list[str] | None = None,
 ) -> DatasetBuild:
     """Shards of the target's states on texts of the task mix (teacher-forced) and on its own responses
-    (written by vLLM or by transformers, as the profile's `response_writer` says; the manifest records which).
+    (written by vLLM or by transformers, as the profile's `response_writer` says; the manifest records which). vLLM
+    writes them all first, on the GPUs the plan gives its server alone, and the transformers target is loaded on the
+    plan's devices only after the server has stopped.
     `captured`: prompts of the traffic a deployment served, answered (on-policy) for `captured_share` of the dataset's
     sequences, under the task name "captured" (`with_captured_traffic`).
 
@@ -160,13 +162,19 @@ def build_dataset(
     from draftsync.speculative.data import shard_bytes_per_token
     from draftsync.speculative.data.corpora import mixed_texts, response_prompts
     from draftsync.speculative.data.hidden_states import default_aux_layer_ids, num_decoder_layers
-    from draftsync.speculative.data.samples import concat_samples, regenerated_samples, teacher_forced_samples
+    from draftsync.speculative.data.samples import (
+        concat_samples,
+        regenerated_samples,
+        responses_written_first,
+        teacher_forced_samples,
+    )
     from draftsync.speculative.data.shard_reader import ShardDataset
     from draftsync.speculative.data.shard_writer import build_shards
     from draftsync.speculative.placement import shared_target
+    from draftsync.speculative.targets import load_tokenizer
 
     logger = context.logger()
-    model, tokenizer = shared_target(Path(target_dir), placement)
+    tokenizer = load_tokenizer(Path(target_dir))
     pairs = mixed_texts(task_mix, profile.training_texts, seed=profile.seed)
     prompts = response_prompts(task_mix, profile)
     pairs, prompts, from_traffic = with_captured_traffic(pairs, prompts, captured or [], profile)
@@ -176,10 +184,28 @@ def build_dataset(
             profile.generated_samples,
             len(prompts),
         )
+    writer = response_writer(profile.response_writer) if profile.generated_samples else None
+    written = None
+    if writer == "vllm":  # the server has its GPUs to itself: the transformers target is loaded after it stops
+        logger.info("dataset: %d responses written by vllm before the target is loaded", len(prompts))
+        resources = ServerResources.from_plan(servers)
+        server_source = regenerated_samples(
+            None,
+            tokenizer,
+            prompts,
+            profile.generated_max_tokens,
+            seed=profile.seed,
+            writer=writer,
+            open_writer=lambda: VllmResponseWriter(
+                target_dir, context.settings().root / "serving", resources=resources
+            ),
+        )
+        written = responses_written_first(server_source, out_dir)
+    model, tokenizer = shared_target(Path(target_dir), placement)
     sources = [teacher_forced_samples(tokenizer, pairs)]
-    if profile.generated_samples:
-        writer = response_writer(profile.response_writer)
-        logger.info("dataset: %d responses written by %s", len(prompts), writer)
+    if writer is not None:
+        if writer == "hf":
+            logger.info("dataset: %d responses written by hf", len(prompts))
         sources.append(
             regenerated_samples(
                 model,
@@ -188,9 +214,7 @@ def build_dataset(
                 profile.generated_max_tokens,
                 seed=profile.seed,
                 writer=writer,
-                open_writer=lambda: VllmResponseWriter(
-                    target_dir, context.settings().root / "serving", resources=ServerResources.from_plan(servers)
-                ),
+                open_writer=None if written is None else lambda: written,
             )
         )
     layer_ids = tuple(profile.aux_layer_ids or default_aux_layer_ids(num_decoder_layers(model)))

@@ -161,8 +161,10 @@ def _train_with_speculators(
     from draftsync.speculative.data.shard_reader import ShardDataset
     from draftsync.speculative.methods.eagle3.checkpoint import load_eagle3
     from draftsync.speculative.methods.registry import drafter_method, parameter_count, save_drafter
+    from draftsync.speculative.placement import release_shared_targets
     from draftsync.speculative.train.speculators import SpeculatorsTrainJob, run_job, write_token_rows
 
+    release_shared_targets()  # the hidden-state server takes the GPUs the dataset's target held
     logger = context.logger()
     work = Path(checkpoint_dir) / "speculators"
     rows = list(ShardDataset(dataset_dir).token_rows())

@@ -240,3 +240,53 @@ def regenerated_samples(
 def concat_samples(*sources: SampleSource) -> SampleSource:
     """One stream of several sources in order (e.g. teacher-forced texts, then regenerated responses)."""
     return _Concatenated(sources)
+
+
+RESPONSES_FILE = "responses.json"
+
+
+class StoredResponses:
+    """Responses written before the build loads the target, served back in order as a writer of `regenerated_samples`
+    serves them. A sync's vLLM response server needs its GPUs to itself (the plan sizes it so), so its responses are
+    all written, and the server stopped, before the transformers target takes the same GPUs."""
+
+    def __init__(self, answers: list[tuple[list[int], list[int]]]):
+        self.answers = answers
+
+    def __enter__(self) -> StoredResponses:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def responses(
+        self,
+        tokenizer: Any,
+        prompts: Iterable[str],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int = 0,
+        first: int = 0,
+    ) -> Iterator[tuple[list[int], list[int]]]:
+        return iter(self.answers[first:])
+
+
+def responses_written_first(source: SampleSource, out_dir: Any) -> StoredResponses:
+    """Every response of `source` (a regenerated source whose writer starts its own server), written to
+    `out_dir/responses.json` with the source's fingerprint, so a resumed build reads them back instead of starting
+    the server again; a file of other inputs is written anew."""
+    import json
+    from pathlib import Path
+
+    from draftsync.files import atomic_write
+
+    path = Path(out_dir) / RESPONSES_FILE
+    if path.exists():
+        stored = json.loads(path.read_text())
+        if stored.get("fingerprint") == source.fingerprint and len(stored["answers"]) == len(source):
+            return StoredResponses([(ids, mask) for ids, mask in stored["answers"]])
+    answers = [(sample.input_ids, sample.loss_mask) for sample in source]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"fingerprint": source.fingerprint, "answers": answers})
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+    return StoredResponses(answers)

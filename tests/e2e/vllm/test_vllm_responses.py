@@ -53,18 +53,31 @@ def prompts(chosen):
 
 @pytest.fixture(scope="module")
 def vllm_build(target, chosen, vllm_engine, prefect_harness, tmp_path_factory):
-    """The dataset builder's own run (the sync's `build-dataset` task) with vLLM writing the responses at T=0."""
+    """The dataset builder's own run (the sync's `build-dataset` task) with vLLM writing the responses at T=0; it
+    records how many targets the builder's process held loaded when the server started."""
+    from draftsync.serving import vllm_responses
+    from draftsync.speculative import placement
     from draftsync.tasks import context
     from draftsync.tasks.dataset import build_dataset
+
+    loaded_at_start: list[int] = []
+
+    class Watched(vllm_responses.VllmResponseWriter):
+        def __enter__(self):
+            loaded_at_start.append(len(placement._shared))
+            return super().__enter__()
 
     target_dir, _, _ = target
     root = tmp_path_factory.mktemp("vllm-responses")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DRAFTSYNC_WORKDIR", str(root / "work"))
+        patch.setattr(vllm_responses, "VllmResponseWriter", Watched)
         context.reset()
+        placement.release_shared_targets()
         data = build_dataset.fn(str(target_dir), MIX, chosen, str(root / "shards"))  # raises on failed data checks
     context.reset()
-    return root, data, json.loads((root / "shards" / MANIFEST_FILE).read_text())
+    placement.release_shared_targets()
+    return root, data, json.loads((root / "shards" / MANIFEST_FILE).read_text()), loaded_at_start
 
 
 def _stored_sequences(shards_dir, manifest) -> list[tuple[list[int], list[int]]]:
@@ -82,8 +95,16 @@ def _stored_sequences(shards_dir, manifest) -> list[tuple[list[int], list[int]]]
     return out
 
 
+def test_the_response_server_starts_before_the_target_is_loaded_on_its_gpus(vllm_build):
+    """The plan gives the response server its GPUs alone: the builder loads the transformers target only after the
+    server has written every response and stopped (one start, no target held then)."""
+    root, _, _, loaded_at_start = vllm_build
+    assert loaded_at_start == [0]
+    assert (root / "shards" / "responses.json").is_file()
+
+
 def test_vllm_written_responses_pass_the_data_checks_and_the_manifest_names_the_engine(vllm_build):
-    root, data, manifest = vllm_build
+    root, data, manifest, _ = vllm_build
     assert data.checks.passed and data.generated == PROMPTS and data.sequences == manifest["num_sequences"]
     assert data.response_writer == manifest["response_writer"] == "vllm"
     assert manifest["mode"] == "teacher_forced+regenerated"
@@ -99,7 +120,7 @@ def test_greedy_vllm_responses_equal_the_hugging_face_loops(target, prompts, vll
     from draftsync.speculative.data.samples import regenerated_samples
 
     _, model, tokenizer = target
-    root, _, manifest = vllm_build
+    root, _, manifest, _ = vllm_build
     by_vllm = _stored_sequences(root / "shards", manifest)[-PROMPTS:]
     by_hf = [(s.input_ids, s.loss_mask) for s in regenerated_samples(model, tokenizer, prompts, MAX_TOKENS)]
     differing = [index for index, (a, b) in enumerate(zip(by_hf, by_vllm, strict=True)) if a != b]
