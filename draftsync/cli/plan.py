@@ -104,7 +104,9 @@ def rendered_commands(plan: SyncPlan, directory: Path) -> dict[str, str]:
             tensor_parallel_size=servers.tensor_parallel_size,
             extra_args=servers.extra_args(),
         )
-        environment = [f"{key}={value}" for key, value in servers.environment().items()]
+        # the GPUs as this machine sees them when it is the worker planned for; else in the plan's own numbering
+        seen = None if "gpus" in plan.worker.detected else {}
+        environment = [f"{key}={value}" for key, value in servers.environment(parent=seen).items()]
         commands["vllm_server"] = shlex.join([*environment, *launch.argv])
     processes = plan.settings["train_processes"]
     if plan.settings.get("trainer") == "speculators":

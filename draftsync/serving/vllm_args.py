@@ -43,6 +43,7 @@ from typing import get_args
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import DraftSampling
 from draftsync.speculative.methods import METHODS, NGRAM, VLLM_METHODS, needs_no_checkpoint
+from draftsync.speculative.placement import visible_devices
 
 # vLLM's default n-gram window when neither end is given (SpeculativeConfig.__post_init__).
 DEFAULT_PROMPT_LOOKUP = 5
@@ -473,28 +474,3 @@ class ServerResources:
         if not self.devices:
             return {}
         return {"CUDA_VISIBLE_DEVICES": visible_devices(self.devices, os.environ if parent is None else parent, server)}
-
-
-def visible_devices(devices: Sequence[int], parent: Mapping[str, str], server: str = "a vLLM server") -> str:
-    """CUDA_VISIBLE_DEVICES for a child on the plan's `devices`, which count inside the parent's visible set (a
-    worker given GPUs 4-7 by its scheduler sees them as 0-3): device i is the parent's i-th entry (an index, a GPU
-    UUID or a MIG id, kept as written). With CUDA_VISIBLE_DEVICES unset the indices are the machine's own."""
-    planned = ",".join(str(d) for d in devices)
-    if "CUDA_VISIBLE_DEVICES" not in parent:
-        return planned
-    value = parent["CUDA_VISIBLE_DEVICES"]
-    visible: list[str] = []
-    for entry in (part.strip() for part in value.split(",")):
-        if not entry or entry.startswith("-"):  # CUDA stops at an invalid entry: "-1" hides every GPU
-            break
-        visible.append(entry)
-    if any(not 0 <= d < len(visible) for d in devices):
-        count = f"{len(visible)} GPU{'' if len(visible) == 1 else 's'}" if visible else "no GPU"
-        shown = value or '""'
-        raise DraftsyncError(
-            f"the sync's plan puts {server} on GPUs {planned} but this worker's CUDA_VISIBLE_DEVICES={shown} "
-            f"names {count}",
-            "give the worker the GPUs the plan was made for (its scheduler sets CUDA_VISIBLE_DEVICES), or plan the "
-            "sync again on this worker",
-        )
-    return ",".join(visible[d] for d in devices)

@@ -9,9 +9,12 @@ loaded copy (`shared_target`); the sync releases it when it ends.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from draftsync.errors import DraftsyncError
 
 if TYPE_CHECKING:
     import torch
@@ -101,3 +104,29 @@ def release_shared_targets() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def visible_devices(devices: Sequence[int], parent: Mapping[str, str], holder: str = "a vLLM server") -> str:
+    """CUDA_VISIBLE_DEVICES for a child process (`holder`: a vLLM server, the training ranks) on the plan's `devices`,
+    which count inside the parent's visible set (a worker given GPUs 4-7 by its scheduler sees them as 0-3): device i
+    is the parent's i-th entry (an index, a GPU UUID or a MIG id, kept as written). With CUDA_VISIBLE_DEVICES unset
+    the indices are the machine's own."""
+    planned = ",".join(str(d) for d in devices)
+    if "CUDA_VISIBLE_DEVICES" not in parent:
+        return planned
+    value = parent["CUDA_VISIBLE_DEVICES"]
+    visible: list[str] = []
+    for entry in (part.strip() for part in value.split(",")):
+        if not entry or entry.startswith("-"):  # CUDA stops at an invalid entry: "-1" hides every GPU
+            break
+        visible.append(entry)
+    if any(not 0 <= d < len(visible) for d in devices):
+        count = f"{len(visible)} GPU{'' if len(visible) == 1 else 's'}" if visible else "no GPU"
+        shown = value or '""'
+        raise DraftsyncError(
+            f"the sync's plan puts {holder} on GPUs {planned} but this worker's CUDA_VISIBLE_DEVICES={shown} "
+            f"names {count}",
+            "give the worker the GPUs the plan was made for (its scheduler sets CUDA_VISIBLE_DEVICES), or plan the "
+            "sync again on this worker",
+        )
+    return ",".join(visible[d] for d in devices)

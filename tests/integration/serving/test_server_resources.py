@@ -8,7 +8,7 @@ from draftsync.serving.vllm_args import ServerResources
 
 def test_the_plans_servers_become_devices_tensor_parallelism_and_a_memory_fraction():
     planned = ServerResources.from_plan({"devices": [2, 3], "tensor_parallel_size": 2, "gpu_memory_utilization": 0.41})
-    assert planned.environment() == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert planned.environment(parent={}) == {"CUDA_VISIBLE_DEVICES": "2,3"}
     assert planned.extra_args() == ["--gpu-memory-utilization", "0.41"]
     assert ServerResources.from_plan(None) == ServerResources()
     assert ServerResources().environment() == {} and ServerResources().extra_args() == []

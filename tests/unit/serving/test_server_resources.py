@@ -7,8 +7,8 @@ import json
 
 import pytest
 from draftsync.errors import DraftsyncError
-from draftsync.serving import vllm_args
 from draftsync.serving.vllm_args import ServerResources, render_vllm_command
+from draftsync.speculative import placement
 
 PLANNED = {"devices": [0, 1], "tensor_parallel_size": 2, "gpu_memory_utilization": 0.88, "max_model_len": 4672}
 
@@ -71,13 +71,13 @@ def test_a_planned_context_length_that_is_not_a_positive_integer_is_refused(leng
 
 
 def test_the_plans_devices_count_inside_the_workers_visible_gpus():
-    assert vllm_args.visible_devices((0, 1), {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}) == "4,5"
-    assert vllm_args.visible_devices((1, 3), {"CUDA_VISIBLE_DEVICES": " 4, 5 ,6,7"}) == "5,7"
+    assert placement.visible_devices((0, 1), {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}) == "4,5"
+    assert placement.visible_devices((1, 3), {"CUDA_VISIBLE_DEVICES": " 4, 5 ,6,7"}) == "5,7"
     uuids = "GPU-8f3e2c1a-0000-1111-2222-333344445555,GPU-1b2c3d4e-aaaa-bbbb-cccc-ddddeeeeffff"
-    assert vllm_args.visible_devices((1,), {"CUDA_VISIBLE_DEVICES": uuids}) == uuids.split(",")[1]
+    assert placement.visible_devices((1,), {"CUDA_VISIBLE_DEVICES": uuids}) == uuids.split(",")[1]
     mig = "MIG-0c9d8e7f-1111-2222-3333-444455556666"
-    assert vllm_args.visible_devices((0,), {"CUDA_VISIBLE_DEVICES": mig}) == mig
-    assert vllm_args.visible_devices((0, 1), {}) == "0,1"  # unset: the worker sees every GPU, numbered as the plan's
+    assert placement.visible_devices((0,), {"CUDA_VISIBLE_DEVICES": mig}) == mig
+    assert placement.visible_devices((0, 1), {}) == "0,1"  # unset: the worker sees every GPU, numbered as the plan's
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,7 @@ def test_the_plans_devices_count_inside_the_workers_visible_gpus():
 )
 def test_a_plan_asking_for_more_gpus_than_the_worker_sees_is_refused_naming_both(visible, names):
     with pytest.raises(DraftsyncError) as error:
-        vllm_args.visible_devices((0, 1), {"CUDA_VISIBLE_DEVICES": visible}, "the validation server")
+        placement.visible_devices((0, 1), {"CUDA_VISIBLE_DEVICES": visible}, "the validation server")
     assert "the validation server on GPUs 0,1" in error.value.what
     assert f"CUDA_VISIBLE_DEVICES={visible}" in error.value.what and names in error.value.what
     assert "CUDA_VISIBLE_DEVICES" in error.value.fix
