@@ -38,6 +38,7 @@ from draftsync.speculative.train.data_parallel import (
     whole_state,
 )
 from draftsync.speculative.train.drafters import new_drafter_for, warm_start
+from draftsync.speculative.train.target_tensors import placed_for_training, released_from_target, training_head
 
 if TYPE_CHECKING:
     import torch
@@ -79,11 +80,6 @@ def _device(name: str) -> torch.device:
             "run on a GPU worker or set the training device to cpu",
         )
     return torch.device(name)
-
-
-def _target_head(target_model: Any):
-    """The target's lm_head: it turns the stored post-norm state into the target's distribution."""
-    return target_model.get_output_embeddings()
 
 
 def _lr_at(config: TrainConfig, step: int) -> float:
@@ -313,7 +309,7 @@ def _set_up(
     device = _device(config.device)
     bf16 = trains_in_bf16(config.precision, device)
     target_model.eval()
-    head = _target_head(target_model).to(device)
+    head = training_head(target_model, device)  # the target's own module stays where its hooks send inputs
     train_ids, holdout_ids = dataset.split(config.holdout_fraction, config.seed)
     train_windows = dataset.windows(train_ids, config.seq_len)
     if train_windows.shape[0] == 0:
@@ -323,7 +319,7 @@ def _set_up(
         )
     drafter = new_drafter_for(target_model, dataset, config)
     warm_tensors = warm_start(drafter, init_from) if init_from is not None else 0
-    drafter.to(device).train()
+    placed_for_training(drafter, target_model, device).train()
     drafter.activation_checkpointing = config.activation_checkpointing
     return _Run(
         drafter=drafter,
@@ -461,15 +457,18 @@ def _finish(
     seconds: float,
     tokens_trained: int,
 ) -> tuple[Any, TrainReport]:
-    """The trained drafter whole, evaluated on the held-out windows and handed back on the CPU, with its report."""
+    """The trained drafter whole, evaluated on the held-out windows and handed back on the CPU with tensors of its
+    own, with its report."""
+    import torch
+
     drafter = run.drafter
     if run.replica is not None and run.replica.sharded:  # the trained drafter whole, as one process would hold it
         whole, _ = whole_state(drafter, run.optimizer)
         drafter = new_drafter_for(target_model, dataset, config)
         drafter.load_state_dict(whole)
-        drafter.to(run.device)
+        placed_for_training(drafter, target_model, run.device)
     accuracy, positions = evaluate(drafter, dataset, run.holdout_windows, run.head, config.batch_size, run.device)
-    drafter.to("cpu").eval()
+    released_from_target(drafter, target_model, torch.device("cpu")).eval()
     report = TrainReport(
         method=drafter.method,
         steps=run.step,

@@ -182,6 +182,20 @@ def test_a_checkpoint_of_another_run_is_refused_not_mixed_in(target, chain_shard
         fit_drafter(target, chain_shards, TrainConfig(steps=2, checkpoint_every=1, **SMALL), checkpoint_dir=tmp_path)
 
 
+def test_training_leaves_the_target_where_it_was_and_hands_back_a_drafter_of_its_own(target, chain_shards):
+    """No tensor is shared across modules on different devices: the trained drafter, moved to the CPU or anywhere,
+    never takes a target's tensor with it."""
+    where = {name: p.device for name, p in target.named_parameters()}
+    drafter, _ = fit_drafter(target, chain_shards, TrainConfig(method="eagle3", steps=2, **SMALL))
+    assert {name: p.device for name, p in target.named_parameters()} == where
+    target_storage = {p.untyped_storage().data_ptr() for p in target.parameters()}
+    shared = [n for n, p in drafter.named_parameters() if p.untyped_storage().data_ptr() in target_storage]
+    assert shared == []
+    dtypes = {name: p.dtype for name, p in target.named_parameters()}
+    drafter.double()  # Module.to swaps a parameter's data in place, as a move to a GPU does
+    assert {name: p.dtype for name, p in target.named_parameters()} == dtypes
+
+
 TRAIN_SCRIPT = """
 import json, sys, time
 import torch
