@@ -26,7 +26,9 @@ from draftsync.errors import DraftsyncError
 if TYPE_CHECKING:
     import torch
 
-RENDEZVOUS_TIMEOUT = timedelta(minutes=5)  # every rank of a job must join within this, or each fails naming the store
+# How long a rank waits at a collective: the leader alone writes each checkpoint (tens of GB for a large drafter's
+# state and AdamW's) while the others wait at the next one. Joining is bounded apart, by torchrun's join timeout.
+COLLECTIVE_TIMEOUT = timedelta(minutes=60)
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ def start(ranks: Ranks, device: torch.device) -> None:
         torch.cuda.set_device(device)
     endpoint = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
     try:
-        dist.init_process_group(backend, timeout=RENDEZVOUS_TIMEOUT)
+        dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
     except Exception as error:  # the store unreachable, a rank missing, a timeout: all end the same way
         raise DraftsyncError(
             f"rank {ranks.rank} of {ranks.world_size} could not join the training job at {endpoint} "
