@@ -7,8 +7,9 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
-from draftsync.speculative.methods import DEFAULT_METHOD, METHODS
-from draftsync.speculative.train.data_parallel import DDP
+from draftsync.errors import DraftsyncError
+from draftsync.speculative.methods import DEFAULT_METHOD, METHODS, is_eagle3_family
+from draftsync.speculative.train.data_parallel import DDP, REPLICAS
 
 if TYPE_CHECKING:
     from draftsync.profiles import SyncProfile
@@ -84,6 +85,37 @@ class TrainConfig:
             device=profile.training_device,
             data_parallel=DDP if profile.data_parallel == "auto" else profile.data_parallel,
         )
+
+    def check(self, world_size: int = 1) -> None:
+        """Refuse settings no run can train with, each named with its fix (`world_size`: the training processes)."""
+        if self.steps < 0:
+            raise DraftsyncError(f"training steps {self.steps} is negative", "use steps >= 0")
+        if self.ttt_steps < 1:
+            raise DraftsyncError(f"ttt_steps={self.ttt_steps} is below 1", "use ttt_steps >= 1")
+        if self.ttt_feed not in ("drafter", "target"):
+            raise DraftsyncError(f"ttt_feed {self.ttt_feed!r} is not known", "use drafter or target")
+        if self.ttt_feed == "target" and not is_eagle3_family(self.method):
+            raise DraftsyncError(
+                f"ttt_feed=target is measured for EAGLE-3 drafters only, not {self.method}", "use ttt_feed=drafter"
+            )
+        if not 0.0 <= self.min_lr_ratio <= 1.0 or not 0.0 < self.position_decay <= 1.0:
+            raise DraftsyncError(
+                f"min_lr_ratio {self.min_lr_ratio} or position_decay {self.position_decay} is out of range",
+                "use 0 <= min_lr_ratio <= 1 and 0 < position_decay <= 1",
+            )
+        if self.teacher_temperature <= 0.0:
+            raise DraftsyncError(
+                f"teacher_temperature {self.teacher_temperature} is not positive", "use a teacher_temperature > 0"
+            )
+        if self.data_parallel not in REPLICAS:
+            raise DraftsyncError(
+                f"data_parallel {self.data_parallel!r} is not known", f"use one of {list(REPLICAS)} in the sync profile"
+            )
+        if self.batch_size < world_size:
+            raise DraftsyncError(
+                f"a batch of {self.batch_size} windows cannot be shared by {world_size} training processes",
+                f"use batch_size >= {world_size} in the sync profile, or fewer processes",
+            )
 
     def fingerprint(self, warm_start: bool = False) -> str:
         """What a checkpoint must agree with to be resumed: everything that shapes the run, `steps` included

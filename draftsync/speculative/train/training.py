@@ -29,7 +29,6 @@ from draftsync.speculative.train.checkpoints import CHECKPOINT_FILE, dataset_ide
 from draftsync.speculative.train.config import TrainConfig
 from draftsync.speculative.train.data_parallel import (
     ONE_PROCESS,
-    REPLICAS,
     Ranks,
     Replica,
     load_optimizer_state,
@@ -233,7 +232,7 @@ def fit_drafter(
     (`ranks`, its process group started) each rank trains on its slice of every step's batch; the leader alone writes
     checkpoints, which resume on any world size that leaves each rank a window a step.
     """
-    _check_config(config, ranks)
+    config.check(ranks.world_size)
     _check_dataset(dataset, target_model, config)
     run = _set_up(target_model, dataset, config, init_from, checkpoint_dir)
     _resume(run, config, ranks)
@@ -266,37 +265,6 @@ class _Run:
     history: list[dict[str, float]] = field(default_factory=list)
     resumed_from: int = 0
     resumed_world_size: int | None = None
-
-
-def _check_config(config: TrainConfig, ranks: Ranks) -> None:
-    if config.steps < 0:
-        raise DraftsyncError(f"training steps {config.steps} is negative", "use steps >= 0")
-    if config.ttt_steps < 1:
-        raise DraftsyncError(f"ttt_steps={config.ttt_steps} is below 1", "use ttt_steps >= 1")
-    if config.ttt_feed not in ("drafter", "target"):
-        raise DraftsyncError(f"ttt_feed {config.ttt_feed!r} is not known", "use drafter or target")
-    if config.ttt_feed == "target" and not is_eagle3_family(config.method):
-        raise DraftsyncError(
-            f"ttt_feed=target is measured for EAGLE-3 drafters only, not {config.method}", "use ttt_feed=drafter"
-        )
-    if not 0.0 <= config.min_lr_ratio <= 1.0 or not 0.0 < config.position_decay <= 1.0:
-        raise DraftsyncError(
-            f"min_lr_ratio {config.min_lr_ratio} or position_decay {config.position_decay} is out of range",
-            "use 0 <= min_lr_ratio <= 1 and 0 < position_decay <= 1",
-        )
-    if config.teacher_temperature <= 0.0:
-        raise DraftsyncError(
-            f"teacher_temperature {config.teacher_temperature} is not positive", "use a teacher_temperature > 0"
-        )
-    if config.data_parallel not in REPLICAS:
-        raise DraftsyncError(
-            f"data_parallel {config.data_parallel!r} is not known", f"use one of {list(REPLICAS)} in the sync profile"
-        )
-    if config.batch_size < ranks.world_size:
-        raise DraftsyncError(
-            f"a batch of {config.batch_size} windows cannot be shared by {ranks.world_size} training processes",
-            f"use batch_size >= {ranks.world_size} in the sync profile, or fewer processes",
-        )
 
 
 def _set_up(
