@@ -89,12 +89,15 @@ def plan_command(
 def rendered_commands(plan: SyncPlan, directory: Path) -> dict[str, str]:
     """What the sync would run, as shell lines to read or hand to a scheduler: the vLLM server of the responses and
     the validation (with the plan's tensor parallelism and devices), and the torchrun launch of the training."""
+    import os
     import shlex
 
     from draftsync.serving.vllm_args import ServerResources, render_vllm_command
-    from draftsync.speculative.train.ranks import command
+    from draftsync.speculative.train.ranks import command, rank_environment
 
     commands = {}
+    # the GPUs as this machine sees them when it is the worker planned for; else in the plan's own numbering
+    seen = None if "gpus" in plan.worker.detected else {}
     if plan.settings.get("servers"):
         servers = ServerResources.from_plan(plan.settings["servers"])
         launch = render_vllm_command(
@@ -104,8 +107,6 @@ def rendered_commands(plan: SyncPlan, directory: Path) -> dict[str, str]:
             tensor_parallel_size=servers.tensor_parallel_size,
             extra_args=servers.extra_args(),
         )
-        # the GPUs as this machine sees them when it is the worker planned for; else in the plan's own numbering
-        seen = None if "gpus" in plan.worker.detected else {}
         environment = [f"{key}={value}" for key, value in servers.environment(parent=seen).items()]
         commands["vllm_server"] = shlex.join([*environment, *launch.argv])
     processes = plan.settings["train_processes"]
@@ -115,7 +116,8 @@ def rendered_commands(plan: SyncPlan, directory: Path) -> dict[str, str]:
         nodes = plan.worker.nodes
         spec = Path("<sync dir>") / "rank-spec.json"
         argv = command(spec, processes // nodes, nodes, "<first node>:29400" if nodes > 1 else None)
-        commands["training"] = shlex.join(["python", *argv[1:]])
+        ranks = rank_environment(plan.settings.get("training_devices", []), os.environ if seen is None else seen)
+        commands["training"] = shlex.join([*(f"{key}={value}" for key, value in ranks.items()), "python", *argv[1:]])
     return commands
 
 

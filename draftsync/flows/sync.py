@@ -252,6 +252,7 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     resources = plan_sync_resources(target_name, target.path, task_mix, chosen)
     chosen = chosen.model_copy(update=resources.profile_updates())
     placement, servers = resources.placement(), resources.settings.get("servers")
+    rank_devices = resources.settings.get("training_devices", [])
     # One work directory per (target version, method): a rerun after a crash resumes the dataset build
     # from its last shard and the training from its last checkpoint.
     suffix = f"-g{generation}" if generation else ""
@@ -266,7 +267,9 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
 
     out_dir = settings.root / "drafters" / target_name / f"target-v{target_version}-{chosen.method}{suffix}"
     checkpoints = work / "checkpoints"
-    training = _train(target_name, target.path, data, chosen, str(out_dir), str(checkpoints), placement, servers)
+    training = _train(
+        target_name, target.path, data, chosen, str(out_dir), str(checkpoints), placement, servers, rank_devices
+    )
     watch.lap("training")
     version = register_drafter(
         target_name,
@@ -325,6 +328,7 @@ def _train(
     checkpoints: str,
     placement: TargetPlacement | None,
     servers: dict[str, Any] | None,
+    rank_devices: list[int],
 ) -> Training:
     """Train the drafter, warm-started from the one in production when there is one; the target's memory goes back
     before the validation servers start."""
@@ -340,6 +344,7 @@ def _train(
             warm_start_dir=warm_start_dir,
             placement=placement,
             servers=servers,
+            rank_devices=rank_devices,
         )
     finally:
         release_shared_targets()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -119,7 +120,9 @@ def _warm_start_source(warm_start_dir: str | None, profile: SyncProfile, target)
     return candidate
 
 
-def _train_on_ranks(spec: RankSpec, profile: SyncProfile, log_dir: Path) -> tuple[Any, TrainReport]:
+def _train_on_ranks(
+    spec: RankSpec, profile: SyncProfile, log_dir: Path, devices: Sequence[int] = ()
+) -> tuple[Any, TrainReport]:
     """Train under torchrun with the profile's ranks on this node (and as many on each of its other nodes, which run
     the logged command on the same spec); the leader saves the drafter to `spec.out_dir`.
 
@@ -135,7 +138,7 @@ def _train_on_ranks(spec: RankSpec, profile: SyncProfile, log_dir: Path) -> tupl
     processes, nodes, rendezvous = profile.train_processes, profile.train_nodes, profile.train_rendezvous
     argv = command(spec_file, processes, nodes, rendezvous)
     context.logger().info("training on %d torchrun ranks: %s", processes * nodes, " ".join(argv))
-    launch(spec_file, processes, log_dir / RANKS_LOG, nodes, rendezvous)
+    launch(spec_file, processes, log_dir / RANKS_LOG, nodes, rendezvous, devices=devices)
     out = Path(spec.out_dir)
     report = TrainReport(**json.loads((out / REPORT_FILE).read_text()))
     return load_drafter(out), report
@@ -233,8 +236,10 @@ def train_drafter(
     verifier_name: str | None = None,
     placement: TargetPlacement | None = None,
     servers: dict[str, Any] | None = None,
+    rank_devices: Sequence[int] = (),
 ) -> Training:
     """Train (resuming from `checkpoint_dir` after a crash, warm-starting when it can) and save to `out_dir`.
+    `rank_devices`: the GPUs the plan gives the torchrun ranks (none: every GPU the worker sees).
 
     The per-step curves (loss, per-position accuracy, tokens/s) go to `checkpoint_dir/history.json`, for
     the registry to log as MLflow step series.
@@ -273,7 +278,7 @@ def train_drafter(
             speculative_tokens=profile.gamma,
             init_from=warm_start_dir if init_from is not None else None,
         )
-        drafter, report = _train_on_ranks(spec, profile, Path(checkpoint_dir))
+        drafter, report = _train_on_ranks(spec, profile, Path(checkpoint_dir), rank_devices)
     else:
         drafter, report = _train_here(target, dataset, config, profile, init_from, checkpoints, bar)
         _save(drafter, out, verifier_name or str(target_dir), architectures, profile.gamma)

@@ -9,10 +9,12 @@ config, so every rank reads the same one.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,16 @@ def command(
     ]
 
 
+def rank_environment(devices: Sequence[int], parent: Mapping[str, str]) -> dict[str, str]:
+    """The ranks see only the plan's GPUs (`devices`, as the worker numbers them), so LOCAL_RANK i trains on the
+    plan's i-th GPU and no rank lands on a GPU serving or the target holds; none given: the worker's own."""
+    from draftsync.speculative.placement import visible_devices
+
+    if not devices:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": visible_devices(devices, parent, "the training ranks")}
+
+
 def launch(
     spec_file: Path,
     processes: int,
@@ -82,10 +94,11 @@ def launch(
     nodes: int = 1,
     rendezvous: str | None = None,
     join_timeout_s: int = RENDEZVOUS_JOIN_TIMEOUT_S,
+    devices: Sequence[int] = (),
 ) -> None:
-    """Run this node's share of the job under torchrun and wait for it, its output in `log`. A node that is not the
-    rendezvous's host first waits, at most `join_timeout_s`, for the endpoint to answer; a job whose nodes do not all
-    join fails in the same time. Both failures name the endpoint."""
+    """Run this node's share of the job under torchrun on the plan's GPUs (`devices`) and wait for it, its output in
+    `log`. A node that is not the rendezvous's host first waits, at most `join_timeout_s`, for the endpoint to answer;
+    a job whose nodes do not all join fails in the same time. Both failures name the endpoint."""
     if nodes > 1:
         if not rendezvous:
             raise DraftsyncError(
@@ -93,8 +106,9 @@ def launch(
             )
         wait_for_rendezvous(rendezvous, join_timeout_s)
     argv = command(spec_file, processes, nodes, rendezvous, join_timeout_s)
+    environment = {**os.environ, **rank_environment(devices, os.environ)}  # refused here when the worker lacks them
     with log.open("w") as output:
-        done = subprocess.run(argv, stdout=output, stderr=subprocess.STDOUT, check=False)
+        done = subprocess.run(argv, stdout=output, stderr=subprocess.STDOUT, check=False, env=environment)
     if done.returncode == 0:
         return
     text = log.read_text()

@@ -378,3 +378,26 @@ def test_a_plan_whose_stages_overflow_a_gpu_is_refused_before_any_work_naming_st
     plan = SyncPlan("t", 1, worker, {}, (online,), refusal=refusal)
     with pytest.raises(Exception, match="no dataset was written and no training started"):
         plan.require_fit()
+
+
+def test_the_ranks_launch_sees_only_the_plans_gpus_as_the_worker_numbers_them(config_only):
+    """LOCAL_RANK i trains on cuda:i of what the ranks see: the launch shows them only the plan's GPUs, mapped through
+    the worker's own CUDA_VISIBLE_DEVICES; a worker that sees fewer is refused, naming both."""
+    from draftsync.cli.plan import rendered_commands
+    from draftsync.errors import DraftsyncError
+    from draftsync.speculative.train.ranks import rank_environment
+
+    worker = Worker(8, 80, 512, 8000, held=(HeldMemory("chat", 2, 70.0),))
+    plan = plan_sync(TargetShape.from_directory(config_only / "llama-3.1-8b"), worker, profile("production"))
+    devices = plan.settings["training_devices"]
+    assert rank_environment(devices, {}) == {"CUDA_VISIBLE_DEVICES": "2,3,4,5,6,7"}
+    scheduled = {"CUDA_VISIBLE_DEVICES": "8,9,10,11,12,13,14,15"}  # a worker given the second half of a 16-GPU node
+    assert rank_environment(devices, scheduled) == {"CUDA_VISIBLE_DEVICES": "10,11,12,13,14,15"}
+    assert rank_environment([], scheduled) == {}  # one process on the CPU, or the plan names no GPUs
+    assert rendered_commands(plan, config_only / "llama-3.1-8b")["training"].startswith(
+        "CUDA_VISIBLE_DEVICES=2,3,4,5,6,7 python -m torch.distributed.run --standalone --nproc-per-node=6 "
+    )
+    with pytest.raises(DraftsyncError) as refused:
+        rank_environment(devices, {"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert "puts the training ranks on GPUs 2,3,4,5,6,7" in refused.value.what
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3 names 4 GPUs" in refused.value.what
