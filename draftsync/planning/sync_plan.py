@@ -12,6 +12,7 @@ context. Times are estimates from stated throughputs, not measurements: they say
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ from draftsync.planning.worker import HOST_RESERVE_GIB, GiB, Worker, gib, size_t
 from draftsync.profiles import SyncProfile
 from draftsync.records import record_dict
 from draftsync.speculative.methods import METHODS
-from draftsync.speculative.placement import TargetPlacement
+from draftsync.speculative.placement import TargetPlacement, visible_devices
 
 DEVICE_MAP_OVERHEAD = 1.10  # accelerate's device_map does not split layers evenly: a tenth more than the weights
 FORWARD_TOKENS = 8192  # tokens of one teacher-forced pass (the shard writer's max_batch_tokens)
@@ -67,6 +68,11 @@ class SyncPlan:
             raise DraftsyncError(
                 f"{self.refusal.message()}; no dataset was written and no training started", self.refusal.fix
             )
+
+    def require_visible(self, environ: Mapping[str, str]) -> None:
+        """Refuse, before any work, a worker whose CUDA_VISIBLE_DEVICES names fewer GPUs than the plan uses."""
+        if self.gpus_used:
+            visible_devices(range(self.gpus_used), environ, "the sync's stages")
 
     def to_dict(self) -> dict[str, Any]:
         """The fields in their order, what the plan concludes after its size, the refusal with its message."""

@@ -8,6 +8,7 @@ Validation's measured knee then replaces the recommended start.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -172,6 +173,7 @@ def plan_sync_resources(
         plan.settings["activation_checkpointing"],
     )
     plan.require_fit()
+    plan.require_visible(os.environ)
     return plan
 
 

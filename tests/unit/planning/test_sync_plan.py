@@ -401,3 +401,18 @@ def test_the_ranks_launch_sees_only_the_plans_gpus_as_the_worker_numbers_them(co
         rank_environment(devices, {"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
     assert "puts the training ranks on GPUs 2,3,4,5,6,7" in refused.value.what
     assert "CUDA_VISIBLE_DEVICES=0,1,2,3 names 4 GPUs" in refused.value.what
+
+
+def test_a_worker_that_sees_fewer_gpus_than_the_plan_uses_is_refused_before_any_work(config_only):
+    from draftsync.errors import DraftsyncError
+
+    plan = plan_sync(
+        TargetShape.from_directory(config_only / "llama-3.1-70b"), Worker(8, 80, 512, 8000), profile("production")
+    )
+    assert plan.gpus_used == 8
+    plan.require_visible({})  # unset: the worker sees every GPU
+    plan.require_visible({"CUDA_VISIBLE_DEVICES": "8,9,10,11,12,13,14,15"})
+    with pytest.raises(DraftsyncError) as refused:
+        plan.require_visible({"CUDA_VISIBLE_DEVICES": "4,5"})
+    assert "puts the sync's stages on GPUs 0,1,2,3,4,5,6,7" in refused.value.what
+    assert "CUDA_VISIBLE_DEVICES=4,5 names 2 GPUs" in refused.value.what
