@@ -97,7 +97,7 @@ def rendered_commands(plan: SyncPlan, directory: Path) -> dict[str, str]:
 
     commands = {}
     # the GPUs as this machine sees them when it is the worker planned for; else in the plan's own numbering
-    seen = None if "gpus" in plan.worker.detected else {}
+    seen: dict[str, str] | None = None if "gpus" in plan.worker.detected else {}
     if plan.settings.get("servers"):
         servers = ServerResources.from_plan(plan.settings["servers"])
         launch = render_vllm_command(

@@ -134,6 +134,69 @@ def drawn_mix(task_mix: dict[str, float], sequences: int, from_traffic: int) -> 
     return {**drawn, CAPTURED_TASK: float(from_traffic)}
 
 
+def _inputs(
+    task_mix: dict[str, float], profile: SyncProfile, captured: list[str] | None
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]], int]:
+    """(texts, prompts to answer, how many of them are captured traffic), drawn for the profile."""
+    from draftsync.speculative.data.corpora import mixed_texts, response_prompts
+
+    pairs = mixed_texts(task_mix, profile.training_texts, seed=profile.seed)
+    prompts = response_prompts(task_mix, profile)
+    pairs, prompts, from_traffic = with_captured_traffic(pairs, prompts, captured or [], profile)
+    if profile.generated_samples and len(prompts) < profile.generated_samples:
+        context.logger().info(
+            "dataset: %d responses asked for, %d distinct prompts drawn: each is answered once",
+            profile.generated_samples,
+            len(prompts),
+        )
+    return pairs, prompts, from_traffic
+
+
+def _vllm_responses_first(
+    target_dir: str,
+    tokenizer: Any,
+    prompts: list[tuple[str, str]],
+    profile: SyncProfile,
+    servers: dict | None,
+    out_dir: str,
+) -> Any:
+    """Every response written by a vLLM server on the plan's GPUs, and the server stopped, before the transformers
+    target is loaded there (`samples.responses_written_first`)."""
+    from draftsync.serving.vllm_args import ServerResources
+    from draftsync.serving.vllm_responses import VllmResponseWriter
+    from draftsync.speculative.data.samples import regenerated_samples, responses_written_first
+
+    context.logger().info("dataset: %d responses written by vllm before the target is loaded", len(prompts))
+    resources = ServerResources.from_plan(servers)
+    source = regenerated_samples(
+        None,
+        tokenizer,
+        prompts,
+        profile.generated_max_tokens,
+        seed=profile.seed,
+        writer="vllm",
+        open_writer=lambda: VllmResponseWriter(target_dir, context.settings().root / "serving", resources=resources),
+    )
+    return responses_written_first(source, out_dir)
+
+
+def _checked(out_dir: str, model_config: Any, drawn_from: dict[str, float]) -> DataCheckReport:
+    """The data checks on the written shards, their table an artifact whether they pass or not."""
+    from prefect.artifacts import create_markdown_artifact
+
+    from draftsync.speculative.data.shard_reader import ShardDataset
+
+    try:
+        checks = run_data_checks(ShardDataset(out_dir), model_config, drawn_from)
+    except DraftsyncError as error:
+        report = getattr(error, "report", None)
+        if report is not None:
+            create_markdown_artifact(markdown=_checks_markdown(report.to_dict()), description="failed data checks")
+        raise
+    create_markdown_artifact(markdown=_checks_markdown(checks.to_dict()), description="data checks")
+    return checks
+
+
 @task(name="build-dataset", cache_policy=NONE)
 def build_dataset(
     target_dir: str,
@@ -153,59 +216,27 @@ def build_dataset(
 
     Resumable: a rerun after a crash continues from the last complete shard. The Great Expectations
     data checks run on the result; a failure stops the sync with the table of what was observed. `placement`: where
-    the target runs (the plan's; None: the CPU); `servers`: the GPUs the plan gives a vLLM response writer.
-    Long: the dataset's sources, disk check, shards and data checks, in the order a resumed build needs."""
-    from prefect.artifacts import create_markdown_artifact
-
-    from draftsync.serving.vllm_args import ServerResources
-    from draftsync.serving.vllm_responses import VllmResponseWriter, response_writer
+    the target runs (the plan's; None: the CPU); `servers`: the GPUs the plan gives a vLLM response writer."""
+    from draftsync.serving.vllm_responses import response_writer
     from draftsync.speculative.data import shard_bytes_per_token
-    from draftsync.speculative.data.corpora import mixed_texts, response_prompts
     from draftsync.speculative.data.hidden_states import default_aux_layer_ids, num_decoder_layers
-    from draftsync.speculative.data.samples import (
-        concat_samples,
-        regenerated_samples,
-        responses_written_first,
-        teacher_forced_samples,
-    )
-    from draftsync.speculative.data.shard_reader import ShardDataset
+    from draftsync.speculative.data.samples import concat_samples, regenerated_samples, teacher_forced_samples
     from draftsync.speculative.data.shard_writer import build_shards
     from draftsync.speculative.placement import shared_target
     from draftsync.speculative.targets import load_tokenizer
 
     logger = context.logger()
-    tokenizer = load_tokenizer(Path(target_dir))
-    pairs = mixed_texts(task_mix, profile.training_texts, seed=profile.seed)
-    prompts = response_prompts(task_mix, profile)
-    pairs, prompts, from_traffic = with_captured_traffic(pairs, prompts, captured or [], profile)
-    if profile.generated_samples and len(prompts) < profile.generated_samples:
-        logger.info(
-            "dataset: %d responses asked for, %d distinct prompts drawn: each is answered once",
-            profile.generated_samples,
-            len(prompts),
-        )
+    pairs, prompts, from_traffic = _inputs(task_mix, profile, captured)
     writer = response_writer(profile.response_writer) if profile.generated_samples else None
     written = None
-    if writer == "vllm":  # the server has its GPUs to itself: the transformers target is loaded after it stops
-        logger.info("dataset: %d responses written by vllm before the target is loaded", len(prompts))
-        resources = ServerResources.from_plan(servers)
-        server_source = regenerated_samples(
-            None,
-            tokenizer,
-            prompts,
-            profile.generated_max_tokens,
-            seed=profile.seed,
-            writer=writer,
-            open_writer=lambda: VllmResponseWriter(
-                target_dir, context.settings().root / "serving", resources=resources
-            ),
+    if writer == "vllm":
+        written = _vllm_responses_first(
+            target_dir, load_tokenizer(Path(target_dir)), prompts, profile, servers, out_dir
         )
-        written = responses_written_first(server_source, out_dir)
     model, tokenizer = shared_target(Path(target_dir), placement)
     sources = [teacher_forced_samples(tokenizer, pairs)]
     if writer is not None:
-        if writer == "hf":
-            logger.info("dataset: %d responses written by hf", len(prompts))
+        logger.info("dataset: %d responses written by %s", len(prompts), writer)
         sources.append(
             regenerated_samples(
                 model,
@@ -243,15 +274,7 @@ def build_dataset(
         on_progress=progress,
         online=online,
     )
-    try:
-        drawn_from = drawn_mix(task_mix, len(pairs) + len(prompts), from_traffic)
-        checks = run_data_checks(ShardDataset(out_dir), model.config, drawn_from)
-    except DraftsyncError as error:
-        report = getattr(error, "report", None)
-        if report is not None:
-            create_markdown_artifact(markdown=_checks_markdown(report.to_dict()), description="failed data checks")
-        raise
-    create_markdown_artifact(markdown=_checks_markdown(checks.to_dict()), description="data checks")
+    checks = _checked(out_dir, model.config, drawn_mix(task_mix, len(pairs) + len(prompts), from_traffic))
     logger.info(
         "dataset %s: %d sequences, %d tokens, data checks passed",
         out_dir,
