@@ -40,20 +40,10 @@ def server_context(target: TargetShape, profile: SyncProfile) -> int | None:
 def drafter_bytes(target: TargetShape, profile: SyncProfile) -> int:
     """The drafter the validation server loads beside the target, in 16 bits: an EAGLE-3 drafter's weights, its own
     embedding included (the largest of the methods draftsync trains, at the profile's draft vocabulary)."""
-    from draftsync.speculative.train.step_memory import StepShape, drafter_parameters
+    from draftsync.planning.training_plan import step_shape
+    from draftsync.speculative.train.step_memory import drafter_parameters
 
-    shape = StepShape(
-        hidden=target.hidden,
-        vocab=target.vocab,
-        draft_vocab=min(profile.draft_vocab_size, target.vocab),
-        heads=target.heads,
-        kv_heads=target.kv_heads,
-        head_dim=target.head_dim,
-        intermediate=target.intermediate,
-        batch=1,
-        seq_len=1,
-        ttt_steps=1,
-    )
+    shape = step_shape(target, profile, profile.seq_len, False, 2)
     return 2 * sum(drafter_parameters(shape))
 
 

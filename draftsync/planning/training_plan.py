@@ -141,7 +141,7 @@ def _largest_step(target: TargetShape, profile: SyncProfile, budget: float, proc
     chosen = None
     for replica in replicas:
         for tokens, checkpointing in candidates:
-            shape = _step_shape(target, profile, tokens, checkpointing, width)
+            shape = step_shape(target, profile, tokens, checkpointing, width)
             shape = shape if replica != "fsdp" else _sharded(shape, processes)
             memory = predict_step_memory(shape)["total"] * STEP_MEMORY_MARGIN
             chosen = _Step(tokens, checkpointing, memory, replica)
@@ -151,7 +151,9 @@ def _largest_step(target: TargetShape, profile: SyncProfile, budget: float, proc
     return chosen
 
 
-def _step_shape(target: TargetShape, profile: SyncProfile, tokens: int, checkpointing: bool, width: int):
+def step_shape(target: TargetShape, profile: SyncProfile, tokens: int, checkpointing: bool, width: int):
+    """The shape of a training step of the profile's drafter for `target`: `tokens` a micro-batch, `width` bytes an
+    activation and a head weight."""
     from draftsync.speculative.train.step_memory import StepShape
 
     return StepShape(
@@ -181,7 +183,7 @@ def _hours(target: TargetShape, profile: SyncProfile, processes: int, on_gpu: bo
     """Estimated from the step's FLOPs at the assumed throughput: hours or weeks, no finer."""
     from draftsync.speculative.train.step_memory import drafter_parameters
 
-    trainable, _ = drafter_parameters(_step_shape(target, profile, profile.seq_len, False, 2))
+    trainable, _ = drafter_parameters(step_shape(target, profile, profile.seq_len, False, 2))
     ttt = profile.ttt_steps if is_eagle3_family(profile.method) else 1
     whole = profile.batch_size * profile.seq_len
     flops = profile.train_steps * whole * (6 * trainable + 2 * target.hidden * target.vocab) * ttt
