@@ -90,7 +90,8 @@ def build_dataset(model, tokenizer, task_mix, settings, out_dir: Path, seed: int
 
 
 def train(method, target, dataset, settings, init_from=None, **overrides):
-    from draftsync.speculative.train.training import TrainConfig, fit_drafter
+    from draftsync.speculative.train.config import TrainConfig
+    from draftsync.speculative.train.training import fit_drafter
 
     config = TrainConfig(
         method=method,

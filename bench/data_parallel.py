@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     from draftsync.speculative.data.samples import Sample
     from draftsync.speculative.data.shard_writer import build_shards
     from draftsync.speculative.targets import load_target
+    from draftsync.speculative.train.config import TrainConfig
     from draftsync.speculative.train.ranks import RankSpec
-    from draftsync.speculative.train.training import TrainConfig
 
     runs: dict[int, list[dict]] = {1: [], 2: []}
     with tempfile.TemporaryDirectory() as work_dir:

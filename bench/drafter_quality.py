@@ -135,7 +135,8 @@ def recipe_part(settings: dict, quick: bool, only: list[str], cache: Path, root:
     from draftsync.speculative.builtin.targets import build_target, builtin_recipe
     from draftsync.speculative.data.corpora import task_prompts_for_mix
     from draftsync.speculative.targets import load_target
-    from draftsync.speculative.train.training import TrainConfig, fit_drafter
+    from draftsync.speculative.train.config import TrainConfig
+    from draftsync.speculative.train.training import fit_drafter
 
     recipe = builtin_recipe(1, "demo")
     target_dir = build_target(recipe, cache)
@@ -213,7 +214,8 @@ def methods_part(settings: dict, sizes: list[str], methods: list[str], cache: Pa
     from draftsync.speculative.builtin.targets import build_target, builtin_recipe
     from draftsync.speculative.data.corpora import prompts
     from draftsync.speculative.targets import load_target
-    from draftsync.speculative.train.training import TrainConfig, fit_drafter
+    from draftsync.speculative.train.config import TrainConfig
+    from draftsync.speculative.train.training import fit_drafter
 
     out = {}
     for size in sizes:
@@ -318,7 +320,8 @@ def warm_part(settings: dict, cache: Path, root: Path) -> dict:
     from draftsync.speculative.builtin.targets import build_target, builtin_recipe
     from draftsync.speculative.data.corpora import task_prompts_for_mix
     from draftsync.speculative.targets import load_target
-    from draftsync.speculative.train.training import TrainConfig, fit_drafter
+    from draftsync.speculative.train.config import TrainConfig
+    from draftsync.speculative.train.training import fit_drafter
 
     profile = method_profile(settings)
     v1_dir = build_target(builtin_recipe(1, "strong-deep"), cache)
@@ -395,7 +398,8 @@ def story_part(seeds: int, precisions: list[str], cache: Path, root: Path) -> di
     from draftsync.speculative.builtin.targets import build_target, builtin_recipe
     from draftsync.speculative.methods.registry import save_drafter
     from draftsync.speculative.targets import load_target
-    from draftsync.speculative.train.training import TrainConfig, fit_drafter
+    from draftsync.speculative.train.config import TrainConfig
+    from draftsync.speculative.train.training import fit_drafter
     from draftsync.validation.runner import run_checklist
 
     base = sync_profile("demo")

@@ -52,8 +52,9 @@ def measure(run: str) -> dict:
     from draftsync.speculative.data.training_batch import TrainingBatch
     from draftsync.speculative.methods import EAGLE3
     from draftsync.speculative.methods.registry import new_drafter
+    from draftsync.speculative.train.config import TrainConfig
     from draftsync.speculative.train.step_memory import BF16, FP32, StepShape, predict_step_memory
-    from draftsync.speculative.train.training import TrainConfig, optimisation_step
+    from draftsync.speculative.train.training import optimisation_step
     from transformers import LlamaConfig
 
     name, precision, *options = run.split(":")

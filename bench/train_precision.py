@@ -50,7 +50,8 @@ def _target_steps(model, batch, steps: int, bf16: bool) -> float:
 
 
 def _drafter_seconds(target, dataset, steps: int, precision: str) -> float:
-    from draftsync.speculative.train.training import TrainConfig, fit_drafter
+    from draftsync.speculative.train.config import TrainConfig
+    from draftsync.speculative.train.training import fit_drafter
 
     config = TrainConfig(
         method="eagle3", steps=steps, draft_vocab_size=256, batch_size=8, seq_len=128, ttt_steps=2, precision=precision

@@ -19,7 +19,8 @@ from draftsync.speculative.train.ranks import RankSpec
 from draftsync.tasks import context
 
 if TYPE_CHECKING:
-    from draftsync.speculative.train.training import TrainConfig, TrainReport
+    from draftsync.speculative.train.config import TrainConfig
+    from draftsync.speculative.train.training import TrainReport
 
 HISTORY_FILE = "history.json"  # in the checkpoint directory: name -> [(step, value)]
 RANKS_LOG = "ranks.log"  # in the checkpoint directory: what torchrun and its ranks printed
@@ -251,7 +252,7 @@ def train_drafter(
     from draftsync.speculative.data.online_states import open_dataset
     from draftsync.speculative.methods.registry import parameter_count
     from draftsync.speculative.placement import drop_decoder_layers, shared_target
-    from draftsync.speculative.train.training import TrainConfig
+    from draftsync.speculative.train.config import TrainConfig
 
     target, _ = shared_target(Path(target_dir), placement)  # the copy the dataset read: loaded once a sync
     target_parameters = sum(p.numel() for p in target.parameters())

@@ -215,7 +215,8 @@ def chain_shards(target, chain_data, tmp_path_factory):
 @pytest.fixture(scope="session")
 def trained(target, chain_shards):
     """(drafter, report) after a short training with a draft vocabulary and two training-time-test steps."""
-    from draftsync.speculative.train.training import TrainConfig, fit_drafter
+    from draftsync.speculative.train.config import TrainConfig
+    from draftsync.speculative.train.training import fit_drafter
 
     config = TrainConfig(draft_vocab_size=256, steps=100, batch_size=8, seq_len=32, ttt_steps=2, seed=0)
     with one_torch_thread():

@@ -64,7 +64,8 @@ class FamilyDrafters(Mapping[str, Path]):
     def _train(self, method: str) -> Path:
         import torch
         from draftsync.speculative.methods.registry import save_drafter
-        from draftsync.speculative.train.training import TrainConfig, fit_drafter
+        from draftsync.speculative.train.config import TrainConfig
+        from draftsync.speculative.train.training import fit_drafter
 
         model, dataset = self._target_and_data()
         torch.manual_seed(0)
