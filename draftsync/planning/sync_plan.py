@@ -108,12 +108,11 @@ class SyncPlan:
         }
 
     def placement(self) -> TargetPlacement:
-        """Where the target runs: the CPU, one GPU, or a device_map within the memory each GPU leaves it."""
+        """Where the target runs: the CPU, one GPU, or a device_map within what each GPU leaves its layers."""
         devices = tuple(self.settings["target_devices"])
         if devices == ("cpu",):
             return TargetPlacement()
-        free = min(self.worker.free_gib(int(d.split(":")[1])) for d in devices)
-        return TargetPlacement(devices, max_memory_gib=free if len(devices) > 1 else None)
+        return TargetPlacement(devices, max_memory_gib=self.settings.get("target_max_memory_gib"))
 
     def markdown(self) -> str:
         """The plan as a table, for the Prefect UI and the terminal."""
@@ -222,14 +221,15 @@ class _TargetStage:
         free = worker.freest()
         refusal, devices, room = None, [free[0]], worker.free_gib(free[0]) * GiB
         if weights + forward > room:
-            devices, room = [], 0.0
+            devices, room = [], 0.0  # for the weights: each GPU keeps a forward pass's room beside its layers
             for gpu in free:
                 devices.append(gpu)
-                room += worker.free_gib(gpu) * GiB
-                if room >= weights * DEVICE_MAP_OVERHEAD + forward:
+                room += worker.free_gib(gpu) * GiB - forward
+                if room >= weights * DEVICE_MAP_OVERHEAD:
                     break
-            if room < weights * DEVICE_MAP_OVERHEAD + forward:
-                refusal = gpu_refusal("hidden_states", weights * DEVICE_MAP_OVERHEAD + forward, worker, room)
+            if room < weights * DEVICE_MAP_OVERHEAD:
+                needed = weights * DEVICE_MAP_OVERHEAD + forward * len(devices)
+                refusal = gpu_refusal("hidden_states", needed, worker, room + forward * len(devices))
         need = f"its 16-bit weights ({size_text(weights / GiB)} GiB) and a {FORWARD_TOKENS:,}-token forward pass"
         reason = (
             f"{need} fit GPU {devices[0]}'s {size_text(worker.free_gib(devices[0]))} GiB free"
@@ -243,6 +243,8 @@ class _TargetStage:
             "target_placement": placed if refusal is None else "none: the GPUs cannot hold it",
             "target_dtype": "float16" if target.checkpoint_dtype == "float16" else "bfloat16",
         }
+        if len(devices) > 1:  # accelerate's max_memory: what each GPU gives the layers, a forward pass's room kept
+            settings["target_max_memory_gib"] = round(min(worker.free_gib(g) for g in devices) - forward / GiB, 1)
         per_gpu = weights * (1.0 if len(devices) == 1 else DEVICE_MAP_OVERHEAD / len(devices))
         return cls(tuple(sorted(devices)), per_gpu, forward, settings, reason, refusal)
 

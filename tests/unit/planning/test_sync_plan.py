@@ -416,3 +416,24 @@ def test_a_worker_that_sees_fewer_gpus_than_the_plan_uses_is_refused_before_any_
         plan.require_visible({"CUDA_VISIBLE_DEVICES": "4,5"})
     assert "puts the sync's stages on GPUs 0,1,2,3,4,5,6,7" in refused.value.what
     assert "CUDA_VISIBLE_DEVICES=4,5 names 2 GPUs" in refused.value.what
+
+
+def test_a_device_map_keeps_a_forward_pass_of_room_on_each_gpu_beside_its_layers(config_only):
+    """accelerate fills each GPU up to max_memory with layers; the plan's share leaves the pass its room there."""
+    from draftsync.planning.sync_plan import FORWARD_TOKENS
+    from draftsync.planning.target_shape import forward_bytes
+
+    seventy = TargetShape.from_directory(config_only / "llama-3.1-70b")
+    plan = plan_sync(seventy, Worker(8, 80, 512, 8000), profile("production"))
+    placement = plan.placement()
+    assert placement.devices == ("cuda:0", "cuda:1")
+    forward = forward_bytes(seventy, FORWARD_TOKENS) / 1024**3
+    assert placement.max_memory_gib == round(78.0 - forward, 1) and 2 * placement.max_memory_gib > 1.1 * 131.4
+    assert (
+        plan_sync(
+            TargetShape.from_directory(config_only / "llama-3.1-8b"), Worker(1, 80, 512, 8000), profile("production")
+        )
+        .placement()
+        .max_memory_gib
+        is None
+    )
