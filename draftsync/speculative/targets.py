@@ -164,7 +164,9 @@ def load_tokenizer(path: Path, trust_remote_code: bool | None = None, vocab_size
     return tokenizer
 
 
-def load_target_head(path: Path, load_options: dict[str, Any] | None = None) -> Any:
+def load_target_head(
+    path: Path, load_options: dict[str, Any] | None = None, trust_remote_code: bool | None = None
+) -> Any:
     """The target without its decoder layers, for a training rank that reads stored states: only its embedding, final
     norm and lm_head are read from the files (a few GB of a 70B target's 141), while its fingerprint is that of the
     whole target, taken from the files, so the dataset check holds. A checkpoint whose files do not name every tensor
@@ -172,15 +174,17 @@ def load_target_head(path: Path, load_options: dict[str, Any] | None = None) -> 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from draftsync.settings import Settings
-
     options = load_options if load_options is not None else {"dtype": torch.float32}
-    trust = Settings().trust_remote_code
+    trust = trust_remote_code
+    if trust is None:
+        from draftsync.settings import Settings
+
+        trust = Settings().trust_remote_code
     read_target_config(path)
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
     fingerprint = _file_fingerprint(path, config, options["dtype"], trust)
     if fingerprint is None:
-        whole, _ = load_target(path, load_options=options)
+        whole, _ = load_target(path, trust, load_options=options)
         return without_decoder_layers(whole)
     describe_target(path)
     layers, layer_types = config.num_hidden_layers, getattr(config, "layer_types", None)

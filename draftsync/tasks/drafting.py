@@ -278,6 +278,7 @@ def train_drafter(
             verifier_architectures=architectures,
             speculative_tokens=profile.gamma,
             init_from=warm_start_dir if init_from is not None else None,
+            trust_remote_code=context.settings().trust_remote_code,
         )
         drafter, report = _train_on_ranks(spec, profile, Path(checkpoint_dir), rank_devices)
     else:

@@ -37,6 +37,7 @@ class RankSpec:
     verifier_architectures: list[str]
     speculative_tokens: int
     init_from: str | None = None  # the previous drafter to warm-start from
+    trust_remote_code: bool = False  # the sync's setting, passed on: a rank needs only torch and transformers
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(asdict(self), indent=2))
@@ -200,9 +201,11 @@ def main(spec_file: str) -> None:
         placement = TargetPlacement((config.device,)) if config.device.startswith("cuda") else TargetPlacement()
         options = from_pretrained_options(read_target_config(target_dir), placement)
         if ShardDataset(spec.dataset_dir).stores_states:
-            target = load_target_head(target_dir, options)  # training reads only the head, embedding and final norm
+            # training reads only the head, embedding and final norm
+            target = load_target_head(target_dir, options, spec.trust_remote_code)
         else:
-            target, _ = load_target(target_dir, load_options=options)  # it computes each batch's states
+            # it computes each batch's states
+            target, _ = load_target(target_dir, spec.trust_remote_code, load_options=options)
         dataset = open_dataset(spec.dataset_dir, target)
         init_from = load_drafter(Path(spec.init_from)) if spec.init_from else None
         torch.manual_seed(config.seed)
