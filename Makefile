@@ -155,8 +155,9 @@ test-all: environments
 	cat $(VENV)/test-all.log; \
 	! grep -q FAILED $(VENV)/test-all.log
 
-# On a GPU machine with only torch and transformers (no venv, vLLM, Prefect or MLflow): a ~1B Llama-3-shaped target's
-# hidden states and an EAGLE-3 drafter trained on CUDA in bf16, measured against the step-memory prediction.
+# On a GPU machine with only torch, transformers and accelerate (no venv, vLLM, Prefect, MLflow or pydantic): a ~1B
+# Llama-3-shaped target placed as a sync places it, and the sync's training on its stored and online states, resumed,
+# and under torchrun (two ranks with two GPUs), with its invariants checked and step memory against the prediction.
 gpu-check:
 	python3 bench/gpu_check.py --json gpu-check.json
 
