@@ -216,7 +216,7 @@ class _TargetStage:
                     f"{worker.host_memory_gib:.1f} GiB (with {HOST_RESERVE_GIB:g} GiB kept for the worker itself)",
                     "run the sync on a GPU worker (a target this size needs one), or on a host with more memory",
                 )
-            settings = {"target_devices": ["cpu"], "target_placement": "cpu", "target_dtype": "float32"}
+            settings: dict[str, Any] = {"target_devices": ["cpu"], "target_placement": "cpu", "target_dtype": "float32"}
             return cls((), 0.0, forward, settings, "no GPU on this worker: the target runs on the CPU in fp32", refusal)
         free = worker.freest()
         refusal, devices, room = None, [free[0]], worker.free_gib(free[0]) * GiB
