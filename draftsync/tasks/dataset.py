@@ -72,8 +72,12 @@ def check_dataset_disk(out_dir: Path, tokens: int, bytes_per_token: int) -> None
     resumed build already wrote count as written."""
     import shutil
 
+    from draftsync.speculative.data.samples import RESPONSES_FILE
+
     needed = tokens * bytes_per_token
-    written = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file()) if out_dir.exists() else 0
+    # the responses a server wrote first are the build's input, not its states
+    stored = [f for f in out_dir.rglob("*") if f.is_file() and f.name != RESPONSES_FILE] if out_dir.exists() else []
+    written = sum(f.stat().st_size for f in stored)
     existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
     free = shutil.disk_usage(existing).free
     budget = context.settings().disk_budget_gb
