@@ -58,8 +58,8 @@ lint: install
 # the tiers below. The tiers are the markers story, system and vllm (tests/conftest.py gives every test under
 # tests/e2e/<tier> its tier's marker), so a rollout test that runs on both engines stays one test in tests/integration.
 
-# The suite without the tiers below: tests/unit and tests/integration (13.3 min on 2 AVX-512 cores, its install done,
-# measured on a fresh clone).
+# The suite without the tiers below: tests/unit and tests/integration (16-20 min on 2 cores of an Intel Xeon with
+# AVX-512 and AMX, its install done, measured on a fresh clone).
 test: install
 	$(PY) -m pytest -m "not story and not system and not vllm"
 
