@@ -40,11 +40,9 @@ def server_context(target: TargetShape, profile: SyncProfile) -> int | None:
 def drafter_bytes(target: TargetShape, profile: SyncProfile) -> int:
     """The drafter the validation server loads beside the target, in 16 bits: an EAGLE-3 drafter's weights, its own
     embedding included (the largest of the methods draftsync trains, at the profile's draft vocabulary)."""
-    from draftsync.planning.training_plan import step_shape
-    from draftsync.speculative.train.step_memory import drafter_parameters
+    from draftsync.planning.training_plan import drafter_counts
 
-    shape = step_shape(target, profile, profile.seq_len, False, 2)
-    return 2 * sum(drafter_parameters(shape))
+    return 2 * sum(drafter_counts(target, profile))
 
 
 def server_bytes(target: TargetShape, profile: SyncProfile, tensor_parallel_size: int) -> float:

@@ -8,7 +8,7 @@ A GPU a serving deployment holds, or one the target keeps for online states, cou
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from draftsync.planning.stages import Occupant, Refusal, StagePlan
@@ -142,7 +142,8 @@ def _largest_step(target: TargetShape, profile: SyncProfile, budget: float, proc
     for replica in replicas:
         for tokens, checkpointing in candidates:
             shape = step_shape(target, profile, tokens, checkpointing, width)
-            shape = shape if replica != "fsdp" else _sharded(shape, processes)
+            if replica == "fsdp":
+                shape = replace(shape, optimizer_shards=processes)
             memory = predict_step_memory(shape)["total"] * STEP_MEMORY_MARGIN
             chosen = _Step(tokens, checkpointing, memory, replica)
             if memory <= budget:
@@ -173,17 +174,16 @@ def step_shape(target: TargetShape, profile: SyncProfile, tokens: int, checkpoin
     )
 
 
-def _sharded(shape, processes: int):
-    from dataclasses import replace
+def drafter_counts(target: TargetShape, profile: SyncProfile) -> tuple[int, int]:
+    """(trainable, frozen) parameters of the profile's drafter for `target` (`step_memory.drafter_parameters`)."""
+    from draftsync.speculative.train.step_memory import drafter_parameters
 
-    return replace(shape, optimizer_shards=processes)
+    return drafter_parameters(step_shape(target, profile, profile.seq_len, False, 2))
 
 
 def _hours(target: TargetShape, profile: SyncProfile, processes: int, on_gpu: bool) -> float:
     """Estimated from the step's FLOPs at the assumed throughput: hours or weeks, no finer."""
-    from draftsync.speculative.train.step_memory import drafter_parameters
-
-    trainable, _ = drafter_parameters(step_shape(target, profile, profile.seq_len, False, 2))
+    trainable, _ = drafter_counts(target, profile)
     ttt = profile.ttt_steps if is_eagle3_family(profile.method) else 1
     whole = profile.batch_size * profile.seq_len
     flops = profile.train_steps * whole * (6 * trainable + 2 * target.hidden * target.vocab) * ttt
