@@ -85,6 +85,16 @@ def describe_target(path: Path) -> dict:
     }
 
 
+def _trusting(requested: bool | None) -> bool:
+    """Whether a checkpoint's own code may run: as asked, else as DRAFTSYNC_TRUST_REMOTE_CODE says (off unless
+    configured). Read only when not asked, so a training rank given the sync's answer needs no settings."""
+    if requested is not None:
+        return requested
+    from draftsync.settings import Settings
+
+    return Settings().trust_remote_code
+
+
 def load_target(path: Path, trust_remote_code: bool | None = None, load_options: dict[str, Any] | None = None):
     """Load (model, tokenizer) in eval mode, failing with a clear error on anything a sync cannot use.
 
@@ -94,10 +104,7 @@ def load_target(path: Path, trust_remote_code: bool | None = None, load_options:
     import torch
     from transformers import AutoModelForCausalLM
 
-    if trust_remote_code is None:
-        from draftsync.settings import Settings
-
-        trust_remote_code = Settings().trust_remote_code
+    trust_remote_code = _trusting(trust_remote_code)
     path = Path(path)
     config = read_target_config(path)
     if config.get("auto_map") and not trust_remote_code:
@@ -144,10 +151,7 @@ def load_tokenizer(path: Path, trust_remote_code: bool | None = None, vocab_size
     (`vocab_size`; None: its config's)."""
     from transformers import AutoTokenizer
 
-    if trust_remote_code is None:
-        from draftsync.settings import Settings
-
-        trust_remote_code = Settings().trust_remote_code
+    trust_remote_code = _trusting(trust_remote_code)
     path = Path(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -175,11 +179,7 @@ def load_target_head(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     options = load_options if load_options is not None else {"dtype": torch.float32}
-    trust = trust_remote_code
-    if trust is None:
-        from draftsync.settings import Settings
-
-        trust = Settings().trust_remote_code
+    trust = _trusting(trust_remote_code)
     read_target_config(path)
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
     fingerprint = _file_fingerprint(path, config, options["dtype"], trust)
