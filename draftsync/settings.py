@@ -72,6 +72,11 @@ class Settings(BaseSettings):
     webhook_max_body_bytes: int = Field(1 << 20, ge=1)
     report_timezone: str = "UTC"  # the weekly report's cron runs in this zone
     mlflow_ui_url: str | None = None  # where `mlflow ui` runs for an embedded registry (links in mail and artifacts)
+    # The serving service (`draftsync serving run`): it owns vLLM and the routers, so serving outlives a flow run and a
+    # flow on any pool (a CPU worker's fallback too) changes what is served through its admin API. None: each rollout
+    # starts the servers itself, as children of its own process (one machine: the demo, `draftsync serve`).
+    serving_url: str | None = None
+    serving_token: SecretStr | None = None  # the admin API's bearer token; required wherever serving_url is used
 
     @field_validator("sync_profile")
     @classmethod
