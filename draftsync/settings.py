@@ -1,7 +1,13 @@
-"""Settings (env prefix DRAFTSYNC_) and the embedded defaults that live under the work dir."""
+"""Settings (env prefix DRAFTSYNC_) and the embedded defaults that live under the work dir.
+
+Three places, the first that has a variable wins: the environment, the env file DRAFTSYNC_ENV_FILE names (what a
+work pool mounts into each flow run: docker and kubernetes workers do not pass their own environment on), the work
+dir's settings.env.
+"""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from pathlib import Path
@@ -13,6 +19,9 @@ from pydantic_settings import BaseSettings, DotEnvSettingsSource, PydanticBaseSe
 # The settings a work dir was set up with (`draftsync demo` writes its thresholds there), read by every later command
 # on that work dir; an environment variable wins over the file.
 WORKDIR_SETTINGS_FILE = "settings.env"
+# The variable naming an env file read like the environment: its DRAFTSYNC_ settings, and the libraries' own variables
+# (MLFLOW_TRACKING_URI, MLFLOW_TRACKING_USERNAME, PREFECT_API_URL, ...), which apply_environment exports.
+ENV_FILE_VARIABLE = "DRAFTSYNC_ENV_FILE"
 DEFAULT_WORKDIR = Path(".draftsync")
 # The GPU counts a sync may ask the GPU work pool for: drafter-sync has a trigger for each
 # (flows/prefect_deployments.py).
@@ -71,7 +80,11 @@ class Settings(BaseSettings):
     webhook_max_age_seconds: int = Field(300, ge=1)  # older (or further in the future) deliveries are refused
     webhook_max_body_bytes: int = Field(1 << 20, ge=1)
     report_timezone: str = "UTC"  # the weekly report's cron runs in this zone
-    mlflow_ui_url: str | None = None  # where `mlflow ui` runs for an embedded registry (links in mail and artifacts)
+    # Where people open the UIs (links in e-mails and artifacts): set them where the tracking URI or PREFECT_API_URL
+    # is an address inside the stack (http://mlflow:5000). Unset: the tracking server itself (or `mlflow ui` on
+    # 127.0.0.1:5000 for an embedded registry), and PREFECT_UI_URL or the API URL without its /api.
+    mlflow_ui_url: str | None = None
+    prefect_ui_url: str | None = None
     # The serving service (`draftsync serving run`): it owns vLLM and the routers, so serving outlives a flow run and a
     # flow on any pool (a CPU worker's fallback too) changes what is served through its admin API. None: each rollout
     # starts the servers itself, as children of its own process (one machine: the demo, `draftsync serve`).
@@ -119,7 +132,8 @@ class Settings(BaseSettings):
             name = "DRAFTSYNC_" + "_".join(str(part) for part in problem["loc"]).upper()
             raise DraftsyncError(
                 f"setting {name}={problem.get('input')!r}: {problem['msg']}",
-                f"set {name} to a valid value or unset it (the environment, or the work dir's {WORKDIR_SETTINGS_FILE})",
+                f"set {name} to a valid value or unset it (the environment, the env file {ENV_FILE_VARIABLE} names, "
+                f"or the work dir's {WORKDIR_SETTINGS_FILE})",
             ) from None
 
     @classmethod
@@ -131,11 +145,19 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """The environment, then the work dir's settings file."""
-        workdir = Path(os.environ.get("DRAFTSYNC_WORKDIR") or DEFAULT_WORKDIR).expanduser()
-        settings_file = workdir / WORKDIR_SETTINGS_FILE
-        in_workdir = DotEnvSettingsSource(settings_cls, env_file=settings_file, env_prefix="DRAFTSYNC_")
-        return (init_settings, env_settings, in_workdir, file_secret_settings)
+        """The environment, then the env file DRAFTSYNC_ENV_FILE names, then the work dir's settings file."""
+        from_file = env_file_values()
+        workdir = Path(
+            os.environ.get("DRAFTSYNC_WORKDIR") or from_file.get("DRAFTSYNC_WORKDIR") or DEFAULT_WORKDIR
+        ).expanduser()
+        in_workdir = DotEnvSettingsSource(
+            settings_cls, env_file=workdir / WORKDIR_SETTINGS_FILE, env_prefix="DRAFTSYNC_"
+        )
+        sources = [init_settings, env_settings]
+        if from_file:
+            named = Path(os.environ[ENV_FILE_VARIABLE].strip()).expanduser()
+            sources.append(DotEnvSettingsSource(settings_cls, env_file=named, env_prefix="DRAFTSYNC_"))
+        return (*sources, in_workdir, file_secret_settings)
 
     @property
     def root(self) -> Path:
@@ -143,7 +165,12 @@ class Settings(BaseSettings):
 
     @property
     def mlflow_tracking_uri(self) -> str:
-        return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{self.root / 'mlflow.db'}"
+        return variable("MLFLOW_TRACKING_URI") or self.embedded_mlflow_uri
+
+    @property
+    def embedded_mlflow_uri(self) -> str:
+        """The registry used when MLFLOW_TRACKING_URI is unset: SQLite in the work dir."""
+        return f"sqlite:///{self.root / 'mlflow.db'}"
 
     @property
     def mlflow_artifacts_dir(self) -> Path:
@@ -187,6 +214,35 @@ class Settings(BaseSettings):
         return [a.strip() for a in self.alert_to.split(",") if a.strip()]
 
 
+def env_file_values() -> dict[str, str]:
+    """The variables of the file DRAFTSYNC_ENV_FILE names, those with a value ({} when it is unset).
+
+    A file named but missing or unreadable is an error: a flow run would otherwise go on with the embedded defaults."""
+    named = os.environ.get(ENV_FILE_VARIABLE, "").strip()
+    if not named:
+        return {}
+    from dotenv import dotenv_values
+
+    from draftsync.errors import DraftsyncError
+
+    path = Path(named).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise DraftsyncError(
+            f"{ENV_FILE_VARIABLE}={named} cannot be read ({reason})",
+            f"mount the env file there (a work pool: the Secret or volume its job variables name), make it readable "
+            f"by this user, or unset {ENV_FILE_VARIABLE}",
+        ) from None
+    return {key: value for key, value in dotenv_values(stream=io.StringIO(text)).items() if value}
+
+
+def variable(name: str) -> str | None:
+    """An environment variable, else its value in the env file DRAFTSYNC_ENV_FILE names (None when neither has it)."""
+    return os.environ.get(name) or env_file_values().get(name)
+
+
 def debug_requested() -> bool:
     """`--debug` / DRAFTSYNC_DEBUG, read without validating the other settings (an error about them must print)."""
     return os.environ.get("DRAFTSYNC_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
@@ -214,10 +270,15 @@ def apply_environment(settings: Settings) -> None:
     """Point MLflow and Prefect at the work dir and keep every library offline and quiet (the hub stays reachable
     only where DRAFTSYNC_HUB_DOWNLOADS allows it).
 
-    Must run before prefect or mlflow is imported: both read their settings at import time.
+    The env file's variables are exported first (the environment wins), so that MLflow's and Prefect's own settings
+    in it (MLFLOW_TRACKING_USERNAME, PREFECT_API_AUTH_STRING, ...) reach the libraries and the processes draftsync
+    starts. Must run before prefect or mlflow is imported: both read their settings at import time (in a flow run
+    Prefect is already connected: its worker gives it PREFECT_API_URL).
     """
     from draftsync.user_files import make_folder
 
+    for key, value in env_file_values().items():
+        os.environ.setdefault(key, value)
     make_folder(settings.root, "work dir", "give --workdir (or DRAFTSYNC_WORKDIR) a folder you can write to")
     defaults = {
         "DO_NOT_TRACK": "true",
