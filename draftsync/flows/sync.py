@@ -98,6 +98,7 @@ def sync(
 
     `profile` None: the configured one (DRAFTSYNC_SYNC_PROFILE). Returns `skipped` when the ledger says the
     version is synced already or another live run has it."""
+    context.require_settings("drafter-sync", "registry", "store")
     logger = get_run_logger()
     chosen = (
         named_profile(profile or context.settings().sync_profile) if not isinstance(profile, SyncProfile) else profile

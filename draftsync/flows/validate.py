@@ -140,6 +140,7 @@ def validate(
     Long: the validation's record, promotion and artifacts follow from the one checklist run, in order."""
     from draftsync.validation.suite import run_validation_suite
 
+    context.require_settings("validate-drafter", "registry")
     logger = context.logger()
     chosen = validation_profile(profile) if isinstance(profile, str) else profile
     registry, settings = context.registry(), context.settings()

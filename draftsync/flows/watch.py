@@ -32,6 +32,7 @@ def watch(
     dispatch: Literal["inline", "event"] = "inline",
 ) -> dict:
     """Poll the registry (the backstop for lost webhooks). `target_name` None: every target it knows."""
+    context.require_settings("registry-watch", "registry", "store")
     registry = context.registry()
     registry.ping()
     names = (
