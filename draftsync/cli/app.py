@@ -18,6 +18,7 @@ from draftsync.cli.plan import plan_command
 from draftsync.cli.recommend import recommend_command
 from draftsync.cli.rollouts import rollback, rollout
 from draftsync.cli.services import serve, watch
+from draftsync.cli.serving import serving_app
 from draftsync.cli.status import status_command
 from draftsync.cli.targets import targets_app
 from draftsync.cli.webhooks import webhooks_app
@@ -57,6 +58,7 @@ app.command(name="recommend")(recommend_command)
 app.command(name="plan")(plan_command)
 app.command(name="status")(status_command)
 app.add_typer(targets_app, name="targets", help="Target models: register a Hugging Face checkpoint as a new version.")
+app.add_typer(serving_app, name="serving", help="The serving service: it owns the servers flows roll out to.")
 app.add_typer(webhooks_app, name="webhooks", help="The MLflow webhook receiver: serve it, register it with MLflow.")
 
 

@@ -25,32 +25,21 @@ from draftsync.profiles import SyncProfile
 from draftsync.registry.model_registry import PRODUCTION, drafter_model_name, rolled_back
 from draftsync.registry.tags import DrafterVersion
 from draftsync.serving.deployment import ServingDeployment
-from draftsync.serving.servers import PairLaunch
+from draftsync.serving.servers import PairSwitch
 from draftsync.speculative.methods import DEFAULT_METHOD
 from draftsync.tasks import context, events
 from draftsync.tasks.alerts import send_alert
 from draftsync.tasks.registration import promote_drafter, restore_drafter_aliases
 from draftsync.tasks.serving import (
-    benchmark_against_current,
+    BENCHMARK_TOKENS,
     configured_deployments,
-    launch_server,
-    serving_record,
-    smoke_requests,
-    stop_candidate,
-    switch_traffic,
+    deployment_prompts,
+    render_launch,
+    serve_pair,
 )
 from draftsync.tasks.sync_requests import request_sync
 
-SMOKE_REQUESTS = 3
-BENCHMARK_REQUESTS = 4
-BENCHMARK_TOKENS = 24
 TPOT_TOLERANCE = 0.25  # the canary's TPOT may be this much worse than the replaced instance's (CPU noise)
-
-
-def _prompts(deployment: ServingDeployment, count: int, seed: int) -> list[str]:
-    from draftsync.speculative.data.corpora import prompts_for_mix
-
-    return prompts_for_mix(deployment.task_mix, count, seed=seed)
 
 
 def choose_pair(deployment: ServingDeployment, drafter_version: int | None, speculation: bool) -> ServedPair:
@@ -110,29 +99,6 @@ def _production_drafter_for(target_name: str, target_version: int) -> int | None
     return registry.drafter_for_target_version(target_name, target_version)
 
 
-def render_launch(deployment: ServingDeployment, pair: ServedPair, port: int | None = None) -> dict:
-    """The vLLM launch for the pair, as `--dry-run` prints it and as `launch: external` hands it over; for
-    `launch: vllm` it is the command line of the engine installed here (vllm_engine.py), when there is one."""
-    registry = context.registry()
-    target_dir = registry.download(deployment.target_name, pair.target_version)
-    drafter_dir = (
-        registry.download(pair.drafter_name, pair.drafter_version) if pair.drafter_version is not None else None
-    )
-    engine = None
-    if deployment.launch == "vllm":
-        from draftsync.serving.vllm_engine import find_vllm_engine
-
-        engine = find_vllm_engine(required=False)  # none here: the `vllm serve` a GPU worker's image runs
-    launch = deployment.vllm_launch(
-        target_dir, drafter_dir, pair.method, pair.gamma, schedule=pair.schedule, port=port, engine=engine
-    )
-    return {
-        "target_dir": str(target_dir),
-        "drafter_dir": str(drafter_dir) if drafter_dir else None,
-        **launch.as_record(),
-    }
-
-
 def planned_launch(
     deployment: ServingDeployment,
     drafter_version: int | None = None,
@@ -140,13 +106,17 @@ def planned_launch(
     reason: str = "",
     port: int | None = None,
 ) -> tuple[ServedPair, dict, dict]:
-    """The pair, its rendered launch and the summary both a rollout and `rollout --dry-run` report; `port`: render
-    the launch on it instead of the deployment's."""
-    import shlex
-
+    """The pair, its rendered launch and the summary a rollout reports, as `rollout --dry-run` prints them; `port`:
+    render the launch on it instead of the deployment's."""
     pair = choose_pair(deployment, drafter_version, speculation)
     launch = render_launch(deployment, pair, port)
-    summary = {
+    return pair, launch, _summary(deployment, pair, launch, reason)
+
+
+def _summary(deployment: ServingDeployment, pair: ServedPair, launch: dict, reason: str) -> dict:
+    import shlex
+
+    return {
         "deployment": deployment.name,
         "target_version": pair.target_version,
         "drafter_version": pair.drafter_version,
@@ -156,7 +126,6 @@ def planned_launch(
         "speculative_config": launch["speculative_config"],
         "reason": reason,
     }
-    return pair, launch, summary
 
 
 def _canary(
@@ -164,11 +133,15 @@ def _canary(
 ) -> dict:
     """Send canary traffic through the deployment's address; judge acceptance from /metrics and TPOT."""
     from draftsync.monitors.metrics import scrape_counters
-    from draftsync.tasks.serving import ms_per_token
+    from draftsync.serving.completions import ms_per_token
 
     before = scrape_counters(f"{endpoint}/metrics", timeout=30)
     ms = ms_per_token(
-        endpoint, deployment.name, _prompts(deployment, requests, seed=77), BENCHMARK_TOKENS, deployment.temperature
+        endpoint,
+        deployment.name,
+        deployment_prompts(deployment, requests, seed=77),
+        BENCHMARK_TOKENS,
+        deployment.temperature,
     )
     after = scrape_counters(f"{endpoint}/metrics", timeout=30)
     draft_tokens = after.draft_tokens - before.draft_tokens
@@ -205,11 +178,12 @@ def rollout(
     Long: the rollout's steps in order, each undone by the step that failed."""
     logger = get_run_logger()
     registry, settings = context.registry(), context.settings()
-    pair, launch, summary = planned_launch(deployment, drafter_version, speculation, reason)
+    pair = choose_pair(deployment, drafter_version, speculation)
     missing_drafter = speculation and pair.drafter_version is None
     new_state = state or ("serving" if pair.drafter_version is not None else "fallback")
     steps: list[str] = []
     if deployment.launch == "external":
+        launch = render_launch(deployment, pair)
         path = settings.root / "serving" / "external" / f"{deployment.name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(launch, indent=2))
@@ -217,7 +191,11 @@ def rollout(
         endpoint, replaced, canary = deployment.endpoint, None, None
         steps.append(f"vLLM arguments written to {path} for the orchestrator; watching {endpoint}")
     else:
-        endpoint, replaced, canary = _launch_and_switch(deployment, pair, launch, steps)
+        switched = _serve(deployment, pair)
+        launch = switched.vllm
+        steps.extend(switched.steps)
+        endpoint, replaced, canary = switched.endpoint, switched.replaced, switched.replaced_ms_per_token
+    summary = _summary(deployment, pair, launch, reason)
     snapshot = registry.alias_snapshot(deployment.target_name)
     if pair.drafter_version is not None and snapshot[PRODUCTION] != pair.drafter_version:
         promote_drafter(deployment.target_name, pair.drafter_version)
@@ -281,48 +259,22 @@ def rollout(
     return result
 
 
-def _launch_and_switch(
-    deployment: ServingDeployment, pair: ServedPair, launch: dict, steps: list[str]
-) -> tuple[str, str | None, float | None]:
-    """Start the candidate, check it, benchmark it against the current instance, move traffic to it."""
-    current = (serving_record(deployment.name) or {}).get("backend")
+def _serve(deployment: ServingDeployment, pair: ServedPair) -> PairSwitch:
+    """Serve the pair at the deployment; a candidate that does not come up healthy is an alert, and the deployment
+    keeps what it served."""
     try:
-        candidate = launch_server(
-            deployment, PairLaunch(launch["target_dir"], launch["drafter_dir"], pair.gamma, pair.method, pair.schedule)
-        )
+        return serve_pair(deployment, pair)
     except DraftsyncError as error:
-        kept = f"it keeps serving {current['endpoint']}" if current else "nothing was serving it"
+        current = context.store().pairs.get(deployment.name)
+        kept = f"it keeps serving {current.endpoint}" if current and current.endpoint else "nothing was serving it"
         send_alert(
             deployment.name,
             "launch-failed",
-            f"{deployment.name}: the candidate server did not start; {kept}",
+            f"{deployment.name}: the candidate server did not start or failed its checks; {kept}",
             f"{error.what}\n\nfix: {error.fix}\n\nThe rollout stopped before any traffic or alias moved: "
             f"{deployment.name} {kept}.",
         )
         raise
-    steps.append(f"candidate healthy on {candidate.endpoint} (/health, /v1/models)")
-    try:
-        smoke = smoke_requests(candidate.endpoint, deployment.name, _prompts(deployment, SMOKE_REQUESTS, seed=5))
-        steps.append(f"smoke: {smoke['requests']} requests answered")
-        bench = benchmark_against_current(
-            candidate.endpoint,
-            current["endpoint"] if current else None,
-            deployment.name,
-            _prompts(deployment, BENCHMARK_REQUESTS, seed=6),
-            BENCHMARK_TOKENS,
-            deployment.temperature,
-        )
-        current = bench["current_ms_per_token"]
-        steps.append(
-            f"benchmark: candidate {bench['candidate_ms_per_token']:.2f} ms/token, current "
-            f"{current if current is None else round(current, 2)}"
-        )
-    except Exception:
-        stop_candidate(candidate)
-        raise
-    switched = switch_traffic(deployment, candidate)
-    steps.append(f"traffic switched at {switched.endpoint}; old server {switched.replaced} drained and stopped")
-    return switched.endpoint, switched.replaced, bench["current_ms_per_token"]
 
 
 def _record_pair(deployment: ServingDeployment, pair: ServedPair, endpoint: str, state: str) -> None:
@@ -347,8 +299,9 @@ def rollout_previous(deployment: ServingDeployment, snapshot: dict, reason: str)
     else:
         pair = choose_pair(deployment, None, False)
         steps.append(f"no validated drafter for target v{target_version} to return to: speculation off")
-    launch = render_launch(deployment, pair)
-    endpoint, _, _ = _launch_and_switch(deployment, pair, launch, steps)
+    switched = _serve(deployment, pair)
+    steps.extend(switched.steps)
+    endpoint = switched.endpoint
     state = "serving" if pair.drafter_version is not None else "fallback"
     _record_pair(deployment, pair, endpoint, state)
     steps.append(f"{reason}: serving drafter {pair.drafter_version} again ({state})")

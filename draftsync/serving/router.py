@@ -194,6 +194,21 @@ def _unreachable(url: str, error: httpx.TransportError) -> JSONResponse:
     return _openai_error(502, f"upstream {url} {reason}: {detail}", "BadGatewayError")
 
 
+def bearer_refusal(request: Request, expected_token: bytes, owner: str) -> Response | None:
+    """None when the request's bearer token is `owner`'s (compared in constant time), else the 401/403 to answer."""
+    header = request.headers.get("authorization", "")
+    scheme, _, presented = header.partition(" ")
+    if scheme.lower() != "bearer" or not presented:
+        return JSONResponse(
+            {"error": f"this endpoint needs the {owner}'s token as `Authorization: Bearer <token>`"},
+            401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if not hmac.compare_digest(presented.strip().encode(), expected_token):
+        return JSONResponse({"error": f"the token is not the {owner}'s token"}, 403)
+    return None
+
+
 def create_app(
     upstream: str | None,
     token: str,
@@ -219,18 +234,7 @@ def create_app(
             await clients.pop("upstream").aclose()
 
     def authorised(request: Request) -> Response | None:
-        """None when the bearer token matches (compared in constant time), else the 401/403 to answer."""
-        header = request.headers.get("authorization", "")
-        scheme, _, presented = header.partition(" ")
-        if scheme.lower() != "bearer" or not presented:
-            return JSONResponse(
-                {"error": "this endpoint needs the router's token as `Authorization: Bearer <token>`"},
-                401,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        if not hmac.compare_digest(presented.strip().encode(), expected_token):
-            return JSONResponse({"error": "the token is not the router's token"}, 403)
-        return None
+        return bearer_refusal(request, expected_token, "router")
 
     async def send(method: str, url: str, path: str, body: bytes, headers: list) -> httpx.Response:
         return await clients["upstream"].request(method, url + path, content=body, headers=headers)

@@ -71,6 +71,30 @@ class Switched:
     replaced: str | None
 
 
+@dataclass(frozen=True)
+class PairChecks:
+    """What a candidate must pass before it takes traffic: an answer to each smoke prompt, and the benchmark load
+    that it and the server it would replace both get (ms per output token each)."""
+
+    smoke_prompts: list[str]
+    benchmark_prompts: list[str]
+    benchmark_tokens: int
+    temperature: float
+
+
+@dataclass(frozen=True)
+class PairSwitch:
+    """A pair served: the router's stable endpoint, the server it replaced (None: the first), both servers' ms per
+    output token under the benchmark, the vLLM launch of the pair, and each step in words."""
+
+    endpoint: str
+    replaced: str | None
+    candidate_ms_per_token: float | None
+    replaced_ms_per_token: float | None
+    vllm: dict
+    steps: list[str]
+
+
 def check_models(endpoint: str, model: str) -> None:
     """`/v1/models` must list the deployment's served name: clients ask for it by that name."""
     listed = [m.get("id") for m in httpx.get(f"{endpoint}/v1/models", timeout=30).json().get("data", [])]
@@ -182,6 +206,42 @@ class ServerBook:
         )
         return Switched(endpoint=router["url"], replaced=old["endpoint"] if old else None)
 
+    def serve(
+        self, deployment: ServingDeployment, pair: PairLaunch, checks: PairChecks, capture: CaptureConfig | None
+    ) -> PairSwitch:
+        """Start a candidate for the pair, check it, benchmark it against the server it replaces, then switch the
+        router to it. A candidate that fails a check is stopped and the router keeps what it served."""
+        from draftsync.serving.completions import ms_per_token, smoke
+
+        current = (self.record(deployment.name) or {}).get("backend")
+        candidate = self.launch(deployment, pair)
+        steps = [f"candidate healthy on {candidate.endpoint} (/health, /v1/models)"]
+        try:
+            smoke(candidate.endpoint, deployment.name, checks.smoke_prompts)
+            steps.append(f"smoke: {len(checks.smoke_prompts)} requests answered")
+            load = (deployment.name, checks.benchmark_prompts, checks.benchmark_tokens, checks.temperature)
+            candidate_ms, current_ms = ms_per_token(candidate.endpoint, *load), None
+            if current is not None:
+                try:
+                    current_ms = ms_per_token(current["endpoint"], *load)
+                except (httpx.HTTPError, DraftsyncError) as error:  # the old instance may already be gone
+                    self.logger.warning("the current instance %s did not answer the benchmark: %s", current, error)
+            steps.append(f"benchmark: candidate {_ms(candidate_ms)} ms/token, current {_ms(current_ms)}")
+        except Exception:
+            self.stop_candidate(candidate)
+            raise
+        switched = self.switch(deployment, candidate, capture)
+        steps.append(f"traffic switched at {switched.endpoint}; old server {switched.replaced} drained and stopped")
+        self.logger.info("%s: router %s now forwards to %s", deployment.name, switched.endpoint, candidate.endpoint)
+        return PairSwitch(
+            endpoint=switched.endpoint,
+            replaced=switched.replaced,
+            candidate_ms_per_token=candidate_ms,
+            replaced_ms_per_token=current_ms,
+            vllm=candidate.vllm.as_record(),
+            steps=steps,
+        )
+
     def stop_candidate(self, launched: LaunchedServer) -> None:
         """A candidate that failed its checks never takes traffic: stop it."""
         _stop_process(launched.endpoint, launched.pid)
@@ -206,6 +266,10 @@ class ServerBook:
             server.stop()
         _STARTED.clear()
         return stopped
+
+
+def _ms(value: float | None) -> str:
+    return "none" if value is None else f"{value:.2f}"
 
 
 def _stop_process(endpoint: str | None, pid: int | None) -> None:

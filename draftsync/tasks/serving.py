@@ -1,27 +1,27 @@
-"""Serving steps of a rollout as Prefect tasks: start a candidate, check it, switch the deployment's router to it,
-stop the old one; and the deployments a work dir declares (the deployments file) with their traffic capture.
+"""Serving a pair as a Prefect task: through the serving service's admin API when one is configured, else with
+servers this process starts; and the deployments a work dir declares (the deployments file) with their traffic
+capture.
 
-The servers themselves are launched, recorded, adopted and stopped by `serving/servers.py` (`ServerBook`, over
-`<workdir>/serving`); these tasks give it the work dir, the run's logger and the monitor store's side of a stop.
+The servers themselves are launched, checked, switched, adopted and stopped by `serving/servers.py` (`ServerBook`,
+over `<workdir>/serving`); this module gives it the work dir, the pair's checkpoints and the run's logger.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from typing import TYPE_CHECKING
 
-import httpx
 from prefect import task
 from prefect.cache_policies import NONE
 
 from draftsync.errors import DraftsyncError
 from draftsync.serving.deployment import ServingDeployment, load_deployments
-from draftsync.serving.servers import LaunchedServer, PairLaunch, ServerBook, Switched
+from draftsync.serving.servers import PairChecks, PairLaunch, PairSwitch, ServerBook
+from draftsync.serving.service_client import ServiceRequest, ServingServiceClient
 from draftsync.tasks import context
-from draftsync.tasks.traffic import complete
 
 if TYPE_CHECKING:
+    from draftsync.monitors.tables import ServedPair
     from draftsync.serving.traffic_capture import CaptureConfig
 
 
@@ -127,69 +127,78 @@ def serving_record(deployment: str) -> dict | None:
     return _book().record(deployment)
 
 
-@task(name="launch-server", cache_policy=NONE)
-def launch_server(deployment: ServingDeployment, pair: PairLaunch) -> LaunchedServer:
-    """Start a server for the pair on a free port and wait until it is healthy; the vLLM launch is recorded
-    whatever the launch mode (it is what a GPU worker runs). Its log stays under <workdir>/serving; a vLLM that
-    does not come up is named by its own error line and that log."""
-    return _book().launch(deployment, pair)
+SMOKE_REQUESTS = 3
+BENCHMARK_REQUESTS = 4
+BENCHMARK_TOKENS = 24
 
 
-@task(name="smoke-requests", retries=2, retry_delay_seconds=2, cache_policy=NONE)
-def smoke_requests(endpoint: str, model: str, prompts: list[str], max_tokens: int = 8) -> dict:
-    """Real completions: the candidate must answer each before any traffic moves to it."""
-    with httpx.Client(base_url=endpoint, timeout=120) as client:
-        tokens = [
-            complete(client, model, p, max_tokens, temperature=0.0)["usage"]["completion_tokens"] for p in prompts
-        ]
-    return {"requests": len(prompts), "completion_tokens": sum(tokens)}
+def deployment_prompts(deployment: ServingDeployment, count: int, seed: int) -> list[str]:
+    """Prompts in the deployment's declared task mix: its smoke, benchmark and canary requests."""
+    from draftsync.speculative.data.corpora import prompts_for_mix
+
+    return prompts_for_mix(deployment.task_mix, count, seed=seed)
 
 
-def ms_per_token(endpoint: str, model: str, prompts: list[str], max_tokens: int, temperature: float) -> float | None:
-    """Wall time per output token over a few sequential requests: what a client sees, prefill included."""
-    with httpx.Client(base_url=endpoint, timeout=300) as client:
-        started, tokens = time.perf_counter(), 0
-        for i, prompt in enumerate(prompts):
-            tokens += complete(client, model, prompt, max_tokens, temperature, seed=i)["usage"]["completion_tokens"]
-        return 1000.0 * (time.perf_counter() - started) / tokens if tokens else None
-
-
-@task(name="benchmark-against-current", cache_policy=NONE)
-def benchmark_against_current(
-    candidate: str, current: str | None, model: str, prompts: list[str], max_tokens: int, temperature: float
-) -> dict:
-    """The same short load on the candidate and on the instance it would replace: ms per output token each."""
-    result = {
-        "candidate_ms_per_token": ms_per_token(candidate, model, prompts, max_tokens, temperature),
-        "current_ms_per_token": None,
-    }
-    if current is not None:
-        try:
-            result["current_ms_per_token"] = ms_per_token(current, model, prompts, max_tokens, temperature)
-        except (httpx.HTTPError, DraftsyncError) as error:  # the old instance may already be gone
-            context.logger().warning("the current instance %s did not answer the benchmark: %s", current, error)
-    return result
-
-
-@task(name="switch-traffic", cache_policy=NONE)
-def switch_traffic(deployment: ServingDeployment, launched: LaunchedServer) -> Switched:
-    """Point the deployment's router at the launched server, let the old server drain, then stop it.
-
-    Returns the stable endpoint and the server it replaced (None on the first rollout)."""
-    switched = _book().switch(deployment, launched, capture_config(deployment))
-    context.logger().info(
-        "%s: router %s now forwards to %s (replaced %s)",
-        deployment.name,
-        switched.endpoint,
-        launched.endpoint,
-        switched.replaced or "nothing",
+def render_launch(deployment: ServingDeployment, pair: ServedPair, port: int | None = None) -> dict:
+    """The vLLM launch for the pair, as `--dry-run` prints it and as `launch: external` hands it over; for
+    `launch: vllm` it is the command line of the engine installed here (vllm_engine.py), when there is one. The
+    target and drafter are downloaded into this work dir."""
+    registry = context.registry()
+    target_dir = registry.download(deployment.target_name, pair.target_version)
+    drafter_dir = (
+        registry.download(pair.drafter_name, pair.drafter_version) if pair.drafter_version is not None else None
     )
-    return switched
+    engine = None
+    if deployment.launch == "vllm":
+        from draftsync.serving.vllm_engine import find_vllm_engine
+
+        engine = find_vllm_engine(required=False)  # none here: the `vllm serve` a GPU worker's image runs
+    launch = deployment.vllm_launch(
+        target_dir, drafter_dir, pair.method, pair.gamma, schedule=pair.schedule, port=port, engine=engine
+    )
+    return {
+        "target_dir": str(target_dir),
+        "drafter_dir": str(drafter_dir) if drafter_dir else None,
+        **launch.as_record(),
+    }
 
 
-def stop_candidate(launched: LaunchedServer) -> None:
-    """A candidate that failed its checks never takes traffic: stop it."""
-    _book().stop_candidate(launched)
+def serve_here(deployment: ServingDeployment, pair: ServedPair) -> PairSwitch:
+    """Serve the pair from this process's work dir: candidate, checks, benchmark, switch (the servers are its
+    children, or the serving service's when it runs this)."""
+    launch = render_launch(deployment, pair)
+    checks = PairChecks(
+        smoke_prompts=deployment_prompts(deployment, SMOKE_REQUESTS, seed=5),
+        benchmark_prompts=deployment_prompts(deployment, BENCHMARK_REQUESTS, seed=6),
+        benchmark_tokens=BENCHMARK_TOKENS,
+        temperature=deployment.temperature,
+    )
+    started = PairLaunch(launch["target_dir"], launch["drafter_dir"], pair.gamma, pair.method, pair.schedule)
+    return _book().serve(deployment, started, checks, capture_config(deployment))
+
+
+def serving_service() -> ServingServiceClient:
+    """The serving service's admin API (DRAFTSYNC_SERVING_URL, DRAFTSYNC_SERVING_TOKEN)."""
+    settings = context.settings()
+    assert settings.serving_url is not None, "asked only where a serving service is configured"
+    if settings.serving_token is None:
+        raise DraftsyncError(
+            f"DRAFTSYNC_SERVING_URL is {settings.serving_url} but DRAFTSYNC_SERVING_TOKEN is not set",
+            "give this flow run the serving service's admin token (DRAFTSYNC_SERVING_TOKEN, the same as the service's)",
+        )
+    return ServingServiceClient(settings.serving_url, settings.serving_token.get_secret_value())
+
+
+@task(name="serve-pair", cache_policy=NONE)
+def serve_pair(deployment: ServingDeployment, pair: ServedPair) -> PairSwitch:
+    """Serve the pair at the deployment's stable address: through the serving service when one is configured (it
+    owns the servers, so they outlive this run), else with servers this process starts."""
+    if context.settings().serving_url is None:
+        return serve_here(deployment, pair)
+    return serving_service().serve(
+        deployment.name,
+        ServiceRequest(pair.target_version, pair.drafter_version, pair.gamma, pair.method, pair.schedule),
+    )
 
 
 def stop_all() -> None:

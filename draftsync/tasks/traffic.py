@@ -6,31 +6,7 @@ import httpx
 from prefect import task
 from prefect.cache_policies import NONE
 
-from draftsync.errors import DraftsyncError
-from draftsync.serving.traffic_capture import DOMAIN_HEADER
-
-
-def complete(
-    client: httpx.Client,
-    model: str,
-    prompt: str,
-    max_tokens: int,
-    temperature: float,
-    seed: int | None = None,
-    domain: str | None = None,
-) -> dict:
-    """One /v1/completions call; any answer but 200 is an error that points at the server log. `domain`: the
-    client's label for the request's kind of traffic (the router's capture keeps it)."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature}
-    if seed is not None:
-        body["seed"] = seed
-    response = client.post("/v1/completions", json=body, headers={DOMAIN_HEADER: domain} if domain else None)
-    if response.status_code != 200:
-        raise DraftsyncError(
-            f"{client.base_url} answered {response.status_code}: {response.text[:200]}",
-            "see the server log under <workdir>/serving",
-        )
-    return response.json()
+from draftsync.serving.completions import complete
 
 
 def spec_decode_counts(completion: dict) -> dict:

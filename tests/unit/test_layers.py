@@ -48,7 +48,19 @@ ALLOWED = {
     "tasks": {"speculative", "registry", "monitors", "planning", "serving", "validation"},
     "flows": {"speculative", "registry", "monitors", "planning", "serving", "validation", "tasks"},
     "receiver": {"speculative", "registry", "monitors", "planning", "serving", "validation", "tasks"},
-    "cli": {"speculative", "registry", "monitors", "planning", "serving", "validation", "tasks", "flows", "receiver"},
+    "serving_service": {"speculative", "registry", "monitors", "planning", "serving", "validation", "tasks"},
+    "cli": {
+        "speculative",
+        "registry",
+        "monitors",
+        "planning",
+        "serving",
+        "validation",
+        "tasks",
+        "flows",
+        "receiver",
+        "serving_service",
+    },
 }
 PREFECT_FREE = ("speculative", "registry", "monitors", "planning", "serving", "validation")
 

@@ -1,0 +1,110 @@
+"""The serving service's admin API in process: who may change what a deployment serves, and what a bad call gets."""
+
+from __future__ import annotations
+
+import pytest
+from draftsync.errors import DraftsyncError
+from draftsync.serving.deployment import ServingDeployment
+from draftsync.serving.servers import PairSwitch
+from draftsync.serving_service.app import create_app
+from starlette.testclient import TestClient
+
+TOKEN = "the-token"
+PLAIN = {"target_version": 2, "drafter_version": None, "gamma": 0, "method": None, "schedule": None}
+SPECS = {
+    "chat": ServingDeployment(name="chat", target_name="llama-chat", launch="reference", port=8000),
+    "k8s": ServingDeployment(name="k8s", target_name="llama-chat", launch="external", endpoint="http://chat:8000"),
+}
+
+
+class Service:
+    """The app over a record of the pairs it was asked to serve (the launches are the system test's)."""
+
+    def __init__(self, failure: DraftsyncError | None = None):
+        self.served: list = []
+        self.failure = failure
+        self.client = TestClient(create_app(TOKEN, lambda: SPECS, self.serve, self.record))
+
+    def serve(self, spec, pair) -> PairSwitch:
+        if self.failure is not None:
+            raise self.failure
+        self.served.append((spec.name, pair))
+        return PairSwitch("http://0.0.0.0:8000", None, 1.0, None, {"argv": ["vllm", "serve"]}, ["switched"])
+
+    def record(self, name: str) -> dict | None:
+        if name != "chat" or not self.served:
+            return None
+        return {"router": {"port": 8000, "token_file": "/secret/place"}, "backend": {"endpoint": "http://x:1"}}
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [({}, 401), ({"Authorization": "Bearer stale"}, 403), ({"Authorization": "Basic the-token"}, 401)],
+)
+def test_a_call_without_the_token_changes_nothing(headers, status):
+    service = Service()
+
+    answer = service.client.put("/draftsync/deployments/chat/pair", json=PLAIN, headers=headers)
+
+    assert answer.status_code == status
+    assert service.served == []
+    assert service.client.get("/draftsync/deployments", headers=headers).status_code == status
+    assert service.client.get("/healthz").status_code == 200  # health needs no token
+
+
+def test_a_pair_is_served_with_the_deployments_own_target_and_drafter_names():
+    service = Service()
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+
+    answer = service.client.put(
+        "/draftsync/deployments/chat/pair",
+        json={**PLAIN, "drafter_version": 4, "gamma": 3, "method": "eagle3"},
+        headers=bearer,
+    )
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["router_port"] == 8000 and answer.json()["switch"]["steps"] == ["switched"]
+    [(name, pair)] = service.served
+    assert (name, pair.target_name, pair.target_version, pair.drafter_name, pair.drafter_version, pair.gamma) == (
+        "chat",
+        "llama-chat",
+        2,
+        "llama-chat-drafter",
+        4,
+        3,
+    )
+    listed = service.client.get("/draftsync/deployments", headers=bearer).json()["deployments"]
+    assert listed["chat"]["router"] == {"port": 8000}  # where the router's own token lies is not given out
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "said"),
+    [
+        ("chat", {**PLAIN, "target_version": 0}, 400, "target_version 0 is not a version number"),
+        ("chat", {**PLAIN, "gamma": True}, 400, "gamma True"),
+        ("chat", [1, 2], 400, "not a JSON object"),
+        ("chta", PLAIN, 404, "no deployment is called 'chta'; known: chat, k8s"),
+        ("k8s", PLAIN, 409, "launch: external"),
+    ],
+)
+def test_a_bad_call_is_refused_naming_what_is_wrong(path, body, status, said):
+    service = Service()
+
+    answer = service.client.put(
+        f"/draftsync/deployments/{path}/pair", json=body, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+
+    assert answer.status_code == status
+    assert said in answer.json()["error"] and answer.json()["fix"]
+    assert service.served == []
+
+
+def test_a_candidate_that_fails_comes_back_with_its_error_and_fix():
+    service = Service(DraftsyncError("vLLM for chat did not start: CUDA out of memory", "give it a GPU"))
+
+    answer = service.client.put(
+        "/draftsync/deployments/chat/pair", json=PLAIN, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+
+    assert answer.status_code == 502
+    assert answer.json() == {"error": "vLLM for chat did not start: CUDA out of memory", "fix": "give it a GPU"}
