@@ -346,6 +346,7 @@ def _missing_drafter(
 def rollout_target(target_name: str, alias: str | None = None, reason: str = "") -> dict:
     """The `rollout` deployment: bring every deployment of the deployments file that serves `target_name`
     (following `alias`, when given) to the pair the registry says; one already serving it is left alone."""
+    context.require_settings("rollout", "registry", "store", "serving")
     logger = get_run_logger()
     store = context.store()
     results = []

@@ -31,6 +31,7 @@ def scrape(now: datetime | None = None, deployments: list[ServingDeployment] | N
     """`now` is the monitor's clock: production leaves it unset; the demo passes a compressed one.
 
     `deployments` None: the deployments file's (when there is one) give the guard its thresholds."""
+    context.require_settings("acceptance-scrape", "registry", "store", "serving")
     now = now or datetime.now(UTC)
     specs = configured_deployments(deployments)
     deployments = list(specs.values())

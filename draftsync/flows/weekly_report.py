@@ -303,6 +303,7 @@ def weekly_report(
     `send`: read only (nothing acted on, recorded or written but the charts). `charts_dir`: write each deployment's
     acceptance chart there as a PNG.
     Long: the review's order (each deployment judged and acted on, then the e-mail, then the alerts it carried)."""
+    context.require_settings("weekly-acceptance-report", "registry", "store", "serving")
     from draftsync.monitors.mailer import Mailer
     from draftsync.monitors.report import build_weekly_report
     from draftsync.monitors.staleness import Thresholds
