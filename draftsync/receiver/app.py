@@ -121,7 +121,7 @@ def create_app(
     Long: the app's routes are closures over the secret, the delivery memory and the handler it is built with."""
     if not secret:
         raise DraftsyncError(
-            "the webhook receiver has no secret",
+            "the webhook receiver has no secret, and one is required: it acts only on deliveries signed with it",
             "set DRAFTSYNC_WEBHOOK_SECRET (or DRAFTSYNC_WEBHOOK_SECRET_BLOCK) to a long random string",
         )
     check_webhook_secret(secret)
@@ -236,7 +236,8 @@ def _loggable(delivery_id: str | None) -> str:
 
 
 def resolve_webhook_secret(settings: Settings) -> str:
-    """DRAFTSYNC_WEBHOOK_SECRET, else the Prefect Secret block named by DRAFTSYNC_WEBHOOK_SECRET_BLOCK."""
+    """DRAFTSYNC_WEBHOOK_SECRET, else the Prefect Secret block named by DRAFTSYNC_WEBHOOK_SECRET_BLOCK; one of them is
+    required by both `webhooks serve` and `webhooks register` (an unsigned delivery could be forged by anyone)."""
     if settings.webhook_secret is not None and settings.webhook_secret.get_secret_value():
         return settings.webhook_secret.get_secret_value()
     if settings.webhook_secret_block:
@@ -244,7 +245,8 @@ def resolve_webhook_secret(settings: Settings) -> str:
 
         return secret_block_value(settings.webhook_secret_block, "webhook secret", "DRAFTSYNC_WEBHOOK_SECRET_BLOCK")
     raise DraftsyncError(
-        "no webhook secret is configured",
+        "the webhook secret is required and not set: MLflow signs every delivery with it, and the receiver acts only "
+        "on signed ones",
         "set DRAFTSYNC_WEBHOOK_SECRET to a long random string (e.g. `openssl rand -hex 32`), or "
         "DRAFTSYNC_WEBHOOK_SECRET_BLOCK to the name of a Prefect Secret block holding it",
     )

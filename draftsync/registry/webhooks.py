@@ -44,6 +44,10 @@ STALE_TIMESTAMP = "stale_timestamp"
 FUTURE_TIMESTAMP = "future_timestamp"
 BAD_BODY = "bad_body"
 
+# What `mlflow server` needs in its environment to deliver to an http:// receiver or a private or loopback address:
+# by default it takes only https URLs of public addresses.
+MLFLOW_SERVER_WEBHOOK_ENV = {"MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https", "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true"}
+
 MIN_SECRET_LENGTH = 16  # a shorter shared secret can be guessed offline from one captured delivery
 MAX_DELIVERY_ID_LENGTH = 200  # the sync ledger keeps at most this many characters of an id
 _DELIVERY_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]+$")  # MLflow sends a UUID; nothing that could forge a log line
@@ -236,13 +240,37 @@ def create_or_update_webhook(tracking_uri: str, name: str, url: str, secret: str
         )
         return created.webhook_id
     except MlflowException as error:
-        raise DraftsyncError(
-            f"MLflow at {masked_url(tracking_uri)} refused webhook {name!r} for {url} "
-            f"({masked_text(_first_line(error), tracking_uri)})",
-            "webhooks need an MLflow tracking server with a database backend (`mlflow server`); for an http:// "
-            "or private-address URL the server needs MLFLOW_WEBHOOK_ALLOWED_SCHEMES=http,https and "
-            "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS=true",
-        ) from error
+        raise _refusal(tracking_uri, name, url, error) from error
+
+
+def _refusal(tracking_uri: str, name: str, url: str, error: BaseException) -> DraftsyncError:
+    """MLflow's refusal of a webhook URL as what the MLflow server needs: by default it takes only https URLs of
+    public addresses, and says so in words of its own (mlflow/utils/validation.py, _validate_webhook_url)."""
+    server, said = masked_url(tracking_uri), masked_text(_first_line(error), tracking_uri)
+    allow = " and ".join(f"{key}={value}" for key, value in MLFLOW_SERVER_WEBHOOK_ENV.items())
+    fix = (
+        f"start the MLflow server (`mlflow server`) with {allow} in its environment to deliver to a receiver over "
+        f"http on this machine or network, or register an https URL of a public address"
+    )
+    if "webhook url scheme" in said.lower():
+        what = (
+            f"MLflow at {server} refuses webhook URL {url}: it allows only https unless its "
+            f"MLFLOW_WEBHOOK_ALLOWED_SCHEMES says otherwise ({said})"
+        )
+    elif "non-public ip address" in said.lower():
+        what = (
+            f"MLflow at {server} refuses webhook URL {url}: it resolves to a private or loopback address, refused "
+            f"unless its MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS=true ({said})"
+        )
+    elif "cannot resolve" in said.lower():
+        what = f"MLflow at {server} cannot resolve the host of webhook URL {url} ({said})"
+        fix = (
+            "give --url the receiver's address as the MLflow server reaches it (a name its DNS knows, or an IP address)"
+        )
+    else:
+        what = f"MLflow at {server} refused webhook {name!r} for {url} ({said})"
+        fix = f"webhooks need an MLflow tracking server with a database backend (`mlflow server`); {fix}"
+    return DraftsyncError(what, fix)
 
 
 def _find_webhook(client: Any, name: str) -> Any | None:
