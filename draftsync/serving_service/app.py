@@ -10,13 +10,20 @@ and their routers, so serving outlives the flow run that changed it, and a flow 
   with another token, is refused and changes nothing. `GET /healthz` answers without it.
 
 Routers listen on each deployment's own port; flows reach them on the service's host (serving/service_client.py).
+The servers are the service's children and stop with it; the pair each deployment was last switched to is kept in its
+work dir (`served-pairs.json`), and a restarted service serves those pairs again before it takes any change.
 Run: `draftsync serving run --host 0.0.0.0 --port 8100`.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 from collections.abc import Callable
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -26,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from draftsync.errors import DraftsyncError
+from draftsync.files import atomic_write
 from draftsync.monitors.tables import ServedPair
 from draftsync.records import record_dict
 from draftsync.registry.model_registry import drafter_model_name
@@ -39,13 +47,58 @@ DEPLOYMENTS_PATH = "/draftsync/deployments"
 Deployments = Callable[[], dict[str, ServingDeployment]]
 Serve = Callable[[ServingDeployment, ServedPair], PairSwitch]
 Served = Callable[[str], "dict | None"]
+LOGGER = logging.getLogger("draftsync.serving_service")
 
 
-def create_app(token: str, deployments: Deployments, serve: Serve, served: Served) -> Starlette:
+class ServedPairs:
+    """The pair each deployment was last switched to, in a JSON file of the service's work dir."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.lock = threading.Lock()
+
+    def all(self) -> dict[str, ServedPair]:
+        if not self.path.exists():
+            return {}
+        return {name: ServedPair(**pair) for name, pair in json.loads(self.path.read_text()).items()}
+
+    def remember(self, name: str, pair: ServedPair) -> None:
+        with self.lock:
+            pairs = {key: asdict(value) for key, value in self.all().items()}
+            pairs[name] = asdict(pair)
+            text = json.dumps(pairs, indent=2)
+            atomic_write(self.path, lambda temp: temp.write_text(text))
+
+
+def create_app(token: str, deployments: Deployments, serve: Serve, served: Served, pairs: ServedPairs) -> Starlette:
     """The admin API over `deployments` (read on every call, so an edited file counts), `serve` (a pair at a
-    deployment, blocking until traffic moved) and `served` (a deployment's record: router, server, launch)."""
+    deployment, blocking until traffic moved), `served` (a deployment's record: router, server, launch) and `pairs`
+    (what each deployment was last switched to: served again when the app starts)."""
     expected = token.encode()
     locks: dict[str, threading.Lock] = {}
+
+    def restore() -> None:
+        """Serve each remembered pair again (its deployment's lock held, so a change asked meanwhile waits for it)."""
+        try:
+            specs = deployments()
+        except DraftsyncError as error:
+            LOGGER.error("nothing restored: %s (fix: %s)", error.what, error.fix)
+            return
+        for name, pair in pairs.all().items():
+            spec = specs.get(name)
+            if spec is None or spec.launch == "external":
+                LOGGER.warning("deployment %s is no longer one this service serves: not restored", name)
+                continue
+            try:
+                _serve_alone(locks.setdefault(name, threading.Lock()), serve, spec, pair)
+                LOGGER.info("%s serves target v%s, drafter %s again", name, pair.target_version, pair.drafter_version)
+            except Exception as error:  # one deployment that does not come back must not keep the others down
+                LOGGER.error("%s could not be served again: %s", name, error)
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette):
+        threading.Thread(target=restore, name="restore-served-pairs", daemon=True).start()
+        yield
 
     async def health(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -93,15 +146,17 @@ def create_app(token: str, deployments: Deployments, serve: Serve, served: Serve
             switched = await run_in_threadpool(_serve_alone, lock, serve, spec, pair)
         except DraftsyncError as error:
             return _error(502, error.what, error.fix)
+        pairs.remember(name, pair)
         record = served(name) or {}
         return JSONResponse({"router_port": record["router"]["port"], "switch": record_dict(switched)})
 
     return Starlette(
+        lifespan=lifespan,
         routes=[
             Route(HEALTH_PATH, health, methods=["GET"]),
             Route(DEPLOYMENTS_PATH, list_served, methods=["GET"]),
             Route(DEPLOYMENTS_PATH + "/{name}/pair", put_pair, methods=["PUT"]),
-        ]
+        ],
     )
 
 
@@ -164,5 +219,9 @@ def app_from_settings() -> Starlette:
             "set DRAFTSYNC_SERVING_TOKEN (a long random string; flows that steer the service get the same)",
         )
     return create_app(
-        settings.serving_token.get_secret_value(), lambda: configured_deployments(), serve_here, serving_record
+        settings.serving_token.get_secret_value(),
+        lambda: configured_deployments(),
+        serve_here,
+        serving_record,
+        ServedPairs(settings.root / "served-pairs.json"),
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -22,6 +23,13 @@ def _completion(endpoint: str, prompt: str = "def add(a, b):") -> dict:
     )
     answer.raise_for_status()
     return answer.json()
+
+
+def _healthy(endpoint: str) -> bool:
+    try:
+        return httpx.get(f"{endpoint}/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def _draft_tokens(completion: dict) -> int:
@@ -120,3 +128,14 @@ def test_flows_steer_the_serving_service_which_outlives_them_and_refuses_calls_w
         service.stop()
     with pytest.raises(httpx.TransportError):  # the routers are the service's children: they stop with it
         httpx.get(f"http://127.0.0.1:{router_port}/draftsync/live", timeout=5)
+
+    restarted = ServerProcess(argv, "127.0.0.1", service_port, tmp_path / "restarted.log", env=environment).start()
+    try:
+        restarted.wait_healthy(timeout=120, health_path="/healthz")
+        deadline = time.monotonic() + 180
+        while not _healthy(served["endpoint"]):  # the router's /health: an upstream is set and answers
+            assert time.monotonic() < deadline, "the restarted service did not serve the deployment again"
+            time.sleep(0.5)
+        assert _draft_tokens(_completion(served["endpoint"])) == 0  # the pair it was last switched to: plain
+    finally:
+        restarted.stop()

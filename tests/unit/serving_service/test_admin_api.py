@@ -6,7 +6,7 @@ import pytest
 from draftsync.errors import DraftsyncError
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.serving.servers import PairSwitch
-from draftsync.serving_service.app import create_app
+from draftsync.serving_service.app import ServedPairs, create_app
 from starlette.testclient import TestClient
 
 TOKEN = "the-token"
@@ -20,10 +20,11 @@ SPECS = {
 class Service:
     """The app over a record of the pairs it was asked to serve (the launches are the system test's)."""
 
-    def __init__(self, failure: DraftsyncError | None = None):
+    def __init__(self, pairs: ServedPairs, failure: DraftsyncError | None = None):
         self.served: list = []
         self.failure = failure
-        self.client = TestClient(create_app(TOKEN, lambda: SPECS, self.serve, self.record))
+        self.pairs = pairs
+        self.client = TestClient(create_app(TOKEN, lambda: SPECS, self.serve, self.record, pairs))
 
     def serve(self, spec, pair) -> PairSwitch:
         if self.failure is not None:
@@ -41,8 +42,8 @@ class Service:
     ("headers", "status"),
     [({}, 401), ({"Authorization": "Bearer stale"}, 403), ({"Authorization": "Basic the-token"}, 401)],
 )
-def test_a_call_without_the_token_changes_nothing(headers, status):
-    service = Service()
+def test_a_call_without_the_token_changes_nothing(headers, status, tmp_path):
+    service = Service(ServedPairs(tmp_path / "pairs.json"))
 
     answer = service.client.put("/draftsync/deployments/chat/pair", json=PLAIN, headers=headers)
 
@@ -52,8 +53,8 @@ def test_a_call_without_the_token_changes_nothing(headers, status):
     assert service.client.get("/healthz").status_code == 200  # health needs no token
 
 
-def test_a_pair_is_served_with_the_deployments_own_target_and_drafter_names():
-    service = Service()
+def test_a_pair_is_served_with_the_deployments_own_target_and_drafter_names(tmp_path):
+    service = Service(ServedPairs(tmp_path / "pairs.json"))
     bearer = {"Authorization": f"Bearer {TOKEN}"}
 
     answer = service.client.put(
@@ -87,8 +88,8 @@ def test_a_pair_is_served_with_the_deployments_own_target_and_drafter_names():
         ("k8s", PLAIN, 409, "launch: external"),
     ],
 )
-def test_a_bad_call_is_refused_naming_what_is_wrong(path, body, status, said):
-    service = Service()
+def test_a_bad_call_is_refused_naming_what_is_wrong(path, body, status, said, tmp_path):
+    service = Service(ServedPairs(tmp_path / "pairs.json"))
 
     answer = service.client.put(
         f"/draftsync/deployments/{path}/pair", json=body, headers={"Authorization": f"Bearer {TOKEN}"}
@@ -99,8 +100,9 @@ def test_a_bad_call_is_refused_naming_what_is_wrong(path, body, status, said):
     assert service.served == []
 
 
-def test_a_candidate_that_fails_comes_back_with_its_error_and_fix():
-    service = Service(DraftsyncError("vLLM for chat did not start: CUDA out of memory", "give it a GPU"))
+def test_a_candidate_that_fails_comes_back_with_its_error_and_fix(tmp_path):
+    pairs = ServedPairs(tmp_path / "pairs.json")
+    service = Service(pairs, DraftsyncError("vLLM for chat did not start: CUDA out of memory", "give it a GPU"))
 
     answer = service.client.put(
         "/draftsync/deployments/chat/pair", json=PLAIN, headers={"Authorization": f"Bearer {TOKEN}"}
@@ -108,3 +110,21 @@ def test_a_candidate_that_fails_comes_back_with_its_error_and_fix():
 
     assert answer.status_code == 502
     assert answer.json() == {"error": "vLLM for chat did not start: CUDA out of memory", "fix": "give it a GPU"}
+    assert pairs.all() == {}  # a pair that was not served is not served again on a restart
+
+
+def test_a_restarted_service_serves_each_remembered_pair_again(tmp_path):
+    import time
+
+    first = Service(ServedPairs(tmp_path / "pairs.json"))
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    asked = {**PLAIN, "drafter_version": 4, "gamma": 3, "method": "eagle3"}
+    assert first.client.put("/draftsync/deployments/chat/pair", json=asked, headers=bearer).status_code == 200
+
+    again = Service(ServedPairs(tmp_path / "pairs.json"))
+    with again.client:  # the app's start
+        deadline = time.monotonic() + 30
+        while not again.served and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    assert again.served == first.served
