@@ -75,6 +75,10 @@ class ServingServiceClient:
         switched = body["switch"]
         return PairSwitch(**{**switched, "endpoint": self.router_endpoint(body["router_port"])})
 
+    def captured(self, deployment: str, after_id: int = 0) -> list[dict]:
+        """The requests the deployment's router captured after row `after_id`, oldest first."""
+        return self._call("GET", f"/draftsync/deployments/{deployment}/traffic", params={"after_id": after_id})["rows"]
+
     def deployments(self) -> dict:
         """What each deployment serves now, as the service records it."""
         return self._call("GET", "/draftsync/deployments")["deployments"]

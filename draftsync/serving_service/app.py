@@ -6,6 +6,8 @@ and their routers, so serving outlives the flow run that changed it, and a flow 
   deployment's router to it (serving/servers.py, `ServerBook.serve`). Body: {"target_version", "drafter_version"
   (null: speculation off), "gamma", "method", "schedule"}. One change per deployment at a time.
 - `GET /draftsync/deployments` is what each deployment serves now.
+- `GET /draftsync/deployments/{name}/traffic?after_id=N` is the traffic its router captured after row N (the
+  scrape books its acceptance, a retrain learns from its prompts): the capture files live with the routers.
 - Both need the service's token as `Authorization: Bearer <token>` (DRAFTSYNC_SERVING_TOKEN); a call without it, or
   with another token, is refused and changes nothing. `GET /healthz` answers without it.
 
@@ -47,6 +49,7 @@ DEPLOYMENTS_PATH = "/draftsync/deployments"
 Deployments = Callable[[], dict[str, ServingDeployment]]
 Serve = Callable[[ServingDeployment, ServedPair], PairSwitch]
 Served = Callable[[str], "dict | None"]
+Captured = Callable[[ServingDeployment, int], list[dict]]
 LOGGER = logging.getLogger("draftsync.serving_service")
 
 
@@ -70,10 +73,13 @@ class ServedPairs:
             atomic_write(self.path, lambda temp: temp.write_text(text))
 
 
-def create_app(token: str, deployments: Deployments, serve: Serve, served: Served, pairs: ServedPairs) -> Starlette:
+def create_app(
+    token: str, deployments: Deployments, serve: Serve, served: Served, pairs: ServedPairs, captured: Captured
+) -> Starlette:
     """The admin API over `deployments` (read on every call, so an edited file counts), `serve` (a pair at a
-    deployment, blocking until traffic moved), `served` (a deployment's record: router, server, launch) and `pairs`
-    (what each deployment was last switched to: served again when the app starts)."""
+    deployment, blocking until traffic moved), `served` (a deployment's record: router, server, launch), `pairs`
+    (what each deployment was last switched to: served again when the app starts) and `captured` (a deployment's
+    captured requests after a row id)."""
     expected = token.encode()
     locks: dict[str, threading.Lock] = {}
 
@@ -110,7 +116,8 @@ def create_app(token: str, deployments: Deployments, serve: Serve, served: Serve
         specs = await run_in_threadpool(deployments)
         return JSONResponse({"deployments": {name: _public(served(name)) for name in specs}})
 
-    async def put_pair(request: Request) -> Response:
+    async def deployment(request: Request) -> ServingDeployment | Response:
+        """The deployment the path names, or the answer that refuses the call (no token, unknown name)."""
         refusal = bearer_refusal(request, expected, "serving service")
         if refusal is not None:
             return refusal
@@ -126,6 +133,23 @@ def create_app(token: str, deployments: Deployments, serve: Serve, served: Serve
                 f"no deployment is called {name!r}; known: {', '.join(sorted(specs)) or 'none'}",
                 "declare it in the serving service's deployments file (DRAFTSYNC_DEPLOYMENTS_FILE)",
             )
+        return spec
+
+    async def get_traffic(request: Request) -> Response:
+        spec = await deployment(request)
+        if isinstance(spec, Response):
+            return spec
+        after = request.query_params.get("after_id", "0")
+        if not after.isdigit():
+            return _error(400, f"after_id {after!r} is not a row id", "give after_id=N with N >= 0, or leave it out")
+        rows = await run_in_threadpool(captured, spec, int(after))
+        return JSONResponse({"capture": spec.capture is not None, "rows": rows})
+
+    async def put_pair(request: Request) -> Response:
+        spec = await deployment(request)
+        if isinstance(spec, Response):
+            return spec
+        name = spec.name
         if spec.launch == "external":
             return _error(
                 409,
@@ -156,6 +180,7 @@ def create_app(token: str, deployments: Deployments, serve: Serve, served: Serve
             Route(HEALTH_PATH, health, methods=["GET"]),
             Route(DEPLOYMENTS_PATH, list_served, methods=["GET"]),
             Route(DEPLOYMENTS_PATH + "/{name}/pair", put_pair, methods=["PUT"]),
+            Route(DEPLOYMENTS_PATH + "/{name}/traffic", get_traffic, methods=["GET"]),
         ],
     )
 
@@ -210,7 +235,7 @@ def _error(status: int, what: str, fix: str) -> JSONResponse:
 def app_from_settings() -> Starlette:
     """The service over this process's settings: its work dir, its deployments file and MLflow."""
     from draftsync.tasks import context
-    from draftsync.tasks.serving import configured_deployments, serve_here, serving_record
+    from draftsync.tasks.serving import captured_here, configured_deployments, serve_here, serving_record
 
     settings = context.settings()
     if settings.serving_token is None:
@@ -224,4 +249,5 @@ def app_from_settings() -> Starlette:
         serve_here,
         serving_record,
         ServedPairs(settings.root / "served-pairs.json"),
+        captured_here,
     )

@@ -73,10 +73,10 @@ def book_captured_requests(deployment: str, now: datetime, capture: CaptureConfi
     """Copy the acceptance of the requests the router captured since the last booking (never their prompts) into
     the monitor store, at the monitor's clock and to `pair`, the one serving now: per-domain and per-pair
     percentiles are read from there."""
-    from draftsync.serving.traffic_capture import captured_rows
+    from draftsync.tasks.serving import captured_requests
 
     store = context.store()
-    rows = captured_rows(capture.path, deployment, after_id=store.acceptance.captured_watermark(deployment))
+    rows = captured_requests(capture, after_id=store.acceptance.captured_watermark(deployment))
     if not rows:
         return 0
     return store.acceptance.book_requests(deployment, now, pair, rows, last_row=rows[-1]["id"])

@@ -87,8 +87,6 @@ def capture_config(deployment: ServingDeployment) -> CaptureConfig | None:
 def captured_prompts(target_name: str) -> tuple[list[str], str]:
     """The prompts the deployments serving `target_name` captured (oldest first), and where they came from in words:
     which deployments, how many, or why there are none (capture off, nothing captured yet)."""
-    from draftsync.serving.traffic_capture import captured_rows
-
     serving = [spec for spec in configured_deployments().values() if spec.target_name == target_name]
     if not serving:
         return [], f"no deployment in the deployments file serves {target_name}"
@@ -99,11 +97,28 @@ def captured_prompts(target_name: str) -> tuple[list[str], str]:
         if config is None:
             said.append(f"{spec.name}: capture is off (give it a capture section)")
             continue
-        rows = captured_rows(config.path, spec.name)
-        texts = [text for row in rows if (text := _prompt_text(row["prompt"]))]
+        texts = [text for row in captured_requests(config) if (text := _prompt_text(row["prompt"]))]
         prompts += texts
         said.append(f"{spec.name}: {len(texts)} captured prompts")
     return prompts, "; ".join(said)
+
+
+def captured_requests(capture: CaptureConfig, after_id: int = 0) -> list[dict]:
+    """The requests a deployment's router captured after row `after_id`, oldest first: from the serving service
+    when one is configured (the capture file lies with its routers), else from this work dir's file."""
+    from draftsync.serving.traffic_capture import captured_rows
+
+    if context.settings().serving_url is None:
+        return captured_rows(capture.path, capture.deployment, after_id)
+    return serving_service().captured(capture.deployment, after_id)
+
+
+def captured_here(deployment: ServingDeployment, after_id: int = 0) -> list[dict]:
+    """The requests a router of this work dir captured for the deployment after row `after_id`."""
+    from draftsync.serving.traffic_capture import captured_rows
+
+    config = capture_config(deployment)
+    return [] if config is None else captured_rows(config.path, deployment.name, after_id)
 
 
 def _prompt_text(prompt: object) -> str | None:

@@ -48,6 +48,7 @@ def test_flows_steer_the_serving_service_which_outlives_them_and_refuses_calls_w
     from draftsync.serving.service_client import ServingServiceClient
     from draftsync.tasks import context
     from draftsync.tasks.registration import publish_target
+    from draftsync.tasks.serving import captured_prompts
 
     from tests.support.tiny_models import build_tiny_drafter
 
@@ -61,7 +62,7 @@ def test_flows_steer_the_serving_service_which_outlives_them_and_refuses_calls_w
     deployments.write_text(
         "deployments:\n"
         f"  - {{name: svc, target_name: svc-llm, launch: reference, host: 127.0.0.1, port: {router_port},\n"
-        "     fallback_threshold: 0.95, fallback_min_draft_tokens: 30}\n"
+        "     fallback_threshold: 0.95, fallback_min_draft_tokens: 30, capture: {rate: 1.0}}\n"
     )
     service_port = free_port()
     environment = {key: value for key, value in os.environ.items() if not key.startswith(("DRAFTSYNC_", "PREFECT_API"))}
@@ -88,6 +89,7 @@ def test_flows_steer_the_serving_service_which_outlives_them_and_refuses_calls_w
             port=router_port,
             fallback_threshold=0.95,
             fallback_min_draft_tokens=30,
+            capture={"rate": 1.0},
         )
 
         served = rollout(spec)
@@ -118,6 +120,10 @@ def test_flows_steer_the_serving_service_which_outlives_them_and_refuses_calls_w
 
         decision = result["guard"][0]
         assert decision["action"] == "fallback", decision
+        [scraped] = result["deployments"]
+        assert scraped["requests_booked"] >= 4  # the router's capture file lies with the service: read through it
+        prompts, where = captured_prompts("svc-llm")
+        assert "for i in range(10):" in prompts and where.startswith("svc: "), where
         after = client.deployments()["svc"]
         assert after["backend"]["endpoint"] != upstream  # the service switched the router to a plain server
         assert _draft_tokens(_completion(served["endpoint"])) == 0

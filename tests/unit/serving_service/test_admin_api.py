@@ -24,13 +24,17 @@ class Service:
         self.served: list = []
         self.failure = failure
         self.pairs = pairs
-        self.client = TestClient(create_app(TOKEN, lambda: SPECS, self.serve, self.record, pairs))
+        self.client = TestClient(create_app(TOKEN, lambda: SPECS, self.serve, self.record, pairs, self.captured))
 
     def serve(self, spec, pair) -> PairSwitch:
         if self.failure is not None:
             raise self.failure
         self.served.append((spec.name, pair))
         return PairSwitch("http://0.0.0.0:8000", None, 1.0, None, {"argv": ["vllm", "serve"]}, ["switched"])
+
+    def captured(self, spec, after_id: int) -> list[dict]:
+        rows = [{"id": 1, "prompt": "def f(x):"}, {"id": 2, "prompt": "The sum of"}] if spec.name == "chat" else []
+        return [row for row in rows if row["id"] > after_id]
 
     def record(self, name: str) -> dict | None:
         if name != "chat" or not self.served:
@@ -128,3 +132,15 @@ def test_a_restarted_service_serves_each_remembered_pair_again(tmp_path):
             time.sleep(0.05)
 
     assert again.served == first.served
+
+
+def test_the_captured_traffic_is_read_after_a_row_with_the_token_only(tmp_path):
+    service = Service(ServedPairs(tmp_path / "pairs.json"))
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+
+    after_one = service.client.get("/draftsync/deployments/chat/traffic?after_id=1", headers=bearer)
+    bad = service.client.get("/draftsync/deployments/chat/traffic?after_id=-1", headers=bearer)
+
+    assert after_one.json() == {"capture": False, "rows": [{"id": 2, "prompt": "The sum of"}]}
+    assert bad.status_code == 400 and "after_id '-1'" in bad.json()["error"]
+    assert service.client.get("/draftsync/deployments/chat/traffic").status_code == 401
