@@ -27,20 +27,66 @@ COMPOSE = ROOT / "docker-compose.yml"
 PREFECT_YAML = ROOT / "prefect.yaml"
 DEPLOY = ROOT / "deploy"
 ENV_EXAMPLE = DEPLOY / "draftsync.env.example"
+# The secret env files, one per need (DRAFTSYNC_ENV_DIR, default deploy/): which services read each.
+SECRET_FILES = {
+    "postgres.env": {"postgres"},
+    "mlflow.env": {"mlflow"},
+    "prefect.env": {"prefect"},
+    "draftsync.env": {
+        "setup",
+        "webhooks",
+        "worker-cpu",
+        "worker-gpu",
+        "worker-gpu-on-cpu",
+        "serving-gpu",
+        "serving-cpu",
+    },
+    "webhook.env": {"setup", "webhooks"},
+    "serving.env": {"worker-cpu", "worker-gpu", "worker-gpu-on-cpu", "serving-gpu", "serving-cpu"},
+}
+# The only variables compose takes from the host shell, each with its default (docker-compose.yml's header).
+COMPOSE_VARIABLES = {
+    "DRAFTSYNC_ENV_DIR": "./deploy",
+    "DRAFTSYNC_DEPLOYMENTS_FILE": "./deploy/deployments.yaml",
+    "DRAFTSYNC_BIND_ADDRESS": "127.0.0.1",
+    "DRAFTSYNC_MLFLOW_PORT": "5000",
+    "DRAFTSYNC_PREFECT_PORT": "4200",
+    "DRAFTSYNC_MAILPIT_PORT": "8025",
+    "DRAFTSYNC_WEBHOOKS_PORT": "8765",
+    "DRAFTSYNC_SERVING_PORT": "8100",
+    "DRAFTSYNC_ROUTER_PORT": "8000",
+}
 STACK_ENV = DEPLOY / "stack.env"
 ENTRYPOINT_SCRIPT = DEPLOY / "docker-entrypoint.sh"
 
-SERVICES = {"postgres", "mlflow", "prefect", "setup", "webhooks", "worker-cpu", "worker-gpu", "mailpit"}
+SERVICES = {
+    "postgres",
+    "mlflow",
+    "prefect",
+    "setup",
+    "webhooks",
+    "worker-cpu",
+    "worker-gpu",
+    "worker-gpu-on-cpu",
+    "serving-gpu",
+    "serving-cpu",
+    "mailpit",
+}
 # Where the other services reach each service: service -> port.
-REACHED_AT = {"mlflow": 5000, "prefect": 4200, "postgres": 5432, "webhooks": 8765, "mailpit": 1025}
+REACHED_AT = {"mlflow": 5000, "prefect": 4200, "postgres": 5432, "webhooks": 8765, "mailpit": 1025, "serving": 8100}
 # Ports an image listens on without being told (postgres's default); everything else must be explicit.
 IMAGE_DEFAULT_PORTS = {"postgres": {5432}}
 WORKER_HEALTHCHECK_PORT = 8080  # `prefect worker start --with-healthcheck` (PREFECT_WORKER_WEBSERVER_PORT)
 
 
 # --- reading the files ------------------------------------------------------------------------------------
+def _defaults(text: str) -> str:
+    """The text with each compose variable replaced by its default, as compose reads it with none set."""
+    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: m[2], text)
+
+
 def _compose() -> dict:
-    return yaml.safe_load(COMPOSE.read_text())
+    return yaml.safe_load(_defaults(COMPOSE.read_text()))
 
 
 def _prefect_yaml() -> dict:
@@ -103,27 +149,34 @@ def _production_readme_section() -> str:
 
 
 # --- the compose file ---------------------------------------------------------------------------------------
-def test_compose_parses_with_the_stack_services_and_optional_user_env_file():
+def test_compose_parses_and_each_service_reads_only_the_secret_files_it_needs():
     compose = _compose()
     assert set(compose["services"]) == SERVICES
     assert STACK_ENV.exists()
     for name, service in compose["services"].items():
-        files = service.get("env_file", [])
-        if name == "mailpit":
-            continue
-        paths = [entry["path"] if isinstance(entry, dict) else entry for entry in files]
-        assert paths == ["deploy/stack.env", "deploy/draftsync.env"], f"{name} reads {paths}"
-        user_file = files[1]
-        assert isinstance(user_file, dict) and user_file.get("required") is False, (
-            f"{name}: deploy/draftsync.env must be optional (required: false) so compose parses without it"
-        )
+        paths = [entry["path"] if isinstance(entry, dict) else entry for entry in service.get("env_file", [])]
+        wanted = [f"./deploy/{file}" for file, readers in SECRET_FILES.items() if name in readers]
+        if "draftsync.env" in " ".join(wanted):  # the draftsync images: the stack's wiring first
+            wanted = ["deploy/stack.env", *wanted]
+        assert paths == wanted, f"{name} reads {paths}, not {wanted}"
+        for entry in service.get("env_file", []):
+            assert not isinstance(entry, dict) or entry.get("required", True), f"{name}: {entry} must be required"
+    for file in SECRET_FILES:
+        example = DEPLOY / f"{file}.example"
+        assert example.exists(), f"{example.name} documents {file}"
 
 
-def test_compose_takes_nothing_from_the_host_shell():
-    """Every `$` is escaped (`$$`): settings come from the env files, so a missing shell variable changes nothing."""
+def test_compose_takes_from_the_host_shell_only_its_declared_variables_each_with_its_default():
+    """Every other `$` is escaped (`$$`): settings and secrets come from the env files, never from the shell."""
+    header = COMPOSE.read_text().split("\nname:", 1)[0]
     for number, line in enumerate(COMPOSE.read_text().splitlines(), start=1):
         code = line.split(" #", 1)[0] if not line.lstrip().startswith("#") else ""
-        assert not re.search(r"\$(?!\$)", code.replace("$$", "")), f"docker-compose.yml:{number} interpolates: {line}"
+        code = code.replace("$$", "")
+        for name, default in re.findall(r"\$\{(\w+):-([^}]*)\}", code):
+            assert COMPOSE_VARIABLES.get(name) == default, f"docker-compose.yml:{number}: ${{{name}:-{default}}}"
+            assert name in header, f"docker-compose.yml's header does not list {name}"
+        code = re.sub(r"\$\{\w+:-[^}]*\}", "", code)
+        assert not re.search(r"\$(?!\$)", code), f"docker-compose.yml:{number} interpolates: {line}"
 
 
 def test_depends_on_names_services_with_conditions_that_exist():
@@ -186,15 +239,23 @@ def _listening_ports(name: str, service: dict) -> set[int]:
     from draftsync.serving.deployment import load_deployments
 
     ports |= {d.port for d in load_deployments(DEPLOY / "deployments.yaml") if d.host == name}
+    aliases = (service.get("networks") or {}).get("default", {}).get("aliases", [])
+    ports |= {d.port for d in load_deployments(DEPLOY / "deployments.yaml") if d.host in aliases}
     return ports
 
 
-def test_published_ports_are_unique_and_listened_on():
+def test_published_ports_are_unique_on_loopback_and_listened_on():
     published: dict[int, str] = {}
     for name, service in _compose()["services"].items():
         for mapping in service.get("ports", []):
-            host, container = (int(part) for part in str(mapping).split(":")[-2:])
-            assert host not in published, f"host port {host} published by both {published[host]} and {name}"
+            address, host, container = str(mapping).split(":")
+            host, container = int(host), int(container)
+            assert address == "127.0.0.1", f"{name} publishes {mapping} beyond this machine"
+            other = published.get(host)
+            # the two serving services are in different profiles: one of them runs
+            assert other is None or {other, name} == {"serving-gpu", "serving-cpu"}, (
+                f"host port {host} published by both {other} and {name}"
+            )
             published[host] = name
             assert container in _listening_ports(name, service), (
                 f"{name} publishes {mapping} but listens on {_listening_ports(name, service)}"
@@ -209,17 +270,28 @@ def test_services_are_reached_where_they_listen():
     texts += [_command_text(service) for service in services.values()]
     texts += [line for path in (STACK_ENV, ENV_EXAMPLE) for line in path.read_text().splitlines()]
     reached: set[tuple[str, int]] = set()
+    # a network alias names a service too (`serving`: serving-gpu or serving-cpu, whichever profile runs)
+    alias_of = {
+        alias: [
+            name
+            for name, s in services.items()
+            if alias in (s.get("networks") or {}).get("default", {}).get("aliases", [])
+        ]
+        for service in services.values()
+        for alias in (service.get("networks") or {}).get("default", {}).get("aliases", [])
+    }
     for text in texts:
         for host, port in re.findall(r"(?<![\w.-])([a-z][a-z0-9-]*):(\d{2,5})\b", _unescape(text)):
-            if host in services:
+            if host in services or host in alias_of:
                 reached.add((host, int(port)))
     stack = _env_file(STACK_ENV)
     reached.add((stack["DRAFTSYNC_SMTP_HOST"], int(stack["DRAFTSYNC_SMTP_PORT"])))
     assert set(REACHED_AT.items()) <= reached, f"not reached by URL: {set(REACHED_AT.items()) - reached}"
     for host, port in sorted(reached):
-        assert port in _listening_ports(host, services[host]), (
-            f"{host}:{port} is used, but {host} listens on {_listening_ports(host, services[host])}"
-        )
+        for name in alias_of.get(host, [host]):
+            assert port in _listening_ports(name, services[name]), (
+                f"{host}:{port} is used, but {name} listens on {_listening_ports(name, services[name])}"
+            )
     for name, service in services.items():  # healthchecks ask the service itself
         for port in re.findall(r"localhost:(\d+)", " ".join(_strings(service.get("healthcheck", {})))):
             assert int(port) in _listening_ports(name, service), f"{name}'s healthcheck asks port {port}"
@@ -239,10 +311,20 @@ def test_mlflow_can_deliver_webhooks_inside_the_stack_and_accepts_its_clients():
     assert environment[_MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS.name] == "true"
     assert "http" in environment[_MLFLOW_WEBHOOK_ALLOWED_SCHEMES.name].split(",")
     text = _command_text(mlflow)
-    assert MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY.name in text  # refuses to start without a fixed key
-    assert MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY.name in _env_file(ENV_EXAMPLE, include_commented=True)
+    example = _env_file(DEPLOY / "mlflow.env.example", include_commented=True)
+    for name in (
+        MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY.name,
+        "MLFLOW_AUTH_ADMIN_PASSWORD",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY",
+    ):
+        assert name in text and name in example  # refuses to start without each
     assert "--serve-artifacts" in text and "--artifacts-destination /mlartifacts" in text
-    assert "postgresql://" in text and "@postgres:5432/mlflow" in text
+    assert "--app-name basic-auth" in text
+    # the database URL (its password) comes from mlflow server's own variable, never from an argument
+    assert "--backend-store-uri" not in text and "postgresql" not in text
+    assert "MLFLOW_BACKEND_STORE_URI" in text
+    assert example["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql://")
+    assert example["MLFLOW_BACKEND_STORE_URI"].endswith("@postgres:5432/mlflow")
     allowed = re.search(r'--allowed-hosts "([^"]+)"', text)[1].split(",")
     for host in ("mlflow:5000", "localhost:5000", "127.0.0.1:5000"):
         assert is_allowed_host_header(allowed, host), f"MLflow would refuse requests with Host {host}"
@@ -748,9 +830,14 @@ def test_env_example_lists_every_draftsync_variable_the_stack_uses():
     used = set(re.findall(r"\b(DRAFTSYNC_[A-Z0-9_]+)\b", COMPOSE.read_text()))
     used |= {key for key in _env_file(STACK_ENV) if key.startswith("DRAFTSYNC_")}
     used |= set(re.findall(r"\b(DRAFTSYNC_[A-Z0-9_]+)\b", ENTRYPOINT_SCRIPT.read_text()))
-    listed = set(_env_file(ENV_EXAMPLE, include_commented=True))
-    assert used - listed == set(), f"deploy/draftsync.env.example lacks {sorted(used - listed)}"
-    assert "POSTGRES_PASSWORD" in _env_file(ENV_EXAMPLE)
+    used -= set(COMPOSE_VARIABLES)  # compose's own, from the host shell (docker-compose.yml's header)
+    listed = set()
+    for file in SECRET_FILES:
+        listed |= set(_env_file(DEPLOY / f"{file}.example", include_commented=True))
+    assert used - listed == set(), f"no deploy/*.env.example lists {sorted(used - listed)}"
+    assert "POSTGRES_PASSWORD" in _env_file(DEPLOY / "postgres.env.example")
+    assert "DRAFTSYNC_WEBHOOK_SECRET" in _env_file(DEPLOY / "webhook.env.example")
+    assert "DRAFTSYNC_SERVING_TOKEN" in _env_file(DEPLOY / "serving.env.example")
 
 
 def test_every_draftsync_variable_in_the_env_files_is_a_setting():
