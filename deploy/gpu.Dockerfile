@@ -1,5 +1,5 @@
-# draftsync GPU worker: vLLM's official image (CUDA, torch, vLLM) with draftsync installed on top. The compose
-# stack's worker-gpu, and the image of `draftsync-gpu` work pools of type docker or kubernetes.
+# draftsync GPU image: vLLM's official image (CUDA, torch, vLLM) with draftsync installed on top. The compose
+# stack's worker-gpu and serving-gpu, and the image of `draftsync-gpu` work pools of type docker or kubernetes.
 # Build from the repository root: docker build -f deploy/gpu.Dockerfile -t draftsync-gpu:latest .
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0
 FROM ${VLLM_IMAGE}
@@ -16,15 +16,22 @@ ENV PYTHONUNBUFFERED=1 \
 WORKDIR /opt/draftsync
 
 COPY pyproject.toml README.md prefect.yaml ./
+COPY requirements/draftsync-tested.txt ./requirements/
 COPY draftsync ./draftsync
-# Keep the image's CUDA builds of torch and its companions (and vLLM itself) exactly as vLLM was built against
-# them: they become constraints while draftsync's own dependencies go in.
-RUN { python3 -m pip freeze | grep -iE '^(torch|torchvision|torchaudio|triton|xformers|vllm)==' || true; } \
-        > /tmp/keep-from-vllm.txt \
- && python3 -m pip install --no-cache-dir -c /tmp/keep-from-vllm.txt . \
- && rm /tmp/keep-from-vllm.txt \
+# draftsync within the versions CI last passed with (requirements/draftsync-tested.txt), except that everything the
+# vLLM image already has (its CUDA torch and companions, vLLM and each package at the version vLLM was built with)
+# stays as it is: the image's versions become constraints and win, and the tested pins of those packages are taken
+# out. The build fails unless vLLM and draftsync import together and pip finds nothing broken.
+RUN python3 -m pip freeze --exclude-editable | grep '==' > /tmp/keep-from-vllm.txt \
+ && awk -F'==' 'function key(n) { n = tolower(n); gsub(/[_.]/, "-", n); return n } \
+        NR == FNR { have[key($1)]; next } /^[A-Za-z0-9]/ && !(key($1) in have)' \
+        /tmp/keep-from-vllm.txt requirements/draftsync-tested.txt > /tmp/tested-without-vllm.txt
+RUN python3 -m pip install --no-cache-dir -c /tmp/keep-from-vllm.txt -c /tmp/tested-without-vllm.txt . \
+ && rm /tmp/keep-from-vllm.txt /tmp/tested-without-vllm.txt \
+ && python3 -m pip check \
+ && python3 -c "import vllm, draftsync.cli.app" \
  && mkdir -p /var/lib/draftsync /etc/draftsync \
- && python3 -c "import torch, draftsync.cli.app; print('torch', torch.__version__)"
+ && python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
 
 COPY --chmod=755 deploy/docker-entrypoint.sh /usr/local/bin/draftsync-entrypoint
 # The vLLM image's entrypoint is `vllm serve`; draftsync starts vLLM itself, as the rollout flow decides.
