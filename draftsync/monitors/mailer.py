@@ -73,7 +73,11 @@ class Mailer:
         path = self._write(message, now)
         recipients = [address for _, address in getaddresses(message.get_all("To", []) + message.get_all("Cc", []))]
         entry = self.outbox.add(
-            subject=str(message["Subject"] or ""), recipients=recipients, eml_path=str(path), created_at=now
+            subject=str(message["Subject"] or ""),
+            recipients=recipients,
+            eml_path=str(path),
+            message=message.as_bytes(),
+            created_at=now,
         )
         if not self.smtp_configured:
             return self.outbox.mark(entry.id, "pending", error=NO_SMTP_NOTE)
@@ -133,7 +137,7 @@ class Mailer:
             return None
         attempts = entry.attempts + 1
         try:
-            data = Path(entry.eml_path).read_bytes()
+            data = entry.message if entry.message is not None else Path(entry.eml_path).read_bytes()
         except OSError as exc:
             return self.outbox.mark(entry.id, "failed", error=f"cannot read {entry.eml_path}: {exc}")
         headers = BytesParser(policy=default_policy).parsebytes(data, headersonly=True)

@@ -14,13 +14,16 @@ from draftsync.monitors.tables import OutboxEntry, OutboxStatus, as_utc, updated
 class Outbox(Repository):
     """The `outbox` table of the monitor store."""
 
-    def add(self, *, subject: str, recipients: list[str], eml_path: str, created_at: datetime) -> OutboxEntry:
+    def add(
+        self, *, subject: str, recipients: list[str], eml_path: str, message: bytes, created_at: datetime
+    ) -> OutboxEntry:
         with self._database.transaction() as session:
             row = OutboxEntry(
                 created_at=as_utc(created_at),
                 subject=subject,
                 recipients=",".join(recipients),
                 eml_path=eml_path,
+                message=message,
                 status="pending",
                 attempts=0,
             )

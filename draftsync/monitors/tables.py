@@ -22,6 +22,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     TypeDecorator,
@@ -218,7 +219,7 @@ class Alert(Base):
 
 
 class OutboxEntry(Base):
-    """One e-mail: its `.eml` file in the outbox folder and its SMTP delivery state."""
+    """One e-mail: the message, its `.eml` file in the outbox folder and its SMTP delivery state."""
 
     __tablename__ = "outbox"
 
@@ -227,6 +228,8 @@ class OutboxEntry(Base):
     subject: Mapped[str] = mapped_column(Text)
     recipients: Mapped[str] = mapped_column(Text)  # comma-separated
     eml_path: Mapped[str] = mapped_column(Text)
+    # The message itself: a retry on another worker (another container) has no `.eml` file. None: written before 0005.
+    message: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     status: Mapped[str] = mapped_column(String(20), default="pending")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)

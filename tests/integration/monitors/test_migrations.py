@@ -73,7 +73,7 @@ def test_a_new_database_is_migrated_to_head_and_matches_the_models(new_url):
 
     url = new_url()
     Store(url).close()
-    assert revision_of(url) == head_revision() == "0004_request_acceptance"
+    assert revision_of(url) == head_revision() == "0005_outbox_messages"
     engine = sa.create_engine(url)
     with engine.connect() as connection:
         differences = compare_metadata(

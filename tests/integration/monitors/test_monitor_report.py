@@ -155,6 +155,29 @@ def test_smtp_down_then_retry_delivers_exactly_once(tmp_path, smtp_server_factor
     assert (final.status, final.attempts, final.last_error, final.sent_at) == ("sent", 2, None, END + HOUR)
 
 
+def test_a_retry_on_another_worker_delivers_the_message_its_container_wrote(tmp_path, smtp_server_factory):
+    """A docker or kubernetes flow run writes the `.eml` into its own container; the retry runs in another one."""
+    import shutil
+
+    from draftsync.serving.process import free_port
+
+    port = free_port()
+    (tmp_path / "first").mkdir()
+    first, store = make_mailer(tmp_path / "first", smtp_host="127.0.0.1", smtp_port=port)
+    entry = first.send(build(), now=END)
+    assert entry.status == "pending"
+    shutil.rmtree(first.outbox_dir)  # that container is gone
+    settings = Settings(workdir=tmp_path / "second", smtp_host="127.0.0.1", smtp_port=port)
+    second = Mailer(tmp_path / "second" / "outbox", store.outbox, settings)
+
+    server = smtp_server_factory(port=port)
+    delivered = second.retry_pending(END + HOUR)
+
+    assert [e.id for e in delivered] == [entry.id] and delivered[0].status == "sent"
+    assert len(server.messages) == 1
+    check_report(server.messages[0])
+
+
 def test_gives_up_after_max_attempts(tmp_path):
     from draftsync.serving.process import free_port
 

@@ -197,7 +197,7 @@ def test_alert_dedupe_for_a_week_unless_worse(store):
 
 
 def test_outbox_claim_is_exclusive(store):
-    entry = store.outbox.add(subject="s", recipients=["a@x", "b@x"], eml_path="/tmp/x.eml", created_at=T0)
+    entry = store.outbox.add(subject="s", recipients=["a@x", "b@x"], eml_path="/tmp/x.eml", message=b"", created_at=T0)
     assert entry.status == "pending" and entry.attempts == 0
     assert store.outbox.claim(entry.id, 0)
     assert not store.outbox.claim(entry.id, 0)  # a second sender that read the same state loses

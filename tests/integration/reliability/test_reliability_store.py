@@ -316,11 +316,15 @@ def test_a_full_sqlite_database_is_a_clear_error_and_the_refused_write_changed_n
         limit["pages"] = connection.exec_driver_sql("PRAGMA page_count").scalar()
     big = "x" * 200_000  # needs overflow pages
     with pytest.raises(DraftsyncError) as info:
-        store.outbox.add(subject=big, recipients=["a@example.org"], eml_path="/nowhere.eml", created_at=START)
+        store.outbox.add(
+            subject=big, recipients=["a@example.org"], eml_path="/nowhere.eml", message=b"", created_at=START
+        )
     assert_store_error(info.value, store, "is out of disk space", "free disk space")
     assert "database or disk is full" in info.value.what
     assert store.outbox.entries() == []
     limit["pages"] = None
-    entry = store.outbox.add(subject=big, recipients=["a@example.org"], eml_path="/nowhere.eml", created_at=START)
+    entry = store.outbox.add(
+        subject=big, recipients=["a@example.org"], eml_path="/nowhere.eml", message=b"", created_at=START
+    )
     assert [e.id for e in store.outbox.entries()] == [entry.id]
     assert_rows_kept(store, ledger)
