@@ -5,7 +5,7 @@ and their routers, so serving outlives the flow run that changed it, and a flow 
   drafter versions from MLflow into its own work dir, starts a candidate, checks and benchmarks it, and switches the
   deployment's router to it (serving/servers.py, `ServerBook.serve`). Body: {"target_version", "drafter_version"
   (null: speculation off), "gamma", "method", "schedule"}. One change per deployment at a time.
-- `GET /draftsync/deployments` is what each deployment serves now.
+- `GET /draftsync/deployments` is what each deployment serves now: the pair, its router, server and vLLM launch.
 - `GET /draftsync/deployments/{name}/traffic?after_id=N` is the traffic its router captured after row N (the
   scrape books its acceptance, a retrain learns from its prompts): the capture files live with the routers.
 - Both need the service's token as `Authorization: Bearer <token>` (DRAFTSYNC_SERVING_TOKEN); a call without it, or
@@ -114,7 +114,8 @@ def create_app(
         if refusal is not None:
             return refusal
         specs = await run_in_threadpool(deployments)
-        return JSONResponse({"deployments": {name: _public(served(name)) for name in specs}})
+        remembered = pairs.all()
+        return JSONResponse({"deployments": {name: _public(remembered.get(name), served(name)) for name in specs}})
 
     async def deployment(request: Request) -> ServingDeployment | Response:
         """The deployment the path names, or the answer that refuses the call (no token, unknown name)."""
@@ -220,12 +221,13 @@ def _whole(body: dict, field: str, least: int, what: str) -> int:
     return value
 
 
-def _public(record: dict | None) -> dict | None:
-    """A deployment's record without where its router's token lies."""
+def _public(pair: ServedPair | None, record: dict | None) -> dict | None:
+    """What a deployment serves: the pair's versions, gamma and method, then its router (without where the router's
+    token lies), its server and the vLLM launch. None: the service serves nothing there."""
     if record is None:
         return None
     router = {key: value for key, value in (record.get("router") or {}).items() if key != "token_file"}
-    return {**record, "router": router}
+    return {**(asdict(pair) if pair is not None else {}), **record, "router": router}
 
 
 def _error(status: int, what: str, fix: str) -> JSONResponse:

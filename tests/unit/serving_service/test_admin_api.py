@@ -80,6 +80,8 @@ def test_a_pair_is_served_with_the_deployments_own_target_and_drafter_names(tmp_
     )
     listed = service.client.get("/draftsync/deployments", headers=bearer).json()["deployments"]
     assert listed["chat"]["router"] == {"port": 8000}  # where the router's own token lies is not given out
+    assert (listed["chat"]["target_version"], listed["chat"]["drafter_version"], listed["chat"]["gamma"]) == (2, 4, 3)
+    assert listed["k8s"] is None
 
 
 @pytest.mark.parametrize(
