@@ -15,7 +15,7 @@ export TRANSFORMERS_OFFLINE := 1
 # transformers, Prefect and MLflow took 70 s, against 16 s once cached).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install vllm environments demo demo-prepare lint test test-unit test-story test-system test-vllm test-vllm-smoke compat test-all gpu-check clean
+.PHONY: install vllm environments demo demo-prepare lint test test-unit test-story test-system test-vllm test-vllm-smoke test-stack compat test-all gpu-check clean
 
 install: $(STAMP)
 
@@ -78,6 +78,18 @@ test-story: environments
 # engine's swap under load.
 test-system: install
 	$(PY) -m pytest -m system
+
+# The production compose stack (docker-compose.yml, profile cpu) run with podman, each service in its own container:
+# a target registered through MLflow's API becomes a webhook delivery, a sync, a rollout on the serving service, a
+# forced acceptance drop, the scrape's fallback and the alert e-mail; and MLflow, Prefect and the serving service
+# refuse calls without their credentials. tools/stack/setup.sh installs podman (apt) and podman-compose (.venv-stack)
+# when missing and builds the local Debian base image; tools/stack/build-images.sh builds every image from it (no
+# image registry needed; cached layers make reruns fast). Needs root for podman. Not in `make test` nor CI.
+test-stack: export CONTAINERS_CONF := $(CURDIR)/tools/stack/containers.conf
+test-stack: install
+	tools/stack/setup.sh
+	tools/stack/build-images.sh
+	$(PY) -m pytest tests/e2e/stack -m stack --timeout 3600 -s
 
 # `make compat`: our EAGLE-3 checkpoints against the speculators package's own loader and forward pass,
 # in a venv of its own: speculators pins transformers <= 5.19 and declares CUDA torchvision/torchaudio,
@@ -143,7 +155,7 @@ test-vllm: environments
 
 # Every tier, CI's and the rest, one after another; then what ran, each tier's seconds and its result. Run it on a
 # fresh clone before calling a change done. A failed tier does not stop the others; the target fails if any did.
-ALL_TIERS := lint test test-story test-system test-vllm compat
+ALL_TIERS := lint test test-story test-system test-vllm test-stack compat
 test-all: environments
 	@rm -f $(VENV)/test-all.log; \
 	for tier in $(ALL_TIERS); do \

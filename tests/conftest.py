@@ -287,17 +287,27 @@ def vllm_engine():
 
 
 # --- tiers --------------------------------------------------------------------------------------
-E2E_TIERS = ("story", "system", "vllm")
+E2E_TIERS = ("story", "system", "vllm", "stack")
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers", "stack: the compose stack built and run with podman (make test-stack, in make test-all)"
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items) -> None:
-    """A test under tests/e2e/<tier>/ carries its tier's marker (story, system or vllm) whether or not it marks itself,
-    so that `make test` (-m "not story and not system and not vllm") never runs an end-to-end test. Tiers are markers
-    first: tests/integration/flows/test_rollout.py runs each rollout test on the reference engine (make test) and on
-    vLLM (marked vllm), one test function for both."""
+def pytest_collection_modifyitems(config, items) -> None:
+    """A test under tests/e2e/<tier>/ carries its tier's marker (story, system, vllm or stack) whether or not it marks
+    itself, so that `make test` (-m "not story and not system and not vllm") never runs an end-to-end test. Tiers are
+    markers first: tests/integration/flows/test_rollout.py runs each rollout test on the reference engine (make test)
+    and on vLLM (marked vllm), one test function for both. The stack tier needs images built first (make test-stack):
+    it runs only when a -m expression names it."""
     e2e = Path(__file__).parent / "e2e"
+    stack_selected = "stack" in (config.getoption("markexpr", "") or "")
     for item in items:
         parts = Path(item.path).relative_to(e2e).parts if e2e in Path(item.path).parents else ()
         if parts and parts[0] in E2E_TIERS:
             item.add_marker(parts[0])
+        if parts and parts[0] == "stack" and not stack_selected:
+            item.add_marker(pytest.mark.skip(reason="the compose stack tier: make test-stack (-m stack)"))
