@@ -142,7 +142,6 @@ def _training_line(training: Training) -> str:
 def _summary_artifact(result: SyncResult, reason: str) -> None:
     """The sync's page in the Prefect UI: what was trained, the gates, and where to look next."""
     from prefect.artifacts import create_markdown_artifact
-    from prefect.runtime import flow_run
 
     target, version = result.target_name, result.target_version
     validation, training, advice = result.validation, result.training, result.recommendation.recommendation
@@ -171,7 +170,7 @@ Gamma: recommended {advice.gamma_range[0]}-{advice.gamma_range[1]} starting at {
 
 - [Drafter version in MLflow]({links.model_version_url(result.drafter_name, result.drafter_version)})
 - [Target version in MLflow]({links.model_version_url(target, version)})
-- [This flow run]({links.flow_run_url(flow_run.id)})
+- [This flow run]({links.current_run_url()})
 """
     key = f"sync-{target}-v{version}".lower().replace("_", "-").replace(".", "-")
     create_markdown_artifact(key=key, markdown=markdown, description=f"drafter sync of {target} v{version}")
