@@ -26,7 +26,8 @@ def serve(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8765,
 ) -> None:
-    """Run the receiver: POST /mlflow/webhook (signed MLflow deliveries), GET /healthz."""
+    """Run the receiver: POST /mlflow/webhook (signed MLflow deliveries), GET /healthz. Requires the secret
+    (DRAFTSYNC_WEBHOOK_SECRET or DRAFTSYNC_WEBHOOK_SECRET_BLOCK)."""
     import uvicorn
 
     from draftsync.receiver.app import HEALTH_PATH, WEBHOOK_PATH, app_from_settings
@@ -77,7 +78,9 @@ def register(
     ] = "draftsync",
     json_path: JsonOption = None,
 ) -> None:
-    """Create (or update) the MLflow webhook that sends version and alias events, signed with the secret."""
+    """Create (or update) the MLflow webhook that sends version and alias events, signed with the secret
+    (required: DRAFTSYNC_WEBHOOK_SECRET or DRAFTSYNC_WEBHOOK_SECRET_BLOCK). An http or loopback URL needs an
+    `mlflow server` started with MLFLOW_WEBHOOK_ALLOWED_SCHEMES=http,https and MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS=true."""
     from draftsync.receiver.app import resolve_webhook_secret
     from draftsync.registry.webhooks import SUBSCRIBED_EVENTS, create_or_update_webhook
     from draftsync.tasks import context
