@@ -25,7 +25,7 @@ WORK_POOLS = {
     "drafter-sync": "draftsync-gpu",
     "acceptance-scrape": "draftsync-cpu",
     "weekly-acceptance-report": "draftsync-cpu",
-    "rollout": "draftsync-gpu",
+    "rollout": "draftsync-cpu",  # it only steers the serving service (DRAFTSYNC_SERVING_URL)
 }
 TARGET_PARAMETERS = {
     "target_name": "{{ event.resource['draftsync.target.name'] }}",

@@ -746,7 +746,7 @@ def _gpu_job_variables() -> dict:
 def test_gpu_deployments_share_the_gpu_job_variables():
     deployments = _prefect_deployments()
     gpu = [d for d in deployments.values() if d["work_pool"]["name"] == "draftsync-gpu"]
-    assert {d["name"] for d in gpu} == {"drafter-sync", "rollout"}
+    assert {d["name"] for d in gpu} == {"drafter-sync"}
     assert all(d["work_pool"]["job_variables"] == _gpu_job_variables() for d in gpu)
 
 
