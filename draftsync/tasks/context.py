@@ -56,7 +56,7 @@ def require_settings(flow_name: str, *needs: Need) -> None:
     pool = _work_pool_name()
     if pool is None:
         return
-    missing = missing_settings(settings(), needs)
+    missing = missing_settings(Settings.load(), needs)  # before the work dir is made: it may be the wrong place
     if missing:
         named = os.environ.get(ENV_FILE_VARIABLE)
         where = f"its env file {named}" if named else f"an env file named by {ENV_FILE_VARIABLE} (unset)"
