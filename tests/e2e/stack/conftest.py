@@ -20,18 +20,18 @@ sys.path.insert(0, str(ROOT / "tools" / "stack"))
 from stack import Stack  # noqa: E402  (tools/stack is no package)
 
 PROJECT = "draftsync-stacktest"
-# The forced acceptance drop: the drafter was trained on code and math at temperature 0; the test sends prose at
-# temperature 1, and the deployment falls back under 0.95 once 30 draft tokens were scored within a minute.
+# The forced acceptance drop: a fallback threshold of 0.95, above what the tiny drafter accepts, once 30 draft tokens
+# were scored within a minute.
 DEPLOYMENTS = """\
 deployments:
   - name: chat
     target_name: stack-llm
     target_alias: production
-    task_mix: {{code: 0.5, math: 0.5}}
+    task_mix: {code: 0.5, math: 0.5}
     temperature: 0.0
     launch: reference
-    host: serving
-    port: {router_port}
+    host: 0.0.0.0
+    port: 8000
     fallback_threshold: 0.95
     fallback_window_minutes: 1
     fallback_min_draft_tokens: 30
@@ -67,7 +67,7 @@ def running_stack(tmp_path_factory) -> RunningStack:
     config = tmp_path_factory.mktemp("stack-config")
     subprocess.run([str(ROOT / "tools" / "stack" / "make-env.sh"), str(config)], check=True, capture_output=True)
     ports = {name: _free_port() for name in ("mlflow", "prefect", "mailpit", "webhooks", "serving", "router")}
-    (config / "deployments.yaml").write_text(DEPLOYMENTS.format(router_port=ports["router"]))
+    (config / "deployments.yaml").write_text(DEPLOYMENTS)
     (config / "sync-profile.yaml").write_text(tiny_sync_profile("stack-test"))
     with (config / "draftsync.env").open("a") as extra:
         extra.write("DRAFTSYNC_SYNC_PROFILE=/etc/draftsync/sync-profile.yaml\n")

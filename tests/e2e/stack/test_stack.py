@@ -7,10 +7,12 @@ drop, the scrape's fallback (the serving service switches the deployment to plai
 mail sink. And the stack is closed: MLflow, Prefect and the serving service's admin API refuse calls without their
 credentials, and every port is published on 127.0.0.1 only.
 
-How the drop is forced (deterministic): the drafter is trained on code and math; once it serves, the test sends
-prose prompts at temperature 1, and the stack's deployments file gives the deployment a fallback_threshold of 0.95
-over a 1-minute window with fallback_min_draft_tokens 30. A drafter trained for 40 steps accepts far less than 95 %
-of its drafts on sampled prose, so the next scrape after 30 drafted tokens falls back.
+How the drop is forced: the stack's deployments file gives the deployment a fallback_threshold of 0.95 over a
+1-minute window with fallback_min_draft_tokens 30, above what the tiny drafter (40 training steps) accepts on any
+traffic. The first scrape that sees 30 drafted tokens in its window falls back: in the runs so far, the one after the
+test's first completions, before the prose at temperature 1 the test sends until then was needed. So this shows the
+guard's path through the stack (scrape on the CPU worker, switch at the serving service, alert), not a drift caught
+by a realistic threshold; tests/integration/flows/test_rollout.py holds the guard's arithmetic.
 """
 
 from __future__ import annotations
@@ -202,16 +204,17 @@ def test_a_registered_target_is_synced_served_guarded_and_alerted_through_the_st
     wait_for("a completed acceptance-scrape after the rollout", scraped, 300, every=5)
     mark("scrape recorded")
 
-    # The forced drop: prose at temperature 1 until the drafter has drafted well past fallback_min_draft_tokens.
-    drafted = 0
-    while drafted < 120:
-        for prompt in PROSE:
-            drafted += spec_decode_counts(completion(running, prompt, temperature=1.0, max_tokens=24))["draft_tokens"]
-    mark("prose sent")
-
     def fell_back():
         chat = served(running).get("chat")
         return chat if chat and chat.get("drafter_version") is None else None
+
+    # The forced drop: prose at temperature 1 until the drafter has drafted well past fallback_min_draft_tokens (or a
+    # scrape in between already switched speculation off: then nothing is drafted any more).
+    drafted = 0
+    while drafted < 120 and not fell_back():
+        for prompt in PROSE:
+            drafted += spec_decode_counts(completion(running, prompt, temperature=1.0, max_tokens=24))["draft_tokens"]
+    mark("prose sent")
 
     after = wait_for("the scrape's fallback (speculation off at the serving service)", fell_back, 300, every=5)
     mark("fallback")
@@ -220,7 +223,7 @@ def test_a_registered_target_is_synced_served_guarded_and_alerted_through_the_st
 
     def mailed():
         messages = httpx.get(f"{running.url('mailpit')}/api/v1/messages", timeout=30).json()["messages"]
-        return [m for m in messages if m["Subject"].startswith("[draftsync]")]
+        return [m for m in messages if "chat fell back to plain decoding" in m["Subject"]]
 
     mails = wait_for("the alert e-mail in the mail sink", mailed, 300, every=5)
     mark("mail")
