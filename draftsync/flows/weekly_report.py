@@ -63,7 +63,7 @@ def _links(target_names: set[str]) -> dict[str, str]:
         f"MLflow: {name}-drafter": links.model_version_url(f"{name}-drafter") for name in sorted(target_names)
     }
     links_by_name["Prefect flow runs"] = links.flow_run_url()
-    if not settings.mlflow_tracking_uri.startswith(("http://", "https://")):
+    if not settings.mlflow_tracking_uri.startswith(("http://", "https://")) and not settings.mlflow_ui_url:
         links_by_name["MLflow UI on this work dir"] = f"mlflow ui --backend-store-uri {settings.mlflow_tracking_uri}"
     return links_by_name
 

@@ -84,12 +84,11 @@ class PairChecks:
 
 @dataclass(frozen=True)
 class PairSwitch:
-    """A pair served: the router's stable endpoint, the server it replaced (None: the first), both servers' ms per
-    output token under the benchmark, the vLLM launch of the pair, and each step in words."""
+    """A pair served: the router's stable endpoint, the server it replaced (None: the first) and its ms per output
+    token under the benchmark (what the canary compares with), the vLLM launch of the pair, and each step in words."""
 
     endpoint: str
     replaced: str | None
-    candidate_ms_per_token: float | None
     replaced_ms_per_token: float | None
     vllm: dict
     steps: list[str]
@@ -236,7 +235,6 @@ class ServerBook:
         return PairSwitch(
             endpoint=switched.endpoint,
             replaced=switched.replaced,
-            candidate_ms_per_token=candidate_ms,
             replaced_ms_per_token=current_ms,
             vllm=candidate.vllm.as_record(),
             steps=steps,

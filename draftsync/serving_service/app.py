@@ -50,7 +50,7 @@ Deployments = Callable[[], dict[str, ServingDeployment]]
 Serve = Callable[[ServingDeployment, ServedPair], PairSwitch]
 Served = Callable[[str], "dict | None"]
 Captured = Callable[[ServingDeployment, int], list[dict]]
-LOGGER = logging.getLogger("draftsync.serving_service")
+LOGGER = logging.getLogger(__name__)
 
 
 class ServedPairs:
@@ -164,7 +164,7 @@ def create_app(
                 400,
                 str(error),
                 'send {"target_version": N, "drafter_version": N or null, "gamma": N, '
-                '"method": "eagle3" or null, "schedule": null}',
+                '"method": vLLM\'s method name or null, "schedule": null}',
             )
         lock = locks.setdefault(name, threading.Lock())
         try:

@@ -13,7 +13,7 @@ from email.message import EmailMessage
 from prefect import task
 from prefect.cache_policies import NONE
 
-from draftsync.tasks import context
+from draftsync.tasks import context, links
 
 
 @task(name="send-alert", cache_policy=NONE)
@@ -41,7 +41,7 @@ def send_alert(
     message["Subject"] = f"[draftsync] {severity.upper()}: {subject}"
     message["From"] = settings.alert_from
     message["To"] = ", ".join(settings.alert_recipients)
-    message.set_content(text)
+    message.set_content(f"{text}\n\nThe flow run that sent this: {links.current_run_url()}")
     entry = Mailer(settings.outbox_dir, store.outbox, settings, secret_loader=smtp_password_block).send(
         message, now=now
     )

@@ -30,7 +30,7 @@ class Service:
         if self.failure is not None:
             raise self.failure
         self.served.append((spec.name, pair))
-        return PairSwitch("http://0.0.0.0:8000", None, 1.0, None, {"argv": ["vllm", "serve"]}, ["switched"])
+        return PairSwitch("http://0.0.0.0:8000", None, None, {"argv": ["vllm", "serve"]}, ["switched"])
 
     def captured(self, spec, after_id: int) -> list[dict]:
         rows = [{"id": 1, "prompt": "def f(x):"}, {"id": 2, "prompt": "The sum of"}] if spec.name == "chat" else []
