@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -136,3 +137,40 @@ class _ExpectedErrorsInOneLine(logging.Formatter):
             fields = {**record.__dict__, "msg": message, "args": None, "exc_info": None, "exc_text": None}
             record = logging.makeLogRecord(fields)
         return self.inner.format(record)
+
+
+def check_listen_address(what: str, host: str, port: int) -> None:
+    """An address this machine does not have, or a port in use, is one error before a server starts (uvicorn logs
+    its own error and exits 3)."""
+    import socket
+
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as error:
+        raise DraftsyncError(
+            f"{what} cannot listen on {host}:{port} ({error.strerror})",
+            "give --host an address of this machine (0.0.0.0 for all of them) and --port a free port",
+        ) from None
+
+
+def serve_until_stopped(app: Any, host: str, port: int, cleanup: Callable[[], object]) -> None:
+    """Run the ASGI app under uvicorn until stopped, then `cleanup`, on SIGTERM too.
+
+    uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it found: with the default
+    one the process dies on the spot and `cleanup` never runs."""
+    import signal
+
+    import uvicorn
+
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="info", server_header=False)
+    finally:
+        cleanup()
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

@@ -3,12 +3,11 @@ outlives a flow run; flows on any work pool steer it through its admin API."""
 
 from __future__ import annotations
 
-import signal
 from typing import Annotated
 
 import typer
 
-from draftsync.cli.common import command_group
+from draftsync.cli.common import check_listen_address, command_group, serve_until_stopped
 
 serving_app = command_group("The serving service: it runs each deployment's servers and router; flows steer it.")
 
@@ -22,18 +21,12 @@ def run(
 ) -> None:
     """Serve the admin API (PUT /draftsync/deployments/NAME/pair, GET /draftsync/deployments, GET /healthz) until
     stopped; the servers and routers it started stop with it."""
-    import uvicorn
-
-    from draftsync.cli.webhooks import _check_listen_address, _exit_on_signal
     from draftsync.serving.servers import ServerBook
     from draftsync.serving_service.app import DEPLOYMENTS_PATH, HEALTH_PATH, app_from_settings
     from draftsync.tasks import context
 
-    _check_listen_address(host, port)
+    check_listen_address("the serving service", host, port)
     app = app_from_settings()
     typer.echo(f"serving service at http://{host}:{port}{DEPLOYMENTS_PATH} (health: {HEALTH_PATH})", err=True)
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    try:
-        uvicorn.run(app, host=host, port=port, log_level="info", server_header=False)
-    finally:
-        ServerBook(context.settings().root / "serving").stop_all()  # its servers and routers are its children
+    # its servers and routers are its children
+    serve_until_stopped(app, host, port, ServerBook(context.settings().root / "serving").stop_all)

@@ -6,12 +6,11 @@ mlflow, prefect) happen inside the commands, after the work dir's environment is
 
 from __future__ import annotations
 
-import signal
 from typing import Annotated
 
 import typer
 
-from draftsync.cli.common import JsonOption, command_group, write_json
+from draftsync.cli.common import JsonOption, check_listen_address, command_group, serve_until_stopped, write_json
 from draftsync.redaction import masked_url
 
 webhooks_app = command_group(
@@ -28,44 +27,14 @@ def serve(
 ) -> None:
     """Run the receiver: POST /mlflow/webhook (signed MLflow deliveries), GET /healthz. Requires the secret
     (DRAFTSYNC_WEBHOOK_SECRET or DRAFTSYNC_WEBHOOK_SECRET_BLOCK)."""
-    import uvicorn
-
     from draftsync.receiver.app import HEALTH_PATH, WEBHOOK_PATH, app_from_settings
     from draftsync.tasks.context import stop_ephemeral_prefect
 
-    _check_listen_address(host, port)
+    check_listen_address("the webhook receiver", host, port)
     app = app_from_settings()
     typer.echo(f"receiving MLflow webhooks at http://{host}:{port}{WEBHOOK_PATH} (health: {HEALTH_PATH})", err=True)
-    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it found: with the default
-    # one the process dies on the spot and the `finally` below never runs, leaving Prefect's API child behind.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    try:
-        uvicorn.run(app, host=host, port=port, log_level="info", server_header=False)
-    finally:
-        stop_ephemeral_prefect()  # the Prefect API child an emitted event started goes with the receiver
-
-
-def _check_listen_address(host: str, port: int) -> None:
-    """An address this machine does not have, or a port in use, is one error before the receiver starts (uvicorn
-    logs its own error and exits 3)."""
-    import socket
-
-    from draftsync.errors import DraftsyncError
-
-    try:
-        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        with socket.socket(family, kind) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-            probe.bind(address)
-    except OSError as error:
-        raise DraftsyncError(
-            f"the webhook receiver cannot listen on {host}:{port} ({error.strerror})",
-            "give --host an address of this machine (0.0.0.0 for all of them) and --port a free port",
-        ) from None
-
-
-def _exit_on_signal(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    # the Prefect API child an emitted event started goes with the receiver
+    serve_until_stopped(app, host, port, stop_ephemeral_prefect)
 
 
 @webhooks_app.command()
