@@ -77,6 +77,7 @@ class Settings(BaseSettings):
     targets: str = ""  # comma-separated model names to sync besides versions tagged draftsync.kind=target
     webhook_secret: SecretStr | None = None
     webhook_secret_block: str | None = None  # a Prefect Secret block holding the webhook secret
+    webhook_url: str | None = None  # where MLflow delivers: `webhooks register` without --url registers this one
     webhook_max_age_seconds: int = Field(300, ge=1)  # older (or further in the future) deliveries are refused
     webhook_max_body_bytes: int = Field(1 << 20, ge=1)
     report_timezone: str = "UTC"  # the weekly report's cron runs in this zone

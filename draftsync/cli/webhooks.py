@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from draftsync.cli.common import JsonOption, check_listen_address, command_group, serve_until_stopped, write_json
+from draftsync.errors import DraftsyncError
 from draftsync.redaction import masked_url
 
 webhooks_app = command_group(
@@ -40,8 +41,12 @@ def serve(
 @webhooks_app.command()
 def register(
     url: Annotated[
-        str, typer.Option("--url", help="The receiver's URL as MLflow reaches it, ending in /mlflow/webhook.")
-    ],
+        str | None,
+        typer.Option(
+            "--url",
+            help="The receiver's URL as MLflow reaches it, ending in /mlflow/webhook (default DRAFTSYNC_WEBHOOK_URL).",
+        ),
+    ] = None,
     name: Annotated[
         str, typer.Option("--name", help="Webhook name; an existing webhook of this name is updated.")
     ] = "draftsync",
@@ -55,6 +60,12 @@ def register(
     from draftsync.tasks import context
 
     settings = context.settings()
+    url = url or settings.webhook_url
+    if not url:
+        raise DraftsyncError(
+            "no webhook URL to register",
+            "give --url http://HOST:8765/mlflow/webhook (the receiver as MLflow reaches it), or DRAFTSYNC_WEBHOOK_URL",
+        )
     tracking_uri = settings.mlflow_tracking_uri
     webhook_id = create_or_update_webhook(tracking_uri, name, url, resolve_webhook_secret(settings))
     typer.echo(webhook_id)

@@ -68,17 +68,35 @@ def _start_prefect_server(tmp_path: Path, database_url: str) -> tuple[subprocess
 def test_setup_script_creates_pools_and_deploys_prefect_yaml_on_a_real_server(tmp_path, postgres_server):
     """The compose `setup` service's own script, run twice against a Prefect server on Postgres."""
     import httpx
+    from mlflow import MlflowClient
+
+    from tests.support.servers import mlflow_server
 
     database_url = postgres_server.create_database().replace("postgresql+psycopg://", "postgresql+asyncpg://")
     server, api, env = _start_prefect_server(tmp_path, database_url)
     script = _scripts(_compose()["services"]["setup"])[0]
     env["DRAFTSYNC_REPORT_TIMEZONE"] = "Europe/Berlin"
+    env["DRAFTSYNC_WORKDIR"] = str(tmp_path / "work")
     leftovers = [ROOT / ".prefect", ROOT / ".prefectignore"]
     existed = {path for path in leftovers if path.exists()}
     try:
-        for attempt in range(2):  # the stack runs it on every `docker compose up`: the second run changes nothing
-            run = subprocess.run(["sh", "-ec", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-            assert run.returncode == 0, f"setup run {attempt + 1} failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+        without_secret = subprocess.run(["sh", "-ec", script], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert without_secret.returncode != 0 and "DRAFTSYNC_WEBHOOK_SECRET is required" in without_secret.stderr
+        with mlflow_server(tmp_path) as mlflow:
+            env.update(
+                MLFLOW_TRACKING_URI=mlflow.url,
+                DRAFTSYNC_WEBHOOK_SECRET="setup-test-secret",
+                DRAFTSYNC_WEBHOOK_URL="http://127.0.0.1:8765/mlflow/webhook",
+            )
+            for attempt in range(2):  # the stack runs it on every `docker compose up`: the second run changes nothing
+                run = subprocess.run(
+                    ["sh", "-ec", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+                )
+                assert run.returncode == 0, (
+                    f"setup run {attempt + 1} failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+                )
+            webhooks = [(w.name, w.url) for w in MlflowClient(mlflow.url).list_webhooks()]
+        assert webhooks == [("draftsync", "http://127.0.0.1:8765/mlflow/webhook")]  # registered once, updated after
         pools = {p["name"]: p["type"] for p in httpx.post(f"{api}/work_pools/filter", json={}, timeout=30).json()}
         deployments = {d["name"]: d for d in httpx.post(f"{api}/deployments/filter", json={}, timeout=30).json()}
         automations = httpx.post(f"{api}/automations/filter", json={}, timeout=30).json()

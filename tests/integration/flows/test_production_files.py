@@ -81,8 +81,9 @@ WORKER_HEALTHCHECK_PORT = 8080  # `prefect worker start --with-healthcheck` (PRE
 
 # --- reading the files ------------------------------------------------------------------------------------
 def _defaults(text: str) -> str:
-    """The text with each compose variable replaced by its default, as compose reads it with none set."""
-    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: m[2], text)
+    """The text with each compose variable replaced by its default and each `$$` by `$`, as compose reads it with
+    none set."""
+    return re.sub(r"(?<!\$)\$\{(\w+):-([^}]*)\}", lambda m: m[2], text).replace("$$", "$")
 
 
 def _compose() -> dict:
@@ -235,12 +236,13 @@ def _listening_ports(name: str, service: dict) -> set[int]:
             ports.add(int(str(value).rsplit(":", 1)[1]))
     image = str(service.get("image", "")).split(":", 1)[0]
     ports |= IMAGE_DEFAULT_PORTS.get(image, set())
-    # A serving deployment whose router binds to this service's name listens here too.
+    # A deployment's router listens in the serving service: on all its interfaces, or on its name or an alias.
     from draftsync.serving.deployment import load_deployments
 
-    ports |= {d.port for d in load_deployments(DEPLOY / "deployments.yaml") if d.host == name}
-    aliases = (service.get("networks") or {}).get("default", {}).get("aliases", [])
-    ports |= {d.port for d in load_deployments(DEPLOY / "deployments.yaml") if d.host in aliases}
+    if "serving run" in text:
+        aliases = (service.get("networks") or {}).get("default", {}).get("aliases", [])
+        hosts = {"0.0.0.0", name, *aliases}
+        ports |= {d.port for d in load_deployments(DEPLOY / "deployments.yaml") if d.host in hosts}
     return ports
 
 
