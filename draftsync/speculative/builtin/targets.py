@@ -3,7 +3,8 @@
 Recipes are hashed; a built checkpoint is cached under that hash, so reruns reuse it, and the ones draftsync ships
 (shipped_targets) are copied rather than trained. Version 2 of a target is version 1 fine-tuned at a low rate on a
 shifted mix (a high rate makes it forget the old tasks). Loading any target, built-in or not, is
-`draftsync.speculative.targets`.
+`draftsync.speculative.targets`. The chat template (tokenizer.CHAT_TEMPLATE) is no part of a recipe: it trains
+nothing, so changing it keeps every key, and a cached build made before it existed is given it when next asked for.
 """
 
 from __future__ import annotations
@@ -196,13 +197,13 @@ def family_config(recipe: TargetRecipe, eos_token_id: int):
 def _tokenizer(recipe: TargetRecipe, cache_dir: Path):
     from transformers import PreTrainedTokenizerFast
 
-    from draftsync.speculative.builtin.tokenizer import train_tokenizer
+    from draftsync.speculative.builtin.tokenizer import train_tokenizer, with_chat_template
 
     payload = f"{recipe.vocab_size}-{recipe.tokenizer_texts}-{corpora.CORPUS_VERSION}"
     key = hashlib.sha256(payload.encode()).hexdigest()[:12]
     out = cache_dir / f"tokenizer-{key}"
-    if (out / "tokenizer.json").exists():
-        return PreTrainedTokenizerFast.from_pretrained(out)
+    if (out / "tokenizer.json").exists():  # one cached before the chat template existed gets it here
+        return with_chat_template(PreTrainedTokenizerFast.from_pretrained(out))
     # The tokenizer sees all three tasks, so every version of a target shares it.
     per_task = recipe.tokenizer_texts // len(corpora.TASKS)
     texts = [t for _, t in corpora.mixed_texts({t: 1.0 for t in corpora.TASKS}, per_task * 3, seed=7)]
@@ -211,7 +212,7 @@ def _tokenizer(recipe: TargetRecipe, cache_dir: Path):
         train_tokenizer(texts, recipe.vocab_size, staging)
 
     publish_directory(out, train)
-    return PreTrainedTokenizerFast.from_pretrained(out)
+    return with_chat_template(PreTrainedTokenizerFast.from_pretrained(out))
 
 
 class TokenStreams:
@@ -264,19 +265,24 @@ def build_target(
     use_shipped: bool = True,
 ) -> Path:
     """Return the checkpoint dir for `recipe`: cached, else copied from the shipped targets (`use_shipped`), else
-    trained (its parent too). A shipped copy whose files do not match their hashes is refused, not trained over."""
+    trained (its parent too). A shipped copy whose files do not match their hashes is refused, not trained over.
+    A cached build without the chat template (one made before it existed) is given it, weights untouched."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from draftsync.speculative.builtin.shipped_targets import copy_shipped, find_shipped
+    from draftsync.speculative.builtin.tokenizer import write_chat_template
 
     cache_dir = Path(cache_dir)
     out = _target_dir(recipe, cache_dir)
     if (out / TARGET_INFO_FILE).exists():
+        write_chat_template(out)
         return out
     shipped = find_shipped(recipe.key()) if use_shipped else None
     if shipped is not None:
-        return publish_directory(out, copy_shipped(shipped))
+        publish_directory(out, copy_shipped(shipped))
+        write_chat_template(out)  # a no-op unless another process published an older copy first
+        return out
     tokenizer = _tokenizer(recipe, cache_dir)
     torch.manual_seed(recipe.seed)
     if recipe.parent is not None:
