@@ -1,7 +1,7 @@
-"""`draftsync status`: one block per target with its drafters' lineage, the deployments serving them, the week's
-acceptance, recommended against measured gamma and the last sync, readable at 80 columns. A plain function with
-typer options; the `draftsync` app registers it as `status`. MLflow and the monitor store are opened only inside
-the command.
+"""`draftsync status`: one block per target with its drafters' lineage, the deployments serving them with the
+weekly review's acceptance of the pair serving now and its findings, recommended against measured gamma and the
+last sync, readable at 80 columns. A plain function with typer options; the `draftsync` app registers it as
+`status`. MLflow and the monitor store are opened only inside the command.
 """
 
 from __future__ import annotations
@@ -20,11 +20,14 @@ SHOWN_DRAFTERS = 5  # newest drafter versions listed per target in the terminal;
 STATE_STYLES = {"serving": "green", "fallback": "yellow", "stale": "red"}
 SYNC_STYLES = {"succeeded": "green", "running": "cyan", "requested": "cyan", "failed": "red"}
 VALIDATION_STYLES = {"passed": "green", "failed": "red", "pending": "yellow"}
+FINDING_STYLES = {"critical": "red", "warning": "yellow"}
+FINDING_CHARS = 160  # a finding's message is cut here in the terminal; the JSON and `draftsync report` have it whole
 
 
 def status_command(json_path: JsonOption = None) -> None:
     """Show every target: versions and aliases, drafter versions with lineage, deployments and their state
-    (serving / fallback / stale), the last 7 days' acceptance, recommended vs measured gamma, the last sync."""
+    (serving / fallback / stale) with the last 7 days' acceptance of the pair serving now and the weekly review's
+    findings, recommended vs measured gamma, the last sync."""
     from rich.console import Console
 
     from draftsync.cli.status_query import current_status
@@ -95,21 +98,72 @@ def _sync_cell(job: dict[str, Any] | None) -> str:
     return f"t{job['target_version']} {job['method']} {status}{drafter}, {max(moments):%Y-%m-%d %H:%M} UTC{why}"
 
 
+def _pair_text(target_version: int, drafter_version: int | None) -> str:
+    drafter = ", speculation off" if drafter_version is None else f" + d{drafter_version}"
+    return f"t{target_version}{drafter}"
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _acceptance_text(deployment: dict[str, Any]) -> str:
+    """`acceptance 0.92 (pair serving now, 1,234 drafted); pooled 7d 0.06`: the weekly review's figure of the
+    pair it judges, and the week of every pair pooled only where other pairs drafted too."""
+    judged = deployment["judged"]
+    served = (deployment["target_version"], deployment["drafter_version"])
+    if judged is None or (judged["target_version"], judged["drafter_version"]) == served:
+        whose = "pair serving now"
+    else:  # speculation off after a fallback: the review judges the drafter it fell back from
+        whose = f"{_pair_text(judged['target_version'], judged['drafter_version'])} before speculation went off"
+    tokens = deployment["draft_tokens_7d"]
+    drafted = f"{tokens:,} drafted" if tokens else "nothing drafted this week"
+    text = f"acceptance {_rate(deployment['acceptance_7d'])} ({whose}, {drafted})"
+    if deployment["review_error"] is not None:
+        text = f"acceptance not judged ({escape(deployment['review_error'])})"
+    if deployment["pooled_draft_tokens_7d"] != tokens:
+        text += f"; pooled 7d {_rate(deployment['pooled_acceptance_7d'])}"
+    return text
+
+
+def _finding_line(finding: dict[str, Any], name: str) -> str:
+    message = finding["message"].removeprefix(f"{name}: ")
+    if len(message) > FINDING_CHARS:
+        message = message[: FINDING_CHARS - 4].rstrip() + " ..."
+    style = FINDING_STYLES.get(finding["severity"], "")
+    action = "" if finding["action"] == "none" else f" ({finding['action']})"
+    label = f"{finding['severity']} {finding['rule']}{action}"
+    return f"[{style}]{escape(label)}[/]: {escape(message)}" if style else f"{escape(label)}: {escape(message)}"
+
+
 def _deployment_line(deployment: dict[str, Any]) -> str:
+    """What serves, the review's acceptance of it, then one line per warning or critical finding and one for the
+    pairs it replaced this week (those the pooled figure mixes in)."""
     style = STATE_STYLES.get(deployment["state"], "")
     state = f"[{style}]{deployment['state']}[/]" if style else deployment["state"]
     if deployment["drafter_version"] is None:
         served = f"t{deployment['target_version']}, speculation off"
     else:
         served = f"t{deployment['target_version']} + d{deployment['drafter_version']}, gamma {deployment['gamma']}"
-    acceptance = "-" if deployment["acceptance_7d"] is None else f"{deployment['acceptance_7d']:.2f}"
-    return f"{state}: {served}; acceptance 7d {acceptance}"
+    lines = [f"{state}: {served}; {_acceptance_text(deployment)}"]
+    lines += [_finding_line(finding, deployment["name"]) for finding in deployment["findings"]]
+    replaced = [
+        f"{_pair_text(p['target_version'], p['drafter_version'])} {_rate(p['acceptance_rate'])} "
+        f"({p['draft_tokens']:,} drafted)"
+        for p in deployment["replaced_pairs"]
+        if p["draft_tokens"]
+    ]
+    if replaced:
+        lines.append("replaced this week: " + "; ".join(replaced))
+    return "\n".join(lines)
 
 
 LEGEND = (
     "v3 <- t2: drafter version 3, trained for target version 2. t2 + d3: target v2 served with drafter v3. "
     "gamma rec: the range (and start) the decision framework recommends, none when it advises no speculation; "
-    "meas: the gamma validation measured best. acceptance 7d: accepted / drafted tokens over the last 7 days."
+    "meas: the gamma validation measured best. acceptance: accepted / drafted tokens over the last 7 days of the "
+    "pair serving now, its hours only, as `draftsync report` judges it (after a fallback, of the drafter it fell "
+    "back from); pooled 7d: every pair the deployment served this week together, shown where it differs."
 )
 
 

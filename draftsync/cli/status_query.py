@@ -4,19 +4,31 @@ each target, as plain data the terminal table and the JSON are both made from.
 Per target: its versions and aliases; its drafter versions with their lineage (the target version each was
 trained for, method, validation status, aliases) and gamma, recommended (by the decision framework, written
 by the sync) against measured (the knee validation found); each deployment serving it, with its state and
-the last 7 days' acceptance (summed from the hourly rollups as the weekly report does); the last sync that
-succeeded, and a newer attempt apart from it (a failed or refused sync does not hide the drafter that serves).
+the weekly review's judgement of it; the last sync that succeeded, and a newer attempt apart from it (a failed
+or refused sync does not hide the drafter that serves).
+
+A deployment's figures are the weekly review's own (`review_deployment`, called read-only, the computation
+`draftsync report` and the weekly e-mail use), so status and the report cannot disagree: the acceptance over the
+last 7 days of the pair serving now, its hours only (after a fallback, of the drafter it fell back from), its
+non-info findings and the pairs it replaced this week. The pooled week, every pair's hours together, is kept
+apart: a stale pair replaced mid-week drags it down while the pair serving now is fine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from draftsync.errors import DraftsyncError
 from draftsync.registry.model_registry import drafter_model_name
 from draftsync.registry.tags import DrafterVersion
+
+if TYPE_CHECKING:
+    from draftsync.tasks.monitoring import DeploymentReview
+
+    Review = Callable[[str, datetime], DeploymentReview]
 
 LAST_WEEK = timedelta(days=7)
 
@@ -36,14 +48,23 @@ class DrafterStatus:
 
 @dataclass(frozen=True)
 class DeploymentStatus:
-    """What one deployment serves now (drafter and gamma None with speculation off) and its week's acceptance."""
+    """What one deployment serves now (drafter and gamma None with speculation off) and how the weekly review
+    judges it: the acceptance of the judged pair over the last 7 days, its hours only, as `draftsync report`
+    gives it; the pooled week of every pair it served apart."""
 
     name: str
     state: str
     target_version: int
     drafter_version: int | None
     gamma: int | None
-    acceptance_7d: float | None  # None: no draft token in the last 7 days
+    acceptance_7d: float | None  # the judged pair's hours only (the report's figure); None: no draft token
+    draft_tokens_7d: int  # the judged pair's drafted tokens over the week
+    judged: dict[str, int | None] | None  # {"target_version", "drafter_version"}: the pair the figures are of
+    pooled_acceptance_7d: float | None  # every pair's hours of the week together
+    pooled_draft_tokens_7d: int
+    replaced_pairs: list[dict[str, Any]] = field(default_factory=list)  # the week's other pairs, as the report's
+    findings: list[dict[str, Any]] = field(default_factory=list)  # the review's warnings and criticals
+    review_error: str | None = None  # why the review could not judge it (the figures are then None)
 
 
 @dataclass(frozen=True)
@@ -114,25 +135,77 @@ def _job_data(job) -> dict[str, Any] | None:
     }
 
 
-def week_acceptance(store, deployments: Sequence[str], now: datetime) -> dict[str, float | None]:
-    """Acceptance over the 7 days up to `now` per deployment, from the hourly rollups (the weekly report's sums)."""
+def pooled_week(store, deployments: Sequence[str], now: datetime) -> dict[str, tuple[float | None, int]]:
+    """(acceptance, drafted tokens) over the 7 days up to `now` per deployment, every pair it served pooled, from
+    the hourly rollups in one query."""
     from draftsync.monitors.trends import summarize_hourly
 
     start = now - LAST_WEEK
     rows = store.acceptance.rollup_window(start, now, list(deployments)) if deployments else {}
+    summaries = {name: summarize_hourly(rows.get(name, []), start, now, deployment=name) for name in deployments}
+    return {name: (summary.acceptance_rate, summary.draft_tokens) for name, summary in summaries.items()}
+
+
+def _finding_data(finding) -> dict[str, Any]:
     return {
-        name: summarize_hourly(rows.get(name, []), start, now, deployment=name).acceptance_rate for name in deployments
+        "rule": finding.rule,
+        "severity": finding.severity,
+        "message": finding.message,
+        "action": finding.action,
     }
 
 
+def deployment_status(pair, review: Review, pooled: tuple[float | None, int], now: datetime) -> DeploymentStatus:
+    """One deployment as status shows it: what it serves, and the weekly review's figures and findings of it.
+
+    `review` is `review_deployment` (its plain function: it only reads the store and the drafter's tags); a
+    review that cannot judge the deployment (a drafter version without its lineage tag) leaves the figures None
+    and says why, rather than failing the whole status."""
+    base = {
+        "name": pair.deployment,
+        "state": pair.state,
+        "target_version": pair.target_version,
+        "drafter_version": pair.drafter_version,
+        "gamma": pair.gamma if pair.drafter_version is not None else None,
+        "pooled_acceptance_7d": pooled[0],
+        "pooled_draft_tokens_7d": pooled[1],
+    }
+    try:
+        week = review(pair.deployment, now)
+    except DraftsyncError as error:
+        return DeploymentStatus(
+            **base, acceptance_7d=None, draft_tokens_7d=0, judged=None, review_error=error.what.splitlines()[0]
+        )
+    return DeploymentStatus(
+        **base,
+        acceptance_7d=week.summary.acceptance_rate,
+        draft_tokens_7d=week.summary.draft_tokens,
+        judged=None if week.judged is None else {"target_version": week.judged[0], "drafter_version": week.judged[1]},
+        replaced_pairs=list(week.replaced),
+        findings=[_finding_data(f) for f in week.findings if f.severity != "info"],
+    )
+
+
 def gather_status(
-    registry, store, ledger, target_names: Iterable[str] = (), now: datetime | None = None
+    registry,
+    store,
+    ledger,
+    target_names: Iterable[str] = (),
+    now: datetime | None = None,
+    review: Review | None = None,
 ) -> list[TargetStatus]:
-    """Every target: those tagged in the registry, those named in `target_names`, and those a deployment serves."""
+    """Every target: those tagged in the registry, those named in `target_names`, and those a deployment serves.
+
+    `review` judges a deployment (default: the weekly review's `review_deployment`, which reads the work dir's
+    store and registry, so pass those as `registry` and `store`)."""
+    if review is None:
+        from draftsync.tasks.monitoring import review_deployment
+
+        review = review_deployment.fn
     now = now or datetime.now(UTC)
     pairs = store.pairs.all()
     names = sorted(set(registry.target_names()) | set(target_names) | {pair.target_name for pair in pairs})
-    acceptance = week_acceptance(store, [pair.deployment for pair in pairs], now)
+    pooled = pooled_week(store, [pair.deployment for pair in pairs], now)
     targets = []
     for name in names:
         versions = registry.target_versions_after(name, 0)
@@ -142,16 +215,7 @@ def gather_status(
             for info in registry.target_versions_after(drafter_model_name(name), 0)
         ]
         deployments = [
-            DeploymentStatus(
-                name=pair.deployment,
-                state=pair.state,
-                target_version=pair.target_version,
-                drafter_version=pair.drafter_version,
-                gamma=pair.gamma if pair.drafter_version is not None else None,
-                acceptance_7d=acceptance[pair.deployment],
-            )
-            for pair in pairs
-            if pair.target_name == name
+            deployment_status(pair, review, pooled[pair.deployment], now) for pair in pairs if pair.target_name == name
         ]
         targets.append(
             TargetStatus(

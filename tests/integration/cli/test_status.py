@@ -1,6 +1,7 @@
 """`draftsync status` against a real MLflow registry (SQLite), the real monitor store and the sync ledger:
 a target with two versions and three drafters (one promoted, one before it, one pending), two deployments
-(one serving, one fallen back), a target with no drafter, one named only in DRAFTSYNC_TARGETS."""
+(one serving, one fallen back), a target with no drafter, one named only in DRAFTSYNC_TARGETS; then a deployment
+that replaced a stale pair mid-week, whose figures status must take from the weekly review as the report does."""
 
 from __future__ import annotations
 
@@ -189,7 +190,12 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
     batch, chat = status["deployments"]
     assert batch["name"] == "batch" and batch["state"] == "fallback"
     assert (batch["target_version"], batch["drafter_version"], batch["gamma"]) == (w["v1"], None, None)
-    assert batch["acceptance_7d"] == pytest.approx(0.4)  # the week before the fallback still counts
+    # the week before the fallback still counts: the review judges the drafter it fell back from
+    assert batch["acceptance_7d"] == pytest.approx(0.4) and batch["draft_tokens_7d"] == 24 * 300
+    assert batch["judged"] == {"target_version": w["v1"], "drafter_version": w["d1"]}
+    assert (batch["pooled_acceptance_7d"], batch["pooled_draft_tokens_7d"]) == (pytest.approx(0.4), 24 * 300)
+    assert [(f["rule"], f["severity"]) for f in batch["findings"]] == [("stale", "critical")]  # 0.40 < 0.50
+    assert all(p["draft_tokens"] == 0 for p in batch["replaced_pairs"])  # speculation off drafts nothing
     assert chat == {
         "name": "chat",
         "state": "serving",
@@ -197,6 +203,13 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
         "drafter_version": w["d2"],
         "gamma": 4,
         "acceptance_7d": pytest.approx(0.7),
+        "draft_tokens_7d": 48 * 300,
+        "judged": {"target_version": w["v2"], "drafter_version": w["d2"]},
+        "pooled_acceptance_7d": pytest.approx(0.7),
+        "pooled_draft_tokens_7d": 48 * 300,
+        "replaced_pairs": [],
+        "findings": [],
+        "review_error": None,
     }  # the hours at 0.2 are over a week old
     good = status["last_sync"]  # the last sync that succeeded: the newer retrain request does not hide it
     assert (good["target_version"], good["status"], good["drafter_version"]) == (w["v2"], "succeeded", w["d2"])
@@ -236,7 +249,10 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
     assert "v2 <- t2 eagle3 passed [production]" in out and "v3 <- t2 eagle3.1 pending [candidate]" in out
     assert "rec 2-4 (start 3) / meas 4" in out and "rec - / meas -" in out
     assert "t1, speculation off" in out and "t2 + d2, gamma 4" in out
-    assert "0.70" in out and "0.40" in out
+    flat = " ".join(out.split())
+    assert "acceptance 0.70 (pair serving now, 14,400 drafted)" in flat and "pooled 7d 0" not in flat
+    assert "acceptance 0.40 (t1 + d1 before speculation went off, 7,200 drafted)" in flat
+    assert "critical stale (fallback+retrain): drafter stale: acceptance 0.40" in flat
     assert "no drafter" in out and "not deployed" in out
     assert "last sync" in out and "t2 eagle3 succeeded -> d2" in out
     assert "last attempt" in out and "t1 eagle3 requested" in out
@@ -248,6 +264,103 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
     assert max(len(line) for line in narrow.splitlines()) <= 80 and "\u2026" not in narrow
     assert "production -> v2" in narrow and "bare-llm" in narrow and "not deployed" in narrow
     assert "drafter version 3, trained for target version 2" in narrow.replace("\n", " ")
+
+
+@pytest.fixture
+def replaced_pair_world(status_world):
+    """status_world and a deployment, assistant, that served t1 + d1 at 0.06 for 40 hours (12,000 drafted tokens)
+    from six days ago, then was switched to t2 + d2, at 0.92 for the last 10 hours (3,000 drafted): pooled, the
+    week is 0.23; the pair serving now is at 0.92. Returns the moment the status and the review are taken at."""
+    from draftsync.monitors.tables import ServedPair
+    from draftsync.tasks import context
+
+    w, store = status_world, context.store()
+    now = datetime.now(UTC).replace(minute=30, second=0, microsecond=0)
+    old = ServedPair("status-llm", w["v1"], w["d1"], 3, drafter_name="status-llm-drafter")
+    new = ServedPair("status-llm", w["v2"], w["d2"], 4, drafter_name="status-llm-drafter")
+    store.pairs.record("assistant", old, endpoint="http://127.0.0.1:11", state="serving", now=now - timedelta(days=6))
+    totals = [0, 0, 0]
+    baseline_scrape(store, "assistant", old, now - timedelta(days=6), totals)
+    record_hours(store, "assistant", old, now - timedelta(days=6) + HOUR, 40, 18, totals)
+    store.pairs.record("assistant", new, endpoint="http://127.0.0.1:11", state="serving", now=now - 11 * HOUR)
+    baseline_scrape(store, "assistant", new, now - 11 * HOUR, totals)
+    record_hours(store, "assistant", new, now - 10 * HOUR, 10, 276, totals)
+    return {**w, "now": now}
+
+
+def test_status_shows_the_pair_serving_now_as_the_report_does(replaced_pair_world, tmp_path):
+    """A stale pair replaced mid-week: status gives the acceptance of the pair serving now (0.92), not the pooled
+    week (0.23) the replaced pair's many drafted tokens drag down, which it labels as pooled. Every deployment's
+    figure, drafted tokens, replaced pairs and findings are those of the weekly review and `draftsync report`."""
+    from draftsync.cli.status_query import current_status
+    from draftsync.flows.weekly_report import weekly_report
+    from draftsync.tasks.monitoring import review_deployment
+
+    w, now = replaced_pair_world, replaced_pair_world["now"]
+    status = current_status(now)
+    deployments = {d["name"]: d for t in status["targets"] for d in t["deployments"]}
+    assistant = deployments["assistant"]
+    assert assistant["acceptance_7d"] == pytest.approx(0.92) and assistant["draft_tokens_7d"] == 3_000
+    assert assistant["judged"] == {"target_version": w["v2"], "drafter_version": w["d2"]}
+    assert assistant["pooled_acceptance_7d"] == pytest.approx(3_480 / 15_000)
+    assert assistant["pooled_draft_tokens_7d"] == 15_000
+    ((old),) = assistant["replaced_pairs"]
+    assert (old["target_version"], old["drafter_version"], old["draft_tokens"]) == (w["v1"], w["d1"], 12_000)
+    assert old["acceptance_rate"] == pytest.approx(0.06)
+    assert assistant["findings"] == []
+
+    # the same figures as the review, the report's rows and the e-mail's summaries, deployment by deployment
+    report = weekly_report(now=now, send=False, act=False)
+    rows = {row["name"]: row for row in report["deployments"]}
+    assert set(rows) == set(deployments) == {"assistant", "batch", "chat"}
+    for name, shown in deployments.items():
+        review, row = review_deployment.fn(name, now), rows[name]
+        assert shown["acceptance_7d"] == review.summary.acceptance_rate == row["acceptance_rate"], name
+        assert report["summaries"][name]["acceptance_rate"] == shown["acceptance_7d"], name
+        assert shown["draft_tokens_7d"] == review.summary.draft_tokens == row["draft_tokens"], name
+        assert shown["replaced_pairs"] == review.replaced == row["replaced_pairs"], name
+        assert shown["findings"] == [
+            {key: f[key] for key in ("rule", "severity", "message", "action")}
+            for f in row["findings"]
+            if f["severity"] != "info"
+        ], name
+    assert deployments["batch"]["findings"]  # a finding the review raises shows in status too
+
+    result = CliRunner().invoke(_cli(), ["status", "--json", str(tmp_path / "status.json")], env=WIDE)
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.split())
+    assert "t2 + d2, gamma 4; acceptance 0.92 (pair serving now, 3,000 drafted); pooled 7d 0.23" in flat
+    assert "replaced this week: t1 + d1 0.06 (12,000 drafted)" in flat
+    # batch's finding, as the report words it
+    assert "critical stale (fallback+retrain): drafter stale: acceptance 0.40" in flat
+    assert "acceptance 7d" not in flat  # the pooled figure is never given as the deployment's acceptance
+    shown = json.loads((tmp_path / "status.json").read_text())
+    assistant_json = next(d for t in shown["targets"] for d in t["deployments"] if d["name"] == "assistant")
+    assert assistant_json["acceptance_7d"] == pytest.approx(0.92)
+
+
+def test_a_deployment_the_review_cannot_judge_is_said_not_hidden(workdir, tmp_path):
+    """A deployment whose drafter version MLflow does not hold: the review cannot read its lineage, so status says
+    why it is not judged and still gives the pooled week, rather than failing the whole command."""
+    from draftsync.monitors.tables import ServedPair
+    from draftsync.tasks import context
+
+    store, now = context.store(), datetime.now(UTC)
+    ghost = ServedPair("ghost-llm", 1, 7, 3, drafter_name="ghost-llm-drafter")
+    store.pairs.record("orphan", ghost, endpoint="http://127.0.0.1:12", state="serving")
+    totals = [0, 0, 0]
+    baseline_scrape(store, "orphan", ghost, now - timedelta(days=1), totals)
+    record_hours(store, "orphan", ghost, now - timedelta(days=1) + HOUR, 5, 150, totals)
+    json_path = tmp_path / "status.json"
+    result = CliRunner().invoke(_cli(), ["status", "--json", str(json_path)], env=WIDE)
+    assert result.exit_code == 0, result.output
+    ((orphan,),) = [t["deployments"] for t in json.loads(json_path.read_text())["targets"]]
+    assert (orphan["acceptance_7d"], orphan["judged"], orphan["findings"]) == (None, None, [])
+    assert orphan["review_error"].startswith("registered model ghost-llm-drafter has no version 7 in ")
+    assert (orphan["pooled_acceptance_7d"], orphan["pooled_draft_tokens_7d"]) == (pytest.approx(0.5), 1_500)
+    flat = " ".join(result.output.split())
+    assert "acceptance not judged (registered model ghost-llm-drafter has no version 7" in flat
+    assert "pooled 7d 0.50" in flat
 
 
 def test_status_with_no_targets_says_how_to_get_one(workdir, tmp_path):
