@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from draftsync.settings import GPU_COUNTS
+from draftsync.settings import GPU_COUNTS, Settings
 from draftsync.tasks import events
 
 if TYPE_CHECKING:
+    from uuid import UUID
+
     from prefect.deployments.runner import RunnerDeployment
 
 # Each deployment, in the order prefect.yaml and build_deployments list them, and the work pool it runs on.
@@ -146,3 +148,23 @@ def build_deployments(schedules: Schedules | None = None) -> list[RunnerDeployme
     ]
     # to_deployment is async_dispatch-wrapped, typed as a deployment or a coroutine: from sync code, the deployment
     return cast("list[RunnerDeployment]", deployments)
+
+
+def register_paused_deployments(schedules: Schedules | None = None) -> list[UUID]:
+    """Create or update the five deployments in the Prefect API this process uses, paused, with their triggers
+    disabled, and return their ids: what `draftsync serve` runs, shown in the Prefect UI (schedules and triggers
+    included) while nothing runs until someone asks (a run by hand, or `draftsync serve`, which registers them again
+    unpaused with their triggers on). Prefect's pause only stops its scheduler: an automation still starts runs of a
+    paused deployment, so the triggers are registered disabled. Registering again updates in place (deployments by
+    name; Prefect replaces the automations a deployment owns). Default schedules: `draftsync serve`'s defaults, with
+    this work dir's sync profile and report time zone."""
+    if schedules is None:
+        settings = Settings.load()
+        schedules = Schedules(profile=settings.sync_profile, timezone=settings.report_timezone)
+    ids = []
+    for deployment in build_deployments(schedules):
+        off = [trigger.model_copy(update={"enabled": False}) for trigger in deployment.triggers]
+        paused = deployment.model_copy(update={"paused": True, "triggers": off})
+        # apply is async_dispatch-wrapped like to_deployment: from sync code, the id
+        ids.append(cast("UUID", paused.apply()))
+    return ids
