@@ -54,6 +54,9 @@ class ValidationProfile(BaseModel):
     min_long_acceptance: float = Field(0.50, ge=0.0, le=1.0)
     length_buckets: tuple[int, ...] = (0, 256, 1024, 4096)  # output-length bucket edges for the report
     max_memory_overhead: float = Field(0.15, gt=0.0)  # drafter weights / target weights
+    # The served window validation predicts acceptance for, in drafted tokens: the monitor judges a pair's first
+    # window this long against the prediction (a shorter one is too noisy to hold to it).
+    prediction_window_draft_tokens: int = Field(20_000, ge=1)
 
 
 VALIDATION_PROFILES = {
@@ -81,6 +84,7 @@ VALIDATION_PROFILES = {
         min_long_acceptance=0.30,
         length_buckets=(0, 64, 256),
         max_memory_overhead=0.60,
+        prediction_window_draft_tokens=200,  # a phase of the demo's story drafts a few hundred tokens
     ),
     "test": ValidationProfile(
         name="test",
@@ -101,6 +105,7 @@ VALIDATION_PROFILES = {
         min_long_acceptance=0.30,
         length_buckets=(0, 32, 64),
         max_memory_overhead=0.60,
+        prediction_window_draft_tokens=100,
     ),
 }
 

@@ -36,6 +36,7 @@ from draftsync.validation.result import ValidationResult
 
 if TYPE_CHECKING:
     from draftsync.planning.sync_plan import SyncPlan
+    from draftsync.serving.traffic_capture import CapturedPrompt
     from draftsync.speculative.placement import TargetPlacement
 
 
@@ -195,15 +196,17 @@ def _claim(target_name: str, target_version: int, method: str, reason: str):
     return claim
 
 
-def _retrain_prompts(target_name: str, profile: SyncProfile) -> tuple[list[str], list[str]]:
+def _retrain_prompts(target_name: str, profile: SyncProfile) -> tuple[list[str], list[CapturedPrompt]]:
     """A retrain learns from the traffic that went stale: the prompts its deployments captured, when there are
-    enough of them, as (to train on, held out to validate on); else it says why and trains on the declared task mix."""
+    enough of them, as (to train on, held out to validate on, replayed at the output length each client asked for);
+    else it says why and trains on the declared task mix."""
     import random
 
     from draftsync.tasks.serving import captured_prompts
 
-    prompts, where = captured_prompts(target_name)
-    distinct = list(dict.fromkeys(prompts))  # a prompt sent many times teaches the drafter once
+    captured, where = captured_prompts(target_name)
+    # a prompt sent many times teaches the drafter once (in the order first sent; replayed as last sent)
+    distinct = list({p.text: p for p in captured}.values())
     if len(distinct) < profile.min_captured_prompts:
         context.logger().info(
             "retrain of %s on the declared task mix: %d distinct captured prompts, fewer than the %d it needs (%s)",
@@ -221,7 +224,7 @@ def _retrain_prompts(target_name: str, profile: SyncProfile) -> tuple[list[str],
         where,
         held,
     )
-    return distinct[held:], distinct[:held]
+    return [p.text for p in distinct[held:]], distinct[:held]
 
 
 class _Stopwatch:

@@ -21,6 +21,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from draftsync.profiles import ValidationProfile, validation_profile
 from draftsync.registry.model_registry import drafter_model_name
 from draftsync.registry.tags import DrafterVersion, crosscheck_tag
+from draftsync.serving.traffic_capture import CapturedPrompt
 from draftsync.tasks import context, events
 from draftsync.tasks.dataset import target_task_mix
 from draftsync.tasks.registration import (
@@ -130,13 +131,13 @@ def validate(
     seed: int = 0,
     backend: str | None = None,
     servers: dict | None = None,
-    captured_prompts: list[str] | None = None,
+    captured_prompts: list[CapturedPrompt] | None = None,
 ) -> ValidationResult:
     """Run the checklist on a drafter version; record it; with `promote`, make a passing drafter `production`.
 
     `backend`: "vllm" (real vLLM servers), "reference" (the CPU reference engine) or "auto"; default: the
     profile's. `servers`: the GPUs a sync's plan gives the vLLM servers (its `servers` setting). `captured_prompts`:
-    held-out prompts of the traffic a retrain learnt from; the drafter must clear the acceptance gate on them too.
+    held-out requests of the traffic a retrain learnt from; the drafter must clear the acceptance gate on them too.
     Long: the validation's record, promotion and artifacts follow from the one checklist run, in order."""
     from draftsync.validation.suite import run_validation_suite
 

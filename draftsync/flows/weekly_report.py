@@ -215,6 +215,7 @@ def _deployment_row(pair, review: DeploymentReview, taken: list[str], now_servin
         "target": {"name": pair.target_name, "version": pair.target_version},
         "drafter_version": summary.drafter_version,
         "replaced_pairs": review.replaced,
+        "predictions": [{**asdict(check), "text": check.text()} for check in review.predictions],
         "domains": [asdict(d) for d in domains],
     }
 
@@ -327,6 +328,7 @@ def weekly_report(
     summaries, findings, actions, targets, rows = [], [], {}, set(), []
     fresh: set[str] = set()
     replaced_notes: list[str] = []
+    prediction_notes: list[str] = []
     domain_notes: list[str] = []
     for pair in store.pairs.all():
         review = review_deployment(pair.deployment, end)
@@ -353,11 +355,16 @@ def weekly_report(
         if domains:
             domain_notes.append(_domains_text(pair.deployment, domains))
         replaced_notes.extend(_replaced_note(pair, old_pair) for old_pair in review.replaced)
+        prediction_notes.extend(
+            f"{pair.deployment} t{check.target_version} + d{check.drafter_version}, held to its validation: "
+            f"{check.text()}"
+            for check in review.predictions
+        )
 
     thresholds = Thresholds.from_settings(settings)
     reviewed = {row["name"] for row in rows}
     silent = [_silent_note(specs[name]) for name in sorted(set(specs) - reviewed)]
-    all_notes = list(notes or []) + problems + domain_notes + replaced_notes + silent
+    all_notes = list(notes or []) + problems + domain_notes + replaced_notes + prediction_notes + silent
     if week is not None:
         all_notes.append(f"A look back at ISO week {week}: no action was taken by this report.")
     elif not acting:

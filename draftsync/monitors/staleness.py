@@ -75,7 +75,7 @@ class Finding:
     """One thing the weekly review found about a deployment, and what should be done about it."""
 
     deployment: str
-    rule: str  # 'stale' | 'mismatch' | 'trend' | 'baseline' | 'lineage' | 'gamma' | 'no_data'
+    rule: str  # 'stale' | 'mismatch' | 'trend' | 'baseline' | 'lineage' | 'gamma' | 'no_data' | 'prediction'
     severity: Severity
     value: float
     message: str

@@ -82,6 +82,12 @@ GAMMA_REASON_TAG = f"{VALIDATION_PREFIX}gamma_reason"  # why the served gamma an
 VALIDATION_PROFILE_TAG = f"{VALIDATION_PREFIX}profile"
 VALIDATION_BACKEND_TAG = f"{VALIDATION_PREFIX}backend"
 VALIDATION_TEMPERATURE_TAG = f"{VALIDATION_PREFIX}temperature"
+# What validation expects serving to measure: each figure as "point [low, high]", the served window it is for, and
+# what it rests on. The monitor holds a pair's first window of serving to the acceptance mean's interval.
+PREDICTION_PREFIX = "draftsync.prediction."
+PREDICTION_FIGURES = ("mean", "p50", "p5")
+PREDICTION_WINDOW_TAG = f"{PREDICTION_PREFIX}window_draft_tokens"
+PREDICTION_BASIS_TAG = f"{PREDICTION_PREFIX}basis"
 GATE_PREFIX = "draftsync.gate."  # + each checklist gate: pass | fail
 BASELINE_ACCEPTANCE_TAG = "draftsync.baseline.acceptance_rate"
 BASELINE_THRESHOLD_TAG = "draftsync.baseline.threshold"
@@ -248,6 +254,7 @@ def checklist_tags(
     threshold: float,
     schedule: Any = None,
     gamma_reason: str = "",
+    prediction: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """A validation's gates, where it ran, the next iteration's baseline, the per-batch-size schedule and why the
     served gamma was chosen."""
@@ -265,7 +272,43 @@ def checklist_tags(
         tags[GAMMA_SCHEDULE_TAG] = json.dumps(schedule)
     if gamma_reason:
         tags[GAMMA_REASON_TAG] = gamma_reason
+    if prediction:
+        tags.update(prediction_tags(prediction))
     return tags
+
+
+def prediction_tags(prediction: Mapping[str, Any]) -> dict[str, str]:
+    """A validation's prediction (`validation.result.Prediction.as_dict()`) as tags a person reads in the MLflow UI."""
+    tags = {
+        f"{PREDICTION_PREFIX}acceptance_{name}": "{:.3f} [{:.3f}, {:.3f}]".format(*prediction[name])
+        for name in PREDICTION_FIGURES
+    }
+    tags[PREDICTION_WINDOW_TAG] = str(int(prediction["window_draft_tokens"]))
+    tags[PREDICTION_BASIS_TAG] = (
+        f"{prediction['traffic']} ({prediction['requests']} requests), gamma {prediction['gamma']}, "
+        f"T={prediction['temperature']:g}, {prediction['level']:.0%} of served windows"
+    )
+    return tags
+
+
+@dataclass(frozen=True)
+class PredictedAcceptance:
+    """The acceptance mean validation predicted for a served window of `window_draft_tokens` drafted tokens."""
+
+    point: float
+    low: float
+    high: float
+    window_draft_tokens: int
+
+    @classmethod
+    def from_tags(cls, tags: Mapping[str, str]) -> PredictedAcceptance | None:
+        """None when the version carries no prediction (registered by hand, or validated before predictions)."""
+        text, window = tags.get(f"{PREDICTION_PREFIX}acceptance_mean"), as_int(tags.get(PREDICTION_WINDOW_TAG))
+        match = re.fullmatch(r"\s*([0-9.]+)\s*\[\s*([0-9.]+)\s*,\s*([0-9.]+)\s*\]\s*", text or "")
+        if match is None or window is None:
+            return None
+        point, low, high = (float(x) for x in match.groups())
+        return cls(point, low, high, window)
 
 
 def crosscheck_tag(target_version: int) -> str:

@@ -38,9 +38,23 @@ CREATE TABLE IF NOT EXISTS captured_requests (
     prompt TEXT NOT NULL,
     response TEXT,
     draft_tokens INTEGER,
-    accepted_tokens INTEGER
+    accepted_tokens INTEGER,
+    max_tokens INTEGER,
+    output_tokens INTEGER
 )
 """
+# Columns added since the first capture files: a file written before gets them on its next write.
+ADDED_COLUMNS = {"max_tokens": "INTEGER", "output_tokens": "INTEGER"}
+
+
+@dataclass(frozen=True)
+class CapturedPrompt:
+    """A captured request as a validation replays it: its prompt and the output length its client asked for (None
+    where the capture predates the column or the client left it to the server)."""
+
+    text: str
+    max_tokens: int | None = None
+
 
 Redactor = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 
@@ -138,6 +152,7 @@ class TrafficCapture:
             return
         reply = json.loads(answer) if answer else {}
         drafted, accepted = request_acceptance(reply if isinstance(reply, dict) else {})
+        usage = reply.get("usage") if isinstance(reply, dict) else None
         record: dict[str, Any] = {
             "at": self.clock(),
             "deployment": self.config.deployment,
@@ -147,6 +162,8 @@ class TrafficCapture:
             "response": _response_text(reply) if self.config.keep_responses else None,
             "draft_tokens": drafted,
             "accepted_tokens": accepted,
+            "max_tokens": _positive_int(request.get("max_tokens", request.get("max_completion_tokens"))),
+            "output_tokens": _positive_int(usage.get("completion_tokens")) if isinstance(usage, dict) else None,
         }
         kept: dict[str, Any] | None = record
         if self.redactor is not None:
@@ -195,9 +212,13 @@ class TrafficCapture:
         try:
             with connection:
                 connection.execute(SCHEMA)
+                present = {row[1] for row in connection.execute("PRAGMA table_info(captured_requests)")}
+                for column, kind in ADDED_COLUMNS.items():
+                    if column not in present:
+                        connection.execute(f"ALTER TABLE captured_requests ADD COLUMN {column} {kind}")
                 connection.executemany(
                     "INSERT INTO captured_requests (at, deployment, domain, path, prompt, response, draft_tokens,"
-                    " accepted_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    " accepted_tokens, max_tokens, output_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [
                         (
                             float(r["at"]),
@@ -208,6 +229,8 @@ class TrafficCapture:
                             r.get("response"),
                             r.get("draft_tokens"),
                             r.get("accepted_tokens"),
+                            r.get("max_tokens"),
+                            r.get("output_tokens"),
                         )
                         for r in batch
                     ],
@@ -239,6 +262,10 @@ def captured_rows(path: Path, deployment: str | None = None, after_id: int = 0) 
     finally:
         connection.close()
     return [{**dict(row), "prompt": json.loads(row["prompt"])} for row in rows]
+
+
+def _positive_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _response_text(reply: Mapping[str, Any]) -> str | None:

@@ -12,12 +12,15 @@ from prefect.cache_policies import NONE
 from draftsync.tasks import context
 
 if TYPE_CHECKING:
+    from draftsync.monitors.predictions import PredictionCheck
     from draftsync.monitors.staleness import Baseline, Finding
     from draftsync.monitors.tables import PairInfo, ServingPair
     from draftsync.monitors.trends import DeploymentSummary
     from draftsync.serving.traffic_capture import CaptureConfig
 
 WEEK = timedelta(days=7)
+# How far back a pair's first served window is looked for: a pair older than this was judged by earlier reviews.
+PREDICTION_LOOKBACK = 4 * WEEK
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,8 @@ class DeploymentReview:
     judged: tuple[int, int | None] | None  # the (target version, drafter version) judged
     week_over_week: float | None  # the change in acceptance from the week before
     baseline: Baseline | None  # the drafter's first week, once that week is over
-    replaced: list[dict]  # the week's other pairs, each with its own acceptance
+    replaced: list[dict]  # the week's other pairs, each with its own acceptance and its prediction check
+    predictions: list[PredictionCheck]  # each drafted pair of the week (replaced ones first) against its prediction
 
 
 @task(name="scrape-deployment", retries=2, retry_delay_seconds=2, cache_policy=NONE)
@@ -129,12 +133,49 @@ def review_deployment(deployment: str, now: datetime) -> DeploymentReview:
         Thresholds.from_settings(context.settings()),
         baseline=baseline,
     )
+    pairs = [(r["target_version"], r["drafter_version"]) for r in replaced if r["drafter_version"] is not None]
+    if judged is not None and judged[1] is not None:
+        pairs.append(judged)
+    predictions = prediction_checks(deployment, pairs, now)
+    findings += [f for check in predictions if (f := check.finding(deployment)) is not None]
+    by_pair = {(c.target_version, c.drafter_version): c.text() for c in predictions}
+    for entry in replaced:
+        entry["prediction"] = by_pair.get((entry["target_version"], entry["drafter_version"]))
     change = (
         summary.acceptance_rate - previous.acceptance_rate
         if summary.acceptance_rate is not None and previous.acceptance_rate is not None
         else None
     )
-    return DeploymentReview(summary, findings, pair, judged, change, baseline, replaced)
+    return DeploymentReview(summary, findings, pair, judged, change, baseline, replaced, predictions)
+
+
+def prediction_checks(deployment: str, pairs: list[tuple[int, int]], now: datetime) -> list[PredictionCheck]:
+    """Each (target version, drafter version) of `pairs` that `deployment` served: its first served window within
+    PREDICTION_LOOKBACK against the prediction its drafter version's validation recorded."""
+    from draftsync.monitors.predictions import check_prediction
+    from draftsync.registry.model_registry import drafter_model_name
+    from draftsync.registry.tags import PredictedAcceptance
+
+    store, registry = context.store(), context.registry()
+    pair = store.pairs.get(deployment)
+    if pair is None or not pairs:
+        return []
+    rows = store.acceptance.hourly(deployment, now - PREDICTION_LOOKBACK, now)
+    checks = []
+    for target_version, drafter_version in pairs:
+        predicted = PredictedAcceptance.from_tags(
+            registry.version_tags(drafter_model_name(pair.target_name), drafter_version)
+        )
+        checks.append(
+            check_prediction(
+                rows,
+                target_version,
+                drafter_version,
+                None if predicted is None else (predicted.low, predicted.high),
+                None if predicted is None else predicted.window_draft_tokens,
+            )
+        )
+    return checks
 
 
 def _judged_pair(pair, rows: list) -> tuple[int, int | None] | None:

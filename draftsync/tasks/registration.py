@@ -218,6 +218,7 @@ def record_validation(result: ValidationResult, mismatch_threshold: float) -> No
         threshold=mismatch_threshold,
         schedule=checklist.speculation_schedule,
         gamma_reason=checklist.knee_reason,
+        prediction=checklist.prediction.as_dict() if checklist.prediction else None,
     )
     context.registry().record_validation(
         result.target_name,

@@ -22,7 +22,7 @@ from draftsync.tasks import context
 
 if TYPE_CHECKING:
     from draftsync.monitors.tables import ServedPair
-    from draftsync.serving.traffic_capture import CaptureConfig
+    from draftsync.serving.traffic_capture import CaptureConfig, CapturedPrompt
 
 
 def configured_deployments(
@@ -84,22 +84,29 @@ def capture_config(deployment: ServingDeployment) -> CaptureConfig | None:
     )
 
 
-def captured_prompts(target_name: str) -> tuple[list[str], str]:
-    """The prompts the deployments serving `target_name` captured (oldest first), and where they came from in words:
-    which deployments, how many, or why there are none (capture off, nothing captured yet)."""
+def captured_prompts(target_name: str) -> tuple[list[CapturedPrompt], str]:
+    """The requests the deployments serving `target_name` captured (oldest first), each as a validation replays it,
+    and where they came from in words: which deployments, how many, or why there are none (capture off, nothing
+    captured yet)."""
+    from draftsync.serving.traffic_capture import CapturedPrompt
+
     serving = [spec for spec in configured_deployments().values() if spec.target_name == target_name]
     if not serving:
         return [], f"no deployment in the deployments file serves {target_name}"
-    prompts: list[str] = []
+    prompts: list[CapturedPrompt] = []
     said = []
     for spec in serving:
         config = capture_config(spec)
         if config is None:
             said.append(f"{spec.name}: capture is off (give it a capture section)")
             continue
-        texts = [text for row in captured_requests(config) if (text := _prompt_text(row["prompt"]))]
-        prompts += texts
-        said.append(f"{spec.name}: {len(texts)} captured prompts")
+        found = [
+            CapturedPrompt(text, row.get("max_tokens"))
+            for row in captured_requests(config)
+            if (text := _prompt_text(row["prompt"]))
+        ]
+        prompts += found
+        said.append(f"{spec.name}: {len(found)} captured prompts")
     return prompts, "; ".join(said)
 
 

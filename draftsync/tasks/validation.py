@@ -13,6 +13,7 @@ from prefect.cache_policies import NONE
 
 from draftsync.profiles import ValidationProfile
 from draftsync.serving.evaluation import EvaluationBackend
+from draftsync.serving.traffic_capture import CapturedPrompt
 from draftsync.tasks import context
 from draftsync.validation.checklist import UNSCHEDULED_METHODS
 from draftsync.validation.result import ChecklistResult
@@ -31,7 +32,7 @@ def validate_drafter(
     run_stress: bool = True,
     backend: str | None = None,
     servers: dict | None = None,
-    captured_prompts: list[str] | None = None,
+    captured_prompts: list[CapturedPrompt] | None = None,
 ) -> ChecklistResult:
     """The checklist on real vLLM servers or on the CPU reference engine (`backend`, default the profile's: see
     `evaluation_backend`); stress runs against served instances of the same kind (the reference server, or vLLM).
@@ -76,7 +77,7 @@ def validate_drafter(
             batch_sizes=batch_sizes,
             no_schedule_reason=no_schedule_reason,
             logger=context.logger(),
-            stale_threshold=context.settings().stale_threshold,
+            monitor_line=max(context.settings().stale_threshold, context.settings().mismatch_threshold),
             captured_prompts=captured_prompts or (),
         )
     finally:

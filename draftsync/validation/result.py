@@ -62,6 +62,29 @@ class RequestCounts:
 
 
 @dataclass(frozen=True)
+class Prediction:
+    """The acceptance validation expects serving to measure, at the served gamma and temperature, over a window of
+    `window_draft_tokens` drafted tokens of the traffic it was measured on (`stats.predicted_acceptance`): each
+    figure as [point, low, high]. The monitor holds the pair's first window of serving to it."""
+
+    traffic: str  # which requests it rests on: the validation set, or held-out captured traffic
+    requests: int
+    gamma: int
+    temperature: float
+    window_draft_tokens: int
+    level: float
+    mean: tuple[float, float, float]
+    p50: tuple[float, float, float]
+    p5: tuple[float, float, float]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            **{name: [round(x, 4) for x in getattr(self, name)] for name in ("mean", "p50", "p5")},
+        }
+
+
+@dataclass(frozen=True)
 class ChecklistResult:
     """The checklist's measurements on one (target, drafter) pair and its gates (`runner.run_checklist`)."""
 
@@ -96,6 +119,7 @@ class ChecklistResult:
     rows: list[dict[str, Any]] = field(repr=False)
     # At the knee, on held-out prompts of the traffic a retrain learnt from; None when no traffic was given.
     captured_acceptance: AcceptanceFigures | None = None
+    prediction: Prediction | None = None  # None when nothing drafted at the knee
 
     @property
     def passed(self) -> bool:
@@ -109,7 +133,7 @@ class ChecklistResult:
         """The fields in their order, the verdict after the temperature, captured acceptance only where measured."""
         out = record_dict(
             self,
-            omit={"rows", "captured_acceptance"},
+            omit={"rows", "captured_acceptance", "prediction"},
             after={"temperature": {"passed": self.passed}},
             gates=[gate.to_dict() for gate in self.gates],
             acceptance=asdict(self.acceptance),
@@ -119,6 +143,8 @@ class ChecklistResult:
         )
         if self.captured_acceptance:
             out["captured_acceptance"] = asdict(self.captured_acceptance)
+        if self.prediction:
+            out["prediction"] = self.prediction.as_dict()
         return out
 
 

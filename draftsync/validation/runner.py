@@ -47,7 +47,7 @@ from draftsync.serving.evaluation import (
     RequestResult,
     checkpoint_weight_bytes,
 )
-from draftsync.serving.traffic_capture import CAPTURED_TASK
+from draftsync.serving.traffic_capture import CAPTURED_TASK, CapturedPrompt
 from draftsync.validation.checklist import (
     AcceptanceSummary,
     Gate,
@@ -62,6 +62,7 @@ from draftsync.validation.result import (
     AcceptanceFigures,
     ChecklistResult,
     MemoryFootprint,
+    Prediction,
     RequestCounts,
     TpotMs,
     knee_reason,
@@ -244,15 +245,17 @@ def _acceptance_gates(
     )
 
 
-def _captured_gates(profile: ValidationProfile, captured: list[RequestResult], gamma: int) -> tuple[Gate, ...]:
-    """The gate on held-out prompts of the traffic a retrain learnt from: none when no traffic was given."""
+def _captured_gates(floor: float, captured: list[RequestResult], gamma: int) -> tuple[Gate, ...]:
+    """The gate on held-out prompts of the traffic a retrain learnt from: none when no traffic was given. A retrain
+    answers a monitor that found the drafter under its lines, so it must clear the knee's floor (the gate, or the
+    monitor's line above it) on that traffic: else the first review after its rollout flags it again."""
     if not captured:
         return ()
     return (
         Gate(
             "captured_traffic_acceptance",
             summarize_acceptance(captured).mean,
-            profile.min_acceptance,
+            floor,
             ">",
             f"{len(captured)} held-out prompts of the traffic the retrain learnt from, at gamma {gamma}",
         ),
@@ -268,6 +271,7 @@ def _step_down(
     rejected: list[dict],
     logger: Any,
     captured: list[RequestResult],
+    floor: float,
 ) -> bool:
     """Whether to validate again at the next smaller gamma: the validation set at `gamma` failed an acceptance gate
     and a smaller gamma is left. The sweep picks the knee on a few requests' pooled rate, which says little about
@@ -275,7 +279,7 @@ def _step_down(
     the fastest that clears every acceptance gate on the whole validation set, and on the held-out captured traffic
     when there is some (the sweep picks the knee on the declared mix); `rejected` records the others."""
     summaries = summarize_acceptance(spec), summarize_acceptance(spec_greedy)
-    gates = _acceptance_gates(profile, *summaries) + _captured_gates(profile, captured, gamma)
+    gates = _acceptance_gates(profile, *summaries) + _captured_gates(floor, captured, gamma)
     failed = [gate.name for gate in gates if not gate.passed]
     if not failed or gamma == candidates[-1]:
         return False
@@ -301,7 +305,9 @@ def _settle_knee(
         spec, plain = validation_set(gamma)
         spec_greedy = backend.generate(greedy_set, gamma, 0.0, seed) if temperature > 0 else spec
         captured = backend.generate(captured_requests, gamma, temperature, seed + 3000) if captured_requests else []
-        if not _step_down(gamma, candidates, spec, spec_greedy, profile, rejected, work.logger, captured):
+        if not _step_down(
+            gamma, candidates, spec, spec_greedy, profile, rejected, work.logger, captured, work.knee_floor
+        ):
             break
     return _AtKnee(gamma, rejected, spec, spec_greedy, captured, plain)
 
@@ -381,6 +387,22 @@ def _measure_gamma_by_gamma(backend: EvaluationBackend, work: _Workload) -> _Run
     return _Runs(sweep, sweep_plain_tpot, fastest, at_knee, plain, plain_greedy, long, stressed)
 
 
+def predict_serving(
+    spec: list[RequestResult], captured: list[RequestResult], profile: ValidationProfile, gamma: int, seed: int
+) -> Prediction | None:
+    """What serving should measure at `gamma`: from the held-out captured traffic when a retrain learnt from some
+    (the traffic it will serve), else from the validation set (the declared mix the deployment serves)."""
+    from draftsync.stats import predicted_acceptance
+
+    basis, traffic = (captured, "held-out captured traffic") if captured else (spec, "the validation set")
+    level = 0.90
+    window = profile.prediction_window_draft_tokens
+    figures = predicted_acceptance([(r.accepted, r.draft_tokens) for r in basis], window, level=level, seed=seed)
+    if figures is None:
+        return None
+    return Prediction(traffic, len(basis), gamma, profile.temperature, window, level, **figures)
+
+
 def run_checklist(
     backend: EvaluationBackend,
     target_dir: str,
@@ -394,8 +416,8 @@ def run_checklist(
     batch_sizes: Sequence[int] = (),
     no_schedule_reason: str | None = None,
     logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
-    stale_threshold: float | None = None,
-    captured_prompts: Sequence[str] = (),
+    monitor_line: float | None = None,
+    captured_prompts: Sequence[CapturedPrompt] = (),
 ) -> ChecklistResult:
     """Run every measurement through `backend` and judge the gates.
 
@@ -404,10 +426,12 @@ def run_checklist(
     `no_schedule_reason`: why the drafter cannot be served with a per-batch-size schedule (its method's entry
     in UNSCHEDULED_METHODS); the result then records that reason and no schedule, whatever stress measured.
     `logger`: where the sweep and the verdict are logged (a Prefect run logger shows them in the UI).
-    `stale_threshold`: the serving monitor's stale line. The knee must clear it as well as the gate: a pair served at
-    a gamma whose acceptance sits under that line is called stale by the first weekly review, though a smaller gamma
-    would have held. The gates stay the profile's.
-    `captured_prompts`: held-out prompts of the served traffic a retrain learnt from; the knee's acceptance on them
+    `monitor_line`: the serving monitor's highest line (its warning line, above the stale one). The knee must clear
+    it as well as the gate: a pair served at a gamma whose acceptance sits under that line is flagged by the first
+    weekly review, though a smaller gamma would have held. The gates stay the profile's, but for the captured
+    traffic's, which the floor judges.
+    `captured_prompts`: held-out requests of the served traffic a retrain learnt from, each replayed at the output
+    length its client asked for (the profile's where the capture has none); the knee's acceptance on them
     is a gate of its own, at the profile's acceptance threshold, and a knee that fails it steps down as for the
     validation set's gates.
     Long: from the measurements to the result, each gate beside the figure it judges."""
@@ -427,8 +451,10 @@ def run_checklist(
             () if no_schedule_reason else tuple(batch_sizes),
         )
     measure = _measure_request_by_request if getattr(backend, "cheap_gamma_switch", False) else _measure_gamma_by_gamma
-    knee_floor = max(profile.min_acceptance, stale_threshold or 0.0)
-    captured_requests = [EvalRequest(prompt, CAPTURED_TASK, profile.max_tokens) for prompt in captured_prompts]
+    knee_floor = max(profile.min_acceptance, monitor_line or 0.0)
+    captured_requests = [
+        EvalRequest(prompt.text, CAPTURED_TASK, prompt.max_tokens or profile.max_tokens) for prompt in captured_prompts
+    ]
     work = _Workload(requests, long_requests, captured_requests, profile, seed, stress, knee_floor, logger)
     runs = measure(backend, work)
     at_knee = runs.at_knee
@@ -485,7 +511,7 @@ def run_checklist(
         Gate("drafter_memory_overhead", overhead, profile.max_memory_overhead, "<=", "drafter / target weight bytes"),
     )
     captured_summary = summarize_acceptance(captured) if captured else None
-    gates += _captured_gates(profile, captured, knee)
+    gates += _captured_gates(knee_floor, captured, knee)
     rows = [{**r.row(), "phase": "validation", "gamma": knee} for r in spec]
     rows += [{**r.row(), "phase": "captured", "gamma": knee} for r in captured]
     rows += [{**r.row(), "phase": "plain", "gamma": 0} for r in plain]
@@ -522,6 +548,7 @@ def run_checklist(
             engine_starts=getattr(backend, "starts", 0),
         ),
         rows=rows,
+        prediction=predict_serving(spec, captured, profile, knee, seed),
     )
     logger.info(
         "validation at gamma %d: acceptance %.3f (P5 %.3f, P50 %.3f), speedup %.2fx; failed gates: %s",

@@ -123,7 +123,7 @@ def test_flows_steer_the_serving_service_which_outlives_them_and_refuses_calls_w
         [scraped] = result["deployments"]
         assert scraped["requests_booked"] >= 4  # the router's capture file lies with the service: read through it
         prompts, where = captured_prompts("svc-llm")
-        assert "for i in range(10):" in prompts and where.startswith("svc: "), where
+        assert "for i in range(10):" in [p.text for p in prompts] and where.startswith("svc: "), where
         after = client.deployments()["svc"]
         assert after["backend"]["endpoint"] != upstream  # the service switched the router to a plain server
         assert _draft_tokens(_completion(served["endpoint"])) == 0

@@ -552,3 +552,53 @@ def test_last_sync_is_the_most_recent_change_whatever_the_order():
     assert last_sync([started_later, finished_late])["status"] == "running"
     finished_late.finished_at = t0 + 7 * HOUR
     assert last_sync([started_later, finished_late])["status"] == "succeeded"
+
+
+def test_serving_is_held_to_what_validation_predicted_in_the_report_the_email_and_status(replaced_pair_world, tmp_path):
+    """d2 was validated to serve 0.94-0.99 over its first 1,200 drafted tokens and served 0.92: the review finds that
+    validation over-predicted, and the e-mail and status say so. d1 carries no prediction (registered by hand): the
+    review says so and finds nothing. A window longer than the pair has served: no finding, and how many more."""
+    from draftsync.cli.status_query import current_status
+    from draftsync.flows.weekly_report import weekly_report
+    from draftsync.registry.tags import prediction_tags
+    from draftsync.tasks import context
+
+    w, now = replaced_pair_world, replaced_pair_world["now"]
+    prediction = {
+        "traffic": "the validation set",
+        "requests": 40,
+        "gamma": 4,
+        "temperature": 0.0,
+        "window_draft_tokens": 1200,
+        "level": 0.9,
+        "mean": [0.96, 0.94, 0.99],
+        "p50": [0.96, 0.9, 1.0],
+        "p5": [0.8, 0.7, 0.9],
+    }
+    registry = context.registry()
+    for key, value in prediction_tags(prediction).items():
+        registry.tag_version("status-llm-drafter", w["d2"], key, value)
+
+    report = weekly_report(now=now, send=False, act=False)
+    found = [f for f in report["findings"] if f["rule"] == "prediction"]
+    ((finding),) = [f for f in found if f["deployment"] == "assistant"]
+    assert (finding["severity"], finding["action"]) == ("warning", "none")
+    assert finding["message"] == (
+        f"drafter v{w['d2']}: validation over-predicted: served 0.92 over 1200 drafted, predicted 0.94-0.99"
+    )
+    notes = "\n".join(report["notes"])
+    assert f"t{w['v1']} + d{w['d1']}, held to its validation: no prediction" in notes
+    row = next(r for r in report["deployments"] if r["name"] == "assistant")
+    assert [p["verdict"] for p in row["predictions"]] == ["no prediction", "over-predicted"]
+    status = current_status(now)
+    assistant = next(d for t in status["targets"] for d in t["deployments"] if d["name"] == "assistant")
+    assert [f["rule"] for f in assistant["findings"]] == ["prediction"]
+    flat = " ".join(CliRunner().invoke(_cli(), ["status"], env=WIDE).output.split())
+    assert "warning prediction: drafter v" in flat and "validation over-predicted: served 0.92" in flat
+
+    registry.tag_version("status-llm-drafter", w["d2"], "draftsync.prediction.window_draft_tokens", "100000")
+    report = weekly_report(now=now, send=False, act=False)
+    assert not [f for f in report["findings"] if f["rule"] == "prediction" and f["deployment"] == "assistant"]
+    assert "too few drafted tokens to judge: 3000 of the 100000 its prediction (0.94-0.99) is for, 97000 more" in (
+        "\n".join(report["notes"])
+    )

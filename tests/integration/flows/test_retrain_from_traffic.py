@@ -26,8 +26,8 @@ def _capture(prompts: list[str]) -> None:
     from draftsync.tasks.serving import capture_config, configured_deployments
 
     capture = TrafficCapture(capture_config(configured_deployments()["chat"]), seed=0)
-    for prompt in prompts:
-        body = f'{{"model": "m", "prompt": {prompt!r}}}'.replace("'", '"').encode()
+    for index, prompt in enumerate(prompts):
+        body = f'{{"model": "m", "prompt": {prompt!r}, "max_tokens": {10 + index % 3}}}'.replace("'", '"').encode()
         capture.offer("/v1/completions", {"X-Draftsync-Domain": "prose"}, body, 200, b"{}")
     capture.flush()
     assert capture.stats()["captured"] == len(prompts), capture.stats()
@@ -68,15 +68,27 @@ def test_a_retrain_answers_the_captured_prompts(workdir, built_targets):
     declared = tasks["code"]["sequences"] + tasks["math"]["sequences"]
     assert abs(declared - (40 - held_out)) <= 2, tasks  # each task's count is rounded
     validation = retrain["validation"]
+    from draftsync.tasks import context
+
+    settings = context.settings()  # a retrain must clear the monitor's lines on its traffic, as the knee does
     gate = next(g for g in validation["gates"] if g["name"] == "captured_traffic_acceptance")
-    assert (
-        gate["value"] == validation["captured_acceptance"]["mean"]
-        and gate["threshold"] == small.validation.min_acceptance
+    assert gate["value"] == validation["captured_acceptance"]["mean"] and gate["threshold"] == max(
+        small.validation.min_acceptance, settings.stale_threshold, settings.mismatch_threshold
     )
     assert f"{held_out} held-out prompts" in gate["detail"]
     rows = list(__import__("csv").DictReader(open(f"{validation['reports_dir']}/requests.csv")))
     validated = [r for r in rows if r["phase"] == "captured"]
     assert len(validated) == held_out
+    # each held-out request replayed at the length its client asked for (10-12), not the profile's max_tokens
+    assert all(1 <= int(r["output_tokens"]) <= 12 for r in validated) and small.validation.max_tokens > 12
+    prediction = validation["prediction"]
+    assert (prediction["traffic"], prediction["requests"]) == ("held-out captured traffic", held_out)
+    assert prediction["mean"][1] <= validation["captured_acceptance"]["mean"] <= prediction["mean"][2]
+    from draftsync.registry.tags import PredictedAcceptance
+
+    tags = context.registry().version_tags("traffic-llm-drafter", retrain["drafter_version"])
+    predicted = PredictedAcceptance.from_tags(tags)
+    assert predicted is not None and predicted.window_draft_tokens == small.validation.prediction_window_draft_tokens
     # nothing validated on was trained on: the held-out prompts are in no training sequence
     from transformers import AutoTokenizer
 
@@ -138,5 +150,7 @@ def test_the_minimum_counts_distinct_prompts_not_requests(workdir, caplog):
     assert "5 distinct captured prompts, fewer than the 20 it needs" in caplog.text
     _capture(PROSE[5:25])
     trained, held = _retrain_prompts("traffic-llm", profile("test"))
-    assert len(set(trained)) == len(trained) and not set(trained) & set(held)
-    assert sorted(trained + held) == sorted(PROSE[:25])
+    held_texts = [p.text for p in held]
+    assert len(set(trained)) == len(trained) and not set(trained) & set(held_texts)
+    assert sorted(trained + held_texts) == sorted(PROSE[:25])
+    assert {p.max_tokens for p in held} <= {10, 11, 12}  # each replayed at the length its client asked for

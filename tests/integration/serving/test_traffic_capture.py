@@ -49,6 +49,41 @@ def test_a_sampled_request_keeps_its_prompt_domain_and_acceptance_but_not_its_re
     assert capture.stats()["captured"] == 2 and capture.stats()["seen"] == 2
 
 
+def test_each_request_keeps_the_length_its_client_asked_for_and_what_it_got(tmp_path):
+    """A retrain's validation replays held-out requests at the length served: the capture keeps max_tokens (or a
+    chat's max_completion_tokens) and the answer's completion tokens; a file written before these columns gets them."""
+    import sqlite3
+
+    path = tmp_path / "traffic" / "chat.db"
+    path.parent.mkdir(parents=True)
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE captured_requests (id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, deployment TEXT NOT "
+        "NULL, domain TEXT, path TEXT NOT NULL, prompt TEXT NOT NULL, response TEXT, draft_tokens INTEGER, "
+        "accepted_tokens INTEGER)"
+    )
+    old.execute(
+        "INSERT INTO captured_requests (at, deployment, path, prompt) VALUES (?, 'chat', '/v1/completions', ?)",
+        (time.time(), json.dumps("kept from before")),
+    )
+    old.commit()
+    old.close()
+    capture = _capture(tmp_path)
+    _offer(capture, "2 + 2 =", answer={**ANSWER, "usage": {"completion_tokens": 6}})
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 24}
+    _offer(capture, path="/v1/chat/completions", body=chat, answer={**ANSWER, "usage": "not a mapping"})
+    _offer(capture, body={"model": "m", "prompt": "no limit", "max_tokens": True})
+    capture.flush()
+    rows = captured_rows(path)
+    assert [(r["prompt"], r["max_tokens"], r["output_tokens"]) for r in rows] == [
+        ("kept from before", None, None),
+        ("2 + 2 =", 8, 6),
+        (chat["messages"], 24, None),
+        ("no limit", None, None),
+    ]
+    assert capture.stats()["captured"] == 3
+
+
 def test_responses_are_kept_only_when_asked_and_the_rate_samples(tmp_path):
     kept = _capture(tmp_path / "a", keep_responses=True)
     _offer(kept)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from draftsync.profiles import ValidationProfile
 from draftsync.serving.evaluation import EvalRequest, RequestResult
+from draftsync.serving.traffic_capture import CapturedPrompt
 from draftsync.validation.runner import run_checklist, validation_requests
 
 # gamma -> (acceptance per draft token, decode seconds per request): gamma 3 is the fastest but accepts 0.65.
@@ -87,7 +88,7 @@ def pair(tmp_path_factory) -> tuple[str, str]:
 
 
 def checklist(pair, stale_threshold):
-    return run_checklist(ScriptedBackend(), *pair, {"code": 1.0}, PROFILE, stale_threshold=stale_threshold)
+    return run_checklist(ScriptedBackend(), *pair, {"code": 1.0}, PROFILE, monitor_line=stale_threshold)
 
 
 def test_the_knee_is_the_fastest_gamma_that_clears_the_gate_without_a_stale_line(pair):
@@ -193,7 +194,7 @@ def test_a_knee_that_fails_on_the_held_out_captured_traffic_steps_down_and_both_
 ):
     backend = DriftedBackend()
     backend.cheap_gamma_switch = cheap_gamma_switch
-    traffic = [f"Write about the harbour number {i}." for i in range(5)]
+    traffic = [CapturedPrompt(f"Write about the harbour number {i}.") for i in range(5)]
     result = run_checklist(backend, *pair, {"code": 1.0}, PROFILE, captured_prompts=traffic)
     assert (result.gamma_fastest, result.gamma_knee) == (3, 2)
     assert result.gammas_rejected == [{"gamma": 3, "failed_gates": ["captured_traffic_acceptance"]}]
