@@ -83,3 +83,12 @@ _.created_ms
 _.sign_delivery
 _.batch_for_step
 _.hourly_rows
+
+# `draftsync status --json` fields (cli/status_query.py's DeploymentStatus), read by its users, and the tokenizer
+# attribute transformers' save_pretrained writes out (speculative/builtin/tokenizer.py).
+_.draft_tokens_7d
+_.pooled_acceptance_7d
+_.pooled_draft_tokens_7d
+_.replaced_pairs
+_.review_error
+_.chat_template
