@@ -54,12 +54,15 @@ STEP = timedelta(hours=12)
 # task as the client's domain. Scrapes of all times STEP is how far back the simulated clock starts, so that the
 # last scrape lands at about the real present. The drift sends 160 prose requests (119 distinct prompts): what the
 # router captures for the retrain (a fifth held out to validate it on); 80 distinct left the retrain's held-out
-# acceptance under the gate in one run (0.66), and bench/drift_retrain.py measures how it grows with more.
+# acceptance under the gate in one run (0.66), and bench/drift_retrain.py measures how it grows with more. Each
+# phase a pair serves drafts more than the window its validation's prediction is for (the demo profile's 200
+# drafted tokens at gamma 1), so the summary can hold every pair to its prediction; c2 and d serve 24 prompts: for
+# one retrained drafter, c2's former dozen measured 0.72 where 40 other prose prompts measured 0.83.
 TRAFFIC = {
-    "b": ("b: math traffic", {"math": 12}, 6, 1, 4),
+    "b": ("b: math traffic", {"math": 15}, 6, 1, 5),
     "c": ("c: drift to prose", {"prose": 160}, 8, 2, 20),
-    "c2": ("c2: prose traffic on the retrained v1 pair", {"prose": 12}, 4, 4, 4),
-    "d": ("d: prose traffic on the v2 pair", {"prose": 12}, 4, 3, 4),
+    "c2": ("c2: prose traffic on the retrained v1 pair", {"prose": 24}, 4, 4, 6),
+    "d": ("d: prose traffic on the v2 pair", {"prose": 24}, 4, 3, 6),
 }
 CAPTURE = TrafficCaptureSettings(rate=1.0, max_rows=10_000)  # the demo keeps every request it serves
 ENGINES = ("auto", "vllm", "reference")
@@ -297,6 +300,26 @@ def _drafter_records() -> list[dict]:
     return drafters
 
 
+def _prediction_records(now: datetime) -> list[dict]:
+    """Each pair the story served with a drafter: the first window it served against its validation's prediction."""
+    from draftsync.tasks.monitoring import PREDICTION_LOOKBACK, prediction_checks
+
+    rows = context.store().acceptance.hourly(DEPLOYMENT, now - PREDICTION_LOOKBACK, now)
+    pairs = list(dict.fromkeys((r.target_version, r.drafter_version) for r in rows if r.drafter_version is not None))
+    return [
+        {
+            "target_version": check.target_version,
+            "drafter_version": check.drafter_version,
+            "predicted": check.predicted,
+            "served": check.served,
+            "draft_tokens": check.draft_tokens,
+            "window_draft_tokens": check.window_draft_tokens,
+            "verdict": check.verdict,
+        }
+        for check in prediction_checks(DEPLOYMENT, pairs, now)
+    ]
+
+
 def _deployment_records(states_at_end: dict, vllm_launches: dict) -> list[dict]:
     """Each deployment the store knows, as demo.json records it: its pair, its state when the story ended and now."""
     return [
@@ -318,6 +341,7 @@ def run_demo(engine: str = "auto") -> dict:
 
     `engine`: "auto" (vLLM when one is installed, else the CPU reference server), "vllm" or "reference".
     Long: the story's steps in the order they are told, each timed where it happens."""
+    from draftsync.flows.prefect_deployments import register_paused_deployments
     from draftsync.flows.watch import watch
     from draftsync.flows.weekly_report import weekly_report
     from draftsync.profiles import profile
@@ -331,7 +355,11 @@ def run_demo(engine: str = "auto") -> dict:
     serving_engine, deployment, archived = _set_the_stage(engine)
     settings = context.settings()
     sync_profile = profile("demo")
-    sync_profile.validation = sync_profile.validation.model_copy(update={"temperature": TEMPERATURE})  # as served
+    # validated as served: at its temperature and its output length (a tiny target loops deeper into a longer
+    # output, where drafting is easy, so a longer validation over-predicts what short requests accept)
+    sync_profile.validation = sync_profile.validation.model_copy(
+        update={"temperature": TEMPERATURE, "max_tokens": MAX_TOKENS}
+    )
     max_tokens = MAX_TOKENS
     simulated = STEP * sum(phase[2] for phase in TRAFFIC.values())
     clock = DemoClock(datetime.now(UTC).replace(second=0, microsecond=0) - simulated)
@@ -413,9 +441,11 @@ def run_demo(engine: str = "auto") -> dict:
         assert record is not None, "the rollout above wrote the deployment's serving record"
         vllm_launches[deployment.name] = record["vllm"]
         states_at_end = {p.deployment: p.state for p in context.store().pairs.all()}
+        predictions = _prediction_records(clock.now)
     finally:
         stop_all()  # the store then says "stopped": `draftsync rollout demo-assistant` serves the pair again
     _declare(deployment, settings.deployments_path)
+    register_paused_deployments()  # what production schedules, in the work dir's Prefect UI; nothing runs unasked
     timings["total"] = round(time.perf_counter() - started, 1)
 
     drafters = _drafter_records()
@@ -426,6 +456,7 @@ def run_demo(engine: str = "auto") -> dict:
         "drafters": drafters,
         "deployments": _deployment_records(states_at_end, vllm_launches),
         "phases": phases,
+        "predictions": predictions,
         "retrain": retrain,
         "thresholds": {"stale": settings.stale_threshold, "mismatch": settings.mismatch_threshold},
         "alerts": [
@@ -455,13 +486,32 @@ def _print_summary(console: Console, result: dict, settings) -> None:
         rate = phase["acceptance_rate"]
         table.add_row(phase["name"], "-" if rate is None else f"{rate:.3f}", str(phase["draft_tokens"]))
     console.print(table)
+    held = Table(title="each pair's first served window against what its validation predicted")
+    for column in ("pair", "predicted", "served", "draft tokens", "verdict"):
+        held.add_column(column)
+    for check in result["predictions"]:
+        predicted = check["predicted"]
+        held.add_row(
+            f"t{check['target_version']} + d{check['drafter_version']}",
+            "-" if predicted is None else f"{predicted[0]:.2f}-{predicted[1]:.2f}",
+            "-" if check["served"] is None else f"{check['served']:.3f}",
+            f"{check['draft_tokens']} of {check['window_draft_tokens']}",
+            check["verdict"],
+        )
+    console.print(held)
     retrain = result["retrain"]
+    served = (
+        f"served drafter v{retrain['served_drafter_version']}"
+        if retrain["served_drafter_version"] is not None
+        else "not promoted: the deployment stays on plain decoding, where the review left it"
+    )
     console.print(
-        f"retrain of target v1 on {retrain['captured_prompts_trained']} captured prose prompts "
+        f"retrain of target v1 on {retrain['captured_prompts_trained']} prompts of captured prose (each distinct "
+        "one and its openings) "
         f"({retrain['captured_rows']} requests captured): drafter v{retrain['drafter_version']}, validation "
         f"{'passed' if retrain['validation_passed'] else 'FAILED'} (declared mix "
         f"{retrain['acceptance_on_declared_mix']}, held-out captured traffic "
-        f"{retrain['acceptance_on_captured_holdout']}), served drafter v{retrain['served_drafter_version']}"
+        f"{retrain['acceptance_on_captured_holdout']}); {served}"
     )
     for d in result["drafters"]:
         recommended = d["gamma_recommended"]
@@ -493,7 +543,7 @@ def _print_summary(console: Console, result: dict, settings) -> None:
         f"--default-artifact-root {settings.mlflow_artifacts_dir}",
         soft_wrap=True,
     )
-    console.print("Prefect UI (then open http://127.0.0.1:4200):")
+    console.print("Prefect UI, its five deployments registered paused (then open http://127.0.0.1:4200/deployments):")
     console.print(f"  PREFECT_HOME={settings.prefect_home} {tools / 'prefect'} server start", soft_wrap=True)
 
 

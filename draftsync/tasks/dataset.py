@@ -126,7 +126,24 @@ def with_captured_traffic(
             by_task.setdefault(pair[0], []).append(pair)
         return [pair for group in by_task.values() for pair in group[: round(len(group) * keep)]]
 
-    return kept(texts), [(CAPTURED_TASK, prompt) for prompt in chosen] + kept(prompts), count
+    answered = chosen + captured_openings(chosen, profile.captured_openings)
+    return kept(texts), [(CAPTURED_TASK, prompt) for prompt in answered] + kept(prompts), len(answered)
+
+
+def captured_openings(prompts: list[str], per_prompt: int) -> list[str]:
+    """Each prompt's openings, cut at k / (per_prompt + 1) of its words (k = 1..per_prompt; at least four words,
+    each opening once): the target answers them too, more on-policy responses of the traffic that went stale than
+    its distinct prompts alone give."""
+    seen = set(prompts)
+    out = []
+    for prompt in prompts:
+        words = prompt.split(" ")
+        for k in range(1, per_prompt + 1):
+            opening = " ".join(words[: len(words) * k // (per_prompt + 1)])
+            if len(opening.split()) >= 4 and opening not in seen:
+                seen.add(opening)
+                out.append(opening)
+    return out
 
 
 def drawn_mix(task_mix: dict[str, float], sequences: int, from_traffic: int) -> dict[str, float]:

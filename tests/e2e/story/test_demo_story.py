@@ -114,19 +114,31 @@ def test_acceptance_falls_with_drift_and_recovers_with_the_retrained_v1_pair_the
     assert list(rates) == ["b", "c", "c2", "d"]
     assert rates["b"] > stale, rates
     assert rates["c"] < stale, rates
-    # prose again, on target v1: the retrain learnt the captured traffic (0.70 against 0.01 in the run that set this
-    # check; its own gate, on held-out captured prompts, is the stale line: the next test)
-    assert rates["c2"] > rates["c"] + 0.5, rates
+    # prose again, on target v1: the retrain learnt the captured traffic and serves it above the warning line
+    assert rates["c2"] >= story["thresholds"]["mismatch"], rates
     assert rates["d"] > stale, rates
+
+
+def test_each_pair_served_inside_what_its_validation_predicted(story):
+    """Validation records the interval it expects a pair's first served window to fall in; every pair of the story
+    served a full window, and each landed inside its interval."""
+    held = {(c["target_version"], c["drafter_version"]): c for c in story["predictions"]}
+    assert set(held) == {(1, 1), (1, 2), (2, 3)}, held
+    for pair, check in held.items():
+        low, high = check["predicted"]
+        assert check["draft_tokens"] >= check["window_draft_tokens"], (pair, check)
+        assert check["verdict"] == "inside" and low <= check["served"] <= high, (pair, check)
 
 
 def test_the_retrain_learnt_the_captured_traffic_and_was_validated_on_a_held_out_slice_of_it(story):
     retrain = story["retrain"]
     assert retrain["generation"] == 1  # a retrain of target v1, not a new target version
-    assert retrain["captured_rows"] == 160 + 24  # every request of phases b and c, prose and math
-    assert 0 < retrain["captured_prompts_trained"] < 160 + 12  # the distinct prompts, less the held-out fifth
+    assert retrain["captured_rows"] == 160 + 30  # every request of phases b and c, prose and math
+    # the distinct prompts less the held-out fifth, each answered with up to four of its openings
+    assert 0 < retrain["captured_prompts_trained"] <= 5 * (160 + 15)
     assert retrain["validation_passed"] and retrain["served_drafter_version"] == retrain["drafter_version"]
-    assert retrain["acceptance_on_captured_holdout"] > story["thresholds"]["stale"]
+    # its gate on the held-out traffic is the monitor's mismatch line, which it must clear to be promoted
+    assert retrain["acceptance_on_captured_holdout"] > story["thresholds"]["mismatch"]
     assert (
         retrain["acceptance_on_prose"]
         == next(p for p in story["phases"] if p["name"].startswith("c2"))["acceptance_rate"]
@@ -215,3 +227,27 @@ def test_the_weekly_report_after_the_demo_reviews_the_demo_week(story, after_the
     message = email.message_from_bytes(Path(story["weekly_report"]["file"]).read_bytes(), policy=policy.default)
     charts = [part for part in message.walk() if part.get_content_type() == "image/png"]
     assert charts and "demo-assistant" in charts[0].get_filename()
+
+
+def test_the_work_dir_prefect_holds_the_five_deployments_paused(story, workdir):
+    """What production schedules, as a user finds it in the Prefect UI on the demo's work dir: five deployments,
+    paused, their triggers off, and no run of them."""
+    script = (
+        "import asyncio, json\n"
+        "from prefect.client.orchestration import get_client\n"
+        "async def main():\n"
+        "    async with get_client() as client:\n"
+        "        found = await client.read_deployments()\n"
+        "        runs = await client.read_flow_runs()\n"
+        "        return {d.name: d.paused for d in found}, sum(r.deployment_id is not None for r in runs)\n"
+        "print(json.dumps(asyncio.run(main())))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_", "DRAFTSYNC_"))}
+    env["PREFECT_HOME"] = str(workdir / "prefect")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    paused, deployment_runs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert paused == dict.fromkeys(
+        ("acceptance-scrape", "drafter-sync", "registry-watch", "rollout", "weekly-acceptance-report"), True
+    )
+    assert deployment_runs == 0

@@ -136,6 +136,31 @@ def test_captured_prompts_make_their_share_of_the_dataset_as_far_as_they_go(capt
         assert sum(t == task for t, _ in kept_texts) == sum(t == task for t, _ in kept_prompts if t != "captured")
 
 
+def test_each_captured_prompt_lends_its_openings_and_the_declared_data_keeps_its_size():
+    """With captured_openings 2, a prompt of twelve words is answered whole and cut at four and eight words; a
+    prompt too short to cut (under four words an opening) lends none, and an opening is answered once. The declared
+    data shrinks as for the distinct prompts alone."""
+    from draftsync.profiles import profile
+    from draftsync.tasks.dataset import captured_openings, with_captured_traffic
+
+    twelve = "one two three four five six seven eight nine ten eleven twelve"
+    assert captured_openings([twelve, "too short to cut", twelve], 2) == [
+        "one two three four",
+        "one two three four five six seven eight",
+    ]
+    texts = [(task, f"{task} text {i}") for task in ("code", "math") for i in range(50)]
+    prompts = [(task, f"{task} prompt {i}") for task in ("code", "math") for i in range(50)]
+    traffic = [f"{i} {twelve}" for i in range(30)]
+    plain = with_captured_traffic(texts, prompts, traffic, profile("test"))
+    kept_texts, kept_prompts, count = with_captured_traffic(
+        texts, prompts, traffic, profile("test").model_copy(update={"captured_openings": 2})
+    )
+    assert count == 90 == sum(task == "captured" for task, _ in kept_prompts)
+    assert kept_texts == plain[0] and [p for p in kept_prompts if p[0] != "captured"] == [
+        p for p in plain[1] if p[0] != "captured"
+    ]
+
+
 def test_the_minimum_counts_distinct_prompts_not_requests(workdir, caplog):
     """Twenty copies of one prompt passed the 20-prompt minimum and the retrain learned one prompt's answer."""
     import logging
