@@ -38,7 +38,10 @@ class PredictionCheck:
     def text(self) -> str:
         served = "-" if self.served is None else f"{self.served:.2f}"
         if self.predicted is None:
-            return f"no prediction (drafter v{self.drafter_version} has no validation record of one): served {served}"
+            return (
+                f"no prediction (drafter v{self.drafter_version} carries none: registered by hand, validated before "
+                f"predictions, or gone from the registry): served {served}"
+            )
         low, high = self.predicted
         if self.verdict == "too few drafted tokens":
             return (

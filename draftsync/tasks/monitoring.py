@@ -152,6 +152,7 @@ def review_deployment(deployment: str, now: datetime) -> DeploymentReview:
 def prediction_checks(deployment: str, pairs: list[tuple[int, int]], now: datetime) -> list[PredictionCheck]:
     """Each (target version, drafter version) of `pairs` that `deployment` served: its first served window within
     PREDICTION_LOOKBACK against the prediction its drafter version's validation recorded."""
+    from draftsync.errors import DraftsyncError
     from draftsync.monitors.predictions import check_prediction
     from draftsync.registry.model_registry import drafter_model_name
     from draftsync.registry.tags import PredictedAcceptance
@@ -163,9 +164,11 @@ def prediction_checks(deployment: str, pairs: list[tuple[int, int]], now: dateti
     rows = store.acceptance.hourly(deployment, now - PREDICTION_LOOKBACK, now)
     checks = []
     for target_version, drafter_version in pairs:
-        predicted = PredictedAcceptance.from_tags(
-            registry.version_tags(drafter_model_name(pair.target_name), drafter_version)
-        )
+        try:
+            tags = registry.version_tags(drafter_model_name(pair.target_name), drafter_version)
+        except DraftsyncError:  # a version the registry no longer holds predicts nothing; the review goes on
+            tags = {}
+        predicted = PredictedAcceptance.from_tags(tags)
         checks.append(
             check_prediction(
                 rows,
