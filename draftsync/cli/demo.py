@@ -16,6 +16,7 @@ import shutil
 import sys
 import threading
 import time
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated
@@ -306,18 +307,7 @@ def _prediction_records(now: datetime) -> list[dict]:
 
     rows = context.store().acceptance.hourly(DEPLOYMENT, now - PREDICTION_LOOKBACK, now)
     pairs = list(dict.fromkeys((r.target_version, r.drafter_version) for r in rows if r.drafter_version is not None))
-    return [
-        {
-            "target_version": check.target_version,
-            "drafter_version": check.drafter_version,
-            "predicted": check.predicted,
-            "served": check.served,
-            "draft_tokens": check.draft_tokens,
-            "window_draft_tokens": check.window_draft_tokens,
-            "verdict": check.verdict,
-        }
-        for check in prediction_checks(DEPLOYMENT, pairs, now)
-    ]
+    return [asdict(check) for check in prediction_checks(DEPLOYMENT, pairs, now)]
 
 
 def _deployment_records(states_at_end: dict, vllm_launches: dict) -> list[dict]:

@@ -33,7 +33,7 @@ class DeploymentReview:
     judged: tuple[int, int | None] | None  # the (target version, drafter version) judged
     week_over_week: float | None  # the change in acceptance from the week before
     baseline: Baseline | None  # the drafter's first week, once that week is over
-    replaced: list[dict]  # the week's other pairs, each with its own acceptance and its prediction check
+    replaced: list[dict]  # the week's other pairs, each with its own acceptance
     predictions: list[PredictionCheck]  # each drafted pair of the week (replaced ones first) against its prediction
 
 
@@ -138,9 +138,6 @@ def review_deployment(deployment: str, now: datetime) -> DeploymentReview:
         pairs.append(judged)
     predictions = prediction_checks(deployment, pairs, now)
     findings += [f for check in predictions if (f := check.finding(deployment)) is not None]
-    by_pair = {(c.target_version, c.drafter_version): c.text() for c in predictions}
-    for entry in replaced:
-        entry["prediction"] = by_pair.get((entry["target_version"], entry["drafter_version"]))
     change = (
         summary.acceptance_rate - previous.acceptance_rate
         if summary.acceptance_rate is not None and previous.acceptance_rate is not None
