@@ -42,7 +42,7 @@ from typing import get_args
 
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import DraftSampling
-from draftsync.speculative.methods import METHODS, NGRAM, VLLM_METHODS, needs_no_checkpoint
+from draftsync.speculative.methods import MEDUSA, METHODS, NGRAM, VLLM_METHODS, needs_no_checkpoint
 from draftsync.speculative.placement import visible_devices
 
 # vLLM's default n-gram window when neither end is given (SpeculativeConfig.__post_init__).
@@ -367,7 +367,7 @@ def _speculative_config(speculation: SpeculationSpec, tensor_parallel_size: int)
         if tensor_parallel_size > 1:
             config["draft_tensor_parallel_size"] = tensor_parallel_size
     if descriptor.fixed_heads:
-        _check_medusa(drafter_dir, gamma, schedule)
+        _check_fixed_gamma(method, drafter_dir, gamma, schedule)
     if schedule:
         config["num_speculative_tokens_per_batch_size"] = check_schedule(schedule, gamma)
     sampling = speculation.draft_sample_method
@@ -381,14 +381,16 @@ def _speculative_config(speculation: SpeculationSpec, tensor_parallel_size: int)
     return config
 
 
-def _check_medusa(drafter_dir: Path | str | None, gamma: int, schedule: Sequence[Sequence[int]] | None) -> None:
-    """vLLM's Medusa rules: no schedule; when the drafter's config.json is at hand, heads over the whole
-    vocabulary and gamma up to their number."""
+def _check_fixed_gamma(
+    method: str, drafter_dir: Path | str | None, gamma: int, schedule: Sequence[Sequence[int]] | None
+) -> None:
+    """vLLM's rules for drafters of one gamma (Medusa's heads, a DFlash block): no schedule; when the drafter's
+    config.json is at hand, gamma within its bound, and Medusa heads over the whole vocabulary."""
     if schedule:
         raise DraftsyncError(
-            f"a per-batch-size speculation schedule was given for a Medusa drafter ({drafter_dir})",
-            "serve Medusa with one gamma (no schedule): vLLM's Medusa drafts num_speculative_tokens tokens at "
-            "every step; use an EAGLE drafter for a schedule",
+            f"a per-batch-size speculation schedule was given for a {method} drafter ({drafter_dir})",
+            f"serve {method} with one gamma (no schedule): vLLM drafts num_speculative_tokens tokens at every step "
+            "with it; use an EAGLE drafter for a schedule",
         )
     config_file = Path(str(drafter_dir)) / "config.json"
     if not config_file.is_file():
@@ -397,18 +399,19 @@ def _check_medusa(drafter_dir: Path | str | None, gamma: int, schedule: Sequence
 
     path, config = read_json(config_file.parent)
     vocab, truncated = config.get("vocab_size"), config.get("truncated_vocab_size")
-    if isinstance(vocab, int) and isinstance(truncated, int) and truncated < vocab:
+    if method == MEDUSA.name and isinstance(vocab, int) and isinstance(truncated, int) and truncated < vocab:
         raise DraftsyncError(
             f"the Medusa drafter in {path.parent} has heads over {truncated} of the {vocab} tokens "
             "(truncated_vocab_size), which vLLM cannot load: each head's lm_head must span the vocabulary",
             "re-train it with a new sync, which saves heads over the whole vocabulary",
         )
-    heads = config.get("num_heads")
-    if isinstance(heads, int) and gamma > heads:
+    field = METHODS[method].gamma_limit_field
+    limit = config.get(field) if field else None
+    if isinstance(limit, int) and gamma > limit:
         raise DraftsyncError(
-            f"gamma {gamma} asks for more tokens than the {heads} heads of the Medusa drafter in {path.parent}",
-            f"use gamma <= {heads} (one token per head: vLLM fails to start with heads the checkpoint lacks), or "
-            "train a drafter with more heads",
+            f"gamma {gamma} asks for more tokens than the {method} drafter in {path.parent} drafts ({field} {limit})",
+            f"use gamma <= {limit} (vLLM fails to start, or drafts positions the drafter was never trained for), "
+            "or train a drafter that drafts more",
         )
 
 

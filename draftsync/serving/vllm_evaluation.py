@@ -78,23 +78,24 @@ def resolve_method(drafter_dir: str | Path | None, method: str | None) -> str | 
 
 
 def proposable_tokens(method: str | None, drafter_dir: str | Path | None) -> int:
-    """The most draft tokens a drafter proposes per step: a Medusa drafter's heads (vLLM fails to start when
-    asked for more), chained drafters and ngram MAX_CHAIN_GAMMA, none without speculation."""
+    """The most draft tokens a drafter proposes per step: what its config.json bounds gamma by (a Medusa drafter's
+    heads, a DFlash drafter's block), else MAX_CHAIN_GAMMA (chained drafters and ngram); none without speculation."""
     if method is None:
         return 0
-    if not METHODS[method].fixed_heads:
+    field = METHODS[method].gamma_limit_field
+    if field is None:
         return MAX_CHAIN_GAMMA
     from draftsync.speculative.methods.checkpoint_files import read_json
 
-    assert drafter_dir is not None, "a drafter with fixed heads is served from its directory"
+    assert drafter_dir is not None, f"a {method} drafter is served from its directory"
     path, config = read_json(drafter_dir)
-    heads = config.get("num_heads")
-    if not isinstance(heads, int) or heads < 1:
+    limit = config.get(field)
+    if not isinstance(limit, int) or limit < 1:
         raise DraftsyncError(
-            f"{path} gives no number of heads (num_heads={heads!r}) for its Medusa drafter",
-            "re-save the drafter with save_drafter, which writes num_heads",
+            f"{path} does not bound its {method} drafter's gamma ({field}={limit!r})",
+            f"re-save the drafter with save_drafter, which writes {field}",
         )
-    return heads
+    return limit
 
 
 def accepted_per_position(histogram: Sequence[int], gamma: int) -> list[int]:

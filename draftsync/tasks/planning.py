@@ -19,7 +19,7 @@ from draftsync.planning.workload import FRAMEWORK_TASK, NO_DRAFTER
 from draftsync.profiles import SyncProfile
 from draftsync.registry.tags import TargetVersion, recommended_tags
 from draftsync.settings import GPU_COUNTS
-from draftsync.speculative.methods import METHODS, TRAINED_METHODS
+from draftsync.speculative.methods import MEDUSA_FAMILY, METHODS, TRAINED_METHODS
 from draftsync.tasks import context
 from draftsync.tasks.serving import configured_deployments
 
@@ -96,7 +96,7 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
             "gamma": start,
             "validation": profile.validation.model_copy(update={"gamma_range": (low, high)}),
         }
-        if METHODS[recommended].fixed_heads:
+        if METHODS[recommended].family == MEDUSA_FAMILY:
             update["medusa_heads"] = max(profile.medusa_heads, start)  # one head per drafted token
         elif METHODS[recommended].chains and profile.ttt_steps < start:
             # a chained drafter learns as many positions ahead as it will draft

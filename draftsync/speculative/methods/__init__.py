@@ -17,6 +17,7 @@ from draftsync.errors import DraftsyncError
 EAGLE3_FAMILY = "eagle3"
 EAGLE_FAMILY = "eagle"
 MEDUSA_FAMILY = "medusa"
+DFLASH_FAMILY = "dflash"
 DRAFT_MODEL_FAMILY = "draft_model"
 NGRAM_FAMILY = "ngram"
 
@@ -32,7 +33,9 @@ class DrafterMethod:
     is false for ngram, which drafts from the prompt; `speculators_type` is the speculators library's name
     for its checkpoint format and trainer (None outside the speculators format); `reads_aux_states` means
     its dataset stores the target's auxiliary hidden states; `full_vocabulary` means it predicts through
-    the target's lm_head, so it takes no reduced draft vocabulary.
+    the target's lm_head, so it takes no reduced draft vocabulary; `drafts_block` means one forward pass drafts
+    the whole proposal, up to the block its checkpoint was trained for; `gamma_limit_field` names the field of its
+    config.json that bounds gamma (vLLM fails or drafts untrained positions past it), None where gamma is free.
     """
 
     name: str
@@ -45,6 +48,8 @@ class DrafterMethod:
     speculators_type: str | None = None
     reads_aux_states: bool = False
     full_vocabulary: bool = False
+    drafts_block: bool = False
+    gamma_limit_field: str | None = None
 
     def __str__(self) -> str:
         return self.name
@@ -58,11 +63,21 @@ EAGLE3_1 = DrafterMethod(
     "eagle3.1", EAGLE3_FAMILY, vllm_method="eagle3", chains=True, speculators_type="eagle3", reads_aux_states=True
 )
 EAGLE = DrafterMethod("eagle", EAGLE_FAMILY, vllm_method="eagle", chains=True, full_vocabulary=True)
-MEDUSA = DrafterMethod("medusa", MEDUSA_FAMILY, vllm_method="medusa", fixed_heads=True)
+MEDUSA = DrafterMethod("medusa", MEDUSA_FAMILY, vllm_method="medusa", fixed_heads=True, gamma_limit_field="num_heads")
+DFLASH = DrafterMethod(
+    "dflash",
+    DFLASH_FAMILY,
+    vllm_method="dflash",
+    fixed_heads=True,
+    reads_aux_states=True,
+    full_vocabulary=True,
+    drafts_block=True,
+    gamma_limit_field="max_draft_tokens",
+)
 DRAFT_MODEL = DrafterMethod("draft_model", DRAFT_MODEL_FAMILY, vllm_method="draft_model", trained=False)
 NGRAM = DrafterMethod("ngram", NGRAM_FAMILY, vllm_method="ngram", trained=False, needs_checkpoint=False)
 
-_ALL = (EAGLE3, EAGLE3_1, EAGLE, MEDUSA, DRAFT_MODEL, NGRAM)
+_ALL = (EAGLE3, EAGLE3_1, EAGLE, MEDUSA, DFLASH, DRAFT_MODEL, NGRAM)
 METHODS: dict[str, DrafterMethod] = {method.name: method for method in _ALL}
 # What a sync trains and the registry accepts, in the order users see them.
 TRAINED_METHODS: tuple[str, ...] = tuple(method.name for method in _ALL if method.trained)

@@ -12,6 +12,7 @@ Methods and their checkpoint formats:
 - the EAGLE-3 family (EAGLE-3, and EAGLE 3.1 with fc_norm and norm_output): the speculators format vLLM detects;
 - EAGLE-1: the one-layer Llama layout vLLM's EAGLE method loads (eagle1/checkpoint.py);
 - Medusa: the layout vLLM's Medusa method loads (medusa/checkpoint.py), plus draftsync's own keys;
+- DFlash: the layout vLLM's DFlashDraftModel loads (dflash/checkpoint.py), plus draftsync's own keys;
 - the draft model (the benchmarks' independent small LM): a plain HF checkpoint. It is a baseline, not a
   sync method, so `new_drafter` does not build it (the trainer sizes it);
 - n-gram lookup: no model and no checkpoint, a proposer only.
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.methods import (
     CHECKPOINT_METHODS,
+    DFLASH,
     DRAFT_MODEL,
     EAGLE,
     EAGLE3,
@@ -135,6 +137,31 @@ def _medusa() -> MethodCode:
     )
 
 
+def _dflash() -> MethodCode:
+    from draftsync.speculative.methods.dflash.checkpoint import load_dflash, save_dflash
+    from draftsync.speculative.methods.dflash.model import new_dflash
+    from draftsync.speculative.methods.dflash.proposer import BlockProposer
+
+    def build(target_config, draft_vocab_size, aux_layer_ids, **options):
+        if draft_vocab_size is not None and draft_vocab_size != target_config.vocab_size:
+            raise DraftsyncError(
+                f"a draft vocabulary of {draft_vocab_size} tokens was asked of a DFlash drafter",
+                "leave draft_vocab_size unset: a DFlash drafter predicts through the target's own lm_head",
+            )
+        return new_dflash(target_config, aux_layer_ids, **options)
+
+    return MethodCode(
+        options=("block_size", "mask_token_id", "num_hidden_layers", "anchors"),
+        build=build,
+        build_to_train=lambda target_config, draft_vocab_size, aux_layer_ids, medusa_heads, parameters: build(
+            target_config, draft_vocab_size, aux_layer_ids
+        ),
+        save=save_dflash,
+        load=load_dflash,
+        propose=BlockProposer,
+    )
+
+
 def _draft_model() -> MethodCode:
     from draftsync.speculative.methods.draft_model.checkpoint import load_draft_model, save_draft_model
     from draftsync.speculative.methods.draft_model.model import DraftModelDrafter
@@ -163,6 +190,7 @@ _CODE: dict[str, Callable[[], MethodCode]] = {
     EAGLE3_1.name: _eagle3_1,
     EAGLE.name: _eagle1,
     MEDUSA.name: _medusa,
+    DFLASH.name: _dflash,
     DRAFT_MODEL.name: _draft_model,
     NGRAM.name: _ngram,
 }
@@ -212,7 +240,8 @@ def new_drafter(
         raise DraftsyncError(
             f"aux layer ids {list(aux_layer_ids)} were given for a {method} drafter, which reads "
             "the target's final hidden state only",
-            f"leave aux_layer_ids unset for method {method!r} (they apply to {EAGLE3} and {EAGLE3_1})",
+            f"leave aux_layer_ids unset for method {method!r} (they apply to "
+            f"{', '.join(name for name, m in METHODS.items() if m.reads_aux_states)})",
         )
     assert code.build is not None, "every trained method is built by new_drafter"
     return code.build(target_config, draft_vocab_size, aux_layer_ids, **options)
@@ -269,7 +298,7 @@ def drafter_method(directory: str | Path) -> str:
     if config.get("speculators_model_type") == EAGLE3.speculators_type:
         return eagle3_variant(bool(config.get("fc_norm")), bool(config.get("norm_output")))
     kind = config.get("draftsync_drafter")
-    if kind in (EAGLE.name, MEDUSA.name, DRAFT_MODEL.name):
+    if kind in CHECKPOINT_METHODS and kind != EAGLE3.name:  # the EAGLE-3 family says so in its speculators type
         return kind
     found = {key: config.get(key) for key in ("speculators_model_type", "draftsync_drafter", "model_type")}
     raise DraftsyncError(

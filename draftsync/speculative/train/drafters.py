@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from draftsync.speculative.methods import is_eagle3_family
+from draftsync.speculative.methods import METHODS
 
 if TYPE_CHECKING:
     from draftsync.speculative.data.shard_reader import ShardDataset
@@ -27,7 +27,7 @@ def new_drafter_for(target_model: Any, dataset: ShardDataset, config: TrainConfi
     vocab_size = target_config.vocab_size
     draft_vocab_size = config.draft_vocab_size or vocab_size
     aux = None
-    if is_eagle3_family(config.method):  # the methods that read aux states: the training's ids, else the dataset's
+    if METHODS[config.method].reads_aux_states:  # the training's ids, else the dataset's
         aux = config.aux_layer_ids if config.aux_layer_ids is not None else dataset.aux_layer_ids
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)

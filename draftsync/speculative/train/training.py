@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.machine import trains_in_bf16
-from draftsync.speculative.methods import is_eagle3_family
+from draftsync.speculative.methods import METHODS
 from draftsync.speculative.train.batches import draft_columns, micro_batches, to_device, with_target_logits
 from draftsync.speculative.train.checkpoints import CHECKPOINT_FILE, dataset_identity, load_checkpoint, save_checkpoint
 from draftsync.speculative.train.config import TrainConfig
@@ -123,7 +123,7 @@ def _check_dataset(dataset: ShardDataset, target_model: Any, config: TrainConfig
             f"dataset {dataset.path} was built from another target ({built_for['name_or_path'] or 'unnamed'})",
             "rebuild the dataset from this target version: its hidden states are what the drafter learns",
         )
-    if is_eagle3_family(config.method):
+    if METHODS[config.method].reads_aux_states:
         wanted = tuple(config.aux_layer_ids) if config.aux_layer_ids is not None else dataset.aux_layer_ids
         if not dataset.has_aux or tuple(dataset.aux_layer_ids) != wanted:
             raise DraftsyncError(

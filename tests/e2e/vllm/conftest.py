@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-FAMILIES = ("eagle3", "eagle3.1", "eagle", "medusa")
+FAMILIES = ("eagle3", "eagle3.1", "eagle", "medusa", "dflash")
 MAX_GAMMA = 3  # the largest gamma these tests serve; Medusa drafters get this many heads
 
 
@@ -63,6 +63,7 @@ class FamilyDrafters(Mapping[str, Path]):
 
     def _train(self, method: str) -> Path:
         import torch
+        from draftsync.speculative.methods import METHODS
         from draftsync.speculative.methods.registry import save_drafter
         from draftsync.speculative.train.config import TrainConfig
         from draftsync.speculative.train.training import fit_drafter
@@ -76,7 +77,7 @@ class FamilyDrafters(Mapping[str, Path]):
             seq_len=96,
             lr=5e-3,
             medusa_heads=MAX_GAMMA,
-            draft_vocab_size=None if method == "eagle" else 512,
+            draft_vocab_size=None if METHODS[method].full_vocabulary else 512,
         )
         drafter, _ = fit_drafter(model, dataset, config)
         return save_drafter(

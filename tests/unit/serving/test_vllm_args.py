@@ -314,9 +314,27 @@ def test_medusa_serves_up_to_its_heads(tmp_path, gamma):
 
 def test_medusa_gamma_above_its_heads_is_refused(tmp_path):
     directory = medusa_dir(tmp_path, 3)
-    with pytest.raises(DraftsyncError, match="gamma 4 asks for more tokens than the 3 heads") as raised:
+    with pytest.raises(
+        DraftsyncError, match=r"gamma 4 asks for more tokens than the medusa .* \(num_heads 3\)"
+    ) as raised:
         render(directory, "medusa", 4)
     assert "gamma <= 3" in raised.value.fix and str(directory) in raised.value.what
+
+
+def test_a_dflash_block_serves_up_to_its_draft_tokens_with_no_schedule(tmp_path):
+    directory = tmp_path / "dflash"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"draftsync_drafter": "dflash", "max_draft_tokens": 5}))
+    assert render(directory, "dflash", 5).speculative_config == {
+        "method": "dflash",
+        "model": str(directory),
+        "num_speculative_tokens": 5,
+    }
+    with pytest.raises(DraftsyncError, match=r"gamma 6 .* dflash drafter .* \(max_draft_tokens 5\)") as raised:
+        render(directory, "dflash", 6)
+    assert "gamma <= 5" in raised.value.fix
+    with pytest.raises(DraftsyncError, match="schedule was given for a dflash drafter"):
+        render(directory, "dflash", 3, schedule=[(1, 8, 3), (9, 64, 1)])
 
 
 def test_medusa_heads_over_part_of_the_vocabulary_are_refused(tmp_path):
@@ -326,7 +344,7 @@ def test_medusa_heads_over_part_of_the_vocabulary_are_refused(tmp_path):
 
 
 def test_medusa_takes_no_schedule(tmp_path):
-    with pytest.raises(DraftsyncError, match="schedule was given for a Medusa drafter") as raised:
+    with pytest.raises(DraftsyncError, match="schedule was given for a medusa drafter") as raised:
         render(medusa_dir(tmp_path, 3), "medusa", 3, schedule=[(1, 8, 3), (9, 64, 1)])
     assert "no schedule" in raised.value.fix
     assert (

@@ -11,6 +11,7 @@ from draftsync.errors import DraftsyncError
 from draftsync.speculative.data.draft_vocab import build_draft_vocab
 from draftsync.speculative.data.hidden_states import capture
 from draftsync.speculative.data.training_batch import TrainingBatch
+from draftsync.speculative.methods import METHODS as PROPERTIES
 from draftsync.speculative.methods import TRAINED_METHODS as METHODS
 from draftsync.speculative.methods.eagle3.model import DrafterKVCache, Eagle3Config, Eagle3Drafter
 from draftsync.speculative.methods.registry import (
@@ -140,12 +141,18 @@ def test_eagle3_training_loss_names_bad_batches(target, chain_batch):
 
 
 # ---- the factory -----------------------------------------------------------------------------------
-KINDS = {"eagle3": "Eagle3Drafter", "eagle3.1": "Eagle3Drafter", "eagle": "EagleDrafter", "medusa": "MedusaDrafter"}
-STATES = {"eagle3": "aux", "eagle3.1": "aux", "eagle": "final", "medusa": "final"}
+KINDS = {
+    "eagle3": "Eagle3Drafter",
+    "eagle3.1": "Eagle3Drafter",
+    "eagle": "EagleDrafter",
+    "medusa": "MedusaDrafter",
+    "dflash": "DFlashDrafter",
+}
+STATES = {"eagle3": "aux", "eagle3.1": "aux", "eagle": "final", "medusa": "final", "dflash": "aux"}
 
 
-def test_methods_are_the_four_trained_heads():
-    assert METHODS == ("eagle3", "eagle3.1", "eagle", "medusa")
+def test_methods_are_the_five_trained_drafters():
+    assert METHODS == ("eagle3", "eagle3.1", "eagle", "medusa", "dflash")
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -171,7 +178,7 @@ def test_new_drafter_names_what_does_not_fit(random_target):
     config = random_target.config
     with pytest.raises(DraftsyncError, match="'eagle4' is unknown") as error:
         new_drafter("eagle4", config)
-    assert "eagle3, eagle3.1, eagle, medusa" in error.value.fix
+    assert "eagle3, eagle3.1, eagle, medusa, dflash" in error.value.fix
     with pytest.raises(DraftsyncError, match="num_heads is not an option of eagle3"):
         new_drafter("eagle3", config, num_heads=3)
     with pytest.raises(DraftsyncError, match="draft vocabulary of 100"):
@@ -185,7 +192,7 @@ def test_new_drafter_names_what_does_not_fit(random_target):
 def _prepared(method, target):
     """A drafter of `method` for `target`, initialised from it, with a draft vocabulary where one applies."""
     torch.manual_seed(1)
-    draft_vocab_size = None if method == "eagle" else 200
+    draft_vocab_size = None if PROPERTIES[method].full_vocabulary else 200
     drafter = new_drafter(method, target.config, draft_vocab_size)
     if draft_vocab_size:
         drafter.set_draft_vocab(*build_draft_vocab(torch.arange(VOCAB, 0, -1), draft_vocab_size))
@@ -209,6 +216,8 @@ def _drafts(drafter, target, ids):
     with torch.no_grad():
         if drafter.method == "medusa":
             return [drafter.heads(inputs)]
+        if drafter.method == "dflash":
+            return [drafter.draft(inputs[0, :-1], drafter.new_context(), int(ids[0, -1]), 3)]
         return drafter.unroll(ids[:, 1:], inputs[:, :-1], 2)
 
 
@@ -280,7 +289,14 @@ def test_parameter_counts_leave_out_the_targets_copies(random_target):
         count = parameter_count(drafter)
         assert count.total == sum(p.numel() for p in drafter.parameters())
         assert count.trainable == sum(p.numel() for p in drafter.parameters() if p.requires_grad)
-        copies = {"eagle3": embedding, "eagle3.1": embedding, "eagle": 2 * embedding, "medusa": 0}[method]
+        copies = {
+            "eagle3": embedding,
+            "eagle3.1": embedding,
+            "eagle": 2 * embedding,
+            "medusa": 0,
+            "dflash": 2 * embedding,
+        }
+        copies = copies[method]
         assert count.own == count.total - copies
     medusa = new_drafter("medusa", random_target.config, 100, num_heads=2)
     assert parameter_count(medusa).own == 2 * (64 * 64 + 64 + 100 * 64)
@@ -312,7 +328,7 @@ def test_noise_on_the_input_states_comes_from_the_generator(target, chain_batch,
     assert torch.equal(first, again) and not torch.equal(first, other) and not torch.equal(first, clean)
 
 
-@pytest.mark.parametrize("method", [m for m in METHODS if m != "medusa"])  # medusa drafts in one pass, not a chain
+@pytest.mark.parametrize("method", [m for m in METHODS if PROPERTIES[m].chains])  # not the one-pass drafters
 def test_draft_chain_with_cache_equals_the_training_time_test_unroll(random_target, method):
     """The engine's chained steps (KV cache, cropped) along an accepted chain see what training-time test trains."""
     drafter = _prepared(method, random_target)
