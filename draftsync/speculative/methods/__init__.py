@@ -18,6 +18,7 @@ EAGLE3_FAMILY = "eagle3"
 EAGLE_FAMILY = "eagle"
 MEDUSA_FAMILY = "medusa"
 DFLASH_FAMILY = "dflash"
+PEAGLE_FAMILY = "peagle"
 DRAFT_MODEL_FAMILY = "draft_model"
 NGRAM_FAMILY = "ngram"
 
@@ -35,7 +36,8 @@ class DrafterMethod:
     its dataset stores the target's auxiliary hidden states; `full_vocabulary` means it predicts through
     the target's lm_head, so it takes no reduced draft vocabulary; `drafts_block` means one forward pass drafts
     the whole proposal, up to the block its checkpoint was trained for; `gamma_limit_field` names the field of its
-    config.json that bounds gamma (vLLM fails or drafts untrained positions past it), None where gamma is free.
+    config.json that bounds gamma (vLLM fails or drafts untrained positions past it), None where gamma is free;
+    `parallel_drafting` means vLLM serves it with `parallel_drafting: true` (masked slots filled in one pass).
     """
 
     name: str
@@ -50,6 +52,7 @@ class DrafterMethod:
     full_vocabulary: bool = False
     drafts_block: bool = False
     gamma_limit_field: str | None = None
+    parallel_drafting: bool = False  # vLLM's `parallel_drafting`: an EAGLE drafter served one pass a proposal
 
     def __str__(self) -> str:
         return self.name
@@ -74,10 +77,23 @@ DFLASH = DrafterMethod(
     drafts_block=True,
     gamma_limit_field="max_draft_tokens",
 )
+# P-EAGLE: an EAGLE-3 drafter that drafts every position in one pass (masked rows after the last real one); its own
+# family, since its checkpoint type, objective and proposer differ from EAGLE-3's though its layer is the same.
+PEAGLE = DrafterMethod(
+    "peagle",
+    PEAGLE_FAMILY,
+    vllm_method="eagle3",
+    fixed_heads=True,
+    speculators_type="peagle",
+    reads_aux_states=True,
+    drafts_block=True,
+    gamma_limit_field="max_draft_tokens",
+    parallel_drafting=True,
+)
 DRAFT_MODEL = DrafterMethod("draft_model", DRAFT_MODEL_FAMILY, vllm_method="draft_model", trained=False)
 NGRAM = DrafterMethod("ngram", NGRAM_FAMILY, vllm_method="ngram", trained=False, needs_checkpoint=False)
 
-_ALL = (EAGLE3, EAGLE3_1, EAGLE, MEDUSA, DFLASH, DRAFT_MODEL, NGRAM)
+_ALL = (EAGLE3, EAGLE3_1, EAGLE, MEDUSA, DFLASH, PEAGLE, DRAFT_MODEL, NGRAM)
 METHODS: dict[str, DrafterMethod] = {method.name: method for method in _ALL}
 # What a sync trains and the registry accepts, in the order users see them.
 TRAINED_METHODS: tuple[str, ...] = tuple(method.name for method in _ALL if method.trained)

@@ -13,6 +13,7 @@ Methods and their checkpoint formats:
 - EAGLE-1: the one-layer Llama layout vLLM's EAGLE method loads (eagle1/checkpoint.py);
 - Medusa: the layout vLLM's Medusa method loads (medusa/checkpoint.py), plus draftsync's own keys;
 - DFlash: the layout vLLM's DFlashDraftModel loads (dflash/checkpoint.py), plus draftsync's own keys;
+- P-EAGLE: the speculators `peagle` format (EAGLE-3's, plus mask_hidden and the mask token; peagle/checkpoint.py);
 - the draft model (the benchmarks' independent small LM): a plain HF checkpoint. It is a baseline, not a
   sync method, so `new_drafter` does not build it (the trainer sizes it);
 - n-gram lookup: no model and no checkpoint, a proposer only.
@@ -38,6 +39,7 @@ from draftsync.speculative.methods import (
     MEDUSA,
     METHODS,
     NGRAM,
+    PEAGLE,
     TRAINED_METHODS,
     eagle3_variant,
 )
@@ -162,6 +164,23 @@ def _dflash() -> MethodCode:
     )
 
 
+def _peagle() -> MethodCode:
+    from draftsync.speculative.methods.peagle.checkpoint import load_peagle, save_peagle
+    from draftsync.speculative.methods.peagle.model import new_peagle
+    from draftsync.speculative.methods.peagle.proposer import ParallelProposer
+
+    return MethodCode(
+        options=("norm_before_residual", "norm_before_fc", "mask_token_id", "max_draft_tokens"),
+        build=new_peagle,
+        build_to_train=lambda target_config, draft_vocab_size, aux_layer_ids, medusa_heads, parameters, **options: (
+            new_peagle(target_config, draft_vocab_size, aux_layer_ids, **options)
+        ),
+        save=save_peagle,
+        load=load_peagle,
+        propose=ParallelProposer,
+    )
+
+
 def _draft_model() -> MethodCode:
     from draftsync.speculative.methods.draft_model.checkpoint import load_draft_model, save_draft_model
     from draftsync.speculative.methods.draft_model.model import DraftModelDrafter
@@ -191,6 +210,7 @@ _CODE: dict[str, Callable[[], MethodCode]] = {
     EAGLE.name: _eagle1,
     MEDUSA.name: _medusa,
     DFLASH.name: _dflash,
+    PEAGLE.name: _peagle,
     DRAFT_MODEL.name: _draft_model,
     NGRAM.name: _ngram,
 }
@@ -295,6 +315,8 @@ def drafter_method(directory: str | Path) -> str:
     from draftsync.speculative.methods.checkpoint_files import read_json
 
     path, config = read_json(directory)
+    if config.get("speculators_model_type") == PEAGLE.speculators_type:  # EAGLE-3's layout, drafted in parallel
+        return PEAGLE.name
     if config.get("speculators_model_type") == EAGLE3.speculators_type:
         return eagle3_variant(bool(config.get("fc_norm")), bool(config.get("norm_output")))
     kind = config.get("draftsync_drafter")

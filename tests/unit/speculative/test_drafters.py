@@ -147,12 +147,13 @@ KINDS = {
     "eagle": "EagleDrafter",
     "medusa": "MedusaDrafter",
     "dflash": "DFlashDrafter",
+    "peagle": "PEagleDrafter",
 }
-STATES = {"eagle3": "aux", "eagle3.1": "aux", "eagle": "final", "medusa": "final", "dflash": "aux"}
+STATES = {"eagle3": "aux", "eagle3.1": "aux", "eagle": "final", "medusa": "final", "dflash": "aux", "peagle": "aux"}
 
 
-def test_methods_are_the_five_trained_drafters():
-    assert METHODS == ("eagle3", "eagle3.1", "eagle", "medusa", "dflash")
+def test_methods_are_the_six_trained_drafters():
+    assert METHODS == ("eagle3", "eagle3.1", "eagle", "medusa", "dflash", "peagle")
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -178,7 +179,7 @@ def test_new_drafter_names_what_does_not_fit(random_target):
     config = random_target.config
     with pytest.raises(DraftsyncError, match="'eagle4' is unknown") as error:
         new_drafter("eagle4", config)
-    assert "eagle3, eagle3.1, eagle, medusa, dflash" in error.value.fix
+    assert "eagle3, eagle3.1, eagle, medusa, dflash, peagle" in error.value.fix
     with pytest.raises(DraftsyncError, match="num_heads is not an option of eagle3"):
         new_drafter("eagle3", config, num_heads=3)
     with pytest.raises(DraftsyncError, match="draft vocabulary of 100"):
@@ -295,6 +296,7 @@ def test_parameter_counts_leave_out_the_targets_copies(random_target):
             "eagle": 2 * embedding,
             "medusa": 0,
             "dflash": 2 * embedding,
+            "peagle": embedding,
         }
         copies = copies[method]
         assert count.own == count.total - copies

@@ -25,7 +25,7 @@ HOME = PACKAGE / "speculative" / "methods" / "__init__.py"
 
 
 def test_the_registry_names_each_method_and_what_vllm_calls_it():
-    assert TRAINED_METHODS == ("eagle3", "eagle3.1", "eagle", "medusa", "dflash")
+    assert TRAINED_METHODS == ("eagle3", "eagle3.1", "eagle", "medusa", "dflash", "peagle")
     assert set(VLLM_METHODS) == set(TRAINED_METHODS) | {"draft_model", "ngram"}
     assert "ngram" not in CHECKPOINT_METHODS
     assert {name: METHODS[name].vllm_method for name in VLLM_METHODS} == {
@@ -34,21 +34,27 @@ def test_the_registry_names_each_method_and_what_vllm_calls_it():
         "eagle": "eagle",
         "medusa": "medusa",
         "dflash": "dflash",
+        "peagle": "eagle3",
         "draft_model": "draft_model",
         "ngram": "ngram",
     }
     assert [m for m in VLLM_METHODS if METHODS[m].chains] == ["eagle3", "eagle3.1", "eagle"]
-    assert [m for m in VLLM_METHODS if METHODS[m].fixed_heads] == ["medusa", "dflash"]
+    assert [m for m in VLLM_METHODS if METHODS[m].fixed_heads] == ["medusa", "dflash", "peagle"]
     assert {m: METHODS[m].gamma_limit_field for m in VLLM_METHODS if METHODS[m].gamma_limit_field} == {
         "medusa": "num_heads",
         "dflash": "max_draft_tokens",
+        "peagle": "max_draft_tokens",
     }
-    assert [m for m in VLLM_METHODS if METHODS[m].drafts_block] == ["dflash"]
+    assert [m for m in VLLM_METHODS if METHODS[m].drafts_block] == ["dflash", "peagle"]
+    # vLLM's own dflash drafts in parallel by itself; an EAGLE-3 layer is told to
+    assert [m for m in VLLM_METHODS if METHODS[m].parallel_drafting] == ["peagle"]
 
 
 def test_the_eagle3_family_is_one_test():
     assert is_eagle3_family("eagle3") and is_eagle3_family("eagle3.1")
-    assert not any(is_eagle3_family(m) for m in ("eagle", "medusa", "dflash", "draft_model", "ngram", "none", None))
+    assert not any(
+        is_eagle3_family(m) for m in ("eagle", "medusa", "dflash", "peagle", "draft_model", "ngram", "none", None)
+    )
     assert drafter_family("none") is None and EAGLE3.family == EAGLE3_1.family
     assert (eagle3_variant(True, True), eagle3_variant(True, False)) == ("eagle3.1", "eagle3")
 

@@ -1,0 +1,1 @@
+"""P-EAGLE: an EAGLE-3 drafter that drafts a whole proposal in one pass (vLLM's `parallel_drafting`)."""
