@@ -340,6 +340,8 @@ def _speculative_config(speculation: SpeculationSpec, tensor_parallel_size: int)
     if descriptor.needs_checkpoint:
         config["model"] = str(drafter_dir)
     config["num_speculative_tokens"] = gamma
+    if descriptor.parallel_drafting:  # an EAGLE drafter trained to fill masked slots in one pass (P-EAGLE)
+        config["parallel_drafting"] = True
     if not descriptor.needs_checkpoint:
         if drafter_dir is not None:
             raise DraftsyncError(

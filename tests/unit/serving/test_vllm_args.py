@@ -337,6 +337,26 @@ def test_a_dflash_block_serves_up_to_its_draft_tokens_with_no_schedule(tmp_path)
         render(directory, "dflash", 3, schedule=[(1, 8, 3), (9, 64, 1)])
 
 
+def test_a_peagle_drafter_is_served_as_eagle3_with_parallel_drafting(tmp_path):
+    """vLLM serves P-EAGLE as its EAGLE-3 model told to draft in parallel: one gamma, up to the depths trained."""
+    directory = tmp_path / "peagle"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"speculators_model_type": "peagle", "max_draft_tokens": 4}))
+    assert render(directory, "peagle", 4).speculative_config == {
+        "method": "eagle3",
+        "model": str(directory),
+        "num_speculative_tokens": 4,
+        "parallel_drafting": True,
+    }
+    assert "parallel_drafting" not in render(directory, "eagle3", 4).speculative_config
+    with pytest.raises(DraftsyncError, match=r"gamma 5 .* peagle drafter .* \(max_draft_tokens 4\)") as raised:
+        render(directory, "peagle", 5)
+    assert "gamma <= 4" in raised.value.fix
+    # vLLM sizes the masked slots once, for the largest gamma: a per-batch-size schedule is refused
+    with pytest.raises(DraftsyncError, match="schedule was given for a peagle drafter"):
+        render(directory, "peagle", 3, schedule=[(1, 8, 3), (9, 64, 1)])
+
+
 def test_medusa_heads_over_part_of_the_vocabulary_are_refused(tmp_path):
     with pytest.raises(DraftsyncError, match="heads over 200 of the 384 tokens") as raised:
         render(medusa_dir(tmp_path, 3, truncated_vocab_size=200), "medusa", 2)
