@@ -132,6 +132,11 @@ class SyncProfile(BaseModel):
     draft_vocab_size: int = Field(256, ge=16)
     aux_layer_ids: tuple[int, int, int] | None = None  # EAGLE-3 depths; None: low/mid/high of the target
     medusa_heads: int = Field(4, ge=1, le=16)
+    # DFlash: positions of one drafted block, the committed token included, so it drafts up to block_size - 1 tokens
+    # a step (vLLM sizes its buffers by num_speculative_tokens + 1 and the reference trainers stop at 16); and the
+    # token of the block's masked rows (None: the target's pad token, else the last id of its vocabulary).
+    block_size: int = Field(8, ge=2, le=16)
+    mask_token_id: int | None = Field(None, ge=0)
     train_steps: int = Field(300, ge=1, le=MAX_COUNT)
     # A warm start from the previous target version's drafter (same method and shapes) needs fewer steps.
     warm_start: bool = True
@@ -207,6 +212,24 @@ class SyncProfile(BaseModel):
     def _speculators_trains_eagle3(self) -> SyncProfile:
         if self.trainer == "speculators" and not is_eagle3_family(self.method):
             raise ValueError(f"trainer speculators trains EAGLE-3 drafters, not {self.method}: use trainer draftsync")
+        return self
+
+    @model_validator(mode="after")
+    def _gamma_within_the_block(self) -> SyncProfile:
+        """A block drafter is saved for its gamma and swept from the range's low end: both within its block."""
+        if not METHODS[self.method].drafts_block:
+            return self
+        most = self.block_size - 1
+        if self.gamma > most:
+            raise ValueError(
+                f"gamma {self.gamma} is more than a {self.method} block of block_size {self.block_size} drafts "
+                f"({most}): use gamma <= {most} or block_size >= {self.gamma + 1}"
+            )
+        if self.validation.gamma_range[0] > most:
+            raise ValueError(
+                f"validation.gamma_range {list(self.validation.gamma_range)} starts above the {most} tokens a "
+                f"{self.method} block of block_size {self.block_size} drafts: lower its start or raise block_size"
+            )
         return self
 
     @model_validator(mode="after")
@@ -304,8 +327,6 @@ def profile(name: str) -> SyncProfile:
 def _profile_file(path: str) -> SyncProfile:
     from pathlib import Path
 
-    from pydantic import ValidationError
-
     from draftsync.errors import DraftsyncError
     from draftsync.user_files import read_yaml
 
@@ -329,12 +350,29 @@ def _profile_file(path: str) -> SyncProfile:
             "write validation as a mapping, e.g. `validation: {requests: 200, min_acceptance: 0.6}`",
         )
     validation = {**base.pop("validation"), **section}
+    return _validated(
+        {**base, "name": Path(path).stem, **fields, "validation": validation},
+        f"sync profile file {path}",
+        "fix that field (see SyncProfile and ValidationProfile in draftsync/profiles.py)",
+    )
+
+
+def with_changes(chosen: SyncProfile, where: str, **changes: object) -> SyncProfile:
+    """`chosen` with `changes` (e.g. a command's options), checked as a profile read from a file is: a value no sync
+    can run with is refused here, before any work, naming `where` it came from and the field."""
+    return _validated(
+        {**chosen.model_dump(), **changes}, where, "change that option, or the profile field it overrides"
+    )
+
+
+def _validated(fields: dict, where: str, fix: str) -> SyncProfile:
+    from pydantic import ValidationError
+
+    from draftsync.errors import DraftsyncError
+
     try:
-        return SyncProfile.model_validate({**base, "name": Path(path).stem, **fields, "validation": validation})
+        return SyncProfile.model_validate(fields)
     except ValidationError as error:
         problem = error.errors()[0]
-        where = ".".join(str(part) for part in problem["loc"])
-        raise DraftsyncError(
-            f"sync profile file {path}: {where}: {problem['msg']}",
-            "fix that field (see SyncProfile and ValidationProfile in draftsync/profiles.py)",
-        ) from error
+        field = ".".join(str(part) for part in problem["loc"])  # none for a check across fields
+        raise DraftsyncError(f"{where}: {field + ': ' if field else ''}{problem['msg']}", fix) from error

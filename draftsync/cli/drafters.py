@@ -9,6 +9,7 @@ import typer
 from draftsync.cli.common import JsonOption, ProfileOption, check_registry, echo_json, write_json
 from draftsync.profiles import EvaluationBackend
 from draftsync.registry.model_registry import MAX_VERSION
+from draftsync.speculative.methods import TRAINED_METHODS, method_named
 
 
 def sync(
@@ -16,7 +17,16 @@ def sync(
     version: Annotated[int, typer.Argument(min=1, max=MAX_VERSION, help="Target version to train a drafter for.")],
     profile: ProfileOption = "demo",
     method: Annotated[
-        str | None, typer.Option(help="Drafter method: eagle3, eagle3.1, eagle or medusa (default: the profile's).")
+        str | None,
+        typer.Option(help=f"Drafter method: {', '.join(TRAINED_METHODS)} (default: the profile's)."),
+    ] = None,
+    block_size: Annotated[
+        int | None,
+        typer.Option(
+            "--block-size",
+            help="DFlash: positions of one drafted block, 2-16; it drafts up to block_size - 1 tokens a step "
+            "(default: the profile's).",
+        ),
     ] = None,
     retrain: Annotated[
         bool, typer.Option("--retrain", help="Train again even though this version was synced (a new drafter version).")
@@ -28,12 +38,15 @@ def sync(
     A version already synced with this method is skipped (the result says `skipped`) unless --retrain."""
     from draftsync.flows.sync import sync as sync_flow
     from draftsync.profiles import profile as named_profile
-    from draftsync.speculative.methods import TRAINED_METHODS, method_named
+    from draftsync.profiles import with_changes
 
     chosen = named_profile(profile)
     if method is not None:
         method_named(method, among=TRAINED_METHODS)
-        chosen = chosen.model_copy(update={"method": method})
+    changes = {"method": method, "block_size": block_size}
+    if any(value is not None for value in changes.values()):
+        options = {key: value for key, value in changes.items() if value is not None}
+        chosen = with_changes(chosen, f"sync --profile {profile} with {options}", **options)
     check_registry()
     from draftsync.tasks import context
 

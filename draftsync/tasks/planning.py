@@ -98,6 +98,13 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
         }
         if METHODS[recommended].family == MEDUSA_FAMILY:
             update["medusa_heads"] = max(profile.medusa_heads, start)  # one head per drafted token
+        elif METHODS[recommended].drafts_block and profile.block_size < start + 1:
+            # a block holds the committed token and the tokens it drafts
+            update["block_size"] = start + 1
+            assumptions.append(
+                f"block_size raised from {profile.block_size} to {start + 1}: the recommended gamma {start} after "
+                "the committed token"
+            )
         elif METHODS[recommended].chains and profile.ttt_steps < start:
             # a chained drafter learns as many positions ahead as it will draft
             update["ttt_steps"] = start

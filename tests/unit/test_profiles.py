@@ -57,3 +57,33 @@ def test_unknown_names_and_missing_files_are_refused_with_the_choices():
     with pytest.raises(DraftsyncError, match="profile.yaml does not exist"):
         profile("/nonexistent/profile.yaml")
     assert profile("production").validation.name == "production"
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("method: dflash\nblock_size: 1\n", "block_size: Input should be greater than or equal to 2"),
+        ("method: dflash\nblock_size: 17\n", "block_size: Input should be less than or equal to 16"),
+        ("method: dflash\nblock_size: 3\ngamma: 4\n", "gamma 4 is more than a dflash block of block_size 3 drafts"),
+        ("method: dflash\nblock_size: 4\nvalidation:\n  gamma_range: [5, 8]\n", "gamma_range [5, 8] starts above"),
+        ("method: dflash\nmask_token_id: -1\n", "mask_token_id: Input should be greater than or equal to 0"),
+    ],
+)
+def test_a_dflash_block_vllm_cannot_serve_is_refused_when_the_profile_is_read(tmp_path, text, named):
+    path = tmp_path / "dflash.yaml"
+    path.write_text(text)
+    with pytest.raises(DraftsyncError) as error:
+        profile(str(path))
+    assert named in error.value.what and error.value.fix
+
+
+def test_a_dflash_profile_sweeps_within_its_block_and_a_commands_options_are_checked_alike():
+    from draftsync.profiles import with_changes
+
+    chosen = with_changes(profile("production"), "sync --method dflash", method="dflash")
+    assert (chosen.block_size, chosen.gamma, chosen.validation.gamma_range) == (8, 4, (2, 8))  # swept up to 7
+    with pytest.raises(DraftsyncError) as error:
+        with_changes(profile("demo"), "sync --block-size 20", method="dflash", block_size=20)
+    assert "sync --block-size 20: block_size" in error.value.what and "option" in error.value.fix
+    with pytest.raises(DraftsyncError, match="gamma 4 is more than a dflash block of block_size 4"):
+        with_changes(profile("production"), "sync", method="dflash", block_size=4)

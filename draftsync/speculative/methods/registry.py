@@ -155,8 +155,8 @@ def _dflash() -> MethodCode:
     return MethodCode(
         options=("block_size", "mask_token_id", "num_hidden_layers", "anchors"),
         build=build,
-        build_to_train=lambda target_config, draft_vocab_size, aux_layer_ids, medusa_heads, parameters: build(
-            target_config, draft_vocab_size, aux_layer_ids
+        build_to_train=lambda target_config, draft_vocab_size, aux_layer_ids, medusa_heads, parameters, **options: (
+            build(target_config, draft_vocab_size, aux_layer_ids, **options)
         ),
         save=save_dflash,
         load=load_dflash,
@@ -274,12 +274,15 @@ def new_drafter_to_train(
     aux_layer_ids: tuple[int, ...] | None,
     medusa_heads: int,
     draft_model_parameters: int | None,
+    **options: Any,
 ) -> Drafter:
     """The drafter a training of `method` starts from, before its draft vocabulary and the target's tensors are set.
 
     `draft_vocab_size` None means the target's whole vocabulary; `aux_layer_ids` (the training's, else its dataset's)
     are read by the methods that read aux states. `medusa_heads` sizes a Medusa drafter; `draft_model_parameters`
-    is the draft model's budget (None: the parameters of an EAGLE-3 drafter's own weights).
+    is the draft model's budget (None: the parameters of an EAGLE-3 drafter's own weights). `options` are the
+    training config's settings of methods' own options (a DFlash block_size): each reaches the methods that take it,
+    and None leaves a method's default.
     """
     code = code_of(method) if method in _CODE else None
     if code is None or code.build_to_train is None:
@@ -287,7 +290,10 @@ def new_drafter_to_train(
             f"unknown drafter method {method!r}",
             f"use {', '.join(TRAINED_METHODS)} (or {DRAFT_MODEL} for the benchmark baseline)",
         )
-    return code.build_to_train(target_config, draft_vocab_size, aux_layer_ids, medusa_heads, draft_model_parameters)
+    given = {name: value for name, value in options.items() if value is not None and name in code.options}
+    return code.build_to_train(
+        target_config, draft_vocab_size, aux_layer_ids, medusa_heads, draft_model_parameters, **given
+    )
 
 
 def save_drafter(
@@ -332,19 +338,24 @@ def drafter_method(directory: str | Path) -> str:
 
 
 def check_drafter_fits_target(drafter_dir: str | Path, target_dir: str | Path) -> None:
-    """Refuse a drafter built for another vocabulary than the target's, from both config.json files alone, before
-    any engine loads them (vLLM would start and then fail or serve garbage)."""
+    """Refuse a drafter built for another vocabulary or hidden size than the target's (a drafter that reads the
+    target's states says its width in `target_hidden_size`), from both config.json files alone, before any engine
+    loads them (vLLM would start and then fail or serve garbage)."""
     from draftsync.speculative.methods.checkpoint_files import read_json
 
     _, config = read_json(drafter_dir)
-    built_for = config.get("transformer_layer_config", {}).get("vocab_size", config.get("vocab_size"))
-    target_vocab = read_json(target_dir)[1].get("vocab_size")
-    if built_for is not None and target_vocab is not None and int(built_for) != int(target_vocab):
-        raise DraftsyncError(
-            f"drafter {drafter_dir} was built for a vocabulary of {built_for} tokens, target {target_dir} has "
-            f"{target_vocab}",
-            "train the drafter against this target (draftsync sync)",
-        )
+    _, target = read_json(target_dir)
+    target = target if "hidden_size" in target else target.get("text_config", target)  # a multimodal target's LM
+    vocab = config.get("transformer_layer_config", {}).get("vocab_size", config.get("vocab_size"))
+    for what, built_for, has, unit in (
+        ("vocabulary", vocab, target.get("vocab_size"), " tokens"),
+        ("hidden size", config.get("target_hidden_size"), target.get("hidden_size"), ""),
+    ):
+        if built_for is not None and has is not None and int(built_for) != int(has):
+            raise DraftsyncError(
+                f"drafter {drafter_dir} was built for a {what} of {built_for}{unit}, target {target_dir} has {has}",
+                "train the drafter against this target (draftsync sync)",
+            )
 
 
 def load_drafter(directory: str | Path, dtype: torch.dtype | None = None) -> Drafter:

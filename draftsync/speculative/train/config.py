@@ -15,7 +15,14 @@ if TYPE_CHECKING:
     from draftsync.profiles import SyncProfile
 
 # TrainConfig fields added after the fingerprint was first written (see TrainConfig.fingerprint).
-FIELDS_ADDED_LATER = ("min_lr_ratio", "position_decay", "ttt_feed", "teacher_temperature")
+FIELDS_ADDED_LATER = (
+    "min_lr_ratio",
+    "position_decay",
+    "ttt_feed",
+    "teacher_temperature",
+    "block_size",
+    "mask_token_id",
+)
 # How a step is laid out in memory, not what it computes: a checkpoint resumes across them.
 MEMORY_ONLY_FIELDS = ("batch_tokens", "activation_checkpointing", "data_parallel")
 # Where a run trains, not what it computes: every torchrun rank (each on cuda:LOCAL_RANK) resumes the leader's
@@ -31,6 +38,10 @@ class TrainConfig:
     draft_vocab_size: int | None = None  # None: the target's whole vocabulary
     aux_layer_ids: tuple[int, ...] | None = None  # EAGLE-3 only; None: default_aux_layer_ids(target layers)
     medusa_heads: int = 4
+    # DFlash: the positions of a drafted block (up to block_size - 1 draft tokens) and its masked rows' token; None:
+    # the drafter's defaults (the mask: the target's pad token, else its last id)
+    block_size: int | None = None
+    mask_token_id: int | None = None
     draft_model_parameters: int | None = None  # draft_model only: parameter budget (None: an eagle3 drafter's)
     steps: int = 200
     batch_size: int = 16
@@ -68,6 +79,8 @@ class TrainConfig:
             draft_vocab_size=None if METHODS[profile.method].full_vocabulary else profile.draft_vocab_size,
             aux_layer_ids=profile.aux_layer_ids,
             medusa_heads=profile.medusa_heads,
+            block_size=profile.block_size,
+            mask_token_id=profile.mask_token_id,
             steps=profile.warm_start_steps if warm_start else profile.train_steps,
             batch_size=profile.batch_size,
             seq_len=profile.seq_len,

@@ -73,3 +73,25 @@ def test_a_validate_of_a_drafter_the_registry_does_not_hold_is_refused_before_th
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert said in str(result.exception) + result.output
     assert "Beginning flow run" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--method", "dflash", "--block-size", "20"], "block_size: Input should be less than or equal to 16"),
+        (["--method", "dflash", "--block-size", "1"], "block_size: Input should be greater than or equal to 2"),
+        (["--method", "dflash", "--block-size", "2", "--profile", "production"], "gamma 4 is more than a dflash"),
+    ],
+)
+def test_a_dflash_block_vllm_cannot_serve_is_refused_before_anything_is_recorded(workdir, options, said):
+    from draftsync.cli.app import app
+    from draftsync.tasks import context
+
+    args = ["sync", "no-such-llm", "1", *options]
+    if "--profile" not in options:
+        args += ["--profile", "test"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert said in str(result.exception), result.exception
+    assert "no-such-llm" not in str(result.exception)  # refused before the registry was asked about the target
+    assert context.sync_ledger().jobs() == []
