@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from draftsync.speculative.methods import DEFAULT_METHOD, METHODS, TRAINED_METHODS, is_eagle3_family
+from draftsync.speculative.methods import DEFAULT_METHOD, DFLASH_FAMILY, METHODS, TRAINED_METHODS, is_eagle3_family
 
 # vLLM's draft_sample_method, shared by deployments and the validation profile that measures them (vllm_args.py).
 DraftSampling = Literal["greedy", "probabilistic"]
@@ -216,8 +216,8 @@ class SyncProfile(BaseModel):
 
     @model_validator(mode="after")
     def _gamma_within_the_block(self) -> SyncProfile:
-        """A block drafter is saved for its gamma and swept from the range's low end: both within its block."""
-        if not METHODS[self.method].drafts_block:
+        """A DFlash drafter is saved for its gamma and swept from the range's low end: both within its block."""
+        if METHODS[self.method].family != DFLASH_FAMILY:
             return self
         most = self.block_size - 1
         if self.gamma > most:

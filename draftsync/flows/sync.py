@@ -278,6 +278,7 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
         target_name,
         target_version,
         str(out_dir),
+        target_dir=target.path,
         method=chosen.method,
         gamma=chosen.gamma,
         training=training,

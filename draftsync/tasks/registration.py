@@ -134,12 +134,13 @@ def tag_drafter(target_name: str, drafter_version: int, tags: dict[str, str]) ->
         registry.tag_version(drafter_model_name(target_name), drafter_version, key, value)
 
 
-@task(name="register-drafter", retries=2, retry_delay_seconds=5, cache_policy=NONE)
+@task(name="register-drafter", retries=2, retry_delay_seconds=5, retry_condition_fn=worth_retrying, cache_policy=NONE)
 def register_drafter(
     target_name: str,
     target_version: int,
     drafter_dir: str,
     *,
+    target_dir: str,
     method: str,
     gamma: int,
     training: Training,
@@ -155,8 +156,11 @@ def register_drafter(
     `target_link` (fetch_target's `lineage`) ties it to the exact target: its MLflow model id and hub revision. A
     retried sync gets the same version back; a retrain (`generation` > 0) registers a new one. The data checks'
     failures are a tag, so a later `draftsync validate` of this version judges the data-coverage gate without the
-    dataset."""
+    dataset. A drafter built for another vocabulary or hidden size than the target in `target_dir` is refused, and
+    nothing is registered."""
+    from draftsync.speculative.methods.registry import check_drafter_fits_target
 
+    check_drafter_fits_target(drafter_dir, target_dir)
     registry = context.registry()
     history = json.loads(Path(history_path).read_text()) if history_path and Path(history_path).exists() else None
     failures = len(data_checks.failures) if data_checks is not None else None

@@ -170,6 +170,10 @@ def render_launch(deployment: ServingDeployment, pair: ServedPair, port: int | N
     drafter_dir = (
         registry.download(pair.drafter_name, pair.drafter_version) if pair.drafter_version is not None else None
     )
+    if drafter_dir is not None:
+        from draftsync.speculative.methods.registry import check_drafter_fits_target
+
+        check_drafter_fits_target(drafter_dir, target_dir)  # before any server starts on a pair that cannot serve
     engine = None
     if deployment.launch == "vllm":
         from draftsync.serving.vllm_engine import find_vllm_engine

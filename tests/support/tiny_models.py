@@ -48,3 +48,19 @@ def build_tiny_drafter(target_dir: Path, directory: Path, gamma: int, seed: int 
     drafter = Eagle3Drafter(Eagle3Config.for_target(target.config))
     drafter.initialise_from_target(target)
     return save_eagle3(drafter, directory, SavedFor(str(target_dir), tuple(target.config.architectures), gamma))
+
+
+def build_tiny_dflash(target_dir: Path, directory: Path, gamma: int = 3, **config_changes) -> Path:
+    """A random DFlash drafter of block 4 (up to 3 draft tokens) for the tiny target, built for its config with
+    `config_changes` (e.g. another hidden_size: a drafter of another target)."""
+    import torch
+    from draftsync.speculative.methods.registry import new_drafter, save_drafter
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(target_dir)
+    for key, value in config_changes.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    aux = tuple(range(1, min(3, config.num_hidden_layers) + 1))  # decoder layer outputs, up to three of them
+    drafter = new_drafter("dflash", config, None, aux, block_size=4)
+    return save_drafter(drafter, directory, str(target_dir), list(config.architectures or ["LlamaForCausalLM"]), gamma)

@@ -77,3 +77,40 @@ def test_rollback_points_production_at_previous_and_serves_that_pair(workdir, bu
     assert data["aliases_after"]["previous"] == second
     pair = context.store().pairs.get("cli")
     assert (pair.drafter_version, pair.gamma, pair.state) == (first, 2, "serving")
+
+
+def test_dry_run_renders_a_dflash_drafters_launch_and_refuses_one_of_another_width(workdir, built_targets, tmp_path):
+    from draftsync.cli.app import app
+    from draftsync.registry.tags import DrafterVersion
+    from draftsync.tasks import context
+    from draftsync.tasks.registration import publish_target
+
+    registry = context.registry()
+    version = publish_target("cli-llm", str(built_targets[1]), {"code": 1.0})
+    (workdir / "deployments.yaml").write_text(
+        "deployments:\n  - name: cli\n    target_name: cli-llm\n    launch: reference\n"
+    )
+    from tests.support.tiny_models import build_tiny_dflash
+
+    path = build_tiny_dflash(built_targets[1], tmp_path / "dflash")
+    drafter = registry.register_drafter("cli-llm", version, path, "dflash", 3, {}, validation_passed=True)
+    registry.promote("cli-llm", drafter)
+    tags = DrafterVersion.from_tags("cli-llm-drafter", drafter, registry.version_tags("cli-llm-drafter", drafter))
+    assert (tags.method, tags.trained_for_version(), tags.served_gamma()) == ("dflash", version, 3)
+
+    out = tmp_path / "launch.json"
+    result = CliRunner().invoke(app, ["--workdir", str(workdir), "rollout", "cli", "--dry-run", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    config = json.loads(out.read_text())["speculative_config"]
+    assert config["method"] == "dflash" and config["num_speculative_tokens"] == 3
+    assert "num_speculative_tokens_per_batch_size" not in config  # one gamma at every batch size
+
+    hidden = json.loads((built_targets[1] / "config.json").read_text())["hidden_size"]
+    wider = build_tiny_dflash(built_targets[1], tmp_path / "wider", hidden_size=hidden * 2)
+    other = registry.register_drafter("cli-llm", version, wider, "dflash", 3, {}, validation_passed=True)
+    refused = CliRunner().invoke(
+        app, ["--workdir", str(workdir), "rollout", "cli", "--dry-run", "--drafter-version", str(other)]
+    )
+    assert refused.exit_code != 0 and "Traceback" not in refused.output
+    assert f"hidden size of {hidden * 2}, target" in str(refused.exception)
+    assert "draftsync sync" in refused.exception.fix

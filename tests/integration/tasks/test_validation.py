@@ -77,3 +77,14 @@ def test_the_reference_server_is_asked_for_no_load_per_batch_size(checkpoints):
     assert result.stress["errors"] == 0 and result.stress["plain"]["requests"] == PROFILE.stress_requests
     assert "by_batch_size" not in result.stress
     assert result.speculation_schedule is None and result.speculation_schedule_note is None
+
+
+def test_a_dflash_drafter_is_swept_within_its_block_and_gets_no_schedule(checkpoints, tmp_path):
+    from tests.support.tiny_models import build_tiny_dflash
+
+    target_dir = checkpoints[0]
+    dflash = build_tiny_dflash(target_dir, tmp_path / "dflash", gamma=2)  # block 4: up to 3 draft tokens
+    result = validate(target_dir, dflash)
+    assert [row["gamma"] for row in result.gamma_sweep] == [2, 3]  # 2..4 asked
+    assert result.speculation_schedule is None
+    assert "vLLM's dflash drafts exactly num_speculative_tokens" in result.speculation_schedule_note
