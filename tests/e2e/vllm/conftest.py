@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-FAMILIES = ("eagle3", "eagle3.1", "eagle", "medusa", "dflash")
+FAMILIES = ("eagle3", "eagle3.1", "eagle", "medusa", "dflash", "peagle")
 MAX_GAMMA = 3  # the largest gamma these tests serve; Medusa drafters get this many heads
 
 
