@@ -19,6 +19,7 @@ _._known_timezone
 _._offered_gpu_count
 _._nodes_meet_somewhere
 _._speculators_trains_eagle3
+_._gamma_within_the_block
 _.settings_customise_sources
 _.dotenv_settings
 

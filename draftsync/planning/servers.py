@@ -38,8 +38,9 @@ def server_context(target: TargetShape, profile: SyncProfile) -> int | None:
 
 
 def drafter_bytes(target: TargetShape, profile: SyncProfile) -> int:
-    """The drafter the validation server loads beside the target, in 16 bits: an EAGLE-3 drafter's weights, its own
-    embedding included (the largest of the methods draftsync trains, at the profile's draft vocabulary)."""
+    """The drafter the validation server loads beside the target, in 16 bits: the profile's DFlash drafter's weights
+    with its copies of the target's embedding and lm_head, else an EAGLE-3 drafter's with its own embedding (the
+    largest of the chained methods draftsync trains, at the profile's draft vocabulary)."""
     from draftsync.planning.training_plan import drafter_counts
 
     return 2 * sum(drafter_counts(target, profile))

@@ -24,7 +24,7 @@ from draftsync.planning.training_plan import CPU_FLOPS, GPU_FLOPS, HOST_WORKING_
 from draftsync.planning.worker import HOST_RESERVE_GIB, GiB, Worker, gib, size_text
 from draftsync.profiles import SyncProfile
 from draftsync.records import record_dict
-from draftsync.speculative.methods import METHODS
+from draftsync.speculative.methods import DFLASH_FAMILY, METHODS
 from draftsync.speculative.placement import TargetPlacement, visible_devices
 
 DEVICE_MAP_OVERHEAD = 1.10  # accelerate's device_map does not split layers evenly: a tenth more than the weights
@@ -155,7 +155,9 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
     """The plan for syncing `target` with `profile` on `worker`; `refusal` set when a stage cannot fit.
 
     `responses`: how many distinct prompts the target answers (None: the profile's generated_samples). The stages are
-    planned in the order a sync runs them; each holds its GPUs alone, but for the target an online training keeps."""
+    planned in the order a sync runs them; each holds its GPUs alone, but for the target an online training keeps.
+    Drafter settings the target cannot have are refused first (`check_drafter_settings`)."""
+    check_drafter_settings(target, profile)
     responses = profile.generated_samples if responses is None else min(responses, profile.generated_samples)
     settings: dict[str, Any] = {}
     reasons: dict[str, str] = {}
@@ -189,6 +191,33 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
     reasons["training"] = _training_reason(settings, worker, profile, target_stage.devices, online)
     settings["trainer"] = profile.trainer
     return SyncPlan(target.name, target.parameters, worker, settings, tuple(stages), refusal=refusal, reasons=reasons)
+
+
+def check_drafter_settings(target: TargetShape, profile: SyncProfile) -> None:
+    """Refuse, before any work, what the profile asks of a drafter that this target cannot give it: aux layer ids
+    it does not have, a DFlash mask token outside its vocabulary (the block size is the profile's own check)."""
+    from draftsync.speculative.data.hidden_states import default_aux_layer_ids
+
+    method = METHODS[profile.method]
+    dflash = method.family == DFLASH_FAMILY
+    ids = profile.aux_layer_ids
+    if method.reads_aux_states and ids is not None:
+        lowest = 1 if dflash else 0  # DFlash reads decoder layer outputs, not the embedding
+        if len(set(ids)) != len(ids) or not all(lowest <= k <= target.layers for k in ids):
+            raise DraftsyncError(
+                f"sync profile {profile.name}: aux_layer_ids {list(ids)} are not distinct layers of {target.name}, "
+                f"whose {profile.method} drafter can read layers {lowest}..{target.layers}",
+                f"set aux_layer_ids to distinct ids in {lowest}..{target.layers}, or leave it unset for the default "
+                f"depths ({list(default_aux_layer_ids(target.layers))} here)",
+            )
+    mask = profile.mask_token_id
+    if dflash and mask is not None and mask >= target.vocab:
+        raise DraftsyncError(
+            f"sync profile {profile.name}: mask_token_id {mask} is outside the vocabulary of {target.name} "
+            f"(0..{target.vocab - 1})",
+            "set mask_token_id to a token id the target has and its text rarely uses (its pad token), or leave it "
+            "unset for the pad token, else the last id",
+        )
 
 
 @dataclass(frozen=True)

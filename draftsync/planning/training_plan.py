@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from draftsync.planning.stages import Occupant, Refusal, StagePlan
 from draftsync.planning.worker import HOST_RESERVE_GIB, GiB, Worker, gib
-from draftsync.speculative.methods import is_eagle3_family
+from draftsync.speculative.methods import DFLASH_FAMILY, METHODS, is_eagle3_family
 
 if TYPE_CHECKING:
     from draftsync.planning.target_shape import TargetShape
@@ -27,6 +27,10 @@ HOST_WORKING_GIB = 2.0  # a GPU stage's host memory beyond its buffers: the proc
 # a CPU worker at 0.2 TFLOP/s.
 GPU_FLOPS = 0.4 * 989e12
 CPU_FLOPS = 0.2e12
+# The DFlash drafter a sync trains: dflash/model.py's defaults (one draft layer, 16 blocks drawn a window), kept here
+# so that a plan needs no torch; tests/unit/planning/test_sync_plan.py holds them to the model's.
+DFLASH_LAYERS = 1
+DFLASH_ANCHORS = 16
 
 
 @dataclass(frozen=True)
@@ -114,10 +118,12 @@ def plan_training(
         where = f"GPU cuda:{gpus[0]}" if on_gpu else "host memory"
         refusal = Refusal(
             "training",
-            f"{gib(step.memory):.1f} GiB on {where} for one {profile.seq_len}-token window with activation "
-            "checkpointing (the drafter, AdamW, the target's head)",
+            f"{gib(step.memory):.1f} GiB on {where} for one {profile.seq_len}-token window"
+            f"{' with activation checkpointing' if step.checkpointing else ''} (the drafter, AdamW, the target's "
+            "head)",
             f"{gib(budget):.1f} GiB free there",
-            "use a GPU with more memory, a shorter seq_len or a smaller draft_vocab_size in the sync profile",
+            "use a GPU with more memory, a shorter seq_len or a smaller "
+            f"{'block_size' if _dflash(profile) else 'draft_vocab_size'} in the sync profile",
         )
     return stage, settings, refusal
 
@@ -132,7 +138,8 @@ def _largest_step(target: TargetShape, profile: SyncProfile, budget: float, proc
     while tokens >= profile.seq_len:
         candidates.append((tokens, False))
         tokens //= 2
-    candidates.append((profile.seq_len, True))
+    if not _dflash(profile):  # a DFlash step has no layer to recompute
+        candidates.append((profile.seq_len, True))
     # DDP at the largest micro-batch that fits; FSDP2 (AdamW's state shared out) only where no DDP step fits.
     if profile.data_parallel != "auto" or processes == 1:
         replicas = [profile.data_parallel if profile.data_parallel != "auto" else "ddp"]
@@ -157,10 +164,15 @@ def step_shape(target: TargetShape, profile: SyncProfile, tokens: int, checkpoin
     activation and a head weight."""
     from draftsync.speculative.train.step_memory import StepShape
 
+    method = METHODS[profile.method]
+    block = {}
+    if _dflash(profile):
+        anchors = min(DFLASH_ANCHORS, profile.seq_len)
+        block = {"draft_layers": DFLASH_LAYERS, "block_rows": anchors * profile.block_size}
     return StepShape(
         hidden=target.hidden,
         vocab=target.vocab,
-        draft_vocab=min(profile.draft_vocab_size, target.vocab),
+        draft_vocab=target.vocab if method.full_vocabulary else min(profile.draft_vocab_size, target.vocab),
         heads=target.heads,
         kv_heads=target.kv_heads,
         head_dim=target.head_dim,
@@ -171,6 +183,7 @@ def step_shape(target: TargetShape, profile: SyncProfile, tokens: int, checkpoin
         head_bytes=width,
         activation_bytes=width,
         checkpointing=checkpointing,
+        **block,
     )
 
 
@@ -186,5 +199,24 @@ def _hours(target: TargetShape, profile: SyncProfile, processes: int, on_gpu: bo
     trainable, _ = drafter_counts(target, profile)
     ttt = profile.ttt_steps if is_eagle3_family(profile.method) else 1
     whole = profile.batch_size * profile.seq_len
-    flops = profile.train_steps * whole * (6 * trainable + 2 * target.hidden * target.vocab) * ttt
+    if _dflash(profile):
+        flops = profile.train_steps * _block_step_flops(step_shape(target, profile, whole, False, 2), trainable)
+    else:
+        flops = profile.train_steps * whole * (6 * trainable + 2 * target.hidden * target.vocab) * ttt
     return flops / (GPU_FLOPS * processes if on_gpu else CPU_FLOPS) / 3600
+
+
+def _block_step_flops(shape: Any, trainable: int) -> float:
+    """A DFlash step: the target's logits at every token; the fused context and each layer's keys and values of it;
+    the block rows through the layers (forward and backward), their attention over the window and the frozen lm_head
+    (forward, and backward to its input)."""
+    h, kv = shape.hidden, shape.kv_heads * shape.head_dim
+    rows = shape.batch * shape.block_rows
+    context = 6 * shape.tokens * (shape.aux_layers * h * h + shape.draft_layers * 2 * h * kv)
+    layers = 6 * rows * (trainable - shape.aux_layers * h * h)
+    attention = 6 * shape.draft_layers * rows * (shape.seq_len + shape.block_rows) * 2 * shape.heads * shape.head_dim
+    return 2 * shape.tokens * h * shape.vocab + context + layers + attention + 4 * rows * h * shape.vocab
+
+
+def _dflash(profile: SyncProfile) -> bool:
+    return METHODS[profile.method].family == DFLASH_FAMILY

@@ -19,7 +19,7 @@ from draftsync.planning.workload import FRAMEWORK_TASK, NO_DRAFTER
 from draftsync.profiles import SyncProfile
 from draftsync.registry.tags import TargetVersion, recommended_tags
 from draftsync.settings import GPU_COUNTS
-from draftsync.speculative.methods import MEDUSA_FAMILY, METHODS, TRAINED_METHODS
+from draftsync.speculative.methods import DFLASH_FAMILY, MEDUSA_FAMILY, METHODS, TRAINED_METHODS
 from draftsync.tasks import context
 from draftsync.tasks.serving import configured_deployments
 
@@ -98,7 +98,7 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
         }
         if METHODS[recommended].family == MEDUSA_FAMILY:
             update["medusa_heads"] = max(profile.medusa_heads, start)  # one head per drafted token
-        elif METHODS[recommended].drafts_block and profile.block_size < start + 1:
+        elif METHODS[recommended].family == DFLASH_FAMILY and profile.block_size < start + 1:
             # a block holds the committed token and the tokens it drafts
             update["block_size"] = start + 1
             assumptions.append(

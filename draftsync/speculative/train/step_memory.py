@@ -1,4 +1,4 @@
-"""Peak memory of one EAGLE-3 training step (`training.optimisation_step`), predicted from shapes alone.
+"""Peak memory of one EAGLE-3 or DFlash training step (`training.optimisation_step`), predicted from shapes alone.
 
 What a step holds at its peak (in backward), from the second step on (the first has no AdamW state yet), for one
 micro-batch of `tokens` (the step's other micro-batches come and go one at a time):
@@ -18,6 +18,12 @@ micro-batch of `tokens` (the step's other micro-batches come and go one at a tim
 Under FSDP2 (`optimizer_shards` ranks, the drafter sharded as one unit) a rank keeps 1/n of AdamW's moments; the
 weights and gradients are whole during the step's passes, which is where its peak is.
 
+A DFlash step (`block_rows` > 0) differs in what autograd keeps: the context (every token's fused aux states and each
+draft layer's keys and values of them), and per window `block_rows` rows (its anchors' blocks) through every draft
+layer, each row attending to the whole window (the scores and their softmax, the keys and values repeated for
+grouped-query attention), and the rows' logits over the whole vocabulary with the target's logits they are compared
+with; its frozen tensors are the target's embedding and lm_head.
+
 The loss's softmaxes are chunked (methods/loss.py: LOSS_CHUNK_ELEMENTS) and the target's full-vocabulary logits are made
 a chunk of tokens at a time, so neither appears here beyond a constant. Every term is a count of elements times
 bytes, so it scales to any shape; bench/train_memory.py measures the step at shapes up to Llama-3.1-8B's drafter,
@@ -36,7 +42,7 @@ GiB = 1024**3
 
 @dataclass(frozen=True)
 class StepShape:
-    """An EAGLE-3 drafter for a Llama-style target, and the batch of one step."""
+    """An EAGLE-3 drafter for a Llama-style target, or a DFlash one (`block_rows` > 0), and the batch of one step."""
 
     hidden: int
     vocab: int
@@ -53,6 +59,10 @@ class StepShape:
     activation_bytes: int = FP32  # BF16 under bf16 autocast
     checkpointing: bool = False
     optimizer_shards: int = 1  # ranks that share AdamW's moments (FSDP2); 1: each holds them whole
+    # DFlash: its draft layers (each shaped like the target's) and the block rows a window trains (anchors x
+    # block_size); 0 rows: EAGLE-3's one layer over every token
+    draft_layers: int = 1
+    block_rows: int = 0
 
     @classmethod
     def for_target(
@@ -84,11 +94,17 @@ class StepShape:
 
 
 def drafter_parameters(shape: StepShape) -> tuple[int, int]:
-    """(trainable, frozen) parameter counts: the frozen one is the target's embedding the drafter reads."""
+    """(trainable, frozen) parameter counts. EAGLE-3: one layer over twice the hidden width and a head over the draft
+    vocabulary, the target's embedding frozen; DFlash: `draft_layers` layers shaped like the target's (q/k norms
+    included) over `fc` of the aux states and two norms, the target's embedding and lm_head frozen."""
     h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    attention = 2 * h * (q + 2 * kv) + q * h
     mlp = 3 * h * shape.intermediate
-    trainable = shape.aux_layers * h * h + attention + mlp + shape.draft_vocab * h + 4 * h
+    fc = shape.aux_layers * h * h
+    if shape.block_rows:
+        layer = h * (q + 2 * kv) + q * h + mlp + 2 * shape.head_dim + 2 * h
+        return fc + shape.draft_layers * layer + 2 * h, 2 * shape.vocab * h
+    attention = 2 * h * (q + 2 * kv) + q * h
+    trainable = fc + attention + mlp + shape.draft_vocab * h + 4 * h
     return trainable, shape.vocab * h
 
 
@@ -98,20 +114,39 @@ def predict_step_memory(shape: StepShape) -> dict[str, int]:
     trainable, frozen = drafter_parameters(shape)
     keys = shape.kv_heads * shape.head_dim
     queries = shape.heads * shape.head_dim
-    layer = n * (12 * h + 4 * shape.intermediate + 2 * queries + 4 * keys)
-    kept_per_step = n * (2 * h + 2 * keys) if shape.checkpointing else layer
-    recomputed = layer if shape.checkpointing else 0
+    per_token = 12 * h + 4 * shape.intermediate + 2 * queries + 4 * keys
+    if shape.block_rows:
+        activations = _block_activations(shape, per_token)
+    else:
+        layer = n * per_token
+        kept_per_step = n * (2 * h + 2 * keys) if shape.checkpointing else layer
+        recomputed = layer if shape.checkpointing else 0
+        activations = shape.ttt_steps * (kept_per_step + n * dv) + recomputed + n * dv
     parts = {
-        # the frozen embedding is the target's own tensor, in the target's dtype (held once, not copied)
+        # the frozen tensors are the target's own (its embedding; DFlash's lm_head too), in the target's dtype
         "drafter_weights": FP32 * trainable + shape.head_bytes * frozen,
         "adam_moments": 2 * FP32 * trainable // shape.optimizer_shards,
         "target_head": shape.head_bytes * shape.vocab * h,
         "batch_states": FP32 * n * (shape.aux_layers + 1) * h,
-        "target_logits": shape.head_bytes * n * dv + 8 * n,
-        "activations": shape.activation_bytes * (shape.ttt_steps * (kept_per_step + n * dv) + recomputed + n * dv),
+        # DFlash also gathers them at its block rows, which the loss compares its rows' logits with
+        "target_logits": shape.head_bytes * (n * dv + shape.batch * shape.block_rows * shape.vocab) + 8 * n,
+        "activations": shape.activation_bytes * activations,
         "gradients": FP32 * trainable,
         # autocast keeps a 16-bit copy of each trainable weight it casts, for the step
         "autocast_copies": shape.activation_bytes * trainable if shape.activation_bytes < FP32 else 0,
     }
     parts["total"] = sum(parts.values())
     return parts
+
+
+def _block_activations(shape: StepShape, per_token: int) -> int:
+    """Elements a DFlash step keeps for backward (module docstring); activation checkpointing does not apply."""
+    h, n, keys = shape.hidden, shape.tokens, shape.kv_heads * shape.head_dim
+    rows = shape.batch * shape.block_rows
+    seen = shape.seq_len + shape.block_rows  # keys a row attends over: the window's context, then its block
+    context = n * (shape.aux_layers * h + 2 * h + shape.draft_layers * 5 * keys)
+    attention = shape.batch * shape.heads * shape.block_rows * seen * 2 + 2 * shape.batch * shape.heads * seen * (
+        shape.head_dim
+    )
+    # the rows' logits, their sliced copy the loss reads and its gradient
+    return context + shape.draft_layers * (rows * per_token + attention) + 3 * rows * shape.vocab

@@ -437,3 +437,65 @@ def test_a_device_map_keeps_a_forward_pass_of_room_on_each_gpu_beside_its_layers
         .max_memory_gib
         is None
     )
+
+
+def _dflash(base: str = "production", **changes):
+    from draftsync.profiles import with_changes
+
+    return with_changes(profile(base), "a test", method="dflash", **changes)
+
+
+def test_a_dflash_plan_sizes_its_block_objective_and_refuses_what_cannot_fit(config_only):
+    """Llama-3.1-8B: DFlash's rows score over the whole vocabulary, so a larger block costs memory and time; a 28 GB
+    GPU holds a block of 16's step in micro-batches; a 12 GB one is refused as for any method."""
+    from draftsync.planning.training_plan import drafter_counts
+
+    target = TargetShape.from_directory(config_only / "llama-3.1-8b")
+    small, large = (plan_sync(target, Worker(1, 80, 256, 4000), _dflash(block_size=b), 1000) for b in (5, 16))
+    assert small.fits and large.fits
+    training = [next(s for s in plan.stages if s.stage == "training") for plan in (small, large)]
+    assert training[0].hours_estimate < training[1].hours_estimate
+    trainable, frozen = drafter_counts(target, _dflash())
+    assert frozen == 2 * 128256 * 4096  # the target's embedding and lm_head, held frozen
+    assert 3 * 4096 * 4096 < trainable < 3 * 4096 * 4096 + 300e6  # fc over three aux states and one layer
+    eagle3 = drafter_counts(target, profile("production"))
+    assert trainable < eagle3[0]  # no head of its own
+    assert not small.settings["activation_checkpointing"]  # a block step has no layer to recompute
+
+    fitted = plan_sync(target, Worker(1, 28, 256, 4000), _dflash(block_size=16), 1000)
+    assert fitted.fits and fitted.settings["accumulation"] == 2  # the step in two micro-batches
+    refused = plan_sync(target, Worker(1, 12, 256, 4000), _dflash(block_size=16), 1000)
+    assert refused.refusal is not None and "no dataset was written" in _refusal_text(refused)
+
+
+def _refusal_text(plan) -> str:
+    from draftsync.errors import DraftsyncError
+
+    with pytest.raises(DraftsyncError) as error:
+        plan.require_fit()
+    return error.value.what
+
+
+@pytest.mark.parametrize(
+    ("changes", "said", "fix"),
+    [
+        ({"aux_layer_ids": (1, 16, 40)}, "aux_layer_ids [1, 16, 40] are not distinct layers", "in 1..32"),
+        ({"aux_layer_ids": (0, 16, 30)}, "can read layers 1..32", "[2, 16, 29] here"),
+        ({"mask_token_id": 128256}, "mask_token_id 128256 is outside the vocabulary", "pad token"),
+    ],
+)
+def test_dflash_settings_the_target_cannot_have_are_refused_before_any_work(config_only, changes, said, fix):
+    from draftsync.errors import DraftsyncError
+
+    target = TargetShape.from_directory(config_only / "llama-3.1-8b")
+    with pytest.raises(DraftsyncError) as error:
+        plan_sync(target, Worker(1, 80, 256, 4000), _dflash(**changes), 1000)
+    assert said in error.value.what and fix in error.value.fix
+
+
+def test_the_plans_dflash_drafter_is_the_one_a_sync_trains():
+    """The plan is torch-free, so it keeps the model's defaults of its own: they must agree."""
+    from draftsync.planning.training_plan import DFLASH_ANCHORS, DFLASH_LAYERS
+    from draftsync.speculative.methods.dflash.model import ANCHORS, DFlashConfig
+
+    assert (DFLASH_LAYERS, DFLASH_ANCHORS) == (DFlashConfig.num_hidden_layers, ANCHORS)

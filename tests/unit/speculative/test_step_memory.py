@@ -4,6 +4,8 @@ close the total comes to a measured peak is bench/train_memory.py's to say."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from draftsync.speculative.train.step_memory import BF16, FP32, StepShape, drafter_parameters, predict_step_memory
@@ -70,3 +72,28 @@ def test_checkpointing_shrinks_the_activations_only_and_bf16_the_16_bit_parts():
     trainable, frozen = drafter_parameters(StepShape.for_target(config, 512, 4, 256, 4))
     assert half["autocast_copies"] == BF16 * trainable
     assert half["drafter_weights"] == FP32 * trainable + BF16 * frozen  # the embedding is the target's, in its dtype
+
+
+def test_a_dflash_steps_parameter_counts_are_the_drafters_own():
+    from draftsync.speculative.methods.registry import new_drafter
+
+    config = _config()
+    drafter = new_drafter("dflash", config, None, (1, 4, 6), num_hidden_layers=2)
+    drafter.initialise_from_target(_target(config))
+    trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in drafter.parameters() if not p.requires_grad)
+    shape = StepShape.for_target(config, 3000, batch=2, seq_len=64, ttt_steps=1)
+    assert drafter_parameters(replace(shape, draft_layers=2, block_rows=16 * 8)) == (trainable, frozen)
+
+
+def test_a_dflash_step_grows_with_its_block_and_its_window():
+    config = _config()
+    chained = StepShape.for_target(config, 3000, batch=2, seq_len=256, ttt_steps=1)
+    small = predict_step_memory(replace(chained, block_rows=16 * 4))
+    large = predict_step_memory(replace(chained, block_rows=16 * 16))
+    longer = predict_step_memory(replace(chained, seq_len=512, block_rows=16 * 4))
+    assert small["activations"] < large["activations"] and small["activations"] < longer["activations"]
+    assert small["target_logits"] < large["target_logits"]  # the target's logits gathered at the rows too
+    assert small["drafter_weights"] == large["drafter_weights"] and small["total"] == sum(
+        value for part, value in small.items() if part != "total"
+    )
