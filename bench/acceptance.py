@@ -90,13 +90,15 @@ def build_dataset(model, tokenizer, task_mix, settings, out_dir: Path, seed: int
 
 
 def train(method, target, dataset, settings, init_from=None, **overrides):
+    from draftsync.speculative.methods import METHODS as KNOWN
     from draftsync.speculative.train.config import TrainConfig
     from draftsync.speculative.train.training import fit_drafter
 
     config = TrainConfig(
         method=method,
         steps=settings["steps"],
-        draft_vocab_size=None if method in ("eagle", "draft_model") else 512,
+        # a reduced draft vocabulary where the method has its own head (not EAGLE-1, DFlash, the draft model)
+        draft_vocab_size=None if method == "draft_model" or KNOWN[method].full_vocabulary else 512,
         batch_size=8,
         seq_len=128,
         lr=5e-3,

@@ -19,10 +19,11 @@ Greedy outputs of tiny targets loop and loops inflate acceptance: the distinct-4
 outputs is reported with the figures.
 
 `--engine vllm` measures on real vLLM servers instead, every method vLLM serves (the drafters trained here, a
-draft model and n-gram lookup), at batch 1 and at concurrency 4; bench/speedup_vllm.py says how.
+draft model and n-gram lookup), at batch 1 and at concurrency 4, on the demo target and (`--target both`) on a
+weight-bound one with the same outputs; bench/speedup_vllm.py says how.
 
 Usage: python bench/speedup.py [--engine reference|vllm] [--quick] [--size test|deep|demo] [--json PATH]
-       [--workdir DIR]
+       [--workdir DIR] [--target demo|weight-bound|both] [--methods M,M] [--gammas G,G] [--prompts N] [--rounds N]
 """
 
 from __future__ import annotations
@@ -165,15 +166,24 @@ def step_costs(target, drafter, context_ids: list[int], verify_tokens: int, repe
 
 
 def trained_drafters(
-    methods: tuple[str, ...], target, tokenizer, target_dir: Path, recipe_key: str, data_settings: dict, workdir: Path
+    methods: tuple[str, ...],
+    target,
+    tokenizer,
+    target_dir: Path,
+    recipe_key: str,
+    data_settings: dict,
+    workdir: Path,
+    failures: dict[str, str] | None = None,
 ) -> dict[str, tuple[Path, dict, bool]]:
     """Per method: the drafter's directory, its training record and whether it came from the cache.
 
     Each drafter is trained once per target recipe and data/training settings and cached in `workdir` (a quick
     and a full run share the target but not the data or the drafters); the dataset is built once, and only when
     a drafter is missing. A draft model gets the EAGLE-3 drafter's own parameter count (as in acceptance.py), so
-    "eagle3" comes before "draft_model" in `methods`.
+    "eagle3" comes before "draft_model" in `methods`. With `failures`, a method whose training is refused (one
+    registered before its trainer is complete) is recorded there with the reason and left out, not fatal.
     """
+    from draftsync.errors import DraftsyncError
     from draftsync.speculative.methods.registry import parameter_count, save_drafter
 
     settings_key = hashlib.sha256(json.dumps(data_settings, sort_keys=True).encode()).hexdigest()[:8]
@@ -194,7 +204,14 @@ def trained_drafters(
         overrides = {}
         if method == "draft_model":
             overrides["draft_model_parameters"] = out["eagle3"][1]["own_parameters"]
-        drafter, report = train(method, target, dataset, data_settings, **overrides)
+        try:
+            drafter, report = train(method, target, dataset, data_settings, **overrides)
+        except (DraftsyncError, NotImplementedError) as exc:
+            if failures is None:
+                raise
+            failures[method] = f"{type(exc).__name__}: {exc}"
+            print(f"drafter {method} not trained: {exc}", file=sys.stderr)
+            continue
         save_drafter(drafter, directory, str(target_dir), architectures, 5)
         counts = parameter_count(drafter)
         training = {
@@ -236,14 +253,44 @@ def main() -> None:
         choices=("greedy", "probabilistic"),
         help="vllm: vLLM's draft_sample_method for drafters with a checkpoint (default: vLLM's own, greedy)",
     )
+    parser.add_argument(
+        "--target",
+        choices=("demo", "weight-bound", "both"),
+        help="vllm: the demo target, the weight-bound one (demo-v2 padded to about 319 MB, outputs unchanged: "
+        "bench/padded_target.py), or both in one run (default: demo)",
+    )
+    parser.add_argument("--methods", help="vllm: comma-separated methods to measure (default: every one)")
+    parser.add_argument("--gammas", help="vllm: comma-separated gammas, two at least (c is a slope)")
+    parser.add_argument("--prompts", type=int, help="vllm: how many prompts (default: the mode's)")
+    parser.add_argument("--rounds", type=int, help="vllm: rounds per server (default: the mode's)")
     args = parser.parse_args()
+    vllm_only = {"--target": args.target, "--methods": args.methods, "--gammas": args.gammas}
+    vllm_only.update({"--prompts": args.prompts, "--rounds": args.rounds})
+    given = [flag for flag, value in vllm_only.items() if value is not None]
+    if args.engine != "vllm" and given:
+        parser.error(f"{', '.join(given)} apply to --engine vllm only")
+    overrides: dict = {}
+    if args.gammas:
+        overrides["gammas"] = tuple(sorted({int(g) for g in args.gammas.split(",")}))
+        if len(overrides["gammas"]) < 2 or min(overrides["gammas"]) < 1:
+            parser.error("--gammas needs two positive gammas at least: c is the slope of the step time over gamma")
+    overrides.update({key: value for key in ("prompts", "rounds") if (value := getattr(args, key)) is not None})
     quiet_offline_environment()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="draftsync-speedup-"))
     workdir.mkdir(parents=True, exist_ok=True)
     if args.engine == "vllm":
-        from speedup_vllm import run_vllm
+        from speedup_vllm import TARGETS, run_vllm
 
-        out = run_vllm(args.quick, args.size, workdir, args.draft_sampling)
+        target = args.target or "demo"
+        out = run_vllm(
+            args.quick,
+            args.size,
+            workdir,
+            args.draft_sampling,
+            targets=TARGETS if target == "both" else (target,),
+            methods=tuple(args.methods.split(",")) if args.methods else None,
+            overrides=overrides,
+        )
     else:
         out = run_reference(args.quick, args.size, workdir)
     emit_json(out, args.json, sys.stdout)

@@ -1,16 +1,25 @@
 """`bench/speedup.py --engine vllm`: speculative against plain decoding on real vLLM servers, next to the bound.
 
 Every method vLLM serves, in one run on one machine: the drafters draftsync trains (eagle3, eagle3.1, eagle,
-medusa, and draft_model: a small Llama over the target's vocabulary and tokenizer, trained on the same data at
-the EAGLE-3 drafter's size, as in bench/acceptance.py) and n-gram lookup. Each method x gamma is one server
-(`VllmBackend`: the launch a rollout runs), and the plain target one more, up the whole run: each speculative
-server is measured right after a plain run of the same requests, its pair, which its speedup is against (so a drift
-in machine load between methods moves both sides alike), and the plain runs at the start and the end show the drift
-over the run (`plain_drift`). On each server the same prompts run closed-loop at batch 1 (one
-request at a time) and at concurrency 4 (four clients, each sending its next request when its last is answered),
-alternating, a few rounds (each figure is the median over them), as direct HTTP completions; every figure is
-vLLM's own per-request one (`metrics.speculative_decoding`, `time_to_first_token_ms`, `generation_time_ms`), so
-timings carry no HTTP time except tokens/s, which is the clients' wall clock.
+medusa, the block drafter dflash and any other method draftsync.speculative.methods registers as trained, such as
+peagle once it is there; and draft_model: a small Llama over the target's vocabulary and tokenizer, trained on the
+same data at the EAGLE-3 drafter's size, as in bench/acceptance.py) and n-gram lookup. `--methods` picks some.
+
+On two targets (`--target demo|weight-bound|both`): the demo target (demo size, v2), and the weight-bound one,
+demo-v2 padded to about 319 MB with work that changes nothing it computes (bench/padded_target.py), so its decode
+step is bound by reading its weights, as a large target's is, while its outputs, and so the drafters, are the demo
+target's: the drafters are trained once, on the demo target, and serve both.
+
+Each method x gamma is one server (`VllmBackend`: the launch a rollout runs), and the plain target one more, up the
+whole run of its target: each speculative server is measured right after a plain run of the same requests, its
+pair, which its speedup is against (so a drift in machine load between methods moves both sides alike), and the
+plain runs at the start and the end show the drift over the run (`plain_drift`). A drafter that drafts a bounded
+block (Medusa's heads, DFlash's block) is measured only at the gammas within its bound. On each server the same
+prompts run closed-loop at batch 1 (one request at a time) and at concurrency 4 (four clients, each sending its
+next request when its last is answered), alternating, a few rounds (each figure is the median over them), as direct
+HTTP completions; every figure is vLLM's own per-request one (`metrics.speculative_decoding`,
+`time_to_first_token_ms`, `generation_time_ms`), so timings carry no HTTP time except tokens/s, which is the
+clients' wall clock.
 
 Per method and concurrency:
 - tau: tokens per decode step, (output tokens - 1) / steps, where a request's steps are its output tokens after
@@ -21,10 +30,12 @@ Per method and concurrency:
   so it is fitted: a step at gamma g takes S(g) = generation time / steps, and S(g) = V + g * d over the
   measured gammas (least squares); c = d / T and verify = V / T, T being the plain step (plain TPOT). d holds
   the drafter's step and one more verified position, which is what a longer draft costs; V is a speculative
-  step's fixed cost (the verify pass and the drafting machinery), which the bound takes to be one plain step;
+  step's fixed cost (the verify pass and the drafting machinery), which the bound takes to be one plain step.
+  A block drafter drafts every position in one pass, so its d is mostly the verified position;
 - the bound tau / (1 + gamma * c) (Leviathan et al.), the measured speedup (plain TPOT / spec TPOT: decode only,
   what the bound predicts) and its fraction of the bound, which is (1 + gamma c) / (verify + gamma c): what is
   missing is the speculative step's cost above a plain one. Tokens/s speedups (prompt and HTTP included) too.
+`comparison` holds one row per target, temperature, concurrency and method, at the method's fastest gamma.
 The prompts run at T=0 and at T=1: greedy output of a tiny target loops, which inflates acceptance, so each
 temperature reports the distinct-4-gram share of the plain outputs, and `headline_temperature` names the lowest
 whose outputs clear acceptance.NOT_LOOPING (as bench/acceptance.py picks its headline). T=1 is measured only on
@@ -48,19 +59,21 @@ from pathlib import Path
 
 from draftsync.errors import DraftsyncError
 
-# eagle3 first: the draft model is sized to it
-TRAINED = ("eagle3", "eagle3.1", "eagle", "medusa", "draft_model")
-METHODS = (*TRAINED, "ngram")
 CONCURRENCY = (1, 4)
 TEMPERATURES = (0.0, 1.0)
 TASK = "code"
-# Why the demo target by default (the JSON repeats it beside the target's size):
-TARGET_CHOICE = (
-    "demo: the built-in size with the most compute per token (hidden 256, 4 layers; test, deep and strong are "
+TARGETS = ("demo", "weight-bound")
+# Why each target (the JSON repeats it beside the target's size):
+TARGET_CHOICE = {
+    "demo": "the built-in size with the most compute per token (hidden 256, 4 layers; test, deep and strong are "
     "hidden 128): vLLM's fixed cost per step on a CPU (scheduling, sampling, the engine loop) is milliseconds, and "
     "on a smaller target the forward pass, the one cost speculation saves, is a smaller share of the step; it is "
-    "also the target `make demo` serves"
-)
+    "also the target `make demo` serves",
+    "weight-bound": "the demo target padded with work that changes nothing it computes (bench/padded_target.py): "
+    "hundreds of MB of weights, which no CPU cache holds, so a decode step is bound by reading them and verifying "
+    "gamma + 1 tokens costs about one step, as on a large target; its outputs are the demo target's, so the "
+    "demo target's drafters serve it untrained",
+}
 # Two gammas at least: c is a slope.
 SETTINGS = {
     True: dict(size="demo", gammas=(2, 4), prompts=4, max_tokens=48, rounds=2),
@@ -235,34 +248,201 @@ def headline(figures_at_temperature: dict, method: str) -> dict:
     }
 
 
-def run_vllm(quick: bool, size: str | None, workdir: Path, draft_sampling: str | None = None) -> dict:
-    """Train (or reuse) the drafters, then measure every method x gamma on its own server (the module docstring)."""
+def methods_to_measure(requested: tuple[str, ...] | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the drafters to train, the methods to measure): every trained method draftsync registers (a new one, such as
+    peagle, joins when it is registered), the draft model and n-gram lookup, or those `requested`. EAGLE-3 is
+    trained first whenever the draft model is, which is sized to it."""
+    from draftsync.speculative.methods import METHODS as KNOWN
+    from draftsync.speculative.methods import TRAINED_METHODS
+
+    every = (*TRAINED_METHODS, "draft_model", "ngram")
+    unknown = [m for m in requested or () if m not in every]
+    if unknown:
+        raise DraftsyncError(f"methods {unknown} are not ones this benchmark measures", f"use {', '.join(every)}")
+    measured = every if requested is None else tuple(m for m in every if m in requested)
+    trained = [m for m in measured if KNOWN[m].needs_checkpoint]
+    if "draft_model" in trained and "eagle3" not in trained:
+        trained.insert(0, "eagle3")
+    trained.sort(key=lambda m: m != "eagle3")  # eagle3 first: the draft model is sized to it
+    return tuple(trained), measured
+
+
+def measure_target(
+    target_dir: Path,
+    drafters: dict,
+    methods: tuple[str, ...],
+    requests: list[tuple],
+    settings: dict,
+    temperatures: tuple,
+    engine,
+    logs: Path,
+    draft_sampling: str | None,
+) -> dict:
+    """Every method on one target: the plain server up the whole time, each method x gamma paired with a plain run
+    made just before it (the module docstring). A method whose server fails is named under `not_measured` and the
+    run goes on: the others' figures are still worth the hours."""
+    from draftsync.serving.vllm_evaluation import VllmBackend
+
+    plain_backend = VllmBackend(target_dir, log_dir=logs, engine=engine)
+    spec_runs: dict[str, dict[int, dict]] = {}
+    paired_plain: dict[str, dict[int, dict]] = {}
+    speculative_configs: dict[str, dict] = {}
+    gammas_used: dict[str, list[int]] = {}
+    not_measured: dict[str, str] = {}
+    starts = 0
+    try:
+        plain_runs = measure_server(plain_backend, 0, requests, settings["rounds"], temperatures)
+        print(f"plain {target_dir.name} measured", file=sys.stderr)
+        for method in methods:
+            drafter_dir = drafters[method][0] if method in drafters else None
+            sampling = draft_sampling if drafter_dir is not None else None  # ngram drafts from the prompt
+            backend = VllmBackend(target_dir, drafter_dir, method, log_dir=logs, engine=engine, draft_sampling=sampling)
+            # a block drafter drafts at most its block (DFlash) or heads (Medusa): gammas past it are not served
+            gammas = [g for g in settings["gammas"] if g <= backend.max_gamma]
+            if len(gammas) < 2:
+                not_measured[method] = (
+                    f"drafts at most {backend.max_gamma} tokens: fewer than two of gammas {list(settings['gammas'])}, "
+                    "and c is a slope"
+                )
+                continue
+            runs: dict[int, dict] = {}
+            pairs: dict[int, dict] = {}
+            try:
+                for gamma in gammas:
+                    backend.server(gamma)  # started before its pair is measured, so the pair is just before it
+                    pairs[gamma] = measure_server(plain_backend, 0, requests, settings["rounds"], temperatures)
+                    runs[gamma] = measure_server(backend, gamma, requests, settings["rounds"], temperatures)
+                speculative_configs[method] = {g: backend.launch(g, 0).speculative_config for g in gammas}
+            except DraftsyncError as exc:
+                not_measured[method] = f"{exc}"
+                print(f"{method} not measured on {target_dir.name}: {exc}", file=sys.stderr)
+                continue
+            finally:
+                backend.close()
+                starts += backend.starts
+            spec_runs[method], paired_plain[method], gammas_used[method] = runs, pairs, gammas
+            print(f"{method} measured on {target_dir.name} at gammas {gammas}", file=sys.stderr)
+        plain_again = measure_server(plain_backend, 0, requests, settings["rounds"], temperatures)  # drift over the run
+    finally:
+        plain_backend.close()
+    starts += plain_backend.starts
+    by_temperature = {
+        f"T{t:g}": temperature_figures(t, plain_runs, plain_again, spec_runs, paired_plain) if spec_runs else {}
+        for t in temperatures
+    }
+    return {
+        # as in bench/acceptance.py: the lowest temperature whose plain outputs do not loop
+        "headline_temperature": next(
+            (t for t, block in by_temperature.items() if block and not block["looping"]), None
+        ),
+        **by_temperature,
+        "gammas": gammas_used,
+        "not_measured": not_measured,
+        "speculative_configs": speculative_configs,
+        "server_starts": starts,
+    }
+
+
+def comparison_rows(targets: dict) -> list[dict]:
+    """One row per target, temperature, concurrency and method, at the method's fastest gamma there."""
+    rows = []
+    for name, block in targets.items():
+        for temperature in (k for k in block if k.startswith("T") and block[k]):
+            for clients in CONCURRENCY:
+                for method, figures in block[temperature][f"concurrency_{clients}"].items():
+                    row = next(r for r in figures["gammas"] if r["gamma"] == figures["best_gamma"])
+                    rows.append(
+                        {
+                            "target": name,
+                            "temperature": temperature,
+                            "concurrency": clients,
+                            "method": method,
+                            "gamma": row["gamma"],
+                            "tau": row["tau"],
+                            "c": figures["c"],
+                            "bound": row["bound"],
+                            "speedup": row["speedup"],
+                            "fraction_of_bound": row["fraction_of_bound"],
+                        }
+                    )
+    return rows
+
+
+def comparison_markdown(out: dict) -> str:
+    """The comparison as docs/BENCHMARKS.md opens with it: a table per target, a method's rows together."""
+    header = [
+        "| method | T | concurrency | gamma | tau | c | bound | speedup | fraction of bound |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    parts = []
+    for name, block in out["targets"].items():
+        rows = [r for r in out["comparison"] if r["target"] == name]
+        methods = list(dict.fromkeys(r["method"] for r in rows))
+        rows.sort(key=lambda r: (methods.index(r["method"]), r["temperature"], r["concurrency"]))
+        lines = [f"**{block['label']}**", "", *header]
+        for row in rows:
+            lines.append(
+                f"| {row['method']} | {row['temperature'][1:]} | {row['concurrency']} | {row['gamma']} | "
+                f"{row['tau']:.2f} | {row['c']:.3f} | {row['bound']:.2f} | {row['speedup']:.2f}x | "
+                f"{row['fraction_of_bound']:.2f} |"
+            )
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def run_vllm(
+    quick: bool,
+    size: str | None,
+    workdir: Path,
+    draft_sampling: str | None = None,
+    targets: tuple[str, ...] = ("demo",),
+    methods: tuple[str, ...] | None = None,
+    overrides: dict | None = None,
+) -> dict:
+    """Train (or reuse) the drafters on the demo target, then measure every method x gamma on its own server, on
+    each of `targets` (the module docstring). `overrides` replaces settings (gammas, prompts, rounds)."""
     import torch
     from draftsync.serving.evaluation import EvalRequest
     from draftsync.serving.vllm_engine import find_vllm_engine
-    from draftsync.serving.vllm_evaluation import VllmBackend
     from draftsync.speculative.builtin.targets import build_target, builtin_recipe
     from draftsync.speculative.data.corpora import prompts
     from draftsync.speculative.targets import describe_target, load_target
 
     from acceptance import SETTINGS as ACCEPTANCE_SETTINGS
     from harness import machine_facts
+    from padded_target import WEIGHT_BOUND, build_padded_target, label, weight_bytes
     from speedup import trained_drafters
 
     torch.set_num_threads(1)  # training tiny drafters: one thread beats two spin-waiting ones on a busy machine
     load_at_start = round(os.getloadavg()[0], 2)
-    settings = dict(SETTINGS[quick], **({"size": size} if size else {}))
+    settings = {**SETTINGS[quick], **({"size": size} if size else {}), **(overrides or {})}
+    if "weight-bound" in targets and settings["size"] != WEIGHT_BOUND.size:
+        raise DraftsyncError(
+            f"the weight-bound target pads the {WEIGHT_BOUND.size} target, whose drafters it serves, not the "
+            f"{settings['size']} one",
+            f"measure the weight-bound target with --size {WEIGHT_BOUND.size} (the default)",
+        )
+    trained, measured = methods_to_measure(methods)
     data_settings = dict(ACCEPTANCE_SETTINGS[quick], size=settings["size"], **(QUICK_TRAINING if quick else {}))
     started = time.perf_counter()
     phases: dict[str, float] = {}
 
     recipe = builtin_recipe(2, settings["size"])
-    target_dir = build_target(recipe, workdir / "targets")
-    phases["target"] = time.perf_counter() - started
-    target, tokenizer = load_target(target_dir)
-    drafters = trained_drafters(TRAINED, target, tokenizer, target_dir, recipe.key(), data_settings, workdir)
+    target_dirs: dict[str, Path] = {}
+    labels: dict[str, str] = {}
+    if "demo" in targets:
+        target_dirs["demo"] = build_target(recipe, workdir / "targets")
+        labels["demo"] = f"{settings['size']}-v2 ({weight_bytes(target_dirs['demo']) / 1e6:.0f} MB)"
+    base_dir = build_target(recipe, workdir / "targets")
+    if "weight-bound" in targets:
+        target_dirs["weight-bound"] = build_padded_target(WEIGHT_BOUND, workdir / "targets")
+        labels["weight-bound"] = label(WEIGHT_BOUND, target_dirs["weight-bound"])
+    phases["targets"] = time.perf_counter() - started
+    target, tokenizer = load_target(base_dir)
+    failed: dict[str, str] = {}
+    drafters = trained_drafters(trained, target, tokenizer, base_dir, recipe.key(), data_settings, workdir, failed)
     del target
-    phases["dataset_and_training"] = time.perf_counter() - started - phases["target"]
+    phases["dataset_and_training"] = time.perf_counter() - started - phases["targets"]
 
     requests = [  # tokenized as VllmBackend and the reference backend do
         (EvalRequest(prompt, TASK, settings["max_tokens"]), list(tokenizer(prompt)["input_ids"]))
@@ -272,7 +452,6 @@ def run_vllm(quick: bool, size: str | None, workdir: Path, draft_sampling: str |
     # VllmBackend serves checkpoints only from the model roots: this run's own are in its work dir
     roots = os.environ.get("DRAFTSYNC_MODEL_ROOTS")
     os.environ["DRAFTSYNC_MODEL_ROOTS"] = f"{roots},{workdir}" if roots else str(workdir)
-    measuring = time.perf_counter()
 
     engine = find_vllm_engine()
     # sampled speculation is measured only where the engine verifies sampled drafts soundly (not vLLM's CPU build)
@@ -282,80 +461,65 @@ def run_vllm(quick: bool, size: str | None, workdir: Path, draft_sampling: str |
     if draft_sampling == "probabilistic":  # greedy requests draft the argmax whatever the setting: nothing new at T=0
         temperatures = tuple(t for t in temperatures if t > 0)
         skipped["T0"] = "drafts are the argmax at T=0 whatever draft_sampling says: a run without it measures T=0"
-    # The plain server stays up the whole run: each speculative server is measured right after a plain run of the
-    # same requests (its pair), so a drift in the machine's load between methods moves both sides alike.
-    plain_backend = VllmBackend(target_dir, log_dir=logs, engine=engine)
-    spec_runs: dict[str, dict[int, dict]] = {}
-    paired_plain: dict[str, dict[int, dict]] = {}
-    speculative_configs: dict[str, dict] = {}
-    starts = 0
-    try:
-        plain_runs = measure_server(plain_backend, 0, requests, settings["rounds"], temperatures)
-        print("plain target measured", file=sys.stderr)
-        for method in METHODS:
-            drafter_dir = drafters[method][0] if method in drafters else None
-            sampling = draft_sampling if drafter_dir is not None else None  # ngram drafts from the prompt
-            backend = VllmBackend(target_dir, drafter_dir, method, log_dir=logs, engine=engine, draft_sampling=sampling)
-            spec_runs[method], paired_plain[method] = {}, {}
-            try:
-                for gamma in settings["gammas"]:
-                    backend.server(gamma)  # started before its pair is measured, so the pair is just before it
-                    paired_plain[method][gamma] = measure_server(
-                        plain_backend, 0, requests, settings["rounds"], temperatures
-                    )
-                    spec_runs[method][gamma] = measure_server(
-                        backend, gamma, requests, settings["rounds"], temperatures
-                    )
-                speculative_configs[method] = {g: backend.launch(g, 0).speculative_config for g in settings["gammas"]}
-            finally:
-                backend.close()
-            starts += backend.starts
-            print(f"{method} measured at gammas {settings['gammas']}", file=sys.stderr)
-        plain_again = measure_server(plain_backend, 0, requests, settings["rounds"], temperatures)  # drift over the run
-    finally:
-        plain_backend.close()
-    starts += plain_backend.starts
-    phases["measurement"] = time.perf_counter() - measuring
-
-    by_temperature = {
-        f"T{t:g}": temperature_figures(t, plain_runs, plain_again, spec_runs, paired_plain) for t in temperatures
-    }
-    target_facts = describe_target(target_dir)
-    return {
+    to_measure = tuple(m for m in measured if m not in failed)
+    blocks: dict[str, dict] = {}
+    for name, target_dir in target_dirs.items():
+        measuring = time.perf_counter()
+        block = measure_target(
+            target_dir, drafters, to_measure, requests, settings, temperatures, engine, logs, draft_sampling
+        )
+        facts = describe_target(target_dir)
+        config = json.loads((target_dir / "config.json").read_text())
+        blocks[name] = {
+            "label": labels[name],
+            "why": TARGET_CHOICE[name] if settings["size"] == "demo" else None,
+            "sizes": {
+                "target_parameters": facts["parameter_count"],
+                "target_weight_bytes": weight_bytes(target_dir),
+                "target_layers": facts["num_layers"],
+                "target_hidden_size": facts["hidden_size"],
+                "target_intermediate_size": config["intermediate_size"],
+                "target_vocab_size": facts["vocab_size"],
+            },
+            **block,
+            "seconds": round(time.perf_counter() - measuring, 1),
+        }
+        phases[f"measurement_{name}"] = time.perf_counter() - measuring
+    out = {
         "benchmark": "speedup",
         "engine": "vllm",
         "quick": quick,
         "task": TASK,
-        # as in bench/acceptance.py: the lowest temperature whose plain outputs do not loop
-        "headline_temperature": next((t for t, block in by_temperature.items() if not block["looping"]), None),
         "method_of_c": "c = d / T from the least-squares fit S(g) = V + g d of the step time at each gamma "
         "(generation time / decode steps); verify = V / T, T the plain step (plain TPOT)",
-        **by_temperature,
+        "methods": list(to_measure),
+        "methods_not_trained": failed,
         "draft_sampling": draft_sampling or "greedy (vLLM's default)",
         "temperatures_not_measured": skipped,
+        "targets": blocks,
         "sizes": {
             "target_size": settings["size"],
-            **({"why": TARGET_CHOICE} if settings["size"] == "demo" else {}),
-            "target_parameters": target_facts["parameter_count"],
-            "target_layers": target_facts["num_layers"],
-            "target_hidden_size": target_facts["hidden_size"],
-            "target_vocab_size": target_facts["vocab_size"],
             "drafter_own_parameters": {m: d[1]["own_parameters"] for m, d in drafters.items()},
-            "draft_model_shape": {
-                key: json.loads((drafters["draft_model"][0] / "config.json").read_text())[key]
-                for key in ("hidden_size", "num_hidden_layers", "intermediate_size")
-            },
+            **(
+                {
+                    "draft_model_shape": {
+                        key: json.loads((drafters["draft_model"][0] / "config.json").read_text())[key]
+                        for key in ("hidden_size", "num_hidden_layers", "intermediate_size")
+                    }
+                }
+                if "draft_model" in drafters
+                else {}
+            ),
             "prompts": settings["prompts"],
             "max_tokens": settings["max_tokens"],
             "gammas": list(settings["gammas"]),
             "rounds": settings["rounds"],
         },
         "training": {m: {**d[1], "cached": d[2]} for m, d in drafters.items()},
-        "speculative_configs": speculative_configs,
         "vllm": {
             "version": engine.version(),
             "device": engine.device,
-            "server_starts": starts,
+            "server_starts": sum(block["server_starts"] for block in blocks.values()),
         },
         "machine": machine_facts(load_at_start, ("torch", "transformers")),
         "seconds": {
@@ -363,3 +527,6 @@ def run_vllm(quick: bool, size: str | None, workdir: Path, draft_sampling: str |
             "total": round(time.perf_counter() - started, 1),
         },
     }
+    out["comparison"] = comparison_rows(blocks)
+    print(comparison_markdown(out), file=sys.stderr)
+    return out
