@@ -7,7 +7,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from draftsync.speculative.methods import DEFAULT_METHOD, DFLASH_FAMILY, METHODS, TRAINED_METHODS, is_eagle3_family
+from draftsync.speculative.methods import (
+    DEFAULT_METHOD,
+    DFLASH_BLOCK_SIZE,
+    DFLASH_FAMILY,
+    DFLASH_MAX_BLOCK_SIZE,
+    METHODS,
+    TRAINED_METHODS,
+    is_eagle3_family,
+)
 
 # vLLM's draft_sample_method, shared by deployments and the validation profile that measures them (vllm_args.py).
 DraftSampling = Literal["greedy", "probabilistic"]
@@ -135,7 +143,7 @@ class SyncProfile(BaseModel):
     # DFlash: positions of one drafted block, the committed token included, so it drafts up to block_size - 1 tokens
     # a step (vLLM sizes its buffers by num_speculative_tokens + 1 and the reference trainers stop at 16); and the
     # token of the block's masked rows (None: the target's pad token, else the last id of its vocabulary).
-    block_size: int = Field(8, ge=2, le=16)
+    block_size: int = Field(DFLASH_BLOCK_SIZE, ge=2, le=DFLASH_MAX_BLOCK_SIZE)
     mask_token_id: int | None = Field(None, ge=0)
     train_steps: int = Field(300, ge=1, le=MAX_COUNT)
     # A warm start from the previous target version's drafter (same method and shapes) needs fewer steps.

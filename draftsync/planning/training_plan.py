@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from draftsync.planning.stages import Occupant, Refusal, StagePlan
 from draftsync.planning.worker import HOST_RESERVE_GIB, GiB, Worker, gib
-from draftsync.speculative.methods import DFLASH_FAMILY, METHODS, is_eagle3_family
+from draftsync.speculative.methods import DFLASH_ANCHORS, DFLASH_FAMILY, DFLASH_LAYERS, METHODS, is_eagle3_family
 
 if TYPE_CHECKING:
     from draftsync.planning.target_shape import TargetShape
@@ -27,10 +27,6 @@ HOST_WORKING_GIB = 2.0  # a GPU stage's host memory beyond its buffers: the proc
 # a CPU worker at 0.2 TFLOP/s.
 GPU_FLOPS = 0.4 * 989e12
 CPU_FLOPS = 0.2e12
-# The DFlash drafter a sync trains: dflash/model.py's defaults (one draft layer, 16 blocks drawn a window), kept here
-# so that a plan needs no torch; tests/unit/planning/test_sync_plan.py holds them to the model's.
-DFLASH_LAYERS = 1
-DFLASH_ANCHORS = 16
 
 
 @dataclass(frozen=True)

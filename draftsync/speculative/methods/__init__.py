@@ -90,6 +90,13 @@ PEAGLE = DrafterMethod(
     gamma_limit_field="max_draft_tokens",
     parallel_drafting=True,
 )
+# A DFlash drafter's shape and training defaults, read by its model, the sync profile and the plan alike: the
+# positions of one block (the committed token included, so it drafts block_size - 1 tokens), the most vLLM's
+# buffers and the reference trainers use, its draft layers and the blocks drawn per training window.
+DFLASH_BLOCK_SIZE = 8
+DFLASH_MAX_BLOCK_SIZE = 16
+DFLASH_LAYERS = 2
+DFLASH_ANCHORS = 32
 DRAFT_MODEL = DrafterMethod("draft_model", DRAFT_MODEL_FAMILY, vllm_method="draft_model", trained=False)
 NGRAM = DrafterMethod("ngram", NGRAM_FAMILY, vllm_method="ngram", trained=False, needs_checkpoint=False)
 
