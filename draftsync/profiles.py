@@ -13,6 +13,9 @@ from draftsync.speculative.methods import (
     DFLASH_FAMILY,
     DFLASH_MAX_BLOCK_SIZE,
     METHODS,
+    PEAGLE_FAMILY,
+    PEAGLE_LONGEST_PROPOSAL,
+    PEAGLE_MAX_DRAFT_TOKENS,
     TRAINED_METHODS,
     is_eagle3_family,
 )
@@ -145,6 +148,9 @@ class SyncProfile(BaseModel):
     # token of the block's masked rows (None: the target's pad token, else the last id of its vocabulary).
     block_size: int = Field(DFLASH_BLOCK_SIZE, ge=2, le=DFLASH_MAX_BLOCK_SIZE)
     mask_token_id: int | None = Field(None, ge=0)
+    # P-EAGLE: the depths it learns, every one at each training step, so the longest proposal it drafts (vLLM appends
+    # num_speculative_tokens - 1 masked slots, at most 16); its masked rows take mask_token_id as DFlash's do.
+    max_draft_tokens: int = Field(PEAGLE_MAX_DRAFT_TOKENS, ge=1, le=PEAGLE_LONGEST_PROPOSAL)
     train_steps: int = Field(300, ge=1, le=MAX_COUNT)
     # A warm start from the previous target version's drafter (same method and shapes) needs fewer steps.
     warm_start: bool = True
@@ -224,19 +230,25 @@ class SyncProfile(BaseModel):
 
     @model_validator(mode="after")
     def _gamma_within_the_block(self) -> SyncProfile:
-        """A DFlash drafter is saved for its gamma and swept from the range's low end: both within its block."""
-        if METHODS[self.method].family != DFLASH_FAMILY:
+        """A block drafter is saved for its gamma and swept from the range's low end: both within what one pass
+        drafts (DFlash: block_size - 1 after the committed token; P-EAGLE: the max_draft_tokens depths it learns)."""
+        family = METHODS[self.method].family
+        if family == DFLASH_FAMILY:
+            noun, knob, most, needed = "block", "block_size", self.block_size - 1, self.gamma + 1
+        elif family == PEAGLE_FAMILY:
+            noun, knob, most, needed = "drafter", "max_draft_tokens", self.max_draft_tokens, self.gamma
+        else:
             return self
-        most = self.block_size - 1
+        drafter = f"{self.method} {noun} of {knob} {getattr(self, knob)}"
         if self.gamma > most:
             raise ValueError(
-                f"gamma {self.gamma} is more than a {self.method} block of block_size {self.block_size} drafts "
-                f"({most}): use gamma <= {most} or block_size >= {self.gamma + 1}"
+                f"gamma {self.gamma} is more than a {drafter} drafts ({most}): use gamma <= {most} or "
+                f"{knob} >= {needed}"
             )
         if self.validation.gamma_range[0] > most:
             raise ValueError(
                 f"validation.gamma_range {list(self.validation.gamma_range)} starts above the {most} tokens a "
-                f"{self.method} block of block_size {self.block_size} drafts: lower its start or raise block_size"
+                f"{drafter} drafts: lower its start or raise {knob}"
             )
         return self
 

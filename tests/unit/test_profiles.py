@@ -77,6 +77,41 @@ def test_a_dflash_block_vllm_cannot_serve_is_refused_when_the_profile_is_read(tm
     assert named in error.value.what and error.value.fix
 
 
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("method: peagle\nmax_draft_tokens: 0\n", "max_draft_tokens: Input should be greater than or equal to 1"),
+        ("method: peagle\nmax_draft_tokens: 17\n", "max_draft_tokens: Input should be less than or equal to 16"),
+        (
+            "method: peagle\nmax_draft_tokens: 3\ngamma: 4\n",
+            "gamma 4 is more than a peagle drafter of max_draft_tokens 3 drafts (3): use gamma <= 3 or "
+            "max_draft_tokens >= 4",
+        ),
+        (
+            "method: peagle\nmax_draft_tokens: 4\nvalidation:\n  gamma_range: [5, 8]\n",
+            "gamma_range [5, 8] starts above the 4 tokens a peagle drafter of max_draft_tokens 4 drafts",
+        ),
+    ],
+)
+def test_a_peagle_proposal_longer_than_its_depths_is_refused_when_the_profile_is_read(tmp_path, text, named):
+    path = tmp_path / "peagle.yaml"
+    path.write_text(text)
+    with pytest.raises(DraftsyncError) as error:
+        profile(str(path))
+    assert named in error.value.what and error.value.fix
+
+
+def test_a_peagle_profile_drafts_up_to_its_depths_and_other_methods_ignore_them(tmp_path):
+    """P-EAGLE's gamma may reach max_draft_tokens (no committed token in its count, unlike a DFlash block)."""
+    from draftsync.profiles import with_changes
+
+    chosen = with_changes(profile("production"), "sync --method peagle", method="peagle", max_draft_tokens=4)
+    assert (chosen.max_draft_tokens, chosen.gamma) == (4, 4)
+    assert profile("production").max_draft_tokens == 6  # the drafter's default depths
+    # another method's gamma is not bound by P-EAGLE's depths, nor by DFlash's block
+    assert with_changes(profile("production"), "sync", gamma=8, max_draft_tokens=2, block_size=2).gamma == 8
+
+
 def test_a_dflash_profile_sweeps_within_its_block_and_a_commands_options_are_checked_alike():
     from draftsync.profiles import with_changes
 

@@ -97,6 +97,10 @@ DFLASH_BLOCK_SIZE = 8
 DFLASH_MAX_BLOCK_SIZE = 16
 DFLASH_LAYERS = 2
 DFLASH_ANCHORS = 32
+# P-EAGLE's: the depths a drafter learns by default (its proposal's longest) and the most vLLM drafts, since it
+# appends num_speculative_tokens - 1 masked slots to every verified request.
+PEAGLE_MAX_DRAFT_TOKENS = 6
+PEAGLE_LONGEST_PROPOSAL = 16
 DRAFT_MODEL = DrafterMethod("draft_model", DRAFT_MODEL_FAMILY, vllm_method="draft_model", trained=False)
 NGRAM = DrafterMethod("ngram", NGRAM_FAMILY, vllm_method="ngram", trained=False, needs_checkpoint=False)
 

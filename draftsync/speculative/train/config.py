@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.methods import DEFAULT_METHOD, METHODS, is_eagle3_family
+from draftsync.speculative.methods import DEFAULT_METHOD, DFLASH_FAMILY, METHODS, PEAGLE_FAMILY, is_eagle3_family
 from draftsync.speculative.train.data_parallel import DDP, REPLICAS
 
 if TYPE_CHECKING:
@@ -22,6 +22,7 @@ FIELDS_ADDED_LATER = (
     "teacher_temperature",
     "block_size",
     "mask_token_id",
+    "max_draft_tokens",
 )
 # How a step is laid out in memory, not what it computes: a checkpoint resumes across them.
 MEMORY_ONLY_FIELDS = ("batch_tokens", "activation_checkpointing", "data_parallel")
@@ -42,6 +43,7 @@ class TrainConfig:
     # the drafter's defaults (the mask: the target's pad token, else its last id)
     block_size: int | None = None
     mask_token_id: int | None = None
+    max_draft_tokens: int | None = None  # P-EAGLE: the depths it learns each step; None: the drafter's default
     draft_model_parameters: int | None = None  # draft_model only: parameter budget (None: an eagle3 drafter's)
     steps: int = 200
     batch_size: int = 16
@@ -74,13 +76,16 @@ class TrainConfig:
     @classmethod
     def from_profile(cls, profile: SyncProfile, warm_start: bool) -> TrainConfig:
         """The config a sync with `profile` trains with (`warm_start`: continuing the previous version's drafter)."""
+        family = METHODS[profile.method].family
         return cls(
             method=profile.method,
             draft_vocab_size=None if METHODS[profile.method].full_vocabulary else profile.draft_vocab_size,
             aux_layer_ids=profile.aux_layer_ids,
             medusa_heads=profile.medusa_heads,
-            block_size=profile.block_size,
-            mask_token_id=profile.mask_token_id,
+            # a method's own options only where it takes them, so another method's fingerprint stays as it was
+            block_size=profile.block_size if family == DFLASH_FAMILY else None,
+            mask_token_id=profile.mask_token_id if family in (DFLASH_FAMILY, PEAGLE_FAMILY) else None,
+            max_draft_tokens=profile.max_draft_tokens if family == PEAGLE_FAMILY else None,
             steps=profile.warm_start_steps if warm_start else profile.train_steps,
             batch_size=profile.batch_size,
             seq_len=profile.seq_len,

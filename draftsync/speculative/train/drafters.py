@@ -40,6 +40,7 @@ def new_drafter_for(target_model: Any, dataset: ShardDataset, config: TrainConfi
             draft_model_parameters=config.draft_model_parameters,
             block_size=config.block_size,
             mask_token_id=config.mask_token_id,
+            max_draft_tokens=config.max_draft_tokens,
         )
     if drafter.config.draft_vocab_size < vocab_size:
         d2t, t2d = build_draft_vocab(dataset.token_counts(), drafter.config.draft_vocab_size)
