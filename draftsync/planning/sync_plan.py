@@ -195,7 +195,7 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
 
 def check_drafter_settings(target: TargetShape, profile: SyncProfile) -> None:
     """Refuse, before any work, what the profile asks of a drafter that this target cannot give it: aux layer ids
-    it does not have, a DFlash mask token outside its vocabulary (the block size is the profile's own check)."""
+    it does not have, a block drafter's mask token outside its vocabulary (its block is the profile's own check)."""
     from draftsync.speculative.data.hidden_states import default_aux_layer_ids
 
     method = METHODS[profile.method]
@@ -211,7 +211,7 @@ def check_drafter_settings(target: TargetShape, profile: SyncProfile) -> None:
                 f"depths ({list(default_aux_layer_ids(target.layers))} here)",
             )
     mask = profile.mask_token_id
-    if dflash and mask is not None and mask >= target.vocab:
+    if method.drafts_block and mask is not None and mask >= target.vocab:  # DFlash's and P-EAGLE's masked rows
         raise DraftsyncError(
             f"sync profile {profile.name}: mask_token_id {mask} is outside the vocabulary of {target.name} "
             f"(0..{target.vocab - 1})",

@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from draftsync.planning.stages import Occupant, Refusal, StagePlan
 from draftsync.planning.worker import HOST_RESERVE_GIB, GiB, Worker, gib
-from draftsync.speculative.methods import DFLASH_ANCHORS, DFLASH_FAMILY, DFLASH_LAYERS, METHODS, is_eagle3_family
+from draftsync.speculative.methods import (
+    DFLASH_ANCHORS,
+    DFLASH_FAMILY,
+    DFLASH_LAYERS,
+    METHODS,
+    PEAGLE_FAMILY,
+    is_eagle3_family,
+)
 
 if TYPE_CHECKING:
     from draftsync.planning.target_shape import TargetShape
@@ -175,7 +182,7 @@ def step_shape(target: TargetShape, profile: SyncProfile, tokens: int, checkpoin
         intermediate=target.intermediate,
         batch=tokens // profile.seq_len,
         seq_len=profile.seq_len,
-        ttt_steps=profile.ttt_steps if is_eagle3_family(profile.method) else 1,
+        ttt_steps=_depths(profile),
         head_bytes=width,
         activation_bytes=width,
         checkpointing=checkpointing,
@@ -193,7 +200,7 @@ def drafter_counts(target: TargetShape, profile: SyncProfile) -> tuple[int, int]
 def _hours(target: TargetShape, profile: SyncProfile, processes: int, on_gpu: bool) -> float:
     """Estimated from the step's FLOPs at the assumed throughput: hours or weeks, no finer."""
     trainable, _ = drafter_counts(target, profile)
-    ttt = profile.ttt_steps if is_eagle3_family(profile.method) else 1
+    ttt = _depths(profile)
     whole = profile.batch_size * profile.seq_len
     if _dflash(profile):
         flops = profile.train_steps * _block_step_flops(step_shape(target, profile, whole, False, 2), trainable)
@@ -212,6 +219,17 @@ def _block_step_flops(shape: Any, trainable: int) -> float:
     layers = 6 * rows * (trainable - shape.aux_layers * h * h)
     attention = 6 * shape.draft_layers * rows * (shape.seq_len + shape.block_rows) * 2 * shape.heads * shape.head_dim
     return 2 * shape.tokens * h * shape.vocab + context + layers + attention + 4 * rows * h * shape.vocab
+
+
+def _depths(profile: SyncProfile) -> int:
+    """The positions ahead an EAGLE-style layer is run for at each training step, each with its activations and
+    logits kept for backward: EAGLE-3's training-time-test steps, or every one of P-EAGLE's max_draft_tokens depths
+    (its objective trains them all, whatever ttt_steps says); 1 for the others."""
+    if is_eagle3_family(profile.method):
+        return profile.ttt_steps
+    if METHODS[profile.method].family == PEAGLE_FAMILY:
+        return profile.max_draft_tokens
+    return 1
 
 
 def _dflash(profile: SyncProfile) -> bool:

@@ -494,3 +494,32 @@ def test_dflash_settings_the_target_cannot_have_are_refused_before_any_work(conf
     with pytest.raises(DraftsyncError) as error:
         plan_sync(target, Worker(1, 80, 256, 4000), _dflash(**changes), 1000)
     assert said in error.value.what and fix in error.value.fix
+
+
+def _peagle(**changes):
+    from draftsync.profiles import with_changes
+
+    return with_changes(profile("production"), "a test", method="peagle", **changes)
+
+
+def test_a_peagle_plan_counts_every_depth_it_trains_a_step(config_only):
+    """P-EAGLE trains all max_draft_tokens depths each step (its ttt_steps does not apply): its step is sized as an
+    EAGLE-3 step of that many training-time-test steps, in memory and in time; its mask token is checked as DFlash's."""
+    from draftsync.errors import DraftsyncError
+
+    target = TargetShape.from_directory(config_only / "llama-3.1-8b")
+    worker = Worker(1, 80, 256, 4000)
+
+    def training(chosen):
+        plan = plan_sync(target, worker, chosen, 1000)
+        return plan, next(s for s in plan.stages if s.stage == "training")
+
+    six, two = training(_peagle(max_draft_tokens=6)), training(_peagle(max_draft_tokens=2, gamma=2))
+    eagle3_six = training(profile("production").model_copy(update={"ttt_steps": 6}))
+    assert six[1].hours_estimate == pytest.approx(3 * two[1].hours_estimate)
+    assert six[1].hours_estimate == pytest.approx(eagle3_six[1].hours_estimate)
+    assert six[1].gpu_gib == pytest.approx(eagle3_six[1].gpu_gib, rel=1e-6)
+    assert six[1].gpu_gib > two[1].gpu_gib
+    assert training(_peagle(ttt_steps=1))[1].gpu_gib == six[1].gpu_gib  # ttt_steps is not P-EAGLE's
+    with pytest.raises(DraftsyncError, match="mask_token_id 128256 is outside the vocabulary"):
+        plan_sync(target, worker, _peagle(mask_token_id=128256), 1000)
