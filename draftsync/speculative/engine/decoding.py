@@ -2,7 +2,11 @@
 
 Lossless by construction: at T=0 a draft token is accepted only if it is the target's greedy token; at
 T>0 it is accepted with probability min(1, p/q) and a rejection resamples from the normalised residual
-max(0, p - q), so the output follows the target's own distribution. When every draft is accepted the
+max(0, p - q), so the output follows the target's own distribution. At T>0 the drafts are verified either of
+vLLM's two ways (its `draft_sample_method`): "probabilistic" samples each draft from the drafter's q; "greedy"
+(vLLM's default) drafts the drafter's argmax and verifies it as a one-hot q: kept with probability p(x), a
+rejection resampling from p with x removed. Both are lossless; they differ in how much is accepted, which
+validation measures (docs/VALIDATION.md). When every draft is accepted the
 target's distribution after the last one gives a bonus token. The target's KV cache is cropped back to
 the accepted prefix. Counters follow vLLM's spec-decode metrics (drafts, draft tokens, accepted, per
 position); a step whose proposal is empty (n-gram lookup without a match) is no draft, as in vLLM.
@@ -52,9 +56,12 @@ class Generation:
     first_token_seconds: float = 0.0  # time to the first token (the prefill), part of `seconds`
 
 
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")  # vLLM's draft_sample_method values, its default first
+
+
 def verify_proposals(
     proposals: list[int],
-    draft_distributions: list[torch.Tensor],
+    draft_distributions: list[torch.Tensor] | None,
     target_logits: torch.Tensor,
     temperature: float,
     generator: torch.Generator,
@@ -65,7 +72,9 @@ def verify_proposals(
     T=0: a proposal stands if it is the target's greedy token, and the first mismatch is replaced by it.
     T>0: proposal x drawn from q is kept with probability min(1, p(x)/q(x)); the first rejection draws from
     max(0, p - q) normalised, so every emitted token follows p exactly. All kept: a bonus token from p.
-    `draft_distributions` (T>0 only) are each proposal's q over the target vocabulary.
+    `draft_distributions` (T>0 only) are each proposal's q over the target vocabulary; None: each proposal is the
+    drafter's argmax (vLLM's greedy draft sampling), a one-hot q, so it is kept with probability p(x) and a
+    rejection draws from p without x, as vLLM's rejection sampler does without draft probabilities.
     """
     import torch
 
@@ -76,7 +85,11 @@ def verify_proposals(
                 return i, greedy
             continue
         p = torch.softmax(target_logits[i] / temperature, dim=-1)
-        q = draft_distributions[i]
+        if draft_distributions is None:
+            q = torch.zeros_like(p)
+            q[token] = 1.0
+        else:
+            q = draft_distributions[i]
         if float(torch.rand((), generator=generator)) * float(q[token]) < float(p[token]):
             continue
         residual = (p - q).clamp_min(0)
@@ -101,14 +114,20 @@ class SpeculativeEngine:
 
     `drafter`: any drafter object of the shared interface (Eagle3Drafter, EagleDrafter, MedusaDrafter,
     DraftModelDrafter), the name "ngram", or a proposer (methods/proposing.py); None or gamma 0 turns speculation off.
+    `draft_sampling` is how drafts are made and verified at T>0 (`DRAFT_SAMPLE_METHODS`; see `verify_proposals`).
     """
 
-    def __init__(self, target_model: Any, drafter: Any, gamma: int):
+    def __init__(self, target_model: Any, drafter: Any, gamma: int, draft_sampling: str = "probabilistic"):
         from draftsync.speculative.data.hidden_states import cache_keyword, num_decoder_layers
         from draftsync.speculative.methods.registry import make_proposer
 
         if gamma < 0:
             raise DraftsyncError(f"gamma={gamma} is negative", "use gamma >= 0 (0 turns speculation off)")
+        if draft_sampling not in DRAFT_SAMPLE_METHODS:
+            raise DraftsyncError(
+                f"draft sampling {draft_sampling!r} is unknown", f"use one of {', '.join(DRAFT_SAMPLE_METHODS)}"
+            )
+        self.draft_sampling = draft_sampling
         self.target = target_model.eval()
         self.proposer: Proposer | None = make_proposer(drafter) if drafter is not None and gamma > 0 else None
         if self.proposer is not None:
@@ -135,6 +154,22 @@ class SpeculativeEngine:
             return out.logits[0].float(), None
         states = capture(self.target, input_ids, self.layer_ids, cache=cache)
         return states.logits[0].float(), (states.aux[0] if self.target_states == "aux" else states.final[0])
+
+    def _propose(
+        self,
+        proposer: Proposer,
+        committed: list[int],
+        pending: Any,
+        state: Any,
+        gamma: int,
+        temperature: float,
+        generator: torch.Generator,
+    ) -> tuple[list[int], list[torch.Tensor] | None]:
+        """The proposals and their q; greedy draft sampling asks the proposer for its argmax (None: one-hot q)."""
+        if self.draft_sampling == "greedy" and temperature > 0:
+            proposals, _ = proposer.propose(committed, pending, state, gamma, 0.0, generator)
+            return proposals, None
+        return proposer.propose(committed, pending, state, gamma, temperature, generator)
 
     # ---- generation -------------------------------------------------------------------------------
     def generate(
@@ -180,8 +215,8 @@ class SpeculativeEngine:
                 gamma = min(self.gamma, max_new_tokens - len(out) - 1)
                 proposals: list[int] = []
                 if proposer is not None and gamma > 0:  # self.gamma is 0 without a proposer
-                    proposals, distributions = proposer.propose(
-                        committed, pending, state, gamma, temperature, generator
+                    proposals, distributions = self._propose(
+                        proposer, committed, pending, state, gamma, temperature, generator
                     )
                     pending = None  # the proposer has consumed them
                 if not proposals:  # nothing to verify: one plain decoding step

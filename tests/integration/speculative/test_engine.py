@@ -154,6 +154,108 @@ def test_sampled_speculation_follows_the_target_distribution(request, target, pr
     assert chi_square < 22.5  # 6 degrees of freedom, p = 0.001
 
 
+# ---- both of vLLM's draft sampling methods are lossless at T=1 ---------------------------------------------------
+FIRST_TOKENS = 3  # the first is the prefill's; with gamma 2 the next two are drafted and verified
+LOSSLESS_SAMPLES = 400  # generations per arm, each its own seed
+SIGNIFICANCE = 0.001  # of each homogeneity test (seeded: the verdict is the same on every run)
+
+
+def first_tokens(engine, prompt, seeds) -> list[tuple[int, ...]]:
+    return [
+        tuple(engine.generate(prompt, FIRST_TOKENS + 1, temperature=1.0, seed=s).token_ids[:FIRST_TOKENS])
+        for s in seeds
+    ]
+
+
+TAIL_GROUPS = 4  # the rarer tokens of a position, grouped by id
+
+
+def homogeneity(first: list[tuple], second: list[tuple]) -> tuple[float, float, int]:
+    """(chi-square statistic, its critical value at SIGNIFICANCE, degrees of freedom) of the test that two samples of
+    token tuples come from one distribution. Each position's token is kept where it is frequent at that position
+    (10 or more in both samples together), else replaced by its id's group (TAIL_GROUPS): the tiny target's tail is
+    flat, and a verifier's error shows in how the likely token and the rest share the mass. The tuples seen 10 or
+    more times are bins, the rest one bin, so every expected count is 5 or more under the null; the bins depend on
+    the pooled counts alone."""
+    from collections import Counter
+
+    from scipy.stats import chi2
+
+    both = first + second
+    frequent = [{tok for tok, n in Counter(t[i] for t in both).items() if n >= 10} for i in range(len(both[0]))]
+
+    def category(sample):
+        return [
+            tuple(tok if tok in frequent[i] else f"group {tok % TAIL_GROUPS}" for i, tok in enumerate(t))
+            for t in sample
+        ]
+
+    first, second = category(first), category(second)
+    pooled = Counter(first + second)
+    bins = [t for t, n in pooled.items() if n >= 10]
+
+    def binned(sample):
+        counts = Counter(t if t in bins else None for t in sample)
+        return torch.tensor([counts[t] for t in bins] + [counts[None]], dtype=torch.float64)
+
+    observed = torch.stack([binned(first), binned(second)])
+    observed = observed[:, observed.sum(0) > 0]
+    expected = observed.sum(1, keepdim=True) * observed.sum(0, keepdim=True) / observed.sum()
+    statistic = float(((observed - expected) ** 2 / expected).sum())
+    df = observed.shape[1] - 1
+    return statistic, float(chi2.ppf(1 - SIGNIFICANCE, df)), df
+
+
+def resample_from_p_on_rejection(proposals, draft_distributions, target_logits, temperature, generator):
+    """A plausible bug for the test to catch: greedy drafts kept with probability p(x), but a rejection redraws from
+    all of p (x included), so x comes out more often than p says."""
+    p = torch.softmax(target_logits / temperature, dim=-1)
+    for i, token in enumerate(proposals):
+        if float(torch.rand((), generator=generator)) >= float(p[i, token]):
+            return i, int(torch.multinomial(p[i], 1, generator=generator))
+    return len(proposals), int(torch.multinomial(p[len(proposals)], 1, generator=generator))
+
+
+def test_both_draft_sampling_methods_keep_the_targets_distribution_at_t1(target, prompts, trained_drafter, monkeypatch):
+    """The first tokens of 400 seeded generations per arm, speculating at gamma 2 with greedy drafts (vLLM's default)
+    and with sampled ones, follow plain sampling's distribution: a chi-square homogeneity test against plain
+    sampling's own 400 does not reject at p = 0.001; the same test rejects a verifier with a wrong residual."""
+    import draftsync.speculative.engine.decoding as decoding
+
+    prompt, n = prompts[0], LOSSLESS_SAMPLES
+    plain = first_tokens(SpeculativeEngine(target, None, 0), prompt, range(n))
+    arms = {
+        sampling: first_tokens(SpeculativeEngine(target, trained_drafter, 2, sampling), prompt, range(n * k, n * k + n))
+        for k, sampling in enumerate(("greedy", "probabilistic"), start=1)
+    }
+    for sampling, sample in arms.items():
+        statistic, critical, df = homogeneity(sample, plain)
+        assert statistic < critical, f"{sampling}: chi-square {statistic:.1f} >= {critical:.1f} ({df} df)"
+    assert len({t[1:] for t in arms["greedy"]}) > 10  # the drafted positions were sampled, not all accepted drafts
+
+    monkeypatch.setattr(decoding, "verify_proposals", resample_from_p_on_rejection)
+    wrong = first_tokens(SpeculativeEngine(target, trained_drafter, 2, "greedy"), prompt, range(4 * n, 5 * n))
+    statistic, critical, df = homogeneity(wrong, plain)
+    assert statistic > critical, f"the test has no power: chi-square {statistic:.1f} < {critical:.1f} ({df} df)"
+
+
+def test_greedy_draft_sampling_verifies_the_argmax_as_vllm_does():
+    """No draft distribution: the draft is kept with probability p(x), and a rejection never redraws x."""
+    p_logits = torch.log(torch.tensor([0.5, 0.3, 0.2]))
+    logits = torch.stack([p_logits, p_logits])
+    generator = torch.Generator().manual_seed(0)
+    outcomes = [verify_proposals([0], None, logits, 1.0, generator) for _ in range(4000)]
+    kept = sum(k for k, _ in outcomes) / len(outcomes)
+    assert abs(kept - 0.5) < 0.03
+    redrawn = [t for k, t in outcomes if k == 0]
+    assert 0 not in redrawn and abs(redrawn.count(1) / len(redrawn) - 0.6) < 0.04
+
+
+def test_an_unknown_draft_sampling_is_refused(target, trained_drafter):
+    with pytest.raises(DraftsyncError, match="draft sampling"):
+        SpeculativeEngine(target, trained_drafter, 2, "typical")
+
+
 # ---- bad input -------------------------------------------------------------------------------------
 def test_a_drafter_for_another_vocabulary_is_refused(target):
     from transformers import LlamaConfig
