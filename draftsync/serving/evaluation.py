@@ -88,6 +88,9 @@ class EvaluationBackend(Protocol):
 
     name: str
     max_gamma: int  # the most draft tokens the drafter can propose (Medusa: its heads)
+    # How drafts are made and verified at T>0 (vLLM's draft_sample_method: "greedy" or "probabilistic"; None: the
+    # backend's own). Settable between calls: validation measures both methods at a temperature above 0.
+    draft_sampling: str | None
     # True when changing gamma between calls costs nothing (the reference engine keeps one engine per gamma);
     # False when it rebuilds an engine (vLLM): timings are then paired per batch instead of per request.
     cheap_gamma_switch: bool
@@ -140,7 +143,7 @@ class ReferenceBackend:
     its `max_tokens`, the same load whatever the target answers, as benchmarks want; the checklist turns it off,
     so acceptance is counted on what a served request returns (a request ends at the target's EOS). `close()`
     gives the process its threads back: a sync trains after it validates, and training on one of two cores took
-    45 s longer in the demo.
+    45 s longer in the demo. `draft_sampling` is the engine's (`SpeculativeEngine`: "probabilistic" unless told).
     """
 
     name = "reference"
@@ -153,6 +156,7 @@ class ReferenceBackend:
         threads: int | None = 1,
         log_dir: str | Path | None = None,
         ignore_eos: bool = True,
+        draft_sampling: str | None = None,
     ):
         import torch
 
@@ -170,11 +174,16 @@ class ReferenceBackend:
             self.max_gamma = int(self.drafter.fixed_positions)  # Medusa: one proposal per head
         else:
             self.max_gamma = 16  # chains draft as far as asked
-        self._engines: dict[int, Any] = {}
+        self._engines: dict[tuple[int, str], Any] = {}  # (gamma, draft sampling) -> engine
+        self.draft_sampling = draft_sampling
         self.target_dir, self.drafter_dir = Path(target_dir), Path(drafter_dir) if drafter_dir is not None else None
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.ignore_eos = bool(ignore_eos)
-        self._servers: dict[int, Any] = {}  # gamma -> ServerProcess
+        self._servers: dict[tuple[int, str], Any] = {}  # (gamma, draft sampling) -> ServerProcess
+
+    @property
+    def _sampling(self) -> str:
+        return self.draft_sampling or "probabilistic"
 
     def engine(self, gamma: int) -> Any:
         from draftsync.speculative.engine.decoding import SpeculativeEngine
@@ -184,9 +193,10 @@ class ReferenceBackend:
                 f"gamma {gamma} is more than this drafter proposes ({self.max_gamma})",
                 f"use a gamma of at most {self.max_gamma}",
             )
-        if gamma not in self._engines:
-            self._engines[gamma] = SpeculativeEngine(self.target, self.drafter if gamma else None, gamma)
-        return self._engines[gamma]
+        key = (gamma, self._sampling)
+        if key not in self._engines:
+            self._engines[key] = SpeculativeEngine(self.target, self.drafter if gamma else None, gamma, self._sampling)
+        return self._engines[key]
 
     def generate(
         self, requests: Sequence[EvalRequest], gamma: int, temperature: float, seed: int
@@ -233,21 +243,22 @@ class ReferenceBackend:
                 "the CPU reference server takes no per-batch-size schedule (it answers one request at a time)",
                 "measure the schedule on vLLM (backend vllm)",
             )
-        server = self._servers.get(gamma)
+        server = self._servers.get((gamma, self._sampling))
         if server is None or not server.running():
             self.prepare_endpoints([gamma])
-        return self._servers[gamma].url
+        return self._servers[(gamma, self._sampling)].url
 
     def prepare_endpoints(self, gammas: Sequence[int]) -> None:
         """Start a reference server per gamma at once (each is a process importing torch: about 6 s, which two
         processes spend side by side on two cores), then wait until every one is healthy."""
-        wanted = [g for g in dict.fromkeys(gammas) if g not in self._servers or not self._servers[g].running()]
+        keys = [(g, self._sampling) for g in dict.fromkeys(gammas)]
+        wanted = [key for key in keys if key not in self._servers or not self._servers[key].running()]
         if not wanted:
             return
         self._stop_servers()
         try:
-            for gamma in wanted:
-                self._servers[gamma] = self._launch(gamma)
+            for key in keys:
+                self._servers[key] = self._launch(key[0])
             for server in self._servers.values():
                 server.wait_healthy(timeout=REFERENCE_START_TIMEOUT_S)
         except DraftsyncError:
@@ -262,14 +273,20 @@ class ReferenceBackend:
 
         port = free_port()
         argv = reference_server_command(
-            self.target_dir, self.drafter_dir if gamma else None, gamma, "127.0.0.1", port, SERVED_NAME
+            self.target_dir,
+            self.drafter_dir if gamma else None,
+            gamma,
+            "127.0.0.1",
+            port,
+            SERVED_NAME,
+            draft_sampling=self._sampling if gamma else None,
         )
         log_dir = self.log_dir or Path(tempfile.gettempdir()) / "draftsync-evaluation"
         return ServerProcess(
             argv,
             "127.0.0.1",
             port,
-            log_dir / f"reference-gamma{gamma}-{port}.log",
+            log_dir / f"reference-gamma{gamma}-{self._sampling}-{port}.log",
             env={"DRAFTSYNC_TORCH_THREADS": "1"},
         ).start()
 

@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.engine.decoding import DRAFT_SAMPLE_METHODS
 
 # vLLM's time-per-output-token buckets, with finer ones in front for tiny CPU models.
 TPOT_BUCKETS = (
@@ -66,8 +67,10 @@ def reference_server_command(
     host: str,
     port: int,
     served_model_name: str,
+    draft_sampling: str | None = None,
 ) -> list[str]:
-    """The argument list that runs this server with the current interpreter.
+    """The argument list that runs this server with the current interpreter; `draft_sampling` (with a drafter): how
+    drafts are made and verified at T>0, as vLLM's draft_sample_method (None: the engine's own, probabilistic).
 
     The directories must lie inside the model roots (model_paths.py): refused here, before a process starts; the
     server checks them again itself."""
@@ -79,6 +82,8 @@ def reference_server_command(
     argv = [sys.executable, "-m", "draftsync.serving.reference_server", "--target", str(target_dir)]
     if drafter_dir is not None:
         argv += ["--drafter", str(drafter_dir), "--gamma", str(int(gamma))]
+        if draft_sampling is not None:
+            argv += ["--draft-sampling", draft_sampling]
     return argv + ["--host", host, "--port", str(int(port)), "--served-model-name", served_model_name]
 
 
@@ -340,7 +345,13 @@ def create_app(service: CompletionService) -> Starlette:
     )
 
 
-def load_service(target_dir: Path, drafter_dir: Path | None, gamma: int | None, model_name: str) -> CompletionService:
+def load_service(
+    target_dir: Path,
+    drafter_dir: Path | None,
+    gamma: int | None,
+    model_name: str,
+    draft_sampling: str = "probabilistic",
+) -> CompletionService:
     """Load the target (and drafter) and wrap them in an engine; errors name the checkpoint at fault."""
     from draftsync.speculative.targets import load_target
 
@@ -353,7 +364,9 @@ def load_service(target_dir: Path, drafter_dir: Path | None, gamma: int | None, 
 
         drafter = load_drafter(drafter_dir)
         assert gamma is not None, "a drafter is served with its gamma"
-    engine = SpeculativeEngine(model, drafter, gamma if gamma is not None and drafter is not None else 0)
+    engine = SpeculativeEngine(
+        model, drafter, gamma if gamma is not None and drafter is not None else 0, draft_sampling=draft_sampling
+    )
     return CompletionService(
         engine,
         tokenizer,
@@ -373,6 +386,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--target", type=Path, required=True, help="target checkpoint directory (HF format)")
     parser.add_argument("--drafter", type=Path, help="EAGLE-3 drafter directory (speculators format)")
     parser.add_argument("--gamma", type=int, help="speculative tokens per draft (required with --drafter)")
+    parser.add_argument(
+        "--draft-sampling",
+        choices=DRAFT_SAMPLE_METHODS,
+        default="probabilistic",
+        help="at T>0: drafts sampled from the drafter (probabilistic) or its argmax (greedy, vLLM's default)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", required=True)
@@ -401,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
                     "set it to e.g. 1 or 2, or unset it",
                 )
             torch.set_num_threads(int(threads))
-        service = load_service(target, drafter, args.gamma, args.served_model_name)
+        service = load_service(target, drafter, args.gamma, args.served_model_name, args.draft_sampling)
     except DraftsyncError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 2

@@ -188,14 +188,16 @@ class VllmBackend:
         self.extra_args = self.resources.merged_args(extra_args)
         self.ignore_eos = bool(ignore_eos)
         self.prompt_lookup = (prompt_lookup_min, prompt_lookup_max)
-        self.draft_sampling = draft_sampling  # vLLM's draft_sample_method (render_vllm_command); None: its default
+        # vLLM's draft_sample_method (render_vllm_command); None: its default. Settable: a server started under
+        # another is restarted when next asked for.
+        self.draft_sampling = draft_sampling
         if needs_no_checkpoint(self.method):  # a bad lookup window fails here, not when a server starts
             self.launch(1, 0)
         self.engine = engine  # found when the first server starts
         self.starts = 0
         self._server: Any = None
         self._speculating = False  # whether the running server drafts
-        self._key: tuple | None = None  # (gamma, schedule) of the running server
+        self._key: tuple | None = None  # (gamma, schedule, draft sampling) of the running server
         self._tokenizer: Any = None
 
     def launch(self, gamma: int, port: int, schedule: list | None = None) -> Any:
@@ -236,12 +238,12 @@ class VllmBackend:
         """Nothing: a vLLM server holds its whole KV cache, so one runs at a time and starts when asked for."""
 
     def server(self, gamma: int, schedule: list | None = None) -> Any:
-        """The running server for `gamma` (and `schedule`), starting it (and stopping the one before) when either
-        changes."""
+        """The running server for `gamma` (and `schedule`, and the draft sampling), starting it (and stopping the one
+        before) when any changes."""
         from draftsync.serving.process import free_port
         from draftsync.serving.vllm_engine import find_vllm_engine, start_vllm_server, wait_until_serving
 
-        key = (gamma, tuple(tuple(entry) for entry in schedule or ()))
+        key = (gamma, tuple(tuple(entry) for entry in schedule or ()), self.draft_sampling if gamma else None)
         if self._server is not None and self._key == key:
             if not self._server.running():  # died since its last answer: say so rather than restart it quietly
                 raise self._died("the server process is gone")

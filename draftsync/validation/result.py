@@ -85,6 +85,40 @@ class Prediction:
 
 
 @dataclass(frozen=True)
+class DraftSamplingFigures:
+    """One draft sampling method's sweep at the deployment's temperature and its knee: what the choice compares."""
+
+    gamma_knee: int
+    gamma_fastest: int
+    tpot_ms: float  # at its knee
+    plain_tpot_ms: float  # plain decoding on the sweep's requests (NaN where none was measured)
+    speedup: float  # plain / speculative TPOT at its knee
+    acceptance_rate: float  # at its knee, with the sweep's lower bound
+    acceptance_rate_lower: float
+    mean_acceptance_length: float
+    clears_floor: bool  # the knee's acceptance bound clears the floor the knee must clear
+    gamma_sweep: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class DraftSamplingChoice:
+    """How the served pair samples its drafts (vLLM's draft_sample_method), chosen by measurement. At T>0 both
+    methods are swept and the better at its knee serves; at T=0 drafts are the argmax either way: nothing to choose
+    (`chosen` None, `measured` empty)."""
+
+    chosen: str | None
+    reason: str
+    measured: dict[str, DraftSamplingFigures] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "chosen": self.chosen,
+            "reason": self.reason,
+            "measured": {name: asdict(figures) for name, figures in self.measured.items()},
+        }
+
+
+@dataclass(frozen=True)
 class ChecklistResult:
     """The checklist's measurements on one (target, drafter) pair and its gates (`runner.run_checklist`)."""
 
@@ -98,6 +132,8 @@ class ChecklistResult:
     # Why the served gamma (the knee) and not the fastest: a tie, the gate, a step-down. Keyword-only, so that it
     # stands here, next to the gammas, in as_dict() while it keeps its default.
     knee_reason: str = field(default="", kw_only=True)
+    # Both draft sampling methods at T>0 and the one the knee and the rollout use; None where nothing recorded it.
+    draft_sampling: DraftSamplingChoice | None = field(default=None, kw_only=True)
     # Gammas validated before the knee and stepped down from, each with the acceptance gates it failed: [{gamma,
     # failed_gates}]; empty when the sweep's knee cleared them.
     gammas_rejected: list[dict[str, Any]]
@@ -134,6 +170,7 @@ class ChecklistResult:
         out = record_dict(
             self,
             omit={"rows", "captured_acceptance", "prediction"},
+            draft_sampling=self.draft_sampling.as_dict() if self.draft_sampling else None,
             after={"temperature": {"passed": self.passed}},
             gates=[gate.to_dict() for gate in self.gates],
             acceptance=asdict(self.acceptance),

@@ -61,6 +61,8 @@ from draftsync.validation.checklist import (
 from draftsync.validation.result import (
     AcceptanceFigures,
     ChecklistResult,
+    DraftSamplingChoice,
+    DraftSamplingFigures,
     MemoryFootprint,
     Prediction,
     RequestCounts,
@@ -70,6 +72,12 @@ from draftsync.validation.result import (
 from draftsync.validation.stress import StressLoad, schedule_check, stress_comparison
 
 GREEDY_CHECK_REQUESTS = 8  # at T>0 the equivalence check reruns this many requests greedily
+# vLLM's draft_sample_method values, its default first: a tie goes to it (no draft probabilities held in memory).
+DRAFT_SAMPLINGS = ("greedy", "probabilistic")
+NOT_AT_T0 = (
+    "does not apply at T=0: drafts are the drafter's argmax and are kept only where they are the target's argmax, "
+    "whichever method; measured once"
+)
 
 
 def validation_requests(task_mix: dict[str, float], count: int, max_tokens: int, seed: int) -> list[EvalRequest]:
@@ -191,6 +199,7 @@ class _Runs:
     plain_greedy: list[RequestResult]
     long: list[RequestResult]
     stress: dict | None  # `stress.stress_comparison` (+ `schedule_check`); None when stress did not run
+    draft_sampling: DraftSamplingChoice
 
 
 def _long_requests(
@@ -312,13 +321,76 @@ def _settle_knee(
     return _AtKnee(gamma, rejected, spec, spec_greedy, captured, plain)
 
 
+def sampling_figures(
+    sweep: list[dict], knee: int, fastest: int, plain_tpot_ms: float, floor: float
+) -> DraftSamplingFigures:
+    """A draft sampling method's sweep summed up at its knee."""
+    row = next(r for r in sweep if int(r["gamma"]) == knee)
+    tpot = row["tpot_ms"]
+    speedup = plain_tpot_ms / tpot if tpot and not math.isnan(tpot) and not math.isnan(plain_tpot_ms) else math.nan
+    lower = row.get("acceptance_rate_lower", row["acceptance_rate"])
+    return DraftSamplingFigures(
+        gamma_knee=knee,
+        gamma_fastest=fastest,
+        tpot_ms=tpot,
+        plain_tpot_ms=round(plain_tpot_ms, 4),
+        speedup=round(speedup, 4),
+        acceptance_rate=row["acceptance_rate"],
+        acceptance_rate_lower=lower,
+        mean_acceptance_length=row["mean_acceptance_length"],
+        clears_floor=bool(lower > floor),
+        gamma_sweep=sweep,
+    )
+
+
+def choose_draft_sampling(measured: dict[str, DraftSamplingFigures], tolerance: float) -> DraftSamplingChoice:
+    """The better draft sampling at its knee, by the knee's own criterion: a knee whose acceptance clears the floor
+    beats one that does not, then the higher speedup (plain / speculative TPOT, each method against the plain runs
+    around its own sweep; the lower TPOT where one plain run, not yet measured, divides both), within `tolerance` a
+    tie that goes to vLLM's default (the first of DRAFT_SAMPLINGS)."""
+    by_tpot = any(math.isnan(figures.speedup) for figures in measured.values())
+
+    def speed(name: str) -> float:
+        figures = measured[name]
+        value = (1.0 / figures.tpot_ms if figures.tpot_ms else math.nan) if by_tpot else figures.speedup
+        return -math.inf if math.isnan(value) else value
+
+    def figures_in_words(name: str) -> str:
+        figures = measured[name]
+        speedup = "" if by_tpot else f", {figures.speedup:.2f}x"
+        floor = "" if figures.clears_floor else ", under the floor"
+        return (
+            f"{name}: gamma {figures.gamma_knee}, {figures.tpot_ms:.2f} ms{speedup}, "
+            f"acceptance {figures.acceptance_rate:.2f}{floor}"
+        )
+
+    names = [name for name in DRAFT_SAMPLINGS if name in measured]
+    contenders = [name for name in names if measured[name].clears_floor] or names
+    best = max(speed(name) for name in contenders)
+    chosen = next(name for name in contenders if speed(name) >= best / (1 + tolerance))
+    if len(contenders) < len(names):
+        why = "the only one whose knee clears the acceptance floor"
+    elif speed(chosen) < best:
+        why = f"within the knee tolerance of {tolerance:.0%} of the fastest, and a tie goes to vLLM's default"
+    else:
+        why = "the fastest at its knee"
+    said = "; ".join(figures_in_words(name) for name in names)
+    return DraftSamplingChoice(chosen, f"{chosen}: {why} ({said})", dict(measured))
+
+
 def _measure_request_by_request(backend: EvaluationBackend, work: _Workload) -> _Runs:
     """Where switching gamma is free (the reference engine): the sweep, then each request with speculation and
     without back to back, so a burst of load on a shared machine hits both sides of a ratio."""
     requests, profile, seed, stress = work.requests, work.profile, work.seed, work.stress
     temperature = profile.temperature
-    sweep, sweep_plain_tpot = _sweep(backend, requests[: profile.sweep_requests], profile, seed)
-    knee, fastest = _knee(sweep, profile, work.knee_floor, work.logger)
+    sweeps: dict[str | None, tuple[list[dict], float, int, int]] = {}
+    for sampling in DRAFT_SAMPLINGS if temperature > 0 else (None,):
+        if sampling is not None:
+            backend.draft_sampling = sampling
+        sweep, sweep_plain_tpot = _sweep(backend, requests[: profile.sweep_requests], profile, seed)
+        sweeps[sampling] = (sweep, sweep_plain_tpot, *_knee(sweep, profile, work.knee_floor, work.logger))
+    choice = _chosen_sampling(backend, work, {name: (s, k, f, t) for name, (s, t, k, f) in sweeps.items()})
+    sweep, sweep_plain_tpot, knee, fastest = sweeps[choice.chosen]
     at_knee = _settle_knee(
         backend,
         work,
@@ -335,7 +407,25 @@ def _measure_request_by_request(backend: EvaluationBackend, work: _Workload) -> 
     if stress is not None:
         backend.prepare_endpoints([knee, 0])  # both halves of stress: started side by side, before either runs
         stressed = _finish_stress(backend, stress, knee, stress.run(backend.endpoint(knee), SERVED_NAME))
-    return _Runs(sweep, sweep_plain_tpot, fastest, at_knee, plain, plain_greedy, long, stressed)
+    return _Runs(sweep, sweep_plain_tpot, fastest, at_knee, plain, plain_greedy, long, stressed, choice)
+
+
+def _chosen_sampling(
+    backend: EvaluationBackend, work: _Workload, sweeps: dict[str | None, tuple[list[dict], int, int, float]]
+) -> DraftSamplingChoice:
+    """The choice among the swept draft sampling methods ({method: (sweep, knee, fastest, plain TPOT)}; one None
+    key at T=0, where it does not apply), left set on the backend for everything measured after."""
+    if None in sweeps:
+        return DraftSamplingChoice(None, NOT_AT_T0)
+    measured = {
+        name: sampling_figures(sweep, knee, fastest, plain, work.knee_floor)
+        for name, (sweep, knee, fastest, plain) in sweeps.items()
+        if name is not None
+    }
+    choice = choose_draft_sampling(measured, work.profile.knee_tolerance)
+    backend.draft_sampling = choice.chosen
+    work.logger.info("draft sampling %s", choice.reason)
+    return choice
 
 
 def _finish_stress(backend: EvaluationBackend, stress: StressLoad, knee: int, speculative: dict) -> dict:
@@ -360,12 +450,22 @@ def _measure_gamma_by_gamma(backend: EvaluationBackend, work: _Workload) -> _Run
     requests, profile, seed, stress = work.requests, work.profile, work.seed, work.stress
     temperature = profile.temperature
     sweep_count = min(len(requests), profile.sweep_requests)
-    by_gamma = {
-        gamma: backend.generate(requests[:sweep_count], gamma, temperature, seed)
-        for gamma in sorted(_sweep_gammas(backend, profile), reverse=True)
-    }
-    sweep = [_sweep_row(gamma, by_gamma[gamma]) for gamma in sorted(by_gamma)]
-    knee, fastest = _knee(sweep, profile, work.knee_floor, work.logger)
+    swept: dict[str | None, tuple[dict[int, list[RequestResult]], list[dict], int, int]] = {}
+    # the chosen method last where it is known, so its smallest gamma's server is the one left running
+    for sampling in DRAFT_SAMPLINGS if temperature > 0 else (None,):
+        if sampling is not None:
+            backend.draft_sampling = sampling
+        runs = {
+            gamma: backend.generate(requests[:sweep_count], gamma, temperature, seed)
+            for gamma in sorted(_sweep_gammas(backend, profile), reverse=True)
+        }
+        rows = [_sweep_row(gamma, runs[gamma]) for gamma in sorted(runs)]
+        swept[sampling] = (runs, rows, *_knee(rows, profile, work.knee_floor, work.logger))
+    # Plain decoding runs later, on one server for both methods: until then their TPOTs order them as it would.
+    choice = _chosen_sampling(
+        backend, work, {name: (rows, knee, fastest, math.nan) for name, (_, rows, knee, fastest) in swept.items()}
+    )
+    by_gamma, sweep, knee, fastest = swept[choice.chosen]
 
     def validation_set(gamma: int) -> tuple[list[RequestResult], None]:
         spec = by_gamma[gamma] + backend.generate(requests[sweep_count:], gamma, temperature, seed + sweep_count)
@@ -384,7 +484,16 @@ def _measure_gamma_by_gamma(backend: EvaluationBackend, work: _Workload) -> _Run
     if stress is not None and speculative_stress is not None:
         stressed = _finish_stress(backend, stress, knee, speculative_stress)
     sweep_plain_tpot = pooled_tpot_ms(plain[:sweep_count])
-    return _Runs(sweep, sweep_plain_tpot, fastest, at_knee, plain, plain_greedy, long, stressed)
+    if choice.chosen is not None:  # the speedups for the record: one plain run divides both, so the same choice
+        choice = choose_draft_sampling(
+            {
+                name: sampling_figures(rows, k, f, sweep_plain_tpot, work.knee_floor)
+                for name, (_, rows, k, f) in swept.items()
+                if name is not None
+            },
+            profile.knee_tolerance,
+        )
+    return _Runs(sweep, sweep_plain_tpot, fastest, at_knee, plain, plain_greedy, long, stressed, choice)
 
 
 def predict_serving(
@@ -525,6 +634,7 @@ def run_checklist(
         gamma_knee=knee,
         gamma_fastest=fastest,
         knee_reason=knee_reason(sweep, knee, fastest, rejected, profile.knee_tolerance, knee_floor),
+        draft_sampling=runs.draft_sampling,
         captured_acceptance=AcceptanceFigures.of(captured_summary) if captured_summary else None,
         gammas_rejected=rejected,
         sweep_plain_tpot_ms=round(runs.sweep_plain_tpot, 4),

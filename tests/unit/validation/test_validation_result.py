@@ -29,6 +29,7 @@ REPORT_KEYS = [
     "gamma_knee",
     "gamma_fastest",
     "knee_reason",
+    "draft_sampling",
     "gammas_rejected",
     "sweep_plain_tpot_ms",
     "acceptance",
