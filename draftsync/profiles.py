@@ -20,6 +20,10 @@ from draftsync.speculative.methods import (
     is_eagle3_family,
 )
 
+# What bounds a block drafter's gamma in a sync profile: the field, and the positions one pass holds beyond the tokens
+# it drafts (a DFlash block holds the committed token; P-EAGLE's max_draft_tokens counts drafted tokens only).
+BLOCK_BOUNDS: dict[str, tuple[str, int]] = {DFLASH_FAMILY: ("block_size", 1), PEAGLE_FAMILY: ("max_draft_tokens", 0)}
+
 # vLLM's draft_sample_method, shared by deployments and the validation profile that measures them (vllm_args.py).
 DraftSampling = Literal["greedy", "probabilistic"]
 # A profile names every field it sets correctly and holds finite numbers: a typo (`train_step`) or a NaN is refused,
@@ -233,13 +237,11 @@ class SyncProfile(BaseModel):
         """A block drafter is saved for its gamma and swept from the range's low end: both within what one pass
         drafts (DFlash: block_size - 1 after the committed token; P-EAGLE: the max_draft_tokens depths it learns)."""
         family = METHODS[self.method].family
-        if family == DFLASH_FAMILY:
-            noun, knob, most, needed = "block", "block_size", self.block_size - 1, self.gamma + 1
-        elif family == PEAGLE_FAMILY:
-            noun, knob, most, needed = "drafter", "max_draft_tokens", self.max_draft_tokens, self.gamma
-        else:
+        if family not in BLOCK_BOUNDS:
             return self
-        drafter = f"{self.method} {noun} of {knob} {getattr(self, knob)}"
+        knob, held = BLOCK_BOUNDS[family]
+        most, needed = getattr(self, knob) - held, self.gamma + held
+        drafter = f"{self.method} {'block' if held else 'drafter'} of {knob} {getattr(self, knob)}"
         if self.gamma > most:
             raise ValueError(
                 f"gamma {self.gamma} is more than a {drafter} drafts ({most}): use gamma <= {most} or "

@@ -1,9 +1,11 @@
 """The production guide's four-step decision framework (target size, hardware, latency target, task) as a pure function.
 
 `recommend(Workload(...))` picks the drafter method and the gamma range a new target starts from, with the
-production guide's expected speedup, a memory check and one reason line per step. It is a first guess: validation
-measures the gamma knee and that replaces `gamma_start`. Where the production guide is silent or its rules conflict the
-choice made here is written into the reasons (the inputs, thresholds and figures are in `workload.py`);
+production guide's expected speedup, a memory check and one reason line per step; the block rule then puts a block
+drafter (DFlash, P-EAGLE) in place of EAGLE-3 / 3.1 where one drafter pass a proposal wins (small batch, high
+gamma). It is a first guess: validation measures the gamma knee and that replaces `gamma_start`. Where the
+production guide is silent or its rules conflict the choice made here is written into the reasons (the inputs,
+thresholds and figures are in `workload.py`);
 `docs/RECOMMEND.md` lists every rule, its branch and its test.
 
 Every reason line carries the rule it applied in brackets, e.g. `step 1 size [size:sweet-spot]: ...`, so a
@@ -17,7 +19,12 @@ from dataclasses import asdict, dataclass
 from draftsync.planning.workload import (
     BATCH_TPOT_ABOVE_MS,
     BATCHED_SMALL_SPEEDUP,
+    BLOCK_GAMMA_ABOVE,
+    BLOCK_MAX_BATCH,
     CLUSTER_GPUS,
+    DFLASH_BEST_SPEEDUP,
+    DFLASH_OVER_EAGLE3,
+    DRAFTER_SHARE,
     EAGLE31_ACCEPTANCE_LIFT,
     GAMMA_START,
     HIGH_GAMMA_ABOVE,
@@ -28,6 +35,8 @@ from draftsync.planning.workload import (
     MEDUSA_MAX_HEADS,
     MEDUSA_SPEEDUP,
     NO_DRAFTER,
+    PEAGLE_OVER_EAGLE3,
+    PEAGLE_VLLM_OVER_EAGLE3,
     SEED_SINGLE_GPU_MAX_TARGET_B,
     SEED_SINGLE_GPU_MEMORY_GB,
     SMALL_TARGET_BELOW_B,
@@ -37,11 +46,13 @@ from draftsync.planning.workload import (
     MemoryBudget,
     Workload,
     eagle3_speedup_for_size,
+    gb_text,
     memory_budget,
     number_text,
     params_text,
 )
-from draftsync.speculative.methods import EAGLE3, EAGLE3_1, MEDUSA
+from draftsync.profiles import BLOCK_BOUNDS
+from draftsync.speculative.methods import DFLASH, EAGLE3, EAGLE3_1, MEDUSA, METHODS, PEAGLE
 
 
 @dataclass(frozen=True)
@@ -75,7 +86,8 @@ def _gamma_text(gamma: tuple[int, int]) -> str:
 
 
 def recommend(workload: Workload) -> Recommendation:
-    """Apply the production guide's four steps, the EAGLE 3.1 upgrade and the memory check to one workload.
+    """Apply the production guide's four steps, the EAGLE 3.1 upgrade, the block rule and the memory check to one
+    workload.
     Long: the production guide's four steps and the upgrade read in the guide's order."""
     w = workload
     size = params_text(w.params_b)
@@ -157,6 +169,14 @@ def recommend(workload: Workload) -> Recommendation:
                 f"{_gamma_text(gamma)} heads (training needs only the target's own text)"
             )
 
+    # The block rule: one drafter pass a proposal instead of gamma sequential ones, at small batch and high gamma.
+    if method in (EAGLE3.name, EAGLE3_1.name):
+        method, block_line = _block_drafter(w, method, size_class, gamma)
+    elif method == NO_DRAFTER:
+        block_line = "block [block:not-applied]: no speculative decoding, no drafter to draft in blocks"
+    else:
+        block_line = f"block [block:not-applied]: {method}'s heads already draft the whole proposal in one pass"
+
     memory = memory_budget(w, method)
     if method == NO_DRAFTER:
         gamma, gamma_start = (0, 0), 0
@@ -172,6 +192,7 @@ def recommend(workload: Workload) -> Recommendation:
     ]
     if medusa_line:
         reasons.append(medusa_line)
+    reasons.append(block_line)
     if method == MEDUSA.name:
         reasons.append(
             f"serving [serving:vllm-medusa]: vLLM serves it (method {MEDUSA.vllm_method!r}) with one "
@@ -179,6 +200,16 @@ def recommend(workload: Workload) -> Recommendation:
             "size, since its Medusa drafts exactly num_speculative_tokens (validation records no per-batch-size "
             f"schedule), and with at most one draft token per head: train at least {gamma[1]} heads "
             "(the sync profile's medusa_heads) to serve the whole range"
+        )
+    if method != NO_DRAFTER and METHODS[method].drafts_block:
+        knob, held = BLOCK_BOUNDS[METHODS[method].family]
+        descriptor = METHODS[method]
+        flag = ", parallel_drafting: true" if descriptor.parallel_drafting else ""
+        reasons.append(
+            f"serving [serving:vllm-block]: vLLM serves it (method {descriptor.vllm_method!r}{flag}) with one gamma "
+            "at every batch size (validation records no per-batch-size schedule), and one pass drafts at most what "
+            f"the drafter was trained for: train {knob} >= {gamma[1] + held} (the sync profile's {knob}) to serve "
+            "the whole range"
         )
     if method != NO_DRAFTER:
         reasons.append(
@@ -232,6 +263,16 @@ def _hardware_reason(w: Workload, method: str, memory: MemoryBudget) -> str:
             "; the rule names an EAGLE-3 drafter, and EAGLE 3.1 is the same drafter plus two norms "
             "(a few kB), so the 3.1 upgrade keeps the < 3% budget"
         )
+    elif method == PEAGLE.name:
+        same_size_note = (
+            "; the rule names an EAGLE-3 drafter, and P-EAGLE is EAGLE-3's layer plus one learned vector, so it "
+            "keeps the < 3% budget"
+        )
+    elif method == DFLASH.name:
+        same_size_note = (
+            f"; a DFlash drafter (two layers shaped like the target's) is budgeted at its own "
+            f"{DRAFTER_SHARE[DFLASH.name]:.0%}, not the EAGLE-3 drafter's, and the memory arithmetic decides"
+        )
     if w.gpus == 1 and w.gpu_memory_gb <= SEED_SINGLE_GPU_MEMORY_GB:
         if w.params_b > SEED_SINGLE_GPU_MAX_TARGET_B:
             return (
@@ -258,12 +299,12 @@ def _hardware_reason(w: Workload, method: str, memory: MemoryBudget) -> str:
         return (
             f"step 2 hardware [hw:multi]: {hardware} is the production guide's 4x A100-80GB case or its equivalent: "
             "a 70B target with EAGLE 3.1, the drafter on the same GPUs (2-4% extra memory); this only says the drafter "
-            f"fits, it does not choose between EAGLE-3 and 3.1; memory {fit_word}"
+            f"fits, it does not choose between EAGLE-3 and 3.1; memory {fit_word}{same_size_note}"
         )
     return (
         f"step 2 hardware [hw:cluster-8plus]: {hardware}: 8+ GPUs, Medusa is an option and memory no longer "
         "binds; taken only for a > 70B target whose Medusa budget fits and that needs no EAGLE 3.1 "
-        f"(see the medusa line); memory {fit_word}"
+        f"(see the medusa line); memory {fit_word}{same_size_note}"
     )
 
 
@@ -345,13 +386,20 @@ def _expected_speedup(
             "speedup [speedup:medusa-paper]: 2.0-2.5x, the production guide's only Medusa figure (Llama-2-Chat "
             "7B), not measured at this size"
         )
+    base = round(eagle3_speedup_for_size(w.params_b), 2)
+    anchors = "13B 1.4x, 30B 1.7x, 70B 2.1x"
+    curve = f"vLLM's EAGLE-3 figures ({anchors}) linear in log(params), held at 2.1x past 70B: {size} -> {base}x"
+    if METHODS[method].drafts_block:
+        if size_class == "small-batched":
+            sequential, rule = BATCHED_SMALL_SPEEDUP, "speedup:batched-small"
+            source = "the production guide's batched EAGLE-3 figure for < 13B, 1.3-1.5x"
+        else:
+            sequential, rule, source = (base, base), "speedup:vllm-size-curve", curve
+        return _block_speedup(method, sequential, rule, source)
     if size_class == "small-batched":
         return BATCHED_SMALL_SPEEDUP, (
             "speedup [speedup:batched-small]: 1.3-1.5x, the production guide's batched EAGLE-3 figure for < 13B"
         )
-    base = round(eagle3_speedup_for_size(w.params_b), 2)
-    anchors = "13B 1.4x, 30B 1.7x, 70B 2.1x"
-    curve = f"vLLM's EAGLE-3 figures ({anchors}) linear in log(params), held at 2.1x past 70B: {size} -> {base}x"
     if method == EAGLE3_1.name and gamma[1] > HIGH_GAMMA_ABOVE:
         lifted = round(base * EAGLE31_ACCEPTANCE_LIFT, 2)
         return (base, lifted), (
@@ -364,6 +412,90 @@ def _expected_speedup(
     if gamma[1] <= 3:
         note += "; the figures are not broken down by gamma, so at gamma 2-3 read this as an upper bound"
     return (base, base), f"speedup [speedup:vllm-size-curve]: {curve}{note}"
+
+
+def _block_drafter(w: Workload, sequential: str, size_class: str, gamma: tuple[int, int]) -> tuple[str, str]:
+    """The method after the block rule, and its line: a block drafter replaces the sequential EAGLE-3 / 3.1 one at
+    batch <= BLOCK_MAX_BATCH and gamma > BLOCK_GAMMA_ABOVE; DFlash where its drafter fits and the target is <= 70B,
+    else P-EAGLE, whose drafter costs EAGLE-3's."""
+    choice = f"(the batch limit {BLOCK_MAX_BATCH} is this framework's choice, not a published figure)"
+    held = []
+    if w.batch > BLOCK_MAX_BATCH:
+        held.append(
+            (
+                "block:large-batch",
+                f"batch {w.batch} > {BLOCK_MAX_BATCH}: the verify pass of a wide block is compute there, and a "
+                "sequential drafter's higher per-token acceptance matters more",
+            )
+        )
+    if gamma[1] <= BLOCK_GAMMA_ABOVE:
+        held.append(
+            (
+                "block:low-gamma",
+                f"gamma up to {gamma[1]} <= {BLOCK_GAMMA_ABOVE}: few sequential drafter passes for one block pass "
+                "to save",
+            )
+        )
+    if held:
+        ids = ", ".join(rule for rule, _ in held)
+        because = "; ".join(text for _, text in held)
+        return sequential, f"block [{ids}]: {sequential} stays, not a block drafter: {because} {choice}"
+    why = (
+        f"batch {w.batch} <= {BLOCK_MAX_BATCH} and gamma up to {gamma[1]} > {BLOCK_GAMMA_ABOVE}: a block drafter "
+        f"drafts the whole proposal in one pass instead of {sequential}'s {gamma[1]} sequential passes, which with a "
+        f"step's fixed cost dominate at small batch {choice}"
+    )
+    dflash_share = f"{DRAFTER_SHARE[DFLASH.name]:.0%}"
+    peagle = (
+        f"P-EAGLE, an EAGLE-3 layer drafting the block in one pass (EAGLE-3's {DRAFTER_SHARE[PEAGLE.name]:.0%} "
+        "drafter budget)"
+    )
+    if size_class == "large":
+        return PEAGLE.name, (
+            f"block [block:peagle-large]: {why}; {params_text(w.params_b)} > 70B, where drafter training cost and "
+            f"memory bind: {peagle}, not DFlash's two target-shaped layers; its authors' figures reach GPT-OSS-120B"
+        )
+    if w.gpus == 1 and w.gpu_memory_gb <= SEED_SINGLE_GPU_MEMORY_GB:
+        return PEAGLE.name, (
+            f"block [block:peagle-memory]: {why}; one GPU of <= 24 GB keeps step 2's < 3% drafter budget, which a "
+            f"DFlash drafter ({dflash_share}) exceeds: {peagle}"
+        )
+    dflash_memory = memory_budget(w, DFLASH.name)
+    if not dflash_memory.fits:
+        short = gb_text(dflash_memory.required_gb - dflash_memory.available_gb)
+        return PEAGLE.name, (
+            f"block [block:peagle-memory]: {why}; a DFlash drafter ({dflash_share} of the target) does not fit "
+            f"({short} GB short): {peagle}"
+        )
+    return DFLASH.name, (
+        f"block [block:dflash]: {why}; DFlash, the larger published gain (about {number_text(DFLASH_OVER_EAGLE3)}x "
+        f"EAGLE-3's speedup on Qwen3-8B), its drafter ({dflash_share} of the target) fits"
+    )
+
+
+def _block_speedup(
+    method: str, sequential: tuple[float, float], rule: str, source: str
+) -> tuple[tuple[float, float], str]:
+    """A block drafter's range: the sequential EAGLE-3 figure this workload would get, scaled by its authors' ratio
+    over EAGLE-3 (their GPU figures, not measured here)."""
+    if method == DFLASH.name:
+        upper = round(min(sequential[1] * DFLASH_OVER_EAGLE3, DFLASH_BEST_SPEEDUP), 2)
+        return (sequential[0], upper), (
+            f"speedup [{rule}, speedup:dflash-paper]: EAGLE-3 here: {source}; DFlash's authors report up to "
+            f"{number_text(DFLASH_BEST_SPEEDUP)}x lossless on Qwen3-8B, about {number_text(DFLASH_OVER_EAGLE3)}x "
+            "EAGLE-3's speedup there (arXiv 2602.06036, z-lab/dflash; their GPU figures, not ours, and not measured "
+            f"at this size): the upper end scales EAGLE-3's by it, at most {number_text(DFLASH_BEST_SPEEDUP)}x -> "
+            f"{upper}x; the lower end is EAGLE-3's own (a choice: validation measures what it gives)"
+        )
+    low, high = PEAGLE_OVER_EAGLE3
+    lifted = (round(sequential[0] * low, 2), round(sequential[1] * high, 2))
+    return lifted, (
+        f"speedup [{rule}, speedup:peagle-paper]: EAGLE-3 here: {source}; P-EAGLE's authors report "
+        f"{number_text(low)}-{number_text(high)}x over EAGLE-3 on GPT-OSS-120B/20B and Qwen3-Coder-30B (arXiv "
+        f"2602.01469), vLLM's own benchmark {number_text(PEAGLE_VLLM_OVER_EAGLE3)}x over the best EAGLE-3 "
+        f"configuration (their GPU figures, not ours): EAGLE-3's scaled by {number_text(low)}-{number_text(high)} "
+        f"-> {lifted[0]}-{lifted[1]}x"
+    )
 
 
 def _memory_reason(w: Workload, memory: MemoryBudget, size_class: str) -> str:

@@ -1,7 +1,8 @@
 """What the decision framework decides on: the workload, the production guide's thresholds and figures, the memory
 budget.
 
-The numbers are the production guide's, each with the sentence it comes from; `recommendation.py` applies them.
+The numbers are the production guide's, each with the sentence it comes from, and the block drafters' authors' (their
+GPU figures, cited); the block rule's limits are this framework's choices and say so. `recommendation.py` applies them.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from draftsync.errors import DraftsyncError
-from draftsync.speculative.methods import EAGLE3, EAGLE3_1, MEDUSA
+from draftsync.speculative.methods import DFLASH, EAGLE3, EAGLE3_1, MEDUSA, PEAGLE
 
 Task = Literal["code", "math", "chat", "creative", "translation", "summary"]
 NO_DRAFTER = "none"  # the recommendation's method when speculative decoding does not pay
 # What the framework can recommend: no drafter, or one of these methods (speculative/methods names them).
-METHODS: tuple[str, ...] = (NO_DRAFTER, EAGLE3.name, EAGLE3_1.name, MEDUSA.name)
+METHODS: tuple[str, ...] = (NO_DRAFTER, EAGLE3.name, EAGLE3_1.name, MEDUSA.name, DFLASH.name, PEAGLE.name)
 TASKS: tuple[str, ...] = get_args(Task)
 
 # --- The production guide's thresholds -------------------------------------------------------------------------------
@@ -32,6 +33,14 @@ LONG_OUTPUT_ABOVE_TOKENS = 4096  # upgrade to 3.1 for outputs > 4K tokens (4K re
 HIGH_GAMMA_ABOVE = 5  # upgrade to 3.1 for gamma > 5
 GAMMA_START = 4  # "start gamma at 4 and find the knee by measurement (5-6 typical)"
 MEDUSA_MAX_HEADS = 5  # the production guide's Medusa ablation goes from 2 to 5 heads
+
+# --- Block drafters (DFlash, P-EAGLE: one drafter pass drafts the whole proposal) ------------------------------------
+# Where one pass a block beats gamma sequential passes: small batches, where a step's fixed cost and the drafter's
+# passes dominate, and high gamma. Both limits are this framework's choices, not published figures: the batch up to
+# which a block drafter is recommended (past it a wide block's verify pass turns compute, and a sequential drafter's
+# higher per-token acceptance matters more), and "high gamma" read as the upgrade rule's gamma > 5.
+BLOCK_MAX_BATCH = 8
+BLOCK_GAMMA_ABOVE = HIGH_GAMMA_ABOVE
 
 LATENCY_GAMMA: dict[str, tuple[int, int]] = {"interactive": (5, 8), "near-real-time": (4, 6), "batch": (2, 3)}
 # Step 4 gives no numbers beyond "gamma 4" for translation/summary; the production guide's configuration section does:
@@ -60,6 +69,14 @@ BATCHED_SMALL_SPEEDUP = (1.3, 1.5)  # < 13B, batched serving, EAGLE-3
 SMALL_TARGET_SPEEDUP_BELOW = 1.3  # < 13B otherwise
 MEDUSA_SPEEDUP = (2.0, 2.5)  # the production guide's only Medusa figure: Llama-2-Chat 7B
 EAGLE31_ACCEPTANCE_LIFT = 0.88 / 0.75  # EAGLE-3 -> 3.1 acceptance at gamma 8
+# The block drafters' authors' GPU figures (not measured here), each relative to EAGLE-3 on the same target:
+# DFlash (arXiv 2602.06036, z-lab/dflash): up to 6.17x lossless on Qwen3-8B, about 2.5x EAGLE-3's speedup there.
+DFLASH_OVER_EAGLE3 = 2.5
+DFLASH_BEST_SPEEDUP = 6.17
+# P-EAGLE (arXiv 2602.01469): 1.10-1.36x over EAGLE-3 on GPT-OSS-120B/20B and Qwen3-Coder-30B; vLLM's own benchmark
+# 1.12x over the best EAGLE-3 configuration.
+PEAGLE_OVER_EAGLE3 = (1.10, 1.36)
+PEAGLE_VLLM_OVER_EAGLE3 = 1.12
 
 # --- Memory ----------------------------------------------------------------------------------------
 BYTES_PER_PARAM = 2  # target weights in bf16, unless the target's config says otherwise
@@ -67,7 +84,18 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "f
 # Drafter weights as a share of the target's weights. EAGLE-3/3.1: the production guide's "< 3%" on one GPU, inside
 # "2-4% extra" on 4x A100-80GB (a real 70B EAGLE-3 drafter is ~1.3-2%, so this is an upper budget).
 # Medusa: the production guide gives no figure; 5 heads (residual block + vocabulary projection each) ~5%.
-DRAFTER_SHARE: dict[str, float] = {NO_DRAFTER: 0.0, EAGLE3.name: 0.03, EAGLE3_1.name: 0.03, MEDUSA.name: 0.05}
+# DFlash: two draft layers shaped like the target's and fc over three aux states (3 x hidden^2); the embedding and
+# lm_head are the target's own, shared. Its parameter count (step_memory.drafter_parameters) is 6.1% of Llama-3.1-8B
+# and 2.7% of Llama-3.1-70B, falling with the target's depth: 7% covers an 8B target, an upper budget above it.
+# P-EAGLE: EAGLE-3's layer plus one learned vector (mask_hidden, 3 x hidden), so EAGLE-3's budget.
+DRAFTER_SHARE: dict[str, float] = {
+    NO_DRAFTER: 0.0,
+    EAGLE3.name: 0.03,
+    EAGLE3_1.name: 0.03,
+    MEDUSA.name: 0.05,
+    DFLASH.name: 0.07,
+    PEAGLE.name: 0.03,
+}
 # Kept free for the KV cache, activations and CUDA graphs (vLLM itself takes only 90% of each GPU).
 KV_HEADROOM_SHARE = 0.20
 

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from draftsync.planning.workload import FRAMEWORK_TASK, NO_DRAFTER
-from draftsync.profiles import SyncProfile
+from draftsync.planning.workload import BLOCK_MAX_BATCH, FRAMEWORK_TASK, NO_DRAFTER
+from draftsync.profiles import BLOCK_BOUNDS, SyncProfile
 from draftsync.registry.tags import TargetVersion, recommended_tags
 from draftsync.settings import GPU_COUNTS
-from draftsync.speculative.methods import DFLASH_FAMILY, MEDUSA_FAMILY, METHODS, TRAINED_METHODS
+from draftsync.speculative.methods import MEDUSA_FAMILY, METHODS, TRAINED_METHODS
 from draftsync.tasks import context
 from draftsync.tasks.serving import configured_deployments
 
@@ -86,6 +86,11 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
         **target_memory_facts(target.num_hidden_layers, target.features()),
     )
     advice = recommend(workload)
+    if METHODS.get(advice.method) is not None and METHODS[advice.method].drafts_block:
+        assumptions.append(
+            f"batch {workload.batch} assumed, as a deployment states no batch: the block rule takes a block drafter "
+            f"at batch <= {BLOCK_MAX_BATCH} only; traffic served in larger batches keeps {_sequential(workload)}"
+        )
     chosen, applied = profile, False
     recommended = advice.method
     if profile.follow_recommendation and recommended in TRAINED_METHODS:
@@ -98,13 +103,16 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
         }
         if METHODS[recommended].family == MEDUSA_FAMILY:
             update["medusa_heads"] = max(profile.medusa_heads, start)  # one head per drafted token
-        elif METHODS[recommended].family == DFLASH_FAMILY and profile.block_size < start + 1:
-            # a block holds the committed token and the tokens it drafts
-            update["block_size"] = start + 1
-            assumptions.append(
-                f"block_size raised from {profile.block_size} to {start + 1}: the recommended gamma {start} after "
-                "the committed token"
-            )
+        elif METHODS[recommended].drafts_block:
+            # one pass drafts at most what its field allows (a DFlash block also holds the committed token)
+            knob, held = BLOCK_BOUNDS[METHODS[recommended].family]
+            if getattr(profile, knob) < start + held:
+                update[knob] = start + held
+                after = " after the committed token" if held else ""
+                assumptions.append(
+                    f"{knob} raised from {getattr(profile, knob)} to {start + held}: the recommended gamma "
+                    f"{start}{after}"
+                )
         elif METHODS[recommended].chains and profile.ttt_steps < start:
             # a chained drafter learns as many positions ahead as it will draft
             update["ttt_steps"] = start
@@ -130,6 +138,15 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
         "" if applied else " (recorded, not applied)",
     )
     return DrafterPlan(Advice(advice, applied, tuple(assumptions)), chosen)
+
+
+def _sequential(workload: Any) -> str:
+    """The method the framework gives this workload past the block rule's batch."""
+    from dataclasses import replace
+
+    from draftsync.planning.recommendation import recommend
+
+    return recommend(replace(workload, batch=BLOCK_MAX_BATCH + 1)).method
 
 
 def recommendation_tags(advice: Advice) -> dict[str, str]:

@@ -46,10 +46,12 @@ def test_cli_prints_the_answer_and_writes_json(tmp_path):
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "method:   eagle3.1" in result.output
+    # single-stream code at gamma 6-8: the block rule's DFlash replaces the EAGLE 3.1 the upgrade rules chose
+    assert "method:   dflash" in result.output
     assert "gamma:    6-8, start at 6" in result.output
     assert "fits:     yes" in result.output
     assert "[size:sweet-spot]" in result.output and "[upgrade:latency, upgrade:long-output" in result.output
+    assert "[block:dflash]" in result.output and "[serving:vllm-block]" in result.output
     written = json.loads(json_path.read_text())
     assert set(written) == {
         "method",
@@ -63,7 +65,7 @@ def test_cli_prints_the_answer_and_writes_json(tmp_path):
     }
     expected = recommend(workload(tpot_ms=25, task="code", output_tokens=6000)).to_dict()
     assert written == expected
-    assert written["gamma_range"] == [6, 8] and written["memory"]["required_gb"] == pytest.approx(208.2)
+    assert written["gamma_range"] == [6, 8] and written["memory"]["required_gb"] == pytest.approx(213.8)  # 7%
 
 
 def test_cli_gives_vllms_limits_for_medusa():

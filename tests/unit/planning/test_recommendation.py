@@ -13,6 +13,8 @@ from draftsync.planning.workload import Workload, eagle3_speedup_for_size, memor
 
 # A 70B target on 4x A100-80GB at 50 ms, chat: the middle of every step; each case changes what it tests.
 BASE = dict(params_b=70, gpus=4, gpu_memory_gb=80, tpot_ms=50, task="chat", output_tokens=1024, batch=1)
+# A batch past the block rule's (8), for cases at gamma > 5 that test another rule: their drafter stays sequential.
+SEQUENTIAL_BATCH = 16
 
 
 def workload(**changes) -> Workload:
@@ -57,7 +59,7 @@ CASES = [
         id="size-small-batched",
     ),
     pytest.param(
-        dict(params_b=7, gpus=1, gpu_memory_gb=24, batch=8, task="code"),
+        dict(params_b=7, gpus=1, gpu_memory_gb=24, batch=SEQUENTIAL_BATCH, task="code"),
         "eagle3.1",
         (6, 6),
         {"size:small-batched", "upgrade:code-math"},
@@ -106,7 +108,7 @@ CASES = [
         id="hw-single-24gb-bf16-short",
     ),
     pytest.param(
-        dict(params_b=13, gpus=1, gpu_memory_gb=24, task="code"),
+        dict(params_b=13, gpus=1, gpu_memory_gb=24, task="code", batch=SEQUENTIAL_BATCH),
         "eagle3.1",
         (6, 6),
         {"hw:single-24gb", "upgrade:code-math"},
@@ -157,7 +159,7 @@ CASES = [
         id="hw-cluster-declines-medusa-70b",
     ),
     pytest.param(
-        dict(params_b=180, gpus=8, task="code"),
+        dict(params_b=180, gpus=8, task="code", batch=SEQUENTIAL_BATCH),
         "eagle3.1",
         (6, 6),
         {"medusa:not-taken"},
@@ -222,7 +224,7 @@ CASES = [
     ),
     # Step 4: task, and the gamma range where latency and task meet.
     pytest.param(
-        dict(task="code"),
+        dict(task="code", batch=SEQUENTIAL_BATCH),
         "eagle3.1",
         (6, 6),
         {"task:code-math", "gamma:overlap", "upgrade:code-math"},
@@ -230,7 +232,7 @@ CASES = [
         id="task-code",
     ),
     pytest.param(
-        dict(task="math"),
+        dict(task="math", batch=SEQUENTIAL_BATCH),
         "eagle3.1",
         (6, 6),
         {"task:code-math", "upgrade:code-math"},
@@ -260,7 +262,7 @@ CASES = [
         dict(task="summary"), "eagle3", (4, 4), {"task:translation-summary"}, ("step 4", "gamma 4"), id="task-summary"
     ),
     pytest.param(
-        dict(tpot_ms=25, task="code"),
+        dict(tpot_ms=25, task="code", batch=SEQUENTIAL_BATCH),
         "eagle3.1",
         (6, 8),
         {"gamma:overlap", "upgrade:gamma-over-5"},
@@ -317,7 +319,7 @@ CASES = [
         id="upgrade-4096-not-long",
     ),
     pytest.param(
-        dict(tpot_ms=25, task="code", output_tokens=6000),
+        dict(tpot_ms=25, task="code", output_tokens=6000, batch=SEQUENTIAL_BATCH),
         "eagle3.1",
         (6, 8),
         {"upgrade:latency", "upgrade:long-output", "upgrade:gamma-over-5", "upgrade:code-math"},
@@ -325,12 +327,93 @@ CASES = [
         id="upgrade-gamma-over-5",
     ),
     pytest.param(
-        dict(task="math"),
+        dict(task="math", batch=SEQUENTIAL_BATCH),
         "eagle3.1",
         (6, 6),
         {"upgrade:code-math", "upgrade:gamma-over-5"},
         ("upgrade", "not as a ceiling"),
         id="upgrade-code-math-over-near-real-time",
+    ),
+    # Block drafters: one pass a proposal beats gamma sequential passes at small batch and high gamma.
+    pytest.param(
+        dict(tpot_ms=25, task="code"),
+        "dflash",
+        (6, 8),
+        {"block:dflash", "serving:vllm-block", "speedup:vllm-size-curve", "speedup:dflash-paper", "upgrade:code-math"},
+        ("block", "DFlash, the larger published gain"),
+        id="block-dflash",
+    ),
+    pytest.param(
+        dict(task="code", batch=8),
+        "dflash",
+        (6, 6),
+        {"block:dflash", "memory:fits"},
+        ("block", "batch 8 <= 8"),
+        id="block-dflash-batch-8",
+    ),
+    pytest.param(
+        dict(task="code", batch=9),
+        "eagle3.1",
+        (6, 6),
+        {"block:large-batch"},
+        ("block", "batch 9 > 8: the verify pass of a wide block is compute"),
+        id="block-large-batch",
+    ),
+    pytest.param(
+        dict(),
+        "eagle3",
+        (4, 5),
+        {"block:low-gamma"},
+        ("block", "gamma up to 5 <= 5"),
+        id="block-low-gamma",
+    ),
+    pytest.param(
+        dict(tpot_ms=120, task="code", batch=32),
+        "eagle3.1",
+        (3, 3),
+        {"block:large-batch", "block:low-gamma"},
+        ("block", "eagle3.1 stays"),
+        id="block-large-batch-low-gamma",
+    ),
+    pytest.param(
+        dict(params_b=180, gpu_memory_gb=141, task="code"),
+        "peagle",
+        (6, 6),
+        {"block:peagle-large", "serving:vllm-block", "speedup:peagle-paper", "size:large-required"},
+        ("block", "> 70B, where drafter training cost"),
+        id="block-peagle-large",
+    ),
+    pytest.param(
+        dict(params_b=13, gpus=1, gpu_memory_gb=24, task="code"),
+        "peagle",
+        (6, 6),
+        {"block:peagle-memory", "hw:single-24gb"},
+        ("block", "which a DFlash drafter (7%) exceeds"),
+        id="block-peagle-24gb",
+    ),
+    pytest.param(
+        dict(params_b=30, gpus=1, gpu_memory_gb=80, task="code"),
+        "peagle",
+        (6, 6),
+        {"block:peagle-memory", "memory:fits"},
+        ("block", "does not fit (0.2 GB short)"),
+        id="block-peagle-memory",
+    ),
+    pytest.param(
+        dict(params_b=7, gpus=1, gpu_memory_gb=80, batch=4, task="code"),
+        "dflash",
+        (6, 6),
+        {"size:small-batched", "block:dflash", "speedup:batched-small", "speedup:dflash-paper"},
+        ("block", "batch 4 <= 8"),
+        id="block-dflash-small-batched",
+    ),
+    pytest.param(
+        dict(params_b=8, gpus=1, tpot_ms=25, task="code"),
+        "none",
+        (0, 0),
+        {"size:small-none", "block:not-applied"},
+        ("block", "no speculative decoding"),
+        id="block-not-applied-small",
     ),
 ]
 
@@ -370,6 +453,15 @@ ALL_RULES = {
     "speedup:medusa-paper",
     "memory:fits",
     "memory:does-not-fit",
+    "block:dflash",
+    "block:peagle-large",
+    "block:peagle-memory",
+    "block:large-batch",
+    "block:low-gamma",
+    "block:not-applied",
+    "serving:vllm-block",
+    "speedup:dflash-paper",
+    "speedup:peagle-paper",
 }
 
 
@@ -397,6 +489,7 @@ def test_every_step_has_one_line_naming_its_rule(changes):
     starts = [line.split(" [")[0] for line in recommendation.reasons]
     assert starts[:5] == ["step 1 size", "step 2 hardware", "step 3 latency", "step 4 task", "upgrade"]
     assert starts[-2:] == ["speedup", "memory"]
+    assert starts.count("block") == 1 and starts.index("block") > starts.index("upgrade")
     assert all(re.search(r"\[[a-z0-9]+:[a-z0-9.\-]+", line) for line in recommendation.reasons)
 
 
@@ -429,7 +522,7 @@ def test_gamma_start_is_4_clamped_into_the_range(changes, start):
 
 
 def test_memory_arithmetic_for_70b_on_four_a100s():
-    recommendation = recommend(workload(tpot_ms=25, task="code", output_tokens=6000))
+    recommendation = recommend(workload(tpot_ms=25, task="code", output_tokens=6000, batch=SEQUENTIAL_BATCH))
     memory = recommendation.memory
     assert memory.target_weights_gb == pytest.approx(140.0)  # 70e9 params x 2 bytes
     assert memory.drafter_share == 0.03 and memory.drafter_gb == pytest.approx(4.2)
@@ -449,6 +542,8 @@ def test_memory_arithmetic_for_70b_on_four_a100s():
         pytest.param(dict(params_b=180, gpus=8), 18.0, True, id="medusa-5-percent"),
         pytest.param(dict(params_b=7), 0.0, True, id="none-has-no-drafter"),
         pytest.param(dict(gpus=2), 4.2, False, id="70b-on-2x80-short"),
+        pytest.param(dict(tpot_ms=25, task="code"), 9.8, True, id="dflash-7-percent"),
+        pytest.param(dict(params_b=180, gpu_memory_gb=141, task="code"), 10.8, True, id="peagle-eagle3s-3-percent"),
     ],
 )
 def test_drafter_share_per_method(changes, drafter_gb, fits):
@@ -485,7 +580,12 @@ def test_eagle3_speedup_is_log_linear_between_the_seed_figures(params_b, speedup
     ("changes", "speedup"),
     [
         pytest.param(dict(params_b=50), (1.94, 1.94), id="eagle3-50b"),
-        pytest.param(dict(tpot_ms=25, task="code"), (2.1, 2.46), id="eagle31-lift-above-gamma-5"),
+        pytest.param(
+            dict(tpot_ms=25, task="code", batch=SEQUENTIAL_BATCH), (2.1, 2.46), id="eagle31-lift-above-gamma-5"
+        ),
+        pytest.param(dict(tpot_ms=25, task="code"), (2.1, 5.25), id="dflash-2.5x-eagle3"),
+        pytest.param(dict(params_b=7, batch=4, gpus=1, task="code"), (1.3, 3.75), id="dflash-batched-small"),
+        pytest.param(dict(params_b=180, gpu_memory_gb=141, task="code"), (2.31, 2.86), id="peagle-1.10-1.36x"),
         pytest.param(dict(output_tokens=8000), (2.1, 2.1), id="eagle31-no-lift-at-gamma-5"),
         pytest.param(dict(params_b=7, batch=8), (1.3, 1.5), id="batched-small"),
         pytest.param(dict(params_b=180, gpus=8), (2.0, 2.5), id="medusa"),
@@ -494,6 +594,53 @@ def test_eagle3_speedup_is_log_linear_between_the_seed_figures(params_b, speedup
 )
 def test_expected_speedup(changes, speedup):
     assert recommend(workload(**changes)).expected_speedup == pytest.approx(speedup)
+
+
+def test_block_drafters_are_served_by_vllm_within_their_limits():
+    """vLLM serves a block drafter one gamma at every batch size, up to what its one pass was trained to draft: the
+    serving line names the profile field that bounds it (DFlash's block holds the committed token too)."""
+    dflash = recommend(workload(tpot_ms=25, task="code"))
+    serving = reason_line(dflash, "serving")
+    assert "method 'dflash')" in serving and "no per-batch-size schedule" in serving
+    assert "block_size >= 9" in serving and "parallel_drafting" not in serving
+    peagle = recommend(workload(params_b=180, gpu_memory_gb=141, tpot_ms=25, task="code"))
+    serving = reason_line(peagle, "serving")
+    assert "method 'eagle3', parallel_drafting: true" in serving and "max_draft_tokens >= 8" in serving
+    assert "P-EAGLE is EAGLE-3's layer plus one learned vector" in reason_line(peagle, "step 2")
+    assert "keeps the < 3% budget" in reason_line(
+        recommend(workload(params_b=13, gpus=1, gpu_memory_gb=24, task="code")), "step 2"
+    )
+    assert "budgeted at its own 7%" in reason_line(dflash, "step 2")
+
+
+def test_the_block_rule_changes_the_drafter_not_the_gamma_it_was_given():
+    """Where the block rule applies the gamma range and start are those the sequential drafter gets past its batch
+    limit; where it does not apply nothing changes but its own line."""
+    from itertools import product
+
+    from draftsync.planning.workload import TASKS
+    from draftsync.speculative.methods import METHODS
+
+    for params_b, tpot_ms, task, batch in product((7, 13, 30, 70, 180), (25, 50, 120), TASKS, (1, 4, 8)):
+        shape = dict(params_b=params_b, tpot_ms=tpot_ms, task=task, gpu_memory_gb=141)
+        block = recommend(workload(**shape, batch=batch))
+        sequential = recommend(workload(**shape, batch=SEQUENTIAL_BATCH))
+        if params_b >= 13:  # batch decides nothing else from 13B up
+            assert (block.gamma_range, block.gamma_start) == (sequential.gamma_range, sequential.gamma_start)
+        if block.method in METHODS and METHODS[block.method].drafts_block:
+            assert block.gamma_range[1] > 5 and sequential.method in ("eagle3", "eagle3.1")
+        elif params_b >= 13:
+            assert block.method == sequential.method
+            assert [r for r in block.reasons if not r.startswith("block")] == [
+                r for r in sequential.reasons if not r.startswith("block")
+            ]
+
+
+def test_a_dflash_upper_end_never_passes_its_authors_best():
+    from draftsync.planning.recommendation import _block_speedup
+
+    (low, high), line = _block_speedup("dflash", (3.0, 3.0), "speedup:vllm-size-curve", "a test")
+    assert (low, high) == (3.0, 6.17) and "at most 6.17x" in line
 
 
 @pytest.mark.parametrize(
