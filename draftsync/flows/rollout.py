@@ -83,7 +83,22 @@ def choose_pair(deployment: ServingDeployment, drafter_version: int | None, spec
         drafter_name=drafter_name,
         method=drafter.method,
         schedule=drafter.gamma_schedule(),
+        draft_sampling=served_draft_sampling(deployment, drafter)[0],
     )
+
+
+def served_draft_sampling(deployment: ServingDeployment, drafter: DrafterVersion | None) -> tuple[str | None, str]:
+    """(vLLM's draft_sample_method to serve with, why): the deployment's when it sets one (its explicit choice
+    wins), else the one validation measured better at the deployment's temperature, else vLLM's default (None)."""
+    measured = drafter.draft_sampling if drafter is not None else None
+    if deployment.draft_sampling is not None:
+        differs = (
+            f"; validation measured {measured} better" if measured and measured != deployment.draft_sampling else ""
+        )
+        return deployment.draft_sampling, f"{deployment.draft_sampling}: the deployment sets it{differs}"
+    if measured is not None:
+        return measured, f"{measured}: validation measured it better at the deployment's temperature"
+    return None, "vLLM's default (greedy): validation chose none (it ran at T=0, or before it measured both)"
 
 
 def _production_drafter_for(target_name: str, target_version: int) -> int | None:
@@ -116,11 +131,17 @@ def planned_launch(
 def _summary(deployment: ServingDeployment, pair: ServedPair, launch: dict, reason: str) -> dict:
     import shlex
 
+    drafter = None
+    if pair.drafter_version is not None and pair.drafter_name is not None:
+        tags = context.registry().version_tags(pair.drafter_name, pair.drafter_version)
+        drafter = DrafterVersion.from_tags(pair.drafter_name, pair.drafter_version, tags)
     return {
         "deployment": deployment.name,
         "target_version": pair.target_version,
         "drafter_version": pair.drafter_version,
         "gamma": pair.gamma,
+        # why the drafts are sampled as they are (None: speculation off)
+        "draft_sampling": served_draft_sampling(deployment, drafter)[1] if drafter is not None else None,
         "argv": launch["argv"],
         "command": shlex.join(launch["argv"]),
         "speculative_config": launch["speculative_config"],

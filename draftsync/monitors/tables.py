@@ -200,6 +200,9 @@ class ServedPair:
     drafter_name: str | None = None
     method: str | None = None
     schedule: list | None = None
+    # vLLM's draft_sample_method it is launched with: the deployment's own, else what validation measured better
+    # (None: vLLM's default)
+    draft_sampling: str | None = None
 
 
 class Alert(Base):

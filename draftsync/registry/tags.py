@@ -67,6 +67,9 @@ TARGET_REVISION_TAG = "draftsync.target.revision"  # ... its hub commit, when lo
 METHOD_TAG = "draftsync.method"
 GAMMA_TAG = "draftsync.gamma"  # the served gamma: validation's knee once validated
 GAMMA_SCHEDULE_TAG = "draftsync.gamma_schedule"  # JSON [[first batch size, last, gamma], ...]
+# vLLM's draft_sample_method validation found better at the deployment's temperature above 0 (greedy or
+# probabilistic); absent where validation ran at T=0, where drafts are the argmax either way
+DRAFT_SAMPLING_TAG = "draftsync.draft_sampling"
 SYNC_KEY_TAG = "draftsync.sync_key"
 SYNC_GENERATION_TAG = "draftsync.sync.generation"
 TRAINING_PREFIX = "draftsync.training."
@@ -255,9 +258,10 @@ def checklist_tags(
     schedule: Any = None,
     gamma_reason: str = "",
     prediction: Mapping[str, Any] | None = None,
+    draft_sampling: str | None = None,
 ) -> dict[str, str]:
-    """A validation's gates, where it ran, the next iteration's baseline, the per-batch-size schedule and why the
-    served gamma was chosen."""
+    """A validation's gates, where it ran, the next iteration's baseline, the per-batch-size schedule, why the
+    served gamma was chosen and the draft sampling it was measured best with (None: not chosen, at T=0)."""
     tags = {f"{GATE_PREFIX}{name}": "pass" if passed else "fail" for name, passed in gates}
     tags.update(
         {
@@ -272,6 +276,8 @@ def checklist_tags(
         tags[GAMMA_SCHEDULE_TAG] = json.dumps(schedule)
     if gamma_reason:
         tags[GAMMA_REASON_TAG] = gamma_reason
+    if draft_sampling:
+        tags[DRAFT_SAMPLING_TAG] = draft_sampling
     if prediction:
         tags.update(prediction_tags(prediction))
     return tags
@@ -491,6 +497,7 @@ class DrafterVersion:
     recommended_gamma_start: int | None
     data_check_failures: int | None
     tags: Mapping[str, str]
+    draft_sampling: str | None = None  # validation's measured choice at T>0 (DRAFT_SAMPLING_TAG)
 
     @classmethod
     def from_tags(cls, name: str, version: int, tags: Mapping[str, str]) -> DrafterVersion:
@@ -509,6 +516,7 @@ class DrafterVersion:
             recommended_gamma_start=as_int(tags.get(RECOMMENDED_GAMMA_START_TAG)),
             data_check_failures=as_int(tags.get(DATA_CHECK_FAILURES_TAG)),
             tags=dict(tags),
+            draft_sampling=tags.get(DRAFT_SAMPLING_TAG),
         )
 
     @property

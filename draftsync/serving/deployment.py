@@ -201,10 +201,13 @@ class ServingDeployment(BaseModel):
         schedule: Sequence[Sequence[int]] | None = None,
         port: int | None = None,
         engine: VllmEngine | None = None,
+        draft_sampling: str | None = None,
     ) -> VllmLaunch:
         """The `vllm serve` launch for this deployment's pair; `port` overrides the deployment's (a candidate
         starts beside the instance it replaces). With `engine`, the argv is the one that starts that installation
         (its interpreter or command, and its CPU settings); without, the `vllm serve` of a GPU worker's image.
+        `draft_sampling`: the pair's draft sample method (rollout: the deployment's, else validation's choice); None
+        renders the deployment's.
 
         Both directories must lie inside the model roots (model_paths.py): this is the launch draftsync starts or
         hands to an orchestrator. They are rendered resolved, so vLLM opens what was checked."""
@@ -218,7 +221,8 @@ class ServingDeployment(BaseModel):
             model=drafter_dir,
             num_speculative_tokens=gamma,
             schedule=schedule,
-            draft_sample_method=self.draft_sampling if drafter_dir is not None else None,  # ngram: no drafts to sample
+            # ngram has no drafts to sample; `draft_sampling` (the pair's) stands in for the deployment's where given
+            draft_sample_method=(draft_sampling or self.draft_sampling) if drafter_dir is not None else None,
         )
         launch = render_vllm_command(
             target_dir,

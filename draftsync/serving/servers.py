@@ -45,6 +45,7 @@ class PairLaunch:
     gamma: int
     method: str | None
     schedule: list | None = None
+    draft_sampling: str | None = None  # vLLM's draft_sample_method (None: the deployment's, else vLLM's default)
 
 
 @dataclass(frozen=True)
@@ -136,13 +137,26 @@ class ServerBook:
             engine = find_vllm_engine()
             assert engine is not None, "find_vllm_engine(required=True) raises when there is none"
         vllm = deployment.vllm_launch(
-            pair.target_dir, pair.drafter_dir, pair.method, pair.gamma, schedule=pair.schedule, port=port, engine=engine
+            pair.target_dir,
+            pair.drafter_dir,
+            pair.method,
+            pair.gamma,
+            schedule=pair.schedule,
+            port=port,
+            engine=engine,
+            draft_sampling=pair.draft_sampling,
         )
         if engine is not None:
             argv, env = vllm.argv, engine.environment()
         else:
             argv = reference_server_command(
-                pair.target_dir, pair.drafter_dir, pair.gamma, deployment.host, port, deployment.name
+                pair.target_dir,
+                pair.drafter_dir,
+                pair.gamma,
+                deployment.host,
+                port,
+                deployment.name,
+                draft_sampling=pair.draft_sampling or deployment.draft_sampling,
             )
             env = None
         server = ServerProcess(argv, deployment.host, port, log, env=env).start()

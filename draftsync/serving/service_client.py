@@ -29,6 +29,7 @@ class ServiceRequest:
     gamma: int
     method: str | None
     schedule: list | None = None
+    draft_sampling: str | None = None  # vLLM's draft_sample_method (None: the deployment's, else vLLM's default)
 
 
 class ServingServiceClient:

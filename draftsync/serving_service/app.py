@@ -42,6 +42,7 @@ from draftsync.registry.model_registry import drafter_model_name
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.serving.router import bearer_refusal
 from draftsync.serving.servers import PairSwitch
+from draftsync.speculative.engine.decoding import DRAFT_SAMPLE_METHODS
 
 HEALTH_PATH = "/healthz"
 DEPLOYMENTS_PATH = "/draftsync/deployments"
@@ -203,6 +204,9 @@ def _pair(spec: ServingDeployment, body: Any) -> ServedPair:
         raise ValueError(f"method {method!r} is not a string or null")
     if schedule is not None and not isinstance(schedule, list):
         raise ValueError(f"schedule {schedule!r} is not a list or null")
+    draft_sampling = body.get("draft_sampling")
+    if draft_sampling is not None and draft_sampling not in DRAFT_SAMPLE_METHODS:
+        raise ValueError(f"draft_sampling {draft_sampling!r} is not one of {', '.join(DRAFT_SAMPLE_METHODS)} or null")
     return ServedPair(
         spec.target_name,
         target_version,
@@ -211,6 +215,7 @@ def _pair(spec: ServingDeployment, body: Any) -> ServedPair:
         drafter_name=drafter_model_name(spec.target_name),
         method=method,
         schedule=schedule,
+        draft_sampling=draft_sampling,
     )
 
 

@@ -223,6 +223,7 @@ def record_validation(result: ValidationResult, mismatch_threshold: float) -> No
         schedule=checklist.speculation_schedule,
         gamma_reason=checklist.knee_reason,
         prediction=checklist.prediction.as_dict() if checklist.prediction else None,
+        draft_sampling=checklist.draft_sampling.chosen if checklist.draft_sampling else None,
     )
     context.registry().record_validation(
         result.target_name,

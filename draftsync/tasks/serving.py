@@ -180,7 +180,14 @@ def render_launch(deployment: ServingDeployment, pair: ServedPair, port: int | N
 
         engine = find_vllm_engine(required=False)  # none here: the `vllm serve` a GPU worker's image runs
     launch = deployment.vllm_launch(
-        target_dir, drafter_dir, pair.method, pair.gamma, schedule=pair.schedule, port=port, engine=engine
+        target_dir,
+        drafter_dir,
+        pair.method,
+        pair.gamma,
+        schedule=pair.schedule,
+        port=port,
+        engine=engine,
+        draft_sampling=pair.draft_sampling,
     )
     return {
         "target_dir": str(target_dir),
@@ -199,7 +206,9 @@ def serve_here(deployment: ServingDeployment, pair: ServedPair) -> PairSwitch:
         benchmark_tokens=BENCHMARK_TOKENS,
         temperature=deployment.temperature,
     )
-    started = PairLaunch(launch["target_dir"], launch["drafter_dir"], pair.gamma, pair.method, pair.schedule)
+    started = PairLaunch(
+        launch["target_dir"], launch["drafter_dir"], pair.gamma, pair.method, pair.schedule, pair.draft_sampling
+    )
     return _book().serve(deployment, started, checks, capture_config(deployment))
 
 
@@ -223,7 +232,9 @@ def serve_pair(deployment: ServingDeployment, pair: ServedPair) -> PairSwitch:
         return serve_here(deployment, pair)
     return serving_service().serve(
         deployment.name,
-        ServiceRequest(pair.target_version, pair.drafter_version, pair.gamma, pair.method, pair.schedule),
+        ServiceRequest(
+            pair.target_version, pair.drafter_version, pair.gamma, pair.method, pair.schedule, pair.draft_sampling
+        ),
     )
 
 

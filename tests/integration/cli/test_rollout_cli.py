@@ -114,3 +114,31 @@ def test_dry_run_renders_a_dflash_drafters_launch_and_refuses_one_of_another_wid
     assert refused.exit_code != 0 and "Traceback" not in refused.output
     assert f"hidden size of {hidden * 2}, target" in str(refused.exception)
     assert "draftsync sync" in refused.exception.fix
+
+
+def test_dry_run_serves_the_draft_sampling_validation_chose_unless_the_deployment_sets_one(
+    workdir, built_targets, tmp_path
+):
+    from draftsync.cli.app import app
+    from draftsync.registry.model_registry import drafter_model_name
+    from draftsync.registry.tags import DRAFT_SAMPLING_TAG
+
+    registry, _, (first, _) = _setup(workdir, built_targets, tmp_path)
+    registry.promote("cli-llm", first)
+    registry.tag_version(drafter_model_name("cli-llm"), first, DRAFT_SAMPLING_TAG, "probabilistic")
+
+    def dry_run() -> dict:
+        out = tmp_path / "launch.json"
+        result = CliRunner().invoke(app, ["--workdir", str(workdir), "rollout", "cli", "--dry-run", "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        return json.loads(out.read_text())
+
+    launch = dry_run()
+    assert launch["speculative_config"]["draft_sample_method"] == "probabilistic"
+    assert "validation measured it better" in launch["draft_sampling"]
+    (workdir / "deployments.yaml").write_text(
+        "deployments:\n  - name: cli\n    target_name: cli-llm\n    launch: reference\n    draft_sampling: greedy\n"
+    )
+    launch = dry_run()
+    assert launch["speculative_config"]["draft_sample_method"] == "greedy"
+    assert launch["draft_sampling"] == "greedy: the deployment sets it; validation measured probabilistic better"

@@ -55,6 +55,21 @@ def test_a_drafter_version_reads_back_what_a_sync_writes():
     assert drafter.gamma_schedule() == [[1, 4, 5]] and drafter.data_check_failures == 2
     assert drafter.gamma_recommended == {"start": 3, "range": [2, 4], "method": "eagle3"}
     assert drafter.recommended_method == "eagle3"
+    assert drafter.draft_sampling is None  # validated at T=0: nothing chosen, nothing recorded
+
+
+def test_the_draft_sampling_validation_chose_is_recorded_and_read_back():
+    tags = checklist_tags(
+        [("acceptance", True)],
+        profile="test",
+        backend="vllm",
+        temperature=1.0,
+        acceptance_rate=0.7,
+        threshold=0.5,
+        draft_sampling="probabilistic",
+    )
+    assert tags["draftsync.draft_sampling"] == "probabilistic"
+    assert DrafterVersion.from_tags("llm-drafter", 7, tags).draft_sampling == "probabilistic"
 
 
 def test_strict_readers_name_the_tag():

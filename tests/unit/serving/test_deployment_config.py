@@ -111,6 +111,19 @@ def test_a_deployment_chooses_how_vllm_samples_drafts(tmp_path, monkeypatch):
     )  # unset: vLLM's default
 
 
+def test_the_pairs_draft_sampling_renders_where_the_deployment_sets_none(monkeypatch):
+    """A rollout passes the draft sampling validation measured better; the deployment's own is rendered otherwise."""
+    from draftsync.serving.deployment import ServingDeployment
+
+    monkeypatch.setenv("DRAFTSYNC_MODEL_ROOTS", "/models")
+    chat = ServingDeployment(name="chat", target_name="llama-chat", launch="vllm", temperature=1.0)
+    argv = chat.vllm_launch("/models/target", "/models/drafter", "eagle3", 3, draft_sampling="probabilistic").argv
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["draft_sample_method"] == "probabilistic"
+    assert "draft_sample_method" not in " ".join(
+        chat.vllm_launch("/models/target", "/models/drafter", "eagle3", 3).argv
+    )
+
+
 def test_an_unknown_key_names_the_file_deployment_field_and_spelling(tmp_path):
     error = load_error(
         tmp_path,
