@@ -10,6 +10,7 @@ adding a name to a tuple or an `if` in every module. No torch here: the methods'
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from draftsync.errors import DraftsyncError
 
@@ -143,3 +144,11 @@ def needs_no_checkpoint(name: str | None) -> bool:
     no method."""
     method = METHODS.get(name) if name is not None else None
     return method is not None and not method.needs_checkpoint
+
+
+def default_mask_token(target_config: Any) -> int:
+    """The token a block drafter's masked rows carry unless a profile names one: the target's pad token (its text
+    rarely holds it), else the last id of its vocabulary."""
+    vocab_size = int(target_config.vocab_size)
+    pad = getattr(target_config, "pad_token_id", None)
+    return int(pad) if isinstance(pad, int) and 0 <= pad < vocab_size else vocab_size - 1

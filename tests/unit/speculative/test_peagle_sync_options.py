@@ -4,7 +4,6 @@ module's defaults are the model's, and a method's own options stay out of other 
 from __future__ import annotations
 
 from draftsync.profiles import profile, with_changes
-from draftsync.speculative.methods import PEAGLE_LONGEST_PROPOSAL, PEAGLE_MAX_DRAFT_TOKENS
 from draftsync.speculative.train.config import TrainConfig
 from draftsync.speculative.train.drafters import new_drafter_for
 
@@ -17,12 +16,6 @@ def test_the_profiles_max_draft_tokens_and_mask_token_reach_the_peagle_drafter(r
     drafter = new_drafter_for(random_target, None, config)
     assert (drafter.method, drafter.fixed_positions, drafter.config.mask_token_id) == ("peagle", 3, 7)
     assert config.block_size is None  # DFlash's block is not P-EAGLE's
-
-
-def test_the_descriptor_defaults_are_the_models():
-    from draftsync.speculative.methods.peagle import model
-
-    assert (model.MAX_DRAFT_TOKENS, model.LONGEST_PROPOSAL) == (PEAGLE_MAX_DRAFT_TOKENS, PEAGLE_LONGEST_PROPOSAL)
 
 
 def test_another_methods_checkpoint_resumes_whatever_the_block_options():

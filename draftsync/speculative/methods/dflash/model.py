@@ -20,7 +20,7 @@ is drawn from 2..block_size, so every gamma up to block_size - 1 is one the draf
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,7 @@ from draftsync.speculative.methods import (
     DFLASH_BLOCK_SIZE,
     DFLASH_LAYERS,
     DFLASH_MAX_BLOCK_SIZE,
+    default_mask_token,
 )
 from draftsync.speculative.methods.eagle3.model import (
     DraftLayerConfig,
@@ -123,11 +124,6 @@ class DFlashConfig(DraftLayerConfig):
         data = asdict(self)
         data["aux_layer_ids"] = list(self.aux_layer_ids)
         return data
-
-
-def default_mask_token(target_config: Any) -> int:
-    pad = getattr(target_config, "pad_token_id", None)
-    return int(pad) if isinstance(pad, int) and 0 <= pad < target_config.vocab_size else target_config.vocab_size - 1
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -280,7 +276,8 @@ class DFlashDrafter(DraftVocabBuffers, nn.Module):
         """[B,T,n*Ht] aux states at `positions` [T] -> each layer's context keys and values."""
         normed = self.hidden_norm(self.fc(aux.to(self.fc.weight.dtype)))
         rope = self._rope(positions, normed.dtype)
-        return [layer.self_attn.keys_values(normed, rope) for layer in self.layers]
+        layers = cast(list[DFlashDecoderLayer], list(self.layers))
+        return [layer.self_attn.keys_values(normed, rope) for layer in layers]
 
     def block_logits(
         self,

@@ -28,8 +28,7 @@ from torch.utils.checkpoint import checkpoint
 
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.data.training_batch import DraftLoss, TrainingBatch
-from draftsync.speculative.methods import PEAGLE
-from draftsync.speculative.methods.dflash.model import default_mask_token
+from draftsync.speculative.methods import PEAGLE, PEAGLE_LONGEST_PROPOSAL, PEAGLE_MAX_DRAFT_TOKENS, default_mask_token
 from draftsync.speculative.methods.eagle3.model import (
     DrafterKVCache,
     Eagle3Config,
@@ -37,16 +36,13 @@ from draftsync.speculative.methods.eagle3.model import (
     training_time_test_mask,
 )
 
-MAX_DRAFT_TOKENS = 6  # depths trained by default: a proposal of up to this many tokens
-LONGEST_PROPOSAL = 16  # vLLM appends num_speculative_tokens - 1 masked slots to every verified request
-
 
 @dataclass
 class PEagleConfig(Eagle3Config):
     """EAGLE-3's shapes and flags, the masked rows' token and how many depths the drafter learns."""
 
     mask_token_id: int = 0
-    max_draft_tokens: int = MAX_DRAFT_TOKENS
+    max_draft_tokens: int = PEAGLE_MAX_DRAFT_TOKENS
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -61,10 +57,10 @@ class PEagleConfig(Eagle3Config):
                 f"(0..{self.vocab_size - 1})",
                 "choose a token id the target's embedding has, one its text rarely uses (e.g. its pad token)",
             )
-        if not 1 <= self.max_draft_tokens <= LONGEST_PROPOSAL:
+        if not 1 <= self.max_draft_tokens <= PEAGLE_LONGEST_PROPOSAL:
             raise DraftsyncError(
                 f"a P-EAGLE drafter of {self.max_draft_tokens} draft tokens",
-                f"choose max_draft_tokens between 1 and {LONGEST_PROPOSAL}",
+                f"choose max_draft_tokens between 1 and {PEAGLE_LONGEST_PROPOSAL}",
             )
 
     @classmethod
@@ -87,7 +83,7 @@ class PEagleDrafter(Eagle3Drafter):
     """EAGLE-3 plus `mask_hidden`; see the module docstring for the computation."""
 
     config: PEagleConfig
-    method = PEAGLE.name  # type: ignore[assignment]  # one method, whatever its norm flags
+    method = PEAGLE.name  # one method, whatever its norm flags
 
     def __init__(self, config: PEagleConfig):
         super().__init__(config)
