@@ -93,3 +93,4 @@ _.pooled_draft_tokens_7d
 _.replaced_pairs
 _.review_error
 _.chat_template
+_.acceptance_rate_lower  # DraftSamplingFigures: validation.json's draft_sampling reads it
