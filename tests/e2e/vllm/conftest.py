@@ -1,5 +1,5 @@
 """Fixtures of the real-vLLM tests: one briefly trained drafter of each family vLLM serves, shared by the session
-and trained when a test first asks for it (the smoke tier needs EAGLE-3's only)."""
+and trained when a test first asks for it (the smoke tier needs EAGLE-3's and DFlash's only)."""
 
 from __future__ import annotations
 

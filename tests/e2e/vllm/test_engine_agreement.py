@@ -78,10 +78,17 @@ def _reference_run(
     return {"outputs": outputs, "acceptance": accepted / draft_tokens}
 
 
-# EAGLE-3, what a sync trains by default, is the smoke tier's (CI's) family; the rest run in `make test-vllm`.
+# EAGLE-3, what a sync trains by default, and DFlash, the block drafter, are the smoke tier's (CI's) families; the
+# rest run in `make test-vllm`.
+SMOKE_FAMILIES = ("eagle3", "dflash")
+
+
 @pytest.mark.parametrize(
     "families",
-    [pytest.param(FAMILIES[:1], marks=pytest.mark.smoke, id="eagle3"), pytest.param(FAMILIES[1:], id="others")],
+    [
+        pytest.param(SMOKE_FAMILIES, marks=pytest.mark.smoke, id="eagle3-dflash"),
+        pytest.param(tuple(f for f in FAMILIES if f not in SMOKE_FAMILIES), id="others"),
+    ],
 )
 def test_vllm_and_the_reference_engine_agree_for_every_family(
     vllm_engine, built_targets, family_drafters, families, tmp_path
