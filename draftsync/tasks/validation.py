@@ -14,9 +14,8 @@ from prefect.cache_policies import NONE
 from draftsync.profiles import ValidationProfile
 from draftsync.serving.evaluation import EvaluationBackend
 from draftsync.serving.traffic_capture import CapturedPrompt
-from draftsync.speculative.methods import METHODS
 from draftsync.tasks import context
-from draftsync.validation.checklist import UNSCHEDULED_METHODS
+from draftsync.validation.checklist import unscheduled_reason
 from draftsync.validation.result import ChecklistResult
 from draftsync.validation.runner import run_checklist
 
@@ -107,14 +106,3 @@ def evaluation_backend(name: str, temperature: float = 0.0) -> str:
             "use 'vllm' (real vLLM servers), 'reference' (the CPU reference engine) or 'auto'",
         )
     return name
-
-
-def unscheduled_reason(method: str) -> str | None:
-    """Why vLLM serves `method` without a per-batch-size schedule (the checklist's reason, else that of any method
-    of one fixed gamma, such as a DFlash block), None where it takes one."""
-    if method in UNSCHEDULED_METHODS or not METHODS[method].fixed_heads:
-        return UNSCHEDULED_METHODS.get(method)
-    return (
-        f"vLLM's {method} drafts exactly num_speculative_tokens at every batch size, so it takes no per-batch-size "
-        "schedule; it is served at the knee"
-    )

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from draftsync.serving.evaluation import RequestResult
-from draftsync.speculative.methods import MEDUSA
+from draftsync.speculative.methods import METHODS
 from draftsync.stats import percentile
 
 Comparison = Literal[">", ">=", "<=", "=="]
@@ -148,10 +148,15 @@ def gamma_knee(sweep: Sequence[dict], tolerance: float = 0.02, min_acceptance: f
 
 # Drafter methods vLLM serves without `num_speculative_tokens_per_batch_size`, and why: validation makes them
 # no schedule, since the renderer (serving/vllm_args.py) refuses one and a rollout would then fail.
-UNSCHEDULED_METHODS = {
-    MEDUSA.name: "vLLM's Medusa drafts exactly num_speculative_tokens at every batch size, so it takes no "
-    "per-batch-size schedule; it is served at the knee",
-}
+def unscheduled_reason(method: str) -> str | None:
+    """Why vLLM serves `method` without a per-batch-size schedule (a method of one fixed gamma: Medusa's heads, a
+    block drafter), None where it takes one."""
+    if not METHODS[method].fixed_heads:
+        return None
+    return (
+        f"vLLM's {method} drafts exactly num_speculative_tokens at every batch size, so it takes no per-batch-size "
+        "schedule; it is served at the knee"
+    )
 
 
 def speculation_schedule(

@@ -23,8 +23,8 @@ when the whole validation set at the knee then fails an acceptance gate (mean, P
 the next smaller swept gamma and measures the set again, so the served gamma is the fastest one found to clear
 every acceptance gate; the gammas stepped down from are reported (`gammas_rejected`). The sweep stops at what the
 drafter proposes (a Medusa drafter: its heads), so the knee is a gamma it can be served at. Stress per batch size gives
-vLLM's per-batch-size schedule, except for methods vLLM serves without one (`UNSCHEDULED_METHODS`: Medusa),
-whose result says why it has none.
+vLLM's per-batch-size schedule, except for methods vLLM serves without one (`unscheduled_reason`: Medusa, the block
+drafters), whose result says why it has none.
 """
 
 from __future__ import annotations
@@ -532,8 +532,9 @@ def run_checklist(
 
     Stress (`run_stress`, and `profile.stress_requests` > 0) loads the backend's served instances; with
     `batch_sizes` it also measures the per-batch-size schedule and relaunches the pair with it.
-    `no_schedule_reason`: why the drafter cannot be served with a per-batch-size schedule (its method's entry
-    in UNSCHEDULED_METHODS); the result then records that reason and no schedule, whatever stress measured.
+    `no_schedule_reason`: why the drafter cannot be served with a per-batch-size schedule
+    (`checklist.unscheduled_reason` of its method); the result then records that reason and no schedule, whatever
+    stress measured.
     `logger`: where the sweep and the verdict are logged (a Prefect run logger shows them in the UI).
     `monitor_line`: the serving monitor's highest line (its warning line, above the stale one). The knee must clear
     it as well as the gate: a pair served at a gamma whose acceptance sits under that line is flagged by the first
