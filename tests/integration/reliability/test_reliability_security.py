@@ -93,6 +93,7 @@ def test_secrets_in_the_environment_never_reach_mlflow_or_the_logs(
         "secret-llm",
         version,
         str(tiny_drafter),
+        target_dir=str(tiny_target),
         method="eagle3",
         gamma=2,
         training=TRAINING,

@@ -127,9 +127,11 @@ def test_a_drafter_proposes_up_to_its_heads_or_as_far_as_asked(tiny_drafter, med
     assert proposable_tokens("eagle3", tiny_drafter) == proposable_tokens("ngram", None) == 16
     assert proposable_tokens(None, None) == 0
     (tmp_path / "config.json").write_text('{"draftsync_drafter": "medusa"}')
-    with pytest.raises(DraftsyncError, match="no number of heads") as caught:
+    with pytest.raises(DraftsyncError, match=r"does not bound its medusa drafter's gamma \(num_heads=None\)") as caught:
         proposable_tokens("medusa", tmp_path)
     assert "save_drafter" in caught.value.fix
+    (tmp_path / "config.json").write_text('{"draftsync_drafter": "dflash", "max_draft_tokens": 5}')
+    assert proposable_tokens("dflash", tmp_path) == 5
 
 
 def test_the_backend_sweeps_a_medusa_drafter_up_to_its_heads(tiny_target, medusa_drafter, tmp_path):
