@@ -112,7 +112,8 @@ def save_and_load_target(check: Check, shape: dict) -> tuple[Any, dict]:
     import torch
     from draftsync.speculative.builtin.tokenizer import train_tokenizer
     from draftsync.speculative.placement import TargetPlacement, from_pretrained_options
-    from draftsync.speculative.targets import load_target, read_target_config
+    from draftsync.speculative.target_description import read_target_config
+    from draftsync.speculative.targets import load_target
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(**shape, max_position_embeddings=8192, tie_word_embeddings=True)

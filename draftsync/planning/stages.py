@@ -47,8 +47,11 @@ class Refusal:
     needed: str
     available: str
     fix: str
+    reason: str = ""  # a refusal no worker lifts (the target itself): said as it is
 
     def message(self) -> str:
+        if self.reason:
+            return self.reason
         return f"the sync's {self.stage} stage needs {self.needed}; this worker has {self.available}"
 
 

@@ -48,6 +48,8 @@ class SyncPlan:
     # Per choice (target, servers, hidden_states, training): why.
     reasons: dict[str, str] = field(default_factory=dict, kw_only=True)
     stages: tuple[StagePlan, ...]
+    # What the target is (TargetDescription.summary): total and active parameters, experts, quantization, weights.
+    target_facts: dict[str, Any] = field(default_factory=dict, kw_only=True)
 
     @property
     def fits(self) -> bool:
@@ -134,7 +136,9 @@ class SyncPlan:
         verdict = "fits" if self.fits else f"**refused**: {self.refusal.message()}. Fix: {self.refusal.fix}"  # type: ignore[union-attr]
         why = "".join(f"\n- {choice}: {reason}" for choice, reason in self.reasons.items())
         return (
-            f"# Sync plan: {self.target} ({self.parameters / 1e9:.2f}B parameters)\n\nWorker: {where}{held}\n\n"
+            f"# Sync plan: {self.target} ({self.parameters / 1e9:.2f}B parameters)\n\n"
+            + (f"Target: {self.target_facts['text']}\n\n" if self.target_facts else "")
+            + f"Worker: {where}{held}\n\n"
             f"Verdict: {verdict}\n\n| stage | GPU GiB | GPUs held while it runs | host GiB | disk GiB "
             f"| hours (estimate) | settings |\n|---|---|---|---|---|---|---|\n{rows}\n"
             + (f"\nWhy:{why}\n" if why else "")
@@ -188,9 +192,27 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
     stages.append(_validation_stage(target, worker, profile, server))
     refusals.append(_host_refusal(stages, worker))
     refusal = next((r for r in refusals if r is not None), None) or overlap_refusal(stages, worker)
+    refusal = _target_refusal(target) or refusal
     reasons["training"] = _training_reason(settings, worker, profile, target_stage.devices, online)
     settings["trainer"] = profile.trainer
-    return SyncPlan(target.name, target.parameters, worker, settings, tuple(stages), refusal=refusal, reasons=reasons)
+    return SyncPlan(
+        target.name,
+        target.parameters,
+        worker,
+        settings,
+        tuple(stages),
+        refusal=refusal,
+        reasons=reasons,
+        target_facts=target.description.summary() if target.description is not None else {},
+    )
+
+
+def _target_refusal(target: TargetShape) -> Refusal | None:
+    """The sync's own refusal of the target (its family), which no worker lifts: the plan still sizes it."""
+    unsupported = target.description.unsupported if target.description is not None else None
+    if unsupported is None:
+        return None
+    return Refusal("target", "", "", unsupported.fix, reason=unsupported.what)
 
 
 def check_drafter_settings(target: TargetShape, profile: SyncProfile) -> None:
@@ -307,7 +329,9 @@ def _responses_stage(
         held = target_stage.occupant("responses: the target (transformers' generate)", with_forward=True)
         occupants = (held,) if held is not None else ()
         throughput = GPU_FLOPS * max(1, len(target_stage.devices)) if on_gpu else CPU_FLOPS
-        seconds = generated * 2 * target.parameters / (throughput / 4)  # generate(): a quarter of a pass's throughput
+        seconds = (
+            generated * 2 * target.compute_parameters / (throughput / 4)
+        )  # generate(): a quarter of a pass's throughput
     peak = max((o.gib for o in occupants), default=0.0)
     return StagePlan("responses", peak, 0.0, 0.0, seconds / 3600, settings, occupants)
 
@@ -337,7 +361,7 @@ def _hidden_states_stage(
         gib(target_stage.per_gpu + target_stage.forward) if on_gpu else 0.0,
         gib(weights + target_stage.forward if not on_gpu else SHARD_TOKENS * bytes_per_token + HOST_WORKING_GIB * GiB),
         gib(disk),
-        passed * 2 * target.parameters / throughput / 3600,
+        passed * 2 * target.compute_parameters / throughput / 3600,
         {"mode": mode, "tokens": tokens, "bytes_per_token": bytes_per_token, "forward_tokens": FORWARD_TOKENS},
         (held,) if held is not None else (),
     )
@@ -380,7 +404,9 @@ def _validation_stage(target: TargetShape, worker: Worker, profile: SyncProfile,
     decoded = (check.requests + check.sweep_requests * (high - low + 1) + check.stress_requests) * check.max_tokens
     decoded += check.long_requests * (check.long_max_tokens or check.max_tokens)
     weights = target.weight_bytes(on_gpu)
-    seconds = decoded * (weights / GPU_BANDWIDTH if on_gpu else 2 * target.parameters / CPU_FLOPS)
+    # One request at a time: each decoded token reads the weights its experts need, a mixture of experts' share.
+    read = weights * target.compute_parameters / target.parameters
+    seconds = decoded * (read / GPU_BANDWIDTH if on_gpu else 2 * target.compute_parameters / CPU_FLOPS)
     settings = {"server": "vllm" if on_gpu else "cpu", **server}
     occupant = server_occupant("validation", server, worker)
     occupants = (occupant,) if occupant is not None else ()

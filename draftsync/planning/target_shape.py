@@ -3,21 +3,20 @@ from the tags of its registry version, and what its passes and its served contex
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from draftsync.errors import DraftsyncError
+from draftsync.speculative.target_description import TargetDescription
 
 
 @dataclass(frozen=True)
 class TargetShape:
-    """What the plan needs of a target: its widths and its size, from its config (a config-only directory will do)."""
+    """What the plan needs of a target: its widths and its size, from its description (a config-only directory will
+    do) or from the tags of its registry version."""
 
     name: str
-    parameters: int
+    parameters: int  # every weight's, for memory
     hidden: int
     layers: int
     vocab: int
@@ -28,46 +27,46 @@ class TargetShape:
     checkpoint_dtype: str
     context: int  # the longest sequence its config allows (max_position_embeddings); 0: not known
     config: dict[str, Any] = field(repr=False, compare=False)
+    active_parameters: int = 0  # a token's share (routed experts at the share it runs), for compute; 0: parameters
+    stored_weight_bytes: int = 0  # its weights as stored (quantized or 16-bit); 0: parameters in 16 bits
+    kv_per_token: int = 0  # a served token's keys and values over every layer; 0: from the attention widths
+    description: TargetDescription | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_directory(cls, path: Path, name: str | None = None) -> TargetShape:
-        from draftsync.speculative.targets import read_target_config
+        from draftsync.speculative.target_description import describe
 
-        config = read_target_config(Path(path))
-        config = config.get("text_config", config) if "hidden_size" not in config else config
-        needed = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")
-        missing = [k for k in needed if k not in config]
-        if missing:
-            raise DraftsyncError(
-                f"{Path(path) / 'config.json'} lacks {', '.join(missing)}: not a decoder-only language model's config",
-                "give a Llama-style causal LM (Llama, Mistral, Qwen2/3 and the like)",
-            )
-        heads = int(config["num_attention_heads"])
-        hidden = int(config["hidden_size"])
-        shape = cls(
-            name=name or str(path),
-            parameters=0,
-            hidden=hidden,
-            layers=int(config["num_hidden_layers"]),
-            vocab=int(config["vocab_size"]),
-            heads=heads,
-            kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            intermediate=int(config.get("intermediate_size") or 4 * hidden),
-            checkpoint_dtype=str(config.get("dtype") or config.get("torch_dtype") or "float32").replace("torch.", ""),
-            context=int(config.get("max_position_embeddings") or 0),
-            config=config,
+        return cls.described(describe(Path(path), name))
+
+    @classmethod
+    def described(cls, description: TargetDescription) -> TargetShape:
+        return cls(
+            name=description.name,
+            parameters=description.parameters,
+            hidden=description.hidden,
+            layers=description.layers,
+            vocab=description.vocab,
+            heads=description.heads,
+            kv_heads=description.kv_heads,
+            head_dim=description.head_dim,
+            intermediate=description.intermediate,
+            checkpoint_dtype=description.dtype,
+            context=description.context,
+            config=description.config,
+            active_parameters=description.active_parameters,
+            stored_weight_bytes=description.weight_bytes,
+            kv_per_token=description.kv_bytes_per_token,
+            description=description,
         )
-        counted = _safetensors_parameters(Path(path))
-        return replace(shape, parameters=counted or shape.parameters_from_config())
 
     @classmethod
     def from_registered(
         cls, name: str, *, parameters: int, hidden: int, layers: int, vocab: int, features: dict[str, Any]
     ) -> TargetShape:
-        """A target as its registry tags describe it (`families.config_features`), for planning before its files are
-        fetched. Versions tagged before the features named the attention heads and the MLP width get hidden // head_dim
-        heads and the width the parameter count leaves (both exact for Llama-style configs)."""
+        """A target as its registry tags describe it (`families.config_features` and the description's
+        `size_features`), for planning before its files are fetched. Versions tagged before the features named the
+        attention heads and the MLP width get hidden // head_dim heads and the width the parameter count leaves (both
+        exact for Llama-style configs)."""
         head_dim = int(features["head_dim"])
         heads = int(features.get("attention_heads") or hidden // head_dim)
         tied = bool(features.get("tied_embeddings"))
@@ -84,6 +83,9 @@ class TargetShape:
             checkpoint_dtype=str(features.get("dtype") or "bfloat16").replace("torch.", ""),
             context=int(features.get("max_position_embeddings") or 0),
             config={"tie_word_embeddings": tied},
+            active_parameters=int(features.get("active_parameters") or 0),
+            stored_weight_bytes=int(features.get("weight_bytes") or 0),
+            kv_per_token=int(features.get("kv_bytes_per_token") or 0),
         )
         if shape.intermediate:
             return shape
@@ -97,30 +99,21 @@ class TargetShape:
         head = 0 if self.config.get("tie_word_embeddings") else self.vocab * h
         return self.vocab * h + head + self.layers * per_layer + h
 
+    @property
+    def compute_parameters(self) -> int:
+        """The parameters a token's forward pass multiplies by (a mixture of experts runs a share of its own)."""
+        return self.active_parameters or self.parameters
+
     def weight_bytes(self, on_gpu: bool) -> int:
-        """fp32 on a CPU; on a GPU the checkpoint's 16-bit dtype (bf16 for an fp32 checkpoint)."""
-        return self.parameters * (2 if on_gpu else 4)
+        """fp32 on a CPU; on a GPU as stored (quantized weights at their bytes, an fp32 checkpoint in bf16)."""
+        if not on_gpu:
+            return self.parameters * 4
+        sixteen_bit = self.parameters * 2
+        return min(self.stored_weight_bytes, sixteen_bit) if self.stored_weight_bytes else sixteen_bit
 
     def kv_bytes_per_token(self) -> int:
-        """A served token's keys and values over every layer, in 16 bits (vLLM's default KV dtype)."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * 2
-
-
-def _safetensors_parameters(path: Path) -> int:
-    """Parameters counted from the safetensors headers; 0 without weight files (a config-only directory) or with a
-    header that cannot be read, which the target's loading then names."""
-    import struct
-
-    total = 0
-    try:
-        for file in sorted(path.glob("*.safetensors")):
-            with file.open("rb") as handle:
-                (length,) = struct.unpack("<Q", handle.read(8))
-                header = json.loads(handle.read(min(length, 100 << 20)))
-            total += sum(math.prod(entry["shape"]) for name, entry in header.items() if name != "__metadata__")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error):
-        return 0
-    return total
+        """A served token's keys and values over every layer, in 16 bits (vLLM's default KV dtype): latent for MLA."""
+        return self.kv_per_token or 2 * self.layers * self.kv_heads * self.head_dim * 2
 
 
 def forward_bytes(target: TargetShape, tokens: int) -> int:

@@ -65,7 +65,8 @@ _shared: dict[tuple[str, TargetPlacement], tuple[Any, Any]] = {}
 
 def shared_target(path: Path, placement: TargetPlacement | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) of the target at `path`, loaded once and kept until `release_shared_targets`."""
-    from draftsync.speculative.targets import load_target, read_target_config
+    from draftsync.speculative.target_description import read_target_config
+    from draftsync.speculative.targets import load_target
 
     key = (str(Path(path).resolve()), placement or TargetPlacement())
     with _lock:

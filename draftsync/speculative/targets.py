@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.target_description import describe, read_target_config
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -21,66 +22,30 @@ if TYPE_CHECKING:
 TARGET_INFO_FILE = "draftsync_target.json"
 
 
-def read_target_config(path: Path) -> dict:
-    """A checkpoint's config.json, or an error that names what is missing or broken."""
-    from draftsync.user_files import check_path
-
-    config_file = path / "config.json"
-    check_path(
-        path,
-        "directory",
-        "target checkpoint",
-        "point at a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files)",
-    )
-    if not config_file.exists():
-        raise DraftsyncError(
-            f"target checkpoint {path} has no config.json",
-            "point at a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files)",
-        )
-    try:
-        return json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise DraftsyncError(
-            f"target config {config_file} is not valid JSON ({exc})", "restore or re-export the checkpoint"
-        ) from exc
-
-
 def describe_target(path: Path) -> dict:
     """Architecture facts for registry tags, read from config and safetensors headers without loading weights.
 
-    A checkpoint of a family draftsync does not train drafters for (mixture-of-experts, multimodal,
-    encoder-decoder, an unknown architecture) is refused here, before its weights are read or stored."""
-    from safetensors import safe_open
-
-    from draftsync.speculative.families import config_features, target_family
+    A checkpoint draftsync cannot sync (a family it does not train drafters for, a config it cannot size, weights
+    that are not what its quantization declares) is refused here, before its weights are read or stored."""
+    from draftsync.speculative.families import config_features
 
     path = Path(path)
-    config = read_target_config(path)
-    family = target_family(config, f"target checkpoint {path}")
-    shards = sorted(path.glob("*.safetensors"))
-    if not shards:
+    description = describe(path)
+    description.require_supported()
+    if description.checkpoint_bytes_from != "files":
         raise DraftsyncError(
             f"target checkpoint {path} has no *.safetensors weights", "save it with save_pretrained (safetensors)"
         )
-    params = 0
-    for shard in shards:
-        try:
-            with safe_open(str(shard), framework="pt") as f:
-                params += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
-        except Exception as exc:  # safetensors raises its own error types for corrupt headers
-            raise DraftsyncError(
-                f"target weights {shard} are corrupt ({exc})", "re-export or re-download the checkpoint"
-            ) from exc
     info_file = path / TARGET_INFO_FILE
     info = json.loads(info_file.read_text()) if info_file.exists() else {}
     return {
-        "architecture": (config.get("architectures") or [config.get("model_type", "unknown")])[0],
-        "hidden_size": config.get("hidden_size"),
-        "num_layers": config.get("num_hidden_layers"),
-        "vocab_size": config.get("vocab_size"),
-        "parameter_count": params,
-        "family": family.name,
-        "features": config_features(config),
+        "architecture": description.architecture,
+        "hidden_size": description.hidden,
+        "num_layers": description.layers,
+        "vocab_size": description.vocab,
+        "parameter_count": description.parameters,
+        "family": description.family,
+        "features": {**config_features(description.config), **description.size_features()},
         "task_mix": info.get("task_mix", {}),
     }
 

@@ -14,7 +14,7 @@ import pytest
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import profile
 from draftsync.serving.deployment import load_deployments
-from draftsync.speculative.targets import read_target_config
+from draftsync.speculative.target_description import read_target_config
 from draftsync.user_files import check_output_file, path_problem, read_text, read_yaml
 from typer.testing import CliRunner
 

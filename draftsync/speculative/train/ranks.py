@@ -182,7 +182,8 @@ def main(spec_file: str) -> None:
     from draftsync.speculative.data.shard_reader import ShardDataset
     from draftsync.speculative.methods.registry import load_drafter, save_drafter
     from draftsync.speculative.placement import TargetPlacement, from_pretrained_options
-    from draftsync.speculative.targets import load_target, load_target_head, read_target_config
+    from draftsync.speculative.target_description import read_target_config
+    from draftsync.speculative.targets import load_target, load_target_head
     from draftsync.speculative.train.config import TrainConfig
     from draftsync.speculative.train.data_parallel import Ranks, start, stop
     from draftsync.speculative.train.training import fit_drafter
