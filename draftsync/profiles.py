@@ -29,6 +29,8 @@ DraftSampling = Literal["greedy", "probabilistic"]
 # A profile names every field it sets correctly and holds finite numbers: a typo (`train_step`) or a NaN is refused,
 # not ignored.
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+# The tasks a target that declares none is synced for: every built-in task, in equal shares.
+EVEN_TASK_MIX = {"code": 1 / 3, "math": 1 / 3, "prose": 1 / 3}
 MAX_COUNT = 10**9  # steps or samples beyond this are a typo, not a run (1e9 steps is years on any GPU)
 
 
@@ -144,6 +146,8 @@ class SyncProfile(BaseModel):
     name: str = "demo"
     method: str = DEFAULT_METHOD  # one of TRAINED_METHODS (speculative/methods)
     gamma: int = Field(2, ge=1, le=16)
+    # The task mix of a target version that declares none (no draftsync.task_mix tag, no draftsync_target.json).
+    default_task_mix: dict[str, float] = Field(default_factory=lambda: dict(EVEN_TASK_MIX))
     draft_vocab_size: int = Field(256, ge=16)
     aux_layer_ids: tuple[int, int, int] | None = None  # EAGLE-3 depths; None: low/mid/high of the target
     medusa_heads: int = Field(4, ge=1, le=16)

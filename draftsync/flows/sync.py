@@ -250,9 +250,11 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     target = fetch_target(target_name, target_version)
     plan = plan_drafter(target_name, target.tags, chosen)
     chosen = plan.profile
-    task_mix = target_task_mix(Path(target.path), target.tags)
+    mix = target_task_mix(Path(target.path), target.tags, chosen.default_task_mix)
+    task_mix = mix.shares
+    logger.info("task mix of %s v%d: %s", target_name, target_version, mix.text())
     # Refused here, before a byte is written, when a stage cannot fit this worker; else the sync follows it.
-    resources = plan_sync_resources(target_name, target.path, task_mix, chosen)
+    resources = plan_sync_resources(target_name, target.path, mix, chosen)
     chosen = chosen.model_copy(update=resources.profile_updates())
     placement, servers = resources.placement(), resources.settings.get("servers")
     rank_devices = resources.settings.get("training_devices", [])
@@ -287,6 +289,7 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
         generation=generation,
         target_link=target.lineage,
         params=resources.run_params(),
+        task_mix=mix,
     )
     tag_drafter(target_name, version, recommendation_tags(plan.advice))
     if not chosen.keep_dataset:

@@ -18,7 +18,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from draftsync.profiles import ValidationProfile, validation_profile
+from draftsync.profiles import EVEN_TASK_MIX, ValidationProfile, validation_profile
 from draftsync.registry.model_registry import drafter_model_name
 from draftsync.registry.tags import DrafterVersion, crosscheck_tag
 from draftsync.serving.traffic_capture import CapturedPrompt
@@ -151,7 +151,8 @@ def validate(
     against = trained_for if target_version is None else int(target_version)
     target = fetch_target(target_name, against)
     drafter_dir = fetch_drafter(target_name, drafter_version)
-    task_mix = target_task_mix(Path(target.path), target.tags)
+    # A target that declares no mix is validated on the mix its drafter was trained for.
+    task_mix = target_task_mix(Path(target.path), target.tags, drafter.trained_task_mix() or EVEN_TASK_MIX).shares
     checklist = validate_drafter(
         target.path,
         drafter_dir,

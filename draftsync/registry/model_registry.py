@@ -9,6 +9,7 @@ their readers are in tags.py, the outage errors in outages.py, the checks before
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -32,6 +33,8 @@ from draftsync.registry.tags import (
     TARGET_NAME_TAG,
     TARGET_REVISION_TAG,
     TARGET_VERSION_TAG,
+    TRAINED_TASK_MIX_SOURCE_TAG,
+    TRAINED_TASK_MIX_TAG,
     VALIDATION_PASSED_TAG,
     VALIDATION_STATUS_TAG,
     check_target_tags,
@@ -656,6 +659,10 @@ def drafter_description(tags: Mapping[str, str]) -> str:
         text += f", hub revision {tags[TARGET_REVISION_TAG]}"
     if tags.get(GAMMA_TAG):
         text += f"; serves gamma {tags[GAMMA_TAG]}"
+    mix = tags.get(TRAINED_TASK_MIX_TAG)
+    if mix:
+        shares = ", ".join(f"{task} {share:.2f}" for task, share in sorted(json.loads(mix).items()))
+        text += f". Trained for the task mix {shares}: {tags.get(TRAINED_TASK_MIX_SOURCE_TAG) or 'declared'}"
     status = tags.get(VALIDATION_STATUS_TAG) or "pending"
     failed = tags.get(FAILED_GATES_TAG)
     text += f". Validation: {status}"

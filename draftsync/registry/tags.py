@@ -74,6 +74,8 @@ SYNC_KEY_TAG = "draftsync.sync_key"
 SYNC_GENERATION_TAG = "draftsync.sync.generation"
 TRAINING_PREFIX = "draftsync.training."
 DATA_CHECK_FAILURES_TAG = "draftsync.data_checks.failed"
+TRAINED_TASK_MIX_TAG = "draftsync.trained.task_mix"  # JSON shares its data and validation were built for
+TRAINED_TASK_MIX_SOURCE_TAG = "draftsync.trained.task_mix_source"  # why those: declared, or the profile's default
 
 # -- its validation -------------------------------------------------------------------------------------
 VALIDATION_PREFIX = "draftsync.validation."  # + each validation metric
@@ -238,10 +240,20 @@ def drafter_tags(
     }
 
 
-def training_tags(training: Mapping[str, Any], generation: int, data_check_failures: int | None) -> dict[str, str]:
-    """How a sync trained the drafter: its training summary, the retrain generation, failed data checks."""
+def training_tags(
+    training: Mapping[str, Any],
+    generation: int,
+    data_check_failures: int | None,
+    task_mix: Mapping[str, float] | None = None,
+    task_mix_source: str = "",
+) -> dict[str, str]:
+    """How a sync trained the drafter: its training summary, the retrain generation, failed data checks, the task
+    mix it was built for and why that mix."""
     tags = {f"{TRAINING_PREFIX}{key}": str(value) for key, value in training.items()}
     tags[SYNC_GENERATION_TAG] = str(int(generation))
+    if task_mix:
+        tags[TRAINED_TASK_MIX_TAG] = json.dumps(dict(task_mix), sort_keys=True)
+        tags[TRAINED_TASK_MIX_SOURCE_TAG] = task_mix_source
     if data_check_failures is not None:
         tags[DATA_CHECK_FAILURES_TAG] = str(int(data_check_failures))
     return tags
@@ -537,6 +549,14 @@ class DrafterVersion:
                 "register drafters with `draftsync sync`, which writes the gamma it serves with",
             )
         return self.gamma
+
+    def trained_task_mix(self) -> dict[str, float] | None:
+        """The task mix its data was built for (TRAINED_TASK_MIX_TAG); None where not recorded or not JSON."""
+        try:
+            mix = json.loads(self.tags.get(TRAINED_TASK_MIX_TAG) or "null")
+        except ValueError:
+            return None
+        return {str(task): float(share) for task, share in mix.items()} if isinstance(mix, dict) else None
 
     def gamma_schedule(self) -> list | None:
         raw = self.tags.get(GAMMA_SCHEDULE_TAG)

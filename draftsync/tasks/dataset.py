@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,14 +42,32 @@ class DatasetBuild:
         return record_dict(self, omit={"checks"})
 
 
-def target_task_mix(target_dir: Path, tags: dict[str, str] | None = None) -> dict[str, float]:
-    """The task mix declared on the registry version, else in the checkpoint's draftsync_target.json."""
+@dataclass(frozen=True)
+class TaskMix:
+    """The task shares a sync builds its data and its validation for, and where they came from (said in the plan,
+    the drafter's tags and its description)."""
+
+    shares: dict[str, float]
+    source: str
+
+    def text(self) -> str:
+        shares = ", ".join(f"{task} {share:.2f}" for task, share in sorted(self.shares.items()))
+        return f"{shares} ({self.source})"
+
+
+def target_task_mix(
+    target_dir: Path, tags: dict[str, str] | None = None, default: Mapping[str, float] | None = None
+) -> TaskMix:
+    """The task mix declared on the registry version, else in the checkpoint's draftsync_target.json, else
+    `default` (a sync profile's), refused only when there is none."""
     declared = TargetVersion.from_tags(str(target_dir), None, tags).task_mix()
     if declared:
-        return declared
+        return TaskMix(declared, f"declared by the target version's {TASK_MIX_TAG} tag")
     info = Path(target_dir) / "draftsync_target.json"
     if info.exists():
-        return json.loads(info.read_text())["task_mix"]
+        return TaskMix(json.loads(info.read_text())["task_mix"], "declared by the checkpoint's draftsync_target.json")
+    if default:
+        return TaskMix(dict(default), f"the sync profile's default: the target declares no {TASK_MIX_TAG} tag")
     raise DraftsyncError(
         f"target {target_dir} declares no task mix",
         f"register it with the {TASK_MIX_TAG} tag (JSON shares per task)",

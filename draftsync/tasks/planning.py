@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from draftsync.planning.recommendation import Recommendation
     from draftsync.planning.sync_plan import SyncPlan
     from draftsync.planning.worker import Worker
+    from draftsync.tasks.dataset import TaskMix
 
 ASSUMED_GPU_MEMORY_GB = 80.0
 ASSUMED_TPOT_MS = 50.0  # 30-80 ms: the framework's middle band, when no deployment states a target
@@ -159,11 +160,9 @@ def recommendation_tags(advice: Advice) -> dict[str, str]:
 
 
 @task(name="plan-sync", cache_policy=NONE)
-def plan_sync_resources(
-    target_name: str, target_dir: str, task_mix: dict[str, float], profile: SyncProfile
-) -> SyncPlan:
-    """The sync's resource plan on this worker, shown in the Prefect UI; refused here, before any work, when a stage
-    cannot fit (the error names the stage, the numbers and the fix)."""
+def plan_sync_resources(target_name: str, target_dir: str, task_mix: TaskMix, profile: SyncProfile) -> SyncPlan:
+    """The sync's resource plan on this worker, shown in the Prefect UI with the task mix it is for; refused here,
+    before any work, when a stage cannot fit (the error names the stage, the numbers and the fix)."""
     from dataclasses import replace
     from pathlib import Path
 
@@ -184,9 +183,12 @@ def plan_sync_resources(
     if settings.disk_budget_gb is not None:
         worker = replace(worker, disk_gib=min(worker.disk_gib, settings.disk_budget_gb * 1e9 / 1024**3))
     worker = _beside_serving(worker)
-    prompts = response_prompts(task_mix, profile)
+    prompts = response_prompts(task_mix.shares, profile)
     plan = plan_sync(TargetShape.from_directory(Path(target_dir), target_name), worker, profile, len(prompts))
-    create_markdown_artifact(markdown=plan.markdown(), description=f"resource plan of the sync of {target_name}")
+    create_markdown_artifact(
+        markdown=f"{plan.markdown()}\nTask mix: {task_mix.text()}\n",
+        description=f"resource plan of the sync of {target_name}",
+    )
     context.logger().info(
         "plan for %s: target on %s, training on %s (%s-token micro-batches x %s, checkpointing %s)",
         target_name,

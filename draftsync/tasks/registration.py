@@ -28,6 +28,7 @@ from draftsync.tasks import context
 from draftsync.validation.result import ChecklistResult, ValidationResult
 
 if TYPE_CHECKING:
+    from draftsync.tasks.dataset import TaskMix
     from draftsync.tasks.drafting import Training
     from draftsync.validation.data_checks import DataCheckReport
 
@@ -149,11 +150,13 @@ def register_drafter(
     generation: int = 0,
     target_link: dict[str, str] | None = None,
     params: dict[str, str] | None = None,
+    task_mix: TaskMix | None = None,
 ) -> int:
     """Register the drafter (validation pending) with its lineage, training curves, data checks and the sync's plan
     (`params`: run parameters).
 
-    `target_link` (fetch_target's `lineage`) ties it to the exact target: its MLflow model id and hub revision. A
+    `task_mix`: the mix its data was built for and why, tagged and said in its description. `target_link`
+    (fetch_target's `lineage`) ties it to the exact target: its MLflow model id and hub revision. A
     retried sync gets the same version back; a retrain (`generation` > 0) registers a new one. The data checks'
     failures are a tag, so a later `draftsync validate` of this version judges the data-coverage gate without the
     dataset. A drafter built for another vocabulary or hidden size than the target in `target_dir` is refused, and
@@ -164,7 +167,8 @@ def register_drafter(
     registry = context.registry()
     history = json.loads(Path(history_path).read_text()) if history_path and Path(history_path).exists() else None
     failures = len(data_checks.failures) if data_checks is not None else None
-    tags = {**training_tags(training.as_dict(), generation, failures), **(target_link or {})}
+    mix, source = (task_mix.shares, task_mix.source) if task_mix is not None else (None, "")
+    tags = {**training_tags(training.as_dict(), generation, failures, mix, source), **(target_link or {})}
     version = registry.register_drafter(
         target_name,
         target_version,

@@ -160,8 +160,7 @@ def test_a_target_logged_with_the_transformers_flavor_syncs_from_its_webhook_aga
             create_or_update_webhook(server.url, "draftsync", f"{receiver}/mlflow/webhook", secret)
             info = _log_transformers(server.url, "hf-chat", _pipeline_parts(built_targets[1]))
             version = int(info.registered_model_version)
-            client = MlflowClient(tracking_uri=server.url, registry_uri=server.url)
-            client.set_model_version_tag("hf-chat", str(version), "draftsync.task_mix", MIX)
+            client = MlflowClient(tracking_uri=server.url, registry_uri=server.url)  # no task-mix tag: as logged
             ledger = context.sync_ledger()
             deadline = time.monotonic() + 60
             while ledger.get("hf-chat", version, "eagle3") is None and time.monotonic() < deadline:
@@ -187,6 +186,13 @@ def test_a_target_logged_with_the_transformers_flavor_syncs_from_its_webhook_aga
         assert drafter.tags["draftsync.validation.status"] == "passed" and result["passed"]
         described = client.get_model_version("hf-chat-drafter", str(result["drafter_version"])).description
         assert info.model_id in described and "hf-chat version 1" in described
+        # a target that declares no task mix is synced for the profile's, and its drafter says which and why
+        assert json.loads(drafter.tags["draftsync.trained.task_mix"]) == pytest.approx(
+            {"code": 1 / 3, "math": 1 / 3, "prose": 1 / 3}
+        )
+        why = "the sync profile's default: the target declares no draftsync.task_mix tag"
+        assert drafter.tags["draftsync.trained.task_mix_source"] == why
+        assert f"Trained for the task mix code 0.33, math 0.33, prose 0.33: {why}" in described
         jobs = ledger.jobs("hf-chat")
         assert [(job.target_version, job.status, job.source) for job in jobs] == [(version, "succeeded", "webhook")]
 

@@ -162,11 +162,11 @@ def plan_and_mix(version: int) -> tuple[DraftsyncError, DraftsyncError]:
     return plan_error.value, mix_error.value
 
 
-def test_a_target_version_without_draftsync_tags_gets_the_checkpoints_and_is_told_to_set_its_task_mix(
+def test_a_target_version_without_draftsync_tags_gets_the_checkpoints_and_the_profiles_task_mix(
     world, hand_registered
 ):
     """The sync's fetch tags what the checkpoint tells (sizes, parameters, family), so the plan runs; the task
-    mix no checkpoint tells, and the dataset step says which tag to set."""
+    mix no checkpoint tells is the sync profile's default, and says so; without a default it names the tag to set."""
     from draftsync.profiles import profile
     from draftsync.tasks.dataset import target_task_mix
     from draftsync.tasks.planning import plan_drafter
@@ -177,6 +177,9 @@ def test_a_target_version_without_draftsync_tags_gets_the_checkpoints_and_is_tol
     assert stored["draftsync.family"] == "llama" and int(stored["draftsync.num_parameters"]) > 0
     assert "draftsync.task_mix" not in stored
     assert plan_drafter.fn("outside-llm", target.tags, profile("test")).advice.recommendation.method
+    mix = target_task_mix(target.path, target.tags, profile("test").default_task_mix)
+    assert mix.shares == pytest.approx({"code": 1 / 3, "math": 1 / 3, "prose": 1 / 3})
+    assert "the sync profile's default: the target declares no draftsync.task_mix tag" in mix.text()
     with pytest.raises(DraftsyncError) as mix_error:
         target_task_mix(target.path, target.tags)
     assert "declares no task mix" in mix_error.value.what
