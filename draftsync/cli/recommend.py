@@ -91,7 +91,9 @@ def _registered_target(spec: str) -> tuple[float, dict]:
             f"target {name} has no production alias to read its size from", f"give a version: --target {name}:N"
         )
     found = TargetVersion.from_tags(name, version, registry.version_tags(name, version))
-    return found.parameter_count() / 1e9, target_memory_facts(found.num_hidden_layers, found.features())
+    return found.parameter_count() / 1e9, target_memory_facts(
+        found.num_hidden_layers, found.features(), found.parameter_count()
+    )
 
 
 def framework_task(task: str) -> str:

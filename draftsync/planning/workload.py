@@ -173,14 +173,20 @@ def _require_count(field: str, value: object, fix: str, most: int = 1_000_000) -
         raise DraftsyncError(f"{field} = {value!r} is beyond any real deployment (at most {most:,})", f"give {fix}")
 
 
-def target_memory_facts(num_layers: int | None, features: dict | None) -> dict[str, Any]:
+def target_memory_facts(num_layers: int | None, features: dict | None, parameters: int | None = None) -> dict[str, Any]:
     """`weight_bytes` and `kv_bytes_per_token` of a Workload, from a target's layer count and config features (its
-    registry tags: dtype, KV heads, head_dim); what the config does not say is left to the defaults."""
+    registry tags: dtype, KV heads, head_dim, and where its description was tagged, its weights' bytes at their
+    quantization and its KV cache, latent for MLA); what the config does not say is left to the defaults."""
     features = features or {}
     facts: dict[str, Any] = {}
     dtype_bytes = DTYPE_BYTES.get(str(features.get("dtype") or "").replace("torch.", ""))
     if dtype_bytes is not None:
         facts["weight_bytes"] = float(dtype_bytes)
+    if features.get("quantization") and features.get("weight_bytes") and parameters:  # its bytes as stored
+        facts["weight_bytes"] = float(features["weight_bytes"]) / parameters
+    if features.get("kv_bytes_per_token"):
+        facts["kv_bytes_per_token"] = float(features["kv_bytes_per_token"])
+        return facts
     kv_heads, head_dim = features.get("kv_heads"), features.get("head_dim")
     if num_layers and kv_heads and head_dim:
         # vLLM keeps the KV cache in the served dtype (bf16 for a float32 checkpoint on a GPU: "auto").

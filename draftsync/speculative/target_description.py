@@ -12,6 +12,7 @@ MLA, sinks, biases and fused experts alike); the routed experts are told apart b
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import struct
@@ -218,8 +219,8 @@ class TargetDescription:
     checkpoint_bytes_from: str  # "files" or "config"
 
     def require_supported(self) -> None:
-        if self.unsupported is not None:
-            raise self.unsupported
+        if self.unsupported is not None:  # a fresh error: a described target is shared by every caller
+            raise DraftsyncError(self.unsupported.what, self.unsupported.fix)
 
     def summary(self) -> dict[str, Any]:
         """What the plan and `status` show of it."""
@@ -284,9 +285,21 @@ def text_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def describe(path: Path, name: str | None = None, what: str | None = None) -> TargetDescription:
-    """The description of the checkpoint (or config-only directory) at `path`."""
+    """The description of the checkpoint (or config-only directory) at `path`: read once a process while its
+    config.json and weight files stay as they are (the sync's fetch, plan, loads and training ask for it again)."""
     path = Path(path)
-    return describe_config(read_target_config(path), name or str(path), what or f"target checkpoint {path}", path)
+    return _described(path, _stamp(path), name or str(path), what or f"target checkpoint {path}")
+
+
+@functools.lru_cache(maxsize=16)
+def _described(path: Path, stamp: tuple, name: str, what: str) -> TargetDescription:
+    return describe_config(read_target_config(path), name, what, path)
+
+
+def _stamp(path: Path) -> tuple:
+    """What the description is read from, as it stands: each file's name, size and modification time."""
+    files = [path / "config.json", *sorted(path.glob("*.safetensors"))] if path.is_dir() else []
+    return tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file())
 
 
 def describe_config(raw: Mapping[str, Any], name: str, what: str, weights_dir: Path | None = None) -> TargetDescription:

@@ -75,7 +75,7 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
             f"TPOT {ASSUMED_TPOT_MS:g} ms assumed"
         )
     target = TargetVersion.from_tags(target_name, None, target_tags)
-    mix = target.task_mix() or {"prose": 1.0}
+    mix = target.task_mix() or profile.default_task_mix
     main_task = max(mix, key=mix.__getitem__)
     workload = Workload(
         params_b=target.parameter_count() / 1e9,
@@ -84,7 +84,7 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
         tpot_ms=tpot,
         task=FRAMEWORK_TASK.get(main_task, "chat"),
         output_tokens=profile.validation.long_max_tokens or 1024,
-        **target_memory_facts(target.num_hidden_layers, target.features()),
+        **target_memory_facts(target.num_hidden_layers, target.features(), target.parameter_count()),
     )
     advice = recommend(workload)
     if METHODS.get(advice.method) is not None and METHODS[advice.method].drafts_block:

@@ -708,3 +708,7 @@ def test_the_target_config_sets_weight_bytes_and_the_kv_cache_which_gqa_makes_fi
     small = memory_budget(Workload(**{**shape, "batch": 1}, **fp32), "eagle3")
     assert small.target_weights_gb == 32 and small.kv_headroom_gb == pytest.approx(16)
     assert target_memory_facts(None, None) == {}  # an untagged version keeps bf16 and the share
+    # Tagged with its description: an fp8 checkpoint's bytes a weight, and DeepSeek's latent KV cache.
+    tagged = {"dtype": "bfloat16", "kv_heads": 128, "head_dim": 192, "quantization": "fp8"}
+    fp8 = target_memory_facts(61, {**tagged, "weight_bytes": 673e9, "kv_bytes_per_token": 70272}, 671e9)
+    assert fp8["weight_bytes"] == pytest.approx(1.003, abs=1e-3) and fp8["kv_bytes_per_token"] == 70272
