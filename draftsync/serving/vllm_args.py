@@ -42,6 +42,7 @@ from typing import get_args
 
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import DraftSampling
+from draftsync.speculative.families import target_family
 from draftsync.speculative.methods import MEDUSA, METHODS, NGRAM, VLLM_METHODS, needs_no_checkpoint
 from draftsync.speculative.placement import visible_devices
 
@@ -63,6 +64,8 @@ TRUST_REMOTE_CODE_FLAG = "--trust-remote-code"
 # Per-request draft and accepted counts on each completion (`metrics.speculative_decoding`, vLLM >= 0.32): the
 # per-request acceptance a P5/P50 gate needs. vLLM refuses it when speculation is off, so it comes with a drafter.
 PER_REQUEST_METRICS_FLAG = "--per-request-spec-decode-metrics"
+# Which modelling code serves the target: a family's (`Family.vllm_model_impl`) unless the deployment's arguments say.
+MODEL_IMPL_FLAG = "--model-impl"
 
 
 @dataclass(frozen=True)
@@ -268,6 +271,8 @@ def render_vllm_command(
         argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
     if trusted:
         argv.append(TRUST_REMOTE_CODE_FLAG)
+    if not any(_long_flag(arg) == MODEL_IMPL_FLAG for arg in extra):
+        argv += family_vllm_args(target_dir)
     speculative_config = None
     if speculation.speculates:
         speculative_config = _speculative_config(speculation, tensor_parallel_size)
@@ -281,19 +286,41 @@ def render_vllm_command(
 DRAFT_SAMPLING = get_args(DraftSampling)  # vLLM's draft_sample_method
 
 
+def _local_config(target_dir: Path | str) -> dict | None:
+    """The target's config.json where the directory is here; None for a path on another machine, or an unreadable
+    config (the loader names it)."""
+    config_file = Path(target_dir) / "config.json"
+    if not config_file.is_file():
+        return None
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def family_vllm_args(target_dir: Path | str) -> list[str]:
+    """The launch settings the target's family needs (`Family.vllm_model_impl`), read from its config.json where the
+    directory is here; none for a path on another machine or a config no family claims."""
+    config = _local_config(target_dir)
+    if config is None:
+        return []
+    try:
+        family = target_family(config)
+    except DraftsyncError:
+        return []  # registration refuses it; vLLM is left to serve it as it can
+    return [MODEL_IMPL_FLAG, family.vllm_model_impl] if family.vllm_model_impl else []
+
+
 def check_target_for_vllm(target_dir: Path | str) -> None:
     """Refuse, before any server starts, a target config that transformers loads and vLLM 0.32 serves wrongly or not
     at all (read from its config.json where the directory is here; a path on another machine is left to vLLM):
     - a Qwen2 config whose `head_dim` is not hidden/heads: vLLM's Qwen2 ignores `head_dim` and its weights then do
       not fit;
     - a Qwen2/Qwen3 sliding window on only some layers (`max_window_layers` below the layer count): vLLM asserts."""
-    config_file = Path(target_dir) / "config.json"
-    if not config_file.is_file():
+    config = _local_config(target_dir)
+    if config is None:
         return
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError):
-        return  # the loader names an unreadable config; this check has nothing to add
     model_type, layers = config.get("model_type"), config.get("num_hidden_layers")
     heads, hidden, head_dim = config.get("num_attention_heads"), config.get("hidden_size"), config.get("head_dim")
     if model_type == "qwen2" and head_dim and heads and hidden and head_dim != hidden // heads:

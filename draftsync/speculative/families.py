@@ -8,8 +8,8 @@ bias, sliding windows). Every trained drafter method serves next to each family 
 (hidden states, drafter shapes, rope, tied weights) is read from the config by the code that needs it; nothing
 branches on the family name.
 
-What is refused, and why, is here too: mixture-of-experts, multimodal and encoder-decoder checkpoints, and
-architectures that have never been run through a sync.
+What is refused, and why, is here too: multimodal and encoder-decoder checkpoints, mixture-of-experts checkpoints
+outside the MoE families of FAMILIES, and architectures that have never been run through a sync.
 """
 
 from __future__ import annotations
@@ -23,16 +23,21 @@ from draftsync.errors import DraftsyncError
 
 @dataclass(frozen=True)
 class Family:
-    """A decoder family: the `architectures` entry of its config.json and its `model_type`."""
+    """A decoder family: the `architectures` entry of its config.json, its `model_type`, whether its MLPs are routed
+    experts (`moe`), and the `--model-impl` vLLM must serve it with (None: vLLM's own choice)."""
 
     name: str
     architecture: str
     model_type: str
+    moe: bool = False
+    vllm_model_impl: str | None = None
 
 
-# vLLM 0.32 serves every trained method next to each of these: every one implements SupportsEagle3 (aux hidden
-# states), EAGLE-1's drafter is a Llama layer fed the target's final state whatever the target, and Medusa reads
-# only that state.
+# vLLM 0.32 serves every trained method next to each of these. It reads aux hidden states (EAGLE-3, DFlash) from a
+# target class that implements SupportsEagle3: its own for every family but Mixtral, whose targets it serves through
+# its Transformers backend (`vllm_model_impl`) on every launch, so plain and speculative servers run one
+# implementation. EAGLE-1's drafter is a Llama layer fed the target's final state whatever the target, and Medusa
+# reads only that state.
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -40,12 +45,16 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3", "Qwen3ForCausalLM", "qwen3"),
         Family("qwen2", "Qwen2ForCausalLM", "qwen2"),
         Family("mistral", "MistralForCausalLM", "mistral"),
+        Family("qwen3_moe", "Qwen3MoeForCausalLM", "qwen3_moe", moe=True),
+        Family("mixtral", "MixtralForCausalLM", "mixtral", moe=True, vllm_model_impl="transformers"),
     )
 }
 _BY_ARCHITECTURE = {f.architecture: f for f in FAMILIES.values()}
 _BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES.values()}
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 _SUPPORTED = ", ".join(f"{f.name} ({f.architecture})" for f in FAMILIES.values())
+_SUPPORTED_DENSE = ", ".join(f"{f.name} ({f.architecture})" for f in FAMILIES.values() if not f.moe)
+_SUPPORTED_MOE = ", ".join(f"{f.name} ({f.architecture})" for f in FAMILIES.values() if f.moe)
 
 
 def _architecture(config: Mapping[str, Any]) -> str:
@@ -67,14 +76,16 @@ def target_family(config: Mapping[str, Any], what: str = "the target") -> Family
             "register its language model as a text-only checkpoint of a supported family "
             f"({_SUPPORTED}), or serve it without a drafter",
         )
+    family = _BY_ARCHITECTURE.get(architecture) or _BY_MODEL_TYPE.get(str(config.get("model_type")))
+    if family is not None and family.moe:
+        return family
     if any(config.get(key) for key in _MOE_KEYS) or "moe" in architecture.lower():
         raise DraftsyncError(
-            f"{what} is a mixture-of-experts model ({architecture}): draftsync has not run a sync through expert "
-            "layers",
-            f"use a dense model of the family ({_SUPPORTED}), or an n-gram drafter (method ngram) that needs no "
-            "training",
+            f"{what} is a mixture-of-experts model ({architecture}) outside the MoE families draftsync has run a "
+            f"sync through ({_SUPPORTED_MOE})",
+            f"register a checkpoint of one of those, or a dense model ({_SUPPORTED_DENSE}), or serve it with an "
+            "n-gram drafter (method ngram) that needs no training",
         )
-    family = _BY_ARCHITECTURE.get(architecture) or _BY_MODEL_TYPE.get(str(config.get("model_type")))
     if family is None:
         raise DraftsyncError(
             f"{what} is a {architecture}, an architecture draftsync does not train drafters for",
@@ -113,8 +124,8 @@ def config_features(config: Mapping[str, Any]) -> dict[str, Any]:
         "head_dim": int(config.get("head_dim") or (hidden // heads if heads else 0)),
         "tied_embeddings": bool(config.get("tie_word_embeddings", False)),
         "rope_type": str(rope.get("rope_type", "default")),
-        # Qwen3 always normalises q and k; Qwen2 always biases q, k and v (their configs do not say it).
-        "qk_norm": model_type == "qwen3",
+        # Qwen3 (and Qwen3-MoE) always normalises q and k; Qwen2 always biases q, k and v (their configs do not say it).
+        "qk_norm": model_type in ("qwen3", "qwen3_moe"),
         "qkv_bias": model_type == "qwen2" or bool(config.get("attention_bias")),
         "sliding_window": sliding_window_of(config),
         "dtype": str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"),

@@ -146,6 +146,32 @@ FAMILY_SHAPES: dict[str, dict] = {
         "sliding_window": 64,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
     },
+    # Qwen3-30B-A3B: routed experts narrower than a dense MLP in every layer (decoder_sparse_step 1), their top-k
+    # weights renormalised, q/k norms, a head_dim wider than hidden/heads, grouped-query attention, untied embeddings.
+    # Each token runs 2 of 8 experts of half the dense width (with 4, the test-size target answered every held-out
+    # code prompt with EOS at once: nothing to draft).
+    "qwen3_moe": {
+        "class": "Qwen3MoeConfig",
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 176,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
+    # Mixtral 8x7B: each token runs 2 of its experts (4 here), each of the dense width; grouped-query attention,
+    # untied embeddings, no sliding window.
+    "mixtral": {
+        "class": "MixtralConfig",
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
 }
 
 

@@ -4,19 +4,21 @@ the pair rolled out on real vLLM, answering with speculation.
 
 The checklist's thresholds are opened here: the subject is that every family goes through every stage and serves;
 whether a tiny target's briefly trained drafter is good enough is not (tests/e2e/vllm/test_target_families.py holds
-vLLM's acceptance to the reference engine's per family and method). About 2.5 min a family on 2 cores.
+vLLM's acceptance to the reference engine's per family and method; test_moe_families.py the MoE families' EAGLE-3).
+About 2.5 min a dense family on 2 cores.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from tests.e2e.vllm.test_moe_families import MOE_TARGET_FAMILIES
 from tests.e2e.vllm.test_target_families import TARGET_FAMILIES, family_target
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("family", TARGET_FAMILIES)
+@pytest.mark.parametrize("family", TARGET_FAMILIES + MOE_TARGET_FAMILIES)
 def test_a_registered_family_checkpoint_syncs_and_serves_with_speculation_on_vllm(
     family, workdir, vllm_engine, tmp_path
 ):

@@ -1,4 +1,5 @@
-"""The built-in target families (Llama 3, Qwen 3, Qwen 2.5, Mistral) through the ML core, checked against math.
+"""The built-in target families (Llama 3, Qwen 3, Qwen 2.5, Mistral; the mixture-of-experts Qwen3-MoE and Mixtral)
+through the ML core, checked against math.
 
 Each family's model is transformers' own class with that family's distinguishing settings (untrained here: the
 checks are exact, so weights need not mean anything). What is checked is what breaks on real families: hidden
@@ -20,7 +21,7 @@ from draftsync.speculative.methods.registry import load_drafter, new_drafter, sa
 
 from tests.support.greedy import greedy_reference
 
-FAMILIES = ("llama3", "qwen3", "qwen2", "mistral")
+FAMILIES = ("llama3", "qwen3", "qwen2", "mistral", "qwen3_moe", "mixtral")
 METHODS = ("eagle3", "eagle3.1", "eagle", "medusa")
 
 
@@ -49,6 +50,8 @@ def test_each_family_is_its_transformers_class_with_its_features(family_model):
         "qwen3": {"tied_embeddings": True, "qk_norm": True, "head_dim": 64},
         "qwen2": {"tied_embeddings": True, "qkv_bias": True, "head_dim": 32},
         "mistral": {"tied_embeddings": False, "sliding_window": 64},
+        "qwen3_moe": {"tied_embeddings": False, "qk_norm": True, "head_dim": 64},
+        "mixtral": {"tied_embeddings": False, "sliding_window": None, "rope_type": "default"},
     }[family]
     assert {k: features[k] for k in expected} == expected
     if features["tied_embeddings"]:  # no lm_head tensor of its own: the head is the embedding
@@ -130,7 +133,8 @@ def test_the_window_masks_what_the_drafter_sees():
     "extra, refused",
     [
         ({"num_local_experts": 8}, "mixture-of-experts"),
-        ({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}, "mixture-of-experts"),
+        ({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe"}, "mixture-of-experts"),
+        ({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "n_routed_experts": 256}, "experts"),
         ({"vision_config": {}, "architectures": ["LlavaForConditionalGeneration"]}, "multimodal"),
         ({"is_encoder_decoder": True, "architectures": ["T5ForConditionalGeneration"]}, "encoder-decoder"),
         ({"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox"}, "does not train drafters for"),
@@ -147,3 +151,16 @@ def test_every_built_in_family_is_a_supported_one():
     for family in FAMILY_SHAPES:
         recipe = builtin_recipe(1, "test", family)
         assert target_family(family_config(recipe, 0).to_dict()).name in ("llama", family)
+
+
+def test_the_moe_families_are_recognised_and_other_moe_models_are_refused_naming_them():
+    for family in ("qwen3_moe", "mixtral"):
+        config = family_config(builtin_recipe(1, "test", family), 0).to_dict()
+        assert target_family(config).name == family and target_family(config).moe
+    assert target_family({"architectures": ["MixtralForCausalLM"], "num_local_experts": 8}).name == "mixtral"
+    assert target_family({"model_type": "qwen3_moe", "num_experts": 128}).name == "qwen3_moe"
+    with pytest.raises(DraftsyncError) as caught:
+        target_family({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "num_experts": 60})
+    what = caught.value.what
+    assert "Qwen2MoeForCausalLM" in what and "qwen3_moe (Qwen3MoeForCausalLM)" in what and "mixtral (Mixtral" in what
+    assert "dense model" in caught.value.fix and "ngram" in caught.value.fix

@@ -427,3 +427,28 @@ def test_a_target_config_vllm_would_serve_wrongly_is_refused_at_render_time(tmp_
         with pytest.raises(DraftsyncError, match=refused) as caught:
             render()
         assert str(tmp_path) in caught.value.what and "reference" in caught.value.fix
+
+
+@pytest.mark.parametrize(
+    "config, model_impl",
+    [
+        ({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 4}, "transformers"),
+        ({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 4}, None),
+        ({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, None),
+    ],
+)
+def test_a_family_served_through_another_model_impl_gets_it_on_every_launch(tmp_path, config, model_impl):
+    """vLLM's Mixtral class has no EAGLE-3 aux states, its Transformers backend has: plain and speculative servers
+    of the target both run that backend; a deployment's own --model-impl wins."""
+    from draftsync.serving.vllm_args import NO_SPECULATION
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    drafter = SpeculationSpec(method="eagle3", model="/models/drafter", num_speculative_tokens=2)
+    for speculation in (drafter, NO_SPECULATION):
+        argv = render_vllm_command(tmp_path, port=8000, served_model_name="m", speculation=speculation).argv
+        rendered = argv[argv.index("--model-impl") + 1] if "--model-impl" in argv else None
+        assert rendered == model_impl
+    chosen = render_vllm_command(
+        tmp_path, port=8000, served_model_name="m", speculation=drafter, extra_args=["--model-impl=vllm"]
+    ).argv
+    assert "--model-impl" not in chosen and chosen[-1] == "--model-impl=vllm"
