@@ -293,6 +293,7 @@ def describe(path: Path, name: str | None = None, what: str | None = None) -> Ta
 
 @functools.lru_cache(maxsize=16)
 def _described(path: Path, stamp: tuple, name: str, what: str) -> TargetDescription:
+    del stamp  # a key of the cache only: a changed file reads the target anew
     return describe_config(read_target_config(path), name, what, path)
 
 

@@ -162,9 +162,7 @@ def plan_and_mix(version: int) -> tuple[DraftsyncError, DraftsyncError]:
     return plan_error.value, mix_error.value
 
 
-def test_a_target_version_without_draftsync_tags_gets_the_checkpoints_and_the_profiles_task_mix(
-    world, hand_registered
-):
+def test_a_target_version_without_draftsync_tags_gets_the_checkpoints_and_the_profiles_task_mix(world, hand_registered):
     """The sync's fetch tags what the checkpoint tells (sizes, parameters, family), so the plan runs; the task
     mix no checkpoint tells is the sync profile's default, and says so; without a default it names the tag to set."""
     from draftsync.profiles import profile

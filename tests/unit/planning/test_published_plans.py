@@ -1,0 +1,84 @@
+"""`draftsync plan` on config-only checkpoints of targets teams serve, mixture-of-experts and quantized, on one, two
+and eight 80 GB GPUs: each planned from its own description, or refused as its sync would refuse it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.support.published_targets import save_published_configs
+
+# Per target, the verdict on 1, 2 and 8 x 80 GB: "fits", or the stage that refuses it.
+VERDICTS = {
+    "qwen3-30b-a3b": ("fits", "fits", "fits"),  # 56.9 GiB of bf16 weights fit one GPU
+    "mixtral-8x7b": ("hidden_states", "fits", "fits"),  # 87 GiB: a device_map over two
+    "llama-3.1-70b-fp8": ("validation", "fits", "fits"),  # 67.7 GiB of fp8 weights and a server's KV cache
+    "gpt-oss-20b": ("target", "target", "target"),  # a mixture of experts no sync has run through
+    "deepseek-v3": ("target", "target", "target"),
+}
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    return save_published_configs(tmp_path_factory.mktemp("published"))
+
+
+@pytest.fixture(scope="module")
+def shapes(published):
+    from draftsync.planning.target_shape import TargetShape
+
+    return {name: TargetShape.from_directory(published / name, name) for name in VERDICTS}
+
+
+def _plan(directory, gpus: int, out) -> tuple[int, dict, str]:
+    from draftsync.cli.app import app
+
+    argv = ["plan", str(directory), "--profile", "production", "--gpus", str(gpus), "--gpu-memory-gb", "80"]
+    argv += ["--host-memory-gb", "512", "--disk-gb", "8000", "--json", str(out)]
+    result = CliRunner().invoke(app, argv)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result.exit_code, json.loads(out.read_text()), result.output
+
+
+@pytest.mark.parametrize("name", sorted(VERDICTS))
+def test_a_published_target_is_planned_on_one_two_and_eight_gpus(shapes, name):
+    from draftsync.planning.sync_plan import plan_sync
+    from draftsync.planning.worker import Worker
+    from draftsync.profiles import profile
+
+    verdicts = []
+    for gpus in (1, 2, 8):
+        plan = plan_sync(shapes[name], Worker(gpus, 80, 512, 8000), profile("production"))
+        facts = plan.to_dict()["target_facts"]
+        assert plan.parameters == facts["parameters"] and facts["active_parameters"] <= facts["parameters"]
+        assert f"{facts['weight_gib']:.1f} GiB loaded" in plan.markdown()  # what sizes its memory, in words
+        verdicts.append("fits" if plan.fits else plan.refusal.stage)
+    assert tuple(verdicts) == VERDICTS[name], verdicts
+
+
+def test_a_mixture_of_experts_is_timed_by_the_parameters_a_token_runs(shapes):
+    """Qwen3-30B-A3B runs 3.35B of its 30.5B parameters a token: its teacher-forced pass is timed at that."""
+    from draftsync.planning.sync_plan import plan_sync
+    from draftsync.planning.target_shape import TargetShape
+    from draftsync.planning.worker import Worker
+    from draftsync.profiles import profile
+
+    shape = shapes["qwen3-30b-a3b"]
+    dense = TargetShape(**{**vars(shape), "active_parameters": 0})  # the same target, timed as if dense
+    worker, production = Worker(1, 80, 512, 8000), profile("production")
+    hours = {
+        which: {s.stage: s.hours_estimate for s in plan_sync(target, worker, production).stages}
+        for which, target in (("moe", shape), ("dense", dense))
+    }
+    ratio = shape.parameters / shape.active_parameters
+    assert hours["dense"]["hidden_states"] == pytest.approx(ratio * hours["moe"]["hidden_states"], rel=1e-6)
+    assert hours["dense"]["validation"] == pytest.approx(ratio * hours["moe"]["validation"], rel=1e-6)
+
+
+def test_deepseek_v3_says_what_it_does_with_its_mla_and_mtp_layers(published, tmp_path):
+    code, plan, output = _plan(published / "deepseek-v3", 8, tmp_path / "plan.json")
+    assert code == 1 and "MLA attention: 70,272 bytes of latent KV cache a token" in output
+    assert "1 MTP layer(s)" in output and "not loaded by the sync's target" in output
+    assert "mixture-of-experts" in plan["refusal"]["message"] and plan["refusal"]["fix"]
