@@ -20,11 +20,17 @@ from draftsync.errors import DraftsyncError
 from draftsync.planning.servers import server_occupant, server_reason, server_stage
 from draftsync.planning.stages import Occupant, Refusal, StagePlan, gpu_refusal, overlap_refusal
 from draftsync.planning.target_shape import TargetShape, forward_bytes
-from draftsync.planning.training_plan import CPU_FLOPS, GPU_FLOPS, HOST_WORKING_GIB, plan_training
+from draftsync.planning.training_plan import (
+    CPU_FLOPS,
+    GPU_FLOPS,
+    HOST_WORKING_GIB,
+    check_drafter_settings,
+    plan_training,
+)
 from draftsync.planning.worker import HOST_RESERVE_GIB, GiB, Worker, gib, size_text
 from draftsync.profiles import SyncProfile
 from draftsync.records import record_dict
-from draftsync.speculative.methods import DFLASH_FAMILY, METHODS
+from draftsync.speculative.methods import METHODS
 from draftsync.speculative.placement import TargetPlacement, visible_devices
 
 DEVICE_MAP_OVERHEAD = 1.10  # accelerate's device_map does not split layers evenly: a tenth more than the weights
@@ -192,7 +198,7 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
     stages.append(_validation_stage(target, worker, profile, server))
     refusals.append(_host_refusal(stages, worker))
     refusal = next((r for r in refusals if r is not None), None) or overlap_refusal(stages, worker)
-    refusal = _target_refusal(target) or refusal
+    refusal = target.refusal() or refusal  # the sync refuses the target itself: no worker lifts it
     reasons["training"] = _training_reason(settings, worker, profile, target_stage.devices, online)
     settings["trainer"] = profile.trainer
     return SyncPlan(
@@ -205,41 +211,6 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
         reasons=reasons,
         target_facts=target.description.summary() if target.description is not None else {},
     )
-
-
-def _target_refusal(target: TargetShape) -> Refusal | None:
-    """The sync's own refusal of the target (its family), which no worker lifts: the plan still sizes it."""
-    unsupported = target.description.unsupported if target.description is not None else None
-    if unsupported is None:
-        return None
-    return Refusal("target", "", "", unsupported.fix, reason=unsupported.what)
-
-
-def check_drafter_settings(target: TargetShape, profile: SyncProfile) -> None:
-    """Refuse, before any work, what the profile asks of a drafter that this target cannot give it: aux layer ids
-    it does not have, a block drafter's mask token outside its vocabulary (its block is the profile's own check)."""
-    from draftsync.speculative.data.hidden_states import default_aux_layer_ids
-
-    method = METHODS[profile.method]
-    dflash = method.family == DFLASH_FAMILY
-    ids = profile.aux_layer_ids
-    if method.reads_aux_states and ids is not None:
-        lowest = 1 if dflash else 0  # DFlash reads decoder layer outputs, not the embedding
-        if len(set(ids)) != len(ids) or not all(lowest <= k <= target.layers for k in ids):
-            raise DraftsyncError(
-                f"sync profile {profile.name}: aux_layer_ids {list(ids)} are not distinct layers of {target.name}, "
-                f"whose {profile.method} drafter can read layers {lowest}..{target.layers}",
-                f"set aux_layer_ids to distinct ids in {lowest}..{target.layers}, or leave it unset for the default "
-                f"depths ({list(default_aux_layer_ids(target.layers))} here)",
-            )
-    mask = profile.mask_token_id
-    if method.drafts_block and mask is not None and mask >= target.vocab:  # DFlash's and P-EAGLE's masked rows
-        raise DraftsyncError(
-            f"sync profile {profile.name}: mask_token_id {mask} is outside the vocabulary of {target.name} "
-            f"(0..{target.vocab - 1})",
-            "set mask_token_id to a token id the target has and its text rarely uses (its pad token), or leave it "
-            "unset for the pad token, else the last id",
-        )
 
 
 @dataclass(frozen=True)

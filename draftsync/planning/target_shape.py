@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from draftsync.planning.stages import Refusal
 from draftsync.speculative.target_description import TargetDescription
 
 
@@ -110,6 +111,13 @@ class TargetShape:
             return self.parameters * 4
         sixteen_bit = self.parameters * 2
         return min(self.stored_weight_bytes, sixteen_bit) if self.stored_weight_bytes else sixteen_bit
+
+    def refusal(self) -> Refusal | None:
+        """The sync's own refusal of the target (its family), which the plan reports beside the sizes."""
+        unsupported = self.description.unsupported if self.description is not None else None
+        if unsupported is None:
+            return None
+        return Refusal("target", "", "", unsupported.fix, reason=unsupported.what)
 
     def kv_bytes_per_token(self) -> int:
         """A served token's keys and values over every layer, in 16 bits (vLLM's default KV dtype): latent for MLA."""

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from draftsync.errors import DraftsyncError
 from draftsync.planning.stages import Occupant, Refusal, StagePlan
 from draftsync.planning.worker import HOST_RESERVE_GIB, GiB, Worker, gib
 from draftsync.speculative.methods import (
@@ -129,6 +130,33 @@ def plan_training(
             f"{'block_size' if _dflash(profile) else 'draft_vocab_size'} in the sync profile",
         )
     return stage, settings, refusal
+
+
+def check_drafter_settings(target: TargetShape, profile: SyncProfile) -> None:
+    """Refuse, before any work, what the profile asks of a drafter that this target cannot give it: aux layer ids
+    it does not have, a block drafter's mask token outside its vocabulary (its block is the profile's own check)."""
+    from draftsync.speculative.data.hidden_states import default_aux_layer_ids
+
+    method = METHODS[profile.method]
+    dflash = method.family == DFLASH_FAMILY
+    ids = profile.aux_layer_ids
+    if method.reads_aux_states and ids is not None:
+        lowest = 1 if dflash else 0  # DFlash reads decoder layer outputs, not the embedding
+        if len(set(ids)) != len(ids) or not all(lowest <= k <= target.layers for k in ids):
+            raise DraftsyncError(
+                f"sync profile {profile.name}: aux_layer_ids {list(ids)} are not distinct layers of {target.name}, "
+                f"whose {profile.method} drafter can read layers {lowest}..{target.layers}",
+                f"set aux_layer_ids to distinct ids in {lowest}..{target.layers}, or leave it unset for the default "
+                f"depths ({list(default_aux_layer_ids(target.layers))} here)",
+            )
+    mask = profile.mask_token_id
+    if method.drafts_block and mask is not None and mask >= target.vocab:  # DFlash's and P-EAGLE's masked rows
+        raise DraftsyncError(
+            f"sync profile {profile.name}: mask_token_id {mask} is outside the vocabulary of {target.name} "
+            f"(0..{target.vocab - 1})",
+            "set mask_token_id to a token id the target has and its text rarely uses (its pad token), or leave it "
+            "unset for the pad token, else the last id",
+        )
 
 
 def _largest_step(target: TargetShape, profile: SyncProfile, budget: float, processes: int, on_gpu: bool) -> _Step:

@@ -9,7 +9,6 @@ their readers are in tags.py, the outage errors in outages.py, the checks before
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,15 +28,11 @@ from draftsync.registry.tags import (
     PENDING,
     SYNC_KEY_TAG,
     TARGET_KIND,
-    TARGET_MODEL_ID_TAG,
-    TARGET_NAME_TAG,
-    TARGET_REVISION_TAG,
     TARGET_VERSION_TAG,
-    TRAINED_TASK_MIX_SOURCE_TAG,
-    TRAINED_TASK_MIX_TAG,
     VALIDATION_PASSED_TAG,
     VALIDATION_STATUS_TAG,
     check_target_tags,
+    drafter_description,
     drafter_tags,
     flag,
     validation_metric_tags,
@@ -646,29 +641,6 @@ def check_alias(alias: str) -> None:
             f"alias {alias!r} cannot be set in MLflow: {error.message}",
             "use another alias, e.g. production or staging",
         ) from None
-
-
-def drafter_description(tags: Mapping[str, str]) -> str:
-    """The drafter version's description in the MLflow UI (markdown): what it drafts for, down to the target's exact
-    model, with a link to that target version, the gamma it serves and its validation verdict."""
-    target, version = tags.get(TARGET_NAME_TAG), tags.get(TARGET_VERSION_TAG)
-    text = f"{tags.get(METHOD_TAG)} drafter for [{target} version {version}](#/models/{target}/versions/{version})"
-    if tags.get(TARGET_MODEL_ID_TAG):
-        text += f" (MLflow model {tags[TARGET_MODEL_ID_TAG]})"
-    if tags.get(TARGET_REVISION_TAG):
-        text += f", hub revision {tags[TARGET_REVISION_TAG]}"
-    if tags.get(GAMMA_TAG):
-        text += f"; serves gamma {tags[GAMMA_TAG]}"
-    mix = tags.get(TRAINED_TASK_MIX_TAG)
-    if mix:
-        shares = ", ".join(f"{task} {share:.2f}" for task, share in sorted(json.loads(mix).items()))
-        text += f". Trained for the task mix {shares}: {tags.get(TRAINED_TASK_MIX_SOURCE_TAG) or 'declared'}"
-    status = tags.get(VALIDATION_STATUS_TAG) or "pending"
-    failed = tags.get(FAILED_GATES_TAG)
-    text += f". Validation: {status}"
-    if failed and failed != "none":
-        text += f" (failed gates: {failed.replace(',', ', ')})"
-    return text + "."
 
 
 def logged_model_id(source: str) -> str | None:

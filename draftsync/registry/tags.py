@@ -346,6 +346,29 @@ def recommended_tags(
     }
 
 
+def drafter_description(tags: Mapping[str, str]) -> str:
+    """The drafter version's description in the MLflow UI (markdown): what it drafts for, down to the target's exact
+    model, with a link to that target version, the gamma it serves and its validation verdict."""
+    target, version = tags.get(TARGET_NAME_TAG), tags.get(TARGET_VERSION_TAG)
+    text = f"{tags.get(METHOD_TAG)} drafter for [{target} version {version}](#/models/{target}/versions/{version})"
+    if tags.get(TARGET_MODEL_ID_TAG):
+        text += f" (MLflow model {tags[TARGET_MODEL_ID_TAG]})"
+    if tags.get(TARGET_REVISION_TAG):
+        text += f", hub revision {tags[TARGET_REVISION_TAG]}"
+    if tags.get(GAMMA_TAG):
+        text += f"; serves gamma {tags[GAMMA_TAG]}"
+    mix = tags.get(TRAINED_TASK_MIX_TAG)
+    if mix:
+        shares = ", ".join(f"{task} {share:.2f}" for task, share in sorted(json.loads(mix).items()))
+        text += f". Trained for the task mix {shares}: {tags.get(TRAINED_TASK_MIX_SOURCE_TAG) or 'declared'}"
+    status = tags.get(VALIDATION_STATUS_TAG) or "pending"
+    failed = tags.get(FAILED_GATES_TAG)
+    text += f". Validation: {status}"
+    if failed and failed != "none":
+        text += f" (failed gates: {failed.replace(',', ', ')})"
+    return text + "."
+
+
 # -- readers ------------------------------------------------------------------------------------------------
 def as_int(text: str | None) -> int | None:
     """A version, gamma or count tag as an int; metric tags may read "3" or "3.0"; anything else None."""
