@@ -176,6 +176,10 @@ def _wide_tokenizer(checkpoint: Path) -> None:
     tokenizer.save_pretrained(checkpoint)
 
 
+def _declared_fp8(checkpoint: Path) -> None:
+    _edit_config(checkpoint, quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
+
+
 def _missing(checkpoint: Path) -> None:
     shutil.rmtree(checkpoint)
 
@@ -188,8 +192,13 @@ def _missing(checkpoint: Path) -> None:
         (_more_layers_than_weights, "weights do not fit its config.json", "config.json that was saved"),
         (_wide_tokenizer, "but the model's vocabulary is 1024", "tokenizer the target was trained with"),
         (_missing, "does not exist", "Hugging Face checkpoint directory"),
+        (
+            _declared_fp8,
+            "declares fp8 (8-bit) weights, but its safetensors hold only F32 tensors",
+            "quantization_config",
+        ),
     ],
-    ids=["moe", "multimodal", "config-vs-weights", "tokenizer-vs-vocabulary", "missing"],
+    ids=["moe", "multimodal", "config-vs-weights", "tokenizer-vs-vocabulary", "missing", "quantization-vs-weights"],
 )
 def test_a_checkpoint_a_sync_cannot_use_is_refused_and_nothing_is_registered(
     workdir, built_targets, tmp_path, damage, said, fix
