@@ -43,7 +43,7 @@ from typing import get_args
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import DraftSampling
 from draftsync.speculative.families import target_family
-from draftsync.speculative.methods import MEDUSA, METHODS, NGRAM, VLLM_METHODS, needs_no_checkpoint
+from draftsync.speculative.methods import DFLASH, MEDUSA, METHODS, NGRAM, VLLM_METHODS, needs_no_checkpoint
 from draftsync.speculative.placement import visible_devices
 
 # vLLM's default n-gram window when neither end is given (SpeculativeConfig.__post_init__).
@@ -256,6 +256,7 @@ def render_vllm_command(
     extra = check_extra_vllm_args(extra_args)
     trusted = trust_remote_code_setting(trust_remote_code)
     check_target_for_vllm(target_dir)
+    check_drafter_for_vllm(target_dir, speculation)
     argv = [
         "vllm",
         "serve",
@@ -317,10 +318,19 @@ def check_target_for_vllm(target_dir: Path | str) -> None:
     at all (read from its config.json where the directory is here; a path on another machine is left to vLLM):
     - a Qwen2 config whose `head_dim` is not hidden/heads: vLLM's Qwen2 ignores `head_dim` and its weights then do
       not fit;
-    - a Qwen2/Qwen3 sliding window on only some layers (`max_window_layers` below the layer count): vLLM asserts."""
+    - a Qwen2/Qwen3 sliding window on only some layers (`max_window_layers` below the layer count): vLLM asserts;
+    - a gpt-oss config whose `layer_types` are not a window on every even layer: vLLM's gpt-oss reads no
+      `layer_types` and windows exactly those."""
     config = _local_config(target_dir)
     if config is None:
         return
+    if config.get("model_type") == "gpt_oss" and config.get("layer_types") is not None:
+        if list(config["layer_types"]) != _vllm_window_layers(config):
+            raise DraftsyncError(
+                f"target {target_dir}: its gpt-oss layer_types {config['layer_types']} are not a sliding window on "
+                "every even layer, the only arrangement vLLM's gpt-oss applies (it reads no layer_types)",
+                "serve it with the reference engine (launch: reference)",
+            )
     model_type, layers = config.get("model_type"), config.get("num_hidden_layers")
     heads, hidden, head_dim = config.get("num_attention_heads"), config.get("hidden_size"), config.get("head_dim")
     if model_type == "qwen2" and head_dim and heads and hidden and head_dim != hidden // heads:
@@ -342,6 +352,43 @@ def check_target_for_vllm(target_dir: Path | str) -> None:
             f"target {target_dir}: a sliding window on {windowed_layers} of its {layers} layers "
             "(use_sliding_window with max_window_layers), which vLLM's Qwen models refuse",
             "serve it with use_sliding_window false (as its published configs have it), or with the reference engine",
+        )
+
+
+def _vllm_window_layers(config: Mapping) -> list[str]:
+    """The attention kind of each layer as vLLM 0.32 serves a config: gpt-oss windows its even layers whatever its
+    `layer_types` say, every other class follows `layer_types` (none: one kind)."""
+    layers = int(config.get("num_hidden_layers") or 0)
+    if config.get("model_type") == "gpt_oss":
+        windowed = bool(config.get("sliding_window"))
+        return ["sliding_attention" if windowed and i % 2 == 0 else "full_attention" for i in range(layers)]
+    return list(config.get("layer_types") or ["full_attention"] * layers)
+
+
+def check_drafter_for_vllm(target_dir: Path | str, speculation: SpeculationSpec) -> None:
+    """Refuse, before any server starts, a DFlash drafter whose layers vLLM 0.32 would split across KV cache groups
+    (it then asserts "All drafting layers should belong to the same kv cache group"). vLLM groups each attention
+    kind's layers, the drafter's full-attention layers with the target's, into groups of one size: the larger
+    kind's count when it is under 1.5 times the smaller's, else the smaller's; a kind with more layers than that is
+    dealt round-robin into several groups, and the drafter's layers with it."""
+    if speculation.method != DFLASH.name or speculation.model is None:
+        return
+    target, drafter = _local_config(target_dir), _local_config(speculation.model)
+    if target is None or drafter is None:
+        return
+    kinds = _vllm_window_layers(target)
+    draft_layers = int(drafter.get("num_hidden_layers") or 1)
+    windowed = kinds.count("sliding_attention")
+    full = len(kinds) - windowed + draft_layers
+    if not windowed or draft_layers < 2:
+        return
+    group = max(full, windowed) if max(full, windowed) < 1.5 * min(full, windowed) else min(full, windowed)
+    if full > group:
+        raise DraftsyncError(
+            f"drafter {speculation.model}: vLLM 0.32 splits its {draft_layers} DFlash layers across KV cache groups "
+            f"next to target {target_dir} ({windowed} sliding-window and {full - draft_layers} full-attention "
+            "layers) and refuses to start",
+            "serve this target with an EAGLE-3 drafter (method eagle3), or a one-layer DFlash drafter",
         )
 
 

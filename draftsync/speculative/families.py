@@ -33,11 +33,12 @@ class Family:
     vllm_model_impl: str | None = None
 
 
-# vLLM 0.32 serves every trained method next to each of these. It reads aux hidden states (EAGLE-3, DFlash) from a
-# target class that implements SupportsEagle3: its own for every family but Mixtral, whose targets it serves through
-# its Transformers backend (`vllm_model_impl`) on every launch, so plain and speculative servers run one
-# implementation. EAGLE-1's drafter is a Llama layer fed the target's final state whatever the target, and Medusa
-# reads only that state.
+# vLLM 0.32 serves every trained method next to each of these (DFlash next to a gpt-oss target only where vLLM keeps
+# the draft layers in one KV cache group: `serving/vllm_args.check_drafter_for_vllm`). It reads aux hidden states
+# (EAGLE-3, DFlash) from a target class that implements SupportsEagle3: its own for every family but Mixtral, whose
+# targets it serves through its Transformers backend (`vllm_model_impl`) on every launch, so plain and speculative
+# servers run one implementation. EAGLE-1's drafter is a Llama layer fed the target's final state whatever the
+# target, and Medusa reads only that state.
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -47,6 +48,7 @@ FAMILIES: dict[str, Family] = {
         Family("mistral", "MistralForCausalLM", "mistral"),
         Family("qwen3_moe", "Qwen3MoeForCausalLM", "qwen3_moe", moe=True),
         Family("mixtral", "MixtralForCausalLM", "mixtral", moe=True, vllm_model_impl="transformers"),
+        Family("gpt_oss", "GptOssForCausalLM", "gpt_oss", moe=True),
     )
 }
 _BY_ARCHITECTURE = {f.architecture: f for f in FAMILIES.values()}
@@ -102,10 +104,13 @@ def rope_scaling_of(rope_parameters: Mapping[str, Any] | None) -> dict[str, Any]
 
 
 def sliding_window_of(config: Mapping[str, Any]) -> int | None:
-    """The attention window every layer of a config applies, or None (Qwen2/3 configs carry a window they switch off
-    with use_sliding_window)."""
+    """The attention window every layer of a config applies, or None: Qwen2/3 configs carry a window they switch off
+    with use_sliding_window, and one that `layer_types` gives only some layers (gpt-oss) is no drafter's window,
+    since vLLM windows a draft layer only with the window of a target whose every layer has it."""
     window = config.get("sliding_window")
     if not window or not config.get("use_sliding_window", True):
+        return None
+    if any(kind != "sliding_attention" for kind in config.get("layer_types") or ()):
         return None
     return int(window)
 

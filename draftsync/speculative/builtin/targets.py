@@ -172,6 +172,28 @@ FAMILY_SHAPES: dict[str, dict] = {
         "sliding_window": None,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
     },
+    # gpt-oss-20b: each token runs 2 of 8 experts (4 of 32 there), each as wide as the model, with a biased router
+    # and clamped SwiGLU; attention sinks, q/k/v/o biases, a head_dim wider than hidden/heads, grouped-query
+    # attention, a sliding window on every other layer (64 here, inside a training window, so it binds), yarn rope
+    # (scaled beyond 256 positions here), untied embeddings.
+    "gpt_oss": {
+        "class": "GptOssConfig",
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "intermediate_size": 128,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "sliding_window": 64,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 4.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 256,
+        },
+    },
 }
 
 

@@ -40,9 +40,9 @@ def family_target(family: str, tmp_path: Path) -> Path:
     return Path(shutil.copytree(cached, tmp_path / f"{family}-{cached.name}"))
 
 
-def _family_rows(family: str, engine, tmp_path: Path) -> list[dict]:
+def _family_rows(family: str, engine, tmp_path: Path, methods: tuple[str, ...] = METHODS) -> list[dict]:
     target_dir = family_target(family, tmp_path)
-    drafters = dict(FamilyDrafters(target_dir, tmp_path / f"{family}-drafters"))
+    drafters = dict(FamilyDrafters(target_dir, tmp_path / f"{family}-drafters", methods))
     prompt_ids = _prompt_ids(target_dir)
     plain_server = vllm_process(engine, target_dir, None, "eagle3", 0, tmp_path)
     try:
@@ -52,7 +52,7 @@ def _family_rows(family: str, engine, tmp_path: Path) -> list[dict]:
         plain_server.stop()
     rows = []
     # Two methods' servers start side by side (start-up is mostly waiting); requests go one server at a time.
-    for pair in (METHODS[:2], METHODS[2:]):
+    for pair in (methods[:2], methods[2:]):
         servers = {
             method: vllm_process(engine, target_dir, drafters[method], method, GAMMA, tmp_path) for method in pair
         }

@@ -1,5 +1,5 @@
-"""The built-in target families (Llama 3, Qwen 3, Qwen 2.5, Mistral; the mixture-of-experts Qwen3-MoE and Mixtral)
-through the ML core, checked against math.
+"""The built-in target families (Llama 3, Qwen 3, Qwen 2.5, Mistral; the mixture-of-experts Qwen3-MoE, Mixtral and
+gpt-oss) through the ML core, checked against math.
 
 Each family's model is transformers' own class with that family's distinguishing settings (untrained here: the
 checks are exact, so weights need not mean anything). What is checked is what breaks on real families: hidden
@@ -21,7 +21,7 @@ from draftsync.speculative.methods.registry import load_drafter, new_drafter, sa
 
 from tests.support.greedy import greedy_reference
 
-FAMILIES = ("llama3", "qwen3", "qwen2", "mistral", "qwen3_moe", "mixtral")
+FAMILIES = ("llama3", "qwen3", "qwen2", "mistral", "qwen3_moe", "mixtral", "gpt_oss")
 METHODS = ("eagle3", "eagle3.1", "eagle", "medusa")
 
 
@@ -52,6 +52,14 @@ def test_each_family_is_its_transformers_class_with_its_features(family_model):
         "mistral": {"tied_embeddings": False, "sliding_window": 64},
         "qwen3_moe": {"tied_embeddings": False, "qk_norm": True, "head_dim": 64},
         "mixtral": {"tied_embeddings": False, "sliding_window": None, "rope_type": "default"},
+        # Its window is on every other layer only: no window every layer applies, so none for a drafter.
+        "gpt_oss": {
+            "tied_embeddings": False,
+            "qkv_bias": True,
+            "head_dim": 64,
+            "sliding_window": None,
+            "rope_type": "yarn",
+        },
     }[family]
     assert {k: features[k] for k in expected} == expected
     if features["tied_embeddings"]:  # no lm_head tensor of its own: the head is the embedding
@@ -115,6 +123,16 @@ def test_speculation_at_t0_reproduces_greedy_decoding_for_every_family_and_metho
     assert generation.stats.drafts > 0
 
 
+def test_a_drafter_takes_only_a_window_every_target_layer_applies():
+    """vLLM windows a draft layer with the target's window only when every target layer has it (not gpt-oss's)."""
+    from draftsync.speculative.families import sliding_window_of
+
+    assert sliding_window_of({"sliding_window": 64}) == 64
+    assert sliding_window_of({"sliding_window": 64, "layer_types": ["sliding_attention"] * 2}) == 64
+    assert sliding_window_of({"sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"]}) is None
+    assert sliding_window_of({"sliding_window": 64, "use_sliding_window": False}) is None
+
+
 def test_the_window_masks_what_the_drafter_sees():
     from draftsync.speculative.methods.eagle3.model import causal_mask, training_time_test_mask
 
@@ -154,11 +172,12 @@ def test_every_built_in_family_is_a_supported_one():
 
 
 def test_the_moe_families_are_recognised_and_other_moe_models_are_refused_naming_them():
-    for family in ("qwen3_moe", "mixtral"):
+    for family in ("qwen3_moe", "mixtral", "gpt_oss"):
         config = family_config(builtin_recipe(1, "test", family), 0).to_dict()
         assert target_family(config).name == family and target_family(config).moe
     assert target_family({"architectures": ["MixtralForCausalLM"], "num_local_experts": 8}).name == "mixtral"
     assert target_family({"model_type": "qwen3_moe", "num_experts": 128}).name == "qwen3_moe"
+    assert target_family({"architectures": ["GptOssForCausalLM"], "num_local_experts": 32}).name == "gpt_oss"
     with pytest.raises(DraftsyncError) as caught:
         target_family({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "num_experts": 60})
     what = caught.value.what

@@ -416,6 +416,16 @@ def test_per_request_counts_are_asked_for_whenever_a_drafter_serves(tmp_path):
         ({"model_type": "qwen2", "hidden_size": 128, "num_attention_heads": 4, "head_dim": 32}, None),
         ({"model_type": "qwen3", "hidden_size": 128, "num_attention_heads": 4, "head_dim": 64}, None),
         ({"model_type": "qwen2", "num_hidden_layers": 4, "use_sliding_window": False, "max_window_layers": 2}, None),
+        (
+            {"model_type": "gpt_oss", "num_hidden_layers": 2, "sliding_window": 64}
+            | {"layer_types": ["full_attention", "sliding_attention"]},
+            "not a sliding window on every even layer",
+        ),
+        (
+            {"model_type": "gpt_oss", "num_hidden_layers": 2, "sliding_window": 64}
+            | {"layer_types": ["sliding_attention", "full_attention"]},
+            None,
+        ),
     ],
 )
 def test_a_target_config_vllm_would_serve_wrongly_is_refused_at_render_time(tmp_path, config, refused):
@@ -435,6 +445,7 @@ def test_a_target_config_vllm_would_serve_wrongly_is_refused_at_render_time(tmp_
         ({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 4}, "transformers"),
         ({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 4}, None),
         ({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, None),
+        ({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "num_local_experts": 8}, None),
     ],
 )
 def test_a_family_served_through_another_model_impl_gets_it_on_every_launch(tmp_path, config, model_impl):
@@ -452,3 +463,38 @@ def test_a_family_served_through_another_model_impl_gets_it_on_every_launch(tmp_
         tmp_path, port=8000, served_model_name="m", speculation=drafter, extra_args=["--model-impl=vllm"]
     ).argv
     assert "--model-impl" not in chosen and chosen[-1] == "--model-impl=vllm"
+
+
+@pytest.mark.parametrize(
+    "target_layers, draft_layers, refused",
+    [
+        (4, 2, True),  # 2 windowed against 2 + 2 full layers: groups of 2, the draft layers dealt into two
+        (4, 1, False),  # one draft layer is in one group whatever the grouping
+        (24, 2, False),  # gpt-oss-20b: 12 windowed against 14 full, under 1.5 times: one group of 14
+    ],
+)
+def test_a_dflash_drafter_vllm_would_split_across_kv_cache_groups_is_refused(
+    tmp_path, target_layers, draft_layers, refused
+):
+    """vLLM 0.32 asserts that a drafter's layers share one KV cache group; next to gpt-oss's alternating windowed
+    and full layers a multi-layer DFlash drafter may not."""
+    target, drafter = tmp_path / "target", tmp_path / "drafter"
+    target.mkdir(), drafter.mkdir()
+    config = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "num_local_experts": 8}
+    (target / "config.json").write_text(json.dumps(config | {"num_hidden_layers": target_layers, "sliding_window": 64}))
+    (drafter / "config.json").write_text(json.dumps({"num_hidden_layers": draft_layers}))
+    spec = SpeculationSpec(method="dflash", model=str(drafter), num_speculative_tokens=3)
+
+    def render():
+        return render_vllm_command(target, port=8000, served_model_name="m", speculation=spec)
+
+    if not refused:
+        render()
+        return
+    with pytest.raises(DraftsyncError, match="splits its 2 DFlash layers") as caught:
+        render()
+    assert "eagle3" in caught.value.fix
+    (target / "config.json").write_text(
+        json.dumps(config | {"num_hidden_layers": target_layers, "sliding_window": None})
+    )
+    render()  # no windowed layers: one kind, one group
