@@ -134,8 +134,10 @@ def plan_training(
 
 def check_drafter_settings(target: TargetShape, profile: SyncProfile) -> None:
     """Refuse, before any work, what the profile asks of a drafter that this target cannot give it: aux layer ids
-    it does not have, a block drafter's mask token outside its vocabulary (its block is the profile's own check)."""
+    it does not have, a DFlash drafter whose layers vLLM would split across KV cache groups beside its windowed
+    layers, a block drafter's mask token outside its vocabulary (its block is the profile's own check)."""
     from draftsync.speculative.data.hidden_states import default_aux_layer_ids
+    from draftsync.speculative.families import draft_layers_split
 
     method = METHODS[profile.method]
     dflash = method.family == DFLASH_FAMILY
@@ -149,6 +151,12 @@ def check_drafter_settings(target: TargetShape, profile: SyncProfile) -> None:
                 f"set aux_layer_ids to distinct ids in {lowest}..{target.layers}, or leave it unset for the default "
                 f"depths ({list(default_aux_layer_ids(target.layers))} here)",
             )
+    split = draft_layers_split(target.config, DFLASH_LAYERS) if dflash else None
+    if split:  # a plan from registry tags has no config to say; the worker's own plan reads the checkpoint's
+        raise DraftsyncError(
+            f"sync profile {profile.name}: method {profile.method} for {target.name}: {split}",
+            "sync this target with method eagle3 (or another method that drafts from one layer)",
+        )
     mask = profile.mask_token_id
     if method.drafts_block and mask is not None and mask >= target.vocab:  # DFlash's and P-EAGLE's masked rows
         raise DraftsyncError(

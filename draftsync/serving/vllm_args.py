@@ -42,7 +42,7 @@ from typing import get_args
 
 from draftsync.errors import DraftsyncError
 from draftsync.profiles import DraftSampling
-from draftsync.speculative.families import target_family
+from draftsync.speculative.families import draft_layers_split, target_family, vllm_attention_kinds
 from draftsync.speculative.methods import DFLASH, MEDUSA, METHODS, NGRAM, VLLM_METHODS, needs_no_checkpoint
 from draftsync.speculative.placement import visible_devices
 
@@ -325,7 +325,7 @@ def check_target_for_vllm(target_dir: Path | str) -> None:
     if config is None:
         return
     if config.get("model_type") == "gpt_oss" and config.get("layer_types") is not None:
-        if list(config["layer_types"]) != _vllm_window_layers(config):
+        if list(config["layer_types"]) != vllm_attention_kinds(config):
             raise DraftsyncError(
                 f"target {target_dir}: its gpt-oss layer_types {config['layer_types']} are not a sliding window on "
                 "every even layer, the only arrangement vLLM's gpt-oss applies (it reads no layer_types)",
@@ -355,39 +355,18 @@ def check_target_for_vllm(target_dir: Path | str) -> None:
         )
 
 
-def _vllm_window_layers(config: Mapping) -> list[str]:
-    """The attention kind of each layer as vLLM 0.32 serves a config: gpt-oss windows its even layers whatever its
-    `layer_types` say, every other class follows `layer_types` (none: one kind)."""
-    layers = int(config.get("num_hidden_layers") or 0)
-    if config.get("model_type") == "gpt_oss":
-        windowed = bool(config.get("sliding_window"))
-        return ["sliding_attention" if windowed and i % 2 == 0 else "full_attention" for i in range(layers)]
-    return list(config.get("layer_types") or ["full_attention"] * layers)
-
-
 def check_drafter_for_vllm(target_dir: Path | str, speculation: SpeculationSpec) -> None:
     """Refuse, before any server starts, a DFlash drafter whose layers vLLM 0.32 would split across KV cache groups
-    (it then asserts "All drafting layers should belong to the same kv cache group"). vLLM groups each attention
-    kind's layers, the drafter's full-attention layers with the target's, into groups of one size: the larger
-    kind's count when it is under 1.5 times the smaller's, else the smaller's; a kind with more layers than that is
-    dealt round-robin into several groups, and the drafter's layers with it."""
+    next to this target (`families.draft_layers_split`)."""
     if speculation.method != DFLASH.name or speculation.model is None:
         return
     target, drafter = _local_config(target_dir), _local_config(speculation.model)
     if target is None or drafter is None:
         return
-    kinds = _vllm_window_layers(target)
-    draft_layers = int(drafter.get("num_hidden_layers") or 1)
-    windowed = kinds.count("sliding_attention")
-    full = len(kinds) - windowed + draft_layers
-    if not windowed or draft_layers < 2:
-        return
-    group = max(full, windowed) if max(full, windowed) < 1.5 * min(full, windowed) else min(full, windowed)
-    if full > group:
+    split = draft_layers_split(target, int(drafter.get("num_hidden_layers") or 1))
+    if split:
         raise DraftsyncError(
-            f"drafter {speculation.model}: vLLM 0.32 splits its {draft_layers} DFlash layers across KV cache groups "
-            f"next to target {target_dir} ({windowed} sliding-window and {full - draft_layers} full-attention "
-            "layers) and refuses to start",
+            f"drafter {speculation.model}: {split} next to target {target_dir}",
             "serve this target with an EAGLE-3 drafter (method eagle3), or a one-layer DFlash drafter",
         )
 

@@ -137,3 +137,33 @@ def config_features(config: Mapping[str, Any]) -> dict[str, Any]:
         "intermediate_size": int(config.get("intermediate_size") or 0),
         "max_position_embeddings": int(config.get("max_position_embeddings") or 0),
     }
+
+
+def vllm_attention_kinds(config: Mapping[str, Any]) -> list[str]:
+    """The attention kind of each layer as vLLM 0.32 serves a config: gpt-oss windows its even layers whatever its
+    `layer_types` say, every other class follows `layer_types` (none: one kind)."""
+    layers = int(config.get("num_hidden_layers") or 0)
+    if config.get("model_type") == "gpt_oss":
+        windowed = bool(config.get("sliding_window"))
+        return ["sliding_attention" if windowed and i % 2 == 0 else "full_attention" for i in range(layers)]
+    return list(config.get("layer_types") or ["full_attention"] * layers)
+
+
+def draft_layers_split(config: Mapping[str, Any], draft_layers: int) -> str | None:
+    """Why vLLM 0.32 would split a DFlash drafter's `draft_layers` layers across KV cache groups next to this target,
+    which it then refuses ("All drafting layers should belong to the same kv cache group"); None when it would not.
+    vLLM groups each attention kind's layers, the drafter's full-attention layers with the target's, into groups of one
+    size: the larger kind's count when it is under 1.5 times the smaller's, else the smaller's; a kind with more layers
+    than that is dealt round-robin into several groups, and the drafter's layers with it."""
+    kinds = vllm_attention_kinds(config)
+    windowed = kinds.count("sliding_attention")
+    full = len(kinds) - windowed + draft_layers
+    if not windowed or draft_layers < 2:
+        return None
+    group = max(full, windowed) if max(full, windowed) < 1.5 * min(full, windowed) else min(full, windowed)
+    if full <= group:
+        return None
+    return (
+        f"vLLM 0.32 splits a {draft_layers}-layer DFlash drafter across KV cache groups beside {windowed} "
+        f"sliding-window and {full - draft_layers} full-attention layers, and refuses to start"
+    )

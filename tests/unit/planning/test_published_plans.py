@@ -82,3 +82,28 @@ def test_deepseek_v3_says_what_it_does_with_its_mla_and_mtp_layers(published, tm
     assert code == 1 and "MLA attention: 70,272 bytes of latent KV cache a token" in output
     assert "1 MTP layer(s)" in output and "not loaded by the sync's target" in output
     assert "mixture-of-experts" in plan["refusal"]["message"] and plan["refusal"]["fix"]
+
+
+def test_a_dflash_sync_vllm_could_not_serve_beside_a_windowed_target_is_refused_by_its_plan(published, tmp_path):
+    """vLLM 0.32 puts a DFlash drafter's layers in one KV cache group with the target's full-attention layers; beside
+    a small gpt-oss (2 windowed, 2 full layers) its 2 layers would be split, so the sync is refused before it trains.
+    gpt-oss-20b (12 and 12) holds them."""
+    import transformers
+    from draftsync.errors import DraftsyncError
+    from draftsync.planning.sync_plan import plan_sync
+    from draftsync.planning.target_shape import TargetShape
+    from draftsync.planning.worker import Worker
+    from draftsync.profiles import profile
+
+    small = transformers.GptOssConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=32,
+        architectures=["GptOssForCausalLM"],
+    )  # fmt: skip
+    small.save_pretrained(tmp_path / "small-gpt-oss")
+    dflash = profile("production").model_copy(update={"method": "dflash"})
+    worker = Worker(1, 80, 512, 8000)
+    with pytest.raises(DraftsyncError, match="splits a 2-layer DFlash drafter across KV cache groups") as refused:
+        plan_sync(TargetShape.from_directory(tmp_path / "small-gpt-oss"), worker, dflash)
+    assert "method eagle3" in refused.value.fix
+    assert plan_sync(TargetShape.from_directory(published / "gpt-oss-20b"), worker, dflash).fits

@@ -491,7 +491,7 @@ def test_a_dflash_drafter_vllm_would_split_across_kv_cache_groups_is_refused(
     if not refused:
         render()
         return
-    with pytest.raises(DraftsyncError, match="splits its 2 DFlash layers") as caught:
+    with pytest.raises(DraftsyncError, match="splits a 2-layer DFlash drafter across KV cache groups") as caught:
         render()
     assert "eagle3" in caught.value.fix
     (target / "config.json").write_text(
