@@ -85,7 +85,9 @@ def gpu_refusal(stage: str, needed: float, worker: Worker, room: float, gpu: int
     fix = f"give the sync a worker of at least {wanted} x {worker.gpu_memory_gib:.0f} GiB GPUs" + (
         f", or free the GPUs that {', '.join(h.deployment for h in holders)} hold" if holders else ""
     )
-    what = "server" if stage in ("responses", "validation") else "16-bit weights and one forward pass"
+    what = (
+        "server" if stage in ("responses", "validation") else "weights (16-bit, or as quantized) and one forward pass"
+    )
     there = f"{size_text(room / GiB)} GiB free on {worker.gpus} x {worker.gpu_memory_gib:.0f} GiB"
     return Refusal(
         stage,

@@ -216,7 +216,7 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
 @dataclass(frozen=True)
 class _TargetStage:
     """Where the target runs in transformers: one GPU, else a device_map over as many as its weights need, else
-    refused; its 16-bit weights and one forward pass on each of its GPUs."""
+    refused; its weights (16-bit, or as quantized) and one forward pass on each of its GPUs."""
 
     devices: tuple[int, ...]
     per_gpu: float  # bytes of its weights on each of its GPUs
@@ -252,7 +252,7 @@ class _TargetStage:
             if room < weights * DEVICE_MAP_OVERHEAD:
                 needed = weights * DEVICE_MAP_OVERHEAD + forward * len(devices)
                 refusal = gpu_refusal("hidden_states", needed, worker, room + forward * len(devices))
-        need = f"its 16-bit weights ({size_text(weights / GiB)} GiB) and a {FORWARD_TOKENS:,}-token forward pass"
+        need = f"its weights ({size_text(weights / GiB)} GiB on a GPU) and a {FORWARD_TOKENS:,}-token forward pass"
         reason = (
             f"{need} fit GPU {devices[0]}'s {size_text(worker.free_gib(devices[0]))} GiB free"
             if len(devices) == 1
