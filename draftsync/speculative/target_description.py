@@ -308,8 +308,16 @@ def describe_config(raw: Mapping[str, Any], name: str, what: str, weights_dir: P
     from draftsync.speculative.families import target_family
 
     config = text_config(raw)
+    unsupported = None
+    family = None
+    try:
+        family = target_family(dict(raw), what).name
+    except DraftsyncError as refusal:
+        unsupported = refusal
     needed = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")
     missing = [k for k in needed if k not in config]
+    if missing and unsupported is not None:  # another architecture's config (GPT-2's n_embd): say that
+        raise DraftsyncError(unsupported.what, unsupported.fix)
     if missing:
         raise DraftsyncError(
             f"{what}: its config.json lacks {', '.join(missing)}: not a decoder-only language model's config",
@@ -322,13 +330,12 @@ def describe_config(raw: Mapping[str, Any], name: str, what: str, weights_dir: P
         )
     experts = experts_of(config, what)
     quantization = quantization_of(config, what)
-    unsupported = None
-    family = None
     try:
-        family = target_family(dict(raw), what).name
-    except DraftsyncError as refusal:
-        unsupported = refusal
-    counts = count_parameters(config, what)
+        counts = count_parameters(config, what)
+    except DraftsyncError:
+        if unsupported is not None:  # transformers cannot build it either: the family is what to say
+            raise DraftsyncError(unsupported.what, unsupported.fix) from None
+        raise
     hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
     mtp_layers = next((int(config[k]) for k in _MTP_KEYS if config.get(k)), 0)
     mtp = mtp_layers * (counts.last_layer + 2 * hidden * hidden + 3 * hidden)
