@@ -190,6 +190,10 @@ class SyncProfile(BaseModel):
     # for EAGLE-3), "online" from the target per batch (5 bytes a token on disk, a forward pass a batch), or "auto":
     # offline where the shards fit the disk, else online (`draftsync plan` decides and says why).
     hidden_states: Literal["auto", "offline", "online"] = "auto"
+    # Who writes offline hidden states: "vllm" (a server with the extract_hidden_states speculative method, vLLM >=
+    # 0.18, data-parallel over every GPU), "transformers" (one GPU, or a device_map), or "auto": vLLM on a GPU worker
+    # whose vLLM has the method, else transformers (`draftsync plan` decides and says why).
+    hidden_states_engine: Literal["auto", "vllm", "transformers"] = "auto"
     # A retrain of a deployment's stale drafter answers prompts of its captured traffic (serving/traffic_capture.py)
     # for this share of the dataset's sequences (texts and responses), as far as its distinct captured prompts go; the
     # declared task mix makes up the rest, shrunk to keep the share; with fewer than

@@ -44,6 +44,13 @@ def plan_command(
             "--nodes", min=1, max=1024, help="Machines like this one that training may span (torchrun, c10d)."
         ),
     ] = 1,
+    vllm_version: Annotated[
+        str | None,
+        typer.Option(
+            "--vllm-version",
+            help="The vLLM the worker's servers run, e.g. 0.32.0, or none (default: this machine's engine's).",
+        ),
+    ] = None,
     json_path: JsonOption = None,
 ) -> None:
     """Plan a sync of TARGET: per stage (responses, hidden states, training, validation) the GPU and host memory,
@@ -73,6 +80,7 @@ def plan_command(
         gpu_memory_gib=gpu_memory_gb,
         host_memory_gib=host_memory_gb,
         disk_gib=disk_gb,
+        vllm_version=vllm_version,
     )
     worker = replace(worker, nodes=nodes)
     prompts = response_prompts(task_mix, chosen)
@@ -105,7 +113,7 @@ def rendered_commands(plan: SyncPlan, directory: Path) -> dict[str, str]:
             port=8000,
             served_model_name=plan.target,
             tensor_parallel_size=servers.tensor_parallel_size,
-            extra_args=servers.extra_args(),
+            extra_args=[*servers.extra_args(), *_data_parallel(plan.settings["servers"])],
         )
         environment = [f"{key}={value}" for key, value in servers.environment(parent=seen).items()]
         commands["vllm_server"] = shlex.join([*environment, *launch.argv])
@@ -119,6 +127,12 @@ def rendered_commands(plan: SyncPlan, directory: Path) -> dict[str, str]:
         ranks = rank_environment(plan.settings.get("training_devices", []), os.environ if seen is None else seen)
         commands["training"] = shlex.join([*(f"{key}={value}" for key, value in ranks.items()), "python", *argv[1:]])
     return commands
+
+
+def _data_parallel(server: dict) -> list[str]:
+    """vLLM's flag for the plan's replicas: one server over all their GPUs, its requests balanced among them."""
+    replicas = int(server.get("data_parallel_size", 1))
+    return ["--data-parallel-size", str(replicas)] if replicas > 1 else []
 
 
 def _speculators_commands(plan: SyncPlan, directory: Path) -> dict[str, str]:

@@ -46,33 +46,69 @@ def drafter_bytes(target: TargetShape, profile: SyncProfile) -> int:
     return 2 * sum(drafter_counts(target, profile))
 
 
-def server_bytes(target: TargetShape, profile: SyncProfile, tensor_parallel_size: int) -> float:
-    """What the validation server needs on each of its GPUs: its share of the target's and the drafter's weights and
-    of one sequence's keys and values at the server's context, and its working memory."""
-    context = server_context(target, profile) or target.context or PROMPT_ROOM_TOKENS
-    shared = target.weight_bytes(on_gpu=True) + drafter_bytes(target, profile) + target.kv_bytes_per_token() * context
-    return shared / tensor_parallel_size + SERVER_WORKING_GIB * GiB
+def server_bytes(
+    target: TargetShape,
+    profile: SyncProfile,
+    tensor_parallel_size: int,
+    *,
+    context: int | None = None,
+    drafter: bool = True,
+    states_per_token: int = 0,
+) -> float:
+    """What a server needs on each of its GPUs: its share of the target's weights (and the drafter's, for the
+    validation) and of one sequence's keys and values at its context, its working memory, and for a hidden-states
+    server the states it caches a token (`states_per_token`, whole on every GPU: vLLM keeps them in a cache-only
+    layer beside the KV cache). `context` None: the sync's servers' (`server_context`)."""
+    context = context or server_context(target, profile) or target.context or PROMPT_ROOM_TOKENS
+    shared = target.weight_bytes(on_gpu=True) + (drafter_bytes(target, profile) if drafter else 0)
+    shared += target.kv_bytes_per_token() * context
+    return shared / tensor_parallel_size + states_per_token * context + SERVER_WORKING_GIB * GiB
 
 
-def plan_server(target: TargetShape, worker: Worker, profile: SyncProfile) -> dict[str, Any] | None:
-    """The fewest GPUs (a power of two dividing the target's attention heads), the freest first, whose free memory
-    holds `server_bytes`; the share of each GPU the server may take (what the GPU leaves a sync, at most vLLM's
-    default); the context it is sized for. None when no such set exists."""
+def plan_server(
+    target: TargetShape,
+    worker: Worker,
+    profile: SyncProfile,
+    *,
+    context: int | None = None,
+    drafter: bool = True,
+    states_per_token: int = 0,
+) -> dict[str, Any] | None:
+    """The fewest GPUs a replica needs (a power of two dividing the target's attention heads) to hold `server_bytes`,
+    and as many such replicas as the GPUs with room hold (vLLM's `--data-parallel-size`), the freest GPUs first; the
+    share of each GPU a server may take (what the tightest of them leaves a sync, at most vLLM's default); the
+    context it is sized for. None when no replica fits."""
     order = worker.freest()
     size = 1
     while size <= worker.gpus:
-        chosen = sorted(order[:size])
-        room = min(worker.free_gib(gpu) for gpu in chosen) * GiB
-        if target.heads % size == 0 and server_bytes(target, profile, size) <= room:
+        needed = server_bytes(
+            target, profile, size, context=context, drafter=drafter, states_per_token=states_per_token
+        )
+        groups = [order[start : start + size] for start in range(0, worker.gpus - size + 1, size)]
+        fitting = []
+        for group in groups:  # the freest first: once one lacks the room, the rest do too
+            if min(worker.free_gib(gpu) for gpu in group) * GiB < needed:
+                break
+            fitting.append(group)
+        if target.heads % size == 0 and fitting:
+            room = min(worker.free_gib(gpu) for group in fitting for gpu in group) * GiB
             share = min(MAX_UTILIZATION, room / GiB / worker.gpu_memory_gib)
             return {
-                "devices": chosen,
+                "devices": sorted(gpu for group in fitting for gpu in group),
                 "tensor_parallel_size": size,
+                "data_parallel_size": len(fitting),
                 "gpu_memory_utilization": math.floor(share * 100 + 1e-9) / 100,  # never more than the room
-                "max_model_len": server_context(target, profile),
+                "max_model_len": context or server_context(target, profile),
             }
         size *= 2
     return None
+
+
+def replica_groups(server: dict[str, Any]) -> list[list[int]]:
+    """The GPUs of each of a server's data-parallel replicas: its devices in runs of its tensor parallelism, as vLLM's
+    data parallelism assigns them (rank i takes the i-th run of the GPUs it sees)."""
+    devices, size = list(server["devices"]), int(server["tensor_parallel_size"])
+    return [devices[start : start + size] for start in range(0, len(devices), size)]
 
 
 def server_stage(
@@ -96,11 +132,14 @@ def server_occupant(stage: str, server: dict[str, Any], worker: Worker) -> Occup
 
 def server_reason(server: dict[str, Any], target: TargetShape, weights: float) -> str:
     context = server.get("max_model_len")
+    replicas = int(server.get("data_parallel_size", 1))
+    groups = "; ".join(",".join(map(str, group)) for group in replica_groups(server))
     return (
-        f"vLLM with tensor parallelism {server['tensor_parallel_size']} on GPUs "
-        f"{','.join(map(str, server['devices']))}: the fewest GPUs (a power of two dividing its {target.heads} "
-        f"attention heads) whose free memory holds a share of the {size_text(weights / GiB)} GiB of weights, the "
-        f"drafter and a KV cache"
+        f"vLLM with tensor parallelism {server['tensor_parallel_size']}, the fewest GPUs (a power of two dividing its "
+        f"{target.heads} attention heads) whose free memory holds a share of the {size_text(weights / GiB)} GiB of "
+        f"weights, the drafter and a KV cache"
         + (f" of one {context:,}-token sequence (--max-model-len)" if context else "")
-        + ", for the responses and the validation, each after the stage before it has let its GPUs go"
+        + f"; {replicas} data-parallel replica(s) over every GPU that holds one (GPUs {groups}): the responses run as "
+        f"one server with --data-parallel-size {replicas}, the validation as {replicas} server(s), one a replica; "
+        "each stage after the stage before it has let its GPUs go"
     )

@@ -28,7 +28,7 @@ class Occupant:
 @dataclass(frozen=True)
 class StagePlan:
     """One stage's needs: the peak on its busiest GPU, host memory, disk written, an estimated time, its settings,
-    and what holds each GPU while it runs."""
+    what holds each GPU while it runs, and the figures behind its time, so a reader can check the arithmetic."""
 
     stage: str
     gpu_gib: float
@@ -37,6 +37,7 @@ class StagePlan:
     hours_estimate: float
     settings: dict[str, Any]
     occupants: tuple[Occupant, ...] = ()
+    assumptions: str = ""
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,20 @@ context. Times are estimates from stated throughputs, not measurements: they say
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from draftsync.errors import DraftsyncError
-from draftsync.planning.servers import server_occupant, server_reason, server_stage
+from draftsync.planning.servers import (
+    plan_server,
+    replica_groups,
+    server_bytes,
+    server_occupant,
+    server_reason,
+    server_stage,
+)
 from draftsync.planning.stages import Occupant, Refusal, StagePlan, gpu_refusal, overlap_refusal
 from draftsync.planning.target_shape import TargetShape, forward_bytes
 from draftsync.planning.training_plan import (
@@ -27,7 +35,15 @@ from draftsync.planning.training_plan import (
     check_drafter_settings,
     plan_training,
 )
-from draftsync.planning.worker import HOST_RESERVE_GIB, GiB, Worker, gib, size_text
+from draftsync.planning.worker import (
+    EXTRACT_HIDDEN_STATES_SINCE,
+    HOST_RESERVE_GIB,
+    GiB,
+    Worker,
+    gib,
+    size_text,
+    vllm_release,
+)
 from draftsync.profiles import SyncProfile
 from draftsync.records import record_dict
 from draftsync.speculative.methods import METHODS
@@ -40,6 +56,10 @@ GPU_BANDWIDTH = 0.6 * 3.35e12  # decoding on an H100-class GPU at 60% of its mem
 DECODE_BATCH = 64  # sequences a response server decodes at once
 AVERAGE_TEXT_TOKENS = 512  # a training text of the built-in corpora, in a Llama-3-class tokenizer (assumed)
 PROMPT_TOKENS = 64
+STATE_BYTES = 2  # a hidden state's element in a shard and in vLLM's cache (bf16)
+DISK_WRITE_BYTES_S = 2e9  # shards written at 2 GB/s, a local NVMe's sustained rate (assumed)
+SERVER_START_S = 180.0  # a vLLM server start on a GPU worker: weights loaded, graphs captured (assumed)
+VALIDATION_GOAL_HOURS = 1.0  # what the validation is sized for; a plan that cannot meet it says why
 
 
 @dataclass(frozen=True)
@@ -113,6 +133,7 @@ class SyncPlan:
             "train_nodes": self.worker.nodes,
             "data_parallel": self.settings["data_parallel"],
             "hidden_states": self.settings["hidden_states"],
+            "hidden_states_engine": self.settings["hidden_states_engine"],
         }
 
     def placement(self) -> TargetPlacement:
@@ -141,6 +162,7 @@ class SyncPlan:
         )
         verdict = "fits" if self.fits else f"**refused**: {self.refusal.message()}. Fix: {self.refusal.fix}"  # type: ignore[union-attr]
         why = "".join(f"\n- {choice}: {reason}" for choice, reason in self.reasons.items())
+        estimates = "".join(f"\n- {s.stage}: {s.assumptions}" for s in self.stages if s.assumptions)
         return (
             f"# Sync plan: {self.target} ({self.parameters / 1e9:.2f}B parameters)\n\n"
             + (f"Target: {self.target_facts['text']}\n\n" if self.target_facts else "")
@@ -148,6 +170,7 @@ class SyncPlan:
             f"Verdict: {verdict}\n\n| stage | GPU GiB | GPUs held while it runs | host GiB | disk GiB "
             f"| hours (estimate) | settings |\n|---|---|---|---|---|---|---|\n{rows}\n"
             + (f"\nWhy:{why}\n" if why else "")
+            + (f"\nEstimates (assumed throughputs, not measurements):{estimates}\n" if estimates else "")
         )
 
 
@@ -174,7 +197,6 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
     target_stage, refusals = _TargetStage.plan(target, worker), []
     settings.update(target_stage.settings)
     reasons["target"] = target_stage.reason
-    refusals.append(target_stage.refusal)
     server: dict[str, Any] = {}
     if worker.gpus:
         server, server_refusal = server_stage("validation", target, worker, profile)
@@ -183,19 +205,23 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
             settings["servers"] = server
             reasons["servers"] = server_reason(server, target, target.weight_bytes(on_gpu=True))
     stages = [_responses_stage(target, worker, profile, responses, target_stage, server)] if responses else []
-    hidden, hidden_settings, reasons["hidden_states"], disk_refusal = _hidden_states_stage(
-        target, worker, profile, dataset_tokens(profile, responses), target_stage
-    )
-    stages.append(hidden)
-    settings.update(hidden_settings)
-    refusals.append(disk_refusal)
-    online = hidden_settings["hidden_states"] == "online"
+    hidden = _hidden_states_stage(target, worker, profile, dataset_tokens(profile, responses), target_stage)
+    stages.append(hidden.stage)
+    settings.update(hidden.settings)
+    reasons["hidden_states"], reasons["hidden_states_engine"] = hidden.reason, hidden.engine_reason
+    refusals.extend(hidden.refusals)
+    online = hidden.settings["hidden_states"] == "online"
+    hf_responses = bool(responses) and stages[0].settings["writer"] == "hf"
+    if hidden.settings["hidden_states_engine"] == "transformers" or hf_responses:  # the transformers target loads
+        refusals.insert(0, target_stage.refusal)
     kept = target_stage.occupant("hidden_states: the target, kept for online states") if online else None
     training, training_settings, training_refusal = plan_training(target, worker, profile, kept, online=online)
     stages.append(training)
     settings.update(training_settings)
     refusals.append(training_refusal)
-    stages.append(_validation_stage(target, worker, profile, server))
+    validation, validation_settings, reasons["validation"] = _validation_stage(target, worker, profile, server)
+    stages.append(validation)
+    settings.update(validation_settings)
     refusals.append(_host_refusal(stages, worker))
     refusal = next((r for r in refusals if r is not None), None) or overlap_refusal(stages, worker)
     refusal = target.refusal() or refusal  # the sync refuses the target itself: no worker lifts it
@@ -285,8 +311,9 @@ def _responses_stage(
     target_stage: _TargetStage,
     server: dict[str, Any],
 ) -> StagePlan:
-    """The target answers the prompts: a vLLM server alone on its GPUs (the transformers target is loaded only after
-    it stops), or transformers' generate where the target runs."""
+    """The target answers the prompts: a vLLM server alone on its GPUs, its data-parallel replicas over every GPU
+    that holds one (the transformers target is loaded only after it stops), or transformers' generate where the
+    target runs."""
     on_gpu = worker.gpus > 0
     writer = profile.response_writer if profile.response_writer != "auto" else ("vllm" if on_gpu else "hf")
     generated = responses * profile.generated_max_tokens
@@ -295,24 +322,50 @@ def _responses_stage(
         settings.update(server)
         held = server_occupant("responses", server, worker)
         occupants = (held,) if held is not None else ()
-        seconds = generated * target.weight_bytes(on_gpu=True) / (GPU_BANDWIDTH * DECODE_BATCH)
+        # a decoding step of a replica reads its share of the weights on each of its GPUs for DECODE_BATCH tokens
+        size, replicas = server.get("tensor_parallel_size", 1), server.get("data_parallel_size", 1)
+        lanes = size * replicas * DECODE_BATCH
+        seconds = generated * target.weight_bytes(on_gpu=True) / (GPU_BANDWIDTH * lanes)
+        assumptions = (
+            f"{generated:,} tokens ({responses:,} x {profile.generated_max_tokens}), {DECODE_BATCH} decoded a step "
+            f"by each of {replicas} replica(s), a step reading the "
+            f"{size_text(target.weight_bytes(on_gpu=True) / GiB)} GiB of weights split over "
+            f"{size} GPU(s) at {GPU_BANDWIDTH / 1e12:.2f} TB/s each"
+        )
     else:
         held = target_stage.occupant("responses: the target (transformers' generate)", with_forward=True)
         occupants = (held,) if held is not None else ()
-        throughput = GPU_FLOPS * max(1, len(target_stage.devices)) if on_gpu else CPU_FLOPS
-        seconds = (
-            generated * 2 * target.compute_parameters / (throughput / 4)
-        )  # generate(): a quarter of a pass's throughput
+        throughput = GPU_FLOPS if on_gpu else CPU_FLOPS  # a device_map runs one GPU's layers at a time
+        seconds = generated * 2 * target.compute_parameters / (throughput / 4)
+        assumptions = (
+            f"{generated:,} tokens ({responses:,} x {profile.generated_max_tokens}) x 2 x "
+            f"{target.compute_parameters / 1e9:.2g}B parameters at a quarter of {throughput / 1e12:g} TFLOP/s "
+            f"(transformers' generate on {'one GPU at a time' if on_gpu else 'the CPU'})"
+        )
     peak = max((o.gib for o in occupants), default=0.0)
-    return StagePlan("responses", peak, 0.0, 0.0, seconds / 3600, settings, occupants)
+    return StagePlan("responses", peak, 0.0, 0.0, seconds / 3600, settings, occupants, assumptions)
+
+
+@dataclass(frozen=True)
+class _HiddenStates:
+    """The hidden-states stage, the settings it hands the sync, why (mode and engine) and what refuses it."""
+
+    stage: StagePlan
+    settings: dict[str, Any]
+    reason: str
+    engine_reason: str
+    refusals: tuple[Refusal | None, ...]
 
 
 def _hidden_states_stage(
     target: TargetShape, worker: Worker, profile: SyncProfile, tokens: int, target_stage: _TargetStage
-) -> tuple[StagePlan, dict[str, Any], str, Refusal | None]:
+) -> _HiddenStates:
     """The target's teacher-forced pass over the dataset: offline (states stored as shards, read every epoch) when
-    the disk holds them, else online (tokens stored; the target computes each batch's states during training)."""
+    the disk holds them, else online (tokens stored; the target computes each batch's states during training).
+    Offline, a vLLM server with the `extract_hidden_states` method writes them where the worker has one (data-parallel
+    replicas over every GPU), else transformers (one GPU, or a device_map with one GPU busy at a time)."""
     from draftsync.speculative.data import shard_bytes_per_token
+    from draftsync.speculative.data.hidden_states import default_aux_layer_ids
 
     on_gpu = worker.gpus > 0
     reads_aux = METHODS[profile.method].reads_aux_states
@@ -324,18 +377,49 @@ def _hidden_states_stage(
     disk = tokens * bytes_per_token
     # offline: one pass over the dataset; online: a pass over every step's windows (each up to its window's end)
     passed = tokens if mode == "offline" else profile.train_steps * profile.batch_size * profile.seq_len
-    throughput = GPU_FLOPS * max(1, len(target_stage.devices)) if on_gpu else CPU_FLOPS
-    weights = target.weight_bytes(on_gpu)
-    held = target_stage.occupant("hidden_states: the target (transformers)", with_forward=True)
-    stage = StagePlan(
-        "hidden_states",
-        gib(target_stage.per_gpu + target_stage.forward) if on_gpu else 0.0,
-        gib(weights + target_stage.forward if not on_gpu else SHARD_TOKENS * bytes_per_token + HOST_WORKING_GIB * GiB),
-        gib(disk),
-        passed * 2 * target.compute_parameters / throughput / 3600,
-        {"mode": mode, "tokens": tokens, "bytes_per_token": bytes_per_token, "forward_tokens": FORWARD_TOKENS},
-        (held,) if held is not None else (),
+    aux = (profile.aux_layer_ids or default_aux_layer_ids(target.layers)) if reads_aux else ()
+    layer_ids = [*aux, target.layers]  # and the last layer's output, before the final norm
+    longest = min(profile.dataset_max_seq_len or target.context or 1 << 30, target.context or 1 << 30)
+    states = len(layer_ids) * target.hidden * STATE_BYTES
+    server = (
+        plan_server(target, worker, profile, context=longest, drafter=False, states_per_token=states)
+        if on_gpu
+        else None
     )
+    engine, engine_reason, engine_refusal = _engine_choice(target, worker, profile, mode, server, layer_ids, longest)
+    written = f"; {size_text(disk / GiB)} GiB written at {DISK_WRITE_BYTES_S / 1e9:g} GB/s" if disk else ""
+    flops = passed * 2 * target.compute_parameters
+    stage_settings: dict[str, Any] = {"mode": mode, "engine": engine, "tokens": tokens}
+    stage_settings["bytes_per_token"] = bytes_per_token
+    host = gib(SHARD_TOKENS * bytes_per_token + HOST_WORKING_GIB * GiB)
+    if engine == "vllm" and server is not None:
+        gpus = server["tensor_parallel_size"] * server["data_parallel_size"]
+        compute = flops / (GPU_FLOPS * gpus)
+        held = server_occupant("hidden_states", server, worker)
+        occupants: tuple[Occupant, ...] = (held,) if held is not None else ()
+        gpu_gib = held.gib if held is not None else 0.0
+        stage_settings.update(server)
+        assumed = f"{gpus} GPU(s) prefilling at {GPU_FLOPS / 1e12:.0f} TFLOP/s each"
+    else:
+        busy = 1 if on_gpu else 0  # a device_map runs one GPU's layers at a time
+        compute = flops / (GPU_FLOPS if on_gpu else CPU_FLOPS)
+        target_held = target_stage.occupant("hidden_states: the target (transformers)", with_forward=True)
+        occupants = (target_held,) if target_held is not None else ()
+        gpu_gib = gib(target_stage.per_gpu + target_stage.forward) if on_gpu else 0.0
+        if not on_gpu:
+            host = gib(target.weight_bytes(False) + target_stage.forward)
+        stage_settings["forward_tokens"] = FORWARD_TOKENS
+        assumed = (
+            f"{busy} GPU busy at a time at {GPU_FLOPS / 1e12:.0f} TFLOP/s"
+            if on_gpu
+            else f"the CPU at {CPU_FLOPS / 1e12:g} TFLOP/s"
+        )
+    seconds = max(compute, disk / DISK_WRITE_BYTES_S)
+    assumptions = (
+        f"{passed:,} tokens x 2 x {target.compute_parameters / 1e9:.1f}B parameters = {flops:.3g} FLOPs on {assumed} "
+        f"({compute / 3600:.2g} h){written} ({disk / DISK_WRITE_BYTES_S / 3600:.2g} h); the longer of the two"
+    )
+    stage = StagePlan("hidden_states", gpu_gib, host, gib(disk), seconds / 3600, stage_settings, occupants, assumptions)
     stored_text = (
         f"{size_text(tokens * stored_bytes / GiB)} GiB of shards ({tokens:,} tokens at {stored_bytes:,} bytes)"
     )
@@ -363,33 +447,178 @@ def _hidden_states_stage(
             "free disk or give the sync a larger volume (--disk-gb, DRAFTSYNC_DISK_BUDGET_GB), or sync with fewer "
             "training_texts, generated_samples or a shorter dataset_max_seq_len",
         )
-    return stage, {"hidden_states": mode}, reason, refusal
+    settings: dict[str, Any] = {"hidden_states": mode, "hidden_states_engine": engine}
+    if engine == "vllm" and server is not None:
+        settings["hidden_states_server"] = server
+        settings["hidden_states_layer_ids"] = layer_ids
+    return _HiddenStates(stage, settings, reason, engine_reason, (engine_refusal, refusal))
 
 
-def _validation_stage(target: TargetShape, worker: Worker, profile: SyncProfile, server: dict[str, Any]) -> StagePlan:
-    """The validation: the target and its drafter in a vLLM server (the reference server on a CPU), after training
-    has let its GPUs go."""
+def _engine_choice(
+    target: TargetShape,
+    worker: Worker,
+    profile: SyncProfile,
+    mode: str,
+    server: dict[str, Any] | None,
+    layer_ids: list[int],
+    longest: int,
+) -> tuple[str, str, Refusal | None]:
+    """Who writes the hidden states, why, and the refusal of what the profile asks and the worker cannot give: vLLM
+    where its version has `extract_hidden_states` and a server fits (auto: on a GPU worker), else transformers."""
+    asked, version = profile.hidden_states_engine, worker.vllm_version
+    states = len(layer_ids) * target.hidden * STATE_BYTES
+    since = ".".join(map(str, EXTRACT_HIDDEN_STATES_SINCE))
+    release = vllm_release(version) if version is not None else None
+    switch = "or set hidden_states_engine: transformers (or auto) in the sync profile"
+    if version is not None and release is None:
+        return (
+            "transformers",
+            f"vLLM version {version!r} is not a release number",
+            Refusal(
+                "hidden_states",
+                f"a vLLM release number to tell whether its servers have extract_hidden_states (since {since})",
+                f"vLLM version {version!r}",
+                "give the worker's vLLM version as MAJOR.MINOR.PATCH, e.g. --vllm-version 0.32.0 (none: no vLLM)",
+            ),
+        )
+    if asked == "transformers":
+        return "transformers", "transformers: the profile asks for it (hidden_states_engine: transformers)", None
+    refusal: Refusal | None = None
+    if mode == "online":
+        why = "online states are computed by the trainer's own target, batch by batch; a vLLM server writes shards"
+        if asked == "vllm":
+            refusal = Refusal(
+                "hidden_states",
+                "offline shards for hidden_states_engine vllm (its server writes every state once)",
+                "online states only (the profile asks for them, or the disk cannot hold the shards)",
+                "give the sync disk for the shards and hidden_states: offline or auto, " + switch,
+            )
+    elif version is None:
+        why = "this worker has no vLLM"
+        if asked == "vllm":
+            refusal = Refusal(
+                "hidden_states",
+                f"a vLLM with the extract_hidden_states speculative method (>= {since}): the profile asks for "
+                "hidden_states_engine vllm",
+                "no vLLM",
+                f"install vLLM >= {since} on the worker (the official image; `make vllm` on a CPU), " + switch,
+            )
+    elif release is not None and release < EXTRACT_HIDDEN_STATES_SINCE:
+        why = f"vLLM {version} has no extract_hidden_states speculative method (vLLM has it since {since})"
+        if asked == "vllm":
+            refusal = Refusal(
+                "hidden_states",
+                f"vLLM >= {since} for the extract_hidden_states speculative method",
+                f"vLLM {version}",
+                f"upgrade vLLM on the worker to {since} or later, " + switch,
+            )
+    elif not worker.gpus and asked == "auto":
+        why = (
+            "no GPU: auto takes vLLM on GPU workers only, as a CPU engine start (21-38 s on 2 cores) costs more than a "
+            "small target's pass (hidden_states_engine: vllm asks for it)"
+        )
+    elif worker.gpus and server is None:
+        needed = server_bytes(target, profile, 1, context=longest, drafter=False, states_per_token=states)
+        why = f"no vLLM server of {size_text(needed / GiB)} GiB (at tensor parallelism 1) fits these GPUs"
+        if asked == "vllm":
+            refusal = Refusal(
+                "hidden_states",
+                f"{size_text(needed / GiB)} GiB of GPU memory for a vLLM server of the target (weights, one "
+                f"{longest:,}-token sequence's KV cache and {states:,} bytes of states a token)",
+                f"{size_text(worker.free_gib(0))} GiB free on {worker.gpus} x {worker.gpu_memory_gib:.0f} GiB",
+                "give the sync a worker with more or larger GPUs, a shorter dataset_max_seq_len, " + switch,
+            )
+    else:
+        if server is None:  # a CPU worker asked for vLLM: its server is the CPU build's
+            return "vllm", f"vLLM {version}: the profile asks for it on this CPU (hidden_states_engine: vllm)", None
+        replicas, size = server["data_parallel_size"], server["tensor_parallel_size"]
+        return (
+            "vllm",
+            f"vLLM {version} (extract_hidden_states since {since}, its states written by draftsync's hidden-states KV "
+            f"connector): {replicas} data-parallel replica(s) at tensor parallelism {size} prefill on "
+            f"{replicas * size} GPU(s) at once, where transformers' device_map runs one GPU's layers at a time; each "
+            f"replica is sized for one {longest:,}-token sequence (the dataset's longest) with its KV cache and "
+            f"{states:,} bytes of states a token (layers {','.join(map(str, layer_ids))})",
+            None,
+        )
+    return "transformers", f"transformers: {why}", refusal
+
+
+def _validation_stage(
+    target: TargetShape, worker: Worker, profile: SyncProfile, server: dict[str, Any]
+) -> tuple[StagePlan, dict[str, Any], str]:
+    """The validation: the target and its drafter in vLLM servers, one a replica group of GPUs, their requests
+    shared among them (the reference server on a CPU), after training has let its GPUs go. The work is the
+    runner's: the sweep (one server a gamma), the validation set at the knee and the long outputs, the plain
+    twin of the set, and stress (open loop and each batch size's closed loop, speculative and plain, then the
+    schedule's relaunch); each request one at a time unless stress batches it, a step costing one token's weight
+    reads; speculative tokens timed at the checklist's min_speedup (a drafter that passes is no slower)."""
     on_gpu = worker.gpus > 0
     check = profile.validation
     low, high = check.gamma_range
-    decoded = (check.requests + check.sweep_requests * (high - low + 1) + check.stress_requests) * check.max_tokens
-    decoded += check.long_requests * (check.long_max_tokens or check.max_tokens)
+    gammas = high - low + 1
+    groups = replica_groups(server) if server else []
+    servers = max(1, len(groups))
+    size = int(server.get("tensor_parallel_size", 1)) if server else 1
     weights = target.weight_bytes(on_gpu)
-    # One request at a time: each decoded token reads the weights its experts need, a mixture of experts' share.
+    # Each decoded token reads the weights its experts need (a mixture of experts' share), split over the TP GPUs.
     read = weights * target.compute_parameters / target.parameters
-    seconds = decoded * (read / GPU_BANDWIDTH if on_gpu else 2 * target.compute_parameters / CPU_FLOPS)
+    step = read / (GPU_BANDWIDTH * size) if on_gpu else 2 * target.compute_parameters / CPU_FLOPS
+    speedup = max(1.0, check.min_speedup)
+    sweep = gammas * check.sweep_requests * check.max_tokens
+    long_tokens = check.long_requests * (check.long_max_tokens or target.context or check.max_tokens)
+    knee = (check.requests - min(check.sweep_requests, check.requests)) * check.max_tokens + long_tokens
+    plain = check.requests * check.max_tokens
+    sizes = check.schedule_batch_sizes if on_gpu else ()  # the reference server has no schedule to learn
+    opened = check.stress_requests * check.max_tokens / check.stress_concurrency if check.stress_requests else 0.0
+    levels = sum(max(check.stress_requests, 2 * b) * check.max_tokens / b for b in sizes) if opened else 0.0
+    speculative = sweep + knee + opened + 2 * levels  # the schedule's relaunch runs the levels again
+    unsped = plain + opened + levels
+    starts = (math.ceil(gammas / servers) + 1 + (1 if opened else 0) + (1 if levels else 0)) if on_gpu else 0
+    work = speculative / speedup + unsped
+    seconds = starts * SERVER_START_S + work * step / servers
+    listed = "; ".join(",".join(map(str, group)) for group in groups)
+    where = (
+        f"{servers} vLLM server(s) at tensor parallelism {size} (GPUs {listed})"
+        if on_gpu
+        else "the CPU reference server"
+    )
+    per_step = (
+        f"{size_text(read / GiB)} GiB of weights read over {size} GPU(s) at {GPU_BANDWIDTH / 1e12:.2f} TB/s each"
+        if on_gpu
+        else f"2 x {target.compute_parameters / 1e9:.2g}B FLOPs at {CPU_FLOPS / 1e12:g} TFLOP/s"
+    )
+    assumptions = (
+        f"{work:,.0f} decoding steps: sweep {gammas} gammas x {check.sweep_requests} x {check.max_tokens} = "
+        f"{sweep:,}, knee set and long outputs {knee:,}, plain twin {plain:,}, stress {opened:,.0f} open-loop and "
+        f"{levels:,.0f} closed-loop at batch sizes {list(sizes)} a run (speculative, plain, the schedule's relaunch); "
+        f"speculative ones at {speedup:g}x (min_speedup); a step {step * 1000:.1f} ms ({per_step}); shared by "
+        f"{where}; {starts} server start(s) at {SERVER_START_S:.0f} s"
+    )
+    hours = seconds / 3600
+    reason = f"{servers} server(s), one a replica group, share the checklist's requests: {hours:.2g} h"
+    if on_gpu and hours > VALIDATION_GOAL_HOURS:
+        steps_left = max(0.0, (VALIDATION_GOAL_HOURS * 3600 - starts * SERVER_START_S) * servers / step)
+        reason += (
+            f"; over the {VALIDATION_GOAL_HOURS:g} h goal: the checklist's requests run one at a time (TPOT is "
+            f"measured unbatched), and every GPU already serves; under it these servers decode about "
+            f"{steps_left:,.0f} steps, so lower validation.requests, stress_requests, schedule_batch_sizes or "
+            "long_requests in the profile to fit"
+        )
     settings = {"server": "vllm" if on_gpu else "cpu", **server}
     occupant = server_occupant("validation", server, worker)
     occupants = (occupant,) if occupant is not None else ()
-    return StagePlan(
+    stage = StagePlan(
         "validation",
         occupant.gib if occupant is not None else 0.0,
         0.0 if on_gpu else gib(weights * 2),
         0.0,
-        seconds / 3600,
+        hours,
         settings,
         occupants,
+        assumptions,
     )
+    return stage, ({"validation_servers": groups} if groups else {}), reason
 
 
 def _host_refusal(stages: list[StagePlan], worker: Worker) -> Refusal | None:

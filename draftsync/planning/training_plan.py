@@ -102,12 +102,13 @@ def plan_training(
         occupants.append(
             Occupant(holder + (" with its own target" if own_copy else ""), tuple(gpus), gib(step.memory + own_copy))
         )
+    hours, assumptions = _hours(target, profile, processes, on_gpu)
     stage = StagePlan(
         "training",
         gib(step.memory + own_copy) if on_gpu else 0.0,
         gib(step.memory) if not on_gpu else HOST_WORKING_GIB,
         0.0,
-        _hours(target, profile, processes, on_gpu),
+        hours,
         {
             "micro_batch_tokens": step.tokens,
             "accumulation": accumulation,
@@ -116,6 +117,7 @@ def plan_training(
             **({"devices": gpus} if on_gpu else {}),
         },
         tuple(occupants),
+        assumptions,
     )
     refusal = None
     if step.memory > budget:
@@ -233,8 +235,8 @@ def drafter_counts(target: TargetShape, profile: SyncProfile) -> tuple[int, int]
     return drafter_parameters(step_shape(target, profile, profile.seq_len, False, 2))
 
 
-def _hours(target: TargetShape, profile: SyncProfile, processes: int, on_gpu: bool) -> float:
-    """Estimated from the step's FLOPs at the assumed throughput: hours or weeks, no finer."""
+def _hours(target: TargetShape, profile: SyncProfile, processes: int, on_gpu: bool) -> tuple[float, str]:
+    """Estimated from the step's FLOPs at the assumed throughput: hours or weeks, no finer; and its figures."""
     trainable, _ = drafter_counts(target, profile)
     ttt = _depths(profile)
     whole = profile.batch_size * profile.seq_len
@@ -242,7 +244,13 @@ def _hours(target: TargetShape, profile: SyncProfile, processes: int, on_gpu: bo
         flops = profile.train_steps * _block_step_flops(step_shape(target, profile, whole, False, 2), trainable)
     else:
         flops = profile.train_steps * whole * (6 * trainable + 2 * target.hidden * target.vocab) * ttt
-    return flops / (GPU_FLOPS * processes if on_gpu else CPU_FLOPS) / 3600
+    throughput = GPU_FLOPS * processes if on_gpu else CPU_FLOPS
+    where = f"{processes} GPU(s) at {GPU_FLOPS / 1e12:.0f} TFLOP/s each" if on_gpu else f"{CPU_FLOPS / 1e12:g} TFLOP/s"
+    return flops / throughput / 3600, (
+        f"{profile.train_steps:,} steps of {whole:,} tokens: {flops:.3g} FLOPs (the drafter's "
+        f"{trainable / 1e9:.2g}B trainable parameters forward and backward and the target's head, "
+        f"{_depths(profile)} depth(s)) on {where}"
+    )
 
 
 def _block_step_flops(shape: Any, trainable: int) -> float:

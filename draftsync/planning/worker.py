@@ -3,6 +3,7 @@ and the units a plan states them in."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,10 @@ from pathlib import Path
 GiB = 1024**3
 GPU_RESERVE_GIB = 2.0  # per GPU: the CUDA context, the allocator's slack and fragmentation
 HOST_RESERVE_GIB = 1.0  # kept free for the worker's own processes beside what the plan counts
+# The first vLLM release with the `extract_hidden_states` speculative method (vLLM PR #33736, released in 0.18.0;
+# the installed 0.32.0 has it in vllm/config/speculative.py).
+EXTRACT_HIDDEN_STATES_SINCE = (0, 18, 0)
+NO_VLLM = "none"  # what `--vllm-version` takes for a worker without vLLM
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class Worker:
     held: tuple[HeldMemory, ...] = ()
     detected: tuple[str, ...] = ()
     nodes: int = 1  # machines like this one that training may span (torchrun's c10d rendezvous); the rest runs on one
+    vllm_version: str | None = None  # the vLLM the sync's servers run (e.g. "0.32.0"); None: no vLLM there
 
     def free_gib(self, gpu: int) -> float:
         """What GPU `gpu` leaves a sync: its memory less what serving holds there and the reserve."""
@@ -49,6 +55,15 @@ class Worker:
         return sorted(range(self.gpus), key=self.free_gib, reverse=True)
 
 
+def vllm_release(version: str) -> tuple[int, int, int] | None:
+    """(major, minor, patch) of a vLLM version such as 0.32.0, 0.18.0rc1 or 0.32.0+cpu; None when it is not one."""
+    found = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?\w[\w.+-]*)?", version.strip())
+    if found is None:
+        return None
+    major, minor, patch = found.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
 def size_text(gib: float) -> str:
     """GiB as a person reads them: 2,453 / 16.3 / 0.00093."""
     if gib >= 100:
@@ -61,9 +76,16 @@ def gib(value: float) -> float:
     return round(value / GiB, 2)
 
 
-def detect_worker(root: Path, held: tuple[HeldMemory, ...] = (), **given: float | None) -> Worker:
-    """The worker's figures: those `given` (not None) as they are, the rest read from this machine."""
+def detect_worker(
+    root: Path, held: tuple[HeldMemory, ...] = (), vllm_version: str | None = None, **given: float | None
+) -> Worker:
+    """The worker's figures: those `given` (not None) as they are, the rest read from this machine. `vllm_version`:
+    the servers' vLLM ("none": no vLLM); None reads the version of the engine this machine would start."""
     detected: list[str] = []
+    if vllm_version is None:
+        vllm_version, detected = _installed_vllm(), ["vllm_version"]
+    elif vllm_version.strip().lower() == NO_VLLM:
+        vllm_version = None
     gpus = given.get("gpus")
     memory = given.get("gpu_memory_gib")
     if gpus is None or (gpus and memory is None):
@@ -82,7 +104,22 @@ def detect_worker(root: Path, held: tuple[HeldMemory, ...] = (), **given: float 
     if disk is None:
         existing = next(p for p in (root, *root.parents) if p.exists())
         disk, detected = shutil.disk_usage(existing).free / GiB, [*detected, "disk_gib"]
-    return Worker(int(gpus), float(memory or 0.0), float(host), float(disk), held, tuple(detected))
+    return Worker(
+        int(gpus), float(memory or 0.0), float(host), float(disk), held, tuple(detected), vllm_version=vllm_version
+    )
+
+
+def _installed_vllm() -> str | None:
+    """The version of the vLLM engine a sync on this machine starts (its package metadata); None without one, or
+    when it cannot say (its servers would not start either)."""
+    from draftsync.errors import DraftsyncError
+    from draftsync.serving.vllm_engine import find_vllm_engine
+
+    try:
+        engine = find_vllm_engine(required=False)
+        return engine.version() if engine is not None else None
+    except DraftsyncError:
+        return None
 
 
 def _available_host_memory() -> int:

@@ -60,7 +60,7 @@ def test_a_published_target_is_planned_on_one_two_and_eight_gpus(shapes, name):
 
 def test_a_mixture_of_experts_is_timed_by_the_parameters_a_token_runs(shapes):
     """Qwen3-30B-A3B runs 3.35B of its 30.5B parameters a token: its teacher-forced pass is timed at that."""
-    from draftsync.planning.sync_plan import plan_sync
+    from draftsync.planning.sync_plan import SERVER_START_S, plan_sync
     from draftsync.planning.target_shape import TargetShape
     from draftsync.planning.worker import Worker
     from draftsync.profiles import profile
@@ -74,7 +74,10 @@ def test_a_mixture_of_experts_is_timed_by_the_parameters_a_token_runs(shapes):
     }
     ratio = shape.parameters / shape.active_parameters
     assert hours["dense"]["hidden_states"] == pytest.approx(ratio * hours["moe"]["hidden_states"], rel=1e-6)
-    assert hours["dense"]["validation"] == pytest.approx(ratio * hours["moe"]["validation"], rel=1e-6)
+    # the validation's decoding, beside its ten server starts (seven gammas, the knee, stress, the schedule's relaunch)
+    started = 10 * SERVER_START_S / 3600
+    decoding = {which: hours[which]["validation"] - started for which in hours}
+    assert decoding["dense"] == pytest.approx(ratio * decoding["moe"], rel=1e-6)
 
 
 def test_deepseek_v3_says_what_it_does_with_its_mla_and_mtp_layers(published, tmp_path):

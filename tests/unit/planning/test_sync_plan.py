@@ -34,7 +34,8 @@ def plan_json(directory, tmp_path, *worker: str) -> tuple[int, dict, str]:
     from draftsync.cli.app import app
 
     out = tmp_path / "plan.json"
-    fixed = ["--profile", "production", "--host-memory-gb", "256", "--disk-gb", "4000"]  # worker flags may override
+    # worker flags may override; no vLLM unless a test names one, whatever this machine has
+    fixed = ["--profile", "production", "--host-memory-gb", "256", "--disk-gb", "4000", "--vllm-version", "none"]
     argv = ["plan", str(directory), *fixed, *worker, "--json", str(out)]
     result = CliRunner().invoke(app, argv)
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
@@ -86,17 +87,27 @@ def test_llama_70b_on_eight_80gb_gpus_spreads_the_target_and_splits_the_servers(
     assert code == 0 and plan["fits"]
     settings = plan["settings"]
     assert settings["target_devices"] == ["cuda:0", "cuda:1"] and "device_map" in settings["target_placement"]
-    assert settings["servers"]["tensor_parallel_size"] == 2 and settings["servers"]["devices"] == [0, 1]
+    assert settings["servers"]["tensor_parallel_size"] == 2 and settings["servers"]["devices"] == list(range(8))
+    assert settings["servers"]["data_parallel_size"] == 4 and settings["validation_servers"] == [
+        [0, 1],
+        [2, 3],
+        [4, 5],
+        [6, 7],
+    ]
     assert stage(plan, "training")["gpu_gib"] <= 78
     # one torchrun rank per GPU trains, and the plan says why of each choice and renders what it would run
     assert settings["train_processes"] == 8
     reasons = plan["reasons"]
     assert "exceed one GPU's 78.0 GiB free" in reasons["target"] and "device_map" in reasons["target"]
     assert "tensor parallelism 2" in reasons["servers"] and "64 attention heads" in reasons["servers"]
+    assert "4 data-parallel replica(s) over every GPU that holds one (GPUs 0,1; 2,3; 4,5; 6,7)" in reasons["servers"]
     assert reasons["hidden_states"].startswith("offline: 1,738 GiB of shards")
     assert "8 torchrun ranks, one per GPU" in reasons["training"]
     server = plan["commands"]["vllm_server"]
-    assert server.startswith("CUDA_VISIBLE_DEVICES=0,1 vllm serve ") and "--tensor-parallel-size 2" in server
+    assert (
+        server.startswith("CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 vllm serve ") and "--tensor-parallel-size 2" in server
+    )
+    assert server.endswith("--data-parallel-size 4")
     assert "--gpu-memory-utilization 0.9" in server
     assert (
         "-m torch.distributed.run --standalone --nproc-per-node=8 -m draftsync.speculative.train.ranks"
@@ -307,11 +318,14 @@ def test_a_plan_says_how_many_gpus_of_its_node_it_uses(config_only):
         return plan.gpus_used
 
     assert used(eight, production.batch_size) == 8  # a DDP rank on every GPU
-    assert used(eight, 3) == 3  # three ranks, on GPUs 0-2
-    assert used(eight, 1) == 1
-    assert used(seventy, 1) == 2  # one rank, but the target spreads over GPUs 0-1 and vLLM runs with TP 2 there
-    # a serving deployment holding half of GPUs 0-1 pushes the target to the GPUs with room
-    assert used(seventy, 1, Worker(8, 80, 1e9, 1e9, held=(HeldMemory("chat", 2, 40.0),))) == 4
+    # the servers' data-parallel replicas take every GPU that holds one, however few ranks train
+    assert used(eight, 3) == 8 and used(eight, 1) == 8
+    assert used(seventy, 1) == 8  # four replicas at TP 2
+    assert used(eight, 1, Worker(3, 80, 1e9, 1e9)) == 3
+    # a serving deployment holding half of GPUs 0-1 leaves them no room for a replica: three, on GPUs 2-7
+    held = plan_sync(seventy, Worker(8, 80, 1e9, 1e9, held=(HeldMemory("chat", 2, 40.0),)), production)
+    assert held.fits and held.settings["validation_servers"] == [[2, 3], [4, 5], [6, 7]]
+    assert held.settings["target_devices"] == ["cuda:2", "cuda:3"]
     assert used(eight, 8, Worker(0, 0, 1e9, 1e9)) == 0  # a CPU worker
 
 
