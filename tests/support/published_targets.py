@@ -15,6 +15,7 @@ PUBLISHED_BYTES = {
     "gpt-oss-20b": round(12.8 * GiB),  # its model card: MXFP4 experts, bf16 elsewhere
     "deepseek-v3": round(641.3 * GiB),  # 163 shards: fp8 weights with block scales, and its MTP layer
     "llama-3.1-70b-fp8": 72_700_000_000,  # 15 shards: fp8 linear layers, bf16 embeddings and lm_head
+    "llama-3.1-70b": 141_107_412_992,  # 70.55B bf16 tensors
 }
 # Parameters as their model cards give them: (total, active a token).
 PUBLISHED_PARAMETERS = {
@@ -23,6 +24,7 @@ PUBLISHED_PARAMETERS = {
     "gpt-oss-20b": (20.9e9, 3.6e9),  # OpenAI counts the active ones without the embedding table
     "deepseek-v3": (671e9, 37e9),  # besides its 14B of MTP module
     "llama-3.1-70b-fp8": (70.6e9, 70.6e9),
+    "llama-3.1-70b": (70.6e9, 70.6e9),
 }
 
 
@@ -80,6 +82,11 @@ def _configs() -> dict:
             vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
             num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500000.0,
             tie_word_embeddings=False, quantization_config=fp8_channels, architectures=["LlamaForCausalLM"],
+        ),
+        "llama-3.1-70b": t.LlamaConfig(
+            vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+            num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500000.0,
+            tie_word_embeddings=False, architectures=["LlamaForCausalLM"],
         ),
     }  # fmt: skip
 

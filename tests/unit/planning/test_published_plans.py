@@ -15,6 +15,7 @@ VERDICTS = {
     "qwen3-30b-a3b": ("fits", "fits", "fits"),  # 56.9 GiB of bf16 weights fit one GPU
     "mixtral-8x7b": ("hidden_states", "fits", "fits"),  # 87 GiB: a device_map over two
     "llama-3.1-70b-fp8": ("validation", "fits", "fits"),  # 67.7 GiB of fp8 weights and a server's KV cache
+    "llama-3.1-70b": ("hidden_states", "fits", "fits"),  # 131.4 GiB of bf16 weights: a device_map over two
     "gpt-oss-20b": ("fits", "fits", "fits"),  # 12.8 GiB of mxfp4 experts (about 39 GiB dequantized) fit one GPU
     "deepseek-v3": ("target", "target", "target"),
 }
