@@ -286,6 +286,8 @@ class SyncProfile(BaseModel):
             "dataset_max_seq_len",
         )
         data = [getattr(self, f) for f in fields] + [METHODS[self.method].reads_aux_states]
+        if self.hidden_states_engine == "vllm":  # its states differ by rounding: never resumed into another's build
+            data.append("vllm")
         return hashlib.sha256(repr(data).encode()).hexdigest()[:12]
 
 

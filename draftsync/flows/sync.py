@@ -267,7 +267,8 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     if captured and chosen.captured_share > 0:  # it learns the traffic: a new distribution, even warm-started
         chosen = chosen.model_copy(update={"warm_start_steps": chosen.train_steps})
     watch.lap("preparation")
-    data = build_dataset(target.path, task_mix, chosen, str(dataset_dir), placement, servers, captured)
+    states_server = resources.settings.get("hidden_states_server")
+    data = build_dataset(target.path, task_mix, chosen, str(dataset_dir), placement, servers, captured, states_server)
     watch.lap("dataset")
 
     out_dir = settings.root / "drafters" / target_name / f"target-v{target_version}-{chosen.method}{suffix}"

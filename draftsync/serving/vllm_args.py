@@ -481,6 +481,7 @@ class ServerResources:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float | None = None  # None: vLLM's own default
     max_model_len: int | None = None  # None: the model's own context
+    data_parallel_size: int = 1  # replicas of the target (vLLM's data parallelism), each over tensor_parallel_size
 
     @classmethod
     def from_plan(cls, planned: dict | None) -> ServerResources:
@@ -497,12 +498,13 @@ class ServerResources:
         return cls(
             devices=tuple(int(d) for d in planned.get("devices", ())),
             tensor_parallel_size=int(planned.get("tensor_parallel_size", 1)),
+            data_parallel_size=int(planned.get("data_parallel_size", 1)),
             gpu_memory_utilization=planned.get("gpu_memory_utilization"),
             max_model_len=length,
         )
 
     def extra_args(self) -> list[str]:
-        args = []
+        args = [] if self.data_parallel_size == 1 else ["--data-parallel-size", str(self.data_parallel_size)]
         if self.gpu_memory_utilization is not None:
             args += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
         if self.max_model_len is not None:

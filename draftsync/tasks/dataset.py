@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ class DatasetBuild:
     generated: int
     captured: int  # sequences answering captured traffic
     response_writer: str | None  # None for a build that predates its record in the manifest
+    states_engine: str | None  # what took the stored states ("transformers", "vllm"); None: none stored (online)
     tasks: dict[str, dict[str, int]]  # per task: its sequences, tokens and loss tokens
     checks: DataCheckReport
 
@@ -220,6 +222,30 @@ def _vllm_responses_first(
     return responses_written_first(source, out_dir)
 
 
+@contextmanager
+def _vllm_states(
+    target_dir: str, model: Any, layer_ids: tuple[int, ...], servers: dict | None, out_dir: str, engine: str
+) -> Iterator[Any]:
+    """The shard writer's state source when vLLM takes the states (a server on the plan's GPUs, stopped after the
+    build), else None: the target's own forward passes. A complete build starts no server."""
+    from draftsync.speculative.data.shard_manifest import MANIFEST_FILE
+
+    manifest = Path(out_dir) / MANIFEST_FILE
+    if engine != "vllm" or (manifest.exists() and json.loads(manifest.read_text()).get("complete")):
+        yield None
+        return
+    from draftsync.serving.vllm_args import ServerResources
+    from draftsync.serving.vllm_states import VllmStateReader, aux_and_final, captured_layer_ids
+    from draftsync.speculative.data.hidden_states import final_norm_of, num_decoder_layers
+
+    layers = num_decoder_layers(model)
+    captured = captured_layer_ids(layer_ids, layers)
+    context.logger().info("dataset: hidden states of layers %s taken by vLLM", list(captured))
+    work = Path(out_dir).parent / f"{Path(out_dir).name}.vllm-states"
+    with VllmStateReader(target_dir, captured, work, resources=ServerResources.from_plan(servers)) as reader:
+        yield aux_and_final(reader, layer_ids, layers, final_norm_of(model))
+
+
 def _checked(out_dir: str, model_config: Any, drawn_from: dict[str, float]) -> DataCheckReport:
     """The data checks on the written shards, their table an artifact whether they pass or not."""
     from prefect.artifacts import create_markdown_artifact
@@ -246,6 +272,7 @@ def build_dataset(
     placement: TargetPlacement | None = None,
     servers: dict | None = None,
     captured: list[str] | None = None,
+    states_server: dict | None = None,
 ) -> DatasetBuild:
     """Shards of the target's states on texts of the task mix (teacher-forced) and on its own responses
     (written by vLLM or by transformers, as the profile's `response_writer` says; the manifest records which). vLLM
@@ -263,7 +290,7 @@ def build_dataset(
     from draftsync.speculative.data.samples import concat_samples, regenerated_samples, teacher_forced_samples
     from draftsync.speculative.data.shard_writer import build_shards
     from draftsync.speculative.placement import shared_target
-    from draftsync.speculative.targets import load_tokenizer
+    from draftsync.speculative.targets import load_target_head, load_tokenizer
 
     logger = context.logger()
     pairs, prompts, from_traffic = _inputs(task_mix, profile, captured)
@@ -273,7 +300,14 @@ def build_dataset(
         written = _vllm_responses_first(
             target_dir, load_tokenizer(Path(target_dir)), prompts, profile, servers, out_dir
         )
-    model, tokenizer = shared_target(Path(target_dir), placement)
+    # tokens only on disk: the plan chose online (or the profile asked), or speculators' vLLM writes the states
+    online = profile.hidden_states == "online" or profile.trainer == "speculators"
+    # the plan resolved the engine (profile_updates); "auto" outside a sync keeps the target's own pass
+    engine = "vllm" if profile.hidden_states_engine == "vllm" and not online else "transformers"
+    if engine == "vllm" and writer != "hf":  # nothing here runs the target's layers: its head will do
+        model, tokenizer = load_target_head(Path(target_dir)), load_tokenizer(Path(target_dir))
+    else:
+        model, tokenizer = shared_target(Path(target_dir), placement)
     sources = [teacher_forced_samples(tokenizer, pairs)]
     if writer is not None:
         logger.info("dataset: %d responses written by %s", len(prompts), writer)
@@ -290,8 +324,6 @@ def build_dataset(
         )
     layer_ids = tuple(profile.aux_layer_ids or default_aux_layer_ids(num_decoder_layers(model)))
     store_aux = METHODS[profile.method].reads_aux_states
-    # tokens only on disk: the plan chose online (or the profile asked), or speculators' vLLM writes the states
-    online = profile.hidden_states == "online" or profile.trainer == "speculators"
     check_dataset_disk(
         Path(out_dir),
         planned_dataset_tokens(model, tokenizer, sources[0], prompts, profile),
@@ -303,17 +335,24 @@ def build_dataset(
             "dataset: %d samples, %d tokens in %d shards", consumed, manifest["total_tokens"], len(manifest["shards"])
         )
 
-    manifest = build_shards(
-        model,
-        concat_samples(*sources),
-        out_dir,
-        layer_ids,
-        store_aux=store_aux,
-        max_seq_len=profile.dataset_max_seq_len,
-        target_name=target_dir,
-        on_progress=progress,
-        online=online,
-    )
+    max_seq_len = profile.dataset_max_seq_len
+    if engine == "vllm":  # a request to vLLM generates one token, so a row leaves it one position of the context
+        context_length = int(model.config.max_position_embeddings) - 1
+        max_seq_len = min(max_seq_len or context_length, context_length)
+    with _vllm_states(target_dir, model, layer_ids, states_server, out_dir, engine) as states:
+        manifest = build_shards(
+            model,
+            concat_samples(*sources),
+            out_dir,
+            layer_ids,
+            store_aux=store_aux,
+            max_seq_len=max_seq_len,
+            target_name=target_dir,
+            on_progress=progress,
+            online=online,
+            states=states,
+            states_engine=engine,
+        )
     checks = _checked(out_dir, model.config, drawn_mix(task_mix, len(pairs) + len(prompts), from_traffic))
     logger.info(
         "dataset %s: %d sequences, %d tokens, data checks passed",
@@ -330,6 +369,9 @@ def build_dataset(
         generated=len(prompts) if profile.generated_samples else 0,
         captured=from_traffic,
         response_writer=manifest.get("response_writer"),  # absent from a build that predates it
+        states_engine=None
+        if online
+        else ", ".join(sorted({s.get("states_engine") or "transformers" for s in manifest["shards"]})),
         tasks=manifest["tasks"],
         checks=checks,
     )

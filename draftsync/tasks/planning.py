@@ -200,6 +200,11 @@ def plan_sync_resources(target_name: str, target_dir: str, task_mix: TaskMix, pr
     )
     plan.require_fit()
     plan.require_visible(os.environ)
+    if plan.settings["hidden_states_engine"] == "vllm":
+        from draftsync.serving.vllm_engine import find_vllm_engine
+        from draftsync.serving.vllm_states import check_connector
+
+        check_connector(find_vllm_engine())
     return plan
 
 

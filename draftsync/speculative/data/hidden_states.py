@@ -46,7 +46,8 @@ def final_norm_of(model: Any) -> Any:
 
 
 def num_decoder_layers(model: Any) -> int:
-    return len(decoder_layers(model))
+    """The target's decoder layers: its config's count for a target loaded without them (`load_target_head`)."""
+    return len(decoder_layers(model)) or int(model.config.num_hidden_layers)
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.serving.vllm_args import ServerResources
 
@@ -12,6 +14,28 @@ def test_the_plans_servers_become_devices_tensor_parallelism_and_a_memory_fracti
     assert planned.extra_args() == ["--gpu-memory-utilization", "0.41"]
     assert ServerResources.from_plan(None) == ServerResources()
     assert ServerResources().environment() == {} and ServerResources().extra_args() == []
+
+
+def test_the_plans_data_parallel_replicas_become_one_server_over_every_planned_gpu(tmp_path):
+    """Four replicas at tensor parallelism 2 on GPUs 0-7: one `vllm serve` with both sizes, seeing all eight."""
+    from draftsync.serving.vllm_states import VllmStateReader
+
+    from tests.support.tiny_models import build_tiny_target
+
+    planned = ServerResources.from_plan(
+        {"devices": list(range(8)), "tensor_parallel_size": 2, "data_parallel_size": 4, "max_model_len": 4096}
+    )
+    assert planned.environment(parent={}) == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    target = build_tiny_target(tmp_path / "target")
+    argv = VllmStateReader(target, (1, 2, 3, 4), tmp_path / "states", resources=planned).launch(8000).argv
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    assert argv[argv.index("--data-parallel-size") + 1] == "4"
+    assert argv[argv.index("--max-model-len") + 1] == "4096"
+    transfer = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert transfer["kv_connector_module_path"] == "draftsync_hidden_states"
+    assert transfer["kv_connector_extra_config"]["shared_storage_path"] == str(tmp_path / "states" / "states")
+    speculative = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert speculative["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3, 4]
 
 
 def test_a_validation_server_is_launched_with_the_plans_resources(tmp_path):

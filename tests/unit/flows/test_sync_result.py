@@ -84,6 +84,7 @@ DATASET = DatasetBuild(
     generated=2,
     captured=0,
     response_writer="transformers",
+    states_engine="vllm",
     tasks={"code": {"sequences": 8, "tokens": 800, "loss_tokens": 600}},
     checks=CHECKS,
 )
@@ -96,6 +97,7 @@ DATASET_DICT = {
     "generated": 2,
     "captured": 0,
     "response_writer": "transformers",
+    "states_engine": "vllm",
     "tasks": {"code": {"sequences": 8, "tokens": 800, "loss_tokens": 600}},
 }
 RECOMMENDATION = recommend(
