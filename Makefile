@@ -151,7 +151,7 @@ test-vllm-smoke: environments
 # per drafter family, the checklist on vLLM, vLLM-written responses, the CPU build's sampling fix, every target family
 # served with every drafter method, the mixture-of-experts families too, and each family registered, synced and
 # rolled out (29 tests: 34 min on 2 cores, measured on a fresh clone, plus about 1.5 min to build .venv-vllm).
-test-vllm: environments
+test-vllm: environments $(COMPAT_STAMP)
 	$(PY) -m pytest -m vllm
 
 # Every tier, CI's and the rest, one after another; then what ran, each tier's seconds and its result. Run it on a

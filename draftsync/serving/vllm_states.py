@@ -1,16 +1,13 @@
 """The target's hidden states taken by vLLM: how a sync gets them from a target only vLLM can hold (tensor parallel,
 quantized, MoE kernels), and on the CPU build too.
 
-A vLLM server of the target runs the `extract_hidden_states` speculative method: its model caches the residual stream
-at the requested layers (vLLM's layer k is the input of decoder layer k, draftsync's aux id k; k = L is the last
-layer's output, before the final norm) and the hidden-states connector draftsync ships with its vLLM plugin
-(deploy/vllm-cpu-plugin/draftsync_hidden_states.py) writes each finished request's states to a file on this
-machine. A request is a completion of the row's token ids with one token to generate; the response names the file.
+A vLLM server of the target runs the `extract_hidden_states` speculative method with draftsync's hidden-states
+connector (`speculative/data/vllm_connector.py`). A request is a completion of the row's token ids with one token to
+generate; the response names the file its states were written to, on this machine.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import threading
 import time
@@ -20,12 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
 from draftsync.serving.vllm_args import ServerResources, VllmLaunch
+from draftsync.speculative.data.vllm_connector import (
+    CONNECTOR_CLASS,
+    CONNECTOR_MODULE,
+    extract_hidden_states_config,
+    hidden_states_connector_config,
+    read_states_file,
+)
 
 if TYPE_CHECKING:
     import torch
 
-CONNECTOR_MODULE = "draftsync_hidden_states"  # installed into the engine's venv with the plugin (`make vllm`)
-CONNECTOR_CLASS = "DraftsyncHiddenStatesConnector"
 logger = logging.getLogger(__name__)
 SERVED_NAME = "hidden-states"
 IN_FLIGHT = 64  # rows in the engine at once: vLLM batches their prefills
@@ -57,42 +59,6 @@ def check_connector(engine: Any) -> None:
             f"{CONNECTOR_MODULE}.{CONNECTOR_CLASS}: {lines[-1] if lines else f'exit code {done.returncode}'}",
             f"{CONNECTOR_FIX}; or set `hidden_states_engine: transformers` in the sync profile",
         )
-
-
-def captured_layer_ids(aux_layer_ids: Sequence[int], num_layers: int) -> tuple[int, ...]:
-    """The layers the server caches: the aux ids and the last layer's output, in vLLM's order (sorted, once each)."""
-    return tuple(sorted({*map(int, aux_layer_ids), num_layers}))
-
-
-def extract_hidden_states_config(layer_ids: Sequence[int]) -> dict[str, Any]:
-    """vLLM's `--speculative-config` for a server that caches the states of `layer_ids` (the last one included)."""
-    return {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
-    }
-
-
-def hidden_states_connector_config(storage_dir: str | Path) -> dict[str, Any]:
-    """vLLM's `--kv-transfer-config`: draftsync's connector, writing one file per request under `storage_dir`."""
-    return {
-        "kv_connector": CONNECTOR_CLASS,
-        "kv_connector_module_path": CONNECTOR_MODULE,
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": str(storage_dir)},
-    }
-
-
-def read_states_file(path: Path) -> dict[str, torch.Tensor]:
-    """The connector's file, read once its writer has released the `.lock` beside it (a shared lock waits for it)."""
-    from safetensors.torch import load_file
-
-    lock = Path(f"{path}.lock")
-    if lock.exists():
-        with open(lock) as handle:
-            fcntl.flock(handle, fcntl.LOCK_SH)
-            return load_file(str(path), device="cpu")
-    return load_file(str(path), device="cpu")
 
 
 class VllmStateReader:
@@ -301,7 +267,7 @@ def aux_and_final(reader: VllmStateReader, aux_layer_ids: Sequence[int], num_lay
     def source(rows: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         out = []
         for states in reader.states(rows):
-            aux = torch.cat([states[:, where[layer]] for layer in aux_layer_ids], dim=-1)
+            aux = torch.cat([states[:, where[layer]] for layer in aux_layer_ids] or [states[:, :0, 0]], dim=-1)
             weight = next(final_norm.parameters())  # a device_map may hold the norm on a GPU
             with torch.no_grad():
                 final = final_norm(states[:, where[num_layers]].to(weight.device, weight.dtype)).cpu()

@@ -235,8 +235,9 @@ def _vllm_states(
         yield None
         return
     from draftsync.serving.vllm_args import ServerResources
-    from draftsync.serving.vllm_states import VllmStateReader, aux_and_final, captured_layer_ids
+    from draftsync.serving.vllm_states import VllmStateReader, aux_and_final
     from draftsync.speculative.data.hidden_states import final_norm_of, num_decoder_layers
+    from draftsync.speculative.data.vllm_connector import captured_layer_ids
 
     layers = num_decoder_layers(model)
     captured = captured_layer_ids(layer_ids, layers)

@@ -7,8 +7,9 @@ speculators prepares the data and trains the drafter under torchrun. What comes 
 
 The pipeline, in speculators 0.9.0's own commands (offline hidden states: generated once, read back for
 every epoch, so the GPUs go to vLLM first and to training after):
-1. `vllm serve <target>` with the `extract_hidden_states` speculative method and speculators' file
-   connector (what speculators' scripts/launch_vllm.py starts): `hidden_state_server_command`;
+1. `vllm serve <target>` with the `extract_hidden_states` speculative method and draftsync's hidden-states connector
+   (vLLM's file connector, which speculators' scripts/launch_vllm.py starts, made to run on the CPU build too;
+   `speculative/data/vllm_connector.py`): `hidden_state_server_command`;
 2. `speculators prepare-data`: JSONL rows of `input_ids` + `loss_mask` (`write_token_rows`), or chat
    `conversations` rendered by that server; token frequencies for the draft vocabulary;
 3. `speculators generate-offline-data`: the server's hidden states for every row, to disk;
@@ -178,17 +179,14 @@ def aux_layer_ids(job: SpeculatorsTrainJob) -> tuple[int, ...]:
 
 def hidden_state_server_command(job: SpeculatorsTrainJob) -> list[str]:
     """`vllm serve` writing the aux states and the last layer's output of every request to disk."""
-    layers = target_num_layers(job)
-    speculative_config = {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [*aux_layer_ids(job), layers]}},
-    }
-    kv_transfer_config = {
-        "kv_connector": "ExampleHiddenStatesConnector",
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": job.server_scratch_dir},
-    }
+    from draftsync.speculative.data.vllm_connector import (
+        captured_layer_ids,
+        extract_hidden_states_config,
+        hidden_states_connector_config,
+    )
+
+    speculative_config = extract_hidden_states_config(captured_layer_ids(aux_layer_ids(job), target_num_layers(job)))
+    kv_transfer_config = hidden_states_connector_config(job.server_scratch_dir)
     return [
         "vllm",
         "serve",

@@ -36,8 +36,9 @@ def rows(target):
 
 @pytest.fixture(scope="module")
 def reader(target, vllm_engine, tmp_path_factory):
-    from draftsync.serving.vllm_states import VllmStateReader, captured_layer_ids
+    from draftsync.serving.vllm_states import VllmStateReader
     from draftsync.speculative.data.hidden_states import default_aux_layer_ids, num_decoder_layers
+    from draftsync.speculative.data.vllm_connector import captured_layer_ids
 
     target_dir, model, _ = target
     layers = num_decoder_layers(model)

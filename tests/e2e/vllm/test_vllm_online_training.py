@@ -45,8 +45,9 @@ def _config():
 
 
 def _reader(built_targets, model, aux, work, vllm_engine, restarts):
-    from draftsync.serving.vllm_states import VllmStateReader, captured_layer_ids
+    from draftsync.serving.vllm_states import VllmStateReader
     from draftsync.speculative.data.hidden_states import num_decoder_layers
+    from draftsync.speculative.data.vllm_connector import captured_layer_ids
 
     captured = captured_layer_ids(aux, num_decoder_layers(model))
     return VllmStateReader(built_targets[1], captured, work, engine=vllm_engine, restarts=restarts)

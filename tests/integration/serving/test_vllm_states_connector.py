@@ -8,7 +8,8 @@ import sys
 import pytest
 from draftsync.errors import DraftsyncError
 from draftsync.serving.vllm_engine import VllmEngine
-from draftsync.serving.vllm_states import VllmStateReader, captured_layer_ids, check_connector
+from draftsync.serving.vllm_states import VllmStateReader, check_connector
+from draftsync.speculative.data.vllm_connector import captured_layer_ids
 
 
 def test_an_engine_without_the_connector_is_refused_naming_the_module_and_the_fix(tmp_path):

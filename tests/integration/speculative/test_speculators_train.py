@@ -233,7 +233,8 @@ def test_hidden_state_server_extracts_the_aux_layers_and_the_last(tmp_path):
         "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5, 8]}},
     }
     transfer = json.loads(command[command.index("--kv-transfer-config") + 1])
-    assert transfer["kv_connector"] == "ExampleHiddenStatesConnector"
+    assert transfer["kv_connector"] == "DraftsyncHiddenStatesConnector"  # vLLM's, made to run on its CPU build too
+    assert transfer["kv_connector_module_path"] == "draftsync_hidden_states"
     assert transfer["kv_connector_extra_config"] == {"shared_storage_path": "/w/vllm-hidden-states"}
 
 
