@@ -274,7 +274,16 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     out_dir = settings.root / "drafters" / target_name / f"target-v{target_version}-{chosen.method}{suffix}"
     checkpoints = work / "checkpoints"
     training = _train(
-        target_name, target.path, data, chosen, str(out_dir), str(checkpoints), placement, servers, rank_devices
+        target_name,
+        target.path,
+        data,
+        chosen,
+        str(out_dir),
+        str(checkpoints),
+        placement,
+        servers,
+        rank_devices,
+        states_server,
     )
     watch.lap("training")
     version = register_drafter(
@@ -337,6 +346,7 @@ def _train(
     placement: TargetPlacement | None,
     servers: dict[str, Any] | None,
     rank_devices: list[int],
+    states_server: dict[str, Any] | None = None,
 ) -> Training:
     """Train the drafter, warm-started from the one in production when there is one; the target's memory goes back
     before the validation servers start."""
@@ -353,6 +363,7 @@ def _train(
             placement=placement,
             servers=servers,
             rank_devices=rank_devices,
+            states_server=states_server,
         )
     finally:
         release_shared_targets()

@@ -484,15 +484,24 @@ def _engine_choice(
     if asked == "transformers":
         return "transformers", "transformers: the profile asks for it (hidden_states_engine: transformers)", None
     refusal: Refusal | None = None
-    if mode == "online":
-        why = "online states are computed by the trainer's own target, batch by batch; a vLLM server writes shards"
+    too_old = release is not None and release < EXTRACT_HIDDEN_STATES_SINCE
+    if mode == "online" and (asked != "vllm" or version is None or too_old):
+        why = "online states are computed by the trainer's own target, batch by batch (auto asks no server for them)"
         if asked == "vllm":
             refusal = Refusal(
                 "hidden_states",
-                "offline shards for hidden_states_engine vllm (its server writes every state once)",
-                "online states only (the profile asks for them, or the disk cannot hold the shards)",
-                "give the sync disk for the shards and hidden_states: offline or auto, " + switch,
+                f"a vLLM with the extract_hidden_states speculative method (>= {since}) to answer each batch's "
+                "states online: the profile asks for hidden_states_engine vllm",
+                f"vLLM {version}" if version is not None else "no vLLM",
+                f"install vLLM >= {since} on the worker (the official image; `make vllm` on a CPU), " + switch,
             )
+    elif mode == "online":
+        return (
+            "vllm",
+            f"vLLM {version}, online: the trainer asks one vLLM server for the states of each batch it is about to "
+            "train on and writes no shards; the server stays up through training (the profile asks for it)",
+            None,
+        )
     elif version is None:
         why = "this worker has no vLLM"
         if asked == "vllm":

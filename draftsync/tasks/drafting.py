@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -17,6 +18,8 @@ from draftsync.profiles import SyncProfile
 from draftsync.speculative.placement import TargetPlacement
 from draftsync.speculative.train.ranks import RankSpec
 from draftsync.tasks import context
+
+ONLINE_RESTARTS = 2  # starts of the online states' server after it dies, before the training stops with its error
 
 if TYPE_CHECKING:
     from draftsync.speculative.train.config import TrainConfig
@@ -238,9 +241,11 @@ def train_drafter(
     placement: TargetPlacement | None = None,
     servers: dict[str, Any] | None = None,
     rank_devices: Sequence[int] = (),
+    states_server: dict[str, Any] | None = None,
 ) -> Training:
     """Train (resuming from `checkpoint_dir` after a crash, warm-starting when it can) and save to `out_dir`.
-    `rank_devices`: the GPUs the plan gives the torchrun ranks (none: every GPU the worker sees).
+    `rank_devices`: the GPUs the plan gives the torchrun ranks (none: every GPU the worker sees). Online states the
+    plan gives to vLLM come from a server on `states_server` (the plan's GPUs) that stays up through training.
 
     The per-step curves (loss, per-position accuracy, tokens/s) go to `checkpoint_dir/history.json`, for
     the registry to log as MLflow step series.
@@ -252,57 +257,111 @@ def train_drafter(
     from draftsync.speculative.data.online_states import open_dataset
     from draftsync.speculative.methods.registry import parameter_count
     from draftsync.speculative.placement import drop_decoder_layers, shared_target
+    from draftsync.speculative.targets import load_target_head
     from draftsync.speculative.train.config import TrainConfig
 
-    target, _ = shared_target(Path(target_dir), placement)  # the copy the dataset read: loaded once a sync
-    target_parameters = sum(p.numel() for p in target.parameters())
-    dataset = open_dataset(dataset_dir, target)  # online, the target computes each batch's states
-    if placement is not None and placement.on_gpu and dataset.stores_states:
-        drop_decoder_layers(target)  # the GPU memory the plan gives training
-    init_from = _warm_start_source(warm_start_dir, profile, target)
-    config = TrainConfig.from_profile(profile, warm_start=init_from is not None)
-    # async_dispatch types it as a UUID or a coroutine; called from this sync function it returns the UUID
-    bar = cast(UUID, create_progress_artifact(0.0, key=None, description=f"{profile.method} drafter training"))
-    # Checkpoints are kept per training config, so a sync rerun with other settings never resumes into them.
-    checkpoints = Path(checkpoint_dir) / config.fingerprint(init_from is not None)
-    architectures = list(target.config.architectures or ["LlamaForCausalLM"])
-    out = Path(out_dir)
-    if profile.train_processes > 1 or profile.train_nodes > 1:
-        spec = RankSpec(
-            target_dir=str(target_dir),
-            dataset_dir=str(dataset_dir),
-            config=asdict(config),
-            out_dir=str(out),
-            checkpoint_dir=str(checkpoints),
-            verifier_name=verifier_name or str(target_dir),
-            verifier_architectures=architectures,
-            speculative_tokens=profile.gamma,
-            init_from=warm_start_dir if init_from is not None else None,
-            trust_remote_code=context.settings().trust_remote_code,
-        )
-        drafter, report = _train_on_ranks(spec, profile, Path(checkpoint_dir), rank_devices)
+    online_from_vllm = profile.hidden_states == "online" and profile.hidden_states_engine == "vllm"
+    if online_from_vllm:
+        _check_one_process(profile)
+        target = load_target_head(Path(target_dir))  # vLLM runs the layers; training reads the head
     else:
-        drafter, report = _train_here(target, dataset, config, profile, init_from, checkpoints, bar)
-        _save(drafter, out, verifier_name or str(target_dir), architectures, profile.gamma)
-    own = parameter_count(drafter).own
-    summary = TrainingSummary(
-        method=report.method,
-        steps=report.steps,
-        resumed_from_step=report.resumed_from_step,
-        seconds=round(report.seconds, 1),
-        tokens_per_s=round(report.tokens_per_s),
-        final_loss=round(report.final_loss, 4),
-        top1_agreement=round(report.top1_agreement, 4),
-        position_accuracy=tuple(round(a, 4) for a in report.position_accuracy),
-        warm_start=init_from is not None,
-        train_processes=report.world_size,
-        draft_vocab_size=report.draft_vocab_size,
-        parameters=own,
-        parameters_pct_of_target=round(100.0 * own / target_parameters, 2),
-        aux_layer_ids=tuple(drafter.aux_layer_ids) if drafter.aux_layer_ids else None,  # None: no aux states read
-    )
-    _write_records(summary, report, out, Path(checkpoint_dir))
-    return summary
+        target, _ = shared_target(Path(target_dir), placement)  # the copy the dataset read: loaded once a sync
+    target_parameters = _target_parameters(target_dir, target)
+    with ExitStack() as held:
+        states = (
+            held.enter_context(_vllm_online_states(target_dir, dataset_dir, target, states_server, checkpoint_dir))
+            if online_from_vllm
+            else None
+        )
+        # online: the target (or the vLLM server) computes each batch's states
+        dataset = open_dataset(dataset_dir, target, states)
+        if placement is not None and placement.on_gpu and dataset.stores_states:
+            drop_decoder_layers(target)  # the GPU memory the plan gives training
+        init_from = _warm_start_source(warm_start_dir, profile, target)
+        config = TrainConfig.from_profile(profile, warm_start=init_from is not None)
+        # async_dispatch types it as a UUID or a coroutine; called from this sync function it returns the UUID
+        bar = cast(UUID, create_progress_artifact(0.0, key=None, description=f"{profile.method} drafter training"))
+        # Checkpoints are kept per training config, so a sync rerun with other settings never resumes into them.
+        checkpoints = Path(checkpoint_dir) / config.fingerprint(init_from is not None)
+        architectures = list(target.config.architectures or ["LlamaForCausalLM"])
+        out = Path(out_dir)
+        if profile.train_processes > 1 or profile.train_nodes > 1:
+            spec = RankSpec(
+                target_dir=str(target_dir),
+                dataset_dir=str(dataset_dir),
+                config=asdict(config),
+                out_dir=str(out),
+                checkpoint_dir=str(checkpoints),
+                verifier_name=verifier_name or str(target_dir),
+                verifier_architectures=architectures,
+                speculative_tokens=profile.gamma,
+                init_from=warm_start_dir if init_from is not None else None,
+                trust_remote_code=context.settings().trust_remote_code,
+            )
+            drafter, report = _train_on_ranks(spec, profile, Path(checkpoint_dir), rank_devices)
+        else:
+            drafter, report = _train_here(target, dataset, config, profile, init_from, checkpoints, bar)
+            _save(drafter, out, verifier_name or str(target_dir), architectures, profile.gamma)
+        own = parameter_count(drafter).own
+        summary = TrainingSummary(
+            method=report.method,
+            steps=report.steps,
+            resumed_from_step=report.resumed_from_step,
+            seconds=round(report.seconds, 1),
+            tokens_per_s=round(report.tokens_per_s),
+            final_loss=round(report.final_loss, 4),
+            top1_agreement=round(report.top1_agreement, 4),
+            position_accuracy=tuple(round(a, 4) for a in report.position_accuracy),
+            warm_start=init_from is not None,
+            train_processes=report.world_size,
+            draft_vocab_size=report.draft_vocab_size,
+            parameters=own,
+            parameters_pct_of_target=round(100.0 * own / target_parameters, 2),
+            aux_layer_ids=tuple(drafter.aux_layer_ids) if drafter.aux_layer_ids else None,  # None: no aux states read
+        )
+        _write_records(summary, report, out, Path(checkpoint_dir))
+        return summary
+
+
+def _check_one_process(profile: SyncProfile) -> None:
+    from draftsync.errors import DraftsyncError
+
+    if profile.train_processes > 1 or profile.train_nodes > 1:
+        raise DraftsyncError(
+            f"online states from vLLM are read by one training process; the profile asks for "
+            f"{profile.train_processes} a node on {profile.train_nodes} node(s)",
+            "train with train_processes: 1, or with hidden_states: offline (vLLM writes the shards once and every "
+            "rank reads them)",
+        )
+
+
+def _target_parameters(target_dir: str, target: Any) -> int:
+    """The target's parameters: counted from its description where only its head is loaded."""
+    if len(target.get_decoder().layers) == 0:
+        from draftsync.speculative.target_description import describe
+
+        return describe(Path(target_dir)).parameters
+    return sum(p.numel() for p in target.parameters())
+
+
+@contextmanager
+def _vllm_online_states(
+    target_dir: str, dataset_dir: str, target: Any, states_server: dict[str, Any] | None, work_dir: str
+) -> Iterator[Any]:
+    """A vLLM server answering each batch's states through the whole training, started again if it dies."""
+    from draftsync.serving.vllm_args import ServerResources
+    from draftsync.serving.vllm_states import VllmStateReader, aux_and_final
+    from draftsync.speculative.data.hidden_states import final_norm_of, num_decoder_layers
+    from draftsync.speculative.data.shard_reader import ShardDataset
+    from draftsync.speculative.data.vllm_connector import captured_layer_ids
+
+    aux, layers = tuple(ShardDataset(dataset_dir).aux_layer_ids), num_decoder_layers(target)
+    captured = captured_layer_ids(aux, layers)
+    context.logger().info("training: each batch's hidden states (layers %s) asked of a vLLM server", list(captured))
+    resources = ServerResources.from_plan(states_server)
+    work = Path(work_dir) / "vllm-states"
+    with VllmStateReader(target_dir, captured, work, resources=resources, restarts=ONLINE_RESTARTS) as reader:
+        yield aux_and_final(reader, aux, layers, final_norm_of(target))
 
 
 def _train_here(

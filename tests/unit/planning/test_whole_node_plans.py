@@ -87,6 +87,8 @@ def test_the_hidden_states_engine_is_vllm_where_the_worker_has_one_with_extract_
     )
     assert engine("0.32.0", hidden_states_engine="transformers")[0] == "transformers"
     assert engine("0.32.0", hidden_states="online")[1].startswith("transformers: online states are computed")
+    online = engine("0.32.0", hidden_states="online", hidden_states_engine="vllm")  # the trainer asks a live server
+    assert online[0] == "vllm" and "online: the trainer asks one vLLM server" in online[1]
     # a CPU worker keeps transformers unless the profile asks
     small = TargetShape.from_directory(seventy.parent / "gpt-oss-20b")
     on_cpu = plan_sync(small, Worker(0, 0, 512, 8000, vllm_version="0.32.0"), production, 10)
@@ -107,11 +109,11 @@ def test_the_hidden_states_engine_is_vllm_where_the_worker_has_one_with_extract_
         ("0.17.1", {"hidden_states_engine": "vllm"}, "vLLM >= 0.18.0", "vLLM 0.17.1", "upgrade vLLM on the worker"),
         ("latest", {}, "a vLLM release number", "vLLM version 'latest'", "--vllm-version 0.32.0"),
         (
-            "0.32.0",
+            None,
             {"hidden_states_engine": "vllm", "hidden_states": "online"},
-            "offline shards",
-            "online states only",
-            "hidden_states: offline",
+            "to answer each batch's states online",
+            "no vLLM",
+            "install vLLM >= 0.18.0",
         ),
     ],
 )
