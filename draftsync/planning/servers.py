@@ -140,6 +140,7 @@ def server_reason(server: dict[str, Any], target: TargetShape, weights: float) -
         f"weights, the drafter and a KV cache"
         + (f" of one {context:,}-token sequence (--max-model-len)" if context else "")
         + f"; {replicas} data-parallel replica(s) over every GPU that holds one (GPUs {groups}): the responses run as "
-        f"one server with --data-parallel-size {replicas}, the validation as {replicas} server(s), one a replica; "
+        f"one server with --data-parallel-size {replicas}, and so does the validation, its checklist's requests "
+        f"{replicas} at a time, one a replica; "
         "each stage after the stage before it has let its GPUs go"
     )

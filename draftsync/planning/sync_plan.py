@@ -556,8 +556,9 @@ def _engine_choice(
 def _validation_stage(
     target: TargetShape, worker: Worker, profile: SyncProfile, server: dict[str, Any]
 ) -> tuple[StagePlan, dict[str, Any], str]:
-    """The validation: the target and its drafter in vLLM servers, one a replica group of GPUs, their requests
-    shared among them (the reference server on a CPU), after training has let its GPUs go. The work is the
+    """The validation: the target and its drafter in a vLLM server with a data-parallel replica a group of GPUs, the
+    checklist's requests as many at a time as replicas, so each still decodes alone (the reference server on a CPU),
+    after training has let its GPUs go. The work is the
     runner's: the sweep (one server a gamma), the validation set at the knee and the long outputs, the plain
     twin of the set, and stress (open loop and each batch size's closed loop, speculative and plain, then the
     schedule's relaunch); each request one at a time unless stress batches it, a step costing one token's weight
@@ -588,7 +589,7 @@ def _validation_stage(
     seconds = starts * SERVER_START_S + work * step / servers
     listed = "; ".join(",".join(map(str, group)) for group in groups)
     where = (
-        f"{servers} vLLM server(s) at tensor parallelism {size} (GPUs {listed})"
+        f"{servers} data-parallel replica(s) at tensor parallelism {size} (GPUs {listed})"
         if on_gpu
         else "the CPU reference server"
     )
@@ -605,12 +606,15 @@ def _validation_stage(
         f"{where}; {starts} server start(s) at {SERVER_START_S:.0f} s"
     )
     hours = seconds / 3600
-    reason = f"{servers} server(s), one a replica group, share the checklist's requests: {hours:.2g} h"
+    reason = (
+        f"one vLLM server with {servers} data-parallel replica(s), the checklist's requests {servers} at a time (one a "
+        f"replica, so each decodes alone, as TPOT is measured): {hours:.2g} h"
+    )
     if on_gpu and hours > VALIDATION_GOAL_HOURS:
         steps_left = max(0.0, (VALIDATION_GOAL_HOURS * 3600 - starts * SERVER_START_S) * servers / step)
         reason += (
             f"; over the {VALIDATION_GOAL_HOURS:g} h goal: the checklist's requests run one at a time (TPOT is "
-            f"measured unbatched), and every GPU already serves; under it these servers decode about "
+            f"measured unbatched), and every GPU already serves; under it these replicas decode about "
             f"{steps_left:,.0f} steps, so lower validation.requests, stress_requests, schedule_batch_sizes or "
             "long_requests in the profile to fit"
         )
@@ -627,7 +631,7 @@ def _validation_stage(
         occupants,
         assumptions,
     )
-    return stage, ({"validation_servers": groups} if groups else {}), reason
+    return stage, {}, reason
 
 
 def _host_refusal(stages: list[StagePlan], worker: Worker) -> Refusal | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.serving.vllm_args import ServerResources
@@ -60,3 +61,37 @@ def test_a_serving_deployment_says_what_gpu_memory_it_holds():
     assert deployment(launch="vllm", extra_vllm_args=["--gpu-memory-utilization", "0.5"]).gpu_memory_fraction() == 0.5
     assert deployment(launch="vllm", extra_vllm_args=["--gpu-memory-utilization=0.3"]).gpu_memory_fraction() == 0.3
     assert deployment(launch="reference").gpu_memory_fraction() is None
+
+
+def test_the_validation_keeps_one_request_a_data_parallel_replica_in_flight(tmp_path):
+    """A server with 3 replicas gets the checklist's requests 3 at a time (each replica decodes one alone), in order;
+    one replica gets them one by one. Against a loopback stand-in for `vllm serve` that counts them."""
+    import sys
+
+    from draftsync.serving.evaluation import EvalRequest
+    from draftsync.serving.vllm_engine import VllmEngine
+    from draftsync.serving.vllm_evaluation import VllmBackend
+
+    from tests.support.tiny_models import build_tiny_target
+
+    target = build_tiny_target(tmp_path / "target")
+    requests = [EvalRequest(f"def f{i}(x):", "code", 3) for i in range(9)]
+    for replicas in (3, 1):
+        record = tmp_path / f"in-flight-{replicas}.json"
+        stand_in = (sys.executable, str(Path(__file__).parents[2] / "support" / "counting_vllm.py"))
+        engine = VllmEngine(command=stand_in, interpreter=False, device="cuda", cpu_args=(("--record", str(record)),))
+        backend = VllmBackend(
+            target,
+            None,
+            method="ngram",
+            log_dir=tmp_path / f"logs-{replicas}",
+            engine=engine,
+            resources=ServerResources(data_parallel_size=replicas),
+        )
+        try:
+            results = backend.generate(requests, 0, 0.0, seed=0)
+        finally:
+            backend.close()
+        assert [r.index for r in results] == list(range(9)) and all(r.output_tokens == 3 for r in results)
+        counted = json.loads(record.read_text())
+        assert counted["requests"] == 2 + 9 and counted["most"] == replicas  # two warm-up requests, then the nine

@@ -88,12 +88,7 @@ def test_llama_70b_on_eight_80gb_gpus_spreads_the_target_and_splits_the_servers(
     settings = plan["settings"]
     assert settings["target_devices"] == ["cuda:0", "cuda:1"] and "device_map" in settings["target_placement"]
     assert settings["servers"]["tensor_parallel_size"] == 2 and settings["servers"]["devices"] == list(range(8))
-    assert settings["servers"]["data_parallel_size"] == 4 and settings["validation_servers"] == [
-        [0, 1],
-        [2, 3],
-        [4, 5],
-        [6, 7],
-    ]
+    assert settings["servers"]["data_parallel_size"] == 4  # the validation's requests 4 at a time, one a replica
     assert stage(plan, "training")["gpu_gib"] <= 78
     # one torchrun rank per GPU trains, and the plan says why of each choice and renders what it would run
     assert settings["train_processes"] == 8
@@ -324,7 +319,8 @@ def test_a_plan_says_how_many_gpus_of_its_node_it_uses(config_only):
     assert used(eight, 1, Worker(3, 80, 1e9, 1e9)) == 3
     # a serving deployment holding half of GPUs 0-1 leaves them no room for a replica: three, on GPUs 2-7
     held = plan_sync(seventy, Worker(8, 80, 1e9, 1e9, held=(HeldMemory("chat", 2, 40.0),)), production)
-    assert held.fits and held.settings["validation_servers"] == [[2, 3], [4, 5], [6, 7]]
+    assert held.fits and held.settings["servers"]["devices"] == [2, 3, 4, 5, 6, 7]
+    assert held.settings["servers"]["data_parallel_size"] == 3
     assert held.settings["target_devices"] == ["cuda:2", "cuda:3"]
     assert used(eight, 8, Worker(0, 0, 1e9, 1e9)) == 0  # a CPU worker
 

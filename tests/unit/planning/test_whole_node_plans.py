@@ -55,7 +55,7 @@ def test_70b_on_eight_80gb_gpus_uses_every_gpu_in_every_stage(seventy, tmp_path)
     assert with_vllm["settings"]["hidden_states_layer_ids"] == [2, 40, 77, 80]  # aux depths and the last layer
     servers = with_vllm["settings"]["servers"]
     assert (servers["tensor_parallel_size"], servers["data_parallel_size"], servers["devices"]) == (2, 4, ALL)
-    assert with_vllm["settings"]["validation_servers"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert with_vllm["settings"]["servers"]["data_parallel_size"] == 4  # the validation's requests 4 at a time
     # the validation cannot meet the hour here, and says why, with the figures to check it
     validation = with_vllm["reasons"]["validation"]
     assert "2.8 h; over the 1 h goal" in validation and "about 307,681 steps" in validation
