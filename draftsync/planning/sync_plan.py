@@ -366,6 +366,7 @@ def _hidden_states_stage(
     replicas over every GPU), else transformers (one GPU, or a device_map with one GPU busy at a time)."""
     from draftsync.speculative.data import shard_bytes_per_token
     from draftsync.speculative.data.hidden_states import default_aux_layer_ids
+    from draftsync.speculative.data.vllm_connector import captured_layer_ids
 
     on_gpu = worker.gpus > 0
     reads_aux = METHODS[profile.method].reads_aux_states
@@ -378,7 +379,7 @@ def _hidden_states_stage(
     # offline: one pass over the dataset; online: a pass over every step's windows (each up to its window's end)
     passed = tokens if mode == "offline" else profile.train_steps * profile.batch_size * profile.seq_len
     aux = (profile.aux_layer_ids or default_aux_layer_ids(target.layers)) if reads_aux else ()
-    layer_ids = [*aux, target.layers]  # and the last layer's output, before the final norm
+    layer_ids = list(captured_layer_ids(aux, target.layers))  # and the last layer's output, before the final norm
     longest = min(profile.dataset_max_seq_len or target.context or 1 << 30, target.context or 1 << 30)
     states = len(layer_ids) * target.hidden * STATE_BYTES
     server = (
