@@ -304,7 +304,8 @@ def build_dataset(
     # tokens only on disk: the plan chose online (or the profile asked), or speculators' vLLM writes the states
     online = profile.hidden_states == "online" or profile.trainer == "speculators"
     # the plan resolved the engine (profile_updates); "auto" outside a sync keeps the target's own pass
-    engine = "vllm" if profile.hidden_states_engine == "vllm" and not online else "transformers"
+    from_vllm = profile.hidden_states_engine == "vllm"  # now, or online as training reads each batch
+    engine = "vllm" if from_vllm and not online else "transformers"
     if engine == "vllm" and writer != "hf":  # nothing here runs the target's layers: its head will do
         model, tokenizer = load_target_head(Path(target_dir)), load_tokenizer(Path(target_dir))
     else:
@@ -337,7 +338,7 @@ def build_dataset(
         )
 
     max_seq_len = profile.dataset_max_seq_len
-    if engine == "vllm":  # a request to vLLM generates one token, so a row leaves it one position of the context
+    if from_vllm:  # a request to vLLM generates one token, so a row leaves it one position of the context
         context_length = int(model.config.max_position_embeddings) - 1
         max_seq_len = min(max_seq_len or context_length, context_length)
     with _vllm_states(target_dir, model, layer_ids, states_server, out_dir, engine) as states:
