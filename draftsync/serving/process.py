@@ -114,7 +114,8 @@ class ServerProcess:
                 time.sleep(0.2)
 
     def stop(self, grace_seconds: float = 10.0) -> int | None:
-        """SIGTERM to the process group, then SIGKILL after the grace period; returns the exit code."""
+        """SIGTERM to the process group, then SIGKILL after the grace period; returns the exit code. A server whose
+        own process has already died may have left children (vLLM's engine core), so its group is killed anyway."""
         process = self._process
         if process is None:
             return None
@@ -125,6 +126,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self._signal_group(signal.SIGKILL)
                 process.wait()
+        else:
+            self._signal_group(signal.SIGKILL)
         return process.returncode
 
     def _signal_group(self, signum: int) -> None:

@@ -1,5 +1,7 @@
 """ServerProcess with plain child processes: death before health, timeouts, stopping a whole group."""
 
+import os
+import signal
 import sys
 import textwrap
 import time
@@ -65,6 +67,30 @@ def test_stop_kills_a_process_group_that_ignores_sigterm(tmp_path):
     assert alive(child_pid)
     assert server.stop(grace_seconds=0.5) == -9
     deadline = time.monotonic() + 10  # SIGKILL is delivered asynchronously to the grandchild
+    while alive(child_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child_pid)
+
+
+def test_stop_kills_the_children_a_server_that_died_left_behind(tmp_path):
+    """vLLM's API server killed on its own leaves its engine core running: stop() still takes the group down."""
+    pid_file = tmp_path / "child.pid"
+    argv = python(f"""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        open({str(pid_file)!r}, "w").write(str(child.pid))
+        time.sleep(120)
+    """)
+    server = ServerProcess(argv, "127.0.0.1", free_port(), tmp_path / "s.log").start()
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert server.running(), (tmp_path / "s.log").read_text()
+    child_pid = int(pid_file.read_text())
+    os.kill(server.pid, signal.SIGKILL)
+    while server.running():
+        time.sleep(0.05)
+    assert alive(child_pid)  # orphaned, still in the server's process group
+    server.stop()
+    deadline = time.monotonic() + 10
     while alive(child_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(child_pid)
