@@ -60,6 +60,7 @@ def plan_command(
     from draftsync.planning.target_shape import TargetShape
     from draftsync.planning.worker import detect_worker
     from draftsync.profiles import profile as named_profile
+    from draftsync.serving.vllm_engine import installed_vllm_version
     from draftsync.settings import Settings
     from draftsync.speculative.data.corpora import response_prompts
 
@@ -81,6 +82,7 @@ def plan_command(
         host_memory_gib=host_memory_gb,
         disk_gib=disk_gb,
         vllm_version=vllm_version,
+        installed_vllm=installed_vllm_version,
     )
     worker = replace(worker, nodes=nodes)
     prompts = response_prompts(task_mix, chosen)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,14 +78,19 @@ def gib(value: float) -> float:
 
 
 def detect_worker(
-    root: Path, held: tuple[HeldMemory, ...] = (), vllm_version: str | None = None, **given: float | None
+    root: Path,
+    held: tuple[HeldMemory, ...] = (),
+    vllm_version: str | None = None,
+    installed_vllm: Callable[[], str | None] | None = None,
+    **given: float | None,
 ) -> Worker:
     """The worker's figures: those `given` (not None) as they are, the rest read from this machine. `vllm_version`:
-    the servers' vLLM ("none": no vLLM); None reads the version of the engine this machine would start."""
+    the servers' vLLM ("none": no vLLM); None asks `installed_vllm` for the engine this machine would start (the
+    serving layer knows it: `serving.vllm_engine.installed_vllm_version`)."""
     detected: list[str] = []
-    if vllm_version is None:
-        vllm_version, detected = _installed_vllm(), ["vllm_version"]
-    elif vllm_version.strip().lower() == NO_VLLM:
+    if vllm_version is None and installed_vllm is not None:
+        vllm_version, detected = installed_vllm(), ["vllm_version"]
+    elif vllm_version is not None and vllm_version.strip().lower() == NO_VLLM:
         vllm_version = None
     gpus = given.get("gpus")
     memory = given.get("gpu_memory_gib")
@@ -107,19 +113,6 @@ def detect_worker(
     return Worker(
         int(gpus), float(memory or 0.0), float(host), float(disk), held, tuple(detected), vllm_version=vllm_version
     )
-
-
-def _installed_vllm() -> str | None:
-    """The version of the vLLM engine a sync on this machine starts (its package metadata); None without one, or
-    when it cannot say (its servers would not start either)."""
-    from draftsync.errors import DraftsyncError
-    from draftsync.serving.vllm_engine import find_vllm_engine
-
-    try:
-        engine = find_vllm_engine(required=False)
-        return engine.version() if engine is not None else None
-    except DraftsyncError:
-        return None
 
 
 def _available_host_memory() -> int:

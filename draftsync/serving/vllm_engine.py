@@ -238,6 +238,16 @@ def find_vllm_engine(required: bool = True) -> VllmEngine | None:
     return VllmEngine(command=command, interpreter=interpreter, device=device, cpu_env=env, cpu_args=args)
 
 
+def installed_vllm_version() -> str | None:
+    """The version of the vLLM engine a sync on this machine starts (its package metadata); None without one, or
+    when it cannot say (its servers would not start either)."""
+    try:
+        engine = find_vllm_engine(required=False)
+        return engine.version() if engine is not None else None
+    except DraftsyncError:
+        return None
+
+
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 

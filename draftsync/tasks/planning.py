@@ -171,6 +171,7 @@ def plan_sync_resources(target_name: str, target_dir: str, task_mix: TaskMix, pr
     from draftsync.planning.sync_plan import plan_sync
     from draftsync.planning.target_shape import TargetShape
     from draftsync.planning.worker import detect_worker
+    from draftsync.serving.vllm_engine import installed_vllm_version
     from draftsync.speculative.data.corpora import response_prompts
 
     if profile.trainer == "speculators":
@@ -179,7 +180,7 @@ def plan_sync_resources(target_name: str, target_dir: str, task_mix: TaskMix, pr
         check_installed()
 
     settings = context.settings()
-    worker = replace(detect_worker(settings.root), nodes=profile.train_nodes)
+    worker = replace(detect_worker(settings.root, installed_vllm=installed_vllm_version), nodes=profile.train_nodes)
     if settings.disk_budget_gb is not None:
         worker = replace(worker, disk_gib=min(worker.disk_gib, settings.disk_budget_gb * 1e9 / 1024**3))
     worker = _beside_serving(worker)
