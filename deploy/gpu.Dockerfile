@@ -18,8 +18,11 @@ WORKDIR /opt/draftsync
 COPY pyproject.toml README.md prefect.yaml ./
 COPY requirements/draftsync-tested.txt ./requirements/
 COPY draftsync ./draftsync
-# draftsync within the versions CI last passed with (requirements/draftsync-tested.txt), except that everything the
-# vLLM image already has (its CUDA torch and companions, vLLM and each package at the version vLLM was built with)
+COPY deploy/vllm-cpu-plugin/pyproject.toml deploy/vllm-cpu-plugin/draftsync_vllm_cpu.py \
+     deploy/vllm-cpu-plugin/draftsync_hidden_states.py ./deploy/vllm-cpu-plugin/
+# draftsync's vLLM plugin brings the hidden-states connector a sync's states come through (its CPU fix does nothing
+# on a GPU build). draftsync within the versions CI last passed with (requirements/draftsync-tested.txt), except that
+# everything the vLLM image already has (its CUDA torch and companions, vLLM and each package at the version vLLM was built with)
 # stays as it is: the image's versions become constraints and win, and the tested pins of those packages are taken
 # out. The build fails unless vLLM and draftsync import together and pip finds nothing broken.
 RUN python3 -m pip freeze --exclude-editable | grep '==' > /tmp/keep-from-vllm.txt \
@@ -28,8 +31,9 @@ RUN python3 -m pip freeze --exclude-editable | grep '==' > /tmp/keep-from-vllm.t
         /tmp/keep-from-vllm.txt requirements/draftsync-tested.txt > /tmp/tested-without-vllm.txt
 RUN python3 -m pip install --no-cache-dir -c /tmp/keep-from-vllm.txt -c /tmp/tested-without-vllm.txt . \
  && rm /tmp/keep-from-vllm.txt /tmp/tested-without-vllm.txt \
+ && python3 -m pip install --no-cache-dir --no-deps ./deploy/vllm-cpu-plugin \
  && python3 -m pip check \
- && python3 -c "import vllm, draftsync.cli.app" \
+ && python3 -c "import vllm, draftsync.cli.app, draftsync_hidden_states" \
  && mkdir -p /var/lib/draftsync /etc/draftsync \
  && python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
 

@@ -506,6 +506,15 @@ def test_images_start_through_the_entrypoint_that_builds_the_monitor_store_url(t
         assert "COPY --chmod=755 deploy/docker-entrypoint.sh /usr/local/bin/draftsync-entrypoint" in text
         assert 'ENTRYPOINT ["draftsync-entrypoint"]' in text
         assert "WORKDIR /opt/draftsync" in text and "prefect.yaml" in text
+    # the GPU image's vLLM loads draftsync's hidden-states connector by module path: the plugin is copied, admitted
+    # by the build context and installed, and the build fails unless it imports
+    gpu, admitted = (DEPLOY / "gpu.Dockerfile").read_text(), (DEPLOY / "gpu.Dockerfile.dockerignore").read_text()
+    plugin = sorted(p.name for p in (DEPLOY / "vllm-cpu-plugin").iterdir() if p.suffix in (".py", ".toml"))
+    assert plugin == ["draftsync_hidden_states.py", "draftsync_vllm_cpu.py", "pyproject.toml"]
+    for name in plugin:
+        assert f"deploy/vllm-cpu-plugin/{name}" in gpu and f"!deploy/vllm-cpu-plugin/{name}" in admitted.splitlines()
+    assert "pip install --no-cache-dir --no-deps ./deploy/vllm-cpu-plugin" in gpu
+    assert "import vllm, draftsync.cli.app, draftsync_hidden_states" in gpu
 
 
 # --- prefect.yaml --------------------------------------------------------------------------------------------
