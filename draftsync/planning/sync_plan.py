@@ -614,8 +614,8 @@ def _validation_stage(
     if on_gpu and hours > VALIDATION_GOAL_HOURS:
         steps_left = max(0.0, (VALIDATION_GOAL_HOURS * 3600 - starts * SERVER_START_S) * servers / step)
         reason += (
-            f"; over the {VALIDATION_GOAL_HOURS:g} h goal: the checklist's requests run one at a time (TPOT is "
-            f"measured unbatched), and every GPU already serves; under it these replicas decode about "
+            f"; over the {VALIDATION_GOAL_HOURS:g} h goal: each replica decodes one request at a time (TPOT is "
+            f"measured unbatched), and every GPU already holds a replica; under it these replicas decode about "
             f"{steps_left:,.0f} steps, so lower validation.requests, stress_requests, schedule_batch_sizes or "
             "long_requests in the profile to fit"
         )
