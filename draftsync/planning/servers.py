@@ -127,7 +127,7 @@ def server_occupant(stage: str, server: dict[str, Any], worker: Worker) -> Occup
     if not server:
         return None
     holds = round(server["gpu_memory_utilization"] * worker.gpu_memory_gib, 2)
-    return Occupant(f"{stage}: the vLLM server", tuple(server["devices"]), holds)
+    return Occupant(f"{stage}: the vLLM server", tuple(server["devices"]), holds, int(server["tensor_parallel_size"]))
 
 
 def server_reason(server: dict[str, Any], target: TargetShape, weights: float) -> str:

@@ -23,6 +23,11 @@ class Occupant:
     holder: str
     gpus: tuple[int, ...]
     gib: float
+    replica: int = 0  # a server's GPUs a data-parallel replica (its first `replica` GPUs run it alone); 0: not one
+
+    def least_gpus(self) -> tuple[int, ...]:
+        """The GPUs it needs at the least: one replica's for a server, which takes more as replicas when given them."""
+        return tuple(sorted(self.gpus)[: self.replica]) if self.replica else self.gpus
 
 
 @dataclass(frozen=True)

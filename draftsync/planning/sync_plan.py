@@ -90,6 +90,16 @@ class SyncPlan:
         held = [gpu for stage in self.stages for occupant in stage.occupants for gpu in occupant.gpus]
         return 1 + max(held, default=0)
 
+    @property
+    def gpus_needed(self) -> int:
+        """The fewest of its node's GPUs, numbered from 0, that run the plan: its servers at one replica each. What a
+        sync asks a pool for, so a small sync leaves the rest of a node to others; a worker with more GPUs gives its
+        servers more replicas."""
+        if not self.worker.gpus:
+            return 0
+        held = [gpu for stage in self.stages for occupant in stage.occupants for gpu in occupant.least_gpus()]
+        return 1 + max(held, default=0)
+
     def require_fit(self) -> None:
         """Raise the refusal as the error a user reads (nothing has run yet)."""
         if self.refusal is not None:

@@ -226,7 +226,7 @@ def _beside_serving(worker: Worker) -> Worker:
 
 
 def requested_gpus(target_name: str, target_version: int, profile: SyncProfile) -> int:
-    """The GPUs a sync of this version asks the draftsync-gpu pool for: what its plan uses on one of the pool's nodes
+    """The GPUs a sync of this version asks the draftsync-gpu pool for: what its plan needs on one of the pool's nodes
     (DRAFTSYNC_GPU_POOL_GPUS x DRAFTSYNC_GPU_POOL_GPU_MEMORY_GB, beside the configured deployments), rounded up to a
     count the sync triggers offer. A version whose tags cannot be planned from, or whose plan does not fit, asks for
     the whole node; the sync's own plan on the worker then decides, or refuses with the numbers."""
@@ -258,4 +258,4 @@ def requested_gpus(target_name: str, target_version: int, profile: SyncProfile) 
     plan = plan_sync(shape, worker, profile)
     if not plan.fits:
         return node
-    return next(count for count in GPU_COUNTS if count >= plan.gpus_used)
+    return next(count for count in GPU_COUNTS if count >= plan.gpus_needed)
