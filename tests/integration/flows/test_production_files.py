@@ -342,7 +342,7 @@ def test_gpu_worker_reserves_nvidia_gpus_on_vllms_image():
     assert "FROM ${VLLM_IMAGE}" in dockerfile
     # draftsync within the tested versions, the image's own (torch, vLLM) winning; the build fails on a broken set
     assert "requirements/draftsync-tested.txt" in dockerfile and "-c /tmp/keep-from-vllm.txt" in dockerfile
-    assert "python3 -m pip check" in dockerfile and 'python3 -c "import vllm, draftsync.cli.app"' in dockerfile
+    assert "python3 -m pip check" in dockerfile and 'python3 -c "import vllm, draftsync.cli.app' in dockerfile
     assert worker.get("profiles") == ["gpu"], "hosts without NVIDIA GPUs run the stack without the GPU worker"
 
 
