@@ -121,7 +121,7 @@ def check_job(job) -> dict:
     server = backend.hidden_state_server_command(job)
     speculative = json.loads(server[server.index("--speculative-config") + 1])
     ids = speculative["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"]
-    if ids != [*backend.aux_layer_ids(job), backend.target_num_layers(job)]:
+    if ids != [*sorted(backend.aux_layer_ids(job)), backend.target_num_layers(job)]:
         problems.append(f"vllm serve extracts layers {ids}")
     return {"command": command, "problems": problems, "ok": not problems}
 
@@ -196,7 +196,7 @@ def check_rendered_commands(work: Path, target_dir: Path, vocab_size: int) -> di
             output_dir=str(work / "job2-out"),
             method="eagle3.1",
             draft_vocab_size=96,
-            aux_layer_ids=(0, 2, 4),
+            aux_layer_ids=(0, 2, 3),
             gpus_per_node=8,
             lr=2e-4,
         ),

@@ -172,9 +172,17 @@ def aux_layer_ids(job: SpeculatorsTrainJob) -> tuple[int, ...]:
 
     if job.aux_layer_ids is None:
         return default_aux_layer_ids(target_num_layers(job))
-    if job.target_num_layers is not None or (Path(job.target) / "config.json").is_file():
-        return validate_aux_layer_ids(job.aux_layer_ids, target_num_layers(job))
-    return job.aux_layer_ids
+    if job.target_num_layers is None and not (Path(job.target) / "config.json").is_file():
+        return job.aux_layer_ids
+    num_layers = target_num_layers(job)
+    ids = validate_aux_layer_ids(job.aux_layer_ids, num_layers)
+    if num_layers in ids:
+        raise DraftsyncError(
+            f"aux layer ids {list(ids)} include the target's last layer ({num_layers}): speculators reads the last "
+            "state a vLLM server caches as the verifier's final one, and vLLM caches each layer once",
+            f"pick aux ids below {num_layers}, e.g. {list(default_aux_layer_ids(num_layers))}",
+        )
+    return ids
 
 
 def hidden_state_server_command(job: SpeculatorsTrainJob) -> list[str]:

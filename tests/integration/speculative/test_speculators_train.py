@@ -431,3 +431,15 @@ def test_a_vllm_without_hidden_state_extraction_is_refused_naming_its_version(tm
     with pytest.raises(DraftsyncError) as refused:
         check_installed(_stand_in_vllm(tmp_path / "none", None))
     assert "cannot be imported by" in refused.value.what and "ModuleNotFoundError" in refused.value.what
+
+
+def test_aux_ids_that_reach_the_last_layer_are_refused_before_a_server_starts(tmp_path):
+    job = SpeculatorsTrainJob(
+        target=write_target(tmp_path / "t", layers=4),
+        data=("/d",),
+        work_dir="/w",
+        output_dir="/o",
+        aux_layer_ids=(0, 2, 4),
+    )
+    with pytest.raises(DraftsyncError, match=r"(?s)include the target's last layer \(4\).*pick aux ids below 4"):
+        hidden_state_server_command(job)
