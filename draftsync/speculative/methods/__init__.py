@@ -21,6 +21,7 @@ MEDUSA_FAMILY = "medusa"
 DFLASH_FAMILY = "dflash"
 PEAGLE_FAMILY = "peagle"
 DRAFT_MODEL_FAMILY = "draft_model"
+MTP_FAMILY = "mtp"
 NGRAM_FAMILY = "ngram"
 
 
@@ -29,11 +30,12 @@ class DrafterMethod:
     """One speculative-decoding method as draftsync knows it.
 
     `vllm_method` is the `method` of vLLM's `--speculative-config`; `chains` is true for drafters that
-    propose token by token from their own output (the EAGLE family), false for fixed heads or lookup;
+    propose token by token from their own output (the EAGLE family, MTP), false for fixed heads or lookup;
     `fixed_heads` means vLLM drafts exactly one gamma at every batch size (no per-batch schedule);
-    `trained` means a sync trains and registers it (the others are benchmark baselines); `needs_checkpoint`
-    is false for ngram, which drafts from the prompt; `speculators_type` is the speculators library's name
-    for its checkpoint format and trainer (None outside the speculators format); `reads_aux_states` means
+    `trained` means a sync trains and registers it (the others are benchmark baselines, and the MTP head, which
+    draftsync builds, trains and saves outside a sync: a sync's dataset does not hold its state yet);
+    `needs_checkpoint` is false for ngram, which drafts from the prompt; `speculators_type` is the speculators
+    library's name for its checkpoint format and trainer (None outside the speculators format); `reads_aux_states` means
     its dataset stores the target's auxiliary hidden states; `full_vocabulary` means it predicts through
     the target's lm_head, so it takes no reduced draft vocabulary; `drafts_block` means one forward pass drafts
     the whole proposal, up to the block its checkpoint was trained for; `gamma_limit_field` names the field of its
@@ -102,10 +104,16 @@ DFLASH_ANCHORS = 32
 # appends num_speculative_tokens - 1 masked slots to every verified request.
 PEAGLE_MAX_DRAFT_TOKENS = 6
 PEAGLE_LONGEST_PROPOSAL = 16
+# A MiMo-style multi-token-prediction head: one Qwen2 layer over the target's pre-norm last state (aux layer L) and
+# the next token, read by the target's lm_head, its output fed back for the next step. vLLM serves it for targets
+# whose config declares MTP layers (MiMoForCausalLM), from their own checkpoint or a saved head's directory.
+MTP = DrafterMethod(
+    "mtp", MTP_FAMILY, vllm_method="mtp", chains=True, trained=False, reads_aux_states=True, full_vocabulary=True
+)
 DRAFT_MODEL = DrafterMethod("draft_model", DRAFT_MODEL_FAMILY, vllm_method="draft_model", trained=False)
 NGRAM = DrafterMethod("ngram", NGRAM_FAMILY, vllm_method="ngram", trained=False, needs_checkpoint=False)
 
-_ALL = (EAGLE3, EAGLE3_1, EAGLE, MEDUSA, DFLASH, PEAGLE, DRAFT_MODEL, NGRAM)
+_ALL = (EAGLE3, EAGLE3_1, EAGLE, MEDUSA, DFLASH, PEAGLE, MTP, DRAFT_MODEL, NGRAM)
 METHODS: dict[str, DrafterMethod] = {method.name: method for method in _ALL}
 # What a sync trains and the registry accepts, in the order users see them.
 TRAINED_METHODS: tuple[str, ...] = tuple(method.name for method in _ALL if method.trained)

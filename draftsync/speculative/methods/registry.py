@@ -14,6 +14,8 @@ Methods and their checkpoint formats:
 - Medusa: the layout vLLM's Medusa method loads (medusa/checkpoint.py), plus draftsync's own keys;
 - DFlash: the layout vLLM's DFlashDraftModel loads (dflash/checkpoint.py), plus draftsync's own keys;
 - P-EAGLE: the speculators `peagle` format (EAGLE-3's, plus mask_hidden and the mask token; peagle/checkpoint.py);
+- MTP: the MiMo layout vLLM's MTP method loads (mtp/checkpoint.py); a MiMo target's own directory holds one too.
+  Built, trained and saved here, but no sync trains it yet (its dataset reads the target's layer L alone);
 - the draft model (the benchmarks' independent small LM): a plain HF checkpoint. It is a baseline, not a
   sync method, so `new_drafter` does not build it (the trainer sizes it);
 - n-gram lookup: no model and no checkpoint, a proposer only.
@@ -38,6 +40,7 @@ from draftsync.speculative.methods import (
     EAGLE3_1,
     MEDUSA,
     METHODS,
+    MTP,
     NGRAM,
     PEAGLE,
     TRAINED_METHODS,
@@ -181,6 +184,24 @@ def _peagle() -> MethodCode:
     )
 
 
+def _mtp() -> MethodCode:
+    from draftsync.speculative.methods.mtp.checkpoint import load_mtp, save_mtp
+    from draftsync.speculative.methods.mtp.model import new_mtp
+    from draftsync.speculative.methods.mtp.proposer import MtpProposer
+
+    return MethodCode(
+        build=lambda target_config, draft_vocab_size, aux_layer_ids, **options: new_mtp(
+            target_config, draft_vocab_size, aux_layer_ids
+        ),
+        build_to_train=lambda target_config, draft_vocab_size, aux_layer_ids, medusa_heads, parameters: new_mtp(
+            target_config, draft_vocab_size, aux_layer_ids
+        ),
+        save=save_mtp,
+        load=load_mtp,
+        propose=MtpProposer,
+    )
+
+
 def _draft_model() -> MethodCode:
     from draftsync.speculative.methods.draft_model.checkpoint import load_draft_model, save_draft_model
     from draftsync.speculative.methods.draft_model.model import DraftModelDrafter
@@ -211,6 +232,7 @@ _CODE: dict[str, Callable[[], MethodCode]] = {
     MEDUSA.name: _medusa,
     DFLASH.name: _dflash,
     PEAGLE.name: _peagle,
+    MTP.name: _mtp,
     DRAFT_MODEL.name: _draft_model,
     NGRAM.name: _ngram,
 }
@@ -222,11 +244,15 @@ def code_of(method: str) -> MethodCode:
     return _CODE[method]()
 
 
+# What new_drafter builds: the methods a sync trains, and the MTP head, trained outside a sync.
+_BUILT_METHODS = (*TRAINED_METHODS, MTP.name)
+
+
 def _check_method(method: str) -> None:
-    if method not in TRAINED_METHODS:
+    if method not in _BUILT_METHODS:
         raise DraftsyncError(
             f"drafter method {method!r} is unknown",
-            f"use one of {', '.join(TRAINED_METHODS)} (ngram and draft_model are benchmark baselines, not trained "
+            f"use one of {', '.join(_BUILT_METHODS)} (ngram and draft_model are benchmark baselines, not trained "
             "heads)",
         )
 
@@ -288,7 +314,7 @@ def new_drafter_to_train(
     if code is None or code.build_to_train is None:
         raise DraftsyncError(
             f"unknown drafter method {method!r}",
-            f"use {', '.join(TRAINED_METHODS)} (or {DRAFT_MODEL} for the benchmark baseline)",
+            f"use {', '.join(_BUILT_METHODS)} (or {DRAFT_MODEL} for the benchmark baseline)",
         )
     given = {name: value for name, value in options.items() if value is not None and name in code.options}
     return code.build_to_train(
@@ -328,6 +354,10 @@ def drafter_method(directory: str | Path) -> str:
     kind = config.get("draftsync_drafter")
     if kind in CHECKPOINT_METHODS and kind != EAGLE3.name:  # the EAGLE-3 family says so in its speculators type
         return kind
+    from draftsync.speculative.methods.mtp.checkpoint import declares_mtp_layers
+
+    if declares_mtp_layers(config):  # a MiMo target's own checkpoint: vLLM serves its MTP layer from there
+        return MTP.name
     found = {key: config.get(key) for key in ("speculators_model_type", "draftsync_drafter", "model_type")}
     raise DraftsyncError(
         f"{path} is not the config of a drafter draftsync can read "
@@ -387,7 +417,7 @@ def make_proposer(drafter_or_name: Any, **options: Any) -> Proposer:
     if not method:
         raise DraftsyncError(
             f"{type(drafter_or_name).__name__} names no speculative method (no `method` attribute)",
-            "pass an Eagle3Drafter, EagleDrafter, MedusaDrafter, DraftModelDrafter or a proposer",
+            "pass an Eagle3Drafter, EagleDrafter, MedusaDrafter, MtpHead, DraftModelDrafter or a proposer",
         )
     propose = code_of(method).propose if method in _CODE else None
     if propose is None:

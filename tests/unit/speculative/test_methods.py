@@ -26,7 +26,8 @@ HOME = PACKAGE / "speculative" / "methods" / "__init__.py"
 
 def test_the_registry_names_each_method_and_what_vllm_calls_it():
     assert TRAINED_METHODS == ("eagle3", "eagle3.1", "eagle", "medusa", "dflash", "peagle")
-    assert set(VLLM_METHODS) == set(TRAINED_METHODS) | {"draft_model", "ngram"}
+    # the MTP head is built and trained here, but no sync trains it (its dataset reads the target's last layer alone)
+    assert set(VLLM_METHODS) == set(TRAINED_METHODS) | {"mtp", "draft_model", "ngram"}
     assert "ngram" not in CHECKPOINT_METHODS
     assert {name: METHODS[name].vllm_method for name in VLLM_METHODS} == {
         "eagle3": "eagle3",
@@ -35,10 +36,11 @@ def test_the_registry_names_each_method_and_what_vllm_calls_it():
         "medusa": "medusa",
         "dflash": "dflash",
         "peagle": "eagle3",
+        "mtp": "mtp",
         "draft_model": "draft_model",
         "ngram": "ngram",
     }
-    assert [m for m in VLLM_METHODS if METHODS[m].chains] == ["eagle3", "eagle3.1", "eagle"]
+    assert [m for m in VLLM_METHODS if METHODS[m].chains] == ["eagle3", "eagle3.1", "eagle", "mtp"]
     assert [m for m in VLLM_METHODS if METHODS[m].fixed_heads] == ["medusa", "dflash", "peagle"]
     assert {m: METHODS[m].gamma_limit_field for m in VLLM_METHODS if METHODS[m].gamma_limit_field} == {
         "medusa": "num_heads",

@@ -200,17 +200,19 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Eagle3Attention(nn.Module):
-    """Rotary attention whose q/k/v projections read 2H inputs (embedding ++ hidden) unless told otherwise."""
+    """Rotary attention whose q/k/v projections read 2H inputs (embedding ++ hidden) unless told otherwise.
 
-    def __init__(self, config: Any, input_size: int | None = None):
+    `qkv_bias` gives q/k/v a bias, as a Qwen2 layer has (the MTP head's); the EAGLE layers have none."""
+
+    def __init__(self, config: Any, input_size: int | None = None, qkv_bias: bool = False):
         super().__init__()
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         inputs = 2 * config.hidden_size if input_size is None else input_size
-        self.q_proj = nn.Linear(inputs, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(inputs, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(inputs, self.kv_heads * self.head_dim, bias=False)
+        self.q_proj = nn.Linear(inputs, self.heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(inputs, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(inputs, self.kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
 
     def forward(
