@@ -40,9 +40,12 @@ def server_context(target: TargetShape, profile: SyncProfile) -> int | None:
 def drafter_bytes(target: TargetShape, profile: SyncProfile) -> int:
     """The drafter the validation server loads beside the target, in 16 bits: the profile's DFlash drafter's weights
     with its copies of the target's embedding and lm_head, else an EAGLE-3 drafter's with its own embedding (the
-    largest of the chained methods draftsync trains, at the profile's draft vocabulary)."""
+    largest of the chained methods draftsync trains, at the profile's draft vocabulary); for a target with its own
+    MTP head, that head."""
     from draftsync.planning.training_plan import drafter_counts
 
+    if target.mtp_head is not None:  # the head served: its layer as stored, beside the target's embedding and head
+        return target.mtp_head_bytes()
     return 2 * sum(drafter_counts(target, profile))
 
 

@@ -46,7 +46,7 @@ from draftsync.planning.worker import (
 )
 from draftsync.profiles import SyncProfile
 from draftsync.records import record_dict
-from draftsync.speculative.methods import METHODS
+from draftsync.speculative.methods import METHODS, MTP
 from draftsync.speculative.placement import TargetPlacement, visible_devices
 
 DEVICE_MAP_OVERHEAD = 1.10  # accelerate's device_map does not split layers evenly: a tenth more than the weights
@@ -200,6 +200,9 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
     `responses`: how many distinct prompts the target answers (None: the profile's generated_samples). The stages are
     planned in the order a sync runs them; each holds its GPUs alone, but for the target an online training keeps.
     Drafter settings the target cannot have are refused first (`check_drafter_settings`)."""
+    head = target.mtp_head
+    if head is not None:  # its drafter is the head it ships: measured first, refreshed (trained) when stale
+        profile = profile.model_copy(update={"method": MTP.name})
     check_drafter_settings(target, profile)
     responses = profile.generated_samples if responses is None else min(responses, profile.generated_samples)
     settings: dict[str, Any] = {}
@@ -234,6 +237,9 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
     settings.update(validation_settings)
     refusals.append(_host_refusal(stages, worker))
     refusal = next((r for r in refusals if r is not None), None) or overlap_refusal(stages, worker)
+    if head is not None:
+        reasons["mtp_head"] = _mtp_head_reason(target, training, refusal)
+        refusal = refusal or _mtp_refresh_refusal(target)
     refusal = target.refusal() or refusal  # the sync refuses the target itself: no worker lifts it
     reasons["training"] = _training_reason(settings, worker, profile, target_stage.devices, online)
     settings["trainer"] = profile.trainer
@@ -380,7 +386,8 @@ def _hidden_states_stage(
 
     on_gpu = worker.gpus > 0
     reads_aux = METHODS[profile.method].reads_aux_states
-    stored_bytes = shard_bytes_per_token(target.hidden, reads_aux)
+    aux_layers = 1 if target.mtp_head is not None else 3  # an MTP head reads one state of the target
+    stored_bytes = shard_bytes_per_token(target.hidden, reads_aux, aux_layers=aux_layers)
     online_bytes = shard_bytes_per_token(target.hidden, reads_aux, online=True)
     stored_fits = tokens * stored_bytes <= worker.disk_gib * GiB
     mode = profile.hidden_states if profile.hidden_states != "auto" else ("offline" if stored_fits else "online")
@@ -643,6 +650,38 @@ def _validation_stage(
         assumptions,
     )
     return stage, {}, reason
+
+
+def _mtp_head_reason(target: TargetShape, training: StagePlan, memory_refusal: Refusal | None) -> str:
+    """The head it ships, and what refreshing it takes: the stages above are that refresh (the head's layer trained
+    on the target's own states and responses, the trunk frozen), served with vLLM's method mtp."""
+    head = target.mtp_head
+    assert head is not None
+    served = head.summary()["served_layers"]
+    verdict = "fit" if memory_refusal is None else f"do not fit: {memory_refusal.message()}"
+    return (
+        f"the target ships its own {head.layout.family} MTP head: {head.layers} layer(s), vLLM serves {served}, "
+        f"{target.mtp_head_parameters() / 1e9:.2f}B parameters, {target.mtp_head_bytes() / GiB:.2f} GiB as stored. "
+        "The stages above size a refresh of it (its layer trained on the target's own states and responses, the "
+        f"trunk frozen, served with --speculative-config method mtp): {training.gpu_gib or training.host_gib:.1f} "
+        "GiB for its training step (its weights, gradients and AdamW in fp32, the target's embedding and lm_head, "
+        f"one window's activations); on this worker its stages {verdict}"
+    )
+
+
+def _mtp_refresh_refusal(target: TargetShape) -> Refusal | None:
+    """A head of a family draftsync measures and serves but has no trainer for: its refresh is refused."""
+    head = target.mtp_head
+    if head is None or head.layout.refreshed_here:
+        return None
+    return Refusal(
+        "training",
+        "",
+        "",
+        "serve the target with its head as shipped (method mtp); the plan sizes the refresh a trainer for its "
+        "family would run",
+        reason=f"draftsync refreshes MiMo-style MTP heads only, not a {head.layout.family} one",
+    )
 
 
 def _host_refusal(stages: list[StagePlan], worker: Worker) -> Refusal | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsync.planning.stages import Refusal
+from draftsync.speculative.mtp_heads import MtpHead
 from draftsync.speculative.target_description import TargetDescription
 
 
@@ -111,6 +112,26 @@ class TargetShape:
             return self.parameters * 4
         sixteen_bit = self.parameters * 2
         return min(self.stored_weight_bytes, sixteen_bit) if self.stored_weight_bytes else sixteen_bit
+
+    @property
+    def mtp_head(self) -> MtpHead | None:
+        """The MTP head it ships (known from its description only: registry tags do not say)."""
+        return self.description.mtp_head if self.description is not None else None
+
+    def mtp_head_parameters(self) -> int:
+        """The parameters of the head layers vLLM serves (and a refresh trains)."""
+        head = self.mtp_head
+        if head is None or self.description is None:
+            return 0
+        served = head.summary()["served_layers"]
+        return self.description.mtp_parameters * served // head.layers
+
+    def mtp_head_bytes(self) -> int:
+        """Those layers' weights as stored (quantized or 16-bit)."""
+        head = self.mtp_head
+        if head is None or self.description is None:
+            return 0
+        return self.description.mtp_weight_bytes * head.summary()["served_layers"] // head.layers
 
     def refusal(self) -> Refusal | None:
         """The sync's own refusal of the target (its family), which the plan reports beside the sizes."""

@@ -19,6 +19,7 @@ from draftsync.speculative.methods import (
     DFLASH_FAMILY,
     DFLASH_LAYERS,
     METHODS,
+    MTP_FAMILY,
     PEAGLE_FAMILY,
     is_eagle3_family,
 )
@@ -206,10 +207,12 @@ def step_shape(target: TargetShape, profile: SyncProfile, tokens: int, checkpoin
     from draftsync.speculative.train.step_memory import StepShape
 
     method = METHODS[profile.method]
-    block = {}
+    block: dict[str, int] = {}
     if _dflash(profile):
         anchors = min(DFLASH_ANCHORS, profile.seq_len)
         block = {"draft_layers": DFLASH_LAYERS, "block_rows": anchors * profile.block_size}
+    if method.family == MTP_FAMILY:  # the target's own head layer, reading one state of the target
+        block = {"head_parameters": target.mtp_head_parameters(), "aux_layers": 1}
     return StepShape(
         hidden=target.hidden,
         vocab=target.vocab,
@@ -267,9 +270,9 @@ def _block_step_flops(shape: Any, trainable: int) -> float:
 
 def _depths(profile: SyncProfile) -> int:
     """The positions ahead an EAGLE-style layer is run for at each training step, each with its activations and
-    logits kept for backward: EAGLE-3's training-time-test steps, or every one of P-EAGLE's max_draft_tokens depths
-    (its objective trains them all, whatever ttt_steps says); 1 for the others."""
-    if is_eagle3_family(profile.method):
+    logits kept for backward: EAGLE-3's and an MTP head's training-time-test steps, or every one of P-EAGLE's
+    max_draft_tokens depths (its objective trains them all, whatever ttt_steps says); 1 for the others."""
+    if is_eagle3_family(profile.method) or METHODS[profile.method].family == MTP_FAMILY:
         return profile.ttt_steps
     if METHODS[profile.method].family == PEAGLE_FAMILY:
         return profile.max_draft_tokens

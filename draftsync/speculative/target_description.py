@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsync.errors import DraftsyncError
+from draftsync.speculative.mtp_heads import MtpHead, mtp_head_of, require_head_weights
 
 # Fields that declare routed experts, and those that give how many run for each token, family by family.
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
@@ -211,9 +212,11 @@ class TargetDescription:
     attention: str  # "mla" (latent keys and values, DeepSeek) or "gqa" (grouped or full multi-head)
     kv_bytes_per_token: int  # a served token's keys and values over every layer, in 16 bits
     mtp_layers: int
+    mtp_head: MtpHead | None  # the head vLLM serves with method mtp (None: none, or a family it has no MTP model for)
     parameters: int
     active_parameters: int  # per token: routed experts at the share a token runs
     mtp_parameters: int
+    mtp_weight_bytes: int  # the MTP layers as stored (quantized like the decoder's linear layers, else 16-bit)
     weight_bytes: int  # the weights a server or transformers holds (without the MTP layers), as stored
     checkpoint_bytes: int  # every weight file's tensors (MTP layers included): from the headers, else estimated
     checkpoint_bytes_from: str  # "files" or "config"
@@ -231,6 +234,7 @@ class TargetDescription:
             "active_parameters": self.active_parameters,
             "mtp_layers": self.mtp_layers,
             "mtp_parameters": self.mtp_parameters,
+            "mtp_head": None if self.mtp_head is None else self.mtp_head.summary(),
             "experts": None if self.experts is None else vars(self.experts),
             "attention": self.attention,
             "dtype": self.dtype,
@@ -253,7 +257,15 @@ class TargetDescription:
             )
         if self.attention == "mla":
             parts.append(f"MLA attention: {self.kv_bytes_per_token:,} bytes of latent KV cache a token")
-        if self.mtp_layers:
+        if self.mtp_head is not None:
+            head = self.mtp_head.layout
+            refresh = "a head draftsync can refresh" if head.refreshed_here else "a head draftsync does not refresh"
+            parts.append(
+                f"its own MTP head ({head.family}): {self.mtp_layers} layer(s), {self.mtp_parameters / 1e9:.2f}B "
+                f"parameters, reading the target's {'pre-norm' if head.reads == 'pre_norm' else 'final'} state; "
+                f"vLLM serves it with method mtp; {refresh}"
+            )
+        elif self.mtp_layers:
             parts.append(
                 f"{self.mtp_layers} MTP layer(s) ({self.mtp_parameters / 1e9:.2f}B parameters): in the checkpoint, "
                 "not loaded by the sync's target nor served beside its drafter"
@@ -276,6 +288,7 @@ class TargetDescription:
             "experts_per_token": 0 if self.experts is None else self.experts.per_token,
             "quantization": None if self.quantization is None else self.quantization.method,
             "mtp_layers": self.mtp_layers,
+            "mtp_head": None if self.mtp_head is None else self.mtp_head.layout.family,
         }
 
 
@@ -337,15 +350,19 @@ def describe_config(raw: Mapping[str, Any], name: str, what: str, weights_dir: P
             raise DraftsyncError(unsupported.what, unsupported.fix) from None
         raise
     hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-    mtp_layers = next((int(config[k]) for k in _MTP_KEYS if config.get(k)), 0)
+    mtp_head = mtp_head_of(raw, what)
+    mtp_layers = mtp_head.layers if mtp_head else next((int(config[k]) for k in _MTP_KEYS if config.get(k)), 0)
     mtp = mtp_layers * (counts.last_layer + 2 * hidden * hidden + 3 * hidden)
     mtp_quantizable = mtp_layers * counts.last_layer_quantizable
     active = counts.total - (counts.routed - counts.routed * experts.per_token // experts.routed if experts else 0)
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16").replace("torch.", "")
     weights = _weight_bytes(counts.total, counts, quantization, _DTYPE_BYTES.get(dtype, 2))
-    estimated = weights + _weight_bytes(mtp, Counts(mtp, 0, mtp_quantizable, 0, 0), quantization, 2)
+    mtp_weights = _weight_bytes(mtp, Counts(mtp, 0, mtp_quantizable, 0, 0), quantization, 2)
+    estimated = weights + mtp_weights
     entries = _headers(weights_dir)
     stored = {entry["name"]: entry["dtype"] for entry in entries}
+    if stored and mtp_head is not None:
+        require_head_weights(mtp_head, layers, stored, what)
     if stored and quantization is not None:
         _check_stored(stored, quantization, what)
     elif any(kind.startswith("F8") for kind in stored.values()):
@@ -382,9 +399,11 @@ def describe_config(raw: Mapping[str, Any], name: str, what: str, weights_dir: P
         attention="mla" if latent else "gqa",
         kv_bytes_per_token=kv,
         mtp_layers=mtp_layers,
+        mtp_head=mtp_head,
         parameters=counts.total,
         active_parameters=active,
         mtp_parameters=mtp,
+        mtp_weight_bytes=mtp_weights,
         weight_bytes=weights,
         checkpoint_bytes=file_bytes or estimated,
         checkpoint_bytes_from="files" if file_bytes else "config",

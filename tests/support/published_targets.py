@@ -97,3 +97,43 @@ def save_published_configs(root: Path) -> Path:
         config.dtype = "bfloat16"
         config.save_pretrained(root / name)
     return root
+
+
+def _mtp_configs() -> dict:
+    """Targets that ship their own MTP layer, beside DeepSeek-V3 above: Qwen 3.5, dense and mixture of experts, as
+    multimodal configs with the language model's fields (and `mtp_num_hidden_layers`) in text_config. Their values
+    are those of published copies of the 27B and 35B-A3B configs (the hub itself was out of reach)."""
+    import transformers as t
+
+    linear = dict(
+        linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, full_attention_interval=4,
+        rms_norm_eps=1e-6, max_position_embeddings=262144, tie_word_embeddings=False, mtp_num_hidden_layers=1,
+    )  # fmt: skip
+    return {
+        "qwen3.5-27b": t.Qwen3_5Config(
+            text_config=dict(
+                vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
+                num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+                linear_num_value_heads=48, **linear,
+            ),
+            architectures=["Qwen3_5ForConditionalGeneration"],
+        ),
+        "qwen3.5-35b-a3b": t.Qwen3_5MoeConfig(
+            text_config=dict(
+                vocab_size=248320, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+                num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32,
+                num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+                shared_expert_intermediate_size=512, **linear,
+            ),
+            architectures=["Qwen3_5MoeForConditionalGeneration"],
+        ),
+    }  # fmt: skip
+
+
+def save_mtp_configs(root: Path) -> Path:
+    """The MTP targets' config.json files (bf16), DeepSeek-V3's among them, each in its own directory under `root`."""
+    configs = {"deepseek-v3": _configs()["deepseek-v3"], **_mtp_configs()}
+    for name, config in configs.items():
+        config.dtype = "bfloat16"
+        config.save_pretrained(root / name)
+    return root

@@ -63,6 +63,9 @@ class StepShape:
     # block_size); 0 rows: EAGLE-3's one layer over every token
     draft_layers: int = 1
     block_rows: int = 0
+    # A target's own MTP head: its layer's parameters as the target's description counts them (experts, latent
+    # attention and all), which its trainable share is instead of one Llama layer's; 0: not an MTP head
+    head_parameters: int = 0
 
     @classmethod
     def for_target(
@@ -95,9 +98,12 @@ class StepShape:
 
 def drafter_parameters(shape: StepShape) -> tuple[int, int]:
     """(trainable, frozen) parameter counts. EAGLE-3: one layer over twice the hidden width and a head over the draft
-    vocabulary, the target's embedding frozen; DFlash: `draft_layers` layers shaped like the target's (q/k norms
-    included) over `fc` of the aux states and two norms, the target's embedding and lm_head frozen."""
+    vocabulary, the target's embedding frozen; an MTP head: `head_parameters`, beside the target's embedding;
+    DFlash: `draft_layers` layers shaped like the target's (q/k norms included) over `fc` of the aux states and two
+    norms, the target's embedding and lm_head frozen."""
     h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    if shape.head_parameters:  # an MTP head: its own layer, norms and projection; the target's embedding frozen
+        return shape.head_parameters, shape.vocab * h
     mlp = 3 * h * shape.intermediate
     fc = shape.aux_layers * h * h
     if shape.block_rows:

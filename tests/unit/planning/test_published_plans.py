@@ -84,7 +84,7 @@ def test_a_mixture_of_experts_is_timed_by_the_parameters_a_token_runs(shapes):
 def test_deepseek_v3_says_what_it_does_with_its_mla_and_mtp_layers(published, tmp_path):
     code, plan, output = _plan(published / "deepseek-v3", 8, tmp_path / "plan.json")
     assert code == 1 and "MLA attention: 70,272 bytes of latent KV cache a token" in output
-    assert "1 MTP layer(s)" in output and "not loaded by the sync's target" in output
+    assert "its own MTP head (deepseek_v3): 1 layer(s)" in output and "a head draftsync does not refresh" in output
     assert "mixture-of-experts" in plan["refusal"]["message"] and plan["refusal"]["fix"]
 
 

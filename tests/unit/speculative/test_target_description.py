@@ -122,3 +122,47 @@ def test_a_family_a_sync_refuses_is_still_described_for_the_plan():
     assert refused.unsupported is not None and refused.parameters > 0
     with pytest.raises(DraftsyncError):
         refused.require_supported()
+
+
+MIMO = {**TINY, "architectures": ["MiMoForCausalLM"], "model_type": "qwen2", "num_nextn_predict_layers": 1}
+
+
+def test_a_target_that_ships_its_own_mtp_head_is_known_by_its_config():
+    described = describe_config(MIMO, "mimo", "target mimo")
+    assert described.mtp_layers == 1 and described.mtp_parameters > 0
+    assert described.summary()["mtp_head"] == {
+        "family": "mimo",
+        "layers": 1,
+        "served_layers": 1,
+        "reads": "pre_norm",
+        "refreshed_by_draftsync": True,
+    }
+    assert "its own MTP head (mimo): 1 layer(s)" in described.text()
+    assert "a head draftsync can refresh" in described.text()
+    qwen35 = {"architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": {"mtp_num_hidden_layers": 1}}
+    from draftsync.speculative.mtp_heads import mtp_head_of
+
+    assert mtp_head_of(qwen35, "q").summary()["family"] == "qwen3_5"  # declared inside its text_config
+    assert mtp_head_of({**MIMO, "num_nextn_predict_layers": 0}, "m") is None
+
+
+def test_more_mtp_layers_than_vllm_serves_are_refused_naming_the_count_and_the_fix():
+    with pytest.raises(DraftsyncError) as refused:
+        describe_config({**MIMO, "num_nextn_predict_layers": 2}, "mimo", "target mimo")
+    assert "declares 2 MTP layers (num_nextn_predict_layers)" in refused.value.what
+    assert "serves only 1" in refused.value.what and "set num_nextn_predict_layers to 1" in refused.value.fix
+
+
+def test_mtp_layers_declared_but_absent_from_the_weights_are_refused(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    (tmp_path / "config.json").write_text(json.dumps(MIMO))
+    trunk = {"model.embed_tokens.weight": torch.zeros(128, 32)}
+    save_file(trunk, tmp_path / "model.safetensors")
+    with pytest.raises(DraftsyncError) as refused:
+        describe(tmp_path)
+    assert "declares 1 MTP layer(s)" in refused.value.what and "model.mtp_layers.0." in refused.value.what
+    assert "save the checkpoint with its MTP layers" in refused.value.fix
+    save_file({**trunk, "model.mtp_layers.0.input_proj.weight": torch.zeros(32, 64)}, tmp_path / "model.safetensors")
+    assert describe(tmp_path).mtp_head is not None
