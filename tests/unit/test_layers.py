@@ -39,7 +39,7 @@ ALLOWED = {
     "speculative/methods": {"speculative", "speculative/data"},
     "speculative/train": {"speculative", "speculative/data", "speculative/methods"},
     "speculative/engine": {"speculative", "speculative/data", "speculative/methods"},
-    "speculative/builtin": {"speculative", "speculative/data"},
+    "speculative/builtin": {"speculative", "speculative/data", "speculative/methods"},  # a target trained with its head
     "registry": set(),
     "monitors": set(),
     "planning": {"speculative"},

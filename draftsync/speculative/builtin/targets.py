@@ -138,6 +138,16 @@ FAMILY_SHAPES: dict[str, dict] = {
         "tie_word_embeddings": True,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
     },
+    # Xiaomi MiMo-7B: a Qwen 2 trunk (q/k/v biases, untied embeddings) that ships its own multi-token-prediction layer
+    # (`model.mtp_layers.0.*`, its own safetensors file here), trained with the trunk; vLLM serves it with method mtp.
+    # Its model_type stays qwen2, so transformers loads the trunk without the publisher's remote code.
+    "mimo": {
+        "class": "Qwen2Config",
+        "num_key_value_heads": 2,
+        "architectures": ["MiMoForCausalLM"],
+        "num_nextn_predict_layers": 1,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
     # Mistral 7B v0.1: a sliding window (64 here, inside a training window, so it is exercised), grouped-query
     # attention, untied embeddings.
     "mistral": {
@@ -333,6 +343,7 @@ def build_target(
         return out
     tokenizer = _tokenizer(recipe, cache_dir)
     torch.manual_seed(recipe.seed)
+    parent_dir = None
     if recipe.parent is not None:
         parent_dir = build_target(recipe.parent, cache_dir, on_progress, use_shipped)
         model = AutoModelForCausalLM.from_pretrained(parent_dir, dtype=torch.float32)
@@ -348,6 +359,9 @@ def build_target(
             return (step + 1) / warmup
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, recipe.steps - warmup)))
 
+    head = _MtpTraining.for_recipe(recipe, model, parent_dir)
+    if head is not None and head.trains:
+        optimizer.add_param_group({"params": head.parameters()})
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
     bf16 = recipe.trains_in_bf16()
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
@@ -358,6 +372,8 @@ def build_target(
         batch = streams.batch(rng, recipe.batch_size, recipe.seq_len)
         with autocast:
             loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
+            if head is not None and head.trains:
+                loss = loss + head.loss(batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -382,12 +398,80 @@ def build_target(
         "heldout_loss": {t: round(v, 4) for t, v in val_loss.items()},
     }
 
+    if head is not None:
+        info["mtp_heldout_agreement"] = head.heldout_agreement(tokenizer, recipe.seq_len)
+
     def save(staging: Path) -> None:
         model.save_pretrained(staging)
+        if head is not None:
+            head.save(staging)
         tokenizer.save_pretrained(staging)
         (staging / TARGET_INFO_FILE).write_text(json.dumps(info, indent=2))
 
     return publish_directory(out, save)
+
+
+MTP_WEIGHTS_FILE = "mtp.safetensors"  # the head's tensors beside the trunk's model.safetensors, as vLLM reads both
+MTP_LOSS_WEIGHT = 0.3  # MiMo weighs its MTP loss below the main one (0.3 in pretraining)
+
+
+class _MtpTraining:
+    """A built-in target's own MTP head: trained with a fresh trunk on the main loss plus MTP_LOSS_WEIGHT times its
+    own (token t+2 from the trunk's pre-norm state at t and token t+1, gradients into the trunk too, as MiMo
+    pretrains it); a fine-tuned version keeps its parent's head as it was, as a team's SFT leaves it."""
+
+    def __init__(self, head, model, trains: bool, architectures: list[str]):
+        self.head, self.model, self.trains, self.architectures = head, model, trains, architectures
+        self.states = None
+        norm = model.model.norm
+        norm.register_forward_pre_hook(lambda module, args: setattr(self, "states", args[0]))
+
+    @classmethod
+    def for_recipe(cls, recipe: TargetRecipe, model, parent_dir: Path | None) -> _MtpTraining | None:
+        if not FAMILY_SHAPES[recipe.family].get("num_nextn_predict_layers"):
+            return None
+        from draftsync.speculative.methods.mtp.checkpoint import read_shipped_mtp
+        from draftsync.speculative.methods.mtp.model import new_mtp
+
+        head = read_shipped_mtp(parent_dir) if parent_dir is not None else new_mtp(model.config)
+        head.model.embed_tokens = model.model.embed_tokens  # the trunk's own, trained with it
+        head.lm_head = model.lm_head
+        return cls(head, model, parent_dir is None, FAMILY_SHAPES[recipe.family]["architectures"])
+
+    def parameters(self):
+        return list(self.head.layer.parameters())
+
+    def loss(self, batch):
+        """Cross-entropy of the head's prediction of token t+2 (the trunk's forward just ran on batch[:, :-1])."""
+        import torch
+        import torch.nn.functional as F
+
+        ids = batch[:, :-1]
+        positions = torch.arange(ids.shape[1] - 1)
+        logits, _ = self.head(ids[:, 1:], self.states[:, :-1], positions)
+        return MTP_LOSS_WEIGHT * F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 2:].flatten())
+
+    def heldout_agreement(self, tokenizer, seq_len: int) -> float:
+        """How often the head's top token is the trunk's own greedy token two ahead, on held-out text."""
+        import torch
+
+        streams = TokenStreams(tokenizer, {task: 1.0 for task in corpora.TASKS}, split="heldout", max_docs=200, seed=1)
+        batch = streams.batch(random.Random(1), 8, seq_len)
+        with torch.no_grad():
+            target = self.model(input_ids=batch).logits.argmax(-1)
+            states = self.states
+            assert states is not None  # the trunk's forward pass has just set them
+            logits, _ = self.head(batch[:, 1:], states[:, :-1], torch.arange(batch.shape[1] - 1))
+        return round(float((logits.argmax(-1) == target[:, 1:]).float().mean()), 4)
+
+    def save(self, directory: Path) -> None:
+        from safetensors.torch import save_file
+
+        layer = {f"model.mtp_layers.0.{k}": v.detach().contiguous() for k, v in self.head.layer.state_dict().items()}
+        save_file(layer, directory / MTP_WEIGHTS_FILE, metadata={"format": "pt"})
+        config = json.loads((directory / "config.json").read_text())  # save_pretrained names the trunk's class
+        config["architectures"] = self.architectures
+        (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def rebuild_shipped_targets(

@@ -155,7 +155,8 @@ def load_mtp(directory: str | Path, dtype: torch.dtype | None = None) -> MtpHead
 
 
 def _weight_files(folder: Path) -> list[Path]:
-    """The safetensors files of a checkpoint: its index's, else model.safetensors, else every *.safetensors."""
+    """The safetensors files of a checkpoint: its index's, else every *.safetensors (vLLM reads them all, so a head
+    may sit in a file of its own beside model.safetensors)."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -165,8 +166,7 @@ def _weight_files(folder: Path) -> list[Path]:
                 f"{index} is not a readable weight index ({error})", "restore or re-export the checkpoint"
             ) from error
         return [folder / name for name in names]
-    single = folder / "model.safetensors"
-    return [single] if single.is_file() else sorted(folder.glob("*.safetensors"))
+    return sorted(folder.glob("*.safetensors"))
 
 
 def read_shipped_mtp(target_dir: str | Path, dtype: torch.dtype | None = None) -> MtpHead:
