@@ -75,7 +75,7 @@ test-story: environments
 
 # Production-like runs with real servers and worker processes: webhook to completed sync, a worker killed at
 # every stage of a sync, MLflow stopped mid-sync, the compose setup script deploying prefect.yaml, the reference
-# engine's swap under load.
+# engine's swap under load; and the heaviest integration runs, kept out of CI's budget (pyproject's `system` marker).
 test-system: install
 	$(PY) -m pytest -m system
 

@@ -138,7 +138,7 @@ def _log_by_reference(tracking_uri: str, name: str, checkpoint: Path, hub) -> in
 
 
 # --- layouts, read ---------------------------------------------------------------------------------------------
-@pytest.mark.slow
+@pytest.mark.system  # a whole sync: make test-system
 def test_a_target_logged_with_the_transformers_flavor_syncs_from_its_webhook_against_an_mlflow_server(
     workdir, built_targets, monkeypatch, tmp_path
 ):
@@ -197,7 +197,7 @@ def test_a_target_logged_with_the_transformers_flavor_syncs_from_its_webhook_aga
         assert [(job.target_version, job.status, job.source) for job in jobs] == [(version, "succeeded", "webhook")]
 
 
-@pytest.mark.slow
+@pytest.mark.system  # a whole sync: make test-system
 def test_a_target_logged_by_reference_syncs_from_the_workers_hugging_face_cache(
     workdir, built_targets, hub, monkeypatch, tmp_path
 ):
@@ -335,7 +335,7 @@ def test_a_registered_model_of_another_flavor_is_refused_naming_the_flavor(workd
     assert "mlflow.transformers.log_model" in refused.value.fix
 
 
-@pytest.mark.slow
+@pytest.mark.system  # a whole sync: make test-system
 def test_the_terminal_gets_one_line_for_an_unreadable_target_and_the_traceback_with_debug(workdir):
     """`draftsync sync` of a version it cannot read: the error and its fix, no traceback, no retry of the download
     (it would only say the same); `--debug` shows the traceback."""

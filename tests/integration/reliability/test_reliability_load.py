@@ -60,6 +60,7 @@ def monitor_on_postgres(workdir, postgres_url, monkeypatch) -> str:
     context.store().close()
 
 
+@pytest.mark.system  # make test-system
 def test_the_webhook_receiver_at_200_requests_a_second_answers_every_request_as_it_should(
     prefect_api, postgres_url, tmp_path
 ):

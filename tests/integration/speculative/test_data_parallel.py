@@ -94,6 +94,7 @@ def test_two_ranks_take_the_steps_one_rank_takes_at_the_same_global_batch(
     assert share == 1.0 if replica == "ddp" else 0.45 < share <= 0.55, share
 
 
+@pytest.mark.system  # make test-system
 def test_a_run_stopped_on_two_ranks_resumes_on_one_with_the_uninterrupted_losses(built_targets, dataset_dir, tmp_path):
     """Stopped while its ranks hold half of the drafter each (FSDP2), resumed by one process holding all of it."""
     config = TrainConfig(**{**asdict(CONFIG), "steps": 100, "checkpoint_every": 5, "data_parallel": "fsdp"})
@@ -137,6 +138,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.mark.system  # make test-system
 def test_two_nodes_meet_at_a_c10d_rendezvous_and_take_the_steps_one_rank_takes(built_targets, dataset_dir, tmp_path):
     """Two torchrun launches on loopback stand for two machines of one rank each, as every node runs the same spec."""
     from concurrent.futures import ThreadPoolExecutor
