@@ -21,12 +21,15 @@ from draftsync.errors import DraftsyncError
 SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 MANIFEST = "shipped.json"
 REBUILD_FIX = "rebuild the shipped targets: draftsync demo --rebuild-targets"
-# (size, family, version) of each shipped target: the demo's two, and the test size's two every test tier uses.
+# (size, family, version) of each shipped target: the demo's two, the test size's two every test tier uses, and the
+# test size's MTP target.
 SHIPPED: tuple[tuple[str, str, int], ...] = (
     ("demo", "llama", 1),
     ("demo", "llama", 2),
     ("test", "llama", 1),
     ("test", "llama", 2),
+    ("test", "mimo", 1),  # a target that ships its own MTP head, and its fine-tune, whose head went stale
+    ("test", "mimo", 2),
 )
 
 
