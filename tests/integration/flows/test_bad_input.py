@@ -64,6 +64,7 @@ def test_sync_of_a_corrupt_registered_target_registers_no_drafter(workdir, built
     assert registry.alias_version("broken-llm-drafter", "production") is None
 
 
+@pytest.mark.system  # make test-system
 def test_a_dataset_larger_than_the_disk_budget_is_refused_before_a_byte_is_written(
     workdir, built_targets, monkeypatch, tmp_path
 ):

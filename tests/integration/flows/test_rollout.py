@@ -155,6 +155,7 @@ def test_a_canary_under_the_threshold_rolls_back_by_itself_and_aliases_end_where
     assert any("rolled back by its canary" in s for s in subjects), subjects
 
 
+@pytest.mark.system  # make test-system
 def test_a_target_alias_moved_with_no_drafter_is_served_plain_alerted_and_synced(workdir, built_targets, tmp_path):
     from draftsync.flows.rollout import rollout
     from draftsync.profiles import profile, validation_profile
