@@ -39,8 +39,10 @@ class MtpLayout:
         return [self.weight_prefix.format(n=num_layers, i=i, k=num_layers + i) for i in range(count)]
 
 
+# MiMo's: the layout draftsync's own head (speculative/methods/mtp) reads and writes.
+MIMO = MtpLayout("mimo", ("MiMoForCausalLM",), "num_nextn_predict_layers", "model.mtp_layers.{i}.", 1, "pre_norm", True)
 MTP_LAYOUTS: tuple[MtpLayout, ...] = (
-    MtpLayout("mimo", ("MiMoForCausalLM",), "num_nextn_predict_layers", "model.mtp_layers.{i}.", 1, "pre_norm", True),
+    MIMO,
     MtpLayout(
         "deepseek_v3", ("DeepseekV3ForCausalLM",), "num_nextn_predict_layers", "model.layers.{k}.", None, "final"
     ),

@@ -33,6 +33,7 @@ from draftsync.speculative.methods.checkpoint_files import (
     read_safetensors,
     write_directory,
 )
+from draftsync.speculative.mtp_heads import MIMO
 
 if TYPE_CHECKING:
     import torch
@@ -40,9 +41,9 @@ if TYPE_CHECKING:
     from draftsync.speculative.methods.mtp.model import MtpConfig, MtpHead
 
 WEIGHTS_FILE = "model.safetensors"
-ARCHITECTURE = "MiMoForCausalLM"  # the architecture vLLM turns into its MTP model, and whose state it feeds it
+ARCHITECTURE = MIMO.architectures[0]  # the architecture vLLM turns into its MTP model, and whose state it feeds it
 MODEL_TYPE = "qwen2"
-MTP_LAYERS_FIELD = "num_nextn_predict_layers"
+MTP_LAYERS_FIELD = MIMO.count_field
 # vLLM's default rope base of a Qwen2 layer whose config names none.
 QWEN2_ROPE_THETA = 1_000_000.0
 
