@@ -124,7 +124,8 @@ def test_a_family_a_sync_refuses_is_still_described_for_the_plan():
         refused.require_supported()
 
 
-MIMO = {**TINY, "architectures": ["MiMoForCausalLM"], "model_type": "qwen2", "num_nextn_predict_layers": 1}
+DENSE = {k: v for k, v in TINY.items() if k not in ("num_local_experts", "num_experts_per_tok")}
+MIMO = {**DENSE, "architectures": ["MiMoForCausalLM"], "model_type": "qwen2", "num_nextn_predict_layers": 1}
 
 
 def test_a_target_that_ships_its_own_mtp_head_is_known_by_its_config():
