@@ -201,7 +201,7 @@ def plan_sync(target: TargetShape, worker: Worker, profile: SyncProfile, respons
     planned in the order a sync runs them; each holds its GPUs alone, but for the target an online training keeps.
     Drafter settings the target cannot have are refused first (`check_drafter_settings`)."""
     head = target.mtp_head
-    if head is not None:  # its drafter is the head it ships: measured first, refreshed (trained) when stale
+    if head is not None:  # its drafter is the head it ships: the stages size a refresh of it
         profile = profile.model_copy(update={"method": MTP.name})
     check_drafter_settings(target, profile)
     responses = profile.generated_samples if responses is None else min(responses, profile.generated_samples)
@@ -670,7 +670,7 @@ def _mtp_head_reason(target: TargetShape, training: StagePlan, memory_refusal: R
 
 
 def _mtp_refresh_refusal(target: TargetShape) -> Refusal | None:
-    """A head of a family draftsync measures and serves but has no trainer for: its refresh is refused."""
+    """A head of a family draftsync has no trainer for: its refresh is refused."""
     head = target.mtp_head
     if head is None or head.layout.refreshed_here:
         return None
