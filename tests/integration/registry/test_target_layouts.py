@@ -242,6 +242,10 @@ def test_sources_written_runs_and_models_name_version_read_as_the_checkpoint(wor
     client.create_registered_model("runs-llm")
     first = client.create_model_version("runs-llm", f"runs:/{run.info.run_id}/weights", run_id=run.info.run_id)
     second = client.create_model_version("runs-llm", "models:/runs-llm/1")
+    import mlflow
+
+    # another library in the worker's process set MLflow's process-wide registry: draftsync still reads its own
+    mlflow.set_registry_uri(f"sqlite:///{Path(workdir) / 'another-registry.db'}")
     for version in (first.version, second.version):
         client.set_model_version_tag("runs-llm", version, "draftsync.task_mix", MIX)
         fetched = fetch_target.fn("runs-llm", int(version))
