@@ -66,7 +66,8 @@ def workdir(tmp_path, monkeypatch, prefect_harness) -> Path:
     """A fresh draftsync work dir; tasks see it through the environment, as a worker would."""
     from draftsync.tasks import context
 
-    for key in ("MLFLOW_TRACKING_URI", "DRAFTSYNC_MONITOR_DB_URL"):
+    # an earlier test's (its folder gone by now) would otherwise reach the processes this one starts
+    for key in ("MLFLOW_TRACKING_URI", "DRAFTSYNC_MONITOR_DB_URL", "PREFECT_HOME"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("DRAFTSYNC_WORKDIR", str(tmp_path / "work"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'work' / 'mlflow.db'}")
