@@ -166,9 +166,15 @@ def test_unsupported_checkpoints_are_refused_with_the_nearest_path(extra, refuse
 
 
 def test_every_built_in_family_is_a_supported_one():
+    from draftsync.speculative.target_description import describe_config
+
     for family in FAMILY_SHAPES:
-        recipe = builtin_recipe(1, "test", family)
-        assert target_family(family_config(recipe, 0).to_dict()).name in ("llama", family)
+        config = family_config(builtin_recipe(1, "test", family), 0).to_dict()
+        if config.get("num_nextn_predict_layers"):  # it ships its own MTP head, which a sync does not handle yet
+            refused = describe_config(config, family, f"target {family}").unsupported
+            assert refused is not None and "ships its own MTP head" in refused.what
+            continue
+        assert target_family(config).name in ("llama", family)
 
 
 def test_the_moe_families_are_recognised_and_other_moe_models_are_refused_naming_them():
