@@ -39,7 +39,7 @@ from draftsync.registry.tags import (
     validation_status,
 )
 from draftsync.registry.target_layouts import FLAVOR, PLAIN, TargetLayout, check_flavor, read_layout
-from draftsync.speculative.methods import TRAINED_METHODS
+from draftsync.speculative.methods import REGISTERED_METHODS
 from draftsync.user_files import make_folder
 
 if TYPE_CHECKING:
@@ -258,9 +258,9 @@ class Registry:
         a duplicate.
         """
         check_name(target_name)
-        if method not in TRAINED_METHODS:
+        if method not in REGISTERED_METHODS:
             raise DraftsyncError(
-                f"drafter method {method!r} is not one of {', '.join(TRAINED_METHODS)}",
+                f"drafter method {method!r} is not one of {', '.join(REGISTERED_METHODS)}",
                 "pass one of the supported methods",
             )
         if int(gamma) < 1:

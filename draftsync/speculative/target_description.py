@@ -351,13 +351,6 @@ def describe_config(raw: Mapping[str, Any], name: str, what: str, weights_dir: P
         raise
     hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
     mtp_head = mtp_head_of(raw, what)
-    if mtp_head is not None and unsupported is None:  # its drafter is its head, which a sync does not handle yet
-        unsupported = DraftsyncError(
-            f"{what} ships its own MTP head ({mtp_head.layout.family}, {mtp_head.layers} layer(s)): a sync does not "
-            "measure, refresh or register a target's own head yet, and would train a drafter vLLM cannot serve "
-            f"beside a {raw.get('architectures', ['?'])[0]}",
-            "serve the target with its head as it ships (vLLM's --speculative-config method mtp)",
-        )
     mtp_layers = mtp_head.layers if mtp_head else next((int(config[k]) for k in _MTP_KEYS if config.get(k)), 0)
     mtp = mtp_layers * (counts.last_layer + 2 * hidden * hidden + 3 * hidden)
     mtp_quantizable = mtp_layers * counts.last_layer_quantizable

@@ -32,8 +32,8 @@ class DrafterMethod:
     `vllm_method` is the `method` of vLLM's `--speculative-config`; `chains` is true for drafters that
     propose token by token from their own output (the EAGLE family, MTP), false for fixed heads or lookup;
     `fixed_heads` means vLLM drafts exactly one gamma at every batch size (no per-batch schedule);
-    `trained` means a sync trains and registers it (the others are benchmark baselines, and the MTP head, which
-    draftsync builds, trains and saves outside a sync: a sync's dataset does not hold its state yet);
+    `trained` means a sync trains it from scratch for any target (the others are benchmark baselines, and the MTP
+    head, which comes with its target: a sync measures it, refreshes it when stale and registers it);
     `needs_checkpoint` is false for ngram, which drafts from the prompt; `speculators_type` is the speculators
     library's name for its checkpoint format and trainer (None outside the speculators format); `reads_aux_states` means
     its dataset stores the target's auxiliary hidden states; `full_vocabulary` means it predicts through
@@ -115,8 +115,10 @@ NGRAM = DrafterMethod("ngram", NGRAM_FAMILY, vllm_method="ngram", trained=False,
 
 _ALL = (EAGLE3, EAGLE3_1, EAGLE, MEDUSA, DFLASH, PEAGLE, MTP, DRAFT_MODEL, NGRAM)
 METHODS: dict[str, DrafterMethod] = {method.name: method for method in _ALL}
-# What a sync trains and the registry accepts, in the order users see them.
+# What a sync trains for any target, in the order users see them.
 TRAINED_METHODS: tuple[str, ...] = tuple(method.name for method in _ALL if method.trained)
+# What a drafter version may hold: a trained drafter, or a target's own MTP head (as shipped or refreshed).
+REGISTERED_METHODS: tuple[str, ...] = (*TRAINED_METHODS, MTP.name)
 # What vLLM can serve: every method above.
 VLLM_METHODS: tuple[str, ...] = tuple(METHODS)
 # What a saved drafter directory can hold (ngram has no checkpoint).

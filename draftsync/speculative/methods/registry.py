@@ -15,7 +15,7 @@ Methods and their checkpoint formats:
 - DFlash: the layout vLLM's DFlashDraftModel loads (dflash/checkpoint.py), plus draftsync's own keys;
 - P-EAGLE: the speculators `peagle` format (EAGLE-3's, plus mask_hidden and the mask token; peagle/checkpoint.py);
 - MTP: the MiMo layout vLLM's MTP method loads (mtp/checkpoint.py); a MiMo target's own directory holds one too.
-  Built, trained and saved here, but no sync trains it yet (its dataset reads the target's layer L alone);
+  A sync registers a target's own head as shipped, or refreshed (speculative/train/mtp_refresh.py);
 - the draft model (the benchmarks' independent small LM): a plain HF checkpoint. It is a baseline, not a
   sync method, so `new_drafter` does not build it (the trainer sizes it);
 - n-gram lookup: no model and no checkpoint, a proposer only.
@@ -43,7 +43,7 @@ from draftsync.speculative.methods import (
     MTP,
     NGRAM,
     PEAGLE,
-    TRAINED_METHODS,
+    REGISTERED_METHODS,
     eagle3_variant,
 )
 from draftsync.speculative.methods.checkpoint_files import SavedFor
@@ -244,8 +244,8 @@ def code_of(method: str) -> MethodCode:
     return _CODE[method]()
 
 
-# What new_drafter builds: the methods a sync trains, and the MTP head, trained outside a sync.
-_BUILT_METHODS = (*TRAINED_METHODS, MTP.name)
+# What new_drafter builds: every method a drafter version may hold.
+_BUILT_METHODS = REGISTERED_METHODS
 
 
 def _check_method(method: str) -> None:
