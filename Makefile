@@ -151,9 +151,10 @@ test-vllm-smoke: environments
 # per drafter family, the checklist on vLLM, vLLM-written responses, the CPU build's sampling fix, every target family
 # served with every drafter method, the mixture-of-experts families too, each family registered, synced and rolled
 # out, the hidden states vLLM takes: against transformers', in a demo sync, online behind a restarted server, and
-# for speculators' data generation, and a target's own MTP head shipped, stale and refreshed (37 tests: the 29 before
-# the hidden states took 34 min on 2 cores on a fresh clone, the 7 add about 15 min and the MTP heads about 8, timed
-# one by one; plus the time to build .venv-vllm and speculators' venv when missing).
+# for speculators' data generation, and a target's own MTP head shipped, stale and refreshed, then synced, refreshed
+# and rolled out (38 tests: the 29 before the hidden states took 34 min on 2 cores on a fresh clone, the 7 add about
+# 15 min, the MTP heads about 8 and their sync about 10, timed one by one; plus the time to build .venv-vllm and
+# speculators' venv when missing).
 test-vllm: environments $(COMPAT_STAMP)
 	$(PY) -m pytest -m vllm
 

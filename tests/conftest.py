@@ -254,15 +254,26 @@ def built_targets(tmp_path_factory) -> dict[int, Path]:
     They are trained once per recipe into DRAFTSYNC_TEST_CACHE (default .draftsync/test-cache in the checkout),
     cached by the recipe's hash as the demo caches its targets, so `make test`, `make test-story`, `make
     test-system` and `make test-vllm` train them once between them."""
+    return _built_family(tmp_path_factory, "llama")
+
+
+@pytest.fixture(scope="session")
+def built_mimo_targets(tmp_path_factory) -> dict[int, Path]:
+    """The built-in MiMo targets v1 and v2, each shipping its own MTP head (v2 fine-tuned, its head left stale),
+    cached and copied as `built_targets` are."""
+    return _built_family(tmp_path_factory, "mimo")
+
+
+def _built_family(tmp_path_factory, family: str) -> dict[int, Path]:
     from draftsync.speculative.builtin.targets import build_target, builtin_recipe
 
     cache = Path(
         os.environ.get("DRAFTSYNC_TEST_CACHE", Path(__file__).resolve().parents[1] / ".draftsync" / "test-cache")
     )
-    copies = tmp_path_factory.mktemp("target-cache")
+    copies = tmp_path_factory.mktemp(f"{family}-target-cache")
     built = {}
     for version in (1, 2):
-        cached = build_target(builtin_recipe(version, "test"), cache)
+        cached = build_target(builtin_recipe(version, "test", family), cache)
         built[version] = Path(shutil.copytree(cached, copies / cached.name))
     return built
 

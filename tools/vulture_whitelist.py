@@ -94,6 +94,3 @@ _.replaced_pairs
 _.review_error
 _.chat_template
 _.acceptance_rate_lower  # DraftSamplingFigures: validation.json's draft_sampling reads it
-# The MTP head's refresh: run by tests/e2e/vllm/test_mtp_heads.py until a sync refreshes stale heads.
-_.target_responses
-_.refresh_head

@@ -53,9 +53,10 @@ def sync(
     # an unknown target or version is refused here, before the ledger records a sync that could never run
     context.registry().version_info(target, version)
     if retrain:
-        context.sync_ledger().request(
-            target, version, chosen.method, source="cli", reason="retrain by hand", retrain=True
-        )
+        from draftsync.tasks.sync_requests import sync_method
+
+        method = sync_method(target, version, chosen.method)
+        context.sync_ledger().request(target, version, method, source="cli", reason="retrain by hand", retrain=True)
     result = sync_flow(target_name=target, target_version=version, profile=chosen, reason="started by hand")
     echo_json(result)
     write_json(result, json_path)

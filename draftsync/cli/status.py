@@ -71,7 +71,7 @@ def _drafter_lines(drafters: list[dict[str, Any]]) -> str:
         style = VALIDATION_STYLES.get(drafter["validation"], "")
         validation = f"[{style}]{drafter['validation']}[/]" if style else escape(drafter["validation"])
         aliases = escape(f" [{', '.join(drafter['aliases'])}]") if drafter["aliases"] else ""
-        method = escape(drafter["method"] or "?")
+        method = escape(drafter["method"] or "?") + (f" ({drafter['mtp_head']} head)" if drafter["mtp_head"] else "")
         measured = "-" if drafter["gamma_measured"] is None else drafter["gamma_measured"]
         gamma = f"gamma rec {_gamma_recommended(drafter['gamma_recommended'])} / meas {measured}"
         lines.append(f"v{drafter['version']} <- t{trained_for} {method} {validation}{aliases}; {gamma}")

@@ -44,6 +44,7 @@ class DrafterStatus:
     aliases: list[str]
     gamma_measured: int | None
     gamma_recommended: dict[str, Any] | None  # {"start": int | None, "range": [lo, hi] | None}
+    mtp_head: str | None = None  # the target's own MTP head: shipped | refreshed; None for a trained drafter
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ def drafter_status(drafter: DrafterVersion, aliases: Sequence[str]) -> DrafterSt
         aliases=sorted(aliases),
         gamma_measured=drafter.gamma_measured,
         gamma_recommended=drafter.gamma_recommended,
+        mtp_head=drafter.mtp_head,
     )
 
 

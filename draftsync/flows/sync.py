@@ -1,5 +1,9 @@
 """The drafter sync: dataset from the target -> train -> register with lineage -> validate -> promote.
 
+A target version that ships its own MTP head is synced through that head instead (`_sync_head`): the head as shipped
+is registered and validated first; it serves if it passes and scores no worse than the pair serving now, else it is
+refreshed on the version's own answers and the better of the two that pass is promoted.
+
 The drafter is registered before it is validated (as a `candidate`, validation pending), so a crash
 during the checklist leaves a version a rerun finds again by its sync key and validates, and the
 checklist's plots and tables land on that version's run.
@@ -14,24 +18,33 @@ from __future__ import annotations
 import shutil
 import time
 import traceback
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect import flow, get_run_logger
 
-from draftsync.flows.validate import validate
+from draftsync.flows.validate import promote_validated, validate
 from draftsync.profiles import SyncProfile
 from draftsync.profiles import profile as named_profile
 from draftsync.records import record_dict
 from draftsync.registry.model_registry import PRODUCTION, drafter_model_name
+from draftsync.registry.tags import (
+    BASELINE_ACCEPTANCE_TAG,
+    MTP_HEAD_VERDICT_TAG,
+    REFRESHED_HEAD,
+    SHIPPED_HEAD,
+    TargetVersion,
+)
+from draftsync.speculative.methods import MTP
 from draftsync.speculative.placement import release_shared_targets
 from draftsync.tasks import context, links
 from draftsync.tasks.dataset import DatasetBuild, build_dataset, target_task_mix
 from draftsync.tasks.drafting import HISTORY_FILE, SpeculatorsTrainingSummary, Training, train_drafter
+from draftsync.tasks.heads import HeadRefresh, refresh_shipped_head, save_shipped_head
 from draftsync.tasks.planning import Advice, plan_drafter, plan_sync_resources, recommendation_tags
 from draftsync.tasks.registration import fetch_drafter, fetch_target, register_drafter, tag_drafter
-from draftsync.tasks.sync_requests import owner_is_gone, run_owner
+from draftsync.tasks.sync_requests import owner_is_gone, run_owner, sync_method
 from draftsync.validation.result import ValidationResult
 
 if TYPE_CHECKING:
@@ -54,23 +67,44 @@ class SyncResult:
     recommendation: Advice  # the decision framework's advice, whether it was applied, and its assumptions
     passed: bool
     validation: ValidationResult
-    training: Training
-    dataset: DatasetBuild  # its data checks are the result's `data_checks`
+    training: Training | HeadRefresh | None  # a target's own head: its refresh, None when it served as shipped
+    dataset: DatasetBuild | None  # its data checks are the result's `data_checks`; None for a target's own head
     stages_s: dict[str, float]
     generation: int = 0
     plan: SyncPlan | None = None  # the resource plan the sync followed (planning/sync_plan.py)
+    mtp_head: HeadVerdict | None = None  # a target's own head: what was measured, and why the one serving serves
 
     def as_dict(self) -> dict[str, Any]:
         """The fields in their order, each step's result as its own dict; the dataset's checks follow it."""
         return record_dict(
             self,
-            after={"dataset": {"data_checks": self.dataset.checks.to_dict()}},
+            after={"dataset": {"data_checks": None if self.dataset is None else self.dataset.checks.to_dict()}},
             recommendation=self.recommendation.as_dict(),
             validation=self.validation.as_dict(),
-            training=self.training.as_dict(),
-            dataset=self.dataset.as_dict(),
+            training=None if self.training is None else self.training.as_dict(),
+            dataset=None if self.dataset is None else self.dataset.as_dict(),
             plan=None if self.plan is None else self.plan.to_dict(),
+            mtp_head=None if self.mtp_head is None else self.mtp_head.as_dict(),
         )
+
+
+@dataclass(frozen=True)
+class HeadVerdict:
+    """A target's own head in its sync: each head measured (drafter version, acceptance, gates passed), the pair that
+    served before, and which head the sync promoted and why (None: neither passed)."""
+
+    shipped_version: int
+    shipped_acceptance: float
+    shipped_passed: bool
+    served_before: float | None  # the acceptance validation measured for the pair in production before this sync
+    refreshed_version: int | None = None
+    refreshed_acceptance: float | None = None
+    refreshed_passed: bool | None = None
+    promoted: str | None = None  # shipped | refreshed | None
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
 
 @dataclass(frozen=True)
@@ -104,16 +138,20 @@ def sync(
     chosen = (
         named_profile(profile or context.settings().sync_profile) if not isinstance(profile, SyncProfile) else profile
     )
-    claim = _claim(target_name, target_version, chosen.method, reason)
+    method = sync_method(target_name, target_version, chosen.method)
+    claim = _claim(target_name, target_version, method, reason)
     if claim.outcome != "claimed":
         job = claim.job
-        logger.info("sync of %s v%d (%s) skipped: %s", target_name, target_version, chosen.method, claim.outcome)
+        logger.info("sync of %s v%d (%s) skipped: %s", target_name, target_version, method, claim.outcome)
         return SkippedSync(
-            target_name, target_version, chosen.method, claim.outcome, job.drafter_version, job.run_id
+            target_name, target_version, method, claim.outcome, job.drafter_version, job.run_id
         ).as_dict()
     job = claim.job
     try:
-        result = _train_and_validate(target_name, target_version, chosen, job.generation)
+        if method == MTP.name:
+            result = _sync_head(target_name, target_version, chosen, job.generation)
+        else:
+            result = _train_and_validate(target_name, target_version, chosen, job.generation)
     except BaseException as error:
         detail = "".join(traceback.format_exception_only(error)).strip()[:2000]
         context.sync_ledger().finish(job.id, "failed", detail=detail)
@@ -130,7 +168,14 @@ def sync(
     return result.as_dict()
 
 
-def _training_line(training: Training) -> str:
+def _training_line(training: Training | HeadRefresh | None) -> str:
+    if training is None:
+        return "Training: none, the head served as the target version shipped it."
+    if isinstance(training, HeadRefresh):
+        return (
+            f"Training: the shipped MTP head refreshed on {training.samples} of the target's answers, "
+            f"{training.steps} steps, loss {training.first_loss} to {training.final_loss}, {training.seconds} s."
+        )
     warm = " (warm start)" if training.warm_start else ""
     if isinstance(training, SpeculatorsTrainingSummary):
         return f"Training: speculators, {training.epochs} epochs{warm}, {training.seconds} s."
@@ -150,6 +195,7 @@ def _summary_artifact(result: SyncResult, reason: str) -> None:
         f"| {g.name} | {g.reported_value} | {g.comparison} {g.threshold} | {'pass' if g.passed else '**FAIL**'} |"
         for g in validation.checklist.gates
     )
+    head_line = "" if result.mtp_head is None else f"\nThe target's own MTP head: {result.mtp_head.reason}.\n"
     verdict = (
         "passed every gate and is `production`"
         if validation.promoted
@@ -164,7 +210,7 @@ Gamma: recommended {advice.gamma_range[0]}-{advice.gamma_range[1]} starting at {
 ({advice.method}{", followed" if result.recommendation.applied else ", recorded only"}); measured knee {result.gamma}.
 
 {_training_line(training)}
-
+{head_line}
 | gate | value | threshold | result |
 |---|---|---|---|
 {rows}
@@ -248,6 +294,8 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     watch = _Stopwatch()
 
     target = fetch_target(target_name, target_version)
+    if TargetVersion.from_tags(target_name, target_version, target.tags).mtp_head():  # its tags filled only now
+        return _sync_head(target_name, target_version, chosen, generation)
     plan = plan_drafter(target_name, target.tags, chosen)
     chosen = plan.profile
     mix = target_task_mix(Path(target.path), target.tags, chosen.default_task_mix)
@@ -333,6 +381,158 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
         stages_s=watch.stages,
         generation=generation,
         plan=resources,
+    )
+
+
+def _sync_head(target_name: str, target_version: int, chosen: SyncProfile, generation: int) -> SyncResult:
+    """The head the target version ships, measured and registered; refreshed when it fails its gates or scores under
+    the pair serving now; the better head that passes promoted, the other tagged with the reason it was not."""
+    logger = get_run_logger()
+    if generation:
+        chosen = chosen.model_copy(update={"seed": chosen.seed + generation})
+    watch = _Stopwatch()
+    target = fetch_target(target_name, target_version)
+    plan = plan_drafter(target_name, target.tags, chosen)
+    mix = target_task_mix(Path(target.path), target.tags, chosen.default_task_mix)
+    resources = plan_sync_resources(target_name, target.path, mix, chosen)  # refuses a head it cannot refresh
+    servers = resources.settings.get("servers")
+    suffix = f"-g{generation}" if generation else ""
+    out_dir = context.settings().root / "drafters" / target_name / f"target-v{target_version}-{MTP.name}{suffix}"
+
+    def register(drafter_dir: str, refresh: HeadRefresh | None, head: str, refreshed_from: int | None = None) -> int:
+        version = register_drafter(
+            target_name,
+            target_version,
+            drafter_dir,
+            target_dir=target.path,
+            method=MTP.name,
+            gamma=chosen.gamma,
+            training=refresh,
+            generation=generation,
+            target_link=target.lineage,
+            params=resources.run_params(),
+            task_mix=mix,
+            mtp_head=head,
+            refreshed_from=refreshed_from,
+        )
+        tag_drafter(target_name, version, recommendation_tags(plan.advice))
+        return version
+
+    served_before = _served_acceptance(target_name)
+    watch.lap("preparation")
+
+    shipped_dir = save_shipped_head(target.path, str(out_dir / SHIPPED_HEAD), chosen.gamma)
+    shipped_version = register(shipped_dir, None, SHIPPED_HEAD)
+    watch.lap("registration")
+    shipped = validate(target_name, shipped_version, chosen.validation, seed=chosen.seed, servers=servers)
+    watch.lap("validation")
+    measured = HeadVerdict(shipped_version, shipped.checklist.acceptance.mean, shipped.passed, served_before)
+    stale = stale_head(measured, shipped.checklist.failed_gates + shipped.suite.failed)
+    if stale is None:
+        verdict = choose_head(measured, stale)
+        serving = promote_validated(shipped)
+        return _head_result(target_name, target_version, serving, None, verdict, plan, watch, resources, generation)
+
+    logger.warning("the MTP head %s v%d shipped is stale (%s): refreshing it", target_name, target_version, stale)
+    refresh = refresh_shipped_head(target.path, mix.shares, chosen, str(out_dir / REFRESHED_HEAD), chosen.gamma)
+    watch.lap("refresh")
+    refreshed_version = register(str(out_dir / REFRESHED_HEAD), refresh, REFRESHED_HEAD, shipped_version)
+    refreshed = validate(target_name, refreshed_version, chosen.validation, seed=chosen.seed, servers=servers)
+    watch.lap("refresh validation")
+    verdict = choose_head(
+        replace(
+            measured,
+            refreshed_version=refreshed_version,
+            refreshed_acceptance=refreshed.checklist.acceptance.mean,
+            refreshed_passed=refreshed.passed,
+        ),
+        stale,
+    )
+    if verdict.promoted == REFRESHED_HEAD:
+        serving = promote_validated(refreshed)
+        tag_drafter(target_name, shipped_version, {MTP_HEAD_VERDICT_TAG: f"not promoted: {stale}"})
+    else:
+        tag_drafter(target_name, refreshed_version, {MTP_HEAD_VERDICT_TAG: verdict.reason})
+        logger.warning("the MTP head of %s v%d: %s", target_name, target_version, verdict.reason)
+        serving = promote_validated(shipped) if verdict.promoted == SHIPPED_HEAD else refreshed
+    return _head_result(target_name, target_version, serving, refresh, verdict, plan, watch, resources, generation)
+
+
+def stale_head(measured: HeadVerdict, failed: list[str]) -> str | None:
+    """Why the shipped head needs a refresh (it failed a gate, or scores under the pair serving now); None: it
+    serves as shipped."""
+    if not measured.shipped_passed:
+        return f"it failed {', '.join(failed) or 'validation'}"
+    before = measured.served_before
+    if before is not None and measured.shipped_acceptance < before:
+        return f"acceptance {measured.shipped_acceptance:.3f} under the pair serving before ({before:.3f})"
+    return None
+
+
+def choose_head(measured: HeadVerdict, stale: str | None) -> HeadVerdict:
+    """Which head serves, and why: the shipped head unless it is stale; then the refreshed one if it passes and
+    scores above the shipped one, else the shipped one if it passed, else neither."""
+    shipped = measured.shipped_acceptance
+    if stale is None:
+        before = "" if measured.served_before is None else f", the pair serving before {measured.served_before:.3f}"
+        reason = f"served as shipped: it passed every gate at acceptance {shipped:.3f}{before}"
+        return replace(measured, promoted=SHIPPED_HEAD, reason=reason)
+    refreshed = measured.refreshed_acceptance
+    if refreshed is None:
+        raise ValueError("a stale head's verdict needs its refresh measured")
+    scores = f"refreshed {refreshed:.3f} against shipped {shipped:.3f}"
+    if measured.refreshed_passed and refreshed > shipped:
+        return replace(
+            measured, promoted=REFRESHED_HEAD, reason=f"refreshed, as the shipped head was stale ({stale}): {scores}"
+        )
+    why = "it failed its gates" if not measured.refreshed_passed else "its acceptance is not above the shipped head's"
+    not_promoted = f"a refreshed head under the shipped one is not promoted: {why} ({scores})"
+    if measured.shipped_passed:
+        return replace(measured, promoted=SHIPPED_HEAD, reason=f"served as shipped, though {stale}: {not_promoted}")
+    return replace(
+        measured, promoted=None, reason=f"neither head serves: the shipped one was stale ({stale}); {not_promoted}"
+    )
+
+
+def _served_acceptance(target_name: str) -> float | None:
+    """The acceptance validation measured for the pair in production now (None: none serves, or none recorded)."""
+    registry = context.registry()
+    name = drafter_model_name(target_name)
+    version = registry.alias_version(name, PRODUCTION)
+    if version is None:
+        return None
+    recorded = registry.version_tags(name, version).get(BASELINE_ACCEPTANCE_TAG)
+    return float(recorded) if recorded else None
+
+
+def _head_result(
+    target_name: str,
+    target_version: int,
+    validation: ValidationResult,
+    refresh: HeadRefresh | None,
+    verdict: HeadVerdict,
+    plan: Any,
+    watch: _Stopwatch,
+    resources: SyncPlan,
+    generation: int,
+) -> SyncResult:
+    get_run_logger().info("the MTP head of %s v%d: %s", target_name, target_version, verdict.reason)
+    return SyncResult(
+        target_name=target_name,
+        target_version=target_version,
+        drafter_name=drafter_model_name(target_name),
+        drafter_version=validation.drafter_version,
+        method=MTP.name,
+        gamma=validation.checklist.gamma_knee,
+        recommendation=plan.advice,
+        passed=verdict.promoted is not None,
+        validation=validation,
+        training=refresh,
+        dataset=None,
+        stages_s=watch.stages,
+        generation=generation,
+        plan=resources,
+        mtp_head=verdict,
     )
 
 

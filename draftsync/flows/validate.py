@@ -121,6 +121,23 @@ def _write_reports(result: ValidationResult) -> None:
     write_validation_plots(out, checklist)
 
 
+def promote_validated(result: ValidationResult) -> ValidationResult:
+    """Make a drafter that passed its checklist on the target it was trained for `production`, and say so."""
+    checklist = result.checklist
+    promote_drafter(result.target_name, result.drafter_version)
+    events.emit(
+        events.DRAFTER_VALIDATED,
+        result.target_name,
+        result.target_version,
+        drafter_version=str(result.drafter_version),
+        payload={"gamma_knee": checklist.gamma_knee, "speedup": checklist.speedup},
+    )
+    context.logger().info(
+        "drafter %s v%d passed every gate and is now production", result.drafter_name, result.drafter_version
+    )
+    return replace(result, promoted=True)
+
+
 @flow(name="validate-drafter", log_prints=True)
 def validate(
     target_name: str,
@@ -198,16 +215,7 @@ def validate(
             {crosscheck_tag(against): "passed" if result.passed else "failed: " + ",".join(failed)},
         )
     if result.passed and promote and against == trained_for:
-        promote_drafter(target_name, drafter_version)
-        result = replace(result, promoted=True)
-        events.emit(
-            events.DRAFTER_VALIDATED,
-            target_name,
-            against,
-            drafter_version=str(drafter_version),
-            payload={"gamma_knee": checklist.gamma_knee, "speedup": checklist.speedup},
-        )
-        logger.info("drafter %s v%d passed every gate and is now production", name, drafter_version)
+        result = promote_validated(result)
     elif not result.passed:
         logger.warning(
             "drafter %s v%d FAILED validation on %s v%d (gates: %s); production stays at v%s",

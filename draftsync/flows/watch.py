@@ -19,7 +19,13 @@ from draftsync.flows.sync import sync
 from draftsync.profiles import SyncProfile
 from draftsync.serving.deployment import ServingDeployment
 from draftsync.tasks import context, events
-from draftsync.tasks.sync_requests import planned_method, release_dead_runs, request_sync, resend_overdue
+from draftsync.tasks.sync_requests import (
+    planned_method,
+    release_dead_runs,
+    request_sync,
+    resend_overdue,
+    sync_method,
+)
 
 UNCLAIMED_AFTER = timedelta(minutes=15)  # a sync request no run claimed by then had its event lost
 
@@ -57,7 +63,8 @@ def _watch_one(
     syncs = []
     for version in new_versions:
         if dispatch == "event":
-            method = profile.method if isinstance(profile, SyncProfile) else planned_method(profile)
+            chosen = profile.method if isinstance(profile, SyncProfile) else planned_method(profile)
+            method = sync_method(target_name, version, chosen)
             syncs.append(
                 request_sync(
                     target_name,

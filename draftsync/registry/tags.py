@@ -76,6 +76,13 @@ TRAINING_PREFIX = "draftsync.training."
 DATA_CHECK_FAILURES_TAG = "draftsync.data_checks.failed"
 TRAINED_TASK_MIX_TAG = "draftsync.trained.task_mix"  # JSON shares its data and validation were built for
 TRAINED_TASK_MIX_SOURCE_TAG = "draftsync.trained.task_mix_source"  # why those: declared, or the profile's default
+# A target's own MTP head: "shipped" (as it came with the target version) or "refreshed" (fine-tuned by a sync on
+# that version's own answers); a refreshed head names the shipped head's drafter version it started from, and a
+# head the sync measured but did not serve says why.
+MTP_HEAD_TAG = "draftsync.mtp_head"
+MTP_HEAD_FROM_TAG = "draftsync.mtp_head.refreshed_from"
+MTP_HEAD_VERDICT_TAG = "draftsync.mtp_head.verdict"
+SHIPPED_HEAD, REFRESHED_HEAD = "shipped", "refreshed"
 
 # -- its validation -------------------------------------------------------------------------------------
 VALIDATION_PREFIX = "draftsync.validation."  # + each validation metric
@@ -469,6 +476,10 @@ class TargetVersion:
         """The decoder family (llama, qwen3, ...); None on a version no registration or sync has tagged yet."""
         return self.tags.get(FAMILY_TAG)
 
+    def mtp_head(self) -> str | None:
+        """The family of the MTP head the version ships (its drafter is that head); None: none, or untagged."""
+        return (self.features() or {}).get("mtp_head")
+
     def features(self) -> dict[str, Any] | None:
         """What the config says about the family's variant (kv heads, head_dim, rope, ...); None when untagged."""
         raw = self.tags.get(FEATURES_TAG)
@@ -533,6 +544,7 @@ class DrafterVersion:
     data_check_failures: int | None
     tags: Mapping[str, str]
     draft_sampling: str | None = None  # validation's measured choice at T>0 (DRAFT_SAMPLING_TAG)
+    mtp_head: str | None = None  # a target's own head: shipped | refreshed (MTP_HEAD_TAG); None for a trained drafter
 
     @classmethod
     def from_tags(cls, name: str, version: int, tags: Mapping[str, str]) -> DrafterVersion:
@@ -552,6 +564,7 @@ class DrafterVersion:
             data_check_failures=as_int(tags.get(DATA_CHECK_FAILURES_TAG)),
             tags=dict(tags),
             draft_sampling=tags.get(DRAFT_SAMPLING_TAG),
+            mtp_head=tags.get(MTP_HEAD_TAG),
         )
 
     @property

@@ -8,7 +8,8 @@ Facts are vLLM 0.32's (`method: mtp`; model_executor/models/*_mtp.py and config/
   for Qwen3-Next and Qwen3.5 (their forward drops the step index); DeepSeek-V3 and GLM-4.5 cycle through theirs;
 - MiMo's head reads the target's last state before its final norm, the others the state after it.
 
-draftsync trains MiMo-style heads itself (methods/mtp); the others are measured and served as they ship.
+A sync measures, refreshes and registers MiMo-style heads (methods/mtp, flows/sync.py); for the others the plan sizes a
+refresh and refuses the sync, naming the way out (serve the head as it ships, method mtp).
 """
 
 from __future__ import annotations

@@ -94,7 +94,12 @@ def plan_drafter(target_name: str, target_tags: dict[str, str], profile: SyncPro
         )
     chosen, applied = profile, False
     recommended = advice.method
-    if profile.follow_recommendation and recommended in TRAINED_METHODS:
+    if target.mtp_head():
+        assumptions.append(
+            f"{target_name} ships its own {target.mtp_head()} MTP head: the sync measures that head, refreshes it when "
+            f"stale and serves it with vLLM's method mtp; the recommended {recommended} is recorded only"
+        )
+    elif profile.follow_recommendation and recommended in TRAINED_METHODS:
         low, high = advice.gamma_range
         start = advice.gamma_start
         update: dict = {

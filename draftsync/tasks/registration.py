@@ -17,6 +17,8 @@ from prefect.cache_policies import NONE
 from draftsync.registry.model_registry import drafter_model_name
 from draftsync.registry.tags import (
     CHECKPOINT_TAGS,
+    MTP_HEAD_FROM_TAG,
+    MTP_HEAD_TAG,
     checklist_tags,
     checkpoint_tags,
     layout_tags,
@@ -30,6 +32,7 @@ from draftsync.validation.result import ChecklistResult, ValidationResult
 if TYPE_CHECKING:
     from draftsync.tasks.dataset import TaskMix
     from draftsync.tasks.drafting import Training
+    from draftsync.tasks.heads import HeadRefresh
     from draftsync.validation.data_checks import DataCheckReport
 
 
@@ -144,13 +147,15 @@ def register_drafter(
     target_dir: str,
     method: str,
     gamma: int,
-    training: Training,
+    training: Training | HeadRefresh | None,
     history_path: str | None = None,
     data_checks: DataCheckReport | None = None,
     generation: int = 0,
     target_link: dict[str, str] | None = None,
     params: dict[str, str] | None = None,
     task_mix: TaskMix | None = None,
+    mtp_head: str | None = None,
+    refreshed_from: int | None = None,
 ) -> int:
     """Register the drafter (validation pending) with its lineage, training curves, data checks and the sync's plan
     (`params`: run parameters).
@@ -159,8 +164,9 @@ def register_drafter(
     (fetch_target's `lineage`) ties it to the exact target: its MLflow model id and hub revision. A
     retried sync gets the same version back; a retrain (`generation` > 0) registers a new one. The data checks'
     failures are a tag, so a later `draftsync validate` of this version judges the data-coverage gate without the
-    dataset. A drafter built for another vocabulary or hidden size than the target in `target_dir` is refused, and
-    nothing is registered."""
+    dataset. `mtp_head` (shipped | refreshed) registers the target's own head, `refreshed_from` naming the shipped
+    head's version a refresh started from; each has its own sync key. A drafter built for another vocabulary or hidden
+    size than the target in `target_dir` is refused, and nothing is registered."""
     from draftsync.speculative.methods.registry import check_drafter_fits_target
 
     check_drafter_fits_target(drafter_dir, target_dir)
@@ -168,7 +174,12 @@ def register_drafter(
     history = json.loads(Path(history_path).read_text()) if history_path and Path(history_path).exists() else None
     failures = len(data_checks.failures) if data_checks is not None else None
     mix, source = (task_mix.shares, task_mix.source) if task_mix is not None else (None, "")
-    tags = {**training_tags(training.as_dict(), generation, failures, mix, source), **(target_link or {})}
+    summary = training.as_dict() if training is not None else {}
+    tags = {**training_tags(summary, generation, failures, mix, source), **(target_link or {})}
+    if mtp_head is not None:
+        tags[MTP_HEAD_TAG] = mtp_head
+    if refreshed_from is not None:
+        tags[MTP_HEAD_FROM_TAG] = str(refreshed_from)
     version = registry.register_drafter(
         target_name,
         target_version,
@@ -180,7 +191,9 @@ def register_drafter(
         validation_passed=None,
         metric_history=history,
         params=params,
-        sync_key=f"{target_name}:{target_version}:{method}" + (f":g{generation}" if generation else ""),
+        sync_key=f"{target_name}:{target_version}:{method}"
+        + (f":{mtp_head}" if mtp_head else "")
+        + (f":g{generation}" if generation else ""),
     )
     context.logger().info("drafter version %d registered for %s v%d", version, target_name, target_version)
     return version

@@ -44,6 +44,19 @@ def planned_method(profile_name: str | None = None) -> str:
     return profile(profile_name or context.settings().sync_profile).method
 
 
+def sync_method(target_name: str, target_version: int, profile_method: str) -> str:
+    """The method of a sync of this target version, part of its idempotency key: mtp for a version whose tags say it
+    ships its own MTP head (its drafter is that head, flows/sync.py), else the profile's."""
+    from draftsync.registry.tags import TargetVersion
+    from draftsync.speculative.methods import MTP
+
+    try:
+        tags = context.registry().version_tags(target_name, target_version)
+    except Exception:  # an unknown version or the registry down: the sync's own fetch says which, with its retries
+        return profile_method
+    return MTP.name if TargetVersion.from_tags(target_name, target_version, tags).mtp_head() else profile_method
+
+
 def request_sync(
     target_name: str,
     target_version: int,
@@ -56,7 +69,7 @@ def request_sync(
     now: datetime | None = None,
 ) -> SyncRequest:
     """Record the request; emit `event` only when this call is the one that made (or re-opened) the job."""
-    method = method or planned_method()
+    method = method or sync_method(target_name, target_version, planned_method())
     won = context.sync_ledger().request(
         target_name, target_version, method, source=source, reason=reason, retrain=retrain, now=now
     )

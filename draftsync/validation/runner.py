@@ -16,6 +16,9 @@ The production guide's checklist, each item a named gate with its measured value
 | fallback_equivalence | greedy outputs with speculation off equal those with it on (the fallback is safe) |
 | drafter_memory_overhead | drafter weight bytes / target weight bytes |
 
+A target's own MTP head has no data_coverage gate: no draftsync dataset trained it (a refresh learns the target's own
+greedy answers).
+
 The gamma sweep runs first; its knee (best measured TPOT among the gammas whose acceptance rate clears the
 acceptance gate by more than its sampling error, ties to the smaller gamma) is the gamma every other
 measurement uses and the one recorded as the drafter's baseline. The sweep judges a few requests' pooled rate;
@@ -578,16 +581,21 @@ def run_checklist(
     drafter_bytes, target_bytes = checkpoint_weight_bytes(drafter_dir), checkpoint_weight_bytes(target_dir)
     overhead = drafter_bytes / target_bytes
 
+    from draftsync.speculative.methods import MTP
+    from draftsync.speculative.methods.registry import drafter_method
+
+    own_head = drafter_method(drafter_dir) == MTP.name
+    data_gate = Gate(
+        "data_coverage",
+        data_check_failures,
+        0,
+        "==",
+        "failed data expectations of the training set"
+        if data_check_failures is not None
+        else "no data-check record for this drafter",
+    )
     gates = (
-        Gate(
-            "data_coverage",
-            data_check_failures,
-            0,
-            "==",
-            "failed data expectations of the training set"
-            if data_check_failures is not None
-            else "no data-check record for this drafter",
-        ),
+        *(() if own_head else (data_gate,)),
         *_acceptance_gates(profile, acceptance, greedy_acceptance),
         Gate("tpot_speedup", speedup, profile.min_speedup, ">", f"median per-request TPOT off / on at gamma {knee}"),
         Gate(

@@ -1,5 +1,6 @@
 """Refreshing a target's own MTP head, as FastMTP does: the trunk frozen, the head's layer trained on the target's own
-responses, its states and its distribution read from the target as each batch is drawn (online: a head's layer is
+responses (the dataset's samples: `speculative/data/responses.generate_responses`), its states and its distribution
+read from the target as each batch is drawn (online: a head's layer is
 small beside the states a dataset of them would store).
 
 The objective is the head's own (`MtpHead.training_loss`: soft cross-entropy to the target's distribution at each
@@ -10,34 +11,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from draftsync.errors import DraftsyncError
 from draftsync.speculative.data.training_batch import TrainingBatch
-
-
-@dataclass(frozen=True)
-class Conversation:
-    """A prompt and the target's own answer to it, in token ids; the answer's tokens are what the head learns."""
-
-    prompt: list[int]
-    response: list[int]
-
-
-def target_responses(target: Any, prompts: Sequence[list[int]], max_new_tokens: int) -> list[Conversation]:
-    """The target's greedy answers to `prompts` (the traffic it serves is its own output)."""
-    conversations = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            out = target.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
-            )
-            conversations.append(Conversation(list(prompt), out[0, len(prompt) :].tolist()))
-    return conversations
 
 
 class _TargetStates:
@@ -48,21 +27,24 @@ class _TargetStates:
         norm = target.model.norm
         self.pre_norm: torch.Tensor | None = None
         self.final: torch.Tensor | None = None
-        norm.register_forward_hook(self._caught)
+        self.hook = norm.register_forward_hook(self._caught)
 
     def _caught(self, module: Any, args: tuple, output: torch.Tensor) -> None:
         self.pre_norm, self.final = args[0], output
 
 
-def _batch(target: Any, states: _TargetStates, rows: Sequence[Conversation], window: int) -> TrainingBatch:
+Sample = tuple[list[int], list[int]]  # prompt + response ids, and the loss mask: 1 on the response
+
+
+def _batch(target: Any, states: _TargetStates, rows: Sequence[Sample], window: int) -> TrainingBatch:
     ids = torch.zeros(len(rows), window, dtype=torch.long)
     valid = torch.zeros(len(rows), window, dtype=torch.bool)
     answer = torch.zeros(len(rows), window, dtype=torch.bool)
-    for i, row in enumerate(rows):
-        tokens = (row.prompt + row.response)[:window]
+    for i, (tokens, mask) in enumerate(rows):
+        tokens, mask = tokens[:window], mask[:window]
         ids[i, : len(tokens)] = torch.tensor(tokens)
         valid[i, : len(tokens)] = True
-        answer[i, len(row.prompt) : len(tokens)] = True
+        answer[i, : len(mask)] = torch.tensor(mask, dtype=torch.bool)
     with torch.no_grad():
         logits = target(input_ids=ids, attention_mask=valid.long()).logits.float()
     assert states.pre_norm is not None and states.final is not None  # the forward pass has just set them
@@ -79,7 +61,7 @@ def _batch(target: Any, states: _TargetStates, rows: Sequence[Conversation], win
 def refresh_head(
     target: Any,
     head: Any,
-    conversations: Sequence[Conversation],
+    samples: Sequence[Sample],
     *,
     steps: int,
     lr: float = 1e-3,
@@ -89,9 +71,9 @@ def refresh_head(
     seed: int = 0,
 ) -> list[float]:
     """Train `head`'s layer (its embedding and lm_head are the target's, frozen) for `steps` AdamW steps on batches
-    of `conversations`; the losses, step by step."""
-    if not conversations:
-        raise DraftsyncError("an MTP head refresh was given no conversations", "answer some prompts with the target")
+    of the target's answered `samples`; the losses, step by step."""
+    if not samples:
+        raise DraftsyncError("an MTP head refresh was given no samples", "answer some prompts with the target")
     if head.aux_layer_ids != (target.config.num_hidden_layers,):
         raise DraftsyncError(
             f"the MTP head reads layer {head.aux_layer_ids} of a {target.config.num_hidden_layers}-layer target",
@@ -106,13 +88,16 @@ def refresh_head(
     rng = random.Random(seed)
     head.train()
     losses = []
-    for _ in range(steps):
-        batch = _batch(target, states, rng.sample(list(conversations), min(batch_size, len(conversations))), window)
-        loss = head.training_loss(batch, ttt_steps).total
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trained, 1.0)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    head.eval()
+    try:
+        for _ in range(steps):
+            batch = _batch(target, states, rng.sample(list(samples), min(batch_size, len(samples))), window)
+            loss = head.training_loss(batch, ttt_steps).total
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    finally:  # the target serves on (the reference engine, a next refresh) without the hook
+        states.hook.remove()
+        head.eval()
     return losses

@@ -46,11 +46,9 @@ def _served(url: str, prompt_ids: list[list[int]]) -> dict:
 
 
 def _load(target_dir: Path):
-    """The target through transformers as it is: draftsync's `load_target` refuses a target that ships a head until a
-    sync handles one (the description's refusal)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from draftsync.speculative.targets import load_target
 
-    return AutoModelForCausalLM.from_pretrained(target_dir).eval(), AutoTokenizer.from_pretrained(target_dir)
+    return load_target(target_dir)
 
 
 def _reference_acceptance(target_dir: Path, head, gamma: int, prompt_ids: list[list[int]]) -> float:
@@ -66,25 +64,23 @@ def _reference_acceptance(target_dir: Path, head, gamma: int, prompt_ids: list[l
 
 
 def test_a_shipped_head_goes_stale_with_its_fine_tuned_target_and_a_refresh_brings_it_back(
-    vllm_engine, tmp_path_factory, tmp_path
+    vllm_engine, built_mimo_targets, tmp_path
 ):
-    from draftsync.speculative.builtin.targets import build_target, builtin_recipe
     from draftsync.speculative.data.corpora import prompts
+    from draftsync.speculative.data.responses import generate_responses
     from draftsync.speculative.methods.checkpoint_files import SavedFor
     from draftsync.speculative.methods.mtp.checkpoint import read_shipped_mtp, save_mtp
-    from draftsync.speculative.train.mtp_refresh import refresh_head, target_responses
+    from draftsync.speculative.train.mtp_refresh import refresh_head
     from draftsync.validation.checklist import gamma_knee
 
-    cache = tmp_path_factory.mktemp("mimo-targets")
-    v1, v2 = (build_target(builtin_recipe(version, "test", "mimo"), cache) for version in (1, 2))
+    v1, v2 = built_mimo_targets[1], built_mimo_targets[2]
     model, tokenizer = _load(v2)
     tasks = ("code", "math", "prose")
     held_out = [tokenizer(text)["input_ids"] for i, task in enumerate(tasks) for text in prompts(task, PROMPTS, 21 + i)]
-    answered = [
-        tokenizer(text)["input_ids"] for i, task in enumerate(tasks) for text in prompts(task, 32, 31 + i, "train")
-    ]
+    answered = [text for i, task in enumerate(tasks) for text in prompts(task, 32, 31 + i, "train")]
+    samples = list(zip(*generate_responses(model, tokenizer, answered, 64), strict=True))
     refreshed = read_shipped_mtp(v2)
-    losses = refresh_head(model, refreshed, target_responses(model, answered, 64), steps=REFRESH_STEPS)
+    losses = refresh_head(model, refreshed, samples, steps=REFRESH_STEPS)
     saved_for = SavedFor(str(v2), ("MiMoForCausalLM",), max(GAMMAS))
     refreshed_dir = save_mtp(refreshed, tmp_path / "refreshed-head", saved_for)
 

@@ -167,6 +167,7 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
             "aliases": ["previous"],
             "gamma_measured": 3,
             "gamma_recommended": None,
+            "mtp_head": None,
         },
         {
             "version": w["d2"],
@@ -176,6 +177,7 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
             "aliases": ["production"],
             "gamma_measured": 4,
             "gamma_recommended": {"start": 3, "range": [2, 4], "method": None},
+            "mtp_head": None,
         },
         {
             "version": w["d3"],
@@ -185,6 +187,7 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
             "aliases": ["candidate"],
             "gamma_measured": None,
             "gamma_recommended": None,
+            "mtp_head": None,
         },
     ]
     batch, chat = status["deployments"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from draftsync.flows.sync import SkippedSync, SyncResult
+from draftsync.flows.sync import HeadVerdict, SkippedSync, SyncResult
 from draftsync.planning.recommendation import recommend
 from draftsync.planning.stages import StagePlan
 from draftsync.planning.sync_plan import SyncPlan
@@ -15,6 +15,7 @@ from draftsync.planning.worker import Worker
 from draftsync.planning.workload import Workload
 from draftsync.tasks.dataset import DatasetBuild
 from draftsync.tasks.drafting import SpeculatorsTrainingSummary, TrainingSummary
+from draftsync.tasks.heads import HeadRefresh
 from draftsync.tasks.planning import Advice
 from draftsync.validation.data_checks import DataCheckReport, ExpectationOutcome
 
@@ -36,6 +37,7 @@ SYNC_KEYS = [
     "stages_s",
     "generation",
     "plan",
+    "mtp_head",
 ]
 SKIPPED_KEYS = ["target_name", "target_version", "method", "skipped", "drafter_version", "run_id"]
 
@@ -224,3 +226,18 @@ def test_the_recommendation_is_the_frameworks_dict_with_applied_and_assumptions(
 
 def test_a_skipped_sync_has_exactly_the_keys_users_read():
     assert list(SkippedSync("llm", 2, "eagle3", "done", 3, "run-1").as_dict()) == SKIPPED_KEYS
+
+
+def test_a_target_heads_sync_keeps_every_key_with_no_dataset_and_its_verdict():
+    refresh = HeadRefresh(samples=160, steps=300, lr=0.002, first_loss=4.1, final_loss=2.9, seconds=61.2)
+    verdict = HeadVerdict(3, 0.41, True, 0.62, 4, 0.66, True, "refreshed", "refreshed, as the shipped head was stale")
+    out = sample_result(method="mtp", training=refresh, dataset=None, mtp_head=verdict).as_dict()
+    assert list(out) == SYNC_KEYS  # the same keys as a trained drafter's: none missing for a head
+    assert out["dataset"] is None and out["data_checks"] is None
+    assert out["training"] == {
+        "samples": 160, "steps": 300, "lr": 0.002, "first_loss": 4.1, "final_loss": 2.9, "seconds": 61.2
+    }  # fmt: skip
+    assert out["mtp_head"]["promoted"] == "refreshed" and out["mtp_head"]["shipped_acceptance"] == 0.41
+    assert sample_result(method="mtp", training=None, dataset=None, mtp_head=verdict).as_dict()["training"] is None
+    assert sample_result().as_dict()["mtp_head"] is None
+    json.dumps(out)

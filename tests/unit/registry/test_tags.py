@@ -103,6 +103,19 @@ def test_a_target_version_reads_its_facts():
     assert TargetVersion.from_tags("llm", None, {}).task_mix() is None
 
 
+def test_a_target_that_ships_its_own_head_and_the_head_registered_as_its_drafter_read_back():
+    import json
+
+    from draftsync.registry.tags import FEATURES_TAG, MTP_HEAD_FROM_TAG, MTP_HEAD_TAG, REFRESHED_HEAD
+
+    shipping = TargetVersion.from_tags("mimo", 2, {FEATURES_TAG: json.dumps({"mtp_head": "mimo", "mtp_layers": 1})})
+    assert shipping.mtp_head() == "mimo"
+    assert TargetVersion.from_tags("llm", 1, {FEATURES_TAG: json.dumps({"mtp_head": None})}).mtp_head() is None
+    assert TargetVersion.from_tags("llm", 1, {}).mtp_head() is None  # untagged: no head known
+    head = DrafterVersion.from_tags("mimo-drafter", 4, {MTP_HEAD_TAG: REFRESHED_HEAD, MTP_HEAD_FROM_TAG: "3"})
+    assert head.mtp_head == "refreshed" and DrafterVersion.from_tags("d", 1, {}).mtp_head is None
+
+
 def test_no_other_module_spells_a_tag_key():
     spelled = re.compile(r"""["']draftsync\.""")
     found = [
