@@ -47,8 +47,9 @@ def recommend_command(
             "pass --params 70B, or --target NAME for a target in the registry",
         )
     facts: dict = {}
+    head = None
     if target is not None:
-        params_b, facts = _registered_target(target)
+        params_b, facts, head = _registered_target(target)
     else:
         params_b = parse_params(params or "")
     workload = Workload(
@@ -64,11 +65,17 @@ def recommend_command(
     recommendation = recommend(workload)
     typer.echo(workload_text(workload))
     typer.echo(format_recommendation(recommendation))
+    if head is not None:
+        typer.echo(
+            f"own head: {target} ships its own {head} MTP head, which a sync measures, refreshes when stale and serves "
+            "with vLLM's method mtp; the method above is what a target without one would take"
+        )
     write_json(recommendation.to_dict(), json_path)
 
 
-def _registered_target(spec: str) -> tuple[float, dict]:
-    """(size in billions, Workload memory facts) of a registered target version, from its tags."""
+def _registered_target(spec: str) -> tuple[float, dict, str | None]:
+    """(size in billions, Workload memory facts, the family of the MTP head it ships or None) of a registered target
+    version, from its tags."""
     from draftsync.planning.workload import target_memory_facts
     from draftsync.registry.tags import TargetVersion
     from draftsync.tasks import context
@@ -91,9 +98,8 @@ def _registered_target(spec: str) -> tuple[float, dict]:
             f"target {name} has no production alias to read its size from", f"give a version: --target {name}:N"
         )
     found = TargetVersion.from_tags(name, version, registry.version_tags(name, version))
-    return found.parameter_count() / 1e9, target_memory_facts(
-        found.num_hidden_layers, found.features(), found.parameter_count()
-    )
+    facts = target_memory_facts(found.num_hidden_layers, found.features(), found.parameter_count())
+    return found.parameter_count() / 1e9, facts, found.mtp_head()
 
 
 def framework_task(task: str) -> str:

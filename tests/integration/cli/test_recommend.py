@@ -125,8 +125,20 @@ def test_cli_reads_a_registered_targets_size_and_kv_cache_from_its_tags(workdir,
     assert result.exit_code == 0, result.output
     # The built-in test target: 4 layers x 4 KV heads x head_dim 32 x 2 (K and V) x 2 bytes = 2048 bytes a token.
     assert "the KV cache of 4 x 1024 tokens x 2048 bytes" in result.output
+    assert "own head" not in result.output
     with pytest.raises(DraftsyncError, match="not both"):
         recommend_command(gpus=1, gpu_memory_gb=24, tpot_ms=50, task="code", params="7B", target="sized-llm")
+
+
+def test_cli_says_a_registered_target_ships_its_own_head(workdir, built_mimo_targets):
+    from draftsync.cli.app import app
+    from draftsync.tasks.registration import publish_target
+
+    publish_target("mimo-llm", str(built_mimo_targets[1]), {"code": 1.0})
+    args = ["--gpus", "1", "--gpu-memory-gb", "24", "--tpot-ms", "50", "--task", "code"]
+    result = CliRunner().invoke(app, ["--workdir", str(workdir), "recommend", "--target", "mimo-llm:1", *args])
+    assert result.exit_code == 0, result.output
+    assert "own head: mimo-llm:1 ships its own mimo MTP head" in " ".join(result.output.split())
 
 
 def test_the_answer_says_what_it_assumed_and_reads_task_names_of_either_vocabulary():
