@@ -419,12 +419,16 @@ def _sync_head(target_name: str, target_version: int, chosen: SyncProfile, gener
         return version
 
     served_before = _served_acceptance(target_name)
+    # a retrain learns the traffic that went stale, and holds the head to its held-out prompts too
+    captured, held_out = _retrain_prompts(target_name, chosen) if generation else ([], [])
     watch.lap("preparation")
 
     shipped_dir = save_shipped_head(target.path, str(out_dir / SHIPPED_HEAD), chosen.gamma)
     shipped_version = register(shipped_dir, None, SHIPPED_HEAD)
     watch.lap("registration")
-    shipped = validate(target_name, shipped_version, chosen.validation, seed=chosen.seed, servers=servers)
+    shipped = validate(
+        target_name, shipped_version, chosen.validation, seed=chosen.seed, servers=servers, captured_prompts=held_out
+    )
     watch.lap("validation")
     measured = HeadVerdict(shipped_version, shipped.checklist.acceptance.mean, shipped.passed, served_before)
     stale = stale_head(measured, shipped.checklist.failed_gates + shipped.suite.failed)
@@ -434,10 +438,13 @@ def _sync_head(target_name: str, target_version: int, chosen: SyncProfile, gener
         return _head_result(target_name, target_version, serving, None, verdict, plan, watch, resources, generation)
 
     logger.warning("the MTP head %s v%d shipped is stale (%s): refreshing it", target_name, target_version, stale)
-    refresh = refresh_shipped_head(target.path, mix.shares, chosen, str(out_dir / REFRESHED_HEAD), chosen.gamma)
+    refreshed_dir = str(out_dir / REFRESHED_HEAD)
+    refresh = refresh_shipped_head(target.path, mix.shares, chosen, refreshed_dir, chosen.gamma, captured)
     watch.lap("refresh")
-    refreshed_version = register(str(out_dir / REFRESHED_HEAD), refresh, REFRESHED_HEAD, shipped_version)
-    refreshed = validate(target_name, refreshed_version, chosen.validation, seed=chosen.seed, servers=servers)
+    refreshed_version = register(refreshed_dir, refresh, REFRESHED_HEAD, shipped_version)
+    refreshed = validate(
+        target_name, refreshed_version, chosen.validation, seed=chosen.seed, servers=servers, captured_prompts=held_out
+    )
     watch.lap("refresh validation")
     verdict = choose_head(
         replace(

@@ -27,6 +27,7 @@ class HeadRefresh:
     """How a sync refreshed a head: the target's answers it learnt from, its steps and losses, and its seconds."""
 
     samples: int
+    captured: int  # of those, answers to prompts of the deployments' captured traffic (a retrain's)
     steps: int
     lr: float
     first_loss: float  # the mean of the first LOSS_WINDOW steps
@@ -54,10 +55,16 @@ def save_shipped_head(target_dir: str, out_dir: str, gamma: int) -> str:
 
 @task(name="refresh-head", cache_policy=NONE)
 def refresh_shipped_head(
-    target_dir: str, task_mix: dict[str, float], profile: SyncProfile, out_dir: str, gamma: int
+    target_dir: str,
+    task_mix: dict[str, float],
+    profile: SyncProfile,
+    out_dir: str,
+    gamma: int,
+    captured: list[str] | None = None,
 ) -> HeadRefresh:
     """Fine-tune the shipped head on the target's greedy answers to the task mix's prompts (the dataset's response
-    prompts), for the profile's warm-start steps (a refresh starts from a trained head), and save it in `out_dir`."""
+    prompts; a retrain's `captured` traffic takes the profile's captured share of them, as in a dataset), for the
+    profile's warm-start steps (a refresh starts from a trained head), and save it in `out_dir`."""
     import torch
 
     from draftsync.speculative.data.corpora import response_prompts
@@ -65,11 +72,13 @@ def refresh_shipped_head(
     from draftsync.speculative.methods.mtp.checkpoint import read_shipped_mtp, save_mtp
     from draftsync.speculative.targets import load_target
     from draftsync.speculative.train.mtp_refresh import refresh_head
+    from draftsync.tasks.dataset import with_captured_traffic
 
     started = time.perf_counter()
     torch.manual_seed(profile.seed)
     model, tokenizer = load_target(Path(target_dir))
-    texts = [text for _, text in response_prompts(task_mix, profile)]
+    _, prompts, from_traffic = with_captured_traffic([], response_prompts(task_mix, profile), captured or [], profile)
+    texts = [text for _, text in prompts]
     sequences, masks = generate_responses(model, tokenizer, texts, profile.generated_max_tokens)
     samples = list(zip(sequences, masks, strict=True))
     head = read_shipped_mtp(target_dir)
@@ -91,6 +100,7 @@ def refresh_shipped_head(
     first, last = losses[:LOSS_WINDOW], losses[-LOSS_WINDOW:]
     return HeadRefresh(
         samples=len(samples),
+        captured=from_traffic,
         steps=len(losses),
         lr=profile.lr,
         first_loss=round(sum(first) / len(first), 4),

@@ -229,13 +229,14 @@ def test_a_skipped_sync_has_exactly_the_keys_users_read():
 
 
 def test_a_target_heads_sync_keeps_every_key_with_no_dataset_and_its_verdict():
-    refresh = HeadRefresh(samples=160, steps=300, lr=0.002, first_loss=4.1, final_loss=2.9, seconds=61.2)
+    refresh = HeadRefresh(samples=160, captured=0, steps=300, lr=0.002, first_loss=4.1, final_loss=2.9, seconds=61.2)
     verdict = HeadVerdict(3, 0.41, True, 0.62, 4, 0.66, True, "refreshed", "refreshed, as the shipped head was stale")
     out = sample_result(method="mtp", training=refresh, dataset=None, mtp_head=verdict).as_dict()
     assert list(out) == SYNC_KEYS  # the same keys as a trained drafter's: none missing for a head
     assert out["dataset"] is None and out["data_checks"] is None
     assert out["training"] == {
-        "samples": 160, "steps": 300, "lr": 0.002, "first_loss": 4.1, "final_loss": 2.9, "seconds": 61.2
+        "samples": 160, "captured": 0, "steps": 300, "lr": 0.002, "first_loss": 4.1, "final_loss": 2.9,
+        "seconds": 61.2,
     }  # fmt: skip
     assert out["mtp_head"]["promoted"] == "refreshed" and out["mtp_head"]["shipped_acceptance"] == 0.41
     assert sample_result(method="mtp", training=None, dataset=None, mtp_head=verdict).as_dict()["training"] is None
