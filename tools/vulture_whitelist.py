@@ -92,5 +92,6 @@ _.pooled_acceptance_7d
 _.pooled_draft_tokens_7d
 _.replaced_pairs
 _.review_error
+_.mtp_heads  # TargetStatus: status.json and the heading read it through asdict
 _.chat_template
 _.acceptance_rate_lower  # DraftSamplingFigures: validation.json's draft_sampling reads it

@@ -83,7 +83,12 @@ def _drafter_lines(drafters: list[dict[str, Any]]) -> str:
 def _target_heading(target: dict[str, Any]) -> str:
     versions = ", ".join(f"v{v}" for v in target["versions"]) or "no versions"
     aliases = "; ".join(f"{alias} -> v{version}" for alias, version in target["aliases"].items())
-    return f"[bold]{escape(target['name'])}[/] ({versions}" + (f"; {aliases})" if aliases else ")")
+    heads = "; ".join(f"v{head['version']} ships a {head['family']} MTP head" for head in target.get("mtp_heads", []))
+    return (
+        f"[bold]{escape(target['name'])}[/] ({versions}"
+        + "".join(f"; {part}" for part in (aliases, heads) if part)
+        + ")"
+    )
 
 
 def _sync_cell(job: dict[str, Any] | None) -> str:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from draftsync.errors import DraftsyncError
 from draftsync.registry.model_registry import drafter_model_name
-from draftsync.registry.tags import DrafterVersion
+from draftsync.registry.tags import DrafterVersion, TargetVersion
 
 if TYPE_CHECKING:
     from draftsync.tasks.monitoring import DeploymentReview
@@ -77,6 +77,8 @@ class TargetStatus:
     deployments: list[DeploymentStatus] = field(default_factory=list)
     last_sync: dict[str, Any] | None = None  # the last sync that succeeded
     last_attempt: dict[str, Any] | None = None  # a newer job that did not (yet): requested, running or failed
+    # the versions that ship their own MTP head (a sync keeps that head as their drafter): [{"version", "family"}]
+    mtp_heads: list[dict[str, Any]] = field(default_factory=list)
 
 
 def drafter_status(drafter: DrafterVersion, aliases: Sequence[str]) -> DrafterStatus:
@@ -228,6 +230,11 @@ def gather_status(
                 deployments=deployments,
                 last_sync=last_good_sync(jobs := ledger.jobs(name)),
                 last_attempt=last_attempt(jobs),
+                mtp_heads=[
+                    {"version": info.version, "family": head}
+                    for info in versions
+                    if (head := TargetVersion.from_tags(name, info.version, info.tags).mtp_head())
+                ],
             )
         )
     return targets

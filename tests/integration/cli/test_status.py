@@ -153,7 +153,9 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
     targets = {t["name"]: t for t in data["targets"]}
     assert list(targets) == ["bare-llm", "planned-llm", "status-llm"]
     for target in data["targets"]:
-        assert set(target) == {"name", "aliases", "versions", "drafters", "deployments", "last_sync", "last_attempt"}
+        assert set(target) == {
+            "name", "aliases", "versions", "drafters", "deployments", "last_sync", "last_attempt", "mtp_heads"
+        }  # fmt: skip
 
     status = targets["status-llm"]
     assert status["versions"] == [w["v1"], w["v2"]]
@@ -236,6 +238,7 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
         "deployments": [],
         "last_sync": None,
         "last_attempt": None,
+        "mtp_heads": [],
     }
     assert targets["planned-llm"] == {
         "name": "planned-llm",
@@ -245,6 +248,7 @@ def test_status_json_field_by_field_and_the_table(status_world, tmp_path):
         "deployments": [],
         "last_sync": None,
         "last_attempt": None,
+        "mtp_heads": [],
     }
 
     out = result.output

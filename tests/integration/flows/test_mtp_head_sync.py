@@ -56,6 +56,7 @@ def test_a_stale_shipped_head_is_refreshed_validated_registered_and_promoted(wor
 
     shown = CliRunner().invoke(app, ["status"], env={"COLUMNS": "240"})
     assert shown.exit_code == 0, shown.output
+    assert f"v{v1} ships a mimo MTP head; v{v2} ships a mimo MTP head" in " ".join(shown.output.split())
     assert f"v{head['refreshed_version']} <- t{v2} mtp (refreshed head) passed [production]" in shown.output
     assert f"v{head['shipped_version']} <- t{v2} mtp (shipped head) " in shown.output
 
