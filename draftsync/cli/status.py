@@ -83,7 +83,7 @@ def _drafter_lines(drafters: list[dict[str, Any]]) -> str:
 def _target_heading(target: dict[str, Any]) -> str:
     versions = ", ".join(f"v{v}" for v in target["versions"]) or "no versions"
     aliases = "; ".join(f"{alias} -> v{version}" for alias, version in target["aliases"].items())
-    heads = "; ".join(f"v{head['version']} ships a {head['family']} MTP head" for head in target.get("mtp_heads", []))
+    heads = "; ".join(f"v{head['version']} ships a {head['family']} MTP head" for head in target["mtp_heads"])
     return (
         f"[bold]{escape(target['name'])}[/] ({versions}"
         + "".join(f"; {part}" for part in (aliases, heads) if part)

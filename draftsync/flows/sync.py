@@ -18,7 +18,7 @@ from __future__ import annotations
 import shutil
 import time
 import traceback
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from draftsync.planning.sync_plan import SyncPlan
     from draftsync.serving.traffic_capture import CapturedPrompt
     from draftsync.speculative.placement import TargetPlacement
+    from draftsync.tasks.registration import FetchedTarget
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ class HeadVerdict:
     reason: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {field.name: getattr(self, field.name) for field in fields(self)}
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ class SkippedSync:
     run_id: str | None
 
     def as_dict(self) -> dict[str, Any]:
-        return {field.name: getattr(self, field.name) for field in fields(self)}
+        return record_dict(self)
 
 
 @flow(name="drafter-sync", log_prints=True)
@@ -147,9 +148,12 @@ def sync(
             target_name, target_version, method, claim.outcome, job.drafter_version, job.run_id
         ).as_dict()
     job = claim.job
+    if job.generation:  # a retrain of the same target version: fresh data and a fresh drafter version
+        chosen = chosen.model_copy(update={"seed": chosen.seed + job.generation})
     try:
         if method == MTP.name:
-            result = _sync_head(target_name, target_version, chosen, job.generation)
+            target = fetch_target(target_name, target_version)
+            result = _sync_head(target_name, target_version, chosen, job.generation, target)
         else:
             result = _train_and_validate(target_name, target_version, chosen, job.generation)
     except BaseException as error:
@@ -288,14 +292,12 @@ class _Stopwatch:
 
 def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfile, generation: int) -> SyncResult:
     logger = get_run_logger()
-    if generation:  # a retrain of the same target version: fresh data and a fresh drafter version
-        chosen = chosen.model_copy(update={"seed": chosen.seed + generation})
     settings = context.settings()
     watch = _Stopwatch()
 
     target = fetch_target(target_name, target_version)
     if TargetVersion.from_tags(target_name, target_version, target.tags).mtp_head():  # its tags filled only now
-        return _sync_head(target_name, target_version, chosen, generation)
+        return _sync_head(target_name, target_version, chosen, generation, target)
     plan = plan_drafter(target_name, target.tags, chosen)
     chosen = plan.profile
     mix = target_task_mix(Path(target.path), target.tags, chosen.default_task_mix)
@@ -384,14 +386,13 @@ def _train_and_validate(target_name: str, target_version: int, chosen: SyncProfi
     )
 
 
-def _sync_head(target_name: str, target_version: int, chosen: SyncProfile, generation: int) -> SyncResult:
+def _sync_head(
+    target_name: str, target_version: int, chosen: SyncProfile, generation: int, target: FetchedTarget
+) -> SyncResult:
     """The head the target version ships, measured and registered; refreshed when it fails its gates or scores under
     the pair serving now; the better head that passes promoted, the other tagged with the reason it was not."""
     logger = get_run_logger()
-    if generation:
-        chosen = chosen.model_copy(update={"seed": chosen.seed + generation})
     watch = _Stopwatch()
-    target = fetch_target(target_name, target_version)
     plan = plan_drafter(target_name, target.tags, chosen)
     mix = target_task_mix(Path(target.path), target.tags, chosen.default_task_mix)
     resources = plan_sync_resources(target_name, target.path, mix, chosen)  # refuses a head it cannot refresh

@@ -38,19 +38,20 @@ class HeadRefresh:
         return asdict(self)
 
 
-def _saved_for(target_dir: str, gamma: int) -> Any:
-    from draftsync.speculative.methods.checkpoint_files import SavedFor, read_json
+def _save(head: Any, target_dir: str, out_dir: str, gamma: int) -> str:
+    from draftsync.speculative.methods.checkpoint_files import read_json
+    from draftsync.speculative.methods.registry import save_drafter
 
     _, config = read_json(target_dir)
-    return SavedFor(target_dir, tuple(config.get("architectures") or ()), gamma)
+    return str(save_drafter(head, out_dir, target_dir, list(config.get("architectures") or ()), gamma))
 
 
 @task(name="save-shipped-head", cache_policy=NONE)
 def save_shipped_head(target_dir: str, out_dir: str, gamma: int) -> str:
     """The head the target version ships, written as its own MTP checkpoint in `out_dir`."""
-    from draftsync.speculative.methods.mtp.checkpoint import read_shipped_mtp, save_mtp
+    from draftsync.speculative.methods.mtp.checkpoint import read_shipped_mtp
 
-    return str(save_mtp(read_shipped_mtp(target_dir), out_dir, _saved_for(target_dir, gamma)))
+    return _save(read_shipped_mtp(target_dir), target_dir, out_dir, gamma)
 
 
 @task(name="refresh-head", cache_policy=NONE)
@@ -69,7 +70,7 @@ def refresh_shipped_head(
 
     from draftsync.speculative.data.corpora import response_prompts
     from draftsync.speculative.data.responses import generate_responses
-    from draftsync.speculative.methods.mtp.checkpoint import read_shipped_mtp, save_mtp
+    from draftsync.speculative.methods.mtp.checkpoint import read_shipped_mtp
     from draftsync.speculative.targets import load_target
     from draftsync.speculative.train.mtp_refresh import refresh_head
     from draftsync.tasks.dataset import with_captured_traffic
@@ -96,7 +97,7 @@ def refresh_shipped_head(
         ttt_steps=profile.ttt_steps,
         seed=profile.seed,
     )
-    save_mtp(head, out_dir, _saved_for(target_dir, gamma))
+    _save(head, target_dir, out_dir, gamma)
     first, last = losses[:LOSS_WINDOW], losses[-LOSS_WINDOW:]
     return HeadRefresh(
         samples=len(samples),

@@ -244,15 +244,11 @@ def code_of(method: str) -> MethodCode:
     return _CODE[method]()
 
 
-# What new_drafter builds: every method a drafter version may hold.
-_BUILT_METHODS = REGISTERED_METHODS
-
-
 def _check_method(method: str) -> None:
-    if method not in _BUILT_METHODS:
+    if method not in REGISTERED_METHODS:
         raise DraftsyncError(
             f"drafter method {method!r} is unknown",
-            f"use one of {', '.join(_BUILT_METHODS)} (ngram and draft_model are benchmark baselines, not trained "
+            f"use one of {', '.join(REGISTERED_METHODS)} (ngram and draft_model are benchmark baselines, not trained "
             "heads)",
         )
 
@@ -314,7 +310,7 @@ def new_drafter_to_train(
     if code is None or code.build_to_train is None:
         raise DraftsyncError(
             f"unknown drafter method {method!r}",
-            f"use {', '.join(_BUILT_METHODS)} (or {DRAFT_MODEL} for the benchmark baseline)",
+            f"use {', '.join(REGISTERED_METHODS)} (or {DRAFT_MODEL} for the benchmark baseline)",
         )
     given = {name: value for name, value in options.items() if value is not None and name in code.options}
     return code.build_to_train(

@@ -515,6 +515,7 @@ def test_a_failed_attempt_is_shown_apart_from_the_last_good_sync():
                     "deployments": [],
                     "last_sync": last_good_sync([good, failed]),
                     "last_attempt": last_attempt([good, failed]),
+                    "mtp_heads": [],
                 }
             ]
         }
