@@ -57,7 +57,9 @@ def prefect_harness():
     # Prefect's console handler binds the sys.stderr of the moment it is set up: set it up now, not inside a
     # CliRunner invocation whose stderr is closed when the command returns.
     ensure_logging_setup()
-    with prefect_test_harness(server_startup_timeout=120):
+    from draftsync.tasks.context import flows_without_heartbeats
+
+    with prefect_test_harness(server_startup_timeout=120), flows_without_heartbeats():
         yield
 
 

@@ -67,7 +67,20 @@ TRAFFIC = {
 }
 CAPTURE = TrafficCaptureSettings(rate=1.0, max_rows=10_000)  # the demo keeps every request it serves
 ENGINES = ("auto", "vllm", "reference")
-STORY_STATE = ("mlflow.db", "mlartifacts", "monitor.db", "outbox", "serving", "drafters", "demo.json")
+# What one story writes, moved aside by the next: its syncs' checkpoints would resume into another story's data, and
+# its captured traffic would join the next retrain's.
+STORY_STATE = (
+    "mlflow.db",
+    "mlartifacts",
+    "monitor.db",
+    "outbox",
+    "serving",
+    "drafters",
+    "syncs",
+    "validations",
+    "traffic",
+    "demo.json",
+)
 
 
 class DemoClock:
@@ -613,5 +626,6 @@ def demo_command(
     if prepare:
         prepare_demo()
         return
-    result = run_demo(engine)
+    with context.flows_without_heartbeats():  # every flow of the story runs in this process
+        result = run_demo(engine)
     write_json(result, json_path)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
 from typing import Literal
 
 from draftsync.errors import DraftsyncError
@@ -133,3 +135,15 @@ def stop_ephemeral_prefect() -> None:
         EventsWorker.drain_all(timeout=30)  # events still queued reach the API before it stops
     for server in list(SubprocessASGIServer._instances.values()):
         server.stop()
+
+
+@contextlib.contextmanager
+def flows_without_heartbeats() -> Iterator[None]:
+    """Flows called inside run without Prefect's flow-run heartbeat. The heartbeat tells Prefect that a worker is
+    still alive; where every flow runs in the calling process (the demo, the tests) nobody watches for it, and its
+    thread, which sleeps in whole seconds and is joined when the flow returns, holds each flow's return for up to a
+    second (a scrape's 0.2 s flow took 1.1 s)."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
