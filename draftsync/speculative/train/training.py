@@ -344,8 +344,10 @@ def _train_steps(
                 group["lr"] = lr
             rows = ranks.slice(dataset.windows_for_step(run.step, config.batch_size, config.seed, run.train_windows))
             groups = micro_batches(run.train_windows[rows], config.batch_tokens)
-            width = None if config.batch_tokens is not None else config.seq_len
-            micro = [dataset.batch(group, width) for group in groups]
+            # each padded to its longest window, not to seq_len: padding is masked out of the loss and, at the end of
+            # a causal window, changes no other position, so it only cost compute (short samples are most of a
+            # demo's windows)
+            micro = [dataset.batch(group) for group in groups]
             result = optimisation_step(
                 run.drafter,
                 micro,
