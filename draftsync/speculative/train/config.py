@@ -65,8 +65,8 @@ class TrainConfig:
     freeze_embeddings: bool = True
     checkpoint_every: int = 0  # steps between resumable checkpoints (0: none)
     eval_every: int = 0  # steps between held-out evaluations reported to on_progress (0: only at the end)
-    # Memory bounds of a step: the step's windows are split into micro-batches of at most `batch_tokens` tokens
-    # (padded to their own longest window, not to seq_len) whose gradients accumulate; None: one micro-batch.
+    # Memory bounds of a step: the step's windows are split into micro-batches of at most `batch_tokens` padded tokens
+    # whose gradients accumulate; None: one micro-batch. Every micro-batch is padded to its own longest window.
     batch_tokens: int | None = None
     activation_checkpointing: bool = False  # recompute the drafter layer's activations in backward (EAGLE-3)
     data_parallel: str = DDP  # how torchrun ranks hold the drafter: data_parallel.REPLICAS (the steps are the same)

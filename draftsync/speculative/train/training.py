@@ -345,8 +345,7 @@ def _train_steps(
             rows = ranks.slice(dataset.windows_for_step(run.step, config.batch_size, config.seed, run.train_windows))
             groups = micro_batches(run.train_windows[rows], config.batch_tokens)
             # each padded to its longest window, not to seq_len: padding is masked out of the loss and, at the end of
-            # a causal window, changes no other position, so it only cost compute (short samples are most of a
-            # demo's windows)
+            # a causal window, changes no other position, so it would only cost compute
             micro = [dataset.batch(group) for group in groups]
             result = optimisation_step(
                 run.drafter,
